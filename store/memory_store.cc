@@ -1,0 +1,133 @@
+#include "store/memory_store.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+
+namespace baton::store {
+
+absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
+  absl::MutexLock lock(&mu_);
+  data_[key] = std::string(value);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys,
+                                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (closed_) return absl::UnavailableError("store is closed");
+    std::vector<std::string> missing;
+    for (const auto& k : keys) {
+      if (!data_.contains(k)) missing.push_back(k);
+    }
+    if (missing.empty()) return absl::OkStatus();
+    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      // Re-check once more below the loop head; the loop returns OK if the
+      // keys arrived exactly at the deadline.
+      missing.clear();
+      for (const auto& k : keys) {
+        if (!data_.contains(k)) missing.push_back(k);
+      }
+      if (missing.empty()) return absl::OkStatus();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "timed out after ", DurationText(timeout), " waiting for ",
+          missing.size() == 1 ? "key '" : "keys '",
+          absl::StrJoin(missing, "', '"), "'",
+          keys.size() > 1 ? absl::StrCat(" (", missing.size(), " of ",
+                                         keys.size(), " missing)")
+                          : ""));
+    }
+  }
+}
+
+absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key,
+                                             absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = WaitLocked({std::string(key)}, timeout);
+  if (!s.ok()) return s;
+  return data_.at(key);
+}
+
+absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  int64_t value = 0;
+  auto it = data_.find(key);
+  if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store key '", key, "' holds a non-integer value; Add needs a counter"));
+  }
+  value += delta;
+  data_[key] = absl::StrCat(value);
+  changed_.SignalAll();
+  return value;
+}
+
+absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
+                                                    absl::string_view expected,
+                                                    absl::string_view desired) {
+  absl::MutexLock lock(&mu_);
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    if (!expected.empty()) return std::string();
+    data_[key] = std::string(desired);
+    changed_.SignalAll();
+    return std::string(desired);
+  }
+  if (it->second == expected) {
+    it->second = std::string(desired);
+    changed_.SignalAll();
+  }
+  return it->second;
+}
+
+absl::Status MemoryStore::Wait(const std::vector<std::string>& keys,
+                               absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return WaitLocked(keys, timeout);
+}
+
+absl::StatusOr<bool> MemoryStore::Delete(absl::string_view key) {
+  absl::MutexLock lock(&mu_);
+  return data_.erase(key) > 0;
+}
+
+absl::StatusOr<int64_t> MemoryStore::NumKeys() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(data_.size());
+}
+
+void MemoryStore::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  changed_.SignalAll();
+}
+
+absl::Status Barrier(Store& store, absl::string_view name, int rank,
+                     int world_size, absl::Duration timeout) {
+  const std::string prefix = absl::StrCat(name, "/arrived/");
+  absl::Status s = store.Set(absl::StrCat(prefix, rank), "1");
+  if (!s.ok()) return Annotate(s, absl::StrCat("barrier '", name, "'"));
+  std::vector<std::string> keys;
+  keys.reserve(world_size);
+  for (int r = 0; r < world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
+  s = store.Wait(keys, timeout);
+  if (s.ok()) return s;
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+    return Annotate(s, absl::StrCat("barrier '", name, "' (rank ", rank, ")"));
+  }
+  // Name the ranks that never arrived.
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r) {
+    if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "barrier '", name, "' timed out after ", DurationText(timeout),
+      " on rank ", rank, ": ", world_size - static_cast<int>(missing.size()),
+      " of ", world_size, " ranks arrived; missing rank",
+      missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
+}
+
+}  // namespace baton::store

@@ -1,0 +1,52 @@
+// MemoryStore: the in-process Store backend. StoreServer serves one over
+// gRPC; tests use it directly.
+//
+// Thread-safety: safe for concurrent use. Blocking calls wait on a condition
+// variable with a deadline; Close() wakes them all with UNAVAILABLE.
+#ifndef BATON_STORE_MEMORY_STORE_H_
+#define BATON_STORE_MEMORY_STORE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "store/store.h"
+
+namespace baton::store {
+
+class MemoryStore final : public Store {
+ public:
+  MemoryStore() = default;
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key,
+                                  absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key,
+                                         absl::string_view expected,
+                                         absl::string_view desired) override;
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(absl::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys() override;
+
+  // Fails every current and future blocking call with UNAVAILABLE.
+  void Close();
+
+ private:
+  // Waits until all `keys` exist, the deadline passes, or Close().
+  absl::Status WaitLocked(const std::vector<std::string>& keys,
+                          absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  absl::flat_hash_map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace baton::store
+
+#endif  // BATON_STORE_MEMORY_STORE_H_

@@ -1,0 +1,153 @@
+#include "store/store_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "base/status.h"
+#include "store/grpc_options.h"
+
+namespace baton::store {
+namespace {
+
+// Slack added to a blocking call's gRPC deadline so the server's own timeout
+// (which names the keys) fires first.
+constexpr absl::Duration kServerSlack = absl::Seconds(2);
+
+int64_t ToMillis(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return INT64_MAX / 2;
+  return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
+}
+
+}  // namespace
+
+StoreClient::StoreClient(StoreClientOptions options)
+    : options_(std::move(options)) {
+  channel_ = grpc::CreateCustomChannel(options_.address,
+                                       grpc::InsecureChannelCredentials(),
+                                       BatonChannelArguments(64 << 20));
+  stub_ = proto::Store::NewStub(channel_);
+}
+
+StoreClient::~StoreClient() = default;
+
+void StoreClient::Prepare(grpc::ClientContext* ctx,
+                          absl::Duration timeout) const {
+  ctx->set_wait_for_ready(true);
+  if (timeout != absl::InfiniteDuration()) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  if (!options_.job_token.empty()) {
+    ctx->AddMetadata(kTokenMetadataKey, options_.job_token);
+  }
+}
+
+absl::Status StoreClient::Fail(const char* op, absl::string_view key,
+                               const absl::Status& s) const {
+  std::string what = absl::StrCat("store ", options_.address, ": ", op);
+  if (!key.empty()) absl::StrAppend(&what, " '", key, "'");
+  if (s.code() == absl::StatusCode::kDeadlineExceeded &&
+      absl::StrContains(s.message(), "Deadline Exceeded")) {
+    // gRPC's own deadline: the server never answered.
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": no answer from the store server (is rank 0 / "
+                           "the store running at ",
+                     options_.address, "?)"));
+  }
+  return Annotate(s, what);
+}
+
+absl::Status StoreClient::Set(absl::string_view key, absl::string_view value) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  proto::SetRequest req;
+  req.set_key(std::string(key));
+  req.set_value(std::string(value));
+  proto::SetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Set(&ctx, req, &resp));
+  return s.ok() ? s : Fail("set", key, s);
+}
+
+absl::StatusOr<std::string> StoreClient::Get(absl::string_view key,
+                                             absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
+  proto::GetRequest req;
+  req.set_key(std::string(key));
+  req.set_timeout_ms(ToMillis(timeout));
+  proto::GetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Get(&ctx, req, &resp));
+  if (!s.ok()) return Fail("get", key, s);
+  return std::move(*resp.mutable_value());
+}
+
+absl::StatusOr<int64_t> StoreClient::Add(absl::string_view key, int64_t delta) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  proto::AddRequest req;
+  req.set_key(std::string(key));
+  req.set_delta(delta);
+  proto::AddResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Add(&ctx, req, &resp));
+  if (!s.ok()) return Fail("add", key, s);
+  return resp.value();
+}
+
+absl::StatusOr<std::string> StoreClient::CompareSet(absl::string_view key,
+                                                    absl::string_view expected,
+                                                    absl::string_view desired) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  proto::CompareSetRequest req;
+  req.set_key(std::string(key));
+  req.set_expected(std::string(expected));
+  req.set_desired(std::string(desired));
+  proto::CompareSetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->CompareSet(&ctx, req, &resp));
+  if (!s.ok()) return Fail("compare_set", key, s);
+  return std::move(*resp.mutable_value());
+}
+
+absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
+                               absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
+  proto::WaitRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_timeout_ms(ToMillis(timeout));
+  proto::WaitResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Wait(&ctx, req, &resp));
+  return s.ok() ? s : Fail("wait", "", s);
+}
+
+absl::StatusOr<bool> StoreClient::Delete(absl::string_view key) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  proto::DeleteRequest req;
+  req.set_key(std::string(key));
+  proto::DeleteResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Delete(&ctx, req, &resp));
+  if (!s.ok()) return Fail("delete", key, s);
+  return resp.deleted();
+}
+
+absl::StatusOr<int64_t> StoreClient::NumKeys() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.call_timeout);
+  proto::NumKeysResponse resp;
+  absl::Status s =
+      FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
+  if (!s.ok()) return Fail("num_keys", "", s);
+  return resp.count();
+}
+
+absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  proto::NumKeysResponse resp;
+  absl::Status s =
+      FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
+  return s.ok() ? s : Fail("connect", "", s);
+}
+
+}  // namespace baton::store

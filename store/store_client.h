@@ -1,0 +1,68 @@
+// StoreClient: the Store interface over gRPC, talking to a StoreServer.
+//
+// Contract: the server may start after the client (the master may come up
+// last): every call waits for the connection, retrying with a short backoff,
+// until its own deadline. Blocking calls (Get, Wait) are bounded by their
+// timeout; the others by `options.call_timeout`. Errors name the store
+// address and, for waits, the keys.
+//
+// Thread-safety: safe for concurrent use.
+#ifndef BATON_STORE_STORE_CLIENT_H_
+#define BATON_STORE_STORE_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+
+#include "proto/store.grpc.pb.h"
+#include "store/store.h"
+
+
+namespace baton::store {
+
+struct StoreClientOptions {
+  // host:port of the StoreServer.
+  std::string address;
+  std::string job_token;
+  // Bound on non-blocking calls, including waiting for the server to come up.
+  absl::Duration call_timeout = absl::Seconds(60);
+};
+
+class StoreClient final : public Store {
+ public:
+  explicit StoreClient(StoreClientOptions options);
+  ~StoreClient() override;
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key,
+                                  absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key,
+                                         absl::string_view expected,
+                                         absl::string_view desired) override;
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(absl::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys() override;
+
+  // Waits until the server answers, at most `timeout`.
+  absl::Status WaitForServer(absl::Duration timeout);
+
+  const std::string& address() const { return options_.address; }
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  absl::Status Fail(const char* op, absl::string_view key,
+                    const absl::Status& s) const;
+
+  const StoreClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Store::Stub> stub_;
+};
+
+}  // namespace baton::store
+
+#endif  // BATON_STORE_STORE_CLIENT_H_

@@ -1,0 +1,161 @@
+// Tests of the rendezvous store: the in-memory backend and the gRPC
+// server/client pair on loopback.
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "store/memory_store.h"
+#include "store/store_client.h"
+#include "store/store_server.h"
+
+namespace baton::store {
+namespace {
+
+class StoreTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    StoreServerOptions so;
+    so.job_token = "secret";
+    server_ = *StoreServer::Start(so);
+    if (GetParam()) {
+      client_ = std::make_unique<StoreClient>(
+          StoreClientOptions{server_->address(), "secret", absl::Seconds(5)});
+      store_ = client_.get();
+    } else {
+      store_ = &server_->store();
+    }
+  }
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> client_;
+  Store* store_ = nullptr;
+};
+
+TEST_P(StoreTest, SetGetDeleteNumKeys) {
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  ASSERT_TRUE(store_->Set("b", std::string("\0x", 2)).ok());
+  EXPECT_EQ(*store_->Get("a", absl::Seconds(1)), "1");
+  EXPECT_EQ(*store_->Get("b", absl::Seconds(1)), std::string("\0x", 2));
+  EXPECT_EQ(*store_->NumKeys(), 2);
+  EXPECT_TRUE(*store_->Delete("a"));
+  EXPECT_FALSE(*store_->Delete("a"));
+  EXPECT_EQ(*store_->NumKeys(), 1);
+}
+
+TEST_P(StoreTest, GetBlocksUntilSet) {
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(store_->Set("late", "v").ok());
+  });
+  const absl::Time t0 = absl::Now();
+  auto v = store_->Get("late", absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(90));
+}
+
+TEST_P(StoreTest, GetTimesOutNamingKey) {
+  const absl::Time t0 = absl::Now();
+  auto v = store_->Get("never", absl::Milliseconds(200));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(v.status().message(), "'never'")) << v.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
+TEST_P(StoreTest, AddIsAtomic) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) ASSERT_TRUE(store_->Add("ctr", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*store_->Add("ctr", 0), 200);
+  EXPECT_EQ(*store_->Get("ctr", absl::Seconds(1)), "200");
+  ASSERT_TRUE(store_->Set("text", "abc").ok());
+  EXPECT_EQ(store_->Add("text", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreTest, CompareSet) {
+  EXPECT_EQ(*store_->CompareSet("k", "", "first"), "first");
+  EXPECT_EQ(*store_->CompareSet("k", "", "second"), "first");
+  EXPECT_EQ(*store_->CompareSet("k", "first", "third"), "third");
+  EXPECT_EQ(*store_->CompareSet("missing", "x", "y"), "");
+  EXPECT_FALSE(store_->Get("missing", absl::ZeroDuration()).ok());
+}
+
+TEST_P(StoreTest, WaitNamesMissingKeys) {
+  ASSERT_TRUE(store_->Set("x", "1").ok());
+  EXPECT_TRUE(store_->Wait({"x"}, absl::Seconds(1)).ok());
+  absl::Status s = store_->Wait({"x", "y", "z"}, absl::Milliseconds(100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(s.message(), "'y', 'z'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "2 of 3 missing")) << s;
+}
+
+TEST_P(StoreTest, BarrierNamesMissingRanks) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      EXPECT_TRUE(Barrier(*store_, "b1", r, 3, absl::Seconds(5)).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  absl::Status s = Barrier(*store_, "b2", 0, 3, absl::Milliseconds(100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(s.message(), "missing ranks 1, 2")) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values(false, true),
+                         [](const auto& info) {
+                           return info.param ? "Grpc" : "Memory";
+                         });
+
+TEST(StoreClient, RejectsWrongToken) {
+  StoreServerOptions so;
+  so.job_token = "secret";
+  auto server = *StoreServer::Start(so);
+  StoreClient bad({server->address(), "wrong", absl::Seconds(5)});
+  absl::Status s = bad.Set("a", "b");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  StoreClient none({server->address(), "", absl::Seconds(5)});
+  EXPECT_EQ(none.Set("a", "b").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(*server->store().NumKeys(), 0);
+}
+
+TEST(StoreClient, RetriesUntilServerStarts) {
+  // Reserve a port, release it, start the server there a little later.
+  auto probe = *StoreServer::Start({});
+  const int port = probe->port();
+  probe->Shutdown();
+  probe.reset();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::unique_ptr<StoreServer> late;
+  std::thread starter([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    late = *StoreServer::Start({address, ""});
+  });
+  StoreClient client({address, "", absl::Seconds(10)});
+  absl::Status s = client.Set("k", "v");
+  starter.join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(*late->store().Get("k", absl::Seconds(1)), "v");
+}
+
+TEST(StoreClient, UnreachableServerFailsWithinDeadline) {
+  auto probe = *StoreServer::Start({});
+  const std::string address = probe->address();
+  probe->Shutdown();
+  StoreClient client({address, "", absl::Milliseconds(300)});
+  const absl::Time t0 = absl::Now();
+  absl::Status s = client.Set("k", "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), address)) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+}
+
+}  // namespace
+}  // namespace baton::store
