@@ -1,0 +1,279 @@
+// RpcAgent: one per worker process (or several in one process, for tests).
+// It rendezvouses with the other workers through the store, serves the
+// functions of its FunctionRegistry, and calls functions on other workers.
+//
+//   auto registry = std::make_shared<FunctionRegistry>();
+//   registry->Register(add_fn, [](torch::Tensor a, torch::Tensor b) { return a + b; });
+//   auto agent = RpcAgent::Create(AgentOptions::FromEnv("worker").value(), registry);
+//   torch::Tensor c = (*agent)->rpc_sync("worker1", add_fn, a, b);
+//   (*agent)->Shutdown();
+//
+// Contract:
+// - Create() returns once every worker of the job has registered its name
+//   and address (bounded by init_timeout). Names must be unique; a duplicate
+//   name or rank fails Create() on the workers involved with ALREADY_EXISTS.
+// - Calls: every call has a deadline (CallOptions::timeout, else
+//   AgentOptions::rpc_timeout), which travels to the callee. A call's future
+//   always completes by then. Errors keep their code end to end and name the
+//   callee worker and function:
+//     DEADLINE_EXCEEDED  timeout;             UNAVAILABLE  dead/unreachable peer;
+//     NOT_FOUND          unknown function or worker;
+//     INVALID_ARGUMENT   argument type mismatch (signatures differ) or a value
+//                        the codec cannot send;
+//     DATA_LOSS          undecodable payload;  RESOURCE_EXHAUSTED  over the
+//                        message size limit;   UNKNOWN  exception in user code
+//                        (with its message);   UNAUTHENTICATED  wrong job token.
+// - Tensors are sent from their own memory: do not modify a tensor passed to
+//   rpc_async until its future completes.
+// - Shutdown(graceful=true): all workers agree through the store, every
+//   worker drains its outstanding calls (incoming and outgoing), then servers
+//   stop. Each step is bounded by shutdown_timeout, also when a peer died.
+//   Afterwards no thread or socket of the agent remains.
+//
+// Thread-safety: safe for concurrent use from any thread, including from
+// inside remote functions (nested calls). Shutdown() must not be called from
+// a remote function.
+#ifndef BATON_RPC_AGENT_H_
+#define BATON_RPC_AGENT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "rpc/codec.h"
+#include "rpc/executor.h"
+#include "rpc/function.h"
+#include "rpc/future.h"
+#include "rpc/internal/transport.h"
+#include "rpc/timer.h"
+#include "rpc/worker_info.h"
+#include "store/store.h"
+
+namespace baton::store {
+class StoreServer;
+}
+
+namespace baton::rpc {
+
+struct AgentOptions {
+  std::string name;
+  int rank = -1;
+  int world_size = -1;
+  // Where rank 0 serves the rendezvous store.
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // host:port for this worker's RPC server. Empty: loopback when the master
+  // is local, else the local address that routes to the master; port 0.
+  std::string listen_address;
+  // Shared secret checked on every call. Empty: BATON_JOB_TOKEN if set,
+  // else rank 0 creates one and shares it through the store.
+  std::string job_token;
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  absl::Duration init_timeout = absl::Seconds(60);
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Largest message (request or reply, tensors included) sent or accepted.
+  int64_t max_message_bytes = int64_t{1} << 30;
+  int min_threads = 4;
+  int max_threads = 256;
+  // Use this store instead of the one at master_addr:master_port (tests,
+  // or a store served elsewhere). Rank 0 then starts no store server.
+  std::shared_ptr<store::Store> store;
+
+  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN.
+  // The worker's name is BATON_WORKER_NAME if set, else name_prefix + rank.
+  // INVALID_ARGUMENT naming the variable if one is missing or malformed.
+  static absl::StatusOr<AgentOptions> FromEnv(const std::string& name_prefix = "worker");
+};
+
+struct CallOptions {
+  // Zero: AgentOptions::rpc_timeout.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+// A worker named by name, id or WorkerInfo.
+class WorkerRef {
+ public:
+  WorkerRef(const char* name) : name_(name) {}          // NOLINT
+  WorkerRef(std::string name) : name_(std::move(name)) {}  // NOLINT
+  WorkerRef(int id) : id_(id) {}                          // NOLINT
+  WorkerRef(const WorkerInfo& w) : id_(w.id) {}           // NOLINT
+  const std::string& name() const { return name_; }
+  int id() const { return id_; }
+
+ private:
+  std::string name_;
+  int id_ = -1;
+};
+
+struct AgentStats {
+  int64_t pending_outgoing = 0;
+  int64_t running_incoming = 0;
+  int executor_threads = 0;
+  size_t timers = 0;
+  int live_streams = 0;
+};
+
+class RpcAgent : private internal::TransportHandler {
+ public:
+  static absl::StatusOr<std::unique_ptr<RpcAgent>> Create(
+      AgentOptions options, std::shared_ptr<FunctionRegistry> registry);
+  // Shuts down without the graceful agreement if Shutdown() was not called.
+  ~RpcAgent() override;
+
+  RpcAgent(const RpcAgent&) = delete;
+  RpcAgent& operator=(const RpcAgent&) = delete;
+
+  const WorkerInfo& self() const { return workers_[rank_]; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
+  const AgentOptions& options() const { return options_; }
+  FunctionRegistry& registry() { return *registry_; }
+  Executor* executor() { return executor_.get(); }
+  store::Store& store() { return *store_; }
+  // Prefix of this job's keys in the store (unique per init round).
+  const std::string& store_namespace() const { return ns_; }
+
+  // Typed calls. Arguments convert to the Function's parameter types at
+  // compile time. rpc_sync throws baton::Error on failure.
+  template <typename R, typename... Args, typename... CallArgs>
+  Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to,
+                      const Function<R(Args...)>& fn, CallArgs&&... args);
+  template <typename R, typename... Args, typename... CallArgs>
+  Future<R> rpc_async(const WorkerRef& to, const Function<R(Args...)>& fn,
+                      CallArgs&&... args) {
+    return rpc_async(CallOptions{}, to, fn, std::forward<CallArgs>(args)...);
+  }
+  template <typename R, typename... Args, typename... CallArgs>
+  R rpc_sync(const CallOptions& opts, const WorkerRef& to,
+             const Function<R(Args...)>& fn, CallArgs&&... args) {
+    return rpc_async(opts, to, fn, std::forward<CallArgs>(args)...).value();
+  }
+  template <typename R, typename... Args, typename... CallArgs>
+  R rpc_sync(const WorkerRef& to, const Function<R(Args...)>& fn,
+             CallArgs&&... args) {
+    return rpc_async(CallOptions{}, to, fn, std::forward<CallArgs>(args)...).value();
+  }
+
+  // Untyped call: sends `args` as they are. An empty `signature` skips the
+  // callee's type check. Used by the typed calls and by protocol layers.
+  Future<Payload> CallRaw(int to, const std::string& function,
+                          const std::string& signature, Payload args,
+                          const CallOptions& opts = {});
+
+  absl::Status Shutdown(bool graceful = true);
+  bool running() const;
+  AgentStats stats() const;
+
+ private:
+  struct PendingCall {
+    Promise<Payload> promise;
+    int peer = -1;
+    std::string function;
+    uint64_t stream_id = 0;
+    DeadlineTimer::Id timer = 0;
+    absl::Duration timeout;
+  };
+
+  RpcAgent(AgentOptions options, std::shared_ptr<FunctionRegistry> registry);
+  absl::Status Rendezvous();
+  absl::Status ConnectStore();
+  absl::StatusOr<std::string> AgreeOnToken();
+  absl::Status Teardown(bool cancel_streams, absl::Time deadline);
+
+  // TransportHandler.
+  void OnRequest(std::shared_ptr<internal::ReplyChannel> channel,
+                 internal::Frame frame) override;
+  void OnResponse(int peer, internal::Frame frame) override;
+  void OnStreamClosed(int peer, uint64_t stream_id,
+                      const absl::Status& cause) override;
+
+  void Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
+                internal::Frame frame, absl::Time deadline);
+  void SendReply(const std::shared_ptr<internal::ReplyChannel>& channel,
+                 uint64_t id, int caller, absl::StatusOr<Payload> result);
+  void FinishIncoming();
+  // Completes and removes pending call `id` (no-op if already gone).
+  void Complete(uint64_t id, absl::StatusOr<Payload> result);
+  std::string CallContextText(int peer, const std::string& function) const;
+  int64_t PeerLimit(int peer) const;
+
+  const AgentOptions options_;
+  const std::shared_ptr<FunctionRegistry> registry_;
+  int rank_ = -1;
+  std::string ns_;
+  std::vector<WorkerInfo> workers_;              // set during Create
+  std::vector<int64_t> peer_limits_;             // set during Create
+  absl::flat_hash_map<std::string, int> by_name_;  // set during Create
+
+  std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
+  std::shared_ptr<store::Store> store_;
+  std::unique_ptr<DeadlineTimer> timer_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<internal::Transport> transport_;
+
+  // Notified when Create() has filled workers_ and peer_limits_ (or gave
+  // up). Requests that arrive earlier wait for it on the executor.
+  absl::Notification ready_;
+  std::atomic<uint64_t> next_call_id_{1};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
+  int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// ---- Template implementation ----
+
+template <typename R, typename... Args, typename... CallArgs>
+Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
+                              const Function<R(Args...)>& fn,
+                              CallArgs&&... args) {
+  static_assert(sizeof...(CallArgs) == sizeof...(Args),
+                "wrong number of arguments for this Function");
+  auto worker = this->worker(to);
+  if (!worker.ok()) {
+    return MakeErrorFuture<R>(Annotate(
+        worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
+  }
+  typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
+  absl::StatusOr<Payload> payload = EncodeMessage(tuple);
+  if (!payload.ok()) {
+    return MakeErrorFuture<R>(Annotate(
+        payload.status(),
+        absl::StrCat("rpc to worker '", worker->name, "' (id ", worker->id,
+                     "), function '", fn.name(), "': cannot encode arguments")));
+  }
+  static const std::string signature = Function<R(Args...)>::signature();
+  Future<Payload> raw =
+      CallRaw(worker->id, fn.name(), signature, *std::move(payload), opts);
+  Promise<R> typed(executor_.get());
+  raw.OnReady([typed, name = worker->name, id = worker->id,
+               fname = fn.name()](const absl::StatusOr<Payload>& r) {
+    if (!r.ok()) {
+      typed.SetError(r.status());
+      return;
+    }
+    internal::Stored<R> value{};
+    absl::Status s = DecodeMessage(*r, &value);
+    if (!s.ok()) {
+      typed.SetError(absl::DataLossError(
+          absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '",
+                       fname, "': undecodable result: ", s.message())));
+      return;
+    }
+    typed.Set(std::move(value));
+  });
+  return typed.future();
+}
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RPC_AGENT_H_

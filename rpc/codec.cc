@@ -1,0 +1,217 @@
+#include "rpc/codec.h"
+
+#include <ATen/Functions.h>
+#include <c10/core/ScalarType.h>
+
+namespace baton::rpc {
+namespace {
+
+constexpr uint8_t kUndefinedTensor = 0;
+constexpr uint8_t kDenseTensor = 1;
+constexpr uint64_t kMaxDims = 64;
+// Received tensors alias the receive buffer only when it is this aligned.
+constexpr uintptr_t kZeroCopyAlignment = 16;
+
+bool IsSupportedDtype(int code) {
+  if (code < 0 || code >= static_cast<int>(c10::ScalarType::NumOptions)) {
+    return false;
+  }
+  const auto st = static_cast<c10::ScalarType>(code);
+  return !c10::isQIntType(st) && st != c10::ScalarType::Undefined &&
+         st != c10::ScalarType::ComplexHalf;
+}
+
+}  // namespace
+
+void Encoder::WriteVarint(uint64_t v) {
+  char buf[10];
+  int n = 0;
+  while (v >= 0x80) {
+    buf[n++] = static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  buf[n++] = static_cast<char>(v);
+  bytes_.append(buf, n);
+}
+
+absl::StatusOr<Payload> Encoder::Finish() && {
+  if (!status_.ok()) return status_;
+  Payload p;
+  p.bytes = std::move(bytes_);
+  p.blobs = std::move(blobs_);
+  return p;
+}
+
+absl::Status Decoder::ReadBytes(void* out, size_t n, absl::string_view what) {
+  if (remaining() < n) {
+    return absl::DataLossError(absl::StrCat("truncated payload reading ", what,
+                                            ": need ", n, " bytes, ",
+                                            remaining(), " left"));
+  }
+  if (n > 0) std::memcpy(out, payload_.bytes.data() + pos_, n);
+  pos_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status Decoder::ReadVarint(uint64_t* out, absl::string_view what) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (pos_ >= payload_.bytes.size()) {
+      return absl::DataLossError(absl::StrCat("truncated payload reading ", what));
+    }
+    const uint8_t b = static_cast<uint8_t>(payload_.bytes[pos_++]);
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) {
+      *out = v;
+      return absl::OkStatus();
+    }
+  }
+  return absl::DataLossError(absl::StrCat("malformed varint reading ", what));
+}
+
+absl::Status Decoder::ReadLength(uint64_t* out, size_t min_element_bytes,
+                                 absl::string_view what) {
+  absl::Status s = ReadVarint(out, what);
+  if (!s.ok()) return s;
+  // Elements of zero encoded bytes (e.g. void) are bounded by a generous cap.
+  const uint64_t cap = min_element_bytes == 0
+                           ? std::max<uint64_t>(remaining(), 1) * 64 + (1 << 20)
+                           : remaining() / min_element_bytes;
+  if (*out > cap) {
+    return absl::DataLossError(absl::StrCat(what, " ", *out,
+                                            " is larger than the payload allows"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Decoder::ReadString(std::string* out, absl::string_view what) {
+  uint64_t n = 0;
+  absl::Status s = ReadLength(&n, 1, what);
+  if (!s.ok()) return s;
+  out->assign(payload_.bytes.data() + pos_, n);
+  pos_ += n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Blob*> Decoder::GetBlob(uint64_t index,
+                                            absl::string_view what) {
+  if (index >= payload_.blobs.size()) {
+    return absl::DataLossError(absl::StrCat(what, " refers to blob ", index,
+                                            " but the message has ",
+                                            payload_.blobs.size()));
+  }
+  return &payload_.blobs[index];
+}
+
+absl::Status Decoder::ExpectEnd() const {
+  if (remaining() != 0) {
+    return absl::DataLossError(absl::StrCat(remaining(),
+                                            " unexpected trailing bytes in payload"));
+  }
+  return absl::OkStatus();
+}
+
+void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
+  if (!tensor.defined()) {
+    enc.WritePod<uint8_t>(kUndefinedTensor);
+    return;
+  }
+  if (!tensor.device().is_cpu()) {
+    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
+        "cannot send a tensor on device ", tensor.device().str(),
+        ": this build of baton sends CPU tensors only (move it with .cpu())")));
+    return;
+  }
+  if (tensor.layout() != c10::kStrided) {
+    enc.Fail(absl::InvalidArgumentError(
+        "cannot send a sparse or non-strided tensor; convert it with .to_dense()"));
+    return;
+  }
+  if (!IsSupportedDtype(static_cast<int>(tensor.scalar_type()))) {
+    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
+        "cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
+    return;
+  }
+  // Only the viewed elements travel: a non-contiguous view is compacted; a
+  // contiguous view sends its own range of the storage.
+  at::Tensor c = tensor.detach();
+  if (!c.is_contiguous()) c = c.contiguous();
+  enc.WritePod<uint8_t>(kDenseTensor);
+  enc.WritePod<int8_t>(static_cast<int8_t>(c.scalar_type()));
+  enc.WritePod<uint8_t>(tensor.requires_grad() ? 1 : 0);
+  enc.WriteVarint(c.dim());
+  for (int64_t d : c.sizes()) enc.WriteVarint(static_cast<uint64_t>(d));
+  Blob blob;
+  const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
+  if (nbytes > 0) {
+    blob.pieces.emplace_back(static_cast<const char*>(c.data_ptr()), nbytes);
+    blob.owner = std::make_shared<at::Tensor>(std::move(c));
+  }
+  enc.WriteVarint(enc.AddBlob(std::move(blob)));
+}
+
+absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
+  uint8_t tag = 0;
+  absl::Status s = dec.ReadPod(&tag, "tensor tag");
+  if (!s.ok()) return s;
+  if (tag == kUndefinedTensor) {
+    *out = at::Tensor();
+    return absl::OkStatus();
+  }
+  if (tag != kDenseTensor) {
+    return absl::DataLossError(absl::StrCat("bad tensor tag ", int{tag}));
+  }
+  int8_t dtype = 0;
+  uint8_t requires_grad = 0;
+  uint64_t ndim = 0;
+  if (!(s = dec.ReadPod(&dtype, "tensor dtype")).ok()) return s;
+  if (!IsSupportedDtype(dtype)) {
+    return absl::DataLossError(absl::StrCat("bad tensor dtype code ", int{dtype}));
+  }
+  if (!(s = dec.ReadPod(&requires_grad, "tensor requires_grad")).ok()) return s;
+  if (!(s = dec.ReadVarint(&ndim, "tensor rank")).ok()) return s;
+  if (ndim > kMaxDims) {
+    return absl::DataLossError(absl::StrCat("tensor rank ", ndim, " exceeds ", kMaxDims));
+  }
+  const auto st = static_cast<c10::ScalarType>(dtype);
+  std::vector<int64_t> sizes(ndim);
+  uint64_t numel = 1;
+  for (uint64_t i = 0; i < ndim; ++i) {
+    uint64_t d = 0;
+    if (!(s = dec.ReadVarint(&d, "tensor size")).ok()) return s;
+    if (d > (uint64_t{1} << 48) || (d != 0 && numel > (uint64_t{1} << 48) / d)) {
+      return absl::DataLossError("tensor shape overflows");
+    }
+    sizes[i] = static_cast<int64_t>(d);
+    numel *= d;
+  }
+  uint64_t blob_index = 0;
+  if (!(s = dec.ReadVarint(&blob_index, "tensor blob index")).ok()) return s;
+  auto blob = dec.GetBlob(blob_index, "tensor");
+  if (!blob.ok()) return blob.status();
+  const size_t nbytes = numel * c10::elementSize(st);
+  if ((*blob)->size() != nbytes) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor of shape with ", numel, " elements of ", c10::toString(st),
+        " needs ", nbytes, " bytes but its blob has ", (*blob)->size()));
+  }
+  const auto options = at::TensorOptions().dtype(st);
+  const char* data = (*blob)->contiguous();
+  if (nbytes == 0) {
+    *out = at::empty(sizes, options);
+  } else if (data != nullptr &&
+             reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
+    std::shared_ptr<const void> owner = (*blob)->owner;
+    *out = at::from_blob(const_cast<char*>(data), sizes,
+                         [owner](void*) mutable { owner.reset(); }, options);
+  } else {
+    *out = at::empty(sizes, options);
+    (*blob)->CopyTo(out->data_ptr());
+  }
+  if (requires_grad != 0 && (c10::isFloatingType(st) || c10::isComplexType(st))) {
+    out->set_requires_grad(true);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton::rpc

@@ -1,0 +1,350 @@
+// Codecs: how typed values become a Payload and back.
+//
+// Contract:
+// - Codec<T> exists for torch::Tensor (every dtype, any shape; a view or a
+//   non-contiguous tensor sends only the elements it views), bool, every
+//   integer type, float, double, std::string, std::vector, std::map and
+//   std::unordered_map with string keys, std::optional, std::pair,
+//   std::tuple and std::monostate (void).
+// - Users add their own types by specializing baton::rpc::Codec<T> with
+//     static std::string Name();
+//     static void Encode(const T& value, Encoder& enc);
+//     static absl::Status Decode(Decoder& dec, T* out);
+//   built from the codecs of the members.
+// - Name() spells the type ("vector<Tensor>"); function signatures are made
+//   of these names, and the callee rejects a call whose signature differs
+//   from its own (argument type mismatch).
+// - Decoding never trusts the input: truncated or corrupt bytes give
+//   DATA_LOSS naming what was being read, never a crash.
+// - Tensor bytes are not copied on the sending side; on the receiving side a
+//   tensor uses the received buffer directly when it is contiguous and
+//   aligned, else it is copied once into a new tensor.
+//
+// Thread-safety: Encoder and Decoder are confined to one thread; codecs are
+// stateless.
+#ifndef BATON_RPC_CODEC_H_
+#define BATON_RPC_CODEC_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "rpc/payload.h"
+
+namespace baton::rpc {
+
+class Encoder {
+ public:
+  void WriteBytes(const void* data, size_t n) {
+    bytes_.append(static_cast<const char*>(data), n);
+  }
+  template <typename T>
+  void WritePod(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    WriteBytes(&v, sizeof(v));
+  }
+  void WriteVarint(uint64_t v);
+  void WriteString(absl::string_view s) {
+    WriteVarint(s.size());
+    WriteBytes(s.data(), s.size());
+  }
+  // Adds a blob and returns its index.
+  uint32_t AddBlob(Blob blob) {
+    blobs_.push_back(std::move(blob));
+    return static_cast<uint32_t>(blobs_.size() - 1);
+  }
+  // Records an encoding error (the first one wins); Finish() returns it.
+  void Fail(absl::Status status) {
+    if (status_.ok()) status_ = std::move(status);
+  }
+  absl::StatusOr<Payload> Finish() &&;
+
+ private:
+  std::string bytes_;
+  std::vector<Blob> blobs_;
+  absl::Status status_;
+};
+
+class Decoder {
+ public:
+  explicit Decoder(const Payload& payload) : payload_(payload) {}
+
+  absl::Status ReadBytes(void* out, size_t n, absl::string_view what);
+  template <typename T>
+  absl::Status ReadPod(T* out, absl::string_view what) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    return ReadBytes(out, sizeof(T), what);
+  }
+  absl::Status ReadVarint(uint64_t* out, absl::string_view what);
+  absl::Status ReadString(std::string* out, absl::string_view what);
+  // A length prefix for `what`, checked against the bytes left (each element
+  // takes at least `min_element_bytes`), so corrupt lengths cannot make the
+  // decoder allocate without bound.
+  absl::Status ReadLength(uint64_t* out, size_t min_element_bytes,
+                          absl::string_view what);
+  absl::StatusOr<const Blob*> GetBlob(uint64_t index, absl::string_view what);
+  // DATA_LOSS unless every byte was consumed.
+  absl::Status ExpectEnd() const;
+  size_t remaining() const { return payload_.bytes.size() - pos_; }
+
+ private:
+  const Payload& payload_;
+  size_t pos_ = 0;
+};
+
+template <typename T, typename Enable = void>
+struct Codec;  // Specialize for user types; see the contract above.
+
+// Encodes/decodes one value with its codec.
+template <typename T>
+void EncodeValue(const T& v, Encoder& enc) {
+  Codec<T>::Encode(v, enc);
+}
+template <typename T>
+absl::Status DecodeValue(Decoder& dec, T* out) {
+  return Codec<T>::Decode(dec, out);
+}
+
+// Encodes a whole message (a tuple of arguments or one result).
+template <typename T>
+absl::StatusOr<Payload> EncodeMessage(const T& v) {
+  Encoder enc;
+  Codec<T>::Encode(v, enc);
+  return std::move(enc).Finish();
+}
+template <typename T>
+absl::Status DecodeMessage(const Payload& payload, T* out) {
+  Decoder dec(payload);
+  absl::Status s = Codec<T>::Decode(dec, out);
+  if (!s.ok()) return s;
+  return dec.ExpectEnd();
+}
+
+template <typename T>
+std::string TypeName() {
+  return Codec<std::decay_t<T>>::Name();
+}
+
+// ---- Tensor ----
+void EncodeTensor(const at::Tensor& t, Encoder& enc);
+absl::Status DecodeTensor(Decoder& dec, at::Tensor* out);
+
+template <>
+struct Codec<at::Tensor> {
+  static std::string Name() { return "Tensor"; }
+  static void Encode(const at::Tensor& t, Encoder& enc) { EncodeTensor(t, enc); }
+  static absl::Status Decode(Decoder& dec, at::Tensor* out) {
+    return DecodeTensor(dec, out);
+  }
+};
+
+// ---- Scalars ----
+template <>
+struct Codec<bool> {
+  static std::string Name() { return "bool"; }
+  static void Encode(bool v, Encoder& enc) { enc.WritePod<uint8_t>(v ? 1 : 0); }
+  static absl::Status Decode(Decoder& dec, bool* out) {
+    uint8_t b = 0;
+    absl::Status s = dec.ReadPod(&b, "bool");
+    if (!s.ok()) return s;
+    if (b > 1) return absl::DataLossError(absl::StrCat("bad bool byte ", b));
+    *out = b == 1;
+    return absl::OkStatus();
+  }
+};
+
+namespace internal {
+template <typename T>
+std::string ArithmeticName() {
+  if constexpr (std::is_same_v<T, float>) return "float";
+  if constexpr (std::is_same_v<T, double>) return "double";
+  if constexpr (std::is_integral_v<T>) {
+    return absl::StrCat(std::is_signed_v<T> ? "int" : "uint", sizeof(T) * 8);
+  }
+  return "?";
+}
+}  // namespace internal
+
+template <typename T>
+struct Codec<T, std::enable_if_t<(std::is_integral_v<T> && !std::is_same_v<T, bool>) ||
+                                 std::is_same_v<T, float> || std::is_same_v<T, double>>> {
+  static std::string Name() { return internal::ArithmeticName<T>(); }
+  static void Encode(T v, Encoder& enc) { enc.WritePod<T>(v); }
+  static absl::Status Decode(Decoder& dec, T* out) {
+    return dec.ReadPod(out, internal::ArithmeticName<T>());
+  }
+};
+
+template <>
+struct Codec<std::string> {
+  static std::string Name() { return "string"; }
+  static void Encode(const std::string& v, Encoder& enc) { enc.WriteString(v); }
+  static absl::Status Decode(Decoder& dec, std::string* out) {
+    return dec.ReadString(out, "string");
+  }
+};
+
+template <>
+struct Codec<std::monostate> {
+  static std::string Name() { return "void"; }
+  static void Encode(const std::monostate&, Encoder&) {}
+  static absl::Status Decode(Decoder&, std::monostate*) { return absl::OkStatus(); }
+};
+
+// ---- Containers ----
+template <typename T, typename A>
+struct Codec<std::vector<T, A>> {
+  static std::string Name() { return absl::StrCat("vector<", TypeName<T>(), ">"); }
+  static void Encode(const std::vector<T, A>& v, Encoder& enc) {
+    enc.WriteVarint(v.size());
+    for (const auto& e : v) Codec<T>::Encode(static_cast<const T&>(e), enc);
+  }
+  static absl::Status Decode(Decoder& dec, std::vector<T, A>* out) {
+    uint64_t n = 0;
+    absl::Status s = dec.ReadLength(&n, 0, "vector length");
+    if (!s.ok()) return s;
+    out->clear();
+    if constexpr (!std::is_same_v<T, bool>) out->reserve(std::min<uint64_t>(n, 1 << 20));
+    for (uint64_t i = 0; i < n; ++i) {
+      T e{};
+      s = Codec<T>::Decode(dec, &e);
+      if (!s.ok()) return s;
+      out->push_back(std::move(e));
+    }
+    return absl::OkStatus();
+  }
+};
+
+namespace internal {
+template <typename M>
+struct StringMapCodec {
+  using V = typename M::mapped_type;
+  static void Encode(const M& m, Encoder& enc) {
+    enc.WriteVarint(m.size());
+    for (const auto& [k, v] : m) {
+      enc.WriteString(k);
+      Codec<V>::Encode(v, enc);
+    }
+  }
+  static absl::Status Decode(Decoder& dec, M* out) {
+    uint64_t n = 0;
+    absl::Status s = dec.ReadLength(&n, 1, "map size");
+    if (!s.ok()) return s;
+    out->clear();
+    for (uint64_t i = 0; i < n; ++i) {
+      std::string k;
+      s = dec.ReadString(&k, "map key");
+      if (!s.ok()) return s;
+      V v{};
+      s = Codec<V>::Decode(dec, &v);
+      if (!s.ok()) return s;
+      (*out)[std::move(k)] = std::move(v);
+    }
+    return absl::OkStatus();
+  }
+};
+}  // namespace internal
+
+template <typename V, typename C, typename A>
+struct Codec<std::map<std::string, V, C, A>>
+    : internal::StringMapCodec<std::map<std::string, V, C, A>> {
+  static std::string Name() { return absl::StrCat("map<string,", TypeName<V>(), ">"); }
+};
+
+template <typename V, typename H, typename E, typename A>
+struct Codec<std::unordered_map<std::string, V, H, E, A>>
+    : internal::StringMapCodec<std::unordered_map<std::string, V, H, E, A>> {
+  static std::string Name() {
+    return absl::StrCat("unordered_map<string,", TypeName<V>(), ">");
+  }
+};
+
+template <typename T>
+struct Codec<std::optional<T>> {
+  static std::string Name() { return absl::StrCat("optional<", TypeName<T>(), ">"); }
+  static void Encode(const std::optional<T>& v, Encoder& enc) {
+    enc.WritePod<uint8_t>(v.has_value() ? 1 : 0);
+    if (v.has_value()) Codec<T>::Encode(*v, enc);
+  }
+  static absl::Status Decode(Decoder& dec, std::optional<T>* out) {
+    bool has = false;
+    absl::Status s = Codec<bool>::Decode(dec, &has);
+    if (!s.ok()) return s;
+    if (!has) {
+      out->reset();
+      return absl::OkStatus();
+    }
+    T v{};
+    s = Codec<T>::Decode(dec, &v);
+    if (!s.ok()) return s;
+    *out = std::move(v);
+    return absl::OkStatus();
+  }
+};
+
+template <typename A, typename B>
+struct Codec<std::pair<A, B>> {
+  static std::string Name() {
+    return absl::StrCat("pair<", TypeName<A>(), ",", TypeName<B>(), ">");
+  }
+  static void Encode(const std::pair<A, B>& v, Encoder& enc) {
+    Codec<A>::Encode(v.first, enc);
+    Codec<B>::Encode(v.second, enc);
+  }
+  static absl::Status Decode(Decoder& dec, std::pair<A, B>* out) {
+    absl::Status s = Codec<A>::Decode(dec, &out->first);
+    if (!s.ok()) return s;
+    return Codec<B>::Decode(dec, &out->second);
+  }
+};
+
+template <typename... Ts>
+struct Codec<std::tuple<Ts...>> {
+  static std::string Name() {
+    std::string out = "tuple<";
+    ((out += TypeName<Ts>() + ","), ...);
+    if (sizeof...(Ts) > 0) out.pop_back();
+    return out + ">";
+  }
+  static void Encode(const std::tuple<Ts...>& v, Encoder& enc) {
+    std::apply([&enc](const auto&... e) { (EncodeValue(e, enc), ...); }, v);
+  }
+  static absl::Status Decode(Decoder& dec, std::tuple<Ts...>* out) {
+    return DecodeElements(dec, out, std::index_sequence_for<Ts...>());
+  }
+
+ private:
+  template <size_t... I>
+  static absl::Status DecodeElements(Decoder& dec, std::tuple<Ts...>* out,
+                                     std::index_sequence<I...>) {
+    absl::Status s;
+    // Stops at the first error; names the element that failed.
+    ((s.ok() ? (s = ElementStatus<I>(dec, out), 0) : 0), ...);
+    return s;
+  }
+  template <size_t I>
+  static absl::Status ElementStatus(Decoder& dec, std::tuple<Ts...>* out) {
+    absl::Status s = DecodeValue(dec, &std::get<I>(*out));
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("element ", I, " (",
+                                               TypeName<std::tuple_element_t<I, std::tuple<Ts...>>>(),
+                                               "): ", s.message()));
+  }
+};
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RPC_CODEC_H_

@@ -1,0 +1,55 @@
+#include "rpc/function.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::rpc {
+
+absl::Status FunctionRegistry::RegisterRaw(std::string name,
+                                           std::string signature,
+                                           RawHandler handler) {
+  if (name.empty()) return absl::InvalidArgumentError("function name is empty");
+  auto entry = std::make_shared<Entry>();
+  entry->signature = std::move(signature);
+  entry->handler = std::move(handler);
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = entries_.emplace(name, std::move(entry));
+  if (!inserted) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("function '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const FunctionRegistry::Entry> FunctionRegistry::Find(
+    absl::string_view name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> FunctionRegistry::Names() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> names;
+  for (const auto& [k, v] : entries_) names.push_back(k);
+  return names;
+}
+
+namespace internal {
+
+absl::Status StatusFromCurrentException() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const c10::Error& e) {
+    return absl::UnknownError(
+        absl::StrCat("remote exception: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::UnknownError(absl::StrCat("remote exception: ", e.what()));
+  } catch (...) {
+    return absl::UnknownError("remote exception of unknown type");
+  }
+}
+
+}  // namespace internal
+}  // namespace baton::rpc

@@ -1,0 +1,408 @@
+#include "rpc/internal/transport.h"
+
+#include <deque>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "store/grpc_options.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+// Packets are coalesced up to this size (a single larger frame goes alone).
+constexpr size_t kCoalesceBytes = 1 << 20;
+
+}  // namespace
+
+// Serializes writes on one stream and coalesces queued frames.
+//
+// Exactly one thread at a time holds the "writer" role (writing_ == true) and
+// may touch current_ and call start_write_. on_idle_close_ runs exactly once,
+// when the outbox is closed and no write is in flight; after it, no write
+// starts, so the reactor may finish.
+class Outbox {
+ public:
+  Outbox(std::function<void(const grpc::ByteBuffer*)> start_write,
+         std::function<void()> on_idle_close)
+      : start_write_(std::move(start_write)),
+        on_idle_close_(std::move(on_idle_close)) {}
+
+  bool Send(std::vector<grpc::Slice> slices, size_t bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return false;
+      queue_.push_back({std::move(slices), bytes});
+      if (writing_) return true;
+      writing_ = true;
+      BuildLocked();
+    }
+    start_write_(&current_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) {
+    bool idle_close = false;
+    bool start_next = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        closed_ = true;
+        queue_.clear();
+      }
+      if (closed_ || queue_.empty()) {
+        writing_ = false;
+        idle_close = closed_ && !idle_closed_;
+        if (idle_close) idle_closed_ = true;
+      } else {
+        BuildLocked();
+        start_next = true;
+      }
+    }
+    if (idle_close) on_idle_close_();
+    if (start_next) start_write_(&current_);
+  }
+
+  void Close() {
+    bool idle_close = false;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      queue_.clear();
+      idle_close = !writing_ && !idle_closed_;
+      if (idle_close) idle_closed_ = true;
+    }
+    if (idle_close) on_idle_close_();
+  }
+
+ private:
+  void BuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<grpc::Slice> slices;
+    size_t bytes = 0;
+    while (!queue_.empty() &&
+           (slices.empty() || bytes + queue_.front().bytes <= kCoalesceBytes)) {
+      auto& item = queue_.front();
+      bytes += item.bytes;
+      for (auto& s : item.slices) slices.push_back(std::move(s));
+      queue_.pop_front();
+    }
+    current_ = grpc::ByteBuffer(slices.data(), slices.size());
+  }
+
+  struct Item {
+    std::vector<grpc::Slice> slices;
+    size_t bytes;
+  };
+  const std::function<void(const grpc::ByteBuffer*)> start_write_;
+  const std::function<void()> on_idle_close_;
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool idle_closed_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer current_;  // owned by the writer role
+};
+
+namespace {
+
+// Finishes a stream that failed the token check.
+class RejectReactor : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit RejectReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+// One incoming stream: reads request packets, hands frames to the handler,
+// writes replies through its outbox.
+class ServerStream : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit ServerStream(TransportHandler* handler) : handler_(handler) {
+    sink_ = std::make_shared<Sink>();
+    sink_->outbox = std::make_unique<Outbox>(
+        [this](const grpc::ByteBuffer* b) { StartWrite(b); },
+        [this] { Finish(grpc::Status::OK); });
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      sink_->outbox->Close();
+      return;
+    }
+    std::vector<Frame> frames;
+    absl::Status s = ParsePacket(&in_, &frames);
+    in_.Clear();
+    if (!s.ok()) {
+      // The peer speaks something else; drop the stream rather than guess.
+      sink_->outbox->Close();
+      return;
+    }
+    for (auto& f : frames) handler_->OnRequest(sink_, std::move(f));
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override { sink_->outbox->OnWriteDone(ok); }
+
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  struct Sink : ReplyChannel {
+    bool Send(Frame frame) override {
+      std::vector<grpc::Slice> slices;
+      const size_t bytes = AppendFrame(std::move(frame), &slices);
+      absl::MutexLock lock(&mu);
+      if (outbox == nullptr) return false;
+      // The outbox outlives this call: Detach() takes mu.
+      return outbox->Send(std::move(slices), bytes);
+    }
+    void Detach() {
+      std::unique_ptr<Outbox> dead;
+      absl::MutexLock lock(&mu);
+      dead = std::move(outbox);
+    }
+    absl::Mutex mu;
+    std::unique_ptr<Outbox> outbox ABSL_GUARDED_BY(mu);
+  };
+
+  TransportHandler* const handler_;
+  std::shared_ptr<Sink> sink_;
+  grpc::ByteBuffer in_;
+};
+
+}  // namespace
+
+// One outgoing stream to a peer.
+class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                     public std::enable_shared_from_this<ClientStream> {
+ public:
+  using DoneFn = std::function<void(int, uint64_t, const absl::Status&)>;
+
+  ClientStream(TransportHandler* handler, int peer, uint64_t id, DoneFn done)
+      : handler_(handler), peer_(peer), id_(id), done_(std::move(done)) {
+    outbox_ = std::make_unique<Outbox>(
+        [this](const grpc::ByteBuffer* b) { StartWrite(b); },
+        [this] {
+          StartWritesDone();
+          RemoveHold();
+        });
+  }
+
+  void Start(grpc::GenericStub* stub, const std::string& token) {
+    self_ = shared_from_this();
+    if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
+    stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
+    AddHold();  // released by the outbox once no write can start
+    StartRead(&in_);
+    StartCall();
+  }
+
+  bool Send(std::vector<grpc::Slice> slices, size_t bytes) {
+    return outbox_->Send(std::move(slices), bytes);
+  }
+  void Close(bool cancel) {
+    outbox_->Close();
+    if (cancel) ctx_.TryCancel();
+  }
+  uint64_t id() const { return id_; }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      outbox_->Close();
+      return;
+    }
+    std::vector<Frame> frames;
+    absl::Status s = ParsePacket(&in_, &frames);
+    in_.Clear();
+    if (!s.ok()) {
+      parse_error_ = s;
+      outbox_->Close();
+      ctx_.TryCancel();
+      return;
+    }
+    for (auto& f : frames) handler_->OnResponse(peer_, std::move(f));
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status cause = parse_error_.ok() ? FromGrpcStatus(status) : parse_error_;
+    if (cause.ok()) cause = absl::UnavailableError("stream closed");
+    done_(peer_, id_, cause);
+    self_.reset();  // may delete this
+  }
+
+ private:
+  TransportHandler* const handler_;
+  const int peer_;
+  const uint64_t id_;
+  const DoneFn done_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer in_;
+  std::unique_ptr<Outbox> outbox_;
+  absl::Status parse_error_;
+  std::shared_ptr<ClientStream> self_;
+};
+
+class Transport::Service : public grpc::CallbackGenericService {
+ public:
+  Service(TransportHandler* handler, std::string token)
+      : handler_(handler), token_(std::move(token)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    if (ctx->method() != kStreamMethod) {
+      return new RejectReactor(grpc::Status(
+          grpc::StatusCode::UNIMPLEMENTED,
+          absl::StrCat("baton serves only ", kStreamMethod)));
+    }
+    if (!token_.empty()) {
+      const auto& md = ctx->client_metadata();
+      auto it = md.find(kTokenMetadataKey);
+      if (it == md.end() ||
+          absl::string_view(it->second.data(), it->second.size()) != token_) {
+        return new RejectReactor(grpc::Status(
+            grpc::StatusCode::UNAUTHENTICATED,
+            it == md.end() ? "call without a job token (x-baton-token)"
+                           : "call with a wrong job token"));
+      }
+    }
+    return new ServerStream(handler_);
+  }
+
+ private:
+  TransportHandler* const handler_;
+  const std::string token_;
+};
+
+Transport::Transport(TransportOptions options, TransportHandler* handler)
+    : options_(std::move(options)), handler_(handler) {}
+
+absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(
+    TransportOptions options, TransportHandler* handler) {
+  std::unique_ptr<Transport> t(new Transport(std::move(options), handler));
+  t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(t->options_.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(t->service_.get());
+  const int limit = static_cast<int>(
+      std::min<int64_t>(t->options_.max_message_bytes + (1 << 20), INT_MAX));
+  builder.SetMaxReceiveMessageSize(limit);
+  builder.SetMaxSendMessageSize(limit);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  t->server_ = builder.BuildAndStart();
+  if (t->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "rpc server could not listen on ", t->options_.listen_address));
+  }
+  const std::string& la = t->options_.listen_address;
+  t->address_ = absl::StrCat(la.substr(0, la.rfind(':')), ":", port);
+  return t;
+}
+
+Transport::~Transport() {
+  (void)CloseStreams(/*cancel=*/true, absl::Seconds(5));
+  StopServer(absl::ZeroDuration());
+}
+
+void Transport::AddPeer(int id, const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  Peer& p = peers_[id];
+  p.address = address;
+  p.channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(),
+      BatonChannelArguments(options_.max_message_bytes + (1 << 20)));
+  p.stub = std::make_unique<grpc::GenericStub>(p.channel);
+}
+
+absl::StatusOr<uint64_t> Transport::Send(int peer, Frame frame) {
+  std::vector<grpc::Slice> slices;
+  const size_t bytes = AppendFrame(std::move(frame), &slices);
+  std::shared_ptr<ClientStream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return absl::UnavailableError("agent is shutting down");
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return absl::NotFoundError(absl::StrCat("no address for worker id ", peer));
+    }
+    if (it->second.stream == nullptr) {
+      it->second.stream = std::make_shared<ClientStream>(
+          handler_, peer, next_stream_id_++,
+          [this](int p, uint64_t id, const absl::Status& s) {
+            OnClientStreamDone(p, id, s);
+          });
+      ++live_streams_;
+      it->second.stream->Start(it->second.stub.get(), options_.job_token);
+    }
+    stream = it->second.stream;
+  }
+  if (stream->Send(std::move(slices), bytes)) return stream->id();
+  // The stream is ending (its peer went away); the next call opens a new one.
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it != peers_.end() && it->second.stream == stream) it->second.stream.reset();
+  return absl::UnavailableError("the stream to the peer closed");
+}
+
+void Transport::OnClientStreamDone(int peer, uint64_t stream_id,
+                                   const absl::Status& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.stream != nullptr &&
+        it->second.stream->id() == stream_id) {
+      it->second.stream.reset();
+    }
+    --live_streams_;
+  }
+  handler_->OnStreamClosed(peer, stream_id, cause);
+}
+
+absl::Status Transport::CloseStreams(bool cancel, absl::Duration timeout) {
+  std::vector<std::shared_ptr<ClientStream>> streams;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    for (auto& [id, p] : peers_) {
+      if (p.stream != nullptr) streams.push_back(p.stream);
+    }
+  }
+  for (auto& s : streams) s->Close(cancel);
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_streams_ == 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    // Cancel what did not close cleanly and give it a moment more.
+    mu_.Unlock();
+    for (auto& s : streams) s->Close(true);
+    mu_.Lock();
+    mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1));
+    if (live_streams_ != 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          live_streams_, " outgoing stream(s) still open after ",
+          DurationText(timeout)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Transport::StopServer(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+  server_.reset();
+}
+
+int Transport::live_streams() const {
+  absl::MutexLock lock(&mu_);
+  return live_streams_;
+}
+
+}  // namespace baton::rpc::internal

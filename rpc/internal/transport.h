@@ -1,0 +1,119 @@
+// Transport: baton's calls over gRPC.
+//
+// Each worker runs one gRPC server with a single generic bidirectional
+// method (kStreamMethod). A caller opens one long-lived stream to each peer it
+// calls; requests go out on it and responses come back on it. Calls are told
+// apart by request id, so one stream carries any number of concurrent calls.
+//
+// Contract:
+// - Every incoming stream must carry the job token in its metadata, else it
+//   is finished with UNAUTHENTICATED before any frame is read.
+// - Frames queued while a write is in flight are coalesced into one packet
+//   (at most kCoalesceBytes unless a single frame is larger).
+// - When an outgoing stream ends (peer died, unreachable, rejected token),
+//   the handler hears OnStreamClosed with the stream's id and the cause; the
+//   next send opens a new stream.
+// - Shutdown: CloseStreams() half-closes (or cancels) outgoing streams and
+//   waits, bounded, for them to end; StopServer() stops accepting and cancels
+//   what is left after the grace period.
+//
+// Threads: handler callbacks run on gRPC's callback threads and must not
+// block. Send* may be called from any thread.
+#ifndef BATON_RPC_INTERNAL_TRANSPORT_H_
+#define BATON_RPC_INTERNAL_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/internal/wire.h"
+
+namespace baton::rpc::internal {
+
+// Where a request's reply goes: the stream it came in on.
+class ReplyChannel {
+ public:
+  virtual ~ReplyChannel() = default;
+  // False if the stream is gone (the caller has failed the call already).
+  virtual bool Send(Frame frame) = 0;
+};
+
+class TransportHandler {
+ public:
+  virtual ~TransportHandler() = default;
+  virtual void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) = 0;
+  virtual void OnResponse(int peer, Frame frame) = 0;
+  virtual void OnStreamClosed(int peer, uint64_t stream_id,
+                              const absl::Status& cause) = 0;
+};
+
+class Outbox;
+class ClientStream;
+
+struct TransportOptions {
+  std::string listen_address;  // host:port; port 0 picks one
+  std::string job_token;
+  int64_t max_message_bytes = 0;
+};
+
+class Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<Transport>> Start(
+      TransportOptions options, TransportHandler* handler);
+  ~Transport();
+
+  // host:port actually bound.
+  const std::string& address() const { return address_; }
+
+  // Declares where peer `id` listens. Must precede sends to it.
+  void AddPeer(int id, const std::string& address);
+
+  // Sends a request packet to `peer`; returns the id of the stream used.
+  // UNAVAILABLE if the stream could not take it (closing).
+  absl::StatusOr<uint64_t> Send(int peer, Frame frame);
+
+  // Ends every outgoing stream (half-close, or cancel if `cancel`) and waits
+  // at most `timeout` for them to finish.
+  absl::Status CloseStreams(bool cancel, absl::Duration timeout);
+  void StopServer(absl::Duration grace);
+
+  int live_streams() const;
+
+ private:
+  class Service;
+  struct Peer {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<grpc::GenericStub> stub;
+    std::shared_ptr<ClientStream> stream;
+  };
+
+  Transport(TransportOptions options, TransportHandler* handler);
+  void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s);
+
+  const TransportOptions options_;
+  TransportHandler* const handler_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace baton::rpc::internal
+
+#endif  // BATON_RPC_INTERNAL_TRANSPORT_H_

@@ -1,0 +1,60 @@
+// Payload: an encoded message body. `bytes` is the codec's byte stream;
+// `blobs` are raw tensor bytes that travel beside it without being copied
+// into `bytes`.
+//
+// A Blob points at memory kept alive by `owner`: on the sending side the
+// tensor itself, on the receiving side the gRPC slices it arrived in. A
+// received blob may span several slices (`pieces`); the codec copies such a
+// blob once, into the destination tensor.
+//
+// Thread-safety: plain values; a Blob's memory is read-only once shared.
+#ifndef BATON_RPC_PAYLOAD_H_
+#define BATON_RPC_PAYLOAD_H_
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
+
+namespace baton::rpc {
+
+struct Blob {
+  absl::InlinedVector<absl::Span<const char>, 1> pieces;
+  std::shared_ptr<const void> owner;
+
+  size_t size() const {
+    size_t n = 0;
+    for (const auto& p : pieces) n += p.size();
+    return n;
+  }
+  // Contiguous memory, or nullptr if the blob spans several pieces.
+  const char* contiguous() const {
+    if (pieces.empty()) return nullptr;
+    return pieces.size() == 1 ? pieces[0].data() : nullptr;
+  }
+  void CopyTo(void* dst) const {
+    char* out = static_cast<char*>(dst);
+    for (const auto& p : pieces) {
+      if (!p.empty()) std::memcpy(out, p.data(), p.size());
+      out += p.size();
+    }
+  }
+};
+
+struct Payload {
+  std::string bytes;
+  std::vector<Blob> blobs;
+
+  size_t total_size() const {
+    size_t n = bytes.size();
+    for (const auto& b : blobs) n += b.size();
+    return n;
+  }
+};
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RPC_PAYLOAD_H_

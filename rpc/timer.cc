@@ -1,0 +1,74 @@
+#include "rpc/timer.h"
+
+namespace baton::rpc {
+
+DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
+
+DeadlineTimer::~DeadlineTimer() { Stop(); }
+
+DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline,
+                                          absl::AnyInvocable<void()> callback) {
+  if (deadline == absl::InfiniteFuture()) return 0;
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return 0;
+  const Id id = next_id_++;
+  const bool earliest = queue_.empty() || deadline < queue_.begin()->first.first;
+  queue_.emplace(std::make_pair(deadline, id), std::move(callback));
+  deadlines_.emplace(id, deadline);
+  if (earliest) changed_.Signal();
+  return id;
+}
+
+bool DeadlineTimer::Cancel(Id id) {
+  if (id == 0) return false;
+  absl::AnyInvocable<void()> dropped;  // destroyed outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = deadlines_.find(id);
+  if (it == deadlines_.end()) return false;
+  auto qit = queue_.find(std::make_pair(it->second, id));
+  dropped = std::move(qit->second);
+  queue_.erase(qit);
+  deadlines_.erase(it);
+  return true;
+}
+
+void DeadlineTimer::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopped_) {
+    if (queue_.empty()) {
+      changed_.Wait(&mu_);
+      continue;
+    }
+    const absl::Time next = queue_.begin()->first.first;
+    if (absl::Now() < next) {
+      changed_.WaitWithDeadline(&mu_, next);
+      continue;
+    }
+    auto node = queue_.extract(queue_.begin());
+    deadlines_.erase(node.key().second);
+    mu_.Unlock();
+    node.mapped()();
+    node = {};
+    mu_.Lock();
+  }
+}
+
+void DeadlineTimer::Stop() {
+  decltype(queue_) dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    dropped.swap(queue_);
+    deadlines_.clear();
+    changed_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t DeadlineTimer::pending() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+}  // namespace baton::rpc

@@ -1,0 +1,60 @@
+// DeadlineTimer: one thread that runs callbacks at their deadlines. The agent
+// uses a single timer for every pending call instead of a thread per call.
+//
+// Contract: a callback runs at most once, on the timer thread, at or after its
+// deadline, unless Cancel() removed it first. Callbacks must be short and must
+// not block (they typically fail a promise). Stop() drops callbacks that have
+// not run.
+//
+// Thread-safety: safe for concurrent use. Cancel() from inside a callback is
+// allowed.
+#ifndef BATON_RPC_TIMER_H_
+#define BATON_RPC_TIMER_H_
+
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace baton::rpc {
+
+class DeadlineTimer {
+ public:
+  using Id = uint64_t;
+
+  DeadlineTimer();
+  ~DeadlineTimer();  // Stop()
+
+  DeadlineTimer(const DeadlineTimer&) = delete;
+  DeadlineTimer& operator=(const DeadlineTimer&) = delete;
+
+  // Returns an id for Cancel(). An infinite deadline schedules nothing and
+  // returns 0.
+  Id Schedule(absl::Time deadline, absl::AnyInvocable<void()> callback);
+  // Returns true if the callback was removed before it ran.
+  bool Cancel(Id id);
+  void Stop();
+  size_t pending() const;
+
+ private:
+  void Loop();
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<std::pair<absl::Time, Id>, absl::AnyInvocable<void()>> queue_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
+  Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RPC_TIMER_H_

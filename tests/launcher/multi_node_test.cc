@@ -1,0 +1,153 @@
+// baton-run with several node agents on one machine: static two-node jobs,
+// a node that never arrives, and an elastic MIN:MAX job losing a node.
+#include <signal.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/launcher/fixture.h"
+
+namespace baton::launcher::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kJobTimeout = absl::Seconds(60);
+
+class MultiNodeTest : public LauncherTest {
+ protected:
+  std::unique_ptr<Launcher> Node(const std::string& nnodes, int node_rank,
+                                 const std::string& mode,
+                                 std::vector<std::string> extra = {},
+                                 const std::string& arg = "") {
+    std::vector<std::string> flags = {
+        "--nnodes", nnodes, "--node_rank", absl::StrCat(node_rank),
+        "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", absl::StrCat(master_port_), "--rdzv_port",
+        absl::StrCat(rdzv_port_)};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return std::make_unique<Launcher>(marker_, Args(flags, mode, arg));
+  }
+  int master_port_ = FreePort();
+  int rdzv_port_ = FreePort();
+};
+
+TEST_F(MultiNodeTest, TwoNodesGetConsistentGlobalRanks) {
+  // Node 1 starts first: it waits for the master node's store.
+  auto n1 = Node("2", 1, "env");
+  absl::SleepFor(absl::Milliseconds(300));
+  auto n0 = Node("2", 0, "env");
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();
+  const auto first = Env(0, 0);
+  for (int r = 0; r < 4; ++r) {
+    auto env = Env(r, 0);
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(env["RANK"], absl::StrCat(r));
+    EXPECT_EQ(env["LOCAL_RANK"], absl::StrCat(r % 2));
+    EXPECT_EQ(env["GROUP_RANK"], absl::StrCat(r / 2));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["MASTER_PORT"], absl::StrCat(master_port_));
+    EXPECT_EQ(env["BATON_RUN_ID"], first.at("BATON_RUN_ID"));
+    EXPECT_EQ(env["BATON_JOB_TOKEN"], first.at("BATON_JOB_TOKEN"));
+  }
+}
+
+TEST_F(MultiNodeTest, FailureOnOneNodeRestartsBothNodes) {
+  auto n0 = Node("2", 0, "fail_once", {"--max_restarts", "2"});
+  auto n1 = Node("2", 1, "fail_once", {"--max_restarts", "2"});
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(Env(r, 1)["BATON_RESTART_COUNT"], "1") << r;
+  }
+}
+
+TEST_F(MultiNodeTest, RestartsExhaustedFailEveryNodeWithTheSummary) {
+  auto n0 = Node("2", 0, "fail_always", {"--max_restarts", "1"});
+  auto n1 = Node("2", 1, "fail_always", {"--max_restarts", "1"});
+  EXPECT_EQ(n0->Wait(kJobTimeout), 1);
+  EXPECT_EQ(n1->Wait(kJobTimeout), 1);
+  // Rank 1 runs on node 0; node 1 prints the same summary from the store.
+  for (Launcher* n : {n0.get(), n1.get()}) {
+    EXPECT_THAT(n->Output(), HasSubstr("first failure: rank 1 "));
+    EXPECT_THAT(n->Output(), HasSubstr("exit code 42"));
+    EXPECT_THAT(n->Output(), HasSubstr("planned failure 1"));
+  }
+}
+
+TEST_F(MultiNodeTest, NodeThatNeverArrivesIsNamed) {
+  auto n0 = Node("3", 0, "env", {"--rdzv_timeout", "2"});
+  auto n1 = Node("3", 1, "env", {"--rdzv_timeout", "2"});
+  EXPECT_EQ(n0->Wait(kJobTimeout), 1);
+  EXPECT_EQ(n1->Wait(kJobTimeout), 1);
+  for (Launcher* n : {n0.get(), n1.get()}) {
+    EXPECT_THAT(n->Output(), HasSubstr("missing node rank 2")) << n->Output();
+  }
+}
+
+TEST_F(MultiNodeTest, SigtermOnTheMasterStopsEveryNode) {
+  auto n0 = Node("2", 0, "sleep_trap");
+  auto n1 = Node("2", 1, "sleep_trap");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r), kJobTimeout));
+  }
+  n0->Signal(SIGTERM);
+  EXPECT_EQ(n0->Wait(absl::Seconds(30)), 128 + SIGTERM) << n0->Output();
+  EXPECT_EQ(n1->Wait(absl::Seconds(30)), 1) << n1->Output();
+  EXPECT_THAT(n1->Output(), HasSubstr("received SIGTERM"));
+  EXPECT_THAT(ProcessesWithMarker(marker_), ::testing::IsEmpty());
+}
+
+TEST_F(MultiNodeTest, ElasticJobLosesANodeAndContinuesSmaller) {
+  const std::vector<std::string> elastic = {
+      "--heartbeat_timeout", "2", "--rdzv_last_call", "1"};
+  // Workers succeed once the world is down to 2 nodes x 2 workers.
+  auto n0 = Node("2:3", 0, "elastic", elastic, "4");
+  auto n1 = Node("2:3", 1, "elastic", elastic, "4");
+  auto n2 = Node("2:3", 2, "elastic", elastic, "4");
+  for (int r = 0; r < 6; ++r) {
+    ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r, ".6"),
+                            kJobTimeout))
+        << n0->Output();
+  }
+  // Node 2 dies without a word; its workers die with it (PDEATHSIG).
+  ::kill(n2->pid(), SIGKILL);
+  EXPECT_EQ(n2->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();
+  EXPECT_THAT(n0->Output(), HasSubstr("node_lost"));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(FileExists(absl::StrCat(out_, "/ready.", r, ".4"))) << r;
+  }
+  // A membership change does not consume a restart.
+  auto env = ReadEnvFile(absl::StrCat(out_, "/env.3.0"));
+  EXPECT_EQ(env["WORLD_SIZE"], "4");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+}
+
+TEST_F(MultiNodeTest, ElasticJobGrowsWhenANodeJoins) {
+  const std::vector<std::string> elastic = {"--rdzv_last_call", "0.5"};
+  auto n0 = Node("1:2", 0, "elastic", elastic, "4");
+  ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.0.2"), kJobTimeout))
+      << n0->Output();
+  // A node without --node_rank joins the running job.
+  std::vector<std::string> flags = {
+      "--nnodes", "1:2", "--nproc_per_node", "2", "--master_addr",
+      "127.0.0.1", "--master_port", absl::StrCat(master_port_),
+      "--rdzv_port", absl::StrCat(rdzv_port_), "--rdzv_last_call", "0.5"};
+  Launcher n1(marker_, Args(flags, "elastic", "4"));
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1.Wait(kJobTimeout), 0) << n1.Output();
+  EXPECT_THAT(n0->Output(), HasSubstr("node_joined"));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(FileExists(absl::StrCat(out_, "/ready.", r, ".4"))) << r;
+  }
+}
+
+}  // namespace
+}  // namespace baton::launcher::testing

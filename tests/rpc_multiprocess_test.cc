@@ -1,0 +1,386 @@
+// Multi-process tests of the RPC agent: real worker processes on loopback.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <dirent.h>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "rpc/agent.h"
+#include "tests/multiprocess.h"
+
+namespace baton::rpc {
+namespace {
+
+using baton::testing::Describe;
+using baton::testing::RunWorkers;
+using baton::testing::WorkerResult;
+
+const Function<at::Tensor(at::Tensor, at::Tensor)> add_fn("add");
+const Function<int64_t(int64_t)> echo_int_fn("echo_int");
+const Function<std::string(std::string)> boom_fn("boom");
+const Function<void(int64_t)> sleep_ms_fn("sleep_ms");
+const Function<int64_t()> pid_fn("pid");
+// Calls add on `target` with (x, x): a nested call made by a remote function.
+const Function<at::Tensor(std::string, at::Tensor)> relay_fn("relay");
+// Ping-pong of depth n between two workers (A calls B calls A ...).
+const Function<int64_t(std::string, std::string, int64_t)> pingpong_fn("pingpong");
+const Function<at::Tensor(at::Tensor)> echo_tensor_fn("echo_tensor");
+// A deliberately different signature registered under "add_int".
+const Function<at::Tensor(at::Tensor, int64_t)> add_int_fn("add_int");
+const Function<at::Tensor(at::Tensor, at::Tensor)> add_int_wrong_fn("add_int");
+
+std::shared_ptr<FunctionRegistry> MakeRegistry() {
+  auto r = std::make_shared<FunctionRegistry>();
+  (void)r->Register(add_fn, [](at::Tensor a, at::Tensor b) { return a + b; });
+  (void)r->Register(echo_int_fn, [](int64_t v) { return v; });
+  (void)r->Register(boom_fn, [](std::string what) -> std::string {
+    throw std::runtime_error("boom: " + what);
+  });
+  (void)r->Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); });
+  (void)r->Register(pid_fn, []() { return static_cast<int64_t>(getpid()); });
+  (void)r->Register(relay_fn, [](const CallContext& ctx, std::string target, at::Tensor x) {
+    return ctx.agent->rpc_sync(target, add_fn, x, x);
+  });
+  (void)r->Register(pingpong_fn, [](const CallContext& ctx, std::string me,
+                                    std::string other, int64_t n) -> int64_t {
+    if (n == 0) return 0;
+    return 1 + ctx.agent->rpc_sync(other, pingpong_fn, other, me, n - 1);
+  });
+  (void)r->Register(echo_tensor_fn, [](at::Tensor t) { return t; });
+  (void)r->Register(add_int_fn, [](at::Tensor t, int64_t v) { return t + v; });
+  return r;
+}
+
+std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
+  auto opts = AgentOptions::FromEnv("w");
+  WCHECK_OK(opts.status());
+  if (override_opts != nullptr) {
+    override_opts->rank = opts->rank;
+    override_opts->world_size = opts->world_size;
+    override_opts->master_addr = opts->master_addr;
+    override_opts->master_port = opts->master_port;
+    if (override_opts->name.empty()) override_opts->name = opts->name;
+    *opts = *override_opts;
+  }
+  auto agent = RpcAgent::Create(*opts, MakeRegistry());
+  WCHECK_OK(agent.status());
+  return *std::move(agent);
+}
+
+void ExpectAllSucceeded(const std::vector<WorkerResult>& results) {
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
+  }
+}
+
+// ---------------------------------------------------------------------------
+BATON_SCENARIO(sync_async_nested) {
+  auto agent = InitFromEnv();
+  if (agent->self().id == 0) {
+    WCHECK(agent->workers().size() == 3);
+    WCHECK(agent->worker("w2")->id == 2);
+    WCHECK(agent->worker(1)->name == "w1");
+    const at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3});
+    // rpc_sync
+    at::Tensor s = agent->rpc_sync("w1", add_fn, a, a);
+    WCHECK(s.equal(a * 2));
+    // rpc_async + then + WaitAll
+    std::vector<Future<at::Tensor>> futures;
+    for (int i = 0; i < 8; ++i) {
+      futures.push_back(agent->rpc_async(i % 2 ? "w1" : "w2", add_fn, a, at::full({2, 3}, i)));
+    }
+    WCHECK_OK(WaitAll(futures, absl::Seconds(30)));
+    for (int i = 0; i < 8; ++i) WCHECK(futures[i].value().equal(a + i));
+    Future<double> chained = futures[3].Then([](const Future<at::Tensor>& f) {
+      return f.value().sum().item<double>();
+    });
+    WCHECK(chained.value() == (a + 3).sum().item<double>());
+    // A remote function that makes an RPC itself (w0 -> w1 -> w2).
+    WCHECK(agent->rpc_sync("w1", relay_fn, std::string("w2"), a).equal(a * 2));
+    // A calls B calls A: w0 -> w1 -> w0.
+    WCHECK(agent->rpc_sync("w1", relay_fn, std::string("w0"), a).equal(a * 2));
+    // Deep ping-pong between w0 and w1 grows the executors instead of deadlocking.
+    WCHECK(agent->rpc_sync("w1", pingpong_fn, std::string("w1"), std::string("w0"), 40) == 40);
+    // Calls to self work like any other call.
+    WCHECK(agent->rpc_sync("w0", echo_int_fn, 7) == 7);
+  }
+  WCHECK_OK(agent->Shutdown());
+  auto stats = agent->stats();
+  WCHECK(stats.pending_outgoing == 0 && stats.running_incoming == 0);
+  return 0;
+}
+
+TEST(RpcMultiProcess, SyncAsyncAndNestedCalls) {
+  ExpectAllSucceeded(RunWorkers("sync_async_nested", 3, absl::Seconds(120)));
+}
+
+// ---------------------------------------------------------------------------
+BATON_SCENARIO(many_calls) {
+  auto agent = InitFromEnv();
+  if (agent->self().id == 0) {
+    constexpr int kCalls = 10000;
+    constexpr int kWindow = 64;
+    std::deque<std::pair<int64_t, Future<int64_t>>> window;
+    int64_t checked = 0;
+    for (int64_t i = 0; i < kCalls; ++i) {
+      window.emplace_back(i, agent->rpc_async(1 + i % 2, echo_int_fn, i));
+      if (window.size() >= kWindow) {
+        WCHECK(window.front().second.value() == window.front().first);
+        window.pop_front();
+        ++checked;
+      }
+    }
+    for (auto& [i, f] : window) {
+      WCHECK(f.value() == i);
+      ++checked;
+    }
+    WCHECK(checked == kCalls);
+    WCHECK(agent->stats().pending_outgoing == 0);
+  }
+  WCHECK_OK(agent->Shutdown());
+  return 0;
+}
+
+TEST(RpcMultiProcess, TenThousandCallsSixtyFourInFlight) {
+  ExpectAllSucceeded(RunWorkers("many_calls", 3, absl::Seconds(180)));
+}
+
+// ---------------------------------------------------------------------------
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 std::vector<std::string> fragments) {
+  if (s.code() != code) {
+    std::fprintf(stderr, "expected code %d, got %s\n", static_cast<int>(code),
+                 s.ToString().c_str());
+    std::_Exit(1);
+  }
+  for (const auto& f : fragments) {
+    if (!absl::StrContains(s.message(), f)) {
+      std::fprintf(stderr, "error '%s' lacks '%s'\n", s.ToString().c_str(), f.c_str());
+      std::_Exit(1);
+    }
+  }
+}
+
+BATON_SCENARIO(error_cases) {
+  AgentOptions opts;
+  opts.max_message_bytes = 1 << 20;  // 1 MiB
+  auto agent = InitFromEnv(&opts);
+  if (agent->self().id == 0) {
+    // An exception in user code, with its message.
+    ExpectError(agent->rpc_async("w1", boom_fn, std::string("bad input")).status(),
+                absl::StatusCode::kUnknown,
+                {"worker 'w1'", "function 'boom'", "remote exception", "boom: bad input"});
+    // Unknown function.
+    const Function<int64_t(int64_t)> missing_fn("no_such_function");
+    ExpectError(agent->rpc_async("w1", missing_fn, 1).status(), absl::StatusCode::kNotFound,
+                {"worker 'w1'", "no_such_function", "unknown function"});
+    // Argument type mismatch: same name, different signature.
+    ExpectError(agent->rpc_async("w1", add_int_wrong_fn, at::ones({2}), at::ones({2})).status(),
+                absl::StatusCode::kInvalidArgument,
+                {"worker 'w1'", "add_int", "argument type mismatch", "(Tensor,int64)->Tensor",
+                 "(Tensor,Tensor)->Tensor"});
+    // Undecodable payload.
+    Payload garbage;
+    garbage.bytes = "\x01\x07garbage";
+    ExpectError(agent->CallRaw(1, "add", "", garbage).status(), absl::StatusCode::kDataLoss,
+                {"worker 'w1'", "function 'add'", "undecodable"});
+    // Over the size limit: 2 MiB tensor against a 1 MiB limit.
+    ExpectError(agent->rpc_async("w1", echo_tensor_fn, at::zeros({1 << 19})).status(),
+                absl::StatusCode::kResourceExhausted,
+                {"worker 'w1'", "echo_tensor", "exceeds the message size limit"});
+    // Unknown worker.
+    ExpectError(agent->rpc_async("w9", echo_int_fn, 1).status(), absl::StatusCode::kNotFound,
+                {"no worker named 'w9'", "w0, w1"});
+    // A value the codec cannot send.
+    ExpectError(agent->rpc_async("w1", echo_tensor_fn,
+                                 at::ones({2, 2}).to_sparse()).status(),
+                absl::StatusCode::kInvalidArgument, {"sparse", "echo_tensor"});
+    // Timeout: the callee is slow; the caller gives up on time.
+    const absl::Time t0 = absl::Now();
+    ExpectError(agent->rpc_async(CallOptions{absl::Milliseconds(200)}, "w1", sleep_ms_fn,
+                                 int64_t{1500}).status(),
+                absl::StatusCode::kDeadlineExceeded, {"worker 'w1'", "sleep_ms", "timed out"});
+    WCHECK(absl::Now() - t0 < absl::Seconds(1));
+    // The callee keeps serving after all of that.
+    WCHECK(agent->rpc_sync("w1", echo_int_fn, 41) == 41);
+    WCHECK(agent->rpc_sync("w1", add_fn, at::ones({3}), at::ones({3})).equal(at::full({3}, 2.0)));
+    // A stream with a wrong job token is rejected before any function runs.
+    class Sink : public internal::TransportHandler {
+     public:
+      void OnRequest(std::shared_ptr<internal::ReplyChannel>, internal::Frame) override {}
+      void OnResponse(int, internal::Frame) override { responses++; }
+      void OnStreamClosed(int, uint64_t, const absl::Status& s) override {
+        absl::MutexLock l(&mu);
+        cause = s;
+        closed = true;
+      }
+      std::atomic<int> responses{0};
+      absl::Mutex mu;
+      bool closed = false;
+      absl::Status cause;
+    } sink;
+    auto intruder = internal::Transport::Start({"127.0.0.1:0", "not-the-token", 1 << 20}, &sink);
+    WCHECK_OK(intruder.status());
+    (*intruder)->AddPeer(1, agent->worker(1)->address);
+    internal::Frame frame;
+    frame.header.set_kind(proto::FrameHeader::REQUEST);
+    frame.header.set_id(1);
+    frame.header.set_function("sleep_ms");
+    frame.payload = *EncodeMessage(std::make_tuple(int64_t{0}));
+    WCHECK((*intruder)->Send(1, std::move(frame)).ok());
+    {
+      absl::MutexLock l(&sink.mu);
+      sink.mu.AwaitWithTimeout(absl::Condition(&sink.closed), absl::Seconds(10));
+      WCHECK(sink.closed);
+      ExpectError(sink.cause, absl::StatusCode::kUnauthenticated, {"wrong job token"});
+    }
+    WCHECK(sink.responses == 0);
+    (*intruder)->StopServer(absl::ZeroDuration());
+  }
+  WCHECK_OK(agent->Shutdown());
+  return 0;
+}
+
+TEST(RpcMultiProcess, EveryErrorCaseNamesWorkerFunctionAndCause) {
+  ExpectAllSucceeded(RunWorkers("error_cases", 2, absl::Seconds(120)));
+}
+
+// ---------------------------------------------------------------------------
+BATON_SCENARIO(killed_peer) {
+  AgentOptions opts;
+  opts.shutdown_timeout = absl::Seconds(3);
+  auto agent = InitFromEnv(&opts);
+  if (agent->self().id == 0) {
+    const int64_t pid = agent->rpc_sync("w1", pid_fn);
+    Future<void> slow = agent->rpc_async(CallOptions{absl::Seconds(60)}, "w1", sleep_ms_fn,
+                                         int64_t{30000});
+    absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time t0 = absl::Now();
+    kill(static_cast<pid_t>(pid), SIGKILL);
+    absl::Status s = slow.Wait(absl::Seconds(10));
+    WCHECK(absl::Now() - t0 < absl::Seconds(5));
+    ExpectError(s, absl::StatusCode::kUnavailable, {"worker 'w1'", "sleep_ms", "dead or unreachable"});
+    // New calls to the dead worker fail fast too.
+    ExpectError(agent->rpc_async("w1", echo_int_fn, 1).status(), absl::StatusCode::kUnavailable,
+                {"worker 'w1'"});
+    // Graceful shutdown is bounded although w1 never arrives.
+    const absl::Time t1 = absl::Now();
+    absl::Status sd = agent->Shutdown();
+    WCHECK(absl::Now() - t1 < absl::Seconds(10));
+    ExpectError(sd, absl::StatusCode::kDeadlineExceeded, {"missing rank 1"});
+    return 0;
+  }
+  // w1 waits to be killed.
+  absl::SleepFor(absl::Seconds(60));
+  return 2;
+}
+
+TEST(RpcMultiProcess, PeerKilledMidCallFailsWithinTimeout) {
+  auto results = RunWorkers("killed_peer", 2, absl::Seconds(60));
+  EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
+  EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
+}
+
+// ---------------------------------------------------------------------------
+int CountThreads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+int CountSockets() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char target[256] = {0};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      if (readlink(path.c_str(), target, sizeof(target) - 1) > 0 &&
+          absl::StartsWith(target, "socket:")) {
+        ++n;
+      }
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+BATON_SCENARIO(init_shutdown_repeated) {
+  int threads_after_first = -1, sockets_after_first = -1;
+  for (int round = 0; round < 4; ++round) {
+    auto agent = InitFromEnv();
+    const int next = (agent->self().id + 1) % agent->options().world_size;
+    WCHECK(agent->rpc_sync(next, echo_int_fn, round) == round);
+    WCHECK_OK(agent->Shutdown());
+    agent.reset();
+    // gRPC keeps a few process-wide threads after first use; nothing may grow.
+    absl::SleepFor(absl::Milliseconds(200));
+    if (round == 0) {
+      threads_after_first = CountThreads();
+      sockets_after_first = CountSockets();
+    } else {
+      if (CountThreads() > threads_after_first || CountSockets() > sockets_after_first) {
+        std::fprintf(stderr, "round %d: threads %d (first %d), sockets %d (first %d)\n", round,
+                     CountThreads(), threads_after_first, CountSockets(), sockets_after_first);
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+TEST(RpcMultiProcess, InitAndShutdownRepeatedLeaveNoThreadOrSocket) {
+  ExpectAllSucceeded(RunWorkers("init_shutdown_repeated", 3, absl::Seconds(120)));
+}
+
+// ---------------------------------------------------------------------------
+BATON_SCENARIO(duplicate_name) {
+  AgentOptions opts;
+  opts.name = "same";
+  opts.init_timeout = absl::Seconds(20);
+  auto o = AgentOptions::FromEnv();
+  WCHECK_OK(o.status());
+  o->name = "same";
+  o->init_timeout = absl::Seconds(20);
+  auto agent = RpcAgent::Create(*o, MakeRegistry());
+  ExpectError(agent.status(), absl::StatusCode::kAlreadyExists,
+              {"worker name 'same' is used by ranks 0 and 1"});
+  return 0;
+}
+
+TEST(RpcMultiProcess, DuplicateNameFailsInit) {
+  ExpectAllSucceeded(RunWorkers("duplicate_name", 2, absl::Seconds(60)));
+}
+
+// ---------------------------------------------------------------------------
+BATON_SCENARIO(large_tensor) {
+  auto agent = InitFromEnv();
+  if (agent->self().id == 0) {
+    // 256 MiB each way, under the default 1 GiB limit.
+    at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);
+    at::Tensor back = agent->rpc_sync("w1", echo_tensor_fn, big);
+    WCHECK(back.equal(big));
+    // A strided view sends only what it views, and arrives compact.
+    at::Tensor view = big.slice(0, 1000, 5000, 2);
+    at::Tensor v = agent->rpc_sync("w1", echo_tensor_fn, view);
+    WCHECK(v.is_contiguous() && v.equal(view));
+  }
+  WCHECK_OK(agent->Shutdown());
+  return 0;
+}
+
+TEST(RpcMultiProcess, LargeTensorsRoundTrip) {
+  ExpectAllSucceeded(RunWorkers("large_tensor", 2, absl::Seconds(120)));
+}
+
+}  // namespace
+}  // namespace baton::rpc
