@@ -33,8 +33,10 @@ class LauncherTest : public ::testing::Test {
   std::vector<std::string> Args(std::vector<std::string> flags,
                                 const std::string& mode,
                                 const std::string& arg = "") {
-    flags.insert(flags.end(), {"--monitor_interval", "0.05", "--stop_timeout",
-                               "2", "--rdzv_timeout", "20"});
+    // Defaults first: a flag given twice takes the last value.
+    flags.insert(flags.begin(), {"--monitor_interval", "0.05",
+                                 "--stop_timeout", "2", "--rdzv_timeout",
+                                 "20"});
     flags.push_back(WorkerScriptPath());
     flags.push_back(mode);
     flags.push_back(out_);

@@ -1,0 +1,243 @@
+// Round trips of every supported type through the codecs.
+#include <map>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "rpc/codec.h"
+
+namespace app {
+// A user type with its own codec.
+struct Point {
+  double x = 0;
+  double y = 0;
+  std::string label;
+  at::Tensor features;
+};
+}  // namespace app
+
+namespace baton::rpc {
+template <>
+struct Codec<app::Point> {
+  static std::string Name() { return "Point"; }
+  static void Encode(const app::Point& p, Encoder& enc) {
+    EncodeValue(p.x, enc);
+    EncodeValue(p.y, enc);
+    EncodeValue(p.label, enc);
+    EncodeValue(p.features, enc);
+  }
+  static absl::Status Decode(Decoder& dec, app::Point* p) {
+    for (absl::Status s : {DecodeValue(dec, &p->x), DecodeValue(dec, &p->y),
+                           DecodeValue(dec, &p->label), DecodeValue(dec, &p->features)}) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+};
+
+namespace {
+
+template <typename T>
+T RoundTrip(const T& v) {
+  absl::StatusOr<Payload> p = EncodeMessage(v);
+  EXPECT_TRUE(p.ok()) << p.status();
+  T out{};
+  absl::Status s = DecodeMessage(*p, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// Simulates the receive side: blobs are split into pieces at odd offsets and
+// copied into buffers that do not belong to the sender.
+Payload AsReceived(const Payload& sent, size_t piece) {
+  Payload r;
+  r.bytes = sent.bytes;
+  auto storage = std::make_shared<std::vector<std::string>>();
+  for (const auto& b : sent.blobs) {
+    std::string all(b.size(), '\0');
+    b.CopyTo(all.data());
+    Blob nb;
+    for (size_t off = 0; off < all.size(); off += piece) {
+      storage->push_back("x" + all.substr(off, piece));  // misaligned by one byte
+    }
+    for (auto& s : *storage) {
+      if (nb.size() < all.size()) nb.pieces.emplace_back(s.data() + 1, s.size() - 1);
+    }
+    nb.owner = storage;
+    r.blobs.push_back(std::move(nb));
+    storage = std::make_shared<std::vector<std::string>>();
+  }
+  return r;
+}
+
+TEST(Codec, Scalars) {
+  EXPECT_EQ(RoundTrip(true), true);
+  EXPECT_EQ(RoundTrip(false), false);
+  EXPECT_EQ(RoundTrip(int8_t{-5}), -5);
+  EXPECT_EQ(RoundTrip(uint8_t{250}), 250);
+  EXPECT_EQ(RoundTrip(int16_t{-30000}), -30000);
+  EXPECT_EQ(RoundTrip(int32_t{-2000000000}), -2000000000);
+  EXPECT_EQ(RoundTrip(uint32_t{4000000000u}), 4000000000u);
+  EXPECT_EQ(RoundTrip(int64_t{-(int64_t{1} << 62)}), -(int64_t{1} << 62));
+  EXPECT_EQ(RoundTrip(uint64_t{~0ull}), ~0ull);
+  EXPECT_EQ(RoundTrip(3.25f), 3.25f);
+  EXPECT_EQ(RoundTrip(-1e300), -1e300);
+  EXPECT_EQ(RoundTrip(std::string("hello\0world", 11)), std::string("hello\0world", 11));
+  EXPECT_EQ(RoundTrip(std::string()), "");
+}
+
+TEST(Codec, Containers) {
+  std::vector<int64_t> v = {1, -2, 3};
+  EXPECT_EQ(RoundTrip(v), v);
+  std::vector<bool> vb = {true, false, true};
+  EXPECT_EQ(RoundTrip(vb), vb);
+  std::vector<std::vector<std::string>> nested = {{"a", "b"}, {}, {"c"}};
+  EXPECT_EQ(RoundTrip(nested), nested);
+  std::map<std::string, double> m = {{"lr", 0.1}, {"momentum", 0.9}};
+  EXPECT_EQ(RoundTrip(m), m);
+  std::unordered_map<std::string, std::vector<int32_t>> um = {{"x", {1, 2}}, {"y", {}}};
+  EXPECT_EQ(RoundTrip(um), um);
+  std::optional<std::string> some = "v", none;
+  EXPECT_EQ(RoundTrip(some), some);
+  EXPECT_EQ(RoundTrip(none), none);
+  auto t = std::make_tuple(int64_t{1}, std::string("two"), 3.0, std::vector<bool>{true});
+  EXPECT_EQ(RoundTrip(t), t);
+  std::pair<std::string, int32_t> p = {"k", 9};
+  EXPECT_EQ(RoundTrip(p), p);
+}
+
+TEST(Codec, EveryDtype) {
+  const std::vector<at::ScalarType> dtypes = {
+      at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kByte, at::kChar,
+      at::kShort, at::kInt, at::kLong, at::kBool, at::kComplexFloat, at::kComplexDouble};
+  for (auto dt : dtypes) {
+    at::Tensor t = at::randn({3, 4, 5}, at::kDouble).mul(10).to(dt);
+    at::Tensor back = RoundTrip(t);
+    EXPECT_EQ(back.scalar_type(), dt) << c10::toString(dt);
+    EXPECT_EQ(back.sizes(), t.sizes());
+    EXPECT_TRUE(back.equal(t)) << c10::toString(dt);
+  }
+}
+
+TEST(Codec, TensorShapes) {
+  EXPECT_TRUE(RoundTrip(at::scalar_tensor(3.5)).equal(at::scalar_tensor(3.5)));
+  at::Tensor empty = at::empty({0, 7});
+  at::Tensor back = RoundTrip(empty);
+  EXPECT_EQ(back.sizes(), empty.sizes());
+  EXPECT_FALSE(RoundTrip(at::Tensor()).defined());
+  at::Tensor grad = at::ones({2});
+  grad.set_requires_grad(true);
+  EXPECT_TRUE(RoundTrip(grad).requires_grad());
+}
+
+TEST(Codec, ViewsSendOnlyTheirBytes) {
+  at::Tensor base = at::arange(10000, at::kFloat).reshape({100, 100});
+  // Non-contiguous: a transposed block and a strided slice.
+  for (at::Tensor view : {base.t().slice(0, 10, 20), base.slice(1, 0, 100, 3),
+                          base.select(1, 7), base.slice(0, 50, 52)}) {
+    auto p = EncodeMessage(view);
+    ASSERT_TRUE(p.ok());
+    ASSERT_EQ(p->blobs.size(), 1u);
+    EXPECT_EQ(p->blobs[0].size(), static_cast<size_t>(view.numel()) * 4);
+    at::Tensor back;
+    ASSERT_TRUE(DecodeMessage(*p, &back).ok());
+    EXPECT_TRUE(back.is_contiguous());
+    EXPECT_TRUE(back.equal(view));
+  }
+  // A contiguous view is not copied: the blob points into the base storage.
+  at::Tensor rows = base.slice(0, 50, 52);
+  auto p = EncodeMessage(rows);
+  EXPECT_EQ(p->blobs[0].contiguous(), static_cast<const char*>(rows.data_ptr()));
+}
+
+TEST(Codec, SplitAndMisalignedReceiveBuffersAreCopiedCorrectly) {
+  at::Tensor t = at::randn({33, 17}, at::kDouble);
+  auto p = EncodeMessage(t);
+  for (size_t piece : {7u, 64u, 100000u}) {
+    Payload received = AsReceived(*p, piece);
+    at::Tensor back;
+    ASSERT_TRUE(DecodeMessage(received, &back).ok());
+    EXPECT_TRUE(back.equal(t));
+  }
+}
+
+TEST(Codec, ZeroCopyReceiveAliasesAlignedBuffer) {
+  at::Tensor t = at::randn({64});
+  auto p = EncodeMessage(t);
+  at::Tensor back;
+  ASSERT_TRUE(DecodeMessage(*p, &back).ok());
+  EXPECT_EQ(back.data_ptr(), t.data_ptr());  // aligned, single piece: aliased
+}
+
+TEST(Codec, UserType) {
+  app::Point pt{1.5, -2, "corner", at::arange(4)};
+  app::Point back = RoundTrip(pt);
+  EXPECT_EQ(back.x, 1.5);
+  EXPECT_EQ(back.label, "corner");
+  EXPECT_TRUE(back.features.equal(pt.features));
+  EXPECT_EQ((TypeName<std::vector<app::Point>>()), "vector<Point>");
+}
+
+TEST(Codec, TypeNames) {
+  EXPECT_EQ(TypeName<at::Tensor>(), "Tensor");
+  EXPECT_EQ(TypeName<int64_t>(), "int64");
+  EXPECT_EQ(TypeName<uint8_t>(), "uint8");
+  EXPECT_EQ((TypeName<std::map<std::string, std::optional<double>>>()),
+            "map<string,optional<double>>");
+  EXPECT_EQ((TypeName<std::tuple<bool, std::string>>()), "tuple<bool,string>");
+}
+
+TEST(Codec, CorruptInputIsDataLossNeverCrash) {
+  auto p = EncodeMessage(std::make_tuple(std::string("abc"), at::ones({4}),
+                                         std::vector<int64_t>{1, 2, 3}));
+  ASSERT_TRUE(p.ok());
+  using T = std::tuple<std::string, at::Tensor, std::vector<int64_t>>;
+  // Every truncation fails cleanly.
+  for (size_t n = 0; n < p->bytes.size(); ++n) {
+    Payload cut = *p;
+    cut.bytes.resize(n);
+    T out;
+    EXPECT_EQ(DecodeMessage(cut, &out).code(), absl::StatusCode::kDataLoss) << n;
+  }
+  // Every single-byte corruption either decodes or fails with DATA_LOSS.
+  for (size_t i = 0; i < p->bytes.size(); ++i) {
+    for (int v : {0x00, 0x7f, 0x80, 0xff}) {
+      Payload bad = *p;
+      bad.bytes[i] = static_cast<char>(v);
+      T out;
+      absl::Status s = DecodeMessage(bad, &out);
+      EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kDataLoss) << s;
+    }
+  }
+  // A huge declared length does not allocate.
+  Payload huge;
+  huge.bytes = "\xff\xff\xff\xff\xff\xff\xff\x7f";
+  std::vector<int64_t> v;
+  absl::Status s = DecodeMessage(huge, &v);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "larger than the payload")) << s;
+  // Trailing bytes are rejected.
+  Payload extra = *EncodeMessage(int32_t{1});
+  extra.bytes += "z";
+  int32_t x;
+  EXPECT_EQ(DecodeMessage(extra, &x).code(), absl::StatusCode::kDataLoss);
+  // Blob size mismatch.
+  Payload wrong = *EncodeMessage(at::ones({4}));
+  wrong.blobs[0].pieces[0] = absl::Span<const char>(wrong.blobs[0].pieces[0].data(), 8);
+  at::Tensor t;
+  EXPECT_EQ(DecodeMessage(wrong, &t).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Codec, UnsendableTensorsAreInvalidArgument) {
+  auto sparse = EncodeMessage(at::ones({2, 2}).to_sparse());
+  EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
+  auto q = EncodeMessage(at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8));
+  EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton::rpc

@@ -1,0 +1,147 @@
+// Futures, the executor and the deadline timer.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "rpc/executor.h"
+#include "rpc/future.h"
+#include "rpc/timer.h"
+
+namespace baton::rpc {
+namespace {
+
+TEST(Future, ValueAndError) {
+  Promise<int> p;
+  Future<int> f = p.future();
+  EXPECT_FALSE(f.ready());
+  EXPECT_TRUE(p.SetValue(5));
+  EXPECT_FALSE(p.SetValue(6));  // completes once
+  EXPECT_EQ(f.value(), 5);
+  Promise<int> e;
+  e.SetError(absl::NotFoundError("gone"));
+  EXPECT_EQ(e.future().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THROW(e.future().value(), Error);
+  try {
+    e.future().value();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), absl::StatusCode::kNotFound);
+  }
+}
+
+TEST(Future, WaitTimesOut) {
+  Promise<void> p;
+  const absl::Time t0 = absl::Now();
+  absl::Status s = p.future().Wait(absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(45));
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    p.SetValue();
+  });
+  EXPECT_TRUE(p.future().Wait(absl::Seconds(5)).ok());
+  t.join();
+}
+
+TEST(Future, ThenRunsOnExecutorAndChains) {
+  Executor ex({2, 4});
+  Promise<int> p(&ex);
+  std::atomic<bool> on_pool{false};
+  Future<std::string> f = p.future()
+                              .Then([&](const Future<int>& in) {
+                                on_pool = ex.InPool();
+                                return in.value() * 2;
+                              })
+                              .Then([](const Future<int>& in) {
+                                return std::to_string(in.value());
+                              });
+  p.SetValue(21);
+  EXPECT_EQ(f.value(), "42");
+  EXPECT_TRUE(on_pool);
+}
+
+TEST(Future, ThenPropagatesErrorsAndExceptions) {
+  Promise<int> p;
+  auto f = p.future().Then([](const Future<int>& in) -> absl::StatusOr<int> {
+    if (!in.status().ok()) return in.status();
+    return 1;
+  });
+  p.SetError(absl::UnavailableError("peer died"));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable);
+  Promise<int> q;
+  auto g = q.future().Then([](const Future<int>&) -> int { throw std::runtime_error("bad"); });
+  q.SetValue(1);
+  EXPECT_TRUE(absl::StrContains(g.status().message(), "bad"));
+}
+
+TEST(Future, WaitAll) {
+  std::vector<Promise<int>> ps(4);
+  std::vector<Future<int>> fs;
+  for (auto& p : ps) fs.push_back(p.future());
+  ps[0].SetValue(1);
+  ps[1].SetValue(2);
+  absl::Status s = WaitAll(fs, absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(s.message(), "2 of 4")) << s;
+  ps[2].SetError(absl::InternalError("x"));
+  ps[3].SetValue(4);
+  EXPECT_EQ(WaitAll(fs, absl::Seconds(1)).code(), absl::StatusCode::kInternal);
+}
+
+TEST(Executor, GrowsWhenThreadsBlock) {
+  Executor ex({1, 8});
+  // Four tasks that each wait for the last one: only possible if the pool
+  // grows past its one initial thread.
+  absl::Notification release;
+  std::atomic<int> done{0};
+  for (int i = 0; i < 3; ++i) {
+    ex.Submit([&] {
+      release.WaitForNotificationWithTimeout(absl::Seconds(10));
+      ++done;
+    });
+  }
+  ex.Submit([&] { release.Notify(); });
+  ex.Close();
+  EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
+  EXPECT_EQ(done, 3);
+  EXPECT_LE(ex.num_threads(), 8);
+  EXPECT_FALSE(ex.Submit([] {}));
+}
+
+TEST(Executor, JoinIsBoundedWhenATaskHangs) {
+  auto ex = std::make_unique<Executor>(Executor::Options{1, 2});
+  absl::Notification never;
+  absl::Notification started;
+  ex->Submit([&] {
+    started.Notify();
+    never.WaitForNotificationWithTimeout(absl::Seconds(3));
+  });
+  started.WaitForNotification();
+  ex->Close();
+  absl::Status s = ex->Join(absl::Milliseconds(100));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  never.Notify();
+  absl::SleepFor(absl::Milliseconds(50));
+}
+
+TEST(DeadlineTimer, FiresInOrderAndCancels) {
+  DeadlineTimer timer;
+  std::vector<int> order;
+  absl::Mutex mu;
+  const absl::Time now = absl::Now();
+  timer.Schedule(now + absl::Milliseconds(60), [&] { absl::MutexLock l(&mu); order.push_back(3); });
+  timer.Schedule(now + absl::Milliseconds(20), [&] { absl::MutexLock l(&mu); order.push_back(1); });
+  auto id = timer.Schedule(now + absl::Milliseconds(40), [&] { absl::MutexLock l(&mu); order.push_back(2); });
+  EXPECT_TRUE(timer.Cancel(id));
+  EXPECT_FALSE(timer.Cancel(id));
+  EXPECT_EQ(timer.Schedule(absl::InfiniteFuture(), [] {}), 0u);
+  absl::SleepFor(absl::Milliseconds(150));
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(order, (std::vector<int>{1, 3}));
+  EXPECT_EQ(timer.pending(), 0u);
+}
+
+}  // namespace
+}  // namespace baton::rpc
