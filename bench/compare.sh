@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs PyTorch's RPC (the peer) and baton one after the other on this machine
+# and prints the metrics side by side with ratios.
+#   bench/compare.sh [--quick]
+# The peer script is looked up in $BATON_PEER_DIR, else ../shared/peer beside
+# the repository. Needs Debian's python3 with python3-torch (tools/install_deps.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=${1:-}
+PEER_DIR=${BATON_PEER_DIR:-$(cd .. && pwd)/shared/peer}
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+bazel build -c opt //bench:rpc_bench >/dev/null 2>&1 || bazel build -c opt //bench:rpc_bench
+
+if [ -f "$PEER_DIR/torch_rpc_bench.py" ]; then
+  echo "== peer: torch.distributed.rpc ($PEER_DIR/torch_rpc_bench.py $QUICK)" >&2
+  MASTER_PORT=$((20000 + RANDOM % 20000)) /usr/bin/python3 "$PEER_DIR/torch_rpc_bench.py" $QUICK \
+    2>"$OUT/peer.err" | grep '^{' >"$OUT/peer.jsonl" || { cat "$OUT/peer.err" >&2; }
+else
+  echo "peer script not found in $PEER_DIR; showing baton only" >&2
+  : >"$OUT/peer.jsonl"
+fi
+echo "== baton: bench/rpc_bench $QUICK" >&2
+MASTER_PORT=$((20000 + RANDOM % 20000)) ./bazel-bin/bench/rpc_bench $QUICK | grep '^{' >"$OUT/baton.jsonl"
+
+/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.jsonl" <<'PY'
+import json, sys
+def load(p):
+    out = {}
+    for line in open(p):
+        try:
+            d = json.loads(line)
+            out[d["metric"]] = d
+        except Exception:
+            pass
+    return out
+peer, ours = load(sys.argv[1]), load(sys.argv[2])
+higher_better = lambda unit: unit in ("GB/s", "calls/s")
+print(f"| metric | unit | peer (torch) | baton | baton vs peer |")
+print(f"| --- | --- | ---: | ---: | --- |")
+for m, d in ours.items():
+    p = peer.get(m)
+    unit = d["unit"]
+    if p is None:
+        print(f"| {m} | {unit} | n/a | {d['value']:.1f} | |")
+        continue
+    if higher_better(unit):
+        ratio = f"{d['value'] / p['value']:.2f}x the peer's"
+    else:
+        ratio = f"{d['value'] / p['value']:.2f} of the peer's time"
+    fmt = (lambda v: f"{v:.2f}") if unit == "GB/s" else (lambda v: f"{v:.0f}")
+    print(f"| {m} | {unit} | {fmt(p['value'])} | {fmt(d['value'])} | {ratio} |")
+for m, p in peer.items():
+    if m not in ours:
+        print(f"| {m} | {p['unit']} | {p['value']:.1f} | not yet | |")
+PY

@@ -1,0 +1,155 @@
+// baton's RPC benchmark: the same metrics, names and JSON lines as the peer
+// script shared/peer/torch_rpc_bench.py, so both can be set side by side.
+//
+//   rpc_bench [--quick]
+// Starts itself again as rank 1 (the server) on loopback; rank 0 drives.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/agent.h"
+
+extern char** environ;
+
+namespace {
+
+using baton::rpc::AgentOptions;
+using baton::rpc::Function;
+using baton::rpc::FunctionRegistry;
+using baton::rpc::Future;
+using baton::rpc::RpcAgent;
+
+const Function<void()> noop_fn("noop");
+const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Pct(std::vector<double> xs, double p) {
+  std::sort(xs.begin(), xs.end());
+  return xs[std::min(xs.size() - 1, static_cast<size_t>(p * xs.size()))];
+}
+
+void Report(const std::string& metric, double value, const std::string& unit,
+            const std::string& extra = "") {
+  std::printf(
+      "{\"system\": \"baton\", \"version\": \"0.1.0\", \"metric\": \"%s\", "
+      "\"value\": %.3f, \"unit\": \"%s\"%s}\n",
+      metric.c_str(), value, unit.c_str(), extra.c_str());
+  std::fflush(stdout);
+}
+
+void Drive(RpcAgent& agent, bool quick) {
+  const int n = quick ? 300 : 3000;
+  const std::string peer = "w1";
+  for (int i = 0; i < 100; ++i) agent.rpc_sync(peer, noop_fn);
+  std::vector<double> lat;
+  for (int i = 0; i < n; ++i) {
+    const double t0 = Now();
+    agent.rpc_sync(peer, noop_fn);
+    lat.push_back(Now() - t0);
+  }
+  Report("rpc_sync_noop_latency_p50", Pct(lat, 0.5) * 1e6, "us");
+  Report("rpc_sync_noop_latency_p99", Pct(lat, 0.99) * 1e6, "us");
+
+  const at::Tensor small = at::ones({16});
+  lat.clear();
+  for (int i = 0; i < n; ++i) {
+    const double t0 = Now();
+    agent.rpc_sync(peer, echo_fn, small);
+    lat.push_back(Now() - t0);
+  }
+  Report("rpc_sync_echo_64B_latency_p50", Pct(lat, 0.5) * 1e6, "us");
+
+  const int total = quick ? 2000 : 20000;
+  const size_t window = 64;
+  std::deque<Future<at::Tensor>> futs;
+  const double t0 = Now();
+  for (int i = 0; i < total; ++i) {
+    futs.push_back(agent.rpc_async(peer, echo_fn, small));
+    if (futs.size() >= window) {
+      futs.front().value();
+      futs.pop_front();
+    }
+  }
+  for (auto& f : futs) f.value();
+  Report("rpc_async_echo_64B_throughput", total / (Now() - t0), "calls/s",
+         ", \"window\": 64");
+
+  for (int mb : {1, 16, 64}) {
+    const at::Tensor big = at::ones({static_cast<int64_t>(mb) * 1024 * 1024 / 4});
+    const int reps = quick ? 5 : 20;
+    agent.rpc_sync(peer, echo_fn, big);
+    const double b0 = Now();
+    for (int i = 0; i < reps; ++i) agent.rpc_sync(peer, echo_fn, big);
+    const double dt = Now() - b0;
+    Report(absl::StrCat("rpc_sync_echo_", mb, "MB_bandwidth"), 2.0 * mb * reps / 1024 / dt,
+           "GB/s", ", \"note\": \"bytes sent plus bytes returned\"");
+  }
+}
+
+int RunRank(int rank, bool quick) {
+  at::set_num_threads(1);
+  auto registry = std::make_shared<FunctionRegistry>();
+  (void)registry->Register(noop_fn, [] {});
+  (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
+  AgentOptions opts;
+  opts.name = absl::StrCat("w", rank);
+  opts.rank = rank;
+  opts.world_size = 2;
+  opts.master_port = std::atoi(std::getenv("MASTER_PORT"));
+  opts.rpc_timeout = absl::Seconds(120);
+  auto agent = RpcAgent::Create(opts, registry);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());
+    return 1;
+  }
+  if (rank == 0) Drive(**agent, quick);
+  absl::Status s = (*agent)->Shutdown();
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int rank = -1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strncmp(argv[i], "--rank=", 7) == 0) rank = std::atoi(argv[i] + 7);
+  }
+  if (rank >= 0) return RunRank(rank, quick);
+  if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
+  std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
+  char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};
+  pid_t child = -1;
+  if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, environ) != 0) {
+    std::perror("posix_spawn");
+    return 1;
+  }
+  const int code = RunRank(0, quick);
+  int status = 0;
+  if (code != 0) kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  return code != 0 ? code : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
