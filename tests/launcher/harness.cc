@@ -145,6 +145,12 @@ Launcher::Launcher(const std::string& marker, std::vector<std::string> args,
   argv.push_back(BatonRunPath());
   argv.insert(argv.end(), args.begin(), args.end());
   extra_env["BATON_TEST_MARKER"] = marker;
+  // baton-run's private temporary directory: inside the test's, so that a
+  // SIGKILLed launcher leaves nothing in /tmp.
+  if (const char* tmp = std::getenv("TEST_TMPDIR");
+      tmp != nullptr && !extra_env.count("TMPDIR")) {
+    extra_env["TMPDIR"] = tmp;
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view kv(*e);

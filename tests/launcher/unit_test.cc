@@ -45,6 +45,15 @@ TEST(Options, DefaultsAndBothFlagSpellings) {
   EXPECT_EQ(o->roles[0].argv, (std::vector<std::string>{"prog", "-x"}));
 }
 
+TEST(Options, HelpAnywhereBeforeTheProgram) {
+  auto o = Parse({"--nproc_per_node", "2", "--help"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->help);
+  o = Parse({"prog", "--help"});  // The program's own flag.
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->help);
+}
+
 TEST(Options, ElasticRange) {
   auto o = Parse({"--nnodes", "2:4", "prog"});
   ASSERT_TRUE(o.ok()) << o.status();

@@ -1,0 +1,687 @@
+#include "launcher/agent.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/status.h"
+#include "launcher/internal/output_pump.h"
+#include "launcher/internal/process.h"
+#include "launcher/internal/worker_group.h"
+#include "launcher/rendezvous.h"
+#include "store/memory_store.h"
+#include "store/store_client.h"
+#include "store/store_server.h"
+
+namespace baton::launcher {
+namespace {
+
+using internal::Worker;
+using internal::WorkerGroup;
+
+// Lines of a failed worker's output shown in the summary.
+constexpr int kSummaryTailLines = 30;
+// How long the master node keeps the store up for the others to read the
+// final outcome.
+constexpr absl::Duration kExitAckTimeout = absl::Seconds(10);
+// Bound on reading a key that its writer sets right after another one.
+constexpr absl::Duration kFollowUpTimeout = absl::Seconds(30);
+
+void Log(absl::string_view text) {
+  std::string line = absl::StrCat("baton-run: ", text, "\n");
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+// Binds 0.0.0.0:port (SO_REUSEADDR, as gRPC does) and returns the bound
+// port, or -1.
+int TryBind(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int bound = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      bound = ntohs(addr.sin_port);
+    }
+  }
+  ::close(fd);
+  return bound;
+}
+
+std::string RandomHex(int bytes) {
+  std::string raw(static_cast<size_t>(bytes), '\0');
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)!::read(fd, raw.data(), raw.size());
+    ::close(fd);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string prefix;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    absl::StrAppend(&prefix, part, "/");
+    if (part.empty()) continue;
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat("cannot create directory ",
+                                              prefix, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Indent(absl::string_view text) {
+  if (text.empty()) return "    (empty)";
+  return absl::StrCat("    ", absl::StrJoin(absl::StrSplit(text, '\n'), "\n    "));
+}
+
+bool IsMissingKey(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
+
+// How one round ended, as seen by this node.
+struct RoundOutcome {
+  // "success", "failure", "node_lost", "node_joined", "node_left",
+  // "shutdown"; "error" when this node lost the store or could not go on.
+  std::string kind;
+  Record record;
+  // Failures: the restart number the failure consumed; final when it is
+  // above --max_restarts.
+  int restart = 0;
+  bool final = false;
+  // Set when this node itself was signalled.
+  int local_signal = 0;
+  absl::Status error;
+};
+
+class NodeAgent::Impl {
+ public:
+  Impl(LaunchOptions options, std::string job_token)
+      : o_(std::move(options)), env_token_(std::move(job_token)) {}
+
+  ~Impl() {
+    group_.reset();
+    pump_.Close();
+    if (!temp_dir_.empty()) {
+      if (DIR* d = ::opendir(temp_dir_.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          if (e->d_name[0] == '.') continue;
+          ::unlink(absl::StrCat(temp_dir_, "/", e->d_name).c_str());
+        }
+        ::closedir(d);
+      }
+      ::rmdir(temp_dir_.c_str());
+    }
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  void RequestStop(int signal) {
+    absl::MutexLock lock(&mu_);
+    if (stop_signal_ == 0) stop_signal_ = signal;
+  }
+
+  int Run();
+
+ private:
+  int PendingSignal() {
+    absl::MutexLock lock(&mu_);
+    return stop_signal_;
+  }
+  // Sleeps for `d` or until a stop is requested.
+  void Tick(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    auto requested = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_signal_ != 0;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&requested), d);
+  }
+
+  absl::Status Setup();
+  absl::StatusOr<int> PickMasterPort();
+  RoundOutcome RunRound(const RoundInfo& round);
+  // A worker of a group-policy role failed: propose the end of the round.
+  absl::Status ReportFailure(const RoundInfo& round, int worker);
+  Record FailureRecord(const RoundInfo& round, int worker);
+  // Role-policy failures: propose and, when seen, carry out a role restart.
+  absl::Status ReportRoleFailure(const RoundInfo& round, int role, int gen,
+                                 int worker);
+  absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role,
+                                        int* gen, bool* reported_done);
+  absl::Status HostChecks(const RoundInfo& round);
+  absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
+  void FinishAsHost(int64_t round, int others);
+  void PrintSummary(const RoundOutcome& outcome);
+
+  const LaunchOptions o_;
+  const std::string env_token_;
+  std::string run_id_;
+  std::string job_token_;
+  std::string temp_dir_;
+  std::string host_name_ = HostName();
+  int last_master_port_ = 0;
+
+  std::unique_ptr<store::StoreServer> server_;
+  std::unique_ptr<store::Store> own_store_;
+  store::Store* store_ = nullptr;
+  std::unique_ptr<Rendezvous> rdzv_;
+  internal::OutputPump pump_;
+  std::unique_ptr<WorkerGroup> group_;
+
+  // Host: heartbeat value and when it last changed, per group rank.
+  std::vector<std::pair<int64_t, absl::Time>> heartbeats_;
+  absl::Time last_heartbeat_sent_ = absl::InfinitePast();
+
+  absl::Mutex mu_;
+  int stop_signal_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
+  int port = -1;
+  if (o_.master_port != 0 && TryBind(o_.master_port) == o_.master_port) {
+    port = o_.master_port;
+  } else {
+    // A fresh free port; never the rendezvous port or last round's port.
+    for (int tries = 0; tries < 20; ++tries) {
+      port = TryBind(0);
+      if (port > 0 && port != o_.rdzv_port && port != last_master_port_) break;
+    }
+    if (port <= 0) {
+      return absl::ResourceExhaustedError("no free port for MASTER_PORT");
+    }
+    if (o_.master_port != 0) {
+      Log(absl::StrCat("--master_port ", o_.master_port,
+                       " is busy on the master node; workers get MASTER_PORT=",
+                       port));
+    }
+  }
+  last_master_port_ = port;
+  return port;
+}
+
+absl::Status NodeAgent::Impl::Setup() {
+  const bool host = o_.node_rank.value_or(-1) == 0;
+  if (!o_.log_dir.empty()) {
+    if (absl::Status s = MakeDirs(o_.log_dir); !s.ok()) return s;
+  }
+  std::string tmpl = absl::StrCat(
+      ::getenv("TMPDIR") != nullptr ? ::getenv("TMPDIR") : "/tmp",
+      "/baton-run-XXXXXX");
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ",
+                                            std::strerror(errno)));
+  }
+  temp_dir_ = tmpl;
+
+  if (o_.max_nodes == 1) {
+    // One node: the rendezvous stays in this process.
+    own_store_ = std::make_unique<store::MemoryStore>();
+    store_ = own_store_.get();
+  } else if (host) {
+    auto server = store::StoreServer::Start(
+        {absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_});
+    if (!server.ok()) {
+      return Annotate(server.status(),
+                      "starting the rendezvous store (--rdzv_port)");
+    }
+    server_ = *std::move(server);
+    store_ = &server_->store();
+  } else {
+    own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
+        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_,
+        o_.heartbeat_timeout});
+    store_ = own_store_.get();
+  }
+
+  RendezvousConfig rc;
+  rc.node_rank = o_.node_rank.value_or(-1);
+  rc.host_name = host_name_;
+  rc.min_nodes = o_.min_nodes;
+  rc.max_nodes = o_.max_nodes;
+  rc.timeout = o_.rdzv_timeout;
+  rc.last_call = o_.elastic() ? o_.rdzv_last_call : absl::ZeroDuration();
+  rc.pick_master_port = [this] { return PickMasterPort(); };
+  rdzv_ = std::make_unique<Rendezvous>(store_, rc);
+
+  std::vector<std::string> roles;
+  for (const RoleSpec& r : o_.roles) {
+    roles.push_back(absl::StrCat(r.name, ":", r.count, ":",
+                                 r.policy == RestartPolicy::kRole ? "role"
+                                                                  : "group"));
+  }
+  Record job = {{"roles", absl::StrJoin(roles, ",")},
+                {"max_restarts", absl::StrCat(o_.max_restarts)}};
+  if (host) {
+    run_id_ = o_.run_id.empty() ? RandomHex(6) : o_.run_id;
+    job_token_ = env_token_.empty() ? RandomHex(16) : env_token_;
+    job["run_id"] = run_id_;
+    job["job_token"] = job_token_;
+    if (absl::Status s = rdzv_->Publish(job); !s.ok()) return s;
+  } else {
+    if (!o_.run_id.empty()) job["run_id"] = o_.run_id;
+    auto published = rdzv_->FetchJob(job);
+    if (!published.ok()) return published.status();
+    run_id_ = (*published)["run_id"];
+    job_token_ = (*published)["job_token"];
+  }
+  group_ = std::make_unique<WorkerGroup>(
+      internal::WorkerGroupConfig{&o_, run_id_, job_token_, o_.master_addr,
+                                  o_.log_dir.empty() ? temp_dir_ : o_.log_dir},
+      &pump_);
+  return absl::OkStatus();
+}
+
+int NodeAgent::Impl::Run() {
+  if (absl::Status s = Setup(); !s.ok()) {
+    Log(absl::StrCat("error: ", s.message()));
+    return kExitFailure;
+  }
+  const bool host = rdzv_->is_host();
+  int64_t next_round = 0;
+  if (!host) {
+    auto current = rdzv_->CurrentRound();
+    if (!current.ok()) {
+      Log(absl::StrCat("error: ", current.status().message()));
+      return kExitFailure;
+    }
+    next_round = *current;
+  }
+  while (true) {
+    if (int sig = PendingSignal(); sig != 0) {
+      Log(absl::StrCat("stopped by ", internal::SignalName(sig),
+                       " before the workers started"));
+      return 128 + sig;
+    }
+    auto round = rdzv_->Join(next_round);
+    if (!round.ok()) {
+      Log(absl::StrCat("error: rendezvous failed: ", round.status().message()));
+      // The error reached the others through the round's "closed" key (or
+      // is theirs too); the host gives them a moment to read it.
+      if (host) {
+        auto arrived = store_->Add(Rendezvous::Key(next_round, "count"), 0);
+        FinishAsHost(next_round,
+                     arrived.ok() ? static_cast<int>(*arrived) - 1 : 0);
+      } else {
+        (void)store_->Add(Rendezvous::Key(next_round, "exit_acks"), 1);
+      }
+      return kExitFailure;
+    }
+    Log(absl::StrCat("run ", run_id_, " round ", round->round, ": node ",
+                     round->group_rank, " of ", round->group_world_size,
+                     ", world size ",
+                     o_.local_world_size() * round->group_world_size,
+                     ", MASTER_PORT ", round->master_port, ", restart ",
+                     round->restart_count, "/", o_.max_restarts));
+    RoundOutcome out = RunRound(*round);
+    const std::string& kind = out.kind;
+    // Outcomes that end the job on every node.
+    const bool job_over = kind == "success" || kind == "shutdown" ||
+                          (kind == "failure" && out.final);
+    const bool last = job_over || kind == "error" || out.local_signal != 0;
+    // Tell the master node this node has read the outcome before spending
+    // the grace period on stopping workers: it keeps the store up for that.
+    if (job_over && !host) {
+      (void)store_->Add(Rendezvous::Key(round->round, "exit_acks"), 1);
+    }
+    if (group_->AnyRunning()) {
+      group_->Stop(-1, out.local_signal != 0 ? out.local_signal : SIGTERM,
+                   o_.stop_timeout);
+    }
+    if (!last) {
+      Log(absl::StrCat("round ", round->round, " ended (", kind,
+                       kind == "failure"
+                           ? absl::StrCat(": rank ", out.record["rank"], " ",
+                                          out.record["reason"])
+                           : "",
+                       "); rendezvous again"));
+      next_round = round->round + 1;
+      continue;
+    }
+    if (host) FinishAsHost(round->round, round->group_world_size - 1);
+    if (kind == "success") {
+      Log(absl::StrCat("run ", run_id_, ": all workers succeeded"));
+      return kExitSuccess;
+    }
+    if (out.local_signal != 0) {
+      Log(absl::StrCat("stopped by ", internal::SignalName(out.local_signal)));
+      return 128 + out.local_signal;
+    }
+    if (kind == "error") {
+      Log(absl::StrCat("error: ", out.error.message()));
+      return kExitFailure;
+    }
+    if (kind == "shutdown") {
+      Log(absl::StrCat("job stopped: node rank ", out.record["node_rank"],
+                       " (", out.record["host"], ") received ",
+                       out.record["signal"]));
+      return kExitFailure;
+    }
+    PrintSummary(out);
+    return kExitFailure;
+  }
+}
+
+void NodeAgent::Impl::FinishAsHost(int64_t round, int others) {
+  if (server_ == nullptr || others <= 0) return;
+  const absl::Time deadline = absl::Now() + kExitAckTimeout;
+  while (absl::Now() < deadline) {
+    auto acks = store_->Add(Rendezvous::Key(round, "exit_acks"), 0);
+    if (!acks.ok() || *acks >= others) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  Log("some nodes did not confirm the end of the job; closing the store");
+}
+
+Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
+  const Worker& w = group_->worker(i);
+  return {{"kind", "failure"},
+          {"rank", absl::StrCat(w.rank)},
+          {"local_rank", absl::StrCat(w.local_rank)},
+          {"role", o_.roles[w.role_index].name},
+          {"role_rank", absl::StrCat(w.role_rank)},
+          {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+          {"group_rank", absl::StrCat(round.group_rank)},
+          {"host", host_name_},
+          {"pid", absl::StrCat(w.pid)},
+          {"reason", w.exit.Describe()},
+          {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time,
+                                    absl::LocalTimeZone())},
+          {"error_file", w.error_file},
+          {"error_content", group_->ErrorFileContent(i)},
+          {"log", w.log_path},
+          {"tail", group_->Tail(i, kSummaryTailLines)}};
+}
+
+absl::Status NodeAgent::Impl::ReportFailure(const RoundInfo& round, int i) {
+  const std::string key = Rendezvous::Key(round.round, "end");
+  const std::string record = EncodeRecord(FailureRecord(round, i));
+  auto won = store_->CompareSet(key, "", record);
+  if (!won.ok()) return won.status();
+  if (*won != record) return absl::OkStatus();  // Someone else was first.
+  auto n = store_->Add("rdzv/restarts", 1);
+  if (!n.ok()) return n.status();
+  return store_->Set(Rendezvous::Key(round.round, "end_restart"),
+                     absl::StrCat(*n));
+}
+
+absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round,
+                                                int role, int gen, int i) {
+  const std::string base = Rendezvous::Key(
+      round.round, absl::StrCat("role/", o_.roles[role].name, "/", gen, "/"));
+  const std::string record = EncodeRecord(FailureRecord(round, i));
+  auto won = store_->CompareSet(base + "end", "", record);
+  if (!won.ok()) return won.status();
+  if (*won != record) return absl::OkStatus();
+  auto n = store_->Add("rdzv/restarts", 1);
+  if (!n.ok()) return n.status();
+  if (*n > o_.max_restarts) {
+    // Out of restarts: the failure ends the whole round.
+    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "",
+                                  record);
+    if (!end.ok()) return end.status();
+    if (*end == record) {
+      absl::Status s = store_->Set(
+          Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
+      if (!s.ok()) return s;
+    }
+  }
+  return store_->Set(base + "restart", absl::StrCat(*n));
+}
+
+absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round,
+                                                       int role, int* gen,
+                                                       bool* reported_done) {
+  const std::string base = Rendezvous::Key(
+      round.round, absl::StrCat("role/", o_.roles[role].name, "/", *gen, "/"));
+  auto end = store_->Get(base + "end", absl::ZeroDuration());
+  if (!end.ok()) {
+    if (IsMissingKey(end.status())) return false;
+    return end.status();
+  }
+  auto n_text = store_->Get(base + "restart", kFollowUpTimeout);
+  if (!n_text.ok()) return n_text.status();
+  int n = 0;
+  (void)absl::SimpleAtoi(*n_text, &n);
+  if (n > o_.max_restarts) return false;  // The round end carries it.
+  auto rec = DecodeRecord(*end);
+  Log(absl::StrCat("role ", o_.roles[role].name, ": rank ",
+                   rec.ok() ? (*rec)["rank"] : "?", " ",
+                   rec.ok() ? (*rec)["reason"] : "failed",
+                   "; restarting the role's workers (restart ", n, "/",
+                   o_.max_restarts, ")"));
+  group_->Stop(role, SIGTERM, o_.stop_timeout);
+  if (*reported_done) {
+    auto del = store_->Delete(
+        Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)));
+    if (!del.ok()) return del.status();
+    *reported_done = false;
+  }
+  absl::Status s = store::Barrier(*store_, base + "stopped", round.group_rank,
+                                  round.group_world_size, o_.rdzv_timeout);
+  if (!s.ok()) return s;
+  ++*gen;
+  s = group_->Start(role, n);
+  if (!s.ok()) return s;
+  return true;
+}
+
+absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
+  const int k = round.group_world_size;
+  const std::string end_key = Rendezvous::Key(round.round, "end");
+  // Success: every node reported done.
+  std::vector<std::string> done;
+  for (int g = 0; g < k; ++g) {
+    done.push_back(Rendezvous::Key(round.round, absl::StrCat("done/", g)));
+  }
+  if (store_->Wait(done, absl::ZeroDuration()).ok()) {
+    return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "success"}}))
+        .status();
+  }
+  const absl::Time now = absl::Now();
+  // Heartbeats of the other nodes.
+  if (heartbeats_.size() != static_cast<size_t>(k)) {
+    heartbeats_.assign(k, {-1, now});
+  }
+  for (int g = 1; g < k; ++g) {
+    auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)),
+                          0);
+    if (!hb.ok()) return hb.status();
+    if (*hb != heartbeats_[g].first) {
+      heartbeats_[g] = {*hb, now};
+    } else if (now - heartbeats_[g].second > o_.heartbeat_timeout) {
+      return store_
+          ->CompareSet(end_key, "",
+                       EncodeRecord({{"kind", "node_lost"},
+                                     {"group_rank", absl::StrCat(g)},
+                                     {"node_rank",
+                                      absl::StrCat(round.node_ranks[g])},
+                                     {"host", round.hosts[g]}}))
+          .status();
+    }
+  }
+  // Elastic: a node waits for the next round and there is room for it.
+  if (k < o_.max_nodes) {
+    auto waiting = store_->Add(Rendezvous::Key(round.round + 1, "count"), 0);
+    if (!waiting.ok()) return waiting.status();
+    if (*waiting > 0) {
+      return store_
+          ->CompareSet(end_key, "", EncodeRecord({{"kind", "node_joined"}}))
+          .status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundOutcome> NodeAgent::Impl::ReadEnd(const RoundInfo& round) {
+  auto text = store_->Get(Rendezvous::Key(round.round, "end"),
+                          absl::ZeroDuration());
+  if (!text.ok()) return text.status();
+  auto rec = DecodeRecord(*text);
+  if (!rec.ok()) return rec.status();
+  RoundOutcome out;
+  out.record = *std::move(rec);
+  out.kind = out.record["kind"];
+  if (out.kind == "failure") {
+    auto n = store_->Get(Rendezvous::Key(round.round, "end_restart"),
+                         kFollowUpTimeout);
+    if (!n.ok()) return n.status();
+    (void)absl::SimpleAtoi(*n, &out.restart);
+    out.final = out.restart > o_.max_restarts;
+  }
+  return out;
+}
+
+RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
+  auto fail = [](absl::Status s) {
+    RoundOutcome out;
+    out.kind = "error";
+    out.error = std::move(s);
+    return out;
+  };
+  group_->Configure(round);
+  heartbeats_.clear();
+  const std::string end_key = Rendezvous::Key(round.round, "end");
+  if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
+    Log(absl::StrCat("error: ", s.message()));
+    auto rec = EncodeRecord({{"kind", "failure"},
+                             {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+                             {"host", host_name_},
+                             {"rank", "?"},
+                             {"reason", std::string(s.message())}});
+    if (auto won = store_->CompareSet(end_key, "", rec);
+        won.ok() && *won == rec) {
+      auto n = store_->Add("rdzv/restarts", 1);
+      if (n.ok()) {
+        (void)store_->Set(Rendezvous::Key(round.round, "end_restart"),
+                          absl::StrCat(*n));
+      }
+    }
+  }
+  const absl::Duration heartbeat_period =
+      std::max(o_.monitor_interval,
+               std::min(absl::Seconds(1), o_.heartbeat_timeout / 5));
+  std::vector<int> role_gen(o_.roles.size(), 0);
+  bool reported_done = false;
+  while (true) {
+    if (int sig = PendingSignal(); sig != 0) {
+      const bool leave = o_.elastic() && !rdzv_->is_host();
+      (void)store_->CompareSet(
+          end_key, "",
+          EncodeRecord({{"kind", leave ? "node_left" : "shutdown"},
+                        {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+                        {"group_rank", absl::StrCat(round.group_rank)},
+                        {"host", host_name_},
+                        {"signal", internal::SignalName(sig)}}));
+      RoundOutcome out;
+      out.kind = leave ? "node_left" : "shutdown";
+      out.local_signal = sig;
+      return out;
+    }
+    for (int i : group_->Poll()) {
+      const Worker& w = group_->worker(i);
+      if (w.exit.success()) continue;
+      const int role = w.role_index;
+      absl::Status s =
+          o_.roles[role].policy == RestartPolicy::kRole
+              ? ReportRoleFailure(round, role, role_gen[role], i)
+              : ReportFailure(round, i);
+      if (!s.ok()) return fail(Annotate(s, "reporting a worker failure"));
+    }
+    for (int role = 0; role < static_cast<int>(o_.roles.size()); ++role) {
+      if (o_.roles[role].policy != RestartPolicy::kRole) continue;
+      auto restarted = MaybeRestartRole(round, role, &role_gen[role],
+                                        &reported_done);
+      if (!restarted.ok()) {
+        return fail(Annotate(restarted.status(), "restarting a role"));
+      }
+    }
+    if (!reported_done && group_->AllSucceeded()) {
+      absl::Status s = store_->Set(
+          Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)),
+          "1");
+      if (!s.ok()) return fail(s);
+      reported_done = true;
+    }
+    const absl::Time now = absl::Now();
+    if (!rdzv_->is_host() && now - last_heartbeat_sent_ >= heartbeat_period) {
+      auto hb = store_->Add(
+          Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)),
+          1);
+      if (!hb.ok()) return fail(Annotate(hb.status(), "heartbeat"));
+      last_heartbeat_sent_ = now;
+    }
+    if (rdzv_->is_host()) {
+      if (absl::Status s = HostChecks(round); !s.ok()) return fail(s);
+    }
+    auto end = ReadEnd(round);
+    if (end.ok()) return *std::move(end);
+    if (!IsMissingKey(end.status())) {
+      return fail(Annotate(end.status(), "watching the round"));
+    }
+    Tick(o_.monitor_interval);
+  }
+}
+
+void NodeAgent::Impl::PrintSummary(const RoundOutcome& out) {
+  Record r = out.record;
+  std::string text = absl::StrCat(
+      "\n==================== baton-run: job failed ====================\n",
+      "run id:        ", run_id_, "\n",
+      "restarts:      ", out.restart - 1, " of --max_restarts ",
+      o_.max_restarts, " used; no restart left\n",
+      "first failure: rank ", r["rank"], " (role ", r["role"], ", role rank ",
+      r["role_rank"], ", local rank ", r["local_rank"], ") on node rank ",
+      r["node_rank"], " (", r["host"], "), pid ", r["pid"], "\n",
+      "reason:        ", r["reason"], "\n",
+      "time:          ", r["time"], "\n");
+  if (!r["error_content"].empty()) {
+    absl::StrAppend(&text, "error file:    ", r["error_file"], "\n",
+                    Indent(r["error_content"]), "\n");
+  } else {
+    absl::StrAppend(&text, "error file:    none written (",
+                    kEnvErrorFile, ")\n");
+  }
+  absl::StrAppend(&text, "last output",
+                  r["log"].empty() ? "" : absl::StrCat(" (log ", r["log"], ")"),
+                  ":\n", Indent(r["tail"]), "\n",
+                  "===============================================================\n");
+  (void)!::write(STDERR_FILENO, text.data(), text.size());
+}
+
+NodeAgent::NodeAgent(LaunchOptions options, std::string job_token)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(job_token))) {}
+NodeAgent::~NodeAgent() = default;
+int NodeAgent::Run() { return impl_->Run(); }
+void NodeAgent::RequestStop(int signal) { impl_->RequestStop(signal); }
+
+}  // namespace baton::launcher

@@ -1,0 +1,116 @@
+// The environment contract between baton-run and the processes it starts.
+//
+// Contract: baton-run sets the variables below on every worker it starts.
+// Programs (and the RPC agent's init-from-environment) read them through
+// ReadLaunchEnv(), which fails with INVALID_ARGUMENT naming the variable when
+// a value is malformed or out of range, and with NOT_FOUND naming the
+// variable when a required one is missing. is_elastic_launched() tells a
+// program whether baton-run started it at all.
+//
+// A worker may describe why it failed by writing a structured error file
+// (JSON) at $BATON_ERROR_FILE with WriteErrorFile(); baton-run prints its
+// content in the failure summary.
+//
+// This library depends only on Abseil (no gRPC, no LibTorch) so that anything
+// may link it cheaply.
+//
+// Thread-safety: stateless functions. ReadLaunchEnv() reads the process
+// environment with getenv() and must not race with setenv()/putenv().
+#ifndef BATON_LAUNCHER_ENV_H_
+#define BATON_LAUNCHER_ENV_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace baton {
+
+// Names of the variables baton-run sets on each worker.
+inline constexpr char kEnvRank[] = "RANK";
+inline constexpr char kEnvLocalRank[] = "LOCAL_RANK";
+inline constexpr char kEnvWorldSize[] = "WORLD_SIZE";
+inline constexpr char kEnvLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kEnvGroupRank[] = "GROUP_RANK";
+inline constexpr char kEnvGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kEnvMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kEnvMasterPort[] = "MASTER_PORT";
+inline constexpr char kEnvRunId[] = "BATON_RUN_ID";
+inline constexpr char kEnvRestartCount[] = "BATON_RESTART_COUNT";
+inline constexpr char kEnvMaxRestarts[] = "BATON_MAX_RESTARTS";
+inline constexpr char kEnvJobToken[] = "BATON_JOB_TOKEN";
+inline constexpr char kEnvRole[] = "BATON_ROLE";
+inline constexpr char kEnvRoleRank[] = "BATON_ROLE_RANK";
+inline constexpr char kEnvRoleWorldSize[] = "BATON_ROLE_WORLD_SIZE";
+inline constexpr char kEnvErrorFile[] = "BATON_ERROR_FILE";
+// Set to "1" by baton-run; its presence is what is_elastic_launched() checks.
+inline constexpr char kEnvLaunched[] = "BATON_ELASTIC_LAUNCHED";
+
+// What baton-run told this worker.
+struct LaunchEnv {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  // The node's rank in this rendezvous round and the number of nodes.
+  int group_rank = 0;
+  int group_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string run_id;
+  int restart_count = 0;
+  int max_restarts = 0;
+  // Empty when the launcher did not pass one (never the case for baton-run).
+  std::string job_token;
+  // Role name ("default" without --role), rank within the role, role size.
+  std::string role = "default";
+  int role_rank = 0;
+  int role_world_size = 1;
+  // Where this worker may write its structured error file; may be empty.
+  std::string error_file;
+};
+
+// True when baton-run started this process (BATON_ELASTIC_LAUNCHED=1).
+bool is_elastic_launched();
+
+// Returns the value of a variable, or nullopt when unset.
+using EnvLookup = std::function<std::optional<std::string>(absl::string_view)>;
+
+// Reads and validates the variables. RANK, WORLD_SIZE, MASTER_ADDR and
+// MASTER_PORT are required; the others default to the values a single
+// process would have (local rank = rank, role "default", ...).
+// Checks: integers are decimal, 0 <= rank < world_size, 0 <= local_rank <
+// local_world_size, 0 <= role_rank < role_world_size, 1 <= port <= 65535,
+// 0 <= restart_count.
+absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup);
+// The same, from the process environment.
+absl::StatusOr<LaunchEnv> ReadLaunchEnv();
+
+// The structured error file a worker may leave behind.
+struct ErrorReport {
+  std::string message;
+  // A short category, e.g. the exception type; optional.
+  std::string error_type;
+  // Free text, e.g. a stack trace; optional.
+  std::string details;
+};
+
+// Writes `report` as JSON to `path` (atomically: a temporary file, then
+// rename), adding the rank, role and time from the environment when known:
+//   {"message": ..., "error_type": ..., "details": ..., "rank": 3,
+//    "role": "trainer", "pid": 1234, "timestamp": "2024-...Z"}
+// Fails with the path and errno text if the file cannot be written.
+absl::Status WriteErrorFile(const std::string& path,
+                            const ErrorReport& report);
+// Writes to $BATON_ERROR_FILE; FAILED_PRECONDITION when it is not set.
+absl::Status WriteErrorFile(const ErrorReport& report);
+
+// JSON string literal for `s` (quotes included), escaping per RFC 8259.
+std::string JsonQuote(absl::string_view s);
+
+}  // namespace baton
+
+#endif  // BATON_LAUNCHER_ENV_H_

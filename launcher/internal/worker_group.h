@@ -1,0 +1,102 @@
+// WorkerGroup: this node's workers for one rendezvous round — their ranks,
+// environment, processes, logs and exit status.
+//
+// Ranks are assigned role by role over the whole job: role i has
+// count_i * nodes workers; its role ranks are group_rank * count_i + j on
+// each node, and its global ranks follow those of the roles before it. With
+// one role ("default") this is the usual RANK = group_rank *
+// nproc_per_node + LOCAL_RANK.
+//
+// Thread-safety: not thread-safe; owned and used by the agent's main thread
+// (Start() forks, which must happen on the main thread).
+#ifndef BATON_LAUNCHER_INTERNAL_WORKER_GROUP_H_
+#define BATON_LAUNCHER_INTERNAL_WORKER_GROUP_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "launcher/internal/output_pump.h"
+#include "launcher/internal/process.h"
+#include "launcher/options.h"
+#include "launcher/rendezvous.h"
+
+namespace baton::launcher::internal {
+
+struct Worker {
+  // Fixed for a round.
+  int role_index = 0;
+  int local_rank = 0;
+  int rank = 0;
+  int role_rank = 0;
+  int role_world_size = 1;
+  std::string log_path;    // empty without --log_dir
+  std::string error_file;  // BATON_ERROR_FILE
+  // Per incarnation.
+  int restart_count = 0;
+  pid_t pid = -1;
+  int64_t stream = -1;
+  bool running = false;
+  absl::Time start_time;
+  ExitInfo exit;
+};
+
+// Settings that stay the same for the whole job.
+struct WorkerGroupConfig {
+  const LaunchOptions* options = nullptr;  // outlives the group
+  std::string run_id;
+  std::string job_token;
+  std::string master_addr;
+  // Directory for error files (the log dir, or a private temporary one).
+  std::string error_dir;
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup(WorkerGroupConfig config, OutputPump* pump);
+  ~WorkerGroup();
+
+  // Lays out this node's workers for `round`. REQUIRES: none running.
+  void Configure(const RoundInfo& round);
+
+  // Starts the workers of `role` (-1: every role) with BATON_RESTART_COUNT
+  // `restart_count`. On error, workers already started keep running (the
+  // caller stops the group).
+  absl::Status Start(int role, int restart_count);
+
+  // Reaps workers that ended; returns the indices of those that ended since
+  // the last call, in order of their exit.
+  std::vector<int> Poll();
+
+  // Stops the running workers of `role` (-1: every role): `signal` to each
+  // process group, SIGKILL after `grace`, and reaps them. Bounded.
+  void Stop(int role, int signal, absl::Duration grace);
+
+  // Whether every worker's last incarnation exited with code 0.
+  bool AllSucceeded() const;
+  bool AnyRunning() const;
+
+  const std::vector<Worker>& workers() const { return workers_; }
+  const Worker& worker(int i) const { return workers_[i]; }
+
+  // The last lines of worker `i`'s output (waits briefly for its pipes to
+  // drain) and the content of its error file, if it wrote one.
+  std::string Tail(int i, int max_lines);
+  std::string ErrorFileContent(int i) const;
+
+ private:
+  std::vector<std::string> Environment(const Worker& w) const;
+  void Reaped(Worker& w);
+
+  const WorkerGroupConfig config_;
+  OutputPump* const pump_;
+  RoundInfo round_;
+  std::vector<Worker> workers_;
+};
+
+}  // namespace baton::launcher::internal
+
+#endif  // BATON_LAUNCHER_INTERNAL_WORKER_GROUP_H_

@@ -1,0 +1,65 @@
+// baton-run: starts a baton job's workers on this node. See launcher/README.md
+// and `baton-run --help`.
+//
+// Signals: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in every thread
+// and taken by one signal thread, which asks the agent to stop; the agent
+// forwards the signal to the workers, waits --stop_timeout, then kills them.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/agent.h"
+#include "launcher/env.h"
+#include "launcher/options.h"
+
+int main(int argc, char** argv) {
+  using baton::launcher::LaunchUsage;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto options = baton::launcher::ParseLaunchOptions(
+      args, [](absl::string_view name) -> std::optional<std::string> {
+        const char* v = std::getenv(std::string(name).c_str());
+        if (v == nullptr) return std::nullopt;
+        return std::string(v);
+      });
+  if (!options.ok()) {
+    std::fprintf(stderr, "baton-run: error: %s\n\n%s",
+                 std::string(options.status().message()).c_str(),
+                 LaunchUsage().c_str());
+    return baton::launcher::kExitUsage;
+  }
+  if (options->help) {
+    std::fputs(LaunchUsage().c_str(), stdout);
+    return 0;
+  }
+
+  // Block the stop signals before any thread exists so that every thread
+  // inherits the mask; workers get a clean mask at exec.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    sigaddset(&stop_signals, sig);
+  }
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const char* token = std::getenv(baton::kEnvJobToken);
+  baton::launcher::NodeAgent agent(*std::move(options),
+                                   token == nullptr ? "" : token);
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    const timespec period = {0, 200 * 1000 * 1000};
+    while (!done.load()) {
+      int sig = sigtimedwait(&stop_signals, nullptr, &period);
+      if (sig > 0) agent.RequestStop(sig);
+    }
+  });
+  const int code = agent.Run();
+  done.store(true);
+  signals.join();
+  return code;
+}

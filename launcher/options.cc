@@ -1,0 +1,441 @@
+#include "launcher/options.h"
+
+#include <functional>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+
+namespace baton::launcher {
+namespace {
+
+absl::Status FlagError(absl::string_view flag, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+}
+
+absl::StatusOr<int> ParseInt(absl::string_view flag, absl::string_view value,
+                             int min, int max) {
+  int v = 0;
+  if (!absl::SimpleAtoi(value, &v)) {
+    return FlagError(flag, absl::StrCat("'", value, "' is not an integer"));
+  }
+  if (v < min || v > max) {
+    return FlagError(flag, absl::StrCat(v, " is out of range [", min, ", ",
+                                        max, "]"));
+  }
+  return v;
+}
+
+// Seconds as a decimal number ("0.5", "30").
+absl::StatusOr<absl::Duration> ParseSeconds(absl::string_view flag,
+                                            absl::string_view value,
+                                            bool allow_zero) {
+  double s = 0;
+  if (!absl::SimpleAtod(value, &s) || !(s >= 0) || s > 1e7) {
+    return FlagError(flag, absl::StrCat("'", value,
+                                        "' is not a number of seconds"));
+  }
+  if (s == 0 && !allow_zero) return FlagError(flag, "must be positive");
+  return absl::Seconds(s);
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view flag,
+                               absl::string_view value) {
+  std::string v = absl::AsciiStrToLower(value);
+  if (v == "1" || v == "true" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "no") return false;
+  return FlagError(flag, absl::StrCat("'", value, "' is not a boolean"));
+}
+
+// "NAME:COUNT" or "NAME:COUNT:PROGRAM [ARGS...]".
+absl::StatusOr<RoleSpec> ParseRole(absl::string_view value) {
+  std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 2));
+  if (parts.size() < 2) {
+    return FlagError("role", absl::StrCat("'", value,
+                                          "' is not NAME:COUNT[:PROGRAM]"));
+  }
+  RoleSpec role;
+  role.name = parts[0];
+  if (role.name.empty() ||
+      !std::all_of(role.name.begin(), role.name.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '_' || c == '-';
+      })) {
+    return FlagError("role", absl::StrCat("role name '", role.name,
+                                          "' must be [A-Za-z0-9_-]+"));
+  }
+  auto count = ParseInt("role", parts[1], 1, 4096);
+  if (!count.ok()) return count.status();
+  role.count = *count;
+  if (parts.size() == 3) {
+    role.argv = absl::StrSplit(parts[2], absl::ByAnyChar(" \t"),
+                               absl::SkipEmpty());
+  }
+  return role;
+}
+
+}  // namespace
+
+int LaunchOptions::local_world_size() const {
+  int n = 0;
+  for (const RoleSpec& r : roles) n += r.count;
+  return n;
+}
+
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
+  // The first entry ends at a comma outside brackets.
+  size_t end = 0;
+  int depth = 0;
+  for (; end < nodelist.size(); ++end) {
+    char c = nodelist[end];
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) break;
+  }
+  absl::string_view first = nodelist.substr(0, end);
+  size_t open = first.find('[');
+  if (open == absl::string_view::npos) {
+    if (first.empty()) {
+      return absl::InvalidArgumentError("empty Slurm node list");
+    }
+    return std::string(first);
+  }
+  size_t close = first.find(']', open);
+  if (close == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed Slurm node list '", nodelist, "'"));
+  }
+  absl::string_view range = first.substr(open + 1, close - open - 1);
+  range = range.substr(0, range.find_first_of(",-"));
+  if (range.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed Slurm node list '", nodelist, "'"));
+  }
+  return absl::StrCat(first.substr(0, open), range, first.substr(close + 1));
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(
+    const std::vector<std::string>& args, const EnvLookup& env) {
+  LaunchOptions o;
+  bool nproc_set = false, nnodes_set = false, addr_set = false,
+       run_id_set = false;
+  std::vector<std::pair<std::string, std::string>> policies;
+
+  using Handler = std::function<absl::Status(const std::string&)>;
+  auto set_int = [](int* out, const char* flag, int min, int max) -> Handler {
+    return [=](const std::string& v) {
+      auto n = ParseInt(flag, v, min, max);
+      if (n.ok()) *out = *n;
+      return n.status();
+    };
+  };
+  auto set_secs = [](absl::Duration* out, const char* flag,
+                     bool zero) -> Handler {
+    return [=](const std::string& v) {
+      auto d = ParseSeconds(flag, v, zero);
+      if (d.ok()) *out = *d;
+      return d.status();
+    };
+  };
+  int node_rank = 0;
+  // Flags that take a value ("--flag=v" or "--flag v").
+  const std::map<std::string, Handler> valued = {
+      {"nproc_per_node",
+       [&](const std::string& v) {
+         nproc_set = true;
+         return set_int(&o.nproc_per_node, "nproc_per_node", 1, 4096)(v);
+       }},
+      {"nnodes",
+       [&](const std::string& v) -> absl::Status {
+         nnodes_set = true;
+         std::vector<std::string> mm = absl::StrSplit(v, ':');
+         if (mm.size() > 2) return FlagError("nnodes", "expected N or MIN:MAX");
+         auto lo = ParseInt("nnodes", mm[0], 1, 65536);
+         if (!lo.ok()) return lo.status();
+         auto hi = ParseInt("nnodes", mm.back(), 1, 65536);
+         if (!hi.ok()) return hi.status();
+         if (*lo > *hi) {
+           return FlagError("nnodes", absl::StrCat("MIN ", *lo,
+                                                   " is above MAX ", *hi));
+         }
+         o.min_nodes = *lo;
+         o.max_nodes = *hi;
+         return absl::OkStatus();
+       }},
+      {"node_rank",
+       [&](const std::string& v) -> absl::Status {
+         absl::Status s = set_int(&node_rank, "node_rank", 0, 65535)(v);
+         if (s.ok()) o.node_rank = node_rank;
+         return s;
+       }},
+      {"master_addr",
+       [&](const std::string& v) -> absl::Status {
+         if (v.empty()) return FlagError("master_addr", "is empty");
+         addr_set = true;
+         o.master_addr = v;
+         return absl::OkStatus();
+       }},
+      {"master_port",
+       set_int(&o.master_port, "master_port", 0, 65535)},
+      {"rdzv_port", set_int(&o.rdzv_port, "rdzv_port", 1, 65535)},
+      {"max_restarts", set_int(&o.max_restarts, "max_restarts", 0, 1000000)},
+      {"monitor_interval",
+       set_secs(&o.monitor_interval, "monitor_interval", false)},
+      {"run_id",
+       [&](const std::string& v) -> absl::Status {
+         if (v.empty()) return FlagError("run_id", "is empty");
+         run_id_set = true;
+         o.run_id = v;
+         return absl::OkStatus();
+       }},
+      {"log_dir",
+       [&](const std::string& v) -> absl::Status {
+         if (v.empty()) return FlagError("log_dir", "is empty");
+         o.log_dir = v;
+         return absl::OkStatus();
+       }},
+      {"rdzv_timeout", set_secs(&o.rdzv_timeout, "rdzv_timeout", false)},
+      {"rdzv_last_call", set_secs(&o.rdzv_last_call, "rdzv_last_call", true)},
+      {"heartbeat_timeout",
+       set_secs(&o.heartbeat_timeout, "heartbeat_timeout", false)},
+      {"stop_timeout", set_secs(&o.stop_timeout, "stop_timeout", true)},
+      {"role",
+       [&](const std::string& v) -> absl::Status {
+         auto role = ParseRole(v);
+         if (!role.ok()) return role.status();
+         for (const RoleSpec& r : o.roles) {
+           if (r.name == role->name) {
+             return FlagError("role", absl::StrCat("role '", r.name,
+                                                   "' given twice"));
+           }
+         }
+         o.roles.push_back(*std::move(role));
+         return absl::OkStatus();
+       }},
+      {"restart_policy",
+       [&](const std::string& v) -> absl::Status {
+         std::vector<std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
+         if (kv.size() != 2 || (kv[1] != "group" && kv[1] != "role")) {
+           return FlagError("restart_policy", absl::StrCat(
+               "'", v, "' is not ROLE=group or ROLE=role"));
+         }
+         policies.emplace_back(kv[0], kv[1]);
+         return absl::OkStatus();
+       }},
+  };
+  // Boolean flags: "--flag" or "--flag=v".
+  const std::map<std::string, bool*> booleans = {
+      {"standalone", &o.standalone}, {"tee", &o.tee}};
+
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (!absl::StartsWith(arg, "-") || arg == "-") break;
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    }
+    std::string name = std::string(absl::StripPrefix(
+        absl::StripPrefix(arg, "-"), "-"));
+    std::optional<std::string> value;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    // torchrun spells flags both ways.
+    absl::StrReplaceAll({{"-", "_"}}, &name);
+    if (auto b = booleans.find(name); b != booleans.end()) {
+      if (!value.has_value()) {
+        *b->second = true;
+        continue;
+      }
+      auto v = ParseBool(name, *value);
+      if (!v.ok()) return v.status();
+      *b->second = *v;
+      continue;
+    }
+    auto h = valued.find(name);
+    if (h == valued.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag '", arg, "' (see --help)"));
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) return FlagError(name, "needs a value");
+      value = args[++i];
+    }
+    if (absl::Status s = h->second(*value); !s.ok()) return s;
+  }
+  std::vector<std::string> command(args.begin() + i, args.end());
+
+  // Roles: without --role, one "default" role running the command.
+  if (o.roles.empty()) {
+    if (command.empty()) {
+      return absl::InvalidArgumentError(
+          "missing PROGRAM: baton-run [options] PROGRAM [ARGS...]");
+    }
+    o.roles.push_back(RoleSpec{"default", o.nproc_per_node, command,
+                               RestartPolicy::kGroup});
+  } else {
+    bool all_have_programs = true;
+    for (RoleSpec& r : o.roles) {
+      if (r.argv.empty()) {
+        all_have_programs = false;
+        if (command.empty()) {
+          return FlagError("role", absl::StrCat(
+              "role '", r.name, "' names no program and no PROGRAM is given"));
+        }
+        r.argv = command;
+      }
+    }
+    if (all_have_programs && !command.empty()) {
+      return FlagError("role", absl::StrCat(
+          "every role names its own program; unexpected PROGRAM '",
+          command[0], "'"));
+    }
+    if (nproc_set && o.nproc_per_node != o.local_world_size()) {
+      return FlagError("nproc_per_node", absl::StrCat(
+          o.nproc_per_node, " does not match the sum of the --role counts (",
+          o.local_world_size(), ")"));
+    }
+    o.nproc_per_node = o.local_world_size();
+  }
+  for (const auto& [role, policy] : policies) {
+    auto it = std::find_if(o.roles.begin(), o.roles.end(),
+                           [&](const RoleSpec& r) { return r.name == role; });
+    if (it == o.roles.end()) {
+      return FlagError("restart_policy",
+                       absl::StrCat("no role named '", role, "'"));
+    }
+    it->policy = policy == "role" ? RestartPolicy::kRole : RestartPolicy::kGroup;
+  }
+
+  if (o.standalone) {
+    if (nnodes_set && o.max_nodes != 1) {
+      return FlagError("standalone", "runs one node; drop --nnodes");
+    }
+    if (o.node_rank.value_or(0) != 0) {
+      return FlagError("standalone", "runs one node; drop --node_rank");
+    }
+    o.min_nodes = o.max_nodes = 1;
+    o.node_rank = 0;
+    o.master_addr = "127.0.0.1";
+    // Free ports are chosen at start.
+    o.master_port = 0;
+    o.rdzv_port = 0;
+  } else if (env("SLURM_JOB_ID").has_value() &&
+             env("SLURM_NODEID").has_value()) {
+    o.from_slurm = true;
+    auto num = [&](const char* name) -> absl::StatusOr<int> {
+      std::optional<std::string> v = env(name);
+      int n = 0;
+      if (!v.has_value() || !absl::SimpleAtoi(*v, &n) || n < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Slurm variable ", name, "='", v.value_or(""),
+            "' is missing or not a number"));
+      }
+      return n;
+    };
+    if (!nnodes_set) {
+      std::optional<std::string> nn = env("SLURM_JOB_NUM_NODES");
+      auto n = num(nn.has_value() ? "SLURM_JOB_NUM_NODES" : "SLURM_NNODES");
+      if (!n.ok()) return n.status();
+      o.min_nodes = o.max_nodes = std::max(1, *n);
+    }
+    if (!o.node_rank.has_value()) {
+      auto n = num("SLURM_NODEID");
+      if (!n.ok()) return n.status();
+      o.node_rank = *n;
+    }
+    if (!addr_set) {
+      std::optional<std::string> list = env("SLURM_JOB_NODELIST");
+      if (!list.has_value()) list = env("SLURM_NODELIST");
+      if (!list.has_value()) {
+        return absl::InvalidArgumentError(
+            "under Slurm: SLURM_JOB_NODELIST is not set; pass --master_addr");
+      }
+      auto host = FirstSlurmHost(*list);
+      if (!host.ok()) return host.status();
+      o.master_addr = *host;
+    }
+    if (!run_id_set) o.run_id = *env("SLURM_JOB_ID");
+  }
+
+  if (o.max_nodes > 1 && !o.elastic() && !o.node_rank.has_value()) {
+    return FlagError("node_rank", absl::StrCat(
+        "is required with --nnodes ", o.max_nodes));
+  }
+  if (!o.node_rank.has_value() && o.max_nodes == 1) o.node_rank = 0;
+  if (o.node_rank.has_value() && !o.elastic() &&
+      *o.node_rank >= o.max_nodes) {
+    return FlagError("node_rank", absl::StrCat(*o.node_rank,
+                                               " is not below --nnodes ",
+                                               o.max_nodes));
+  }
+  if (!o.standalone) {
+    if (o.master_port == 0 && o.max_nodes > 1 && o.rdzv_port == 0) {
+      return FlagError("master_port",
+                       "0 (a free port) needs --rdzv_port for a multi-node job");
+    }
+    if (o.rdzv_port == 0 && o.master_port != 0) {
+      if (o.master_port == 65535) {
+        return FlagError("master_port", "65535 leaves no room for the "
+                                        "rendezvous port; pass --rdzv_port");
+      }
+      o.rdzv_port = o.master_port + 1;
+    }
+    if (o.rdzv_port != 0 && o.rdzv_port == o.master_port) {
+      return FlagError("rdzv_port", "must differ from --master_port (the "
+                                    "workers' store uses that one)");
+    }
+  }
+  return o;
+}
+
+std::string LaunchUsage() {
+  return R"(usage: baton-run [options] PROGRAM [ARGS...]
+
+Starts --nproc_per_node workers on this node, rendezvous with the other
+nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
+
+  --nproc_per_node N     workers on this node (default 1)
+  --nnodes N | MIN:MAX   node count; MIN:MAX makes the job elastic
+  --node_rank R          this node's rank; node 0 hosts the rendezvous store
+  --master_addr HOST     address of node 0 (default 127.0.0.1)
+  --master_port P        MASTER_PORT for the workers' store (default 29500;
+                         0 = a free port each round)
+  --rdzv_port P          port of the node agents' store on node 0
+                         (default master_port + 1)
+  --standalone           one node, free ports, no other flags needed
+  --max_restarts N       group restarts after failures (default 0)
+  --monitor_interval S   seconds between worker checks (default 0.1)
+  --run_id ID            job id, equal on every node
+  --log_dir DIR          one log per rank: DIR/rank_<R>.log
+  --tee                  print worker output prefixed with "[rank R]"
+  --role NAME:COUNT[:PROGRAM [ARGS]]
+                         a kind of worker with COUNT workers per node;
+                         ranks are assigned role by role (repeatable)
+  --restart_policy ROLE=group|role
+                         on a failure of ROLE, restart every worker (group,
+                         the default) or only that role's workers
+  --rdzv_timeout S       bound on each rendezvous wait (default 300)
+  --rdzv_last_call S     elastic: wait for more nodes after MIN (default 5)
+  --heartbeat_timeout S  declare a silent node lost after S (default 30)
+  --stop_timeout S       grace period before SIGKILL (default 10)
+
+Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, BATON_RUN_ID,
+BATON_RESTART_COUNT, BATON_MAX_RESTARTS, BATON_JOB_TOKEN, BATON_ROLE,
+BATON_ROLE_RANK, BATON_ROLE_WORLD_SIZE, BATON_ERROR_FILE and
+BATON_ELASTIC_LAUNCHED=1. Exit code: 0 on success, 1 when the job failed,
+2 on bad flags, 128+N when stopped by signal N.
+)";
+}
+
+}  // namespace baton::launcher

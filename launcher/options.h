@@ -1,0 +1,95 @@
+// baton-run's command line: parsing and validation into LaunchOptions.
+//
+// Contract: ParseLaunchOptions() never exits or prints; a bad flag yields
+// INVALID_ARGUMENT whose message names the flag (baton-run prints it with the
+// usage and exits with code 2). Under Slurm (SLURM_JOB_ID and SLURM_NODEID
+// set, no --standalone) the node count, node rank, master address and run id
+// default to Slurm's values; explicit flags win.
+//
+// Thread-safety: stateless functions.
+#ifndef BATON_LAUNCHER_OPTIONS_H_
+#define BATON_LAUNCHER_OPTIONS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "launcher/env.h"
+
+namespace baton::launcher {
+
+// What happens when a worker of a role fails.
+enum class RestartPolicy {
+  // Stop every worker on every node and rendezvous again (the default).
+  kGroup,
+  // Stop and restart only this role's workers, on every node; the other
+  // roles keep running.
+  kRole,
+};
+
+// One kind of worker. Without --role there is one role, "default", running
+// PROGRAM ARGS with --nproc_per_node workers per node.
+struct RoleSpec {
+  std::string name;
+  // Workers of this role on each node.
+  int count = 1;
+  // Program and arguments; argv[0] is resolved through PATH at launch.
+  std::vector<std::string> argv;
+  RestartPolicy policy = RestartPolicy::kGroup;
+};
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  // --nnodes N gives min_nodes == max_nodes == N; MIN:MAX is elastic.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  // Required for a static multi-node job; node rank 0 hosts the rendezvous
+  // store. Elastic nodes other than the host may omit it.
+  std::optional<int> node_rank;
+  std::string master_addr = "127.0.0.1";
+  // MASTER_PORT handed to workers. 0: a free port chosen per round.
+  int master_port = 29500;
+  // Port of the node agents' rendezvous store on the master node; never
+  // handed to workers. Default: master_port + 1.
+  int rdzv_port = 0;
+  bool standalone = false;
+  int max_restarts = 0;
+  absl::Duration monitor_interval = absl::Milliseconds(100);
+  std::string run_id;
+  std::string log_dir;
+  bool tee = false;
+  // Bound on each rendezvous wait (all nodes arriving, a round closing).
+  absl::Duration rdzv_timeout = absl::Seconds(300);
+  // Elastic jobs: after MIN nodes arrived, how long to wait for more.
+  absl::Duration rdzv_last_call = absl::Seconds(5);
+  // A node whose agent stops heart-beating for this long is declared lost.
+  absl::Duration heartbeat_timeout = absl::Seconds(30);
+  // Grace period between the stop signal and SIGKILL.
+  absl::Duration stop_timeout = absl::Seconds(10);
+  std::vector<RoleSpec> roles;
+  // True when defaults came from Slurm variables (for the log line).
+  bool from_slurm = false;
+  // --help was given (before PROGRAM); nothing else is filled in.
+  bool help = false;
+
+  bool elastic() const { return min_nodes != max_nodes; }
+  // Workers this node starts: the sum of the role counts.
+  int local_world_size() const;
+};
+
+// Parses `args` (without argv[0]). `env` supplies SLURM_* variables.
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(
+    const std::vector<std::string>& args, const EnvLookup& env);
+
+// The --help text.
+std::string LaunchUsage();
+
+// First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03".
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);
+
+}  // namespace baton::launcher
+
+#endif  // BATON_LAUNCHER_OPTIONS_H_
