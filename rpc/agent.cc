@@ -234,8 +234,17 @@ absl::Status RpcAgent::Rendezvous() {
     return absl::AlreadyExistsError(absl::StrCat(
         "rank ", rank_, " is already taken by another process in this job"));
   }
-  const std::string record = absl::StrCat(options_.name, "\n", transport_->address(),
-                                          "\n", options_.max_message_bytes);
+  std::string probe_name = "-", probe_token = RandomHex(8);
+  const char* shm_env = std::getenv("BATON_SHM");
+  if (options_.same_host_shm && !(shm_env != nullptr && std::string(shm_env) == "0")) {
+    internal::ShmChannel::Sweep();
+    shm_ = std::make_unique<internal::ShmChannel>();
+    auto probe = shm_->CreateProbe(probe_token);
+    if (probe.ok()) probe_name = *probe;
+  }
+  const std::string record =
+      absl::StrCat(options_.name, "\n", transport_->address(), "\n",
+                   options_.max_message_bytes, "\n", probe_name, "\n", probe_token);
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), record); !s.ok()) {
     return s;
   }
@@ -250,7 +259,7 @@ absl::Status RpcAgent::Rendezvous() {
     auto v = store_->Get(keys[r], options_.init_timeout);
     if (!v.ok()) return v.status();
     std::vector<std::string> parts = absl::StrSplit(*v, '\n');
-    if (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &peer_limits_[r])) {
+    if (parts.size() != 5 || !absl::SimpleAtoi(parts[2], &peer_limits_[r])) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
     workers_[r] = WorkerInfo{parts[0], r, parts[1]};
@@ -264,6 +273,25 @@ absl::Status RpcAgent::Rendezvous() {
   for (const auto& w : workers_) {
     if (w.id != rank_) transport_->AddPeer(w.id, w.address);
   }
+  // S4 of the shared-memory channel: use it toward peers that can open our
+  // probe. Everyone probes before anyone removes its probe object.
+  peer_shm_.assign(options_.world_size, false);
+  if (shm_ != nullptr) {
+    int usable = 0;
+    for (int r = 0; r < options_.world_size; ++r) {
+      auto v = store_->Get(keys[r], options_.init_timeout);
+      std::vector<std::string> parts = absl::StrSplit(*v, '\n');
+      peer_shm_[r] = parts[3] != "-" && internal::ShmChannel::CheckProbe(parts[3], parts[4]);
+      usable += peer_shm_[r];
+    }
+    (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
+  }
+  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
+                                      options_.world_size, options_.init_timeout);
+      !s.ok()) {
+    return s;
+  }
+  if (shm_ != nullptr) shm_->RemoveProbe();
   // Calls to self go through the loopback server like any other call.
   transport_->AddPeer(rank_, transport_->address());
   {
@@ -344,6 +372,11 @@ Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
         " bytes exceeds the message size limit of ", PeerLimit(to),
         " bytes (AgentOptions::max_message_bytes)")));
   }
+  if (shm_ != nullptr && peer_shm_[to]) {
+    shm_->Export(frame, timeout == absl::InfiniteDuration()
+                            ? absl::InfiniteFuture()
+                            : absl::Now() + timeout + absl::Seconds(5));
+  }
   Promise<Payload> promise(executor_.get());
   {
     absl::MutexLock lock(&mu_);
@@ -397,6 +430,14 @@ void RpcAgent::Complete(uint64_t id, absl::StatusOr<Payload> result) {
 
 void RpcAgent::OnResponse(int peer, Frame frame) {
   const uint64_t id = frame.header.id();
+  if (frame.header.shm_blobs_size() > 0) {
+    absl::Status s = shm_ != nullptr ? shm_->Import(frame)
+                                     : absl::DataLossError("shared-memory blob without a channel");
+    if (!s.ok() && frame.header.status_code() == 0) {
+      frame.header.set_status_code(static_cast<int>(s.code()));
+      frame.header.set_error_message(std::string(s.message()));
+    }
+  }
   if (frame.header.status_code() == 0) {
     Complete(id, std::move(frame.payload));
     return;
@@ -467,6 +508,14 @@ void RpcAgent::Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
                                                   "' has not finished init")));
     return;
   }
+  if (frame.header.shm_blobs_size() > 0) {
+    absl::Status s = shm_ != nullptr ? shm_->Import(frame)
+                                     : absl::DataLossError("shared-memory blob without a channel");
+    if (!s.ok()) {
+      SendReply(channel, id, caller, Annotate(s, "undecodable request"));
+      return;
+    }
+  }
   if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
     SendReply(channel, id, caller,
               absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)));
@@ -527,6 +576,11 @@ void RpcAgent::SendReply(const std::shared_ptr<internal::ReplyChannel>& channel,
   if (!result.ok()) {
     frame.header.set_status_code(static_cast<int>(result.status().code()));
     frame.header.set_error_message(std::string(result.status().message()));
+  } else if (shm_ != nullptr && ready_.HasBeenNotified() && caller >= 0 &&
+             caller < static_cast<int>(peer_shm_.size()) && peer_shm_[caller]) {
+    // The caller releases the segment on receipt; the expiry only covers a
+    // caller that died or gave up first.
+    shm_->Export(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
   }
   channel->Send(std::move(frame));
   FinishIncoming();
@@ -552,8 +606,15 @@ AgentStats RpcAgent::stats() const {
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
   s.timers = timer_ ? timer_->pending() : 0;
   s.live_streams = transport_ ? transport_->live_streams() : 0;
+  s.shm_busy_segments = shm_ ? shm_->busy_segments() : 0;
   return s;
 }
+
+bool RpcAgent::uses_shm(int peer) const {
+  return shm_ != nullptr && peer >= 0 && peer < static_cast<int>(peer_shm_.size()) &&
+         peer_shm_[peer];
+}
+
 
 absl::Status RpcAgent::Shutdown(bool graceful) {
   {
@@ -630,6 +691,7 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
     note(executor_->Join(left()));
   }
   if (timer_) timer_->Stop();
+  if (shm_) shm_->Close();
   if (store_server_ != nullptr && store_ != nullptr) {
     // Rank 0 hosts the store: keep it until every worker has left its
     // shutdown barrier, so nobody loses the store mid-wait.

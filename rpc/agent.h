@@ -52,6 +52,7 @@
 #include "rpc/executor.h"
 #include "rpc/function.h"
 #include "rpc/future.h"
+#include "rpc/internal/shm_channel.h"
 #include "rpc/internal/transport.h"
 #include "rpc/timer.h"
 #include "rpc/worker_info.h"
@@ -81,6 +82,9 @@ struct AgentOptions {
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Largest message (request or reply, tensors included) sent or accepted.
   int64_t max_message_bytes = int64_t{1} << 30;
+  // Send large tensors to workers on the same host through shared memory
+  // (rpc/internal/shm_channel.h). BATON_SHM=0 in the environment turns it off.
+  bool same_host_shm = true;
   int min_threads = 4;
   int max_threads = 256;
   // Use this store instead of the one at master_addr:master_port (tests,
@@ -119,6 +123,7 @@ struct AgentStats {
   int executor_threads = 0;
   size_t timers = 0;
   int live_streams = 0;
+  size_t shm_busy_segments = 0;
 };
 
 class RpcAgent : private internal::TransportHandler {
@@ -171,6 +176,8 @@ class RpcAgent : private internal::TransportHandler {
   absl::Status Shutdown(bool graceful = true);
   bool running() const;
   AgentStats stats() const;
+  // Whether calls to `peer` carry large tensors through shared memory.
+  bool uses_shm(int peer) const;
 
  private:
   struct PendingCall {
@@ -200,6 +207,7 @@ class RpcAgent : private internal::TransportHandler {
   void SendReply(const std::shared_ptr<internal::ReplyChannel>& channel,
                  uint64_t id, int caller, absl::StatusOr<Payload> result);
   void FinishIncoming();
+
   // Completes and removes pending call `id` (no-op if already gone).
   void Complete(uint64_t id, absl::StatusOr<Payload> result);
   std::string CallContextText(int peer, const std::string& function) const;
@@ -211,6 +219,7 @@ class RpcAgent : private internal::TransportHandler {
   std::string ns_;
   std::vector<WorkerInfo> workers_;              // set during Create
   std::vector<int64_t> peer_limits_;             // set during Create
+  std::vector<bool> peer_shm_;                   // set during Create
   absl::flat_hash_map<std::string, int> by_name_;  // set during Create
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
@@ -218,6 +227,7 @@ class RpcAgent : private internal::TransportHandler {
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<internal::Transport> transport_;
+  std::unique_ptr<internal::ShmChannel> shm_;
 
   // Notified when Create() has filled workers_ and peer_limits_ (or gave
   // up). Requests that arrive earlier wait for it on the executor.

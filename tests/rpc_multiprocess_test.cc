@@ -364,6 +364,8 @@ TEST(RpcMultiProcess, DuplicateNameFailsInit) {
 // ---------------------------------------------------------------------------
 BATON_SCENARIO(large_tensor) {
   auto agent = InitFromEnv();
+  const char* shm = std::getenv("BATON_SHM");
+  WCHECK(agent->uses_shm(1 - agent->self().id) == !(shm != nullptr && std::string(shm) == "0"));
   if (agent->self().id == 0) {
     // 256 MiB each way, under the default 1 GiB limit.
     at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);
@@ -378,8 +380,12 @@ BATON_SCENARIO(large_tensor) {
   return 0;
 }
 
-TEST(RpcMultiProcess, LargeTensorsRoundTrip) {
+TEST(RpcMultiProcess, LargeTensorsRoundTripThroughSharedMemory) {
   ExpectAllSucceeded(RunWorkers("large_tensor", 2, absl::Seconds(120)));
+}
+
+TEST(RpcMultiProcess, LargeTensorsRoundTripOverTheStream) {
+  ExpectAllSucceeded(RunWorkers("large_tensor", 2, absl::Seconds(120), {{"BATON_SHM", "0"}}));
 }
 
 }  // namespace

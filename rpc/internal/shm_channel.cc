@@ -1,0 +1,266 @@
+#include "rpc/internal/shm_channel.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+constexpr char kPrefix[] = "baton.";
+constexpr size_t kHeaderBytes = 64;
+constexpr size_t kMinSegment = 1 << 20;
+
+struct alignas(64) SegmentHeader {
+  std::atomic<uint64_t> write_gen;
+  std::atomic<uint64_t> released_gen;
+};
+static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
+
+size_t RoundUpPow2(size_t n) {
+  size_t c = kMinSegment;
+  while (c < n) c <<= 1;
+  return c;
+}
+
+void* MapNamed(const std::string& name, size_t bytes, bool create) {
+  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                        : shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return nullptr;
+  bool ok = true;
+  if (create) ok = posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
+  if (!create) {
+    struct stat st {};
+    ok = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes;
+  }
+  void* addr = ok ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                         fd, 0)
+                  : MAP_FAILED;
+  close(fd);
+  if (addr == MAP_FAILED) {
+    if (create) shm_unlink(name.c_str());
+    return nullptr;
+  }
+  return addr;
+}
+
+}  // namespace
+
+struct ShmChannel::Segment {
+  std::string name;
+  size_t capacity = 0;
+  void* base = nullptr;
+  uint64_t generation = 0;
+  absl::Time busy_until = absl::InfinitePast();
+  SegmentHeader* header() { return static_cast<SegmentHeader*>(base); }
+  char* data() { return static_cast<char*>(base) + kHeaderBytes; }
+  ~Segment() {
+    if (base != nullptr) munmap(base, kHeaderBytes + capacity);
+  }
+};
+
+struct ShmChannel::Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+};
+
+ShmChannel::ShmChannel() : pid_(static_cast<int>(getpid())) {}
+
+ShmChannel::~ShmChannel() { Close(); }
+
+ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
+  const absl::Time now = absl::Now();
+  Segment* best = nullptr;
+  for (auto& s : segments_) {
+    if (s->capacity < size || (best != nullptr && s->capacity >= best->capacity)) continue;
+    const bool released =
+        s->header()->released_gen.load(std::memory_order_acquire) == s->generation;
+    if (released || s->busy_until < now) best = s.get();
+  }
+  if (best == nullptr) {
+    const size_t capacity = RoundUpPow2(size);
+    if (pool_bytes_ + capacity > kPoolBytes) return nullptr;
+    auto seg = std::make_unique<Segment>();
+    seg->name = absl::StrCat("/", kPrefix, pid_, ".s", counter_.fetch_add(1));
+    seg->capacity = capacity;
+    seg->base = MapNamed(seg->name, kHeaderBytes + capacity, /*create=*/true);
+    if (seg->base == nullptr) return nullptr;
+    pool_bytes_ += capacity;
+    segments_.push_back(std::move(seg));
+    best = segments_.back().get();
+  }
+  best->generation += 1;
+  best->busy_until = expiry;
+  // Seqlock writer: publish the new generation before touching the data.
+  best->header()->write_gen.store(best->generation, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return best;
+}
+
+void ShmChannel::Export(Frame& frame, absl::Time expiry) {
+  auto& blobs = frame.payload.blobs;
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    const size_t size = blobs[i].size();
+    if (size < kMinBytes) continue;
+    Segment* seg;
+    {
+      absl::MutexLock lock(&mu_);
+      seg = Acquire(size, expiry);
+    }
+    if (seg == nullptr) continue;  // stays on the stream
+    // The segment is ours until released or expired; copy outside the lock.
+    blobs[i].CopyTo(seg->data());
+    std::atomic_thread_fence(std::memory_order_release);
+    proto::ShmBlob* sb = frame.header.add_shm_blobs();
+    sb->set_index(static_cast<uint32_t>(i));
+    sb->set_name(seg->name);
+    sb->set_size(size);
+    sb->set_generation(seg->generation);
+    sb->set_capacity(seg->capacity);
+    blobs[i] = Blob();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
+    const std::string& name, uint64_t capacity) {
+  absl::MutexLock lock(&map_mu_);
+  auto it = mappings_.find(name);
+  if (it != mappings_.end() && it->second->bytes >= kHeaderBytes + capacity) return it->second;
+  void* base = MapNamed(name, kHeaderBytes + capacity, /*create=*/false);
+  if (base == nullptr) {
+    return absl::DataLossError(absl::StrCat("cannot map shared-memory segment '", name,
+                                            "': ", std::strerror(errno)));
+  }
+  auto m = std::make_shared<Mapping>();
+  m->base = base;
+  m->bytes = kHeaderBytes + capacity;
+  mappings_[name] = m;
+  return m;
+}
+
+absl::Status ShmChannel::Import(Frame& frame) {
+  auto& blobs = frame.payload.blobs;
+  for (const proto::ShmBlob& sb : frame.header.shm_blobs()) {
+    if (sb.index() >= blobs.size() || blobs[sb.index()].size() != 0 ||
+        sb.size() > sb.capacity() || sb.capacity() > kPoolBytes ||
+        !absl::StartsWith(sb.name(), absl::StrCat("/", kPrefix))) {
+      return absl::DataLossError(absl::StrCat("bad shared-memory blob entry '",
+                                              sb.name(), "'"));
+    }
+    auto mapping = Map(sb.name(), sb.capacity());
+    if (!mapping.ok()) return mapping.status();
+    auto* header = static_cast<SegmentHeader*>((*mapping)->base);
+    const char* src = static_cast<const char*>((*mapping)->base) + kHeaderBytes;
+    auto stale = [&] {
+      return absl::DataLossError(absl::StrCat(
+          "shared-memory segment '", sb.name(), "' was reclaimed by its sender (generation ",
+          sb.generation(), "); the call outlived its deadline"));
+    };
+    if (header->write_gen.load(std::memory_order_acquire) != sb.generation()) return stale();
+    void* buf = std::aligned_alloc(64, (sb.size() + 63) / 64 * 64);
+    if (buf == nullptr) return absl::ResourceExhaustedError("out of memory receiving a blob");
+    std::memcpy(buf, src, sb.size());
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (header->write_gen.load(std::memory_order_relaxed) != sb.generation()) {
+      std::free(buf);
+      return stale();
+    }
+    header->released_gen.store(sb.generation(), std::memory_order_release);
+    Blob& b = blobs[sb.index()];
+    b.pieces.clear();
+    b.pieces.emplace_back(static_cast<const char*>(buf), sb.size());
+    b.owner = std::shared_ptr<void>(buf, [](void* p) { std::free(p); });
+  }
+  return absl::OkStatus();
+}
+
+void ShmChannel::Close() {
+  std::vector<std::unique_ptr<Segment>> segments;
+  {
+    absl::MutexLock lock(&mu_);
+    segments.swap(segments_);
+    pool_bytes_ = 0;
+  }
+  for (auto& s : segments) shm_unlink(s->name.c_str());
+  {
+    absl::MutexLock lock(&map_mu_);
+    mappings_.clear();
+  }
+  RemoveProbe();
+}
+
+int ShmChannel::Sweep() {
+  int removed = 0;
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    if (!absl::StartsWith(e->d_name, kPrefix)) continue;
+    std::vector<std::string> parts = absl::StrSplit(e->d_name, '.');
+    int pid = 0;
+    if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &pid) || pid <= 0) continue;
+    if (kill(pid, 0) != 0 && errno == ESRCH) {
+      if (shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0) ++removed;
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
+absl::StatusOr<std::string> ShmChannel::CreateProbe(const std::string& token) {
+  const std::string name = absl::StrCat("/", kPrefix, pid_, ".p", counter_.fetch_add(1));
+  void* addr = MapNamed(name, token.size(), /*create=*/true);
+  if (addr == nullptr) {
+    return absl::UnavailableError("cannot create a shared-memory object in /dev/shm");
+  }
+  std::memcpy(addr, token.data(), token.size());
+  munmap(addr, token.size());
+  absl::MutexLock lock(&mu_);
+  probe_ = name;
+  return name;
+}
+
+bool ShmChannel::CheckProbe(const std::string& name, const std::string& token) {
+  if (!absl::StartsWith(name, absl::StrCat("/", kPrefix))) return false;
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  std::string buf(token.size(), '\0');
+  const bool ok = pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()) &&
+                  buf == token;
+  close(fd);
+  return ok;
+}
+
+void ShmChannel::RemoveProbe() {
+  std::string probe;
+  {
+    absl::MutexLock lock(&mu_);
+    probe.swap(probe_);
+  }
+  if (!probe.empty()) shm_unlink(probe.c_str());
+}
+
+size_t ShmChannel::busy_segments() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& s : segments_) {
+    n += s->header()->released_gen.load(std::memory_order_acquire) != s->generation;
+  }
+  return n;
+}
+
+}  // namespace baton::rpc::internal

@@ -1,0 +1,94 @@
+// ShmChannel: moves large tensor blobs between workers on the same host
+// through POSIX shared memory instead of the gRPC stream.
+//
+// Each sender keeps a pool of reusable segments ("/baton.<pid>.s<k>"), each a
+// 64-byte header followed by `capacity` data bytes. Fresh shared pages are
+// expensive to fault in, so segments are created once and reused warm.
+//
+// Protocol (docs/wire_format.md, "Same-host bulk channel"):
+// S1. To send a blob of at least kMinBytes, the sender takes a free segment,
+//     bumps its generation, stores it in the header (write_gen), copies the
+//     bytes, and lists {index, name, size, generation, capacity} in
+//     FrameHeader.shm_blobs; the blob itself travels empty. The logical
+//     message size (for limits) is unchanged.
+// S2. The receiver maps the segment (cached by name), checks write_gen,
+//     copies the bytes into its own buffer, checks write_gen again (a
+//     seqlock: a changed generation means the sender reclaimed the segment
+//     mid-copy, and the blob is reported as DATA_LOSS, never used), then
+//     stores the generation in released_gen.
+// S3. A segment is free when released_gen equals its generation, or when its
+//     holder's deadline (the call's deadline plus a grace period) passed: the
+//     receiver died or gave up. No segment is ever reused while a live,
+//     in-time receiver may read it.
+// S4. A peer is sent segments only if it proved at rendezvous that it can
+//     open an object this worker created (same /dev/shm).
+// S5. Close() unlinks every segment name; Sweep() removes names left by dead
+//     processes ("/baton.<pid>.*" whose pid is gone).
+// Without a free segment and no room to create one (pool limit, or /dev/shm
+// full), the blob stays on the stream.
+//
+// Thread-safety: safe for concurrent use.
+#ifndef BATON_RPC_INTERNAL_SHM_CHANNEL_H_
+#define BATON_RPC_INTERNAL_SHM_CHANNEL_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/internal/wire.h"
+
+namespace baton::rpc::internal {
+
+class ShmChannel {
+ public:
+  static constexpr size_t kMinBytes = 256 << 10;
+  // Total bytes of segments one sender keeps.
+  static constexpr size_t kPoolBytes = size_t{2} << 30;
+
+  ShmChannel();
+  ~ShmChannel();  // Close()
+
+  // S1: moves eligible blobs of `frame` into segments held until `expiry`.
+  void Export(Frame& frame, absl::Time expiry);
+  // S2: copies the frame's segment blobs back into its payload and releases
+  // the segments. DATA_LOSS naming the segment on any inconsistency.
+  absl::Status Import(Frame& frame);
+
+  void Close();
+  static int Sweep();
+
+  // S4: creates a probe object holding `token`; returns its name.
+  absl::StatusOr<std::string> CreateProbe(const std::string& token);
+  static bool CheckProbe(const std::string& name, const std::string& token);
+  void RemoveProbe();
+
+  // Segments currently held by a receiver.
+  size_t busy_segments() const;
+
+ private:
+  struct Segment;
+  struct Mapping;
+  // A free segment of at least `size` bytes, or nullptr.
+  Segment* Acquire(size_t size, absl::Time expiry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<Mapping>> Map(const std::string& name, uint64_t capacity);
+
+  const int pid_;
+  std::atomic<uint64_t> counter_{0};
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  size_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string probe_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex map_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Mapping>> mappings_
+      ABSL_GUARDED_BY(map_mu_);
+};
+
+}  // namespace baton::rpc::internal
+
+#endif  // BATON_RPC_INTERNAL_SHM_CHANNEL_H_

@@ -1,0 +1,142 @@
+// The same-host bulk channel (rpc/internal/shm_channel.h), tested by its
+// protocol guarantees S1-S5.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "rpc/internal/shm_channel.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+Frame FrameWith(const std::string& bytes) {
+  Frame f;
+  auto owner = std::make_shared<std::string>(bytes);
+  Blob b;
+  b.pieces.emplace_back(owner->data(), owner->size());
+  b.owner = owner;
+  f.payload.blobs.push_back(std::move(b));
+  Blob small;  // below the threshold: stays on the stream
+  auto s = std::make_shared<std::string>("tiny");
+  small.pieces.emplace_back(s->data(), s->size());
+  small.owner = s;
+  f.payload.blobs.push_back(std::move(small));
+  return f;
+}
+
+std::string Contents(const Blob& b) {
+  std::string out(b.size(), '\0');
+  b.CopyTo(out.data());
+  return out;
+}
+
+bool ShmExists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd >= 0) close(fd);
+  return fd >= 0;
+}
+
+const std::string kBig(ShmChannel::kMinBytes + 12345, 'x');
+
+TEST(ShmChannel, S1_S2_LargeBlobsTravelThroughSegmentsSmallOnesDoNot) {
+  ShmChannel sender, receiver;
+  std::string data = kBig;
+  data[7] = 'y';
+  Frame f = FrameWith(data);
+  sender.Export(f, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(f.header.shm_blobs_size(), 1);
+  EXPECT_EQ(f.header.shm_blobs(0).index(), 0u);
+  EXPECT_EQ(f.payload.blobs[0].size(), 0u);
+  EXPECT_EQ(Contents(f.payload.blobs[1]), "tiny");
+  EXPECT_EQ(sender.busy_segments(), 1u);
+  ASSERT_TRUE(receiver.Import(f).ok());
+  EXPECT_EQ(Contents(f.payload.blobs[0]), data);
+  // The received copy is 64-byte aligned, so tensors can alias it.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.payload.blobs[0].contiguous()) % 64, 0u);
+  EXPECT_EQ(sender.busy_segments(), 0u);  // released on receipt
+}
+
+TEST(ShmChannel, S3_ReleasedSegmentIsReusedWarm) {
+  ShmChannel sender, receiver;
+  Frame a = FrameWith(kBig);
+  sender.Export(a, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(receiver.Import(a).ok());
+  Frame b = FrameWith(kBig);
+  sender.Export(b, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(a.header.shm_blobs(0).name(), b.header.shm_blobs(0).name());
+  EXPECT_EQ(b.header.shm_blobs(0).generation(), a.header.shm_blobs(0).generation() + 1);
+  // A segment still held by a receiver in time is never handed out again.
+  Frame c = FrameWith(kBig);
+  sender.Export(c, absl::Now() + absl::Seconds(10));
+  EXPECT_NE(c.header.shm_blobs(0).name(), b.header.shm_blobs(0).name());
+  ASSERT_TRUE(receiver.Import(b).ok());
+  ASSERT_TRUE(receiver.Import(c).ok());
+}
+
+TEST(ShmChannel, S2_S3_LateReceiverOfReclaimedSegmentGetsDataLossNotWrongData) {
+  ShmChannel sender, receiver;
+  Frame late = FrameWith(kBig);
+  sender.Export(late, absl::Now() - absl::Seconds(1));  // already expired
+  Frame next = FrameWith(std::string(kBig.size(), 'z'));
+  sender.Export(next, absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(late.header.shm_blobs(0).name(), next.header.shm_blobs(0).name());
+  absl::Status s = receiver.Import(late);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "reclaimed")) << s;
+  ASSERT_TRUE(receiver.Import(next).ok());
+  EXPECT_EQ(Contents(next.payload.blobs[0]), std::string(kBig.size(), 'z'));
+}
+
+TEST(ShmChannel, S4_ProbeProvesSharedDevShm) {
+  ShmChannel ch;
+  auto name = ch.CreateProbe("token123");
+  ASSERT_TRUE(name.ok()) << name.status();
+  EXPECT_TRUE(ShmChannel::CheckProbe(*name, "token123"));
+  EXPECT_FALSE(ShmChannel::CheckProbe(*name, "other456"));
+  EXPECT_FALSE(ShmChannel::CheckProbe("/etc/passwd", "x"));
+  ch.RemoveProbe();
+  EXPECT_FALSE(ShmChannel::CheckProbe(*name, "token123"));
+}
+
+TEST(ShmChannel, S5_CloseUnlinksAndSweepRemovesDeadProcessesObjects) {
+  std::string seg;
+  {
+    ShmChannel sender;
+    Frame f = FrameWith(kBig);
+    sender.Export(f, absl::Now() + absl::Seconds(10));
+    seg = f.header.shm_blobs(0).name();
+    EXPECT_TRUE(ShmExists(seg));
+  }
+  EXPECT_FALSE(ShmExists(seg));
+  // An object named after a pid that does not exist is swept.
+  const std::string orphan = "/baton.2147480000.s0";
+  const int fd = shm_open(orphan.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  EXPECT_GE(ShmChannel::Sweep(), 1);
+  EXPECT_FALSE(ShmExists(orphan));
+}
+
+TEST(ShmChannel, ImportRejectsForgedEntries) {
+  ShmChannel receiver;
+  Frame f;
+  f.payload.blobs.resize(1);
+  auto* sb = f.header.add_shm_blobs();
+  sb->set_index(0);
+  sb->set_name("/not-baton");
+  sb->set_size(10);
+  sb->set_capacity(10);
+  EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
+  sb->set_name("/baton.1.s999");
+  EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
+  sb->set_index(5);
+  EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace baton::rpc::internal
