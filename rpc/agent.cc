@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "launcher/env.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
@@ -102,6 +103,21 @@ absl::StatusOr<int> EnvInt(const char* var, bool required, int fallback) {
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix) {
   AgentOptions o;
+  const char* n = std::getenv("BATON_WORKER_NAME");
+  if (baton::is_elastic_launched()) {
+    // baton-run's contract, validated by the launcher's own reader.
+    auto env = baton::ReadLaunchEnv();
+    if (!env.ok()) return Annotate(env.status(), "reading the environment baton-run set");
+    o.rank = env->rank;
+    o.world_size = env->world_size;
+    o.master_addr = env->master_addr;
+    o.master_port = env->master_port;
+    o.job_token = env->job_token;
+    o.name = (n != nullptr && *n != '\0') ? std::string(n)
+             : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
+                                         : absl::StrCat(name_prefix, o.rank);
+    return o;
+  }
   auto rank = EnvInt("RANK", true, 0);
   if (!rank.ok()) return rank.status();
   auto world = EnvInt("WORLD_SIZE", true, 0);
@@ -115,7 +131,6 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     o.master_addr = a;
   }
   if (const char* t = std::getenv("BATON_JOB_TOKEN")) o.job_token = t;
-  const char* n = std::getenv("BATON_WORKER_NAME");
   o.name = (n != nullptr && *n != '\0') ? std::string(n) : absl::StrCat(name_prefix, o.rank);
   return o;
 }

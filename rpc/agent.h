@@ -91,8 +91,10 @@ struct AgentOptions {
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
 
-  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN.
-  // The worker's name is BATON_WORKER_NAME if set, else name_prefix + rank.
+  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
+  // (under baton-run, through launcher/env.h, which validates them all).
+  // The worker's name is BATON_WORKER_NAME if set, else role + role rank
+  // for a job with roles (e.g. "trainer3"), else name_prefix + rank.
   // INVALID_ARGUMENT naming the variable if one is missing or malformed.
   static absl::StatusOr<AgentOptions> FromEnv(const std::string& name_prefix = "worker");
 };
