@@ -606,6 +606,11 @@ void RpcAgent::FinishIncoming() {
   --incoming_;
 }
 
+void RpcAgent::AddShutdownHook(ShutdownHook hook) {
+  absl::MutexLock lock(&mu_);
+  hooks_.push_back(std::move(hook));
+}
+
 bool RpcAgent::running() const {
   absl::MutexLock lock(&mu_);
   return running_;
@@ -650,6 +655,14 @@ absl::Status RpcAgent::Shutdown(bool graceful) {
     // 1. Everyone stops issuing new top-level calls.
     note(store::Barrier(*store_, ns_ + "shutdown/enter", rank_, world,
                         deadline - absl::Now()));
+    std::vector<ShutdownHook> hooks;
+    {
+      absl::MutexLock lock(&mu_);
+      hooks = hooks_;
+    }
+    for (auto& h : hooks) {
+      if (h.settle) note(h.settle(deadline));
+    }
     // 2. Drain: our outgoing calls are answered and incoming ones replied.
     {
       absl::MutexLock lock(&mu_);
@@ -665,6 +678,9 @@ absl::Status RpcAgent::Shutdown(bool graceful) {
     // 3. Everyone is drained; nobody will call anyone again.
     note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world,
                         deadline - absl::Now()));
+    for (auto& h : hooks) {
+      if (h.release) h.release();
+    }
   }
   {
     absl::MutexLock lock(&mu_);

@@ -175,6 +175,21 @@ class RpcAgent : private internal::TransportHandler {
                           const std::string& signature, Payload args,
                           const CallOptions& opts = {});
 
+  // Decodes a raw reply from `from` into R; errors name `what`.
+  template <typename R>
+  Future<R> DecodeFuture(Future<Payload> raw, const WorkerInfo& from, const std::string& what);
+
+  // Protocol layers settle their state during a graceful shutdown: `settle`
+  // runs after every worker stopped issuing calls and before the drain (e.g.
+  // RRef users send their deletions); `release` runs after every worker
+  // drained (e.g. owners drop what remains). Both get the shutdown deadline.
+  // REQUIRES: called before Shutdown().
+  struct ShutdownHook {
+    std::function<absl::Status(absl::Time deadline)> settle;
+    std::function<void()> release;
+  };
+  void AddShutdownHook(ShutdownHook hook);
+
   absl::Status Shutdown(bool graceful = true);
   bool running() const;
   AgentStats stats() const;
@@ -237,6 +252,7 @@ class RpcAgent : private internal::TransportHandler {
   std::atomic<uint64_t> next_call_id_{1};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -256,25 +272,33 @@ Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
         worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
   }
   typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  absl::StatusOr<Payload> payload = EncodeMessage(tuple);
+  const CodecContext cc{this, worker->id};
+  absl::StatusOr<Payload> payload = EncodeMessage(tuple, &cc);
   if (!payload.ok()) {
     return MakeErrorFuture<R>(Annotate(
         payload.status(),
         absl::StrCat("rpc to worker '", worker->name, "' (id ", worker->id,
                      "), function '", fn.name(), "': cannot encode arguments")));
   }
-  static const std::string signature = Function<R(Args...)>::signature();
-  Future<Payload> raw =
-      CallRaw(worker->id, fn.name(), signature, *std::move(payload), opts);
+  Future<Payload> raw = CallRaw(worker->id, fn.name(),
+                                Function<R(Args...)>::cached_signature(),
+                                *std::move(payload), opts);
+  return DecodeFuture<R>(std::move(raw), *worker, fn.name());
+}
+
+template <typename R>
+Future<R> RpcAgent::DecodeFuture(Future<Payload> raw, const WorkerInfo& from,
+                                 const std::string& what) {
   Promise<R> typed(executor_.get());
-  raw.OnReady([typed, name = worker->name, id = worker->id,
-               fname = fn.name()](const absl::StatusOr<Payload>& r) {
+  raw.OnReady([this, typed, name = from.name, id = from.id,
+               fname = what](const absl::StatusOr<Payload>& r) {
     if (!r.ok()) {
       typed.SetError(r.status());
       return;
     }
     internal::Stored<R> value{};
-    absl::Status s = DecodeMessage(*r, &value);
+    const CodecContext cc{this, id};
+    absl::Status s = DecodeMessage(*r, &value, &cc);
     if (!s.ok()) {
       typed.SetError(absl::DataLossError(
           absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '",

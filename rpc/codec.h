@@ -46,8 +46,21 @@
 
 namespace baton::rpc {
 
+class RpcAgent;
+
+// What a codec may know about the message it encodes or decodes: the agent
+// and the other end (the destination when encoding, the sender when
+// decoding). Protocol layers use it, e.g. an RRef registers a fork for the
+// destination. Plain values ignore it. Null outside an RPC.
+struct CodecContext {
+  RpcAgent* agent = nullptr;
+  int peer = -1;
+};
+
 class Encoder {
  public:
+  explicit Encoder(const CodecContext* context = nullptr) : context_(context) {}
+  const CodecContext* context() const { return context_; }
   void WriteBytes(const void* data, size_t n) {
     bytes_.append(static_cast<const char*>(data), n);
   }
@@ -73,6 +86,7 @@ class Encoder {
   absl::StatusOr<Payload> Finish() &&;
 
  private:
+  const CodecContext* context_;
   std::string bytes_;
   std::vector<Blob> blobs_;
   absl::Status status_;
@@ -80,7 +94,9 @@ class Encoder {
 
 class Decoder {
  public:
-  explicit Decoder(const Payload& payload) : payload_(payload) {}
+  explicit Decoder(const Payload& payload, const CodecContext* context = nullptr)
+      : payload_(payload), context_(context) {}
+  const CodecContext* context() const { return context_; }
 
   absl::Status ReadBytes(void* out, size_t n, absl::string_view what);
   template <typename T>
@@ -102,6 +118,7 @@ class Decoder {
 
  private:
   const Payload& payload_;
+  const CodecContext* context_;
   size_t pos_ = 0;
 };
 
@@ -120,14 +137,15 @@ absl::Status DecodeValue(Decoder& dec, T* out) {
 
 // Encodes a whole message (a tuple of arguments or one result).
 template <typename T>
-absl::StatusOr<Payload> EncodeMessage(const T& v) {
-  Encoder enc;
+absl::StatusOr<Payload> EncodeMessage(const T& v, const CodecContext* context = nullptr) {
+  Encoder enc(context);
   Codec<T>::Encode(v, enc);
   return std::move(enc).Finish();
 }
 template <typename T>
-absl::Status DecodeMessage(const Payload& payload, T* out) {
-  Decoder dec(payload);
+absl::Status DecodeMessage(const Payload& payload, T* out,
+                           const CodecContext* context = nullptr) {
+  Decoder dec(payload, context);
   absl::Status s = Codec<T>::Decode(dec, out);
   if (!s.ok()) return s;
   return dec.ExpectEnd();
@@ -328,7 +346,7 @@ struct Codec<std::tuple<Ts...>> {
 
  private:
   template <size_t... I>
-  static absl::Status DecodeElements(Decoder& dec, std::tuple<Ts...>* out,
+  static absl::Status DecodeElements(Decoder& dec, [[maybe_unused]] std::tuple<Ts...>* out,
                                      std::index_sequence<I...>) {
     absl::Status s;
     // Stops at the first error; names the element that failed.

@@ -6,11 +6,13 @@ namespace baton::rpc {
 
 absl::Status FunctionRegistry::RegisterRaw(std::string name,
                                            std::string signature,
-                                           RawHandler handler) {
+                                           RawHandler handler,
+                                           ValueHandler value_handler) {
   if (name.empty()) return absl::InvalidArgumentError("function name is empty");
   auto entry = std::make_shared<Entry>();
   entry->signature = std::move(signature);
   entry->handler = std::move(handler);
+  entry->value_handler = std::move(value_handler);
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = entries_.emplace(name, std::move(entry));
   if (!inserted) {

@@ -83,6 +83,10 @@ class Function<R(Args...)> {
     if (sizeof...(Args) > 0) s.pop_back();
     return s + ")->" + TypeName<internal::Stored<R>>();
   }
+  static const std::string& cached_signature() {
+    static const std::string s = signature();
+    return s;
+  }
 
  private:
   std::string name_;
@@ -92,16 +96,53 @@ using Responder = absl::AnyInvocable<void(absl::StatusOr<Payload>)>;
 using RawHandler =
     std::function<void(const CallContext& ctx, Payload args, Responder done)>;
 
+// A typed value held by the runtime without knowing its type statically,
+// e.g. the value of an RRef on its owner.
+struct AnyValue {
+  std::shared_ptr<void> ptr;
+  std::string type;  // typeid(T).name() of the value
+  // Encodes *ptr for `context.peer`; null when the type cannot be sent
+  // (remote objects stay on their owner).
+  std::function<absl::StatusOr<Payload>(const void*, const CodecContext&)> encode;
+
+  // A value that can be sent (T has a Codec).
+  template <typename T>
+  static AnyValue Of(std::shared_ptr<T> v) {
+    AnyValue out;
+    out.type = typeid(T).name();
+    out.encode = [](const void* p, const CodecContext& c) {
+      return EncodeMessage(*static_cast<const T*>(p), &c);
+    };
+    out.ptr = std::move(v);
+    return out;
+  }
+  // A value that stays where it is (e.g. a remote object).
+  template <typename T>
+  static AnyValue Opaque(std::shared_ptr<T> v) {
+    AnyValue out;
+    out.type = typeid(T).name();
+    out.ptr = std::move(v);
+    return out;
+  }
+};
+
+using ValueDone = absl::AnyInvocable<void(absl::StatusOr<AnyValue>)>;
+// Runs the function like a call, but keeps its result as a value instead of
+// encoding a reply (used by remote(), which stores the result on the callee).
+using ValueHandler =
+    std::function<void(const CallContext& ctx, Payload args, ValueDone done)>;
+
 class FunctionRegistry {
  public:
   struct Entry {
     std::string signature;  // empty: accepts any (raw handlers)
     RawHandler handler;
+    ValueHandler value_handler;  // null for raw handlers
   };
 
   // ALREADY_EXISTS if the name is taken.
   absl::Status RegisterRaw(std::string name, std::string signature,
-                           RawHandler handler);
+                           RawHandler handler, ValueHandler value_handler = nullptr);
 
   template <typename R, typename... Args, typename F>
   absl::Status Register(const Function<R(Args...)>& fn, F impl);
@@ -110,10 +151,26 @@ class FunctionRegistry {
   std::shared_ptr<const Entry> Find(absl::string_view name) const;
   std::vector<std::string> Names() const;
 
+  // Protocol layers (RRefs, distributed autograd) keep their per-worker
+  // state here, one object per type, so codecs and handlers can reach it
+  // without globals.
+  template <typename T>
+  void SetExtension(std::shared_ptr<T> ext) {
+    absl::MutexLock lock(&mu_);
+    extensions_[typeid(T).name()] = std::move(ext);
+  }
+  template <typename T>
+  std::shared_ptr<T> GetExtension() const {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = extensions_.find(typeid(T).name());
+    return it == extensions_.end() ? nullptr : std::static_pointer_cast<T>(it->second);
+  }
+
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace internal {
@@ -130,15 +187,19 @@ struct IsStatusOr<absl::StatusOr<T>> : std::true_type {};
 // The status an exception escaping user code becomes.
 absl::Status StatusFromCurrentException();
 
-template <typename R>
-absl::StatusOr<Payload> EncodeResult(const absl::StatusOr<Stored<R>>& r) {
-  if (!r.ok()) return r.status();
-  return EncodeMessage<Stored<R>>(*r);
-}
+template <typename F, typename Tuple>
+struct IsInvocableWithContext;
+template <typename F, typename... Ts>
+struct IsInvocableWithContext<F, std::tuple<Ts...>>
+    : std::is_invocable<F&, const CallContext&, Ts...> {};
 
-// Converts whatever the implementation returned into the reply.
+
+template <typename R>
+using TypedDone = absl::AnyInvocable<void(absl::StatusOr<Stored<R>>)>;
+
+// Converts whatever the implementation returned into a typed result.
 template <typename R, typename Ret>
-void Reply(Ret&& ret, Responder& done) {
+void Deliver(Ret&& ret, TypedDone<R>& done) {
   using D = std::decay_t<Ret>;
   if constexpr (IsFuture<D>::value) {
     static_assert(std::is_convertible_v<Stored<typename D::value_type>, Stored<R>>,
@@ -146,23 +207,54 @@ void Reply(Ret&& ret, Responder& done) {
     ret.OnReady([done = std::move(done)](const auto& r) mutable {
       if (!r.ok()) {
         done(r.status());
-      } else if constexpr (std::is_void_v<R>) {
-        done(EncodeMessage(std::monostate()));
       } else {
-        done(EncodeMessage<R>(static_cast<R>(*r)));
+        done(Stored<R>(*r));
       }
     });
   } else if constexpr (std::is_same_v<D, absl::Status>) {
     static_assert(std::is_void_v<R>, "absl::Status return needs a void Function");
     if (!ret.ok()) return done(ret);
-    done(EncodeMessage(std::monostate()));
+    done(std::monostate());
   } else if constexpr (IsStatusOr<D>::value) {
     if (!ret.ok()) return done(ret.status());
-    done(EncodeMessage<R>(static_cast<R>(*std::forward<Ret>(ret))));
+    done(static_cast<R>(*std::forward<Ret>(ret)));
   } else {
     static_assert(std::is_convertible_v<D, R>,
                   "the implementation's return type does not match the Function's result");
-    done(EncodeMessage<R>(static_cast<R>(std::forward<Ret>(ret))));
+    done(static_cast<R>(std::forward<Ret>(ret)));
+  }
+}
+
+// Decodes the arguments, runs `impl` (catching exceptions) and hands the
+// typed result to `done`, now or when a returned future completes.
+template <typename R, typename Tuple, typename F>
+void InvokeTyped(F& impl, const CallContext& ctx, Payload args, TypedDone<R> done) {
+  constexpr bool kWithContext = IsInvocableWithContext<F, Tuple>::value;
+  Tuple decoded;
+  const CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+  absl::Status s = DecodeMessage(args, &decoded, &cc);
+  if (!s.ok()) {
+    done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+    return;
+  }
+  args = Payload();  // release the receive buffers not aliased by tensors
+  try {
+    auto call = [&](auto&&... a) -> decltype(auto) {
+      if constexpr (kWithContext) {
+        return impl(ctx, std::move(a)...);
+      } else {
+        return impl(std::move(a)...);
+      }
+    };
+    using Ret = decltype(std::apply(call, std::move(decoded)));
+    if constexpr (std::is_void_v<Ret>) {
+      std::apply(call, std::move(decoded));
+      done(std::monostate());
+    } else {
+      Deliver<R>(std::apply(call, std::move(decoded)), done);
+    }
+  } catch (...) {
+    done(StatusFromCurrentException());
   }
 }
 
@@ -171,42 +263,30 @@ void Reply(Ret&& ret, Responder& done) {
 template <typename R, typename... Args, typename F>
 absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) {
   using Tuple = typename Function<R(Args...)>::ArgsTuple;
-  constexpr bool kWithContext =
-      std::is_invocable_v<F&, const CallContext&, std::decay_t<Args>...>;
-  static_assert(kWithContext || std::is_invocable_v<F&, std::decay_t<Args>...>,
+  static_assert(internal::IsInvocableWithContext<F, Tuple>::value ||
+                    std::is_invocable_v<F&, std::decay_t<Args>...>,
                 "the implementation cannot be called with the Function's arguments");
   auto shared_impl = std::make_shared<F>(std::move(impl));
-  RawHandler handler = [shared_impl](const CallContext& ctx, Payload args,
-                                     Responder done) {
-    Tuple decoded;
-    absl::Status s = DecodeMessage(args, &decoded);
-    if (!s.ok()) {
-      done(absl::DataLossError(
-          absl::StrCat("undecodable arguments: ", s.message())));
-      return;
-    }
-    args = Payload();  // release the receive buffers not aliased by tensors
-    try {
-      auto call = [&](auto&&... a) -> decltype(auto) {
-        if constexpr (kWithContext) {
-          return (*shared_impl)(ctx, std::move(a)...);
-        } else {
-          return (*shared_impl)(std::move(a)...);
-        }
-      };
-      using Ret = decltype(std::apply(call, std::move(decoded)));
-      if constexpr (std::is_void_v<Ret>) {
-        std::apply(call, std::move(decoded));
-        done(EncodeMessage(std::monostate()));
-      } else {
-        internal::Reply<R>(std::apply(call, std::move(decoded)), done);
-      }
-    } catch (...) {
-      done(internal::StatusFromCurrentException());
-    }
+  RawHandler handler = [shared_impl](const CallContext& ctx, Payload args, Responder done) {
+    const CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+    internal::InvokeTyped<R, Tuple>(
+        *shared_impl, ctx, std::move(args),
+        [done = std::move(done), cc](absl::StatusOr<internal::Stored<R>> r) mutable {
+          if (!r.ok()) return done(r.status());
+          done(EncodeMessage<internal::Stored<R>>(*r, &cc));
+        });
   };
-  return RegisterRaw(fn.name(), Function<R(Args...)>::signature(),
-                     std::move(handler));
+  ValueHandler value_handler = [shared_impl](const CallContext& ctx, Payload args,
+                                             ValueDone done) {
+    internal::InvokeTyped<R, Tuple>(
+        *shared_impl, ctx, std::move(args),
+        [done = std::move(done)](absl::StatusOr<internal::Stored<R>> r) mutable {
+          if (!r.ok()) return done(r.status());
+          done(AnyValue::Of(std::make_shared<internal::Stored<R>>(*std::move(r))));
+        });
+  };
+  return RegisterRaw(fn.name(), Function<R(Args...)>::signature(), std::move(handler),
+                     std::move(value_handler));
 }
 
 }  // namespace baton::rpc

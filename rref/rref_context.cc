@@ -1,0 +1,370 @@
+#include "rref/rref_context.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace baton::rref {
+
+std::string GlobalId::ToString() const { return absl::StrCat(worker, ":", local); }
+
+struct RRefContext::OwnerEntry {
+  std::string type;
+  rpc::Promise<rpc::AnyValue> value;
+  bool created = false;
+  absl::flat_hash_set<ForkId> forks;
+  // Forks known to be deleted: tombstones for deletes that arrived first
+  // (G3) and the record that makes repeated messages no-ops (G5).
+  absl::flat_hash_set<ForkId> deleted;
+  int local_refs = 0;
+};
+
+struct RRefContext::UserEntry {
+  RRefId rref;
+  int owner = -1;
+  bool handle_alive = true;
+  absl::flat_hash_set<ForkId> pending_children;
+};
+
+RefHandle::RefHandle(std::shared_ptr<RRefContext> ctx, RRefId rref, ForkId fork, int owner,
+                     std::string type)
+    : ctx_(std::move(ctx)), rref_(rref), fork_(fork), owner_(owner), type_(std::move(type)) {}
+
+RefHandle::~RefHandle() { ctx_->ReleaseHandle(*this); }
+
+bool RefHandle::is_owner() const { return owner_ == ctx_->self(); }
+
+RRefContext::RRefContext(int self, ControlSender* sender) : self_(self), sender_(sender) {}
+
+RRefContext::~RRefContext() = default;
+
+std::shared_ptr<RefHandle> RRefContext::CreateOwned(const std::string& type) {
+  const RRefId id = NextId();
+  {
+    absl::MutexLock lock(&mu_);
+    auto entry = std::make_shared<OwnerEntry>();
+    entry->type = type;
+    entry->local_refs = 1;
+    owners_[id] = std::move(entry);
+  }
+  return std::make_shared<RefHandle>(shared_from_this(), id, ForkId{}, self_, type);
+}
+
+std::shared_ptr<RefHandle> RRefContext::CreateUserForRemote(int owner, const std::string& type) {
+  const RRefId id = NextId();
+  const ForkId fork = NextId();
+  {
+    absl::MutexLock lock(&mu_);
+    auto entry = std::make_unique<UserEntry>();
+    entry->rref = id;
+    entry->owner = owner;
+    users_[fork] = std::move(entry);
+  }
+  return std::make_shared<RefHandle>(shared_from_this(), id, fork, owner, type);
+}
+
+void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type) {
+  std::shared_ptr<OwnerEntry> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (owners_.contains(rref)) return;  // G5
+    auto entry = std::make_shared<OwnerEntry>();
+    entry->type = type;
+    entry->forks.insert(creator_fork);
+    auto early = early_.find(rref);
+    if (early != early_.end()) {  // G3
+      for (const auto& [fork, parent] : early->second.forks) entry->forks.insert(fork);
+      for (const ForkId& d : early->second.deleted) {
+        entry->forks.erase(d);
+        entry->deleted.insert(d);
+      }
+      entry->local_refs += early->second.local_refs;
+      early_.erase(early);
+    }
+    owners_[rref] = std::move(entry);
+    freed = MaybeFreeLocked(rref);
+  }
+}
+
+void RRefContext::SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value) {
+  rpc::Promise<rpc::AnyValue> promise;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = owners_.find(rref);
+    if (it == owners_.end() || it->second->created) return;  // freed (G4): drop it
+    it->second->created = true;
+    promise = it->second->value;
+  }
+  promise.Set(std::move(value));
+}
+
+absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(rref);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrCat("RRef ", rref.ToString(), " is not owned by worker ",
+                                            self_, " (never created, or already freed)"));
+  }
+  return it->second->value.future();
+}
+
+ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
+  ForkDescriptor d;
+  d.rref = handle.rref();
+  d.fork = NextId();
+  d.owner = handle.owner();
+  d.parent = self_;
+  d.type = handle.type();
+  absl::MutexLock lock(&mu_);
+  if (handle.is_owner()) {
+    // The owner forks directly: the fork is counted before it is sent.
+    if (dest != self_) {
+      auto it = owners_.find(d.rref);
+      if (it != owners_.end()) {
+        it->second->forks.insert(d.fork);
+      } else {
+        early_[d.rref].forks.emplace(d.fork, self_);  // G3: before creation
+      }
+    }
+  } else {
+    // G2: the parent stays until the owner confirms the child.
+    auto it = users_.find(handle.fork());
+    if (it != users_.end()) {
+      it->second->pending_children.insert(d.fork);
+      child_parent_[d.fork] = handle.fork();
+    }
+  }
+  return d;
+}
+
+std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
+  std::shared_ptr<RefHandle> handle;
+  if (d.owner == self_) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = owners_.find(d.rref);
+      if (it != owners_.end()) {
+        ++it->second->local_refs;
+      } else {
+        ++early_[d.rref].local_refs;  // G3: sent back before creation
+      }
+    }
+    handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, ForkId{}, self_, d.type);
+    handle->created_promise().SetValue();
+    // A user sent the RRef back to its owner: it resolves to the owner's own
+    // value, and the sender's child is confirmed at once.
+    if (d.parent != self_) Track(sender_->ChildAccept(d.parent, d.rref, d.fork));
+    return handle;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto entry = std::make_unique<UserEntry>();
+    entry->rref = d.rref;
+    entry->owner = d.owner;
+    users_[d.fork] = std::move(entry);
+  }
+  handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, d.fork, d.owner, d.type);
+  handle->created_promise().SetValue();
+  if (d.parent != d.owner) Track(sender_->ForkRequest(d.owner, d.rref, d.fork, d.parent));
+  return handle;
+}
+
+void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = owners_.find(rref);
+    if (it == owners_.end()) {
+      Early& e = early_[rref];  // G3: before the owner created the value
+      if (!e.deleted.contains(fork)) e.forks.emplace(fork, parent);
+    } else if (!it->second->deleted.contains(fork)) {  // G3, G5
+      it->second->forks.insert(fork);
+    }
+  }
+  if (parent != self_) Track(sender_->ChildAccept(parent, rref, fork));
+}
+
+void RRefContext::OnChildAccept(RRefId rref, ForkId fork) {
+  (void)rref;
+  RRefId del_rref;
+  int del_owner = -1;
+  ForkId parent;
+  bool send = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto cp = child_parent_.find(fork);
+    if (cp == child_parent_.end()) return;  // G5: already confirmed
+    parent = cp->second;
+    child_parent_.erase(cp);
+    auto it = users_.find(parent);
+    if (it == users_.end()) return;
+    it->second->pending_children.erase(fork);
+    send = MaybeDeleteUserLocked(parent, &del_rref, &del_owner);
+  }
+  if (send) Track(sender_->UserDelete(del_owner, del_rref, parent));
+}
+
+void RRefContext::OnUserDelete(RRefId rref, ForkId fork) {
+  std::shared_ptr<OwnerEntry> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = owners_.find(rref);
+    if (it == owners_.end()) {
+      Early& e = early_[rref];  // G3
+      e.forks.erase(fork);
+      e.deleted.insert(fork);
+      return;
+    }
+    it->second->forks.erase(fork);
+    it->second->deleted.insert(fork);
+    freed = MaybeFreeLocked(rref);
+  }
+}
+
+void RRefContext::ReleaseHandle(const RefHandle& h) {
+  std::shared_ptr<OwnerEntry> freed;
+  RRefId rref;
+  int owner = -1;
+  bool send = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (h.is_owner()) {
+      auto it = owners_.find(h.rref());
+      if (it == owners_.end()) {
+        auto e = early_.find(h.rref());
+        if (e != early_.end() && e->second.local_refs > 0) --e->second.local_refs;
+        return;
+      }
+      --it->second->local_refs;
+      freed = MaybeFreeLocked(h.rref());
+    } else {
+      auto it = users_.find(h.fork());
+      if (it == users_.end()) return;
+      it->second->handle_alive = false;
+      send = MaybeDeleteUserLocked(h.fork(), &rref, &owner);
+    }
+  }
+  if (send) Track(sender_->UserDelete(owner, rref, h.fork()));
+}
+
+std::shared_ptr<RRefContext::OwnerEntry> RRefContext::MaybeFreeLocked(RRefId rref) {
+  auto it = owners_.find(rref);
+  if (it == owners_.end()) return nullptr;
+  if (!it->second->forks.empty() || it->second->local_refs > 0) return nullptr;
+  std::shared_ptr<OwnerEntry> out = std::move(it->second);
+  owners_.erase(it);
+  return out;
+}
+
+bool RRefContext::MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner) {
+  auto it = users_.find(fork);
+  if (it == users_.end()) return false;
+  if (it->second->handle_alive || !it->second->pending_children.empty()) return false;
+  *rref = it->second->rref;
+  *owner = it->second->owner;
+  users_.erase(it);
+  return true;
+}
+
+void RRefContext::Track(rpc::Future<void> f) {
+  if (!f.valid()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    ++unanswered_;
+  }
+  f.OnReady([self = shared_from_this()](const auto&) {
+    absl::MutexLock lock(&self->mu_);
+    --self->unanswered_;
+  });
+}
+
+absl::Status RRefContext::Settle(absl::Time deadline) {
+  std::vector<std::pair<ForkId, std::pair<RRefId, int>>> deletes;
+  {
+    absl::MutexLock lock(&mu_);
+    // Handles still alive at shutdown are released (G6).
+    for (auto& [fork, entry] : users_) entry->handle_alive = false;
+    std::vector<ForkId> forks;
+    for (auto& [fork, entry] : users_) forks.push_back(fork);
+    for (const ForkId& f : forks) {
+      RRefId r;
+      int o;
+      if (MaybeDeleteUserLocked(f, &r, &o)) deletes.push_back({f, {r, o}});
+    }
+  }
+  for (auto& [fork, ro] : deletes) Track(sender_->UserDelete(ro.second, ro.first, fork));
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return users_.empty() && unanswered_ == 0;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "RRefs on worker ", self_, " did not settle: ", users_.size(),
+        " user reference(s) still waiting for confirmation of their forks, ", unanswered_,
+        " protocol message(s) unanswered"));
+  }
+  return absl::OkStatus();
+}
+
+void RRefContext::Clear() {
+  absl::flat_hash_map<RRefId, std::shared_ptr<OwnerEntry>> owners;
+  absl::flat_hash_map<ForkId, std::unique_ptr<UserEntry>> users;
+  {
+    absl::MutexLock lock(&mu_);
+    owners.swap(owners_);
+    users.swap(users_);
+    early_.clear();
+    child_parent_.clear();
+    cleared_ = true;
+  }
+  // Values (which may hold RRefs themselves) are destroyed here, unlocked.
+}
+
+RRefDebugState RRefContext::DebugState() const {
+  RRefDebugState s;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : owners_) {
+    RRefDebugState::Owned o;
+    o.rref = id;
+    o.forks.assign(e->forks.begin(), e->forks.end());
+    o.tombstones.assign(e->deleted.begin(), e->deleted.end());
+    o.local_refs = e->local_refs;
+    o.created = e->created;
+    s.owned.push_back(std::move(o));
+  }
+  for (const auto& [fork, e] : users_) {
+    RRefDebugState::Held h;
+    h.rref = e->rref;
+    h.fork = fork;
+    h.owner = e->owner;
+    h.handle_alive = e->handle_alive;
+    h.pending_children.assign(e->pending_children.begin(), e->pending_children.end());
+    s.held.push_back(std::move(h));
+  }
+  s.early_entries = early_.size();
+  s.unanswered_messages = unanswered_;
+  return s;
+}
+
+std::string RRefDebugState::ToString() const {
+  std::string out = absl::StrCat(owned.size(), " owned, ", held.size(), " held, ",
+                                 early_entries, " early, ", unanswered_messages,
+                                 " unanswered");
+  auto ids = [](const std::vector<GlobalId>& v) {
+    return absl::StrJoin(v, ",", [](std::string* o, const GlobalId& g) {
+      absl::StrAppend(o, g.ToString());
+    });
+  };
+  for (const auto& o : owned) {
+    absl::StrAppend(&out, "\n  owns ", o.rref.ToString(), " forks [", ids(o.forks),
+                    "] local_refs ", o.local_refs, o.created ? "" : " (not created)");
+  }
+  for (const auto& h : held) {
+    absl::StrAppend(&out, "\n  holds ", h.rref.ToString(), " fork ", h.fork.ToString(),
+                    " of owner ", h.owner, h.handle_alive ? "" : " (released)",
+                    " pending children [", ids(h.pending_children), "]");
+  }
+  return out;
+}
+
+}  // namespace baton::rref

@@ -1,0 +1,237 @@
+// RRefContext: one worker's bookkeeping of the RRef reference-counting
+// protocol. It knows nothing of the transport: messages leave through a
+// ControlSender and arrive through the On* methods, so tests can run many
+// contexts in one process and deliver messages in any order.
+//
+// Identity: an RRefId and a ForkId are (creating worker, counter). Each copy
+// of an RRef held by a non-owner worker is a *fork* with its own ForkId.
+//
+// State machine (per RRef):
+//   Owner O keeps an entry {value, forks, tombstones, local_refs}. The value
+//   lives while forks is non-empty or local_refs > 0.
+//   User U keeps an entry per fork {owner, handle_alive, pending_children}.
+//   Messages:  ForkRequest(rref, fork, parent)  new holder -> owner
+//              ChildAccept(rref, fork)          owner -> parent
+//              UserDelete(rref, fork)           user -> owner
+//   remote(O, f):  creator C makes rref=(C,n) and fork F0=(C,m), sends the
+//     call; O creates the entry with forks={F0}.
+//   C sends its RRef to X (X != O): C makes fork F, records F as a pending
+//     child, sends (rref, F, parent=C). X adds user entry F and sends
+//     ForkRequest(F) to O; O adds F to forks, sends ChildAccept(F) to C; C
+//     drops F from its pending children.
+//   O sends its RRef to X: O adds F to forks before sending (parent = O);
+//     X adds user entry F and sends nothing.
+//   U sends its RRef to O: U records pending child F; O resolves it to its
+//     own value (a local reference) and sends ChildAccept(F) to U.
+//   A user entry is deleted (UserDelete sent) once its handle is gone and it
+//     has no pending children.
+//
+// Guarantees (tests in tests/rref_protocol_test.cc are named after them):
+// G1  The owner learns of every fork's deletion: a user entry sends exactly
+//     one UserDelete, when its handle is gone and no child is pending.
+// G2  A parent is not deleted before the owner has confirmed each child it
+//     forked (pending children hold the parent), so the owner's fork set is
+//     never empty while a confirmed path to a live reference exists.
+// G3  Messages may arrive in any order. A UserDelete that arrives before the
+//     ForkRequest of the same fork, or before the owner created the value,
+//     leaves a tombstone that cancels the fork when it arrives; a ForkRequest,
+//     or the RRef itself sent back to the owner, that arrives before the owner
+//     created the value is kept until then.
+// G4  The owner frees a value exactly when its fork set is empty and no
+//     local reference remains, and never before.
+// G5  Control messages are idempotent: a repeated ForkRequest, ChildAccept or
+//     UserDelete changes nothing.
+// G6  Settle() releases every user entry still held (at shutdown) and waits,
+//     bounded, until no child is pending and every sent message is answered;
+//     Clear() then empties the owner table.
+//
+// Thread-safety: safe for concurrent use. No lock is held while a message is
+// sent or a value is destroyed.
+#ifndef BATON_RREF_RREF_CONTEXT_H_
+#define BATON_RREF_RREF_CONTEXT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/function.h"
+#include "rpc/future.h"
+
+namespace baton::rref {
+
+struct GlobalId {
+  int32_t worker = -1;
+  uint64_t local = 0;
+  bool operator==(const GlobalId& o) const { return worker == o.worker && local == o.local; }
+  bool operator!=(const GlobalId& o) const { return !(*this == o); }
+  template <typename H>
+  friend H AbslHashValue(H h, const GlobalId& id) {
+    return H::combine(std::move(h), id.worker, id.local);
+  }
+  std::string ToString() const;
+};
+using RRefId = GlobalId;
+using ForkId = GlobalId;
+
+// What travels when an RRef is sent.
+struct ForkDescriptor {
+  RRefId rref;
+  ForkId fork;
+  int owner = -1;
+  int parent = -1;
+  std::string type;  // typeid name of the value type
+};
+
+class ControlSender {
+ public:
+  virtual ~ControlSender() = default;
+  // Each returns a future that completes when the receiver has processed the
+  // message (or with an error if it could not be delivered).
+  virtual rpc::Future<void> ForkRequest(int owner, RRefId rref, ForkId fork, int parent) = 0;
+  virtual rpc::Future<void> ChildAccept(int parent, RRefId rref, ForkId fork) = 0;
+  virtual rpc::Future<void> UserDelete(int owner, RRefId rref, ForkId fork) = 0;
+};
+
+class RRefContext;
+
+// A reference held by this worker: either the owner's local reference or a
+// user fork. Dropping the last handle triggers the protocol (G1, G4).
+class RefHandle {
+ public:
+  RefHandle(std::shared_ptr<RRefContext> ctx, RRefId rref, ForkId fork, int owner,
+            std::string type);
+  ~RefHandle();
+  RefHandle(const RefHandle&) = delete;
+  RefHandle& operator=(const RefHandle&) = delete;
+
+  bool is_owner() const;
+  RRefId rref() const { return rref_; }
+  ForkId fork() const { return fork_; }  // owner: {-1, 0}
+  int owner() const { return owner_; }
+  const std::string& type() const { return type_; }
+  RRefContext& context() const { return *ctx_; }
+  // Completes when the owner has created the value (remote() finished).
+  rpc::Future<void> created() const { return created_.future(); }
+  const rpc::Promise<void>& created_promise() const { return created_; }
+
+ private:
+  const std::shared_ptr<RRefContext> ctx_;
+  const RRefId rref_;
+  const ForkId fork_;
+  const int owner_;
+  const std::string type_;
+  rpc::Promise<void> created_;
+};
+
+struct RRefDebugState {
+  struct Owned {
+    RRefId rref;
+    std::vector<ForkId> forks;
+    std::vector<ForkId> tombstones;
+    int local_refs = 0;
+    bool created = false;
+  };
+  struct Held {
+    RRefId rref;
+    ForkId fork;
+    int owner = -1;
+    bool handle_alive = false;
+    std::vector<ForkId> pending_children;
+  };
+  std::vector<Owned> owned;
+  std::vector<Held> held;
+  // Ids seen before their creation message (G3).
+  size_t early_entries = 0;
+  int64_t unanswered_messages = 0;
+  bool empty() const {
+    return owned.empty() && held.empty() && early_entries == 0 && unanswered_messages == 0;
+  }
+  std::string ToString() const;
+};
+
+class RRefContext : public std::enable_shared_from_this<RRefContext> {
+ public:
+  RRefContext(int self, ControlSender* sender);
+  ~RRefContext();
+
+  int self() const { return self_; }
+  GlobalId NextId() { return GlobalId{self_, next_.fetch_add(1)}; }
+
+  // ---- Creation ----
+  // A new RRef owned here; returns the owner's local reference. The value
+  // arrives later through SetValue().
+  std::shared_ptr<RefHandle> CreateOwned(const std::string& type);
+  // remote() to `owner`: a user fork for an RRef the owner will create.
+  std::shared_ptr<RefHandle> CreateUserForRemote(int owner, const std::string& type);
+  // On the owner, for a remote() from another worker: creates the entry
+  // with the creator's fork (merging early messages, G3).
+  void OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type);
+  // Completes the owned value (or its error).
+  void SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value);
+  // The owned value's future; NOT_FOUND if this worker does not own `rref`.
+  absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref);
+
+  // ---- Sending and receiving RRefs ----
+  // Called while encoding `handle` into a message for `dest`.
+  ForkDescriptor Fork(const RefHandle& handle, int dest);
+  // Called while decoding a descriptor received from `sender`.
+  std::shared_ptr<RefHandle> Adopt(const ForkDescriptor& d);
+
+  // ---- Incoming control messages ----
+  void OnForkRequest(RRefId rref, ForkId fork, int parent);
+  void OnChildAccept(RRefId rref, ForkId fork);
+  void OnUserDelete(RRefId rref, ForkId fork);
+
+  // ---- Shutdown (G6) and introspection ----
+  absl::Status Settle(absl::Time deadline);
+  void Clear();
+  RRefDebugState DebugState() const;
+
+ private:
+  friend class RefHandle;
+  struct OwnerEntry;
+  struct UserEntry;
+
+  void ReleaseHandle(const RefHandle& h);
+  // Erases the owner entry if nothing references it (G4). Returns what to
+  // destroy outside the lock.
+  std::shared_ptr<OwnerEntry> MaybeFreeLocked(RRefId rref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases a user entry whose handle is gone and children confirmed (G1).
+  bool MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Track(rpc::Future<void> f);
+
+  const int self_;
+  ControlSender* const sender_;
+  std::atomic<uint64_t> next_{1};
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<RRefId, std::shared_ptr<OwnerEntry>> owners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, std::unique_ptr<UserEntry>> users_ ABSL_GUARDED_BY(mu_);
+  // child fork -> parent fork, for ChildAccept on a user parent.
+  absl::flat_hash_map<ForkId, ForkId> child_parent_ ABSL_GUARDED_BY(mu_);
+  // Messages about RRefs this owner has not created yet (G3).
+  struct Early {
+    absl::flat_hash_map<ForkId, int> forks;  // fork -> parent
+    absl::flat_hash_set<ForkId> deleted;
+    // Owner-local references taken (the RRef was sent back to its owner)
+    // before the value was created.
+    int local_refs = 0;
+  };
+  absl::flat_hash_map<RRefId, Early> early_ ABSL_GUARDED_BY(mu_);
+  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cleared_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace baton::rref
+
+#endif  // BATON_RREF_RREF_CONTEXT_H_

@@ -1,0 +1,407 @@
+// The RRef reference-counting protocol (rref/rref_context.h), run with
+// several workers' contexts in one process over a simulated network whose
+// messages the test delivers in chosen orders. Tests are named after the
+// guarantees G1-G6; every test ends by checking that nothing leaked.
+#include <algorithm>
+#include <deque>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "rref/rref_context.h"
+
+namespace baton::rref {
+namespace {
+
+enum class Kind { kCreate, kFork, kAccept, kDelete };
+
+struct Msg {
+  Kind kind;
+  int to;
+  RRefId rref;
+  ForkId fork;
+  int parent = -1;
+  rpc::Promise<void> done;
+};
+
+class Network;
+
+class Sender : public ControlSender {
+ public:
+  Sender(Network* net, int self) : net_(net), self_(self) {}
+  rpc::Future<void> ForkRequest(int owner, RRefId r, ForkId f, int parent) override;
+  rpc::Future<void> ChildAccept(int parent, RRefId r, ForkId f) override;
+  rpc::Future<void> UserDelete(int owner, RRefId r, ForkId f) override;
+
+ private:
+  Network* net_;
+  int self_;
+};
+
+class Network {
+ public:
+  explicit Network(int n) {
+    for (int i = 0; i < n; ++i) senders_.push_back(std::make_unique<Sender>(this, i));
+    for (int i = 0; i < n; ++i) ctx_.push_back(std::make_shared<RRefContext>(i, senders_[i].get()));
+  }
+  RRefContext& operator[](int i) { return *ctx_[i]; }
+
+  rpc::Future<void> Post(Msg m) {
+    auto f = m.done.future();
+    queue_.push_back(std::move(m));
+    return f;
+  }
+  // remote(): the creator's call message to the owner.
+  std::shared_ptr<RefHandle> Remote(int creator, int owner) {
+    auto h = ctx_[creator]->CreateUserForRemote(owner, "int");
+    Msg m{Kind::kCreate, owner, h->rref(), h->fork(), creator, {}};
+    Post(std::move(m));
+    return h;
+  }
+  // Sends `h` from its holder to `dest`: Fork on the sender, Adopt on arrival.
+  std::shared_ptr<RefHandle> Send(const RefHandle& h, int from, int dest) {
+    ForkDescriptor d = ctx_[from]->Fork(h, dest);
+    return ctx_[dest]->Adopt(d);
+  }
+  size_t pending() const { return queue_.size(); }
+  size_t Count(Kind k) const {
+    return std::count_if(queue_.begin(), queue_.end(), [k](const Msg& m) { return m.kind == k; });
+  }
+
+  void Deliver(Msg& m) {
+    RRefContext& c = *ctx_[m.to];
+    switch (m.kind) {
+      case Kind::kCreate:
+        c.OnRemoteCreate(m.rref, m.fork, "int");
+        c.SetValue(m.rref, rpc::AnyValue::Of(std::make_shared<int>(7)));
+        break;
+      case Kind::kFork:
+        c.OnForkRequest(m.rref, m.fork, m.parent);
+        break;
+      case Kind::kAccept:
+        c.OnChildAccept(m.rref, m.fork);
+        break;
+      case Kind::kDelete:
+        c.OnUserDelete(m.rref, m.fork);
+        break;
+    }
+    m.done.SetValue();
+  }
+  // Delivers queued messages (and those they cause) in FIFO order, except
+  // kinds in `hold`, which stay queued.
+  void Run(std::vector<Kind> hold = {}) {
+    for (size_t guard = 0; guard < 1000000; ++guard) {
+      auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Msg& m) {
+        return std::find(hold.begin(), hold.end(), m.kind) == hold.end();
+      });
+      if (it == queue_.end()) return;
+      Msg m = std::move(*it);
+      queue_.erase(it);
+      Deliver(m);
+    }
+  }
+  // Delivers everything in a random order.
+  void RunShuffled(std::mt19937& rng) {
+    while (!queue_.empty()) {
+      std::uniform_int_distribution<size_t> pick(0, queue_.size() - 1);
+      auto it = queue_.begin() + pick(rng);
+      Msg m = std::move(*it);
+      queue_.erase(it);
+      Deliver(m);
+    }
+  }
+  bool Owns(int w, RRefId r) { return ctx_[w]->OwnedValue(r).ok(); }
+  void ExpectNoLeaks() {
+    for (size_t i = 0; i < ctx_.size(); ++i) {
+      RRefDebugState s = ctx_[i]->DebugState();
+      EXPECT_TRUE(s.empty()) << "worker " << i << ": " << s.ToString();
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::vector<std::shared_ptr<RRefContext>> ctx_;
+  std::deque<Msg> queue_;
+};
+
+rpc::Future<void> Sender::ForkRequest(int owner, RRefId r, ForkId f, int parent) {
+  return net_->Post(Msg{Kind::kFork, owner, r, f, parent, {}});
+}
+rpc::Future<void> Sender::ChildAccept(int parent, RRefId r, ForkId f) {
+  return net_->Post(Msg{Kind::kAccept, parent, r, f, -1, {}});
+}
+rpc::Future<void> Sender::UserDelete(int owner, RRefId r, ForkId f) {
+  return net_->Post(Msg{Kind::kDelete, owner, r, f, -1, {}});
+}
+
+constexpr int O = 0, U = 1, X = 2, Y = 3;
+
+TEST(RRefProtocol, G1_OwnerLearnsOfEveryForksDeletion) {
+  Network net(4);
+  auto owner_ref = net[O].CreateOwned("int");
+  net[O].SetValue(owner_ref->rref(), rpc::AnyValue::Of(std::make_shared<int>(1)));
+  const RRefId id = owner_ref->rref();
+  auto u = net.Send(*owner_ref, O, U);
+  auto x = net.Send(*owner_ref, O, X);
+  EXPECT_EQ(net.pending(), 0u);  // owner forks need no message
+  owner_ref.reset();
+  u.reset();
+  EXPECT_EQ(net.Count(Kind::kDelete), 1u);
+  net.Run();
+  EXPECT_TRUE(net.Owns(O, id));  // X still holds it
+  x.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+// "A user forks the RRef to a third worker before the owner has confirmed
+// that user", and "a user drops its reference while a fork it sent is still
+// in flight": both orders of the racing messages.
+class ForkBeforeConfirmation : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ForkBeforeConfirmation, G2_G3_ParentKeptUntilChildConfirmed) {
+  const bool create_first = GetParam();
+  Network net(4);
+  auto u = net.Remote(U, O);  // the create message is still in flight
+  const RRefId id = u->rref();
+  auto x = net.Send(*u, U, X);  // fork before the owner confirmed U
+  u.reset();                    // U drops its reference with the fork in flight
+  // G2: U must not delete before its child is confirmed.
+  EXPECT_EQ(net.Count(Kind::kDelete), 0u);
+  EXPECT_EQ(net[U].DebugState().held.size(), 1u);
+  if (create_first) {
+    net.Run({Kind::kFork});  // create arrives first; fork request held
+    net.Run();
+  } else {
+    net.Run({Kind::kCreate});  // fork request, accept and U's delete arrive first
+    EXPECT_FALSE(net.Owns(O, id));
+    net.Run();
+  }
+  EXPECT_TRUE(net.Owns(O, id));  // X's fork keeps it alive
+  x.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, ForkBeforeConfirmation, ::testing::Bool());
+
+class DeleteBeforeForkRequest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DeleteBeforeForkRequest, G3_TombstoneCancelsLateForkRequest) {
+  // X receives a fork and drops it at once: X's delete may reach the owner
+  // before (or after) X's own fork request.
+  const bool delete_first = GetParam();
+  Network net(4);
+  auto u = net.Remote(U, O);
+  net.Run();
+  const RRefId id = u->rref();
+  auto x = net.Send(*u, U, X);
+  x.reset();  // queued: fork request, then delete
+  ASSERT_EQ(net.Count(Kind::kFork), 1u);
+  ASSERT_EQ(net.Count(Kind::kDelete), 1u);
+  if (delete_first) {
+    net.Run({Kind::kFork});
+    EXPECT_TRUE(net.Owns(O, id));  // U still holds its own fork
+  }
+  net.Run();
+  EXPECT_TRUE(net.Owns(O, id));
+  u.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, DeleteBeforeForkRequest, ::testing::Bool());
+
+class DeleteBeforeCreate : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DeleteBeforeCreate, G3_G4_CreatorDropsBeforeOwnerCreated) {
+  const bool create_first = GetParam();
+  Network net(2);
+  auto u = net.Remote(U, O);
+  const RRefId id = u->rref();
+  u.reset();  // the delete races the create
+  if (create_first) {
+    net.Run({Kind::kDelete});
+    EXPECT_TRUE(net.Owns(O, id));
+  } else {
+    net.Run({Kind::kCreate});
+  }
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));  // G4: freed once the last fork is gone
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, DeleteBeforeCreate, ::testing::Bool());
+
+class PassedBackToOwner : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PassedBackToOwner, G2_ResolvesToOwnersValue) {
+  const bool accept_late = GetParam();
+  Network net(2);
+  auto u = net.Remote(U, O);
+  net.Run();
+  const RRefId id = u->rref();
+  auto back = net.Send(*u, U, O);
+  EXPECT_TRUE(back->is_owner());
+  u.reset();
+  if (accept_late) {
+    EXPECT_EQ(net.Count(Kind::kDelete), 0u);  // waits for the owner's accept
+  }
+  net.Run();
+  EXPECT_TRUE(net.Owns(O, id));  // the owner's local reference
+  back.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, PassedBackToOwner, ::testing::Bool());
+
+TEST(RRefProtocol, G4_OnePassedToManyWorkersAtOnce) {
+  Network net(4);
+  auto u = net.Remote(U, O);
+  const RRefId id = u->rref();
+  std::vector<std::shared_ptr<RefHandle>> copies;
+  for (int dest : {X, Y, O, X, Y}) copies.push_back(net.Send(*u, U, dest));
+  u.reset();
+  std::mt19937 rng(7);
+  net.RunShuffled(rng);
+  EXPECT_TRUE(net.Owns(O, id));
+  while (!copies.empty()) {
+    copies.pop_back();
+    net.RunShuffled(rng);
+    EXPECT_EQ(net.Owns(O, id), !copies.empty());
+  }
+  net.ExpectNoLeaks();
+}
+
+TEST(RRefProtocol, G4_RRefOfAnRRefFreesInnerWithOuter) {
+  Network net(4);
+  auto inner = net.Remote(U, O);  // owned by O, held by U
+  net.Run();
+  const RRefId inner_id = inner->rref();
+  // X owns an RRef whose value is U's reference to the inner RRef.
+  auto outer = net[X].CreateOwned("RRef");
+  auto inner_at_x = net.Send(*inner, U, X);
+  net[X].SetValue(outer->rref(), rpc::AnyValue::Opaque(inner_at_x));
+  inner_at_x.reset();
+  inner.reset();
+  net.Run();
+  EXPECT_TRUE(net.Owns(O, inner_id));  // kept by the outer RRef's value
+  outer.reset();  // frees the outer value, which drops the inner reference
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, inner_id));
+  net.ExpectNoLeaks();
+}
+
+TEST(RRefProtocol, G5_RepeatedMessagesChangeNothing) {
+  Network net(3);
+  auto u = net.Remote(U, O);
+  net.Run();
+  const RRefId id = u->rref();
+  auto x = net.Send(*u, U, X);
+  net.Run();
+  const ForkId xf = x->fork();
+  net[O].OnForkRequest(id, xf, U);  // duplicate
+  net.Run();
+  x.reset();
+  net.Run();
+  net[O].OnForkRequest(id, xf, U);  // stale duplicate after the delete
+  net[O].OnUserDelete(id, xf);      // duplicate delete
+  net.Run();
+  EXPECT_TRUE(net.Owns(O, id));  // U's fork only
+  u.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+TEST(RRefProtocol, G6_SettleReleasesHandlesStillHeldAtShutdown) {
+  Network net(3);
+  auto u = net.Remote(U, O);
+  auto x = net.Send(*u, U, X);
+  net.Run();
+  // Settle every worker while the application still holds its handles.
+  for (int w : {X, U}) {
+    absl::Status s = net[w].Settle(absl::Now());
+    (void)s;  // messages are delivered below, by the simulated network
+  }
+  net.Run();
+  for (int w : {X, U}) EXPECT_TRUE(net[w].Settle(absl::Now() + absl::Seconds(1)).ok());
+  EXPECT_TRUE(net[O].DebugState().owned.size() == 0) << net[O].DebugState().ToString();
+  net[O].Clear();
+  x.reset();  // late handle drops are no-ops
+  u.reset();
+  net.Run();
+  net.ExpectNoLeaks();
+}
+
+TEST(RRefProtocol, RandomOrdersNeverFreeALiveReferenceAndNeverLeak) {
+  for (int seed = 0; seed < 50; ++seed) {
+    std::mt19937 rng(seed);
+    Network net(4);
+    std::vector<std::pair<int, std::shared_ptr<RefHandle>>> live;  // (holder, handle)
+    std::vector<RRefId> ids;
+    for (int i = 0; i < 5; ++i) {
+      const int creator = 1 + rng() % 3;
+      auto h = net.Remote(creator, 0);
+      ids.push_back(h->rref());
+      live.push_back({creator, h});
+    }
+    for (int step = 0; step < 200; ++step) {
+      const int op = rng() % 4;
+      if (op < 2 && !live.empty()) {  // fork to a random worker
+        auto& [holder, h] = live[rng() % live.size()];
+        const int dest = rng() % 4;
+        auto copy = net.Send(*h, holder, dest);
+        live.push_back({dest, copy});
+      } else if (op == 2 && !live.empty()) {  // drop a reference
+        live.erase(live.begin() + rng() % live.size());
+      } else if (net.pending() > 0) {  // deliver one random message
+        std::uniform_int_distribution<int> d(0, 3);
+        net.RunShuffled(rng);
+      }
+      // Safety: every RRef with a live reference whose creation was delivered
+      // is still owned.
+      for (auto& [holder, h] : live) {
+        if (net.Count(Kind::kCreate) == 0) EXPECT_TRUE(net.Owns(0, h->rref())) << seed;
+      }
+    }
+    live.clear();
+    net.RunShuffled(rng);
+    for (const RRefId& id : ids) EXPECT_FALSE(net.Owns(0, id));
+    net.ExpectNoLeaks();
+  }
+}
+
+TEST(RRefProtocol, StressTenThousandRRefsAmongFourWorkers) {
+  std::mt19937 rng(42);
+  Network net(4);
+  std::vector<std::pair<int, std::shared_ptr<RefHandle>>> live;
+  for (int i = 0; i < 10000; ++i) {
+    const int owner = rng() % 4;
+    int creator = rng() % 4;
+    if (creator == owner) creator = (creator + 1) % 4;
+    live.push_back({creator, net.Remote(creator, owner)});
+    for (int k = 0; k < 2; ++k) {
+      auto& [holder, h] = live[rng() % live.size()];
+      const int dest = rng() % 4;
+      live.push_back({dest, net.Send(*h, holder, dest)});
+    }
+    while (live.size() > 64) live.erase(live.begin() + rng() % live.size());
+    if (i % 16 == 0) {
+      net.RunShuffled(rng);
+      // G4 safety: everything still referenced is still owned.
+      for (auto& [holder, h] : live) ASSERT_TRUE(net.Owns(h->owner(), h->rref())) << i;
+    }
+  }
+  live.clear();
+  net.RunShuffled(rng);
+  net.ExpectNoLeaks();
+}
+
+}  // namespace
+}  // namespace baton::rref
