@@ -678,9 +678,6 @@ absl::Status RpcAgent::Shutdown(bool graceful) {
     // 3. Everyone is drained; nobody will call anyone again.
     note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world,
                         deadline - absl::Now()));
-    for (auto& h : hooks) {
-      if (h.release) h.release();
-    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -717,6 +714,16 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
     Complete(id, absl::CancelledError("the agent shut down before the reply arrived"));
   }
   if (transport_) transport_->StopServer(std::min(absl::Seconds(1), left()));
+  {
+    std::vector<ShutdownHook> hooks;
+    {
+      absl::MutexLock lock(&mu_);
+      hooks.swap(hooks_);
+    }
+    for (auto& h : hooks) {
+      if (h.release) h.release();
+    }
+  }
   if (executor_) {
     executor_->Close();
     note(executor_->Join(left()));

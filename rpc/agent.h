@@ -182,7 +182,8 @@ class RpcAgent : private internal::TransportHandler {
   // Protocol layers settle their state during a graceful shutdown: `settle`
   // runs after every worker stopped issuing calls and before the drain (e.g.
   // RRef users send their deletions); `release` runs after every worker
-  // drained (e.g. owners drop what remains). Both get the shutdown deadline.
+  // drained, and in every shutdown or destruction, graceful or not, once no
+  // call can arrive any more (e.g. owners drop what remains).
   // REQUIRES: called before Shutdown().
   struct ShutdownHook {
     std::function<absl::Status(absl::Time deadline)> settle;

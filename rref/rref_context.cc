@@ -80,6 +80,7 @@ void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::st
         entry->deleted.insert(d);
       }
       entry->local_refs += early->second.local_refs;
+      if (early->second.value.has_value()) entry->value = *early->second.value;
       early_.erase(early);
     }
     owners_[rref] = std::move(entry);
@@ -102,11 +103,15 @@ void RRefContext::SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value) {
 absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref) {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(rref);
-  if (it == owners_.end()) {
+  if (it != owners_.end()) return it->second->value.future();
+  if (cleared_ || rref.worker == self_) {
+    // Ids created here are entered at creation: unknown means freed.
     return absl::NotFoundError(absl::StrCat("RRef ", rref.ToString(), " is not owned by worker ",
-                                            self_, " (never created, or already freed)"));
+                                            self_, " (already freed)"));
   }
-  return it->second->value.future();
+  Early& e = early_[rref];
+  if (!e.value.has_value()) e.value.emplace();
+  return e.value->future();
 }
 
 ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {

@@ -53,6 +53,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -177,7 +178,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type);
   // Completes the owned value (or its error).
   void SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value);
-  // The owned value's future; NOT_FOUND if this worker does not own `rref`.
+  // The owned value's future. A call from a holder of a live reference may
+  // arrive before the remote() that creates the value (both travel on one
+  // stream but run concurrently): for an id this worker does not know yet
+  // and could own, the future completes at creation (G3). NOT_FOUND if the
+  // id cannot be owned here.
   absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref);
 
   // ---- Sending and receiving RRefs ----
@@ -226,6 +231,10 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // Owner-local references taken (the RRef was sent back to its owner)
     // before the value was created.
     int local_refs = 0;
+    // Calls (to_here, methods) that reached the owner before the remote()
+    // that creates the value: they wait on this promise, which becomes the
+    // entry's value promise at creation.
+    std::optional<rpc::Promise<rpc::AnyValue>> value;
   };
   absl::flat_hash_map<RRefId, Early> early_ ABSL_GUARDED_BY(mu_);
   int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;

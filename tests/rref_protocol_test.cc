@@ -110,7 +110,12 @@ class Network {
       Deliver(m);
     }
   }
-  bool Owns(int w, RRefId r) { return ctx_[w]->OwnedValue(r).ok(); }
+  bool Owns(int w, RRefId r) {
+    for (const auto& o : ctx_[w]->DebugState().owned) {
+      if (o.rref == r) return true;
+    }
+    return false;
+  }
   void ExpectNoLeaks() {
     for (size_t i = 0; i < ctx_.size(); ++i) {
       RRefDebugState s = ctx_[i]->DebugState();
@@ -259,6 +264,26 @@ TEST_P(PassedBackToOwner, G2_ResolvesToOwnersValue) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothOrders, PassedBackToOwner, ::testing::Bool());
+
+TEST(RRefProtocol, G3_CallBeforeCreationWaitsForTheValue) {
+  // to_here reaches the owner before the remote() that creates the value.
+  Network net(2);
+  auto u = net.Remote(U, O);
+  auto early = net[O].OwnedValue(u->rref());
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(early->ready());
+  net.Run();  // the create arrives
+  ASSERT_TRUE(early->ready());
+  EXPECT_EQ(*static_cast<int*>(early->result()->ptr.get()), 7);
+  // An id created here and already freed is NOT_FOUND, not a wait.
+  auto mine = net[O].CreateOwned("int");
+  const RRefId id = mine->rref();
+  mine.reset();
+  EXPECT_EQ(net[O].OwnedValue(id).status().code(), absl::StatusCode::kNotFound);
+  u.reset();
+  net.Run();
+  net.ExpectNoLeaks();
+}
 
 TEST(RRefProtocol, G4_OnePassedToManyWorkersAtOnce) {
   Network net(4);

@@ -1,0 +1,293 @@
+// Template implementations for rref/rref.h. Not a public header.
+#ifndef BATON_RREF_INTERNAL_RREF_IMPL_H_
+#define BATON_RREF_INTERNAL_RREF_IMPL_H_
+
+namespace baton::rref {
+
+template <typename T>
+rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
+  static_assert(internal::HasCodec<T>::value,
+                "to_here() copies the value, but this type cannot be sent: a remote object "
+                "stays on its owner; call its methods (rpc_sync/rpc_async/remote)");
+  rpc::RpcAgent* agent = service_->agent();
+  if (agent == nullptr) {
+    return rpc::MakeErrorFuture<T>(absl::FailedPreconditionError(
+        absl::StrCat("to_here of ", Describe(), ": the agent is shut down")));
+  }
+  if (timeout <= absl::ZeroDuration()) timeout = agent->options().rpc_timeout;
+  if (is_owner()) {
+    auto value = service_->context()->OwnedValue(handle_->rref());
+    if (!value.ok()) return rpc::MakeErrorFuture<T>(value.status());
+    rpc::Promise<T> out(agent->executor());
+    if (!value->WaitFor(timeout)) {
+      out.SetError(absl::DeadlineExceededError(absl::StrCat(
+          "to_here of ", Describe(), ": value not created after ", DurationText(timeout))));
+      return out.future();
+    }
+    const auto& v = value->result();
+    if (!v.ok()) {
+      out.SetError(Annotate(v.status(), absl::StrCat("to_here of ", Describe())));
+    } else {
+      out.SetValue(*static_cast<const T*>(v->ptr.get()));
+    }
+    return out.future();
+  }
+  auto owner = agent->worker(handle_->owner());
+  if (!owner.ok()) return rpc::MakeErrorFuture<T>(owner.status());
+  proto::RRefCall h;
+  ToProto(handle_->rref(), h.mutable_rref());
+  h.set_type(handle_->type());
+  rpc::Future<rpc::Payload> raw = agent->CallRaw(owner->id, kFetchFn, "", WithHeader(h, {}),
+                                                 rpc::CallOptions{timeout});
+  return agent->template DecodeFuture<T>(std::move(raw), *owner,
+                                         absl::StrCat("to_here of ", Describe()));
+}
+
+template <typename T>
+std::shared_ptr<T> RRef<T>::local_value() const {
+  if (!is_owner()) {
+    rpc::RpcAgent* a = service_->agent();
+    throw Error(absl::FailedPreconditionError(absl::StrCat(
+        "local_value() of ", Describe(), " called on worker ",
+        a != nullptr ? a->self().name : std::string("?"), ", which is not its owner")));
+  }
+  auto value = service_->context()->OwnedValue(handle_->rref());
+  if (!value.ok()) throw Error(value.status());
+  rpc::RpcAgent* a = Agent();
+  if (!value->WaitFor(a->options().rpc_timeout)) {
+    throw Error(absl::DeadlineExceededError(
+        absl::StrCat("local_value() of ", Describe(), ": value not created in time")));
+  }
+  const auto& v = value->result();
+  if (!v.ok()) throw Error(Annotate(v.status(), absl::StrCat("local_value() of ", Describe())));
+  return std::static_pointer_cast<T>(v->ptr);
+}
+
+template <typename T>
+template <typename M, typename... CallArgs>
+auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
+    -> rpc::Future<typename internal::MethodTraits<M>::Result> {
+  using Tr = internal::MethodTraits<M>;
+  using R = typename Tr::Result;
+  static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
+  auto m = service_->FindMethodByPointer(internal::PointerKey(method));
+  if (m == nullptr) {
+    return rpc::MakeErrorFuture<R>(absl::NotFoundError(absl::StrCat(
+        "method of ", internal::Demangle(typeid(T).name()),
+        " is not registered (RegisterClass(...).Method(...))")));
+  }
+  rpc::RpcAgent* agent = service_->agent();
+  if (agent == nullptr) {
+    return rpc::MakeErrorFuture<R>(absl::FailedPreconditionError(
+        absl::StrCat(m->qualified_name, " on ", Describe(), ": the agent is shut down")));
+  }
+  typename Tr::Args tuple(std::forward<CallArgs>(args)...);
+  const rpc::CodecContext cc{agent, handle_->owner()};
+  auto payload = rpc::EncodeMessage(tuple, &cc);
+  if (!payload.ok()) return rpc::MakeErrorFuture<R>(payload.status());
+  proto::RRefCall h;
+  ToProto(handle_->rref(), h.mutable_rref());
+  h.set_function(m->qualified_name);
+  h.set_signature(m->signature);
+  auto owner = agent->worker(handle_->owner());
+  if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
+  rpc::Future<rpc::Payload> raw =
+      agent->CallRaw(owner->id, kMethodFn, "", WithHeader(h, *std::move(payload)));
+  return agent->template DecodeFuture<R>(std::move(raw), *owner,
+                                         absl::StrCat(m->qualified_name, " on ", Describe()));
+}
+
+template <typename T>
+template <typename M, typename... CallArgs>
+auto RRef<T>::remote(M method, CallArgs&&... args) const
+    -> RRef<rpc::internal::Stored<typename internal::MethodTraits<M>::Result>> {
+  using Tr = internal::MethodTraits<M>;
+  using R = rpc::internal::Stored<typename Tr::Result>;
+  static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
+  auto m = service_->FindMethodByPointer(internal::PointerKey(method));
+  if (m == nullptr) {
+    throw Error(absl::NotFoundError(absl::StrCat(
+        "method of ", internal::Demangle(typeid(T).name()), " is not registered")));
+  }
+  rpc::RpcAgent* agent = Agent();
+  auto ctx = service_->context();
+  typename Tr::Args tuple(std::forward<CallArgs>(args)...);
+  const rpc::CodecContext cc{agent, handle_->owner()};
+  auto payload = rpc::EncodeMessage(tuple, &cc);
+  if (!payload.ok()) throw Error(payload.status());
+  const std::string type = typeid(R).name();
+  if (is_owner()) {
+    auto result = ctx->CreateOwned(type);
+    rpc::Promise<void> created = result->created_promise();
+    rpc::CallContext call;
+    call.agent = agent;
+    call.caller = &agent->workers()[agent->self().id];
+    call.function = m->qualified_name;
+    service_->RunMethod(call, handle_->rref(), m->qualified_name, m->signature,
+                        *std::move(payload),
+                        [ctx, rref = result->rref(), created](absl::StatusOr<rpc::AnyValue> v) {
+                          absl::Status s = v.status();
+                          ctx->SetValue(rref, std::move(v));
+                          if (s.ok()) {
+                            created.SetValue();
+                          } else {
+                            created.SetError(s);
+                          }
+                        });
+    return RRef<R>(std::move(result), service_);
+  }
+  auto result = ctx->CreateUserForRemote(handle_->owner(), type);
+  proto::RRefCall h;
+  ToProto(handle_->rref(), h.mutable_rref());
+  ToProto(result->rref(), h.mutable_result_rref());
+  ToProto(result->fork(), h.mutable_fork());
+  h.set_function(m->qualified_name);
+  h.set_signature(m->signature);
+  h.set_type(type);
+  rpc::Future<rpc::Payload> raw =
+      agent->CallRaw(handle_->owner(), kRemoteMethodFn, "", WithHeader(h, *std::move(payload)));
+  rpc::Promise<void> created = result->created_promise();
+  raw.OnReady([created](const absl::StatusOr<rpc::Payload>& r) {
+    if (r.ok()) {
+      created.SetValue();
+    } else {
+      created.SetError(r.status());
+    }
+  });
+  return RRef<R>(std::move(result), service_);
+}
+
+template <typename C, typename... CallArgs>
+RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... args) {
+  auto svc = internal::ServiceOf(agent);
+  const std::string cls = svc->ClassNameOf(typeid(C).name());
+  if (cls.empty()) {
+    throw Error(absl::NotFoundError(absl::StrCat("class ", internal::Demangle(typeid(C).name()),
+                                                 " is not registered (RegisterClass)")));
+  }
+  auto worker = agent.worker(to);
+  if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
+  auto tuple = std::make_tuple(std::forward<CallArgs>(args)...);
+  using Tuple = decltype(tuple);
+  const rpc::CodecContext cc{&agent, worker->id};
+  auto payload = rpc::EncodeMessage(tuple, &cc);
+  if (!payload.ok()) throw Error(payload.status());
+  const std::string ctor = absl::StrCat(cls, ".__init__");
+  auto entry = svc->registry().Find(ctor);
+  if (entry == nullptr) {
+    throw Error(absl::NotFoundError(absl::StrCat("class ", cls, " has no registered constructor")));
+  }
+  (void)sizeof(Tuple);
+  auto ctx = svc->context();
+  const std::string type = typeid(C).name();
+  if (worker->id == agent.self().id) {
+    auto handle = ctx->CreateOwned(type);
+    rpc::Promise<void> created = handle->created_promise();
+    rpc::CallContext call;
+    call.agent = &agent;
+    call.caller = &agent.workers()[agent.self().id];
+    call.function = ctor;
+    auto task = [svc, call, ctor, sig = entry->signature, rref = handle->rref(), created,
+                 p = *std::move(payload)]() mutable {
+      svc->RunForValue(call, ctor, sig, rref, std::move(p), [created](absl::Status s) {
+        if (s.ok()) {
+          created.SetValue();
+        } else {
+          created.SetError(s);
+        }
+      });
+    };
+    if (!agent.executor()->Submit(std::move(task))) {
+      throw Error(absl::FailedPreconditionError("remote(): the agent is shut down"));
+    }
+    return RRef<C>(std::move(handle), svc);
+  }
+  auto handle = ctx->CreateUserForRemote(worker->id, type);
+  proto::RRefCall h;
+  ToProto(handle->rref(), h.mutable_rref());
+  ToProto(handle->fork(), h.mutable_fork());
+  h.set_function(ctor);
+  h.set_signature(entry->signature);
+  h.set_type(type);
+  rpc::Future<rpc::Payload> raw =
+      agent.CallRaw(worker->id, kRemoteFn, "", WithHeader(h, *std::move(payload)));
+  rpc::Promise<void> created = handle->created_promise();
+  raw.OnReady([created, cls](const absl::StatusOr<rpc::Payload>& r) {
+    if (r.ok()) {
+      created.SetValue();
+    } else {
+      created.SetError(Annotate(r.status(), absl::StrCat("remote<", cls, ">")));
+    }
+  });
+  return RRef<C>(std::move(handle), svc);
+}
+
+}  // namespace baton::rref
+
+namespace baton::rpc {
+
+// RRefs travel in messages: encoding forks the reference for the
+// destination, decoding adopts it (rref/rref_context.h).
+template <typename T>
+struct Codec<rref::RRef<T>> {
+  static std::string Name() {
+    return absl::StrCat("RRef<", rref::internal::ValueTypeName<T>(), ">");
+  }
+  static void Encode(const rref::RRef<T>& r, Encoder& enc) {
+    if (!r.valid()) {
+      enc.WritePod<uint8_t>(0);
+      return;
+    }
+    const CodecContext* cc = enc.context();
+    if (cc == nullptr || cc->agent == nullptr || cc->peer < 0) {
+      enc.Fail(absl::FailedPreconditionError("an RRef can only be sent in an RPC"));
+      return;
+    }
+    rref::ForkDescriptor d = r.handle()->context().Fork(*r.handle(), cc->peer);
+    enc.WritePod<uint8_t>(1);
+    enc.WritePod<int32_t>(d.owner);
+    enc.WritePod<int32_t>(d.parent);
+    enc.WritePod<int32_t>(d.rref.worker);
+    enc.WriteVarint(d.rref.local);
+    enc.WritePod<int32_t>(d.fork.worker);
+    enc.WriteVarint(d.fork.local);
+    enc.WriteString(d.type);
+  }
+  static absl::Status Decode(Decoder& dec, rref::RRef<T>* out) {
+    uint8_t present = 0;
+    absl::Status s = dec.ReadPod(&present, "RRef tag");
+    if (!s.ok()) return s;
+    if (present == 0) {
+      *out = rref::RRef<T>();
+      return absl::OkStatus();
+    }
+    rref::ForkDescriptor d;
+    uint64_t rl = 0, fl = 0;
+    for (absl::Status st :
+         {dec.ReadPod(&d.owner, "RRef owner"), dec.ReadPod(&d.parent, "RRef parent"),
+          dec.ReadPod(&d.rref.worker, "RRef id"), dec.ReadVarint(&rl, "RRef id"),
+          dec.ReadPod(&d.fork.worker, "RRef fork"), dec.ReadVarint(&fl, "RRef fork"),
+          dec.ReadString(&d.type, "RRef type")}) {
+      if (!st.ok()) return st;
+    }
+    d.rref.local = rl;
+    d.fork.local = fl;
+    if (d.type != typeid(T).name()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "received an RRef of ", rref::internal::Demangle(d.type.c_str()), " where RRef<",
+          rref::internal::ValueTypeName<T>(), "> was expected"));
+    }
+    const CodecContext* cc = dec.context();
+    if (cc == nullptr || cc->agent == nullptr) {
+      return absl::FailedPreconditionError("an RRef can only be received in an RPC");
+    }
+    auto svc = rref::RRefService::Of(*cc->agent);
+    if (!svc.ok()) return svc.status();
+    *out = rref::RRef<T>((*svc)->context()->Adopt(d), *svc);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RREF_INTERNAL_RREF_IMPL_H_

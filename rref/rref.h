@@ -1,0 +1,335 @@
+// Remote references: the typed API.
+//
+//   // Every worker, before RpcAgent::Create:
+//   auto rrefs = rref::RRefService::Install(*registry);
+//   rref::RegisterClass<ParameterServer>(*rrefs, "ParameterServer")
+//       .Constructor<int64_t>()
+//       .Method("get_param", &ParameterServer::get_param)
+//       .Method("update", &ParameterServer::update);
+//   ... agent = RpcAgent::Create(...); rrefs->Attach(agent.get());
+//
+//   rref::RRef<torch::Tensor> r = rref::remote(*agent, "w1", make_fn, x);  // returns at once
+//   torch::Tensor v = r.to_here();                           // copy of the owner's value
+//   auto ps = rref::remote<ParameterServer>(*agent, "ps", int64_t{10});
+//   torch::Tensor p = ps.rpc_sync(&ParameterServer::get_param, std::string("w"));
+//
+// Contract:
+// - remote() returns at once; the function runs on the owner and its result
+//   stays there. created() completes when the owner has the value (or fails
+//   with the function's error); to_here() waits for it, bounded by a timeout.
+// - RRefs are values in the RPC codec: they travel as arguments and results,
+//   inside containers, and as values of other RRefs. Each copy on another
+//   worker is a fork counted by the owner (rref/rref_context.h): the owner
+//   frees the value exactly when the last reference anywhere is gone.
+// - local_value() works on the owner only (FAILED_PRECONDITION elsewhere).
+// - Methods of remote objects run on the owner, concurrently when called
+//   concurrently: the class must be thread-safe.
+// - Errors: failures name the RRef and its owner; a dead owner makes
+//   to_here() and method calls fail with UNAVAILABLE within their timeout.
+//
+// Thread-safety: RRef<T> is a cheap shared handle, safe for concurrent use.
+#ifndef BATON_RREF_RREF_H_
+#define BATON_RREF_RREF_H_
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "rpc/agent.h"
+#include "rref/rref_context.h"
+#include "rref/rref_service.h"
+
+namespace baton::rref {
+
+namespace internal {
+
+template <typename T, typename = void>
+struct HasCodec : std::false_type {};
+template <typename T>
+struct HasCodec<T, std::void_t<decltype(rpc::Codec<T>::Name())>> : std::true_type {};
+
+std::string Demangle(const char* name);
+
+template <typename T>
+std::string ValueTypeName() {
+  if constexpr (HasCodec<T>::value) {
+    return rpc::TypeName<T>();
+  } else {
+    return Demangle(typeid(T).name());
+  }
+}
+
+template <typename M>
+struct MethodTraits;
+template <typename R, typename C, typename... A>
+struct MethodTraits<R (C::*)(A...)> {
+  using Class = C;
+  using Result = R;
+  using Args = std::tuple<std::decay_t<A>...>;
+  static std::string Signature() {
+    std::string s = "(";
+    ((s += rpc::TypeName<std::decay_t<A>>() + ","), ...);
+    if (sizeof...(A) > 0) s.pop_back();
+    return s + ")->" + ValueTypeName<rpc::internal::Stored<R>>();
+  }
+};
+template <typename R, typename C, typename... A>
+struct MethodTraits<R (C::*)(A...) const> : MethodTraits<R (C::*)(A...)> {};
+
+template <typename M>
+std::string PointerKey(M method) {
+  std::string key = typeid(M).name();
+  key.push_back('#');
+  key.append(reinterpret_cast<const char*>(&method), sizeof(method));
+  return key;
+}
+
+template <typename R>
+rpc::AnyValue MakeValue(std::shared_ptr<R> v) {
+  if constexpr (HasCodec<R>::value) {
+    return rpc::AnyValue::Of(std::move(v));
+  } else {
+    return rpc::AnyValue::Opaque(std::move(v));
+  }
+}
+
+inline std::shared_ptr<RRefService> ServiceOf(rpc::RpcAgent& agent) {
+  auto svc = RRefService::Of(agent);
+  if (!svc.ok()) throw Error(svc.status());
+  return *svc;
+}
+
+}  // namespace internal
+
+template <typename T>
+class RRef {
+ public:
+  RRef() = default;
+  RRef(std::shared_ptr<RefHandle> handle, std::shared_ptr<RRefService> service)
+      : handle_(std::move(handle)), service_(std::move(service)) {}
+
+  bool valid() const { return handle_ != nullptr; }
+  bool is_owner() const { return handle_->is_owner(); }
+  int owner_id() const { return handle_->owner(); }
+  std::string id() const { return handle_->rref().ToString(); }
+  rpc::WorkerInfo owner() const {
+    rpc::RpcAgent* a = Agent();
+    auto w = a->worker(handle_->owner());
+    if (!w.ok()) throw Error(w.status());
+    return *w;
+  }
+  std::string owner_name() const { return owner().name; }
+  // Completes when the owner has created the value (or with its error).
+  rpc::Future<void> created() const { return handle_->created(); }
+
+  // A copy of the owner's value. Waits for it at most `timeout` (zero: the
+  // agent's rpc_timeout).
+  rpc::Future<T> to_here_async(absl::Duration timeout = absl::ZeroDuration()) const;
+  T to_here(absl::Duration timeout = absl::ZeroDuration()) const {
+    return to_here_async(timeout).value();
+  }
+
+  // The value itself, on the owner only. Waits for its creation (bounded by
+  // the agent's rpc_timeout).
+  std::shared_ptr<T> local_value() const;
+
+  // Methods of a remote object (see RegisterClass).
+  template <typename M, typename... CallArgs>
+  auto rpc_async(M method, CallArgs&&... args) const
+      -> rpc::Future<typename internal::MethodTraits<M>::Result>;
+  template <typename M, typename... CallArgs>
+  auto rpc_sync(M method, CallArgs&&... args) const
+      -> typename internal::MethodTraits<M>::Result {
+    return rpc_async(method, std::forward<CallArgs>(args)...).value();
+  }
+  // Runs the method on the owner and keeps its result there, as a new RRef.
+  template <typename M, typename... CallArgs>
+  auto remote(M method, CallArgs&&... args) const
+      -> RRef<rpc::internal::Stored<typename internal::MethodTraits<M>::Result>>;
+
+  const std::shared_ptr<RefHandle>& handle() const { return handle_; }
+  const std::shared_ptr<RRefService>& service() const { return service_; }
+
+ private:
+  rpc::RpcAgent* Agent() const {
+    rpc::RpcAgent* a = service_->agent();
+    if (a == nullptr) {
+      throw Error(absl::FailedPreconditionError(
+          absl::StrCat("RRef ", id(), " used after its agent shut down")));
+    }
+    return a;
+  }
+  std::string Describe() const {
+    return absl::StrCat("RRef ", id(), " owned by worker ", handle_->owner());
+  }
+
+  std::shared_ptr<RefHandle> handle_;
+  std::shared_ptr<RRefService> service_;
+};
+
+// ---- remote() ----
+
+template <typename R, typename... Args, typename... CallArgs>
+RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::WorkerRef& to,
+               const rpc::Function<R(Args...)>& fn, CallArgs&&... args) {
+  static_assert(!std::is_void_v<R>, "remote() needs a function with a result");
+  static_assert(sizeof...(CallArgs) == sizeof...(Args),
+                "wrong number of arguments for this Function");
+  auto svc = internal::ServiceOf(agent);
+  auto worker = agent.worker(to);
+  if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
+  auto ctx = svc->context();
+  typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
+  const rpc::CodecContext cc{&agent, worker->id};
+  auto payload = rpc::EncodeMessage(tuple, &cc);
+  if (!payload.ok()) throw Error(Annotate(payload.status(), "remote(): cannot encode arguments"));
+  const std::string type = typeid(R).name();
+  if (worker->id == agent.self().id) {
+    auto handle = ctx->CreateOwned(type);
+    rpc::Promise<void> created = handle->created_promise();
+    rpc::CallContext call;
+    call.agent = &agent;
+    call.caller = &agent.workers()[agent.self().id];
+    call.function = fn.name();
+    auto task = [svc, call, name = fn.name(), rref = handle->rref(), created,
+                 p = *std::move(payload)]() mutable {
+      svc->RunForValue(call, name, rpc::Function<R(Args...)>::cached_signature(), rref,
+                       std::move(p), [created](absl::Status s) {
+                         if (s.ok()) {
+                           created.SetValue();
+                         } else {
+                           created.SetError(s);
+                         }
+                       });
+    };
+    if (!agent.executor()->Submit(std::move(task))) {
+      throw Error(absl::FailedPreconditionError("remote(): the agent is shut down"));
+    }
+    return RRef<R>(std::move(handle), svc);
+  }
+  auto handle = ctx->CreateUserForRemote(worker->id, type);
+  proto::RRefCall h;
+  ToProto(handle->rref(), h.mutable_rref());
+  ToProto(handle->fork(), h.mutable_fork());
+  h.set_function(fn.name());
+  h.set_signature(rpc::Function<R(Args...)>::cached_signature());
+  h.set_type(type);
+  rpc::Future<rpc::Payload> raw =
+      agent.CallRaw(worker->id, kRemoteFn, "", WithHeader(h, *std::move(payload)), opts);
+  rpc::Promise<void> created = handle->created_promise();
+  raw.OnReady([created, fname = fn.name()](const absl::StatusOr<rpc::Payload>& r) {
+    if (r.ok()) {
+      created.SetValue();
+    } else {
+      created.SetError(Annotate(r.status(), absl::StrCat("remote(", fname, ")")));
+    }
+  });
+  return RRef<R>(std::move(handle), svc);
+}
+
+template <typename R, typename... Args, typename... CallArgs>
+RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to,
+               const rpc::Function<R(Args...)>& fn, CallArgs&&... args) {
+  return remote(agent, rpc::CallOptions{}, to, fn, std::forward<CallArgs>(args)...);
+}
+
+// Creates a remote object of class C (registered with RegisterClass) on `to`.
+template <typename C, typename... CallArgs>
+RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... args);
+
+// ---- Remote-object classes ----
+
+template <typename C>
+class ClassBuilder {
+ public:
+  ClassBuilder(RRefService& svc, std::string name) : svc_(svc), name_(std::move(name)) {}
+
+  // Registers the constructor used by remote<C>(agent, to, args...).
+  template <typename... A>
+  ClassBuilder& Constructor() {
+    const rpc::Function<void(A...)> fn(ConstructorName());
+    std::string signature = rpc::Function<void(A...)>::signature();
+    rpc::ValueHandler value = [](const rpc::CallContext& ctx, rpc::Payload args,
+                                 rpc::ValueDone done) {
+      std::tuple<std::decay_t<A>...> decoded;
+      const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+      absl::Status s = rpc::DecodeMessage(args, &decoded, &cc);
+      if (!s.ok()) return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+      try {
+        auto obj = std::apply([](auto&&... a) { return std::make_shared<C>(std::move(a)...); },
+                              std::move(decoded));
+        done(rpc::AnyValue::Opaque(std::move(obj)));
+      } catch (...) {
+        done(rpc::internal::StatusFromCurrentException());
+      }
+    };
+    rpc::RawHandler reply = [name = name_](const rpc::CallContext&, rpc::Payload,
+                                           rpc::Responder done) {
+      done(absl::FailedPreconditionError(
+          absl::StrCat("the constructor of ", name, " is called through remote<", name, ">()")));
+    };
+    Check(svc_.registry().RegisterRaw(ConstructorName(), signature, reply, value));
+    return *this;
+  }
+
+  template <typename M>
+  ClassBuilder& Method(const std::string& method_name, M method) {
+    using Tr = internal::MethodTraits<M>;
+    static_assert(std::is_base_of_v<typename Tr::Class, C>, "not a method of this class");
+    using R = typename Tr::Result;
+    RRefService::Method m;
+    m.qualified_name = absl::StrCat(name_, ".", method_name);
+    m.signature = Tr::Signature();
+    m.invoke = [method](std::shared_ptr<void> object, const rpc::CallContext& ctx,
+                        rpc::Payload args, rpc::ValueDone done) {
+      typename Tr::Args decoded;
+      const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+      absl::Status s = rpc::DecodeMessage(args, &decoded, &cc);
+      if (!s.ok()) return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+      C* obj = static_cast<C*>(object.get());
+      try {
+        if constexpr (std::is_void_v<R>) {
+          std::apply([&](auto&&... a) { (obj->*method)(std::move(a)...); }, std::move(decoded));
+          done(internal::MakeValue(std::make_shared<std::monostate>()));
+        } else {
+          R r = std::apply([&](auto&&... a) { return (obj->*method)(std::move(a)...); },
+                           std::move(decoded));
+          done(internal::MakeValue(std::make_shared<R>(std::move(r))));
+        }
+      } catch (...) {
+        done(rpc::internal::StatusFromCurrentException());
+      }
+    };
+    Check(svc_.RegisterMethod(internal::PointerKey(method), std::move(m)));
+    return *this;
+  }
+
+  std::string ConstructorName() const { return absl::StrCat(name_, ".__init__"); }
+
+ private:
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) throw Error(s);
+  }
+  RRefService& svc_;
+  const std::string name_;
+};
+
+// Registers class C under `name` on this worker's service. Every worker
+// that creates or calls such objects registers the same class and methods.
+template <typename C>
+ClassBuilder<C> RegisterClass(RRefService& svc, const std::string& name) {
+  svc.SetClassName(typeid(C).name(), name);
+  return ClassBuilder<C>(svc, name);
+}
+
+}  // namespace baton::rref
+
+#include "rref/internal/rref_impl.h"  // IWYU pragma: export
+
+#endif  // BATON_RREF_RREF_H_

@@ -1,0 +1,414 @@
+#include "rref/rref_service.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "rref/rref.h"
+#include "base/status.h"
+
+namespace baton::rref {
+namespace {
+
+rpc::Future<void> ToVoid(rpc::Future<rpc::Payload> raw) {
+  rpc::Promise<void> p;
+  raw.OnReady([p](const absl::StatusOr<rpc::Payload>& r) {
+    if (r.ok()) {
+      p.SetValue();
+    } else {
+      p.SetError(r.status());
+    }
+  });
+  return p.future();
+}
+
+std::string DescribeRRef(RRefId id, int owner) {
+  return absl::StrCat("RRef ", id.ToString(), " owned by worker ", owner);
+}
+
+}  // namespace
+
+void ToProto(const GlobalId& id, proto::GlobalIdProto* out) {
+  out->set_worker(id.worker);
+  out->set_local(id.local);
+}
+
+GlobalId FromProto(const proto::GlobalIdProto& p) { return GlobalId{p.worker(), p.local()}; }
+
+rpc::Payload WithHeader(const proto::RRefCall& header, rpc::Payload args) {
+  rpc::Encoder enc;
+  enc.WriteString(header.SerializeAsString());
+  rpc::Payload out = *std::move(enc).Finish();
+  out.bytes += args.bytes;
+  out.blobs = std::move(args.blobs);
+  return out;
+}
+
+absl::Status TakeHeader(rpc::Payload& payload, proto::RRefCall* header) {
+  rpc::Decoder dec(payload);
+  std::string head;
+  absl::Status s = dec.ReadString(&head, "RRef call header");
+  if (!s.ok()) return s;
+  if (!header->ParseFromString(head)) return absl::DataLossError("malformed RRef call header");
+  payload.bytes.erase(0, payload.bytes.size() - dec.remaining());
+  return absl::OkStatus();
+}
+
+std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registry) {
+  std::shared_ptr<RRefService> svc(new RRefService(&registry));
+  svc->RegisterHandlers();
+  registry.SetExtension(svc);
+  return svc;
+}
+
+absl::StatusOr<std::shared_ptr<RRefService>> RRefService::Of(rpc::RpcAgent& agent) {
+  auto svc = agent.registry().GetExtension<RRefService>();
+  if (svc == nullptr) {
+    return absl::FailedPreconditionError(
+        "RRefs are not enabled on this agent: call rref::RRefService::Install(registry) "
+        "before RpcAgent::Create");
+  }
+  svc->EnsureAttached(&agent);
+  return svc;
+}
+
+void RRefService::Attach(rpc::RpcAgent* agent) { EnsureAttached(agent); }
+
+std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (context_ != nullptr) return context_;
+    agent_ = agent;
+    context_ = std::make_shared<RRefContext>(agent->self().id, this);
+  }
+  std::weak_ptr<RRefService> weak = shared_from_this();
+  rpc::RpcAgent::ShutdownHook hook;
+  hook.settle = [weak](absl::Time deadline) {
+    auto self = weak.lock();
+    if (self == nullptr) return absl::OkStatus();
+    return self->context()->Settle(deadline);
+  };
+  hook.release = [weak] {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    std::shared_ptr<RRefContext> ctx;
+    {
+      absl::MutexLock lock(&self->mu_);
+      self->agent_ = nullptr;
+      ctx = self->context_;
+    }
+    ctx->Clear();
+  };
+  agent->AddShutdownHook(std::move(hook));
+  absl::MutexLock lock(&mu_);
+  return context_;
+}
+
+rpc::RpcAgent* RRefService::agent() const {
+  absl::MutexLock lock(&mu_);
+  return agent_;
+}
+
+std::shared_ptr<RRefContext> RRefService::context() const {
+  absl::MutexLock lock(&mu_);
+  return context_;
+}
+
+rpc::Future<void> RRefService::SendControl(int to, const proto::RRefControl& msg) {
+  rpc::RpcAgent* a = agent();
+  if (a == nullptr) {
+    return rpc::MakeErrorFuture<void>(
+        absl::FailedPreconditionError("RRef message after the agent shut down"));
+  }
+  rpc::Payload p;
+  p.bytes = msg.SerializeAsString();
+  return ToVoid(a->CallRaw(to, kControlFn, "", std::move(p)));
+}
+
+rpc::Future<void> RRefService::ForkRequest(int owner, RRefId rref, ForkId fork, int parent) {
+  proto::RRefControl m;
+  m.set_kind(proto::RRefControl::FORK_REQUEST);
+  ToProto(rref, m.mutable_rref());
+  ToProto(fork, m.mutable_fork());
+  m.set_parent(parent);
+  return SendControl(owner, m);
+}
+
+rpc::Future<void> RRefService::ChildAccept(int parent, RRefId rref, ForkId fork) {
+  proto::RRefControl m;
+  m.set_kind(proto::RRefControl::CHILD_ACCEPT);
+  ToProto(rref, m.mutable_rref());
+  ToProto(fork, m.mutable_fork());
+  return SendControl(parent, m);
+}
+
+rpc::Future<void> RRefService::UserDelete(int owner, RRefId rref, ForkId fork) {
+  proto::RRefControl m;
+  m.set_kind(proto::RRefControl::USER_DELETE);
+  ToProto(rref, m.mutable_rref());
+  ToProto(fork, m.mutable_fork());
+  return SendControl(owner, m);
+}
+
+absl::Status RRefService::RegisterMethod(const std::string& pointer_key, Method method) {
+  auto m = std::make_shared<const Method>(std::move(method));
+  absl::MutexLock lock(&mu_);
+  if (!methods_.emplace(m->qualified_name, m).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("method '", m->qualified_name, "' is already registered"));
+  }
+  by_pointer_[pointer_key] = m;
+  return absl::OkStatus();
+}
+
+void RRefService::SetClassName(const std::string& type, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  class_names_[type] = name;
+}
+
+std::string RRefService::ClassNameOf(const std::string& type) const {
+  absl::MutexLock lock(&mu_);
+  auto it = class_names_.find(type);
+  return it == class_names_.end() ? std::string() : it->second;
+}
+
+std::shared_ptr<const RRefService::Method> RRefService::FindMethod(
+    const std::string& qualified_name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = methods_.find(qualified_name);
+  return it == methods_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const RRefService::Method> RRefService::FindMethodByPointer(
+    const std::string& pointer_key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_pointer_.find(pointer_key);
+  return it == by_pointer_.end() ? nullptr : it->second;
+}
+
+RRefDebugState RRefService::DebugState() const {
+  auto ctx = context();
+  return ctx == nullptr ? RRefDebugState() : ctx->DebugState();
+}
+
+absl::Status RRefService::WaitUntilEmpty(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    RRefDebugState s = DebugState();
+    if (s.empty()) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("RRef tables not empty after ", DurationText(timeout), ": ", s.ToString()));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+void RRefService::RunForValue(const rpc::CallContext& ctx, const std::string& function,
+                              const std::string& signature, RRefId rref, rpc::Payload args,
+                              absl::AnyInvocable<void(absl::Status)> done) {
+  std::shared_ptr<RRefContext> rctx = context();
+  auto entry = registry_->Find(function);
+  absl::Status error;
+  if (entry == nullptr || !entry->value_handler) {
+    error = absl::NotFoundError(absl::StrCat("unknown function '", function, "' for remote()"));
+  } else if (!signature.empty() && signature != entry->signature) {
+    error = absl::InvalidArgumentError(absl::StrCat("argument type mismatch: the caller sends ",
+                                                    signature, " but '", function,
+                                                    "' is registered as ", entry->signature));
+  }
+  if (!error.ok()) {
+    rctx->SetValue(rref, error);
+    done(error);
+    return;
+  }
+  auto shared_done = std::make_shared<absl::AnyInvocable<void(absl::Status)>>(std::move(done));
+  entry->value_handler(ctx, std::move(args),
+                       [rctx, rref, shared_done](absl::StatusOr<rpc::AnyValue> v) {
+                         absl::Status s = v.status();
+                         rctx->SetValue(rref, std::move(v));
+                         (*shared_done)(s);
+                       });
+}
+
+void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
+                            const std::string& qualified, const std::string& signature,
+                            rpc::Payload args, rpc::ValueDone done) {
+  std::shared_ptr<RRefContext> rctx = context();
+  auto method = FindMethod(qualified);
+  if (method == nullptr) {
+    return done(absl::NotFoundError(absl::StrCat(
+        "unknown method '", qualified, "' (register the class's methods on every worker)")));
+  }
+  if (!signature.empty() && signature != method->signature) {
+    return done(absl::InvalidArgumentError(absl::StrCat("argument type mismatch: the caller sends ",
+                                                        signature, " but '", qualified,
+                                                        "' is registered as ",
+                                                        method->signature)));
+  }
+  auto value = rctx->OwnedValue(target);
+  if (!value.ok()) return done(value.status());
+  // The object may still be under construction: continue when it is ready,
+  // on the executor, with a context that outlives this call.
+  struct Pending {
+    rpc::CallContext ctx;
+    std::string function;
+    rpc::Payload args;
+    rpc::ValueDone done;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->ctx = ctx;
+  pending->function = qualified;
+  pending->ctx.function = pending->function;
+  pending->args = std::move(args);
+  pending->done = std::move(done);
+  rpc::Executor* ex = ctx.agent != nullptr ? ctx.agent->executor() : nullptr;
+  value->OnReady([method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
+    if (!v.ok()) {
+      return pending->done(Annotate(v.status(), "the remote object failed to construct"));
+    }
+    std::shared_ptr<void> object = v->ptr;
+    auto run = [method, pending, object]() mutable {
+      method->invoke(object, pending->ctx, std::move(pending->args), std::move(pending->done));
+    };
+    if (ex == nullptr || !ex->Submit(run)) run();
+  });
+}
+
+void RRefService::RegisterHandlers() {
+  std::weak_ptr<RRefService> weak = weak_from_this();
+  auto self_of = [weak]() { return weak.lock(); };
+
+  (void)registry_->RegisterRaw(
+      kControlFn, "",
+      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+        auto self = self_of();
+        proto::RRefControl m;
+        if (self == nullptr || !m.ParseFromString(args.bytes)) {
+          return done(absl::DataLossError("malformed RRef control message"));
+        }
+        auto rctx = self->EnsureAttached(ctx.agent);
+        const RRefId rref = FromProto(m.rref());
+        const ForkId fork = FromProto(m.fork());
+        switch (m.kind()) {
+          case proto::RRefControl::FORK_REQUEST:
+            rctx->OnForkRequest(rref, fork, m.parent());
+            break;
+          case proto::RRefControl::CHILD_ACCEPT:
+            rctx->OnChildAccept(rref, fork);
+            break;
+          case proto::RRefControl::USER_DELETE:
+            rctx->OnUserDelete(rref, fork);
+            break;
+          default:
+            return done(absl::DataLossError("unknown RRef control message"));
+        }
+        done(rpc::Payload());
+      });
+
+  (void)registry_->RegisterRaw(
+      kRemoteFn, "",
+      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+        auto self = self_of();
+        proto::RRefCall h;
+        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
+        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+        auto rctx = self->EnsureAttached(ctx.agent);
+        const RRefId rref = FromProto(h.rref());
+        rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type());
+        auto shared = std::make_shared<rpc::Responder>(std::move(done));
+        self->RunForValue(ctx, h.function(), h.signature(), rref, std::move(args),
+                          [shared](absl::Status s) {
+                            if (s.ok()) {
+                              (*shared)(rpc::Payload());
+                            } else {
+                              (*shared)(s);
+                            }
+                          });
+      });
+
+  (void)registry_->RegisterRaw(
+      kFetchFn, "",
+      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+        auto self = self_of();
+        proto::RRefCall h;
+        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
+        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+        auto rctx = self->EnsureAttached(ctx.agent);
+        auto value = rctx->OwnedValue(FromProto(h.rref()));
+        if (!value.ok()) return done(value.status());
+        const rpc::CodecContext cc{ctx.agent, ctx.caller->id};
+        auto shared = std::make_shared<rpc::Responder>(std::move(done));
+        value->OnReady([shared, cc, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
+          if (!v.ok()) return (*shared)(v.status());
+          if (!type.empty() && type != v->type) {
+            return (*shared)(absl::InvalidArgumentError(
+                "the RRef's value has a different type than the caller expects"));
+          }
+          if (!v->encode) {
+            return (*shared)(absl::FailedPreconditionError(
+                "the RRef holds a remote object, which stays on its owner: call its methods "
+                "instead of to_here()"));
+          }
+          (*shared)(v->encode(v->ptr.get(), cc));
+        });
+      });
+
+  (void)registry_->RegisterRaw(
+      kMethodFn, "",
+      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+        auto self = self_of();
+        proto::RRefCall h;
+        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
+        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+        self->EnsureAttached(ctx.agent);
+        const rpc::CodecContext cc{ctx.agent, ctx.caller->id};
+        auto shared = std::make_shared<rpc::Responder>(std::move(done));
+        self->RunMethod(ctx, FromProto(h.rref()), h.function(), h.signature(), std::move(args),
+                        [shared, cc](absl::StatusOr<rpc::AnyValue> v) {
+                          if (!v.ok()) return (*shared)(v.status());
+                          if (!v->encode) {
+                            return (*shared)(absl::FailedPreconditionError(
+                                "the method's result cannot be sent; use rref.remote(...)"));
+                          }
+                          (*shared)(v->encode(v->ptr.get(), cc));
+                        });
+      });
+
+  (void)registry_->RegisterRaw(
+      kRemoteMethodFn, "",
+      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+        auto self = self_of();
+        proto::RRefCall h;
+        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
+        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+        auto rctx = self->EnsureAttached(ctx.agent);
+        const RRefId result = FromProto(h.result_rref());
+        rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type());
+        auto shared = std::make_shared<rpc::Responder>(std::move(done));
+        self->RunMethod(ctx, FromProto(h.rref()), h.function(), h.signature(), std::move(args),
+                        [shared, rctx, result](absl::StatusOr<rpc::AnyValue> v) {
+                          absl::Status s = v.status();
+                          rctx->SetValue(result, std::move(v));
+                          if (s.ok()) {
+                            (*shared)(rpc::Payload());
+                          } else {
+                            (*shared)(s);
+                          }
+                        });
+      });
+  (void)DescribeRRef;
+}
+
+namespace internal {
+std::string Demangle(const char* name) {
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string s = (status == 0 && out != nullptr) ? out : name;
+  std::free(out);
+  return s;
+}
+}  // namespace internal
+
+}  // namespace baton::rref
