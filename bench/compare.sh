@@ -22,7 +22,7 @@ else
   : >"$OUT/peer.jsonl"
 fi
 echo "== baton: bench/rpc_bench $QUICK" >&2
-MASTER_PORT=$((20000 + RANDOM % 20000)) ./bazel-bin/bench/rpc_bench $QUICK | grep '^{' >"$OUT/baton.jsonl"
+MASTER_PORT=$((20000 + RANDOM % 20000)) "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.jsonl"
 
 /usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.jsonl" <<'PY'
 import json, sys

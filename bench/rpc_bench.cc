@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/agent.h"
+#include "rref/rref.h"
 
 extern char** environ;
 
@@ -102,6 +103,16 @@ void Drive(RpcAgent& agent, bool quick) {
     Report(absl::StrCat("rpc_sync_echo_", mb, "MB_bandwidth"), 2.0 * mb * reps / 1024 / dt,
            "GB/s", ", \"note\": \"bytes sent plus bytes returned\"");
   }
+
+  // remote() then to_here(), as the peer does.
+  lat.clear();
+  for (int i = 0; i < n / 3; ++i) {
+    const double t0 = Now();
+    baton::rref::RRef<at::Tensor> r = baton::rref::remote(agent, peer, echo_fn, small);
+    r.to_here();
+    lat.push_back(Now() - t0);
+  }
+  Report("remote_to_here_latency_p50", Pct(lat, 0.5) * 1e6, "us");
 }
 
 int RunRank(int rank, bool quick) {
@@ -109,6 +120,7 @@ int RunRank(int rank, bool quick) {
   auto registry = std::make_shared<FunctionRegistry>();
   (void)registry->Register(noop_fn, [] {});
   (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
+  auto rrefs = baton::rref::RRefService::Install(*registry);
   AgentOptions opts;
   opts.name = absl::StrCat("w", rank);
   opts.rank = rank;
@@ -120,6 +132,7 @@ int RunRank(int rank, bool quick) {
     std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());
     return 1;
   }
+  rrefs->Attach(agent->get());
   if (rank == 0) Drive(**agent, quick);
   absl::Status s = (*agent)->Shutdown();
   if (!s.ok()) {

@@ -9,7 +9,7 @@
 //
 // Run with the launcher (or any way that sets RANK, WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT):
-//   bazel-bin/launcher/baton-run --standalone --nproc_per_node 3 \
+//   bazel-bin/launcher/baton-run --standalone --nproc_per_node 3
 //       bazel-bin/examples/train_regression [--steps 150]
 #include <cmath>
 #include <cstdio>

@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
 bazel build //launcher:baton-run //examples:train_regression
-exec bazel-bin/launcher/baton-run --standalone --nproc_per_node 3 --tee \
-  bazel-bin/examples/train_regression "$@"
+BIN=$(bazel info bazel-bin 2>/dev/null)
+exec "$BIN/launcher/baton-run" --standalone --nproc_per_node 3 --tee \
+  "$BIN/examples/train_regression" "$@"
