@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -79,7 +80,55 @@ struct ShmChannel::Mapping {
   }
 };
 
-ShmChannel::ShmChannel() : pid_(static_cast<int>(getpid())) {}
+class ShmChannel::BufferCache : public std::enable_shared_from_this<BufferCache> {
+ public:
+  // A 64-byte aligned buffer of at least `size` bytes, owned by the result.
+  std::shared_ptr<void> Get(size_t size) {
+    const size_t capacity = (size + 63) / 64 * 64;
+    void* buf = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = free_.find(capacity);
+      if (it != free_.end()) {
+        buf = it->second;
+        free_.erase(it);
+        cached_ -= capacity;
+      }
+    }
+    if (buf == nullptr) buf = std::aligned_alloc(64, capacity);
+    if (buf == nullptr) return nullptr;
+    std::weak_ptr<BufferCache> weak = shared_from_this();
+    return std::shared_ptr<void>(buf, [weak, capacity](void* p) {
+      if (auto self = weak.lock()) {
+        self->Put(p, capacity);
+      } else {
+        std::free(p);
+      }
+    });
+  }
+  ~BufferCache() {
+    for (auto& [cap, p] : free_) std::free(p);
+  }
+
+ private:
+  void Put(void* p, size_t capacity) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cached_ + capacity <= kCachedBytes) {
+        free_.emplace(capacity, p);
+        cached_ += capacity;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  absl::Mutex mu_;
+  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
+  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+ShmChannel::ShmChannel()
+    : pid_(static_cast<int>(getpid())), buffers_(std::make_shared<BufferCache>()) {}
 
 ShmChannel::~ShmChannel() { Close(); }
 
@@ -172,19 +221,16 @@ absl::Status ShmChannel::Import(Frame& frame) {
           sb.generation(), "); the call outlived its deadline"));
     };
     if (header->write_gen.load(std::memory_order_acquire) != sb.generation()) return stale();
-    void* buf = std::aligned_alloc(64, (sb.size() + 63) / 64 * 64);
+    std::shared_ptr<void> buf = buffers_->Get(sb.size());
     if (buf == nullptr) return absl::ResourceExhaustedError("out of memory receiving a blob");
-    std::memcpy(buf, src, sb.size());
+    std::memcpy(buf.get(), src, sb.size());
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (header->write_gen.load(std::memory_order_relaxed) != sb.generation()) {
-      std::free(buf);
-      return stale();
-    }
+    if (header->write_gen.load(std::memory_order_relaxed) != sb.generation()) return stale();
     header->released_gen.store(sb.generation(), std::memory_order_release);
     Blob& b = blobs[sb.index()];
     b.pieces.clear();
-    b.pieces.emplace_back(static_cast<const char*>(buf), sb.size());
-    b.owner = std::shared_ptr<void>(buf, [](void* p) { std::free(p); });
+    b.pieces.emplace_back(static_cast<const char*>(buf.get()), sb.size());
+    b.owner = std::move(buf);
   }
   return absl::OkStatus();
 }

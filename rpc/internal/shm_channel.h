@@ -71,6 +71,12 @@ class ShmChannel {
   // Segments currently held by a receiver.
   size_t busy_segments() const;
 
+  // Receive buffers: large blobs are copied out of segments into buffers
+  // that return here (up to kCachedBytes in all) when the tensors using them
+  // die, so steady traffic does not fault in fresh pages for every message.
+  static constexpr size_t kCachedBytes = size_t{512} << 20;
+  class BufferCache;
+
  private:
   struct Segment;
   struct Mapping;
@@ -84,6 +90,7 @@ class ShmChannel {
   std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   size_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string probe_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<BufferCache> buffers_;
   absl::Mutex map_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Mapping>> mappings_
       ABSL_GUARDED_BY(map_mu_);
