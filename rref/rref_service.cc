@@ -55,8 +55,10 @@ absl::Status TakeHeader(rpc::Payload& payload, proto::RRefCall* header) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registry) {
+std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registry,
+                                                  SenderWrapper wrapper) {
   std::shared_ptr<RRefService> svc(new RRefService(&registry));
+  svc->wrapper_ = std::move(wrapper);
   svc->RegisterHandlers();
   registry.SetExtension(svc);
   return svc;
@@ -80,7 +82,9 @@ std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
     absl::MutexLock lock(&mu_);
     if (context_ != nullptr) return context_;
     agent_ = agent;
-    context_ = std::make_shared<RRefContext>(agent->self().id, this);
+    if (wrapper_) wrapped_sender_ = wrapper_(this);
+    ControlSender* sender = wrapped_sender_ != nullptr ? wrapped_sender_.get() : this;
+    context_ = std::make_shared<RRefContext>(agent->self().id, sender);
   }
   std::weak_ptr<RRefService> weak = shared_from_this();
   rpc::RpcAgent::ShutdownHook hook;

@@ -41,9 +41,15 @@ inline constexpr char kRemoteMethodFn[] = "__rref.remote_method";
 
 class RRefService : public ControlSender, public std::enable_shared_from_this<RRefService> {
  public:
+  // Wraps the service's outgoing protocol messages; tests use it to delay or
+  // reorder chosen message kinds (tests/fault_injection.h). Production code
+  // passes none.
+  using SenderWrapper = std::function<std::unique_ptr<ControlSender>(ControlSender* real)>;
+
   // Registers the protocol handlers on `registry` and the service as its
   // extension. Call once per registry, before RpcAgent::Create.
-  static std::shared_ptr<RRefService> Install(rpc::FunctionRegistry& registry);
+  static std::shared_ptr<RRefService> Install(rpc::FunctionRegistry& registry,
+                                              SenderWrapper wrapper = nullptr);
   // The service installed on the agent's registry; FAILED_PRECONDITION if
   // RRefService::Install was not called.
   static absl::StatusOr<std::shared_ptr<RRefService>> Of(rpc::RpcAgent& agent);
@@ -100,6 +106,8 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
   void RegisterHandlers();
 
   rpc::FunctionRegistry* const registry_;
+  SenderWrapper wrapper_;
+  std::unique_ptr<ControlSender> wrapped_sender_;  // set once, at attach
   mutable absl::Mutex mu_;
   rpc::RpcAgent* agent_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<RRefContext> context_ ABSL_GUARDED_BY(mu_);

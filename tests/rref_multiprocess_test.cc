@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
+#include "tests/fault_injection.h"
 #include "tests/multiprocess.h"
 
 namespace baton::rref {
@@ -106,7 +107,17 @@ struct Worker {
 Worker Start(rpc::AgentOptions* override_opts = nullptr) {
   Worker w;
   w.registry = std::make_shared<FunctionRegistry>();
-  w.rrefs = RRefService::Install(*w.registry);
+  // BATON_TEST_DELAY=fork,accept,delete delays those protocol messages.
+  const char* delay = std::getenv("BATON_TEST_DELAY");
+  RRefService::SenderWrapper wrapper;
+  if (delay != nullptr && *delay != '\0') {
+    const auto kinds = baton::testing::DelayingControlSender::Parse(delay);
+    wrapper = [kinds](ControlSender* real) {
+      return std::make_unique<baton::testing::DelayingControlSender>(real, kinds,
+                                                                     absl::Milliseconds(150));
+    };
+  }
+  w.rrefs = RRefService::Install(*w.registry, wrapper);
   g_batcher = std::make_shared<Batcher>();
   auto& r = *w.registry;
   (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
@@ -252,6 +263,18 @@ BATON_SCENARIO(rref_basics) {
 TEST(RRefMultiProcess, RemoteToHereForksContainersNestingAndErrors) {
   ExpectAllSucceeded(RunWorkers("rref_basics", 4, absl::Seconds(120)));
 }
+
+// The same, with the fault-injecting wrapper delaying one kind of protocol
+// message at a time, so it arrives after the messages that race it.
+class RRefDelayed : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RRefDelayed, SameResultsAndNoLeakWhenMessagesAreReordered) {
+  ExpectAllSucceeded(
+      RunWorkers("rref_basics", 4, absl::Seconds(120), {{"BATON_TEST_DELAY", GetParam()}}));
+}
+
+INSTANTIATE_TEST_SUITE_P(DelayedKinds, RRefDelayed,
+                         ::testing::Values("fork", "accept", "delete", "fork,delete"));
 
 BATON_SCENARIO(remote_objects) {
   Worker w = Start();
