@@ -55,3 +55,10 @@ for m, p in peer.items():
     if m not in ours:
         print(f"| {m} | {p['unit']} | {p['value']:.1f} | not yet | |")
 PY
+
+# Collectives and DDP (comm/), against PyTorch's Gloo process group and DDP.
+if [ -f "$PEER_DIR/torch_allreduce_bench.py" ] && [ "${BATON_SKIP_COMM:-0}" != 1 ]; then
+  echo >&2
+  echo "== collectives: comm/bench/compare_allreduce.sh" >&2
+  (cd comm/bench && bash ./compare_allreduce.sh)
+fi

@@ -9,7 +9,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 peer="$root/../shared/peer/torch_allreduce_bench.py"
-ours="${BATON_ALLREDUCE_BENCH:-$root/bazel-bin/comm/bench/allreduce_bench}"
+ours="${BATON_ALLREDUCE_BENCH:-$(cd "$root" && bazel info bazel-bin 2>/dev/null)/comm/bench/allreduce_bench}"
 if [[ ! -x "$ours" ]]; then
   (cd "$root" && bazel build //comm/bench:allreduce_bench)
 fi
