@@ -137,10 +137,14 @@ TEST(DeadlineTimer, FiresInOrderAndCancels) {
   EXPECT_TRUE(timer.Cancel(id));
   EXPECT_FALSE(timer.Cancel(id));
   EXPECT_EQ(timer.Schedule(absl::InfiniteFuture(), [] {}), 0u);
-  absl::SleepFor(absl::Milliseconds(150));
+  // Wait (bounded) for both to fire; a loaded machine may run them late.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (timer.pending() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(20));
   absl::MutexLock l(&mu);
   EXPECT_EQ(order, (std::vector<int>{1, 3}));
   EXPECT_EQ(timer.pending(), 0u);
+  EXPECT_GE(absl::Now() - now, absl::Milliseconds(60));
 }
 
 }  // namespace
