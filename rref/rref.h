@@ -99,6 +99,15 @@ rpc::AnyValue MakeValue(std::shared_ptr<R> v) {
   }
 }
 
+// Starts remote() of `function` (already encoded `args`) on worker `to` and
+// returns the caller's reference: the owner's local one when `to` is this
+// worker (the function then runs on this agent's executor), else a user
+// fork whose created() completes with the remote call.
+std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
+                                        const std::string& function,
+                                        const std::string& signature, const std::string& type,
+                                        rpc::Payload args, const rpc::CallOptions& opts);
+
 inline std::shared_ptr<RRefService> ServiceOf(rpc::RpcAgent& agent) {
   auto svc = RRefService::Of(agent);
   if (!svc.ok()) throw Error(svc.status());
@@ -184,53 +193,14 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::Wo
   auto svc = internal::ServiceOf(agent);
   auto worker = agent.worker(to);
   if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
-  auto ctx = svc->context();
   typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
   const rpc::CodecContext cc{&agent, worker->id};
   auto payload = rpc::EncodeMessage(tuple, &cc);
   if (!payload.ok()) throw Error(Annotate(payload.status(), "remote(): cannot encode arguments"));
-  const std::string type = typeid(R).name();
-  if (worker->id == agent.self().id) {
-    auto handle = ctx->CreateOwned(type);
-    rpc::Promise<void> created = handle->created_promise();
-    rpc::CallContext call;
-    call.agent = &agent;
-    call.caller = &agent.workers()[agent.self().id];
-    call.function = fn.name();
-    auto task = [svc, call, name = fn.name(), rref = handle->rref(), created,
-                 p = *std::move(payload)]() mutable {
-      svc->RunForValue(call, name, rpc::Function<R(Args...)>::cached_signature(), rref,
-                       std::move(p), [created](absl::Status s) {
-                         if (s.ok()) {
-                           created.SetValue();
-                         } else {
-                           created.SetError(s);
-                         }
-                       });
-    };
-    if (!agent.executor()->Submit(std::move(task))) {
-      throw Error(absl::FailedPreconditionError("remote(): the agent is shut down"));
-    }
-    return RRef<R>(std::move(handle), svc);
-  }
-  auto handle = ctx->CreateUserForRemote(worker->id, type);
-  proto::RRefCall h;
-  ToProto(handle->rref(), h.mutable_rref());
-  ToProto(handle->fork(), h.mutable_fork());
-  h.set_function(fn.name());
-  h.set_signature(rpc::Function<R(Args...)>::cached_signature());
-  h.set_type(type);
-  rpc::Future<rpc::Payload> raw =
-      agent.CallRaw(worker->id, kRemoteFn, "", WithHeader(h, *std::move(payload)), opts);
-  rpc::Promise<void> created = handle->created_promise();
-  raw.OnReady([created, fname = fn.name()](const absl::StatusOr<rpc::Payload>& r) {
-    if (r.ok()) {
-      created.SetValue();
-    } else {
-      created.SetError(Annotate(r.status(), absl::StrCat("remote(", fname, ")")));
-    }
-  });
-  return RRef<R>(std::move(handle), svc);
+  return RRef<R>(internal::RemoteCreate(agent, *svc, worker->id, fn.name(),
+                                        rpc::Function<R(Args...)>::cached_signature(),
+                                        typeid(R).name(), *std::move(payload), opts),
+                 svc);
 }
 
 template <typename R, typename... Args, typename... CallArgs>

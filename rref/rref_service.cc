@@ -280,6 +280,24 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
   });
 }
 
+namespace {
+
+// The common part of the RRef call handlers: find the service and parse the
+// call header, then run `body`.
+template <typename SelfOf, typename Body>
+rpc::RawHandler WithCall(SelfOf self_of, Body body) {
+  return [self_of, body](const rpc::CallContext& ctx, rpc::Payload args,
+                         rpc::Responder done) {
+    auto self = self_of();
+    proto::RRefCall h;
+    if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
+    if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+    body(self.get(), h, ctx, std::move(args), std::move(done));
+  };
+}
+
+}  // namespace
+
 void RRefService::RegisterHandlers() {
   std::weak_ptr<RRefService> weak = weak_from_this();
   auto self_of = [weak]() { return weak.lock(); };
@@ -313,11 +331,9 @@ void RRefService::RegisterHandlers() {
 
   (void)registry_->RegisterRaw(
       kRemoteFn, "",
-      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
-        auto self = self_of();
-        proto::RRefCall h;
-        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
-        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
+                           const rpc::CallContext& ctx, rpc::Payload args,
+                           rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId rref = FromProto(h.rref());
         rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type());
@@ -330,15 +346,13 @@ void RRefService::RegisterHandlers() {
                               (*shared)(s);
                             }
                           });
-      });
+      }));
 
   (void)registry_->RegisterRaw(
       kFetchFn, "",
-      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
-        auto self = self_of();
-        proto::RRefCall h;
-        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
-        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
+                           const rpc::CallContext& ctx, rpc::Payload args,
+                           rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         auto value = rctx->OwnedValue(FromProto(h.rref()));
         if (!value.ok()) return done(value.status());
@@ -357,15 +371,13 @@ void RRefService::RegisterHandlers() {
           }
           (*shared)(v->encode(v->ptr.get(), cc));
         });
-      });
+      }));
 
   (void)registry_->RegisterRaw(
       kMethodFn, "",
-      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
-        auto self = self_of();
-        proto::RRefCall h;
-        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
-        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
+                           const rpc::CallContext& ctx, rpc::Payload args,
+                           rpc::Responder done) {
         self->EnsureAttached(ctx.agent);
         const rpc::CodecContext cc{ctx.agent, ctx.caller->id};
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
@@ -378,15 +390,13 @@ void RRefService::RegisterHandlers() {
                           }
                           (*shared)(v->encode(v->ptr.get(), cc));
                         });
-      });
+      }));
 
   (void)registry_->RegisterRaw(
       kRemoteMethodFn, "",
-      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
-        auto self = self_of();
-        proto::RRefCall h;
-        if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
-        if (absl::Status s = TakeHeader(args, &h); !s.ok()) return done(s);
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
+                           const rpc::CallContext& ctx, rpc::Payload args,
+                           rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId result = FromProto(h.result_rref());
         rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type());
@@ -401,11 +411,56 @@ void RRefService::RegisterHandlers() {
                             (*shared)(s);
                           }
                         });
-      });
+      }));
   (void)DescribeRRef;
 }
 
 namespace internal {
+
+std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
+                                        const std::string& function,
+                                        const std::string& signature, const std::string& type,
+                                        rpc::Payload args, const rpc::CallOptions& opts) {
+  auto ctx = svc.context();
+  auto settle = [](rpc::Promise<void> created, const std::string& what) {
+    return [created, what](absl::Status s) {
+      if (s.ok()) {
+        created.SetValue();
+      } else {
+        created.SetError(Annotate(s, what));
+      }
+    };
+  };
+  const std::string what = absl::StrCat("remote(", function, ")");
+  if (to == agent.self().id) {
+    auto handle = ctx->CreateOwned(type);
+    rpc::CallContext call;
+    call.agent = &agent;
+    call.caller = &agent.workers()[agent.self().id];
+    auto task = [svc = svc.shared_from_this(), call, function, signature, rref = handle->rref(),
+                 done = settle(handle->created_promise(), what),
+                 p = std::move(args)]() mutable {
+      call.function = function;
+      svc->RunForValue(call, function, signature, rref, std::move(p), std::move(done));
+    };
+    if (!agent.executor()->Submit(std::move(task))) {
+      throw Error(absl::FailedPreconditionError(absl::StrCat(what, ": the agent is shut down")));
+    }
+    return handle;
+  }
+  auto handle = ctx->CreateUserForRemote(to, type);
+  proto::RRefCall h;
+  ToProto(handle->rref(), h.mutable_rref());
+  ToProto(handle->fork(), h.mutable_fork());
+  h.set_function(function);
+  h.set_signature(signature);
+  h.set_type(type);
+  rpc::Future<rpc::Payload> raw = agent.CallRaw(to, kRemoteFn, "", WithHeader(h, std::move(args)), opts);
+  raw.OnReady([done = settle(handle->created_promise(), what)](
+                  const absl::StatusOr<rpc::Payload>& r) mutable { done(r.status()); });
+  return handle;
+}
+
 std::string Demangle(const char* name) {
   int status = 0;
   char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);

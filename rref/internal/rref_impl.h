@@ -178,48 +178,9 @@ RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... arg
     throw Error(absl::NotFoundError(absl::StrCat("class ", cls, " has no registered constructor")));
   }
   (void)sizeof(Tuple);
-  auto ctx = svc->context();
-  const std::string type = typeid(C).name();
-  if (worker->id == agent.self().id) {
-    auto handle = ctx->CreateOwned(type);
-    rpc::Promise<void> created = handle->created_promise();
-    rpc::CallContext call;
-    call.agent = &agent;
-    call.caller = &agent.workers()[agent.self().id];
-    call.function = ctor;
-    auto task = [svc, call, ctor, sig = entry->signature, rref = handle->rref(), created,
-                 p = *std::move(payload)]() mutable {
-      svc->RunForValue(call, ctor, sig, rref, std::move(p), [created](absl::Status s) {
-        if (s.ok()) {
-          created.SetValue();
-        } else {
-          created.SetError(s);
-        }
-      });
-    };
-    if (!agent.executor()->Submit(std::move(task))) {
-      throw Error(absl::FailedPreconditionError("remote(): the agent is shut down"));
-    }
-    return RRef<C>(std::move(handle), svc);
-  }
-  auto handle = ctx->CreateUserForRemote(worker->id, type);
-  proto::RRefCall h;
-  ToProto(handle->rref(), h.mutable_rref());
-  ToProto(handle->fork(), h.mutable_fork());
-  h.set_function(ctor);
-  h.set_signature(entry->signature);
-  h.set_type(type);
-  rpc::Future<rpc::Payload> raw =
-      agent.CallRaw(worker->id, kRemoteFn, "", WithHeader(h, *std::move(payload)));
-  rpc::Promise<void> created = handle->created_promise();
-  raw.OnReady([created, cls](const absl::StatusOr<rpc::Payload>& r) {
-    if (r.ok()) {
-      created.SetValue();
-    } else {
-      created.SetError(Annotate(r.status(), absl::StrCat("remote<", cls, ">")));
-    }
-  });
-  return RRef<C>(std::move(handle), svc);
+  return RRef<C>(internal::RemoteCreate(agent, *svc, worker->id, ctor, entry->signature,
+                                        typeid(C).name(), *std::move(payload), {}),
+                 svc);
 }
 
 }  // namespace baton::rref
