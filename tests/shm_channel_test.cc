@@ -113,13 +113,20 @@ TEST(ShmChannel, S5_CloseUnlinksAndSweepRemovesDeadProcessesObjects) {
     EXPECT_TRUE(ShmExists(seg));
   }
   EXPECT_FALSE(ShmExists(seg));
-  // An object named after a pid that does not exist is swept.
-  const std::string orphan = "/baton.2147480000.s0";
+  // An object named after a pid of this namespace that does not exist is
+  // swept; one from another PID namespace is left alone.
+  const std::string orphan = ShmChannel::ObjectPrefix(2147480000) + "s0";
+  const std::string foreign = "/baton.1.2147480000.s0";
+  const int ffd = shm_open(foreign.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(ffd, 0);
+  close(ffd);
   const int fd = shm_open(orphan.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   close(fd);
   EXPECT_GE(ShmChannel::Sweep(), 1);
   EXPECT_FALSE(ShmExists(orphan));
+  EXPECT_TRUE(ShmExists(foreign));
+  shm_unlink(foreign.c_str());
 }
 
 TEST(ShmChannel, ImportRejectsForgedEntries) {
@@ -132,7 +139,7 @@ TEST(ShmChannel, ImportRejectsForgedEntries) {
   sb->set_size(10);
   sb->set_capacity(10);
   EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
-  sb->set_name("/baton.1.s999");
+  sb->set_name(ShmChannel::ObjectPrefix(1) + "s999");
   EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
   sb->set_index(5);
   EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);

@@ -30,6 +30,17 @@ struct alignas(64) SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
+// The inode of this process's PID namespace: pids are only comparable
+// within one namespace.
+const std::string& PidNamespace() {
+  static const std::string ns = [] {
+    struct stat st {};
+    if (stat("/proc/self/ns/pid", &st) == 0) return std::to_string(st.st_ino);
+    return std::string("0");
+  }();
+  return ns;
+}
+
 size_t RoundUpPow2(size_t n) {
   size_t c = kMinSegment;
   while (c < n) c <<= 1;
@@ -145,7 +156,7 @@ ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
     const size_t capacity = RoundUpPow2(size);
     if (pool_bytes_ + capacity > kPoolBytes) return nullptr;
     auto seg = std::make_unique<Segment>();
-    seg->name = absl::StrCat("/", kPrefix, pid_, ".s", counter_.fetch_add(1));
+    seg->name = absl::StrCat(ObjectPrefix(pid_), "s", counter_.fetch_add(1));
     seg->capacity = capacity;
     seg->base = MapNamed(seg->name, kHeaderBytes + capacity, /*create=*/true);
     if (seg->base == nullptr) return nullptr;
@@ -250,15 +261,23 @@ void ShmChannel::Close() {
   RemoveProbe();
 }
 
+std::string ShmChannel::ObjectPrefix(int pid) {
+  return absl::StrCat("/", kPrefix, PidNamespace(), ".", pid, ".");
+}
+
 int ShmChannel::Sweep() {
   int removed = 0;
   DIR* d = opendir("/dev/shm");
   if (d == nullptr) return 0;
   while (dirent* e = readdir(d)) {
     if (!absl::StartsWith(e->d_name, kPrefix)) continue;
+    // baton.<ns>.<pid>.<kind><n>: only this namespace's pids can be judged.
     std::vector<std::string> parts = absl::StrSplit(e->d_name, '.');
     int pid = 0;
-    if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &pid) || pid <= 0) continue;
+    if (parts.size() < 4 || parts[1] != PidNamespace() || !absl::SimpleAtoi(parts[2], &pid) ||
+        pid <= 0) {
+      continue;
+    }
     if (kill(pid, 0) != 0 && errno == ESRCH) {
       if (shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0) ++removed;
     }
@@ -268,7 +287,7 @@ int ShmChannel::Sweep() {
 }
 
 absl::StatusOr<std::string> ShmChannel::CreateProbe(const std::string& token) {
-  const std::string name = absl::StrCat("/", kPrefix, pid_, ".p", counter_.fetch_add(1));
+  const std::string name = absl::StrCat(ObjectPrefix(pid_), "p", counter_.fetch_add(1));
   void* addr = MapNamed(name, token.size(), /*create=*/true);
   if (addr == nullptr) {
     return absl::UnavailableError("cannot create a shared-memory object in /dev/shm");

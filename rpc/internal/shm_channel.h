@@ -1,7 +1,8 @@
 // ShmChannel: moves large tensor blobs between workers on the same host
 // through POSIX shared memory instead of the gRPC stream.
 //
-// Each sender keeps a pool of reusable segments ("/baton.<pid>.s<k>"), each a
+// Each sender keeps a pool of reusable segments ("/baton.<ns>.<pid>.s<k>",
+// where <ns> identifies the sender's PID namespace), each a
 // 64-byte header followed by `capacity` data bytes. Fresh shared pages are
 // expensive to fault in, so segments are created once and reused warm.
 //
@@ -23,7 +24,9 @@
 // S4. A peer is sent segments only if it proved at rendezvous that it can
 //     open an object this worker created (same /dev/shm).
 // S5. Close() unlinks every segment name; Sweep() removes names left by dead
-//     processes ("/baton.<pid>.*" whose pid is gone).
+//     processes: "/baton.<ns>.<pid>.*" of this PID namespace whose pid is
+//     gone. Names from other PID namespaces (containers or sandboxes sharing
+//     /dev/shm) are never touched: their pids cannot be checked from here.
 // Without a free segment and no room to create one (pool limit, or /dev/shm
 // full), the blob stays on the stream.
 //
@@ -62,6 +65,9 @@ class ShmChannel {
 
   void Close();
   static int Sweep();
+  // "/baton.<ns>.<pid>." for this PID namespace: the prefix of every object
+  // a process `pid` of this namespace creates.
+  static std::string ObjectPrefix(int pid);
 
   // S4: creates a probe object holding `token`; returns its name.
   absl::StatusOr<std::string> CreateProbe(const std::string& token);
