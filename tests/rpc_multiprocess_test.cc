@@ -234,7 +234,9 @@ BATON_SCENARIO(error_cases) {
     frame.header.set_id(1);
     frame.header.set_function("sleep_ms");
     frame.payload = *EncodeMessage(std::make_tuple(int64_t{0}));
-    WCHECK((*intruder)->Send(1, std::move(frame)).ok());
+    // The server may reject the stream before the frame is even queued, so
+    // the send itself may fail; what matters is how the stream ends.
+    (void)(*intruder)->Send(1, std::move(frame));
     {
       absl::MutexLock l(&sink.mu);
       sink.mu.AwaitWithTimeout(absl::Condition(&sink.closed), absl::Seconds(10));
