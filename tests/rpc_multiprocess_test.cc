@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "rpc/agent.h"
+#include "rpc/default_agent.h"
 #include "tests/multiprocess.h"
 
 namespace baton::rpc {
@@ -357,6 +358,32 @@ BATON_SCENARIO(duplicate_name) {
   ExpectError(agent.status(), absl::StatusCode::kAlreadyExists,
               {"worker name 'same' is used by ranks 0 and 1"});
   return 0;
+}
+
+BATON_SCENARIO(default_agent_api) {
+  // Calls before init fail clearly.
+  bool threw = false;
+  try {
+    rpc_sync("w1", echo_int_fn, 1);
+  } catch (const Error& e) {
+    threw = e.code() == absl::StatusCode::kFailedPrecondition;
+  }
+  WCHECK(threw);
+  for (int round = 0; round < 2; ++round) {
+    WCHECK_OK(init_from_env(MakeRegistry(), "w"));
+    WCHECK(init_from_env(MakeRegistry(), "w").code() == absl::StatusCode::kAlreadyExists);
+    const int me = get_worker_info().id;
+    const std::string peer = me == 0 ? "w1" : "w0";
+    WCHECK(get_worker_info(peer).name == peer);
+    WCHECK(rpc_sync(peer, add_fn, at::ones({2}), at::ones({2})).equal(at::full({2}, 2.0)));
+    WCHECK(rpc_async(peer, echo_int_fn, int64_t{round}).value() == round);
+    WCHECK_OK(shutdown());
+  }
+  return 0;
+}
+
+TEST(RpcMultiProcess, DefaultAgentApiLikeTorch) {
+  ExpectAllSucceeded(RunWorkers("default_agent_api", 2, absl::Seconds(120)));
 }
 
 TEST(RpcMultiProcess, DuplicateNameFailsInit) {
