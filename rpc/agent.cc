@@ -223,6 +223,16 @@ absl::Status RpcAgent::Rendezvous() {
   if (!round.ok()) return round.status();
   ns_ = absl::StrCat("baton/r", *round, "/");
 
+  // Which store instance this round uses (see Teardown).
+  if (options_.rank == 0) {
+    store_instance_ = RandomHex(8);
+    if (absl::Status s = store_->Set(ns_ + "store_instance", store_instance_); !s.ok()) return s;
+  } else if (options_.store == nullptr) {
+    auto v = store_->Get(ns_ + "store_instance", options_.init_timeout);
+    if (!v.ok()) return v.status();
+    store_instance_ = *v;
+  }
+
   auto token = AgreeOnToken();
   if (!token.ok()) return token.status();
 
@@ -742,6 +752,19 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
     store_server_->Shutdown(absl::Milliseconds(200));
   } else if (store_ != nullptr && !ns_.empty()) {
     (void)store_->Set(absl::StrCat(ns_, "shutdown/left/", rank_), "1");
+    // Rank 0 stops its store once every rank has left. Wait (bounded) until
+    // it is gone, so that an immediate init in this process cannot reach the
+    // old store and register into a finished round.
+    if (auto* client = dynamic_cast<store::StoreClient*>(store_.get());
+        client != nullptr && options_.store == nullptr && !store_instance_.empty()) {
+      const absl::Time until = absl::Now() + std::min(absl::Seconds(5), left());
+      const std::string key = ns_ + "store_instance";
+      while (absl::Now() < until) {
+        auto v = client->TryGet(key, absl::Milliseconds(200));
+        if (!v.ok() || *v != store_instance_) break;  // gone, or a new store
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
   }
   return first;
 }

@@ -235,6 +235,7 @@ class RpcAgent : private internal::TransportHandler {
   const std::shared_ptr<FunctionRegistry> registry_;
   int rank_ = -1;
   std::string ns_;
+  std::string store_instance_;                   // set during Create
   std::vector<WorkerInfo> workers_;              // set during Create
   std::vector<int64_t> peer_limits_;             // set during Create
   std::vector<bool> peer_shm_;                   // set during Create

@@ -141,13 +141,36 @@ absl::StatusOr<int64_t> StoreClient::NumKeys() {
   return resp.count();
 }
 
-absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
+absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key,
+                                                absl::Duration deadline) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
-  proto::NumKeysResponse resp;
-  absl::Status s =
-      FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
-  return s.ok() ? s : Fail("connect", "", s);
+  ctx.set_wait_for_ready(false);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (!options_.job_token.empty()) ctx.AddMetadata(kTokenMetadataKey, options_.job_token);
+  proto::GetRequest req;
+  req.set_key(std::string(key));
+  req.set_timeout_ms(0);
+  proto::GetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Get(&ctx, req, &resp));
+  if (!s.ok()) return Fail("get", key, s);
+  return std::move(*resp.mutable_value());
+}
+
+absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::max(absl::Milliseconds(1), deadline - absl::Now()));
+    proto::NumKeysResponse resp;
+    absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
+    if (s.ok()) return s;
+    // A server that is shutting down (a previous round's) cancels calls;
+    // keep trying until the deadline, the next one may be starting.
+    const bool transient = s.code() == absl::StatusCode::kCancelled ||
+                           s.code() == absl::StatusCode::kUnavailable;
+    if (!transient || absl::Now() >= deadline) return Fail("connect", "", s);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 }  // namespace baton::store

@@ -51,6 +51,11 @@ class StoreClient final : public Store {
   // Waits until the server answers, at most `timeout`.
   absl::Status WaitForServer(absl::Duration timeout);
 
+  // The value of `key` if the server is up and has it now; fails fast
+  // (UNAVAILABLE, NOT_FOUND-like DEADLINE_EXCEEDED) instead of waiting for
+  // the server or the key, bounded by `deadline`.
+  absl::StatusOr<std::string> TryGet(absl::string_view key, absl::Duration deadline);
+
   const std::string& address() const { return options_.address; }
 
  private:
