@@ -12,10 +12,9 @@ DeadlineTimer::Id DeadlineTimer::Schedule(absl::Time deadline,
   absl::MutexLock lock(&mu_);
   if (stopped_) return 0;
   const Id id = next_id_++;
-  const bool earliest = queue_.empty() || deadline < queue_.begin()->first.first;
   queue_.emplace(std::make_pair(deadline, id), std::move(callback));
   deadlines_.emplace(id, deadline);
-  if (earliest) changed_.Signal();
+  if (deadline < wake_at_) changed_.Signal();
   return id;
 }
 
@@ -35,13 +34,12 @@ bool DeadlineTimer::Cancel(Id id) {
 void DeadlineTimer::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopped_) {
-    if (queue_.empty()) {
-      changed_.Wait(&mu_);
-      continue;
-    }
-    const absl::Time next = queue_.begin()->first.first;
-    if (absl::Now() < next) {
-      changed_.WaitWithDeadline(&mu_, next);
+    const absl::Time now = absl::Now();
+    const absl::Time next = queue_.empty() ? absl::InfiniteFuture() : queue_.begin()->first.first;
+    if (now < next) {
+      wake_at_ = std::min(next, now + kMaxSleep);
+      changed_.WaitWithDeadline(&mu_, wake_at_);
+      wake_at_ = absl::InfinitePast();  // awake: Schedule need not signal
       continue;
     }
     auto node = queue_.extract(queue_.begin());

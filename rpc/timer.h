@@ -44,6 +44,7 @@ class DeadlineTimer {
 
  private:
   void Loop();
+  static constexpr absl::Duration kMaxSleep = absl::Milliseconds(50);
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
@@ -52,6 +53,10 @@ class DeadlineTimer {
   absl::flat_hash_map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // When the timer thread will wake next. It never sleeps longer than
+  // kMaxSleep, so Schedule() wakes it only for a deadline before that: calls
+  // with ordinary (seconds-long) deadlines cost no thread wake-up.
+  absl::Time wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
 };
 
