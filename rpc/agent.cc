@@ -510,6 +510,13 @@ void RpcAgent::OnRequest(std::shared_ptr<internal::ReplyChannel> channel, Frame 
   }
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
+  if (ready_.HasBeenNotified()) {
+    auto entry = registry_->Find(frame.header.function());
+    if (entry != nullptr && entry->inline_safe) {
+      Dispatch(channel, std::move(frame), deadline);
+      return;
+    }
+  }
   auto task = [this, channel, frame = std::move(frame), deadline]() mutable {
     Dispatch(channel, std::move(frame), deadline);
   };

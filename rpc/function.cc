@@ -22,6 +22,17 @@ absl::Status FunctionRegistry::RegisterRaw(std::string name,
   return absl::OkStatus();
 }
 
+absl::Status FunctionRegistry::RegisterInternalInline(std::string name, RawHandler handler) {
+  auto entry = std::make_shared<Entry>();
+  entry->handler = std::move(handler);
+  entry->inline_safe = true;
+  absl::MutexLock lock(&mu_);
+  if (!entries_.emplace(name, std::move(entry)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("function '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<const FunctionRegistry::Entry> FunctionRegistry::Find(
     absl::string_view name) const {
   absl::ReaderMutexLock lock(&mu_);

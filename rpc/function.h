@@ -138,11 +138,18 @@ class FunctionRegistry {
     std::string signature;  // empty: accepts any (raw handlers)
     RawHandler handler;
     ValueHandler value_handler;  // null for raw handlers
+    // The runtime's own short, non-blocking handlers (protocol bookkeeping)
+    // may run on the transport's thread instead of the executor. Never set
+    // for user functions.
+    bool inline_safe = false;
   };
 
   // ALREADY_EXISTS if the name is taken.
   absl::Status RegisterRaw(std::string name, std::string signature,
                            RawHandler handler, ValueHandler value_handler = nullptr);
+  // A protocol handler that never blocks and never runs user code: it is
+  // dispatched on the transport thread, saving a thread hand-off.
+  absl::Status RegisterInternalInline(std::string name, RawHandler handler);
 
   template <typename R, typename... Args, typename F>
   absl::Status Register(const Function<R(Args...)>& fn, F impl);

@@ -302,8 +302,8 @@ void RRefService::RegisterHandlers() {
   std::weak_ptr<RRefService> weak = weak_from_this();
   auto self_of = [weak]() { return weak.lock(); };
 
-  (void)registry_->RegisterRaw(
-      kControlFn, "",
+  (void)registry_->RegisterInternalInline(
+      kControlFn,
       [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
         auto self = self_of();
         proto::RRefControl m;
