@@ -498,6 +498,30 @@ WorkPtr ProcessGroup::AllGather(std::vector<at::Tensor> outputs,
       });
 }
 
+// Gather's outputs and Scatter's inputs: the root passes one tensor per
+// rank, each shaped like this rank's own tensor; other ranks pass none.
+absl::Status CheckRootList(GroupState& g, int root, const std::vector<at::Tensor>& list,
+                           const char* list_name, const at::Tensor& own,
+                           const char* own_name) {
+  if (g.rank() != root) {
+    if (!list.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("only the root passes ", list_name, " tensors"));
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int>(list.size()) != g.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", g.size(), " ", list_name,
+                                                   " tensors on the root, got ", list.size()));
+  }
+  absl::Status s = g.CheckList(list, list_name, /*same_shape=*/true);
+  if (s.ok() && (list[0].sizes() != own.sizes() || list[0].scalar_type() != own.scalar_type())) {
+    s = absl::InvalidArgumentError(absl::StrCat(list_name, "s are ", ShapeText(list[0]),
+                                                " but the ", own_name, " is ", ShapeText(own)));
+  }
+  return s;
+}
+
 WorkPtr ProcessGroup::Gather(std::vector<at::Tensor> outputs, at::Tensor input,
                              int root) {
   if (!state_) return NoGroup(OpKind::kGather);
@@ -509,26 +533,7 @@ WorkPtr ProcessGroup::Gather(std::vector<at::Tensor> outputs, at::Tensor input,
         if (s.ok()) s = g.CheckRoot(root);
         if (!s.ok()) return s;
         *fp = absl::StrCat("gather(root=", root, ") ", ShapeText(input));
-        if (g.rank() != root) {
-          if (!outputs.empty()) {
-            return absl::InvalidArgumentError(
-                "only the root passes output tensors");
-          }
-          return absl::OkStatus();
-        }
-        if (static_cast<int>(outputs.size()) != g.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("expected ", g.size(), " output tensors on the "
-                           "root, got ", outputs.size()));
-        }
-        s = g.CheckList(outputs, "output", /*same_shape=*/true);
-        if (s.ok() && (outputs[0].sizes() != input.sizes() ||
-                       outputs[0].scalar_type() != input.scalar_type())) {
-          s = absl::InvalidArgumentError(
-              absl::StrCat("outputs are ", ShapeText(outputs[0]),
-                           " but the input is ", ShapeText(input)));
-        }
-        return s;
+        return CheckRootList(g, root, outputs, "output", input, "input");
       },
       [&](Backend& b, const OpInfo& info) {
         return b.Gather(info, std::move(outputs), std::move(input), root);
@@ -546,26 +551,7 @@ WorkPtr ProcessGroup::Scatter(at::Tensor output, std::vector<at::Tensor> inputs,
         if (s.ok()) s = g.CheckRoot(root);
         if (!s.ok()) return s;
         *fp = absl::StrCat("scatter(root=", root, ") ", ShapeText(output));
-        if (g.rank() != root) {
-          if (!inputs.empty()) {
-            return absl::InvalidArgumentError(
-                "only the root passes input tensors");
-          }
-          return absl::OkStatus();
-        }
-        if (static_cast<int>(inputs.size()) != g.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("expected ", g.size(), " input tensors on the "
-                           "root, got ", inputs.size()));
-        }
-        s = g.CheckList(inputs, "input", /*same_shape=*/true);
-        if (s.ok() && (inputs[0].sizes() != output.sizes() ||
-                       inputs[0].scalar_type() != output.scalar_type())) {
-          s = absl::InvalidArgumentError(
-              absl::StrCat("inputs are ", ShapeText(inputs[0]),
-                           " but the output is ", ShapeText(output)));
-        }
-        return s;
+        return CheckRootList(g, root, inputs, "input", output, "output");
       },
       [&](Backend& b, const OpInfo& info) {
         return b.Scatter(info, std::move(output), std::move(inputs), root);
