@@ -15,6 +15,9 @@ namespace baton::launcher {
 namespace {
 
 constexpr char kJobKey[] = "rdzv/job";
+// Written (first writer wins) by a node that cannot take part, e.g. started
+// with other settings than the master; the host fails the round with it.
+constexpr char kAbortKey[] = "rdzv/aborted";
 constexpr char kCurrentKey[] = "rdzv/current";
 // Bound on reading a member key whose slot is already taken (the member
 // writes it right after taking the slot).
@@ -90,9 +93,15 @@ absl::StatusOr<Record> Rendezvous::FetchJob(const Record& expected) {
   for (const auto& [k, v] : expected) {
     auto it = job->find(k);
     if (it != job->end() && it->second != v) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      absl::Status error = absl::InvalidArgumentError(absl::StrCat(
           "this node's ", k, " '", v, "' differs from the master node's '",
           it->second, "': every node must be started with the same ", k));
+      // Let the master (and through it every node) fail now, with the cause,
+      // instead of waiting for this node until the rendezvous times out.
+      (void)store_->CompareSet(
+          kAbortKey, "",
+          absl::StrCat("node rank ", config_.node_rank, " cannot join: ", error.message()));
+      return error;
     }
   }
   return job;
@@ -162,9 +171,22 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
   };
 
   // Wait for MIN arrivals: slot MIN-1 exists once MIN nodes took a slot.
+  // Wait in slices, to notice a node that aborted (kAbortKey).
   const int min = config_.min_nodes, max = config_.max_nodes;
-  absl::Status s = store_->Wait(
-      {Key(round, absl::StrCat("member/", min - 1))}, config_.timeout);
+  const absl::Time arrival_deadline = absl::Now() + config_.timeout;
+  absl::Status s;
+  while (true) {
+    s = store_->Wait({Key(round, absl::StrCat("member/", min - 1))},
+                     std::min(absl::Seconds(1), std::max(absl::ZeroDuration(),
+                                                         arrival_deadline - absl::Now())));
+    if (s.ok() || s.code() != absl::StatusCode::kDeadlineExceeded) break;
+    auto aborted = store_->Get(kAbortKey, absl::ZeroDuration());
+    if (aborted.ok()) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("rendezvous round ", round, " aborted: ", *aborted)));
+    }
+    if (absl::Now() >= arrival_deadline) break;
+  }
   if (!s.ok()) {
     if (s.code() != absl::StatusCode::kDeadlineExceeded) return fail(s);
     auto members = read_members();

@@ -23,7 +23,9 @@
 // Guarantees:
 //   G1 every wait is bounded by --rdzv_timeout; a round that never fills
 //      fails with an error naming the missing node ranks, which every
-//      waiting node receives through "r/R/closed";
+//      waiting node receives through "r/R/closed"; a node started with other
+//      settings than the master writes the reason to "aborted" and the host
+//      fails the round with it at once;
 //   G2 all members of a round see the same membership, ranks, MASTER_PORT,
 //      restart count and outcome;
 //   G3 membership changes do not consume restarts; failures do.

@@ -249,6 +249,25 @@ TEST(Rendezvous, G1_MissingNodeIsNamedOnEveryNode) {
   EXPECT_THAT(other.message(), HasSubstr("missing node rank 2"));
 }
 
+TEST(Rendezvous, G1_NodeWithOtherSettingsFailsEveryNodeAtOnce) {
+  store::MemoryStore store;
+  Rendezvous host(&store, Config(0, 2, 2, absl::Seconds(60)));
+  ASSERT_TRUE(host.Publish({{"roles", "default:2:group"}}).ok());
+  absl::Status other;
+  std::thread t([&] {
+    Rendezvous r(&store, Config(1, 2, 2, absl::Seconds(60)));
+    other = r.FetchJob({{"roles", "default:1:group"}}).status();
+  });
+  const absl::Time t0 = absl::Now();
+  absl::Status s = host.Join(0).status();
+  t.join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));  // not the 60 s timeout
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("node rank 1 cannot join"));
+  EXPECT_THAT(s.message(), HasSubstr("'default:1:group' differs"));
+}
+
 TEST(Rendezvous, ElasticClosesWithWhoeverCameAfterLastCall) {
   store::MemoryStore store;
   absl::StatusOr<RoundInfo> second = absl::UnknownError("");
