@@ -578,6 +578,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
   }
   CallContext ctx;
   ctx.agent = this;
+  ctx.registry = registry_.get();
   ctx.caller = &workers_[caller];
   ctx.function = fname;
   ctx.deadline = deadline;

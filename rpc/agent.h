@@ -274,8 +274,8 @@ Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
         worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
   }
   typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  const CodecContext cc{this, worker->id};
-  absl::StatusOr<Payload> payload = EncodeMessage(tuple, &cc);
+  absl::StatusOr<Payload> payload = registry_->EncodeForSend(
+      tuple, MessageInfo{this, /*is_request=*/true, worker->id, fn.name()});
   if (!payload.ok()) {
     return MakeErrorFuture<R>(Annotate(
         payload.status(),
@@ -299,12 +299,14 @@ Future<R> RpcAgent::DecodeFuture(Future<Payload> raw, const WorkerInfo& from,
       return;
     }
     internal::Stored<R> value{};
-    const CodecContext cc{this, id};
-    absl::Status s = DecodeMessage(*r, &value, &cc);
+    absl::Status s = registry_->DecodeReceived(
+        *r, &value, MessageInfo{this, /*is_request=*/false, id, fname});
     if (!s.ok()) {
-      typed.SetError(absl::DataLossError(
-          absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '",
-                       fname, "': undecodable result: ", s.message())));
+      typed.SetError(absl::Status(
+          s.code() == absl::StatusCode::kDataLoss ? absl::StatusCode::kDataLoss : s.code(),
+          absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '", fname, "': ",
+                       s.code() == absl::StatusCode::kDataLoss ? "undecodable result: " : "",
+                       s.message())));
       return;
     }
     typed.Set(std::move(value));

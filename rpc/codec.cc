@@ -112,6 +112,9 @@ absl::Status Decoder::ExpectEnd() const {
 }
 
 void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
+  if (const CodecContext* c = enc.context(); c != nullptr && c->sent_tensors != nullptr) {
+    c->sent_tensors->push_back(tensor);
+  }
   if (!tensor.defined()) {
     enc.WritePod<uint8_t>(kUndefinedTensor);
     return;
@@ -151,6 +154,9 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
 }
 
 absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
+  if (const CodecContext* c = dec.context(); c != nullptr && c->received_tensors != nullptr) {
+    c->received_tensors->push_back(out);
+  }
   uint8_t tag = 0;
   absl::Status s = dec.ReadPod(&tag, "tensor tag");
   if (!s.ok()) return s;

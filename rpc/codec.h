@@ -55,6 +55,10 @@ class RpcAgent;
 struct CodecContext {
   RpcAgent* agent = nullptr;
   int peer = -1;
+  // When set, the tensor codec lists every tensor it encodes (as given) or
+  // decodes (the decoded object, which call hooks may replace).
+  std::vector<at::Tensor>* sent_tensors = nullptr;
+  std::vector<at::Tensor*>* received_tensors = nullptr;
 };
 
 class Encoder {

@@ -33,6 +33,42 @@ absl::Status FunctionRegistry::RegisterInternalInline(std::string name, RawHandl
   return absl::OkStatus();
 }
 
+void FunctionRegistry::AddCallHook(std::shared_ptr<CallHook> hook) {
+  absl::MutexLock lock(&mu_);
+  hooks_.push_back(std::move(hook));
+  has_hooks_.store(true, std::memory_order_release);
+}
+
+absl::Status FunctionRegistry::RunSendHooks(const MessageInfo& m,
+                                            const std::vector<at::Tensor>& tensors,
+                                            std::map<std::string, std::string>& extensions) const {
+  std::vector<std::shared_ptr<CallHook>> hooks;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    hooks = hooks_;
+  }
+  for (const auto& h : hooks) {
+    absl::Status s = h->OnSend(m, tensors, extensions);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FunctionRegistry::RunReceiveHooks(
+    const MessageInfo& m, const std::vector<at::Tensor*>& tensors,
+    const std::map<std::string, std::string>& extensions) const {
+  std::vector<std::shared_ptr<CallHook>> hooks;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    hooks = hooks_;
+  }
+  for (const auto& h : hooks) {
+    absl::Status s = h->OnReceive(m, tensors, extensions);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<const FunctionRegistry::Entry> FunctionRegistry::Find(
     absl::string_view name) const {
   absl::ReaderMutexLock lock(&mu_);

@@ -26,6 +26,7 @@
 #ifndef BATON_RPC_FUNCTION_H_
 #define BATON_RPC_FUNCTION_H_
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -44,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "rpc/call_hook.h"
 #include "rpc/codec.h"
 #include "rpc/future.h"
 #include "rpc/payload.h"
@@ -54,8 +56,12 @@ namespace baton::rpc {
 class RpcAgent;
 
 // What a running implementation knows about its call.
+class FunctionRegistry;
+
 struct CallContext {
   RpcAgent* agent = nullptr;
+  // The registry that dispatched the call (its call hooks run on the reply).
+  FunctionRegistry* registry = nullptr;
   const WorkerInfo* caller = nullptr;
   absl::string_view function;
   // When the caller gives up; nested waits should not outlive it.
@@ -158,6 +164,16 @@ class FunctionRegistry {
   std::shared_ptr<const Entry> Find(absl::string_view name) const;
   std::vector<std::string> Names() const;
 
+  // Call hooks (rpc/call_hook.h), run on every typed call and reply.
+  void AddCallHook(std::shared_ptr<CallHook> hook);
+  bool has_call_hooks() const { return has_hooks_.load(std::memory_order_acquire); }
+  // Encodes `value` for `message.peer`, running the send hooks.
+  template <typename T>
+  absl::StatusOr<Payload> EncodeForSend(const T& value, const MessageInfo& message) const;
+  // Decodes `payload`, running the receive hooks.
+  template <typename T>
+  absl::Status DecodeReceived(const Payload& payload, T* out, const MessageInfo& message) const;
+
   // Protocol layers (RRefs, distributed autograd) keep their per-worker
   // state here, one object per type, so codecs and handlers can reach it
   // without globals.
@@ -178,7 +194,38 @@ class FunctionRegistry {
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<CallHook>> hooks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> has_hooks_{false};
+
+  absl::Status RunSendHooks(const MessageInfo& m, const std::vector<at::Tensor>& tensors,
+                            std::map<std::string, std::string>& extensions) const;
+  absl::Status RunReceiveHooks(const MessageInfo& m, const std::vector<at::Tensor*>& tensors,
+                               const std::map<std::string, std::string>& extensions) const;
 };
+
+template <typename T>
+absl::StatusOr<Payload> FunctionRegistry::EncodeForSend(const T& value,
+                                                        const MessageInfo& message) const {
+  std::vector<at::Tensor> tensors;
+  const bool hooks = has_call_hooks();
+  CodecContext cc{message.agent, message.peer, hooks ? &tensors : nullptr, nullptr};
+  absl::StatusOr<Payload> p = EncodeMessage(value, &cc);
+  if (!p.ok() || !hooks) return p;
+  absl::Status s = RunSendHooks(message, tensors, p->extensions);
+  if (!s.ok()) return s;
+  return p;
+}
+
+template <typename T>
+absl::Status FunctionRegistry::DecodeReceived(const Payload& payload, T* out,
+                                              const MessageInfo& message) const {
+  std::vector<at::Tensor*> tensors;
+  const bool hooks = has_call_hooks();
+  CodecContext cc{message.agent, message.peer, nullptr, hooks ? &tensors : nullptr};
+  absl::Status s = DecodeMessage(payload, out, &cc);
+  if (!s.ok() || !hooks) return s;
+  return RunReceiveHooks(message, tensors, payload.extensions);
+}
 
 namespace internal {
 
@@ -238,10 +285,20 @@ template <typename R, typename Tuple, typename F>
 void InvokeTyped(F& impl, const CallContext& ctx, Payload args, TypedDone<R> done) {
   constexpr bool kWithContext = IsInvocableWithContext<F, Tuple>::value;
   Tuple decoded;
-  const CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
-  absl::Status s = DecodeMessage(args, &decoded, &cc);
+  const MessageInfo m{ctx.agent, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
+                      ctx.function};
+  absl::Status s;
+  if (ctx.registry != nullptr) {
+    s = ctx.registry->DecodeReceived(args, &decoded, m);
+  } else {
+    const CodecContext cc{ctx.agent, m.peer};
+    s = DecodeMessage(args, &decoded, &cc);
+  }
   if (!s.ok()) {
-    done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+    if (s.code() == absl::StatusCode::kDataLoss) {
+      s = absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message()));
+    }
+    done(s);
     return;
   }
   args = Payload();  // release the receive buffers not aliased by tensors
@@ -275,11 +332,18 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
                 "the implementation cannot be called with the Function's arguments");
   auto shared_impl = std::make_shared<F>(std::move(impl));
   RawHandler handler = [shared_impl](const CallContext& ctx, Payload args, Responder done) {
-    const CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+    MessageInfo reply{ctx.agent, /*is_request=*/false,
+                      ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
     internal::InvokeTyped<R, Tuple>(
         *shared_impl, ctx, std::move(args),
-        [done = std::move(done), cc](absl::StatusOr<internal::Stored<R>> r) mutable {
+        [done = std::move(done), reply, registry = ctx.registry,
+         name = std::string(ctx.function)](absl::StatusOr<internal::Stored<R>> r) mutable {
           if (!r.ok()) return done(r.status());
+          reply.function = name;
+          if (registry != nullptr) {
+            return done(registry->EncodeForSend<internal::Stored<R>>(*r, reply));
+          }
+          const CodecContext cc{reply.agent, reply.peer};
           done(EncodeMessage<internal::Stored<R>>(*r, &cc));
         });
   };

@@ -12,6 +12,7 @@
 #define BATON_RPC_PAYLOAD_H_
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,9 @@ struct Blob {
 struct Payload {
   std::string bytes;
   std::vector<Blob> blobs;
+  // Per-message data of protocol layers (call hooks), carried in
+  // FrameHeader.extensions.
+  std::map<std::string, std::string> extensions;
 
   size_t total_size() const {
     size_t n = bytes.size();

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "rpc/agent.h"
+#include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
 #include "tests/multiprocess.h"
 
@@ -384,6 +385,62 @@ BATON_SCENARIO(default_agent_api) {
 
 TEST(RpcMultiProcess, DefaultAgentApiLikeTorch) {
   ExpectAllSucceeded(RunWorkers("default_agent_api", 2, absl::Seconds(120)));
+}
+
+// A hook that tags each message with its tensor count and, on arrival,
+// checks the tag and multiplies every received tensor by 10.
+class CountingHook : public CallHook {
+ public:
+  absl::Status OnSend(const MessageInfo& m, const std::vector<at::Tensor>& tensors,
+                      std::map<std::string, std::string>& ext) override {
+    if (m.function == "boom") {
+      return absl::PermissionDeniedError("hook refuses to send 'boom'");
+    }
+    ext["test.count"] = std::to_string(tensors.size());
+    sent += tensors.size();
+    return absl::OkStatus();
+  }
+  absl::Status OnReceive(const MessageInfo& m, const std::vector<at::Tensor*>& tensors,
+                         const std::map<std::string, std::string>& ext) override {
+    auto it = ext.find("test.count");
+    if (it == ext.end()) return absl::OkStatus();  // not tagged by this hook
+    if (it->second != std::to_string(tensors.size())) {
+      return absl::InternalError("tensor count mismatch");
+    }
+    for (at::Tensor* t : tensors) *t = *t * 10;
+    received += tensors.size();
+    (void)m;
+    return absl::OkStatus();
+  }
+  std::atomic<size_t> sent{0}, received{0};
+};
+
+BATON_SCENARIO(call_hooks) {
+  auto registry = MakeRegistry();
+  auto hook = std::make_shared<CountingHook>();
+  registry->AddCallHook(hook);
+  auto opts = AgentOptions::FromEnv("w");
+  WCHECK_OK(opts.status());
+  auto agent = RpcAgent::Create(*opts, registry);
+  WCHECK_OK(agent.status());
+  if ((*agent)->self().id == 0) {
+    // Both arguments are scaled on arrival, and so is the reply.
+    const at::Tensor a = at::ones({3}), b = at::full({3}, 2.0);
+    WCHECK((*agent)->rpc_sync("w1", add_fn, a, b).equal((a + b) * 100));
+    WCHECK(hook->sent == 2 && hook->received == 1);
+    // Messages without tensors are tagged too; scalars are untouched.
+    WCHECK((*agent)->rpc_sync("w1", echo_int_fn, 5) == 5);
+    // A hook's error fails the call with its code.
+    absl::Status s = (*agent)->rpc_async("w1", boom_fn, std::string("x")).status();
+    WCHECK(s.code() == absl::StatusCode::kPermissionDenied &&
+           absl::StrContains(s.message(), "hook refuses"));
+  }
+  WCHECK_OK((*agent)->Shutdown());
+  return 0;
+}
+
+TEST(RpcMultiProcess, CallHooksSeeTensorsAndCarryExtensions) {
+  ExpectAllSucceeded(RunWorkers("call_hooks", 2, absl::Seconds(120)));
 }
 
 TEST(RpcMultiProcess, DuplicateNameFailsInit) {

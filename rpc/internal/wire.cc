@@ -12,6 +12,7 @@ void ReleaseOwner(void* user_data) {
 }
 
 void FillSizes(Frame& frame) {
+  for (const auto& [k, v] : frame.payload.extensions) (*frame.header.mutable_extensions())[k] = v;
   frame.header.set_payload_size(frame.payload.bytes.size());
   frame.header.clear_blob_sizes();
   for (const auto& b : frame.payload.blobs) frame.header.add_blob_sizes(b.size());
@@ -90,6 +91,7 @@ size_t FrameSize(const Frame& frame) {
   Frame copy;
   copy.header = frame.header;
   copy.header.set_payload_size(frame.payload.bytes.size());
+  for (const auto& [k, v] : frame.payload.extensions) (*copy.header.mutable_extensions())[k] = v;
   copy.header.clear_blob_sizes();
   size_t blobs = 0;
   for (const auto& b : frame.payload.blobs) {
@@ -168,6 +170,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
         return absl::DataLossError(absl::StrCat("truncated blob ", i));
       }
     }
+    for (const auto& [k, v] : frame.header.extensions()) frame.payload.extensions[k] = v;
     out->push_back(std::move(frame));
   }
   return absl::OkStatus();

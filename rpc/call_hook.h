@@ -1,0 +1,61 @@
+// CallHook: per-call hooks on send and on receive, the extension point for
+// protocols that follow tensors across workers (distributed autograd records
+// a send function for every tensor that leaves and a receive function for
+// every tensor that arrives, and tags the message with its context).
+//
+// Contract:
+// - OnSend runs on the sender after a message's values were encoded and
+//   before it leaves: for a request in rpc_sync/rpc_async, for a reply in the
+//   callee's typed handler. It sees every tensor the message carries, as the
+//   user passed them (with their autograd history), and may add entries to
+//   `extensions`, which travel in the frame (FrameHeader.extensions).
+// - OnReceive runs on the receiver after the values were decoded and before
+//   they reach user code (the remote function, or the caller's future). It
+//   sees the decoded tensors and may replace them (e.g. to attach autograd
+//   history), and reads the sender's extensions.
+// - A hook's error fails the call: on send the caller gets it; on receive in
+//   the callee the caller gets it as the reply; on receive of a reply the
+//   caller's future fails with it. Errors keep their code.
+// - Hooks run in registration order on the calling thread (caller's thread,
+//   executor thread, or the transport thread that completes a reply); they
+//   must not block.
+// - Scope today: typed rpc_sync/rpc_async calls and their replies. The RRef
+//   paths (remote(), to_here(), methods) do not run hooks yet.
+//
+// Thread-safety: hooks are called concurrently and must be thread-safe.
+#ifndef BATON_RPC_CALL_HOOK_H_
+#define BATON_RPC_CALL_HOOK_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace baton::rpc {
+
+class RpcAgent;
+
+struct MessageInfo {
+  RpcAgent* agent = nullptr;
+  bool is_request = true;
+  int peer = -1;  // the other end: destination on send, sender on receive
+  absl::string_view function;
+};
+
+class CallHook {
+ public:
+  virtual ~CallHook() = default;
+  virtual absl::Status OnSend(const MessageInfo& message, const std::vector<at::Tensor>& tensors,
+                              std::map<std::string, std::string>& extensions) = 0;
+  virtual absl::Status OnReceive(const MessageInfo& message,
+                                 const std::vector<at::Tensor*>& tensors,
+                                 const std::map<std::string, std::string>& extensions) = 0;
+};
+
+}  // namespace baton::rpc
+
+#endif  // BATON_RPC_CALL_HOOK_H_
