@@ -19,8 +19,10 @@
 // - Hooks run in registration order on the calling thread (caller's thread,
 //   executor thread, or the transport thread that completes a reply); they
 //   must not block.
-// - Scope today: typed rpc_sync/rpc_async calls and their replies. The RRef
-//   paths (remote(), to_here(), methods) do not run hooks yet.
+// - Scope: typed rpc_sync/rpc_async calls and their replies, and the RRef
+//   paths (remote() arguments, to_here() replies, method arguments and
+//   results). A hook must ignore messages without its own extensions (e.g.
+//   sent by a worker without the hook, or an owner-local to_here()).
 //
 // Thread-safety: hooks are called concurrently and must be thread-safe.
 #ifndef BATON_RPC_CALL_HOOK_H_

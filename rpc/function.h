@@ -197,6 +197,10 @@ class FunctionRegistry {
   std::vector<std::shared_ptr<CallHook>> hooks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> has_hooks_{false};
 
+ public:
+  // The hooks themselves, for messages encoded without a static type (an
+  // RRef's value): collect the tensors with CodecContext::sent_tensors /
+  // received_tensors and run these.
   absl::Status RunSendHooks(const MessageInfo& m, const std::vector<at::Tensor>& tensors,
                             std::map<std::string, std::string>& extensions) const;
   absl::Status RunReceiveHooks(const MessageInfo& m, const std::vector<at::Tensor*>& tensors,

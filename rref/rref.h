@@ -194,8 +194,8 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::Wo
   auto worker = agent.worker(to);
   if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
   typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  const rpc::CodecContext cc{&agent, worker->id};
-  auto payload = rpc::EncodeMessage(tuple, &cc);
+  auto payload = agent.registry().EncodeForSend(
+      tuple, rpc::MessageInfo{&agent, /*is_request=*/true, worker->id, fn.name()});
   if (!payload.ok()) throw Error(Annotate(payload.status(), "remote(): cannot encode arguments"));
   return RRef<R>(internal::RemoteCreate(agent, *svc, worker->id, fn.name(),
                                         rpc::Function<R(Args...)>::cached_signature(),
@@ -259,9 +259,20 @@ class ClassBuilder {
     m.invoke = [method](std::shared_ptr<void> object, const rpc::CallContext& ctx,
                         rpc::Payload args, rpc::ValueDone done) {
       typename Tr::Args decoded;
-      const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
-      absl::Status s = rpc::DecodeMessage(args, &decoded, &cc);
-      if (!s.ok()) return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+      const rpc::MessageInfo m{ctx.agent, /*is_request=*/true,
+                               ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
+      absl::Status s;
+      if (ctx.registry != nullptr) {
+        s = ctx.registry->DecodeReceived(args, &decoded, m);
+      } else {
+        const rpc::CodecContext cc{ctx.agent, m.peer};
+        s = rpc::DecodeMessage(args, &decoded, &cc);
+      }
+      if (!s.ok()) {
+        return done(s.code() == absl::StatusCode::kDataLoss
+                        ? absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message()))
+                        : s);
+      }
       C* obj = static_cast<C*>(object.get());
       try {
         if constexpr (std::is_void_v<R>) {

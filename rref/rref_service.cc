@@ -42,6 +42,7 @@ rpc::Payload WithHeader(const proto::RRefCall& header, rpc::Payload args) {
   rpc::Payload out = *std::move(enc).Finish();
   out.bytes += args.bytes;
   out.blobs = std::move(args.blobs);
+  out.extensions = std::move(args.extensions);
   return out;
 }
 
@@ -282,6 +283,23 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
 
 namespace {
 
+// Encodes an RRef's value (or a method's result) for the caller, running the
+// registry's send hooks on the tensors it carries.
+absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
+                                                 const rpc::CallContext& ctx) {
+  std::vector<at::Tensor> tensors;
+  const bool hooks = ctx.registry != nullptr && ctx.registry->has_call_hooks();
+  const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1,
+                             hooks ? &tensors : nullptr, nullptr};
+  absl::StatusOr<rpc::Payload> p = v.encode(v.ptr.get(), cc);
+  if (!p.ok() || !hooks) return p;
+  absl::Status s = ctx.registry->RunSendHooks(
+      rpc::MessageInfo{ctx.agent, /*is_request=*/false, cc.peer, ctx.function}, tensors,
+      p->extensions);
+  if (!s.ok()) return s;
+  return p;
+}
+
 // The common part of the RRef call handlers: find the service and parse the
 // call header, then run `body`.
 template <typename SelfOf, typename Body>
@@ -356,9 +374,10 @@ void RRefService::RegisterHandlers() {
         auto rctx = self->EnsureAttached(ctx.agent);
         auto value = rctx->OwnedValue(FromProto(h.rref()));
         if (!value.ok()) return done(value.status());
-        const rpc::CodecContext cc{ctx.agent, ctx.caller->id};
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
-        value->OnReady([shared, cc, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
+        rpc::CallContext reply_ctx = ctx;
+        reply_ctx.function = kFetchFn;
+        value->OnReady([shared, reply_ctx, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
           if (!v.ok()) return (*shared)(v.status());
           if (!type.empty() && type != v->type) {
             return (*shared)(absl::InvalidArgumentError(
@@ -369,7 +388,7 @@ void RRefService::RegisterHandlers() {
                 "the RRef holds a remote object, which stays on its owner: call its methods "
                 "instead of to_here()"));
           }
-          (*shared)(v->encode(v->ptr.get(), cc));
+          (*shared)(EncodeValueForReply(*v, reply_ctx));
         });
       }));
 
@@ -379,16 +398,17 @@ void RRefService::RegisterHandlers() {
                            const rpc::CallContext& ctx, rpc::Payload args,
                            rpc::Responder done) {
         self->EnsureAttached(ctx.agent);
-        const rpc::CodecContext cc{ctx.agent, ctx.caller->id};
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
+        rpc::CallContext reply_ctx = ctx;
+        reply_ctx.function = kMethodFn;
         self->RunMethod(ctx, FromProto(h.rref()), h.function(), h.signature(), std::move(args),
-                        [shared, cc](absl::StatusOr<rpc::AnyValue> v) {
+                        [shared, reply_ctx](absl::StatusOr<rpc::AnyValue> v) {
                           if (!v.ok()) return (*shared)(v.status());
                           if (!v->encode) {
                             return (*shared)(absl::FailedPreconditionError(
                                 "the method's result cannot be sent; use rref.remote(...)"));
                           }
-                          (*shared)(v->encode(v->ptr.get(), cc));
+                          (*shared)(EncodeValueForReply(*v, reply_ctx));
                         });
       }));
 
@@ -436,6 +456,7 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, 
     auto handle = ctx->CreateOwned(type);
     rpc::CallContext call;
     call.agent = &agent;
+    call.registry = &agent.registry();
     call.caller = &agent.workers()[agent.self().id];
     auto task = [svc = svc.shared_from_this(), call, function, signature, rref = handle->rref(),
                  done = settle(handle->created_promise(), what),

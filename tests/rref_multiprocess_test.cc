@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
+#include "rpc/call_hook.h"
 #include "rref/rref.h"
 #include "tests/fault_injection.h"
 #include "tests/multiprocess.h"
@@ -399,6 +400,52 @@ TEST(RRefMultiProcess, DeadOwnerFailsCallsAndShutdownIsBounded) {
   auto results = RunWorkers("dead_owner", 2, absl::Seconds(90));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
   EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
+}
+
+// Tags messages with their tensor count; scales received tagged tensors.
+class ScalingHook : public rpc::CallHook {
+ public:
+  absl::Status OnSend(const rpc::MessageInfo&, const std::vector<at::Tensor>& tensors,
+                      std::map<std::string, std::string>& ext) override {
+    ext["test.count"] = std::to_string(tensors.size());
+    return absl::OkStatus();
+  }
+  absl::Status OnReceive(const rpc::MessageInfo&, const std::vector<at::Tensor*>& tensors,
+                         const std::map<std::string, std::string>& ext) override {
+    auto it = ext.find("test.count");
+    if (it == ext.end()) return absl::OkStatus();
+    if (it->second != std::to_string(tensors.size())) {
+      return absl::InternalError("tensor count mismatch");
+    }
+    for (at::Tensor* t : tensors) *t = *t * 10;
+    return absl::OkStatus();
+  }
+};
+
+BATON_SCENARIO(rref_call_hooks) {
+  Worker w = Start();
+  w.registry->AddCallHook(std::make_shared<ScalingHook>());
+  auto& agent = *w.agent;
+  if (agent.self().id == 0) {
+    const at::Tensor x = at::ones({2});
+    // remote(): the argument is scaled on the owner (x10), make_fn multiplies
+    // by 10, and to_here's reply is scaled on arrival (x10).
+    RRef<at::Tensor> r = remote(agent, "w1", make_fn, x);
+    WCHECK(r.to_here().equal(x * 1000));
+    // Methods: the argument is scaled on the owner, the result on arrival.
+    RRef<ParameterServer> ps = remote<ParameterServer>(agent, "w1", int64_t{2});
+    WCHECK(ps.rpc_sync(&ParameterServer::add, at::ones({2}, at::kDouble)) == 1);
+    WCHECK(ps.rpc_sync(&ParameterServer::get).equal(at::full({2}, 100.0, at::kDouble)));
+    // remote() to itself runs the receive hooks as well.
+    RRef<at::Tensor> mine = remote(agent, "w0", make_fn, x);
+    WCHECK(mine.to_here().equal(x * 100));
+  }
+  Finish(w);
+  return 0;
+}
+
+TEST(RRefMultiProcess, CallHooksRunOnRemoteToHereAndMethods) {
+  ExpectAllSucceeded(RunWorkers("rref_call_hooks", 2, absl::Seconds(120)));
 }
 
 long RssKb() {

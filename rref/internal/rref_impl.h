@@ -82,8 +82,8 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
         absl::StrCat(m->qualified_name, " on ", Describe(), ": the agent is shut down")));
   }
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
-  const rpc::CodecContext cc{agent, handle_->owner()};
-  auto payload = rpc::EncodeMessage(tuple, &cc);
+  auto payload = agent->registry().EncodeForSend(
+      tuple, rpc::MessageInfo{agent, /*is_request=*/true, handle_->owner(), m->qualified_name});
   if (!payload.ok()) return rpc::MakeErrorFuture<R>(payload.status());
   proto::RRefCall h;
   ToProto(handle_->rref(), h.mutable_rref());
@@ -121,6 +121,7 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     rpc::Promise<void> created = result->created_promise();
     rpc::CallContext call;
     call.agent = agent;
+    call.registry = &agent->registry();
     call.caller = &agent->workers()[agent->self().id];
     call.function = m->qualified_name;
     service_->RunMethod(call, handle_->rref(), m->qualified_name, m->signature,
