@@ -16,6 +16,8 @@
 // - A hook's error fails the call: on send the caller gets it; on receive in
 //   the callee the caller gets it as the reply; on receive of a reply the
 //   caller's future fails with it. Errors keep their code.
+// - Add hooks to the registry before RpcAgent::Create, on every worker: a
+//   message that arrives before a hook is added does not see it.
 // - Hooks run in registration order on the calling thread (caller's thread,
 //   executor thread, or the transport thread that completes a reply); they
 //   must not block.

@@ -106,15 +106,37 @@ std::shared_ptr<RRef<ParameterServer>> g_received;
 absl::Notification* g_got = nullptr;
 const Function<void(RRef<ParameterServer>)> hand_fn("hand");
 
+// Tags messages with their tensor count; scales received tagged tensors.
+class ScalingHook : public rpc::CallHook {
+ public:
+  absl::Status OnSend(const rpc::MessageInfo&, const std::vector<at::Tensor>& tensors,
+                      std::map<std::string, std::string>& ext) override {
+    ext["test.count"] = std::to_string(tensors.size());
+    return absl::OkStatus();
+  }
+  absl::Status OnReceive(const rpc::MessageInfo&, const std::vector<at::Tensor*>& tensors,
+                         const std::map<std::string, std::string>& ext) override {
+    auto it = ext.find("test.count");
+    if (it == ext.end()) return absl::OkStatus();
+    if (it->second != std::to_string(tensors.size())) {
+      return absl::InternalError("tensor count mismatch");
+    }
+    for (at::Tensor* t : tensors) *t = *t * 10;
+    return absl::OkStatus();
+  }
+};
+
 struct Worker {
   std::shared_ptr<FunctionRegistry> registry;
   std::shared_ptr<RRefService> rrefs;
   std::unique_ptr<RpcAgent> agent;
 };
 
-Worker Start(rpc::AgentOptions* override_opts = nullptr) {
+Worker Start(rpc::AgentOptions* override_opts = nullptr,
+             std::shared_ptr<rpc::CallHook> hook = nullptr) {
   Worker w;
   w.registry = std::make_shared<FunctionRegistry>();
+  if (hook != nullptr) w.registry->AddCallHook(std::move(hook));  // before Create
   // BATON_TEST_DELAY=fork,accept,delete delays those protocol messages.
   const char* delay = std::getenv("BATON_TEST_DELAY");
   RRefService::SenderWrapper wrapper;
@@ -402,29 +424,8 @@ TEST(RRefMultiProcess, DeadOwnerFailsCallsAndShutdownIsBounded) {
   EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
 }
 
-// Tags messages with their tensor count; scales received tagged tensors.
-class ScalingHook : public rpc::CallHook {
- public:
-  absl::Status OnSend(const rpc::MessageInfo&, const std::vector<at::Tensor>& tensors,
-                      std::map<std::string, std::string>& ext) override {
-    ext["test.count"] = std::to_string(tensors.size());
-    return absl::OkStatus();
-  }
-  absl::Status OnReceive(const rpc::MessageInfo&, const std::vector<at::Tensor*>& tensors,
-                         const std::map<std::string, std::string>& ext) override {
-    auto it = ext.find("test.count");
-    if (it == ext.end()) return absl::OkStatus();
-    if (it->second != std::to_string(tensors.size())) {
-      return absl::InternalError("tensor count mismatch");
-    }
-    for (at::Tensor* t : tensors) *t = *t * 10;
-    return absl::OkStatus();
-  }
-};
-
 BATON_SCENARIO(rref_call_hooks) {
-  Worker w = Start();
-  w.registry->AddCallHook(std::make_shared<ScalingHook>());
+  Worker w = Start(nullptr, std::make_shared<ScalingHook>());
   auto& agent = *w.agent;
   if (agent.self().id == 0) {
     const at::Tensor x = at::ones({2});
