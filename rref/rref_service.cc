@@ -23,10 +23,6 @@ rpc::Future<void> ToVoid(rpc::Future<rpc::Payload> raw) {
   return p.future();
 }
 
-std::string DescribeRRef(RRefId id, int owner) {
-  return absl::StrCat("RRef ", id.ToString(), " owned by worker ", owner);
-}
-
 }  // namespace
 
 void ToProto(const GlobalId& id, proto::GlobalIdProto* out) {
@@ -432,7 +428,6 @@ void RRefService::RegisterHandlers() {
                           }
                         });
       }));
-  (void)DescribeRRef;
 }
 
 namespace internal {

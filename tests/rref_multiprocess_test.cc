@@ -337,6 +337,13 @@ BATON_SCENARIO(remote_objects) {
   if (me == 0) {
     WCHECK(ps.rpc_sync(&ParameterServer::updates) == 300);
     WCHECK(ps.rpc_sync(&ParameterServer::get).equal(at::full({4}, 300.0, at::kDouble)));
+    // Constructor arguments of the wrong type give a clear error.
+    RRef<ParameterServer> wrong = remote<ParameterServer>(agent, "w1", 4);  // int, not int64
+    absl::Status ws = wrong.created().status();
+    WCHECK(ws.code() == absl::StatusCode::kInvalidArgument &&
+           absl::StrContains(ws.message(), "(int32)->void") &&
+           absl::StrContains(ws.message(), "(int64)->void"));
+    wrong = {};
     // A method's result kept on the owner as a new RRef.
     RRef<at::Tensor> snapshot = ps.remote(&ParameterServer::get);
     WCHECK(snapshot.owner_id() == 1 && snapshot.to_here().sum().item<double>() == 1200.0);

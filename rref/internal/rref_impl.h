@@ -169,17 +169,15 @@ RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... arg
   auto worker = agent.worker(to);
   if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
   auto tuple = std::make_tuple(std::forward<CallArgs>(args)...);
-  using Tuple = decltype(tuple);
-  const rpc::CodecContext cc{&agent, worker->id};
-  auto payload = rpc::EncodeMessage(tuple, &cc);
+  auto payload = agent.registry().EncodeForSend(
+      tuple, rpc::MessageInfo{&agent, /*is_request=*/true, worker->id, cls});
   if (!payload.ok()) throw Error(payload.status());
   const std::string ctor = absl::StrCat(cls, ".__init__");
-  auto entry = svc->registry().Find(ctor);
-  if (entry == nullptr) {
-    throw Error(absl::NotFoundError(absl::StrCat("class ", cls, " has no registered constructor")));
-  }
-  (void)sizeof(Tuple);
-  return RRef<C>(internal::RemoteCreate(agent, *svc, worker->id, ctor, entry->signature,
+  // The types actually sent: the owner rejects them with INVALID_ARGUMENT
+  // naming both signatures if they differ from the registered constructor.
+  const std::string signature =
+      rpc::Function<void(std::decay_t<CallArgs>...)>::cached_signature();
+  return RRef<C>(internal::RemoteCreate(agent, *svc, worker->id, ctor, signature,
                                         typeid(C).name(), *std::move(payload), {}),
                  svc);
 }
