@@ -5,9 +5,28 @@
 
 namespace baton {
 
+namespace {
+
+int Limit(int64_t max_message_bytes) {
+  return static_cast<int>(std::min<int64_t>(max_message_bytes, INT_MAX));
+}
+
+// Bulk tensors: large flow-control windows and read chunks, so a big message
+// is not throttled to many small windows and reads. Shared by both sides.
+template <typename SetInt>
+void ApplyBulkTuning(SetInt set) {
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  set(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
+  set(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+  set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+}
+
+}  // namespace
+
 grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes) {
   grpc::ChannelArguments args;
-  const int limit = static_cast<int>(std::min<int64_t>(max_message_bytes, INT_MAX));
+  const int limit = Limit(max_message_bytes);
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
@@ -17,16 +36,20 @@ grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Bulk tensors: large flow-control windows and read chunks, so a big
-  // message is not throttled to many small windows and reads.
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
-  args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-  args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+  ApplyBulkTuning([&args](const char* key, int value) { args.SetInt(key, value); });
   // Each channel gets its own connection, even to the same address.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return args;
+}
+
+void ApplyBatonServerArguments(grpc::ServerBuilder& builder, int64_t max_message_bytes) {
+  builder.SetMaxReceiveMessageSize(Limit(max_message_bytes));
+  builder.SetMaxSendMessageSize(Limit(max_message_bytes));
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  ApplyBulkTuning(
+      [&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
 }
 
 }  // namespace baton

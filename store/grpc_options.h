@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
 namespace baton {
@@ -17,6 +18,10 @@ inline constexpr char kTokenMetadataKey[] = "x-baton-token";
 // to their own hosts), fast reconnect backoff (peers may start late),
 // keepalive to notice a silent peer, and the given message limit.
 grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes);
+
+// The matching server side: no port sharing, keepalive pings from clients
+// accepted, and the same bulk-transfer windows and message limit.
+void ApplyBatonServerArguments(grpc::ServerBuilder& builder, int64_t max_message_bytes);
 
 }  // namespace baton
 

@@ -290,18 +290,7 @@ absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(
   builder.AddListeningPort(t->options_.listen_address,
                            grpc::InsecureServerCredentials(), &port);
   builder.RegisterCallbackGenericService(t->service_.get());
-  const int limit = static_cast<int>(
-      std::min<int64_t>(t->options_.max_message_bytes + (1 << 20), INT_MAX));
-  builder.SetMaxReceiveMessageSize(limit);
-  builder.SetMaxSendMessageSize(limit);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  ApplyBatonServerArguments(builder, t->options_.max_message_bytes + (1 << 20));
   t->server_ = builder.BuildAndStart();
   if (t->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
