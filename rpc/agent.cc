@@ -582,6 +582,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
   ctx.caller = &workers_[caller];
   ctx.function = fname;
   ctx.deadline = deadline;
+  if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
   entry->handler(ctx, std::move(frame.payload),
                  [this, channel, id, caller](absl::StatusOr<Payload> result) {
                    SendReply(channel, id, caller, std::move(result));

@@ -25,12 +25,23 @@
 //   paths (remote() arguments, to_here() replies, method arguments and
 //   results). A hook must ignore messages without its own extensions (e.g.
 //   sent by a worker without the hook, or an owner-local to_here()).
+// - EnterCall runs on the callee's thread right before user code runs for a
+//   request (a function, a remote() constructor or function, an RRef method),
+//   after OnReceive; the returned scope is destroyed when that code returns
+//   (not when a future it returned completes). It lets a hook make per-call
+//   state ambient for nested calls made by that code (distributed autograd
+//   makes the request's context current). It runs for every request while
+//   hooks exist, also one without the hook's extensions, so a scope can clear
+//   state a reused thread still holds.
+// - On the send of a reply, MessageInfo::request_extensions holds the
+//   extensions of the request it answers, so a hook can tag the reply.
 //
 // Thread-safety: hooks are called concurrently and must be thread-safe.
 #ifndef BATON_RPC_CALL_HOOK_H_
 #define BATON_RPC_CALL_HOOK_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +59,14 @@ struct MessageInfo {
   bool is_request = true;
   int peer = -1;  // the other end: destination on send, sender on receive
   absl::string_view function;
+  // Send of a reply: the extensions of the request it answers. Else null.
+  const std::map<std::string, std::string>* request_extensions = nullptr;
+};
+
+// State a hook keeps ambient while user code runs; ended by destruction.
+class CallScope {
+ public:
+  virtual ~CallScope() = default;
 };
 
 class CallHook {
@@ -58,6 +77,10 @@ class CallHook {
   virtual absl::Status OnReceive(const MessageInfo& message,
                                  const std::vector<at::Tensor*>& tensors,
                                  const std::map<std::string, std::string>& extensions) = 0;
+  virtual std::unique_ptr<CallScope> EnterCall(
+      const MessageInfo& request, const std::map<std::string, std::string>& extensions) {
+    return nullptr;
+  }
 };
 
 }  // namespace baton::rpc

@@ -69,6 +69,21 @@ absl::Status FunctionRegistry::RunReceiveHooks(
   return absl::OkStatus();
 }
 
+FunctionRegistry::CallScopes FunctionRegistry::EnterCall(const CallContext& ctx) const {
+  CallScopes out;
+  std::vector<std::shared_ptr<CallHook>> hooks;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    hooks = hooks_;
+  }
+  const MessageInfo m{ctx.agent, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
+                      ctx.function};
+  for (const auto& h : hooks) {
+    if (auto scope = h->EnterCall(m, ctx.extensions)) out.scopes_.push_back(std::move(scope));
+  }
+  return out;
+}
+
 std::shared_ptr<const FunctionRegistry::Entry> FunctionRegistry::Find(
     absl::string_view name) const {
   absl::ReaderMutexLock lock(&mu_);

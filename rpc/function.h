@@ -66,6 +66,8 @@ struct CallContext {
   absl::string_view function;
   // When the caller gives up; nested waits should not outlive it.
   absl::Time deadline = absl::InfiniteFuture();
+  // The request's extensions (set only while call hooks exist).
+  std::map<std::string, std::string> extensions;
   absl::Duration time_left() const {
     return deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
                                               : deadline - absl::Now();
@@ -173,6 +175,22 @@ class FunctionRegistry {
   // Decodes `payload`, running the receive hooks.
   template <typename T>
   absl::Status DecodeReceived(const Payload& payload, T* out, const MessageInfo& message) const;
+  // The hooks' scopes for user code answering `ctx` (CallHook::EnterCall);
+  // they end when the returned object is destroyed.
+  class CallScopes {
+   public:
+    CallScopes() = default;
+    CallScopes(CallScopes&&) = default;
+    CallScopes& operator=(CallScopes&&) = default;
+    ~CallScopes() {
+      while (!scopes_.empty()) scopes_.pop_back();  // innermost first
+    }
+
+   private:
+    friend class FunctionRegistry;
+    std::vector<std::unique_ptr<CallScope>> scopes_;
+  };
+  CallScopes EnterCall(const CallContext& ctx) const;
 
   // Protocol layers (RRefs, distributed autograd) keep their per-worker
   // state here, one object per type, so codecs and handlers can reach it
@@ -306,6 +324,10 @@ void InvokeTyped(F& impl, const CallContext& ctx, Payload args, TypedDone<R> don
     return;
   }
   args = Payload();  // release the receive buffers not aliased by tensors
+  FunctionRegistry::CallScopes scopes;
+  if (ctx.registry != nullptr && ctx.registry->has_call_hooks()) {
+    scopes = ctx.registry->EnterCall(ctx);
+  }
   try {
     auto call = [&](auto&&... a) -> decltype(auto) {
       if constexpr (kWithContext) {
@@ -340,10 +362,11 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
                       ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
     internal::InvokeTyped<R, Tuple>(
         *shared_impl, ctx, std::move(args),
-        [done = std::move(done), reply, registry = ctx.registry,
+        [done = std::move(done), reply, registry = ctx.registry, request_ext = ctx.extensions,
          name = std::string(ctx.function)](absl::StatusOr<internal::Stored<R>> r) mutable {
           if (!r.ok()) return done(r.status());
           reply.function = name;
+          reply.request_extensions = &request_ext;
           if (registry != nullptr) {
             return done(registry->EncodeForSend<internal::Stored<R>>(*r, reply));
           }

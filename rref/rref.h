@@ -209,6 +209,19 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to,
   return remote(agent, rpc::CallOptions{}, to, fn, std::forward<CallArgs>(args)...);
 }
 
+// An RRef owned by this worker holding `value` (like torch's RRef(value)):
+// e.g. a remote module hands out RRefs to its parameters this way. The value
+// is shared, not copied: local_value() returns the same object.
+template <typename T>
+RRef<T> MakeOwned(rpc::RpcAgent& agent, T value) {
+  auto svc = internal::ServiceOf(agent);
+  auto ctx = svc->context();
+  auto handle = ctx->CreateOwned(typeid(T).name());
+  ctx->SetValue(handle->rref(), internal::MakeValue(std::make_shared<T>(std::move(value))));
+  handle->created_promise().SetValue();
+  return RRef<T>(std::move(handle), svc);
+}
+
 // Creates a remote object of class C (registered with RegisterClass) on `to`.
 template <typename C, typename... CallArgs>
 RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... args);
@@ -274,6 +287,10 @@ class ClassBuilder {
                         : s);
       }
       C* obj = static_cast<C*>(object.get());
+      rpc::FunctionRegistry::CallScopes scopes;
+      if (ctx.registry != nullptr && ctx.registry->has_call_hooks()) {
+        scopes = ctx.registry->EnterCall(ctx);
+      }
       try {
         if constexpr (std::is_void_v<R>) {
           std::apply([&](auto&&... a) { (obj->*method)(std::move(a)...); }, std::move(decoded));

@@ -289,9 +289,9 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
                              hooks ? &tensors : nullptr, nullptr};
   absl::StatusOr<rpc::Payload> p = v.encode(v.ptr.get(), cc);
   if (!p.ok() || !hooks) return p;
-  absl::Status s = ctx.registry->RunSendHooks(
-      rpc::MessageInfo{ctx.agent, /*is_request=*/false, cc.peer, ctx.function}, tensors,
-      p->extensions);
+  rpc::MessageInfo m{ctx.agent, /*is_request=*/false, cc.peer, ctx.function};
+  m.request_extensions = &ctx.extensions;
+  absl::Status s = ctx.registry->RunSendHooks(m, tensors, p->extensions);
   if (!s.ok()) return s;
   return p;
 }

@@ -37,7 +37,15 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   proto::RRefCall h;
   ToProto(handle_->rref(), h.mutable_rref());
   h.set_type(handle_->type());
-  rpc::Future<rpc::Payload> raw = agent->CallRaw(owner->id, kFetchFn, "", WithHeader(h, {}),
+  rpc::Payload request = WithHeader(h, {});
+  if (agent->registry().has_call_hooks()) {
+    // No tensors travel, but hooks may tag the fetch (e.g. with the autograd
+    // context, so the owner records the value it sends back).
+    absl::Status s = agent->registry().RunSendHooks(
+        rpc::MessageInfo{agent, /*is_request=*/true, owner->id, kFetchFn}, {}, request.extensions);
+    if (!s.ok()) return rpc::MakeErrorFuture<T>(Annotate(s, absl::StrCat("to_here of ", Describe())));
+  }
+  rpc::Future<rpc::Payload> raw = agent->CallRaw(owner->id, kFetchFn, "", std::move(request),
                                                  rpc::CallOptions{timeout});
   return agent->template DecodeFuture<T>(std::move(raw), *owner,
                                          absl::StrCat("to_here of ", Describe()));

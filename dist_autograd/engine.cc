@@ -1,0 +1,270 @@
+// Distributed backward ("FAST" mode, see dist_autograd.h): local engine runs
+// that capture leaf and recv gradients, and the gradient messages between
+// workers.
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ATen/ATen.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "dist_autograd/internal/container.h"
+
+namespace baton::dist_autograd {
+namespace internal {
+namespace {
+
+using torch::autograd::AccumulateGrad;
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::Node;
+
+bool IsOutputNode(Node* n) {
+  return dynamic_cast<AccumulateGrad*>(n) != nullptr || dynamic_cast<RecvRpcBackward*>(n) != nullptr;
+}
+
+// The engine's outputs for a run from `roots`: every leaf accumulator and
+// every recv function input reachable from them.
+edge_list FindOutputs(const edge_list& roots) {
+  edge_list outputs;
+  absl::flat_hash_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (const Edge& r : roots) {
+    if (seen.insert(r.function.get()).second) stack.push_back(r.function.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.is_valid() || !seen.insert(e.function.get()).second) continue;
+      Node* f = e.function.get();
+      if (dynamic_cast<AccumulateGrad*>(f) != nullptr) {
+        outputs.emplace_back(e.function, 0);
+      } else if (dynamic_cast<RecvRpcBackward*>(f) != nullptr) {
+        for (uint32_t i = 0; i < f->num_inputs(); ++i) outputs.emplace_back(e.function, i);
+      } else {
+        stack.push_back(f);
+      }
+    }
+  }
+  return outputs;
+}
+
+// Gradients captured at one recv function, by input.
+struct RecvGrads {
+  std::shared_ptr<Node> node;
+  std::vector<at::Tensor> grads;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, const edge_list& roots,
+                                               const std::vector<at::Tensor>& grads) {
+  if (roots.size() != grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", roots.size(),
+                                                   " gradients, got ", grads.size()));
+  }
+  absl::MutexLock exec(&ctx.exec_mu());
+  // Root edges that point straight at an output are captured here; the
+  // engine would run a single such root instead of capturing it.
+  std::vector<std::pair<Edge, at::Tensor>> captured;
+  edge_list engine_roots;
+  std::vector<at::Tensor> engine_grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!grads[i].defined() || !roots[i].is_valid()) continue;
+    if (IsOutputNode(roots[i].function.get())) {
+      captured.emplace_back(roots[i], grads[i]);
+    } else {
+      engine_roots.push_back(roots[i]);
+      engine_grads.push_back(grads[i]);
+    }
+  }
+  if (!engine_roots.empty()) {
+    edge_list outputs = FindOutputs(engine_roots);
+    if (!outputs.empty()) {
+      torch::autograd::variable_list results;
+      try {
+        results = torch::autograd::Engine::get_default_engine().execute(
+            engine_roots, engine_grads, /*keep_graph=*/true, /*create_graph=*/false,
+            /*accumulate_grad=*/false, outputs);
+      } catch (const Error& e) {
+        return Annotate(e.status(), "local backward failed");
+      } catch (const c10::Error& e) {
+        return absl::InternalError(
+            absl::StrCat("local backward failed: ", e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        return absl::InternalError(absl::StrCat("local backward failed: ", e.what()));
+      }
+      for (size_t i = 0; i < outputs.size() && i < results.size(); ++i) {
+        if (results[i].defined()) captured.emplace_back(outputs[i], std::move(results[i]));
+      }
+    }
+  }
+  std::vector<RecvGrads> recvs;
+  absl::flat_hash_map<Node*, size_t> recv_index;
+  for (auto& [edge, grad] : captured) {
+    Node* n = edge.function.get();
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+      ctx.Accumulate(acc->variable, grad);
+      continue;
+    }
+    auto* recv = static_cast<RecvRpcBackward*>(n);
+    if (recv->context_id() != ctx.id()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "backward of distributed autograd context ", ctx.id(),
+          " reached a tensor received in context ", recv->context_id()));
+    }
+    auto [it, inserted] = recv_index.emplace(n, recvs.size());
+    if (inserted) recvs.push_back({edge.function, std::vector<at::Tensor>(n->num_inputs())});
+    at::Tensor& slot = recvs[it->second].grads[edge.input_nr];
+    slot = slot.defined() ? slot + grad : grad;
+  }
+  std::vector<Outgoing> out;
+  out.reserve(recvs.size());
+  for (auto& r : recvs) {
+    auto* recv = static_cast<RecvRpcBackward*>(r.node.get());
+    for (uint32_t i = 0; i < r.grads.size(); ++i) {
+      if (r.grads[i].defined()) continue;
+      const auto& meta = recv->input_metadata(i);
+      r.grads[i] = meta.zeros_like();
+    }
+    out.push_back({recv->sender(), ctx.id(), recv->sender_message_id(), std::move(r.grads)});
+  }
+  return out;
+}
+
+rpc::Future<bool> SendGradients(rpc::RpcAgent& agent, std::vector<Outgoing> outgoing,
+                                absl::Time deadline) {
+  if (outgoing.empty()) return rpc::MakeReadyFuture<bool>(true);
+  struct Join {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu);
+    absl::Status first ABSL_GUARDED_BY(mu);
+  };
+  auto join = std::make_shared<Join>();
+  {
+    absl::MutexLock lock(&join->mu);
+    join->left = outgoing.size();
+  }
+  rpc::Promise<bool> done(agent.executor());
+  for (Outgoing& o : outgoing) {
+    rpc::CallOptions opts;
+    opts.timeout = deadline == absl::InfiniteFuture()
+                       ? agent.options().rpc_timeout
+                       : std::max(absl::Milliseconds(1), deadline - absl::Now());
+    rpc::Future<bool> f = agent.rpc_async(opts, o.to, PropagateFunction(), o.context_id,
+                                          o.message_id, std::move(o.grads));
+    f.OnReady([join, done](const absl::StatusOr<bool>& r) {
+      absl::Status result;
+      {
+        absl::MutexLock lock(&join->mu);
+        if (!r.ok() && join->first.ok()) join->first = r.status();
+        if (--join->left > 0) return;
+        result = join->first;
+      }
+      if (result.ok()) {
+        done.SetValue(true);
+      } else {
+        done.SetError(result);
+      }
+    });
+  }
+  return done.future();
+}
+
+const rpc::Function<bool(int64_t)>& ReleaseFunction() {
+  static const auto* f = new rpc::Function<bool(int64_t)>(kReleaseFn);
+  return *f;
+}
+
+const rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>& PropagateFunction() {
+  static const auto* f =
+      new rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>(kPropagateFn);
+  return *f;
+}
+
+absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Container> weak) {
+  absl::Status s = registry.Register(
+      PropagateFunction(),
+      [weak](const rpc::CallContext& call, int64_t context_id, int64_t message_id,
+             std::vector<at::Tensor> grads) -> rpc::Future<bool> {
+        auto c = weak.lock();
+        const std::string where = absl::StrCat("worker '", call.agent->self().name, "'");
+        if (c == nullptr) {
+          return rpc::MakeErrorFuture<bool>(
+              absl::UnavailableError(absl::StrCat("dist_autograd is gone on ", where)));
+        }
+        auto state = c->Find(context_id);
+        if (state == nullptr) {
+          return rpc::MakeErrorFuture<bool>(absl::FailedPreconditionError(
+              absl::StrCat("distributed autograd context ", context_id, " is not known on ",
+                           where, " (released, or never reached it)")));
+        }
+        auto edges = state->SendEdges(message_id);
+        if (!edges.ok()) return rpc::MakeErrorFuture<bool>(Annotate(edges.status(), where));
+        if (edges->size() != grads.size()) {
+          return rpc::MakeErrorFuture<bool>(absl::InvalidArgumentError(absl::StrCat(
+              where, ": send function ", message_id, " has ", edges->size(),
+              " tensors but got ", grads.size(), " gradients")));
+        }
+        auto outgoing = RunLocal(*state, *edges, grads);
+        if (!outgoing.ok()) {
+          return rpc::MakeErrorFuture<bool>(Annotate(
+              outgoing.status(),
+              absl::StrCat("distributed autograd context ", context_id, " on ", where)));
+        }
+        return SendGradients(*call.agent, *std::move(outgoing), call.deadline);
+      });
+  if (!s.ok()) return s;
+  return registry.Register(ReleaseFunction(),
+                           [weak](const rpc::CallContext& call, int64_t context_id) {
+                             if (auto c = weak.lock()) {
+                               c->Release(call.agent, context_id, call.caller->id);
+                             }
+                             return true;
+                           });
+}
+
+}  // namespace internal
+
+absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
+                      const std::vector<at::Tensor>& roots, bool retain_graph,
+                      absl::Duration timeout) {
+  auto c = agent.registry().GetExtension<internal::Container>();
+  if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
+  const std::string what = absl::StrCat("distributed backward of context ", context_id,
+                                        " from worker '", agent.self().name, "'");
+  auto state = c->Find(context_id);
+  if (state == nullptr) {
+    return absl::NotFoundError(absl::StrCat(what, ": the context is not known here"));
+  }
+  if (roots.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no roots"));
+  torch::autograd::edge_list edges;
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const at::Tensor& r = roots[i];
+    if (!r.defined() || !r.requires_grad() || r.numel() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": root ", i, " must be a one-element tensor that requires grad (got ",
+          !r.defined() ? std::string("an undefined tensor")
+                       : absl::StrCat(r.numel(), " elements, requires_grad=",
+                                      r.requires_grad() ? "true" : "false"),
+          ")"));
+    }
+    edges.push_back(torch::autograd::impl::gradient_edge(r));
+    grads.push_back(at::ones_like(r, at::MemoryFormat::Preserve));
+  }
+  if (absl::Status s = state->BeginBackward(retain_graph); !s.ok()) return s;
+  if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  auto outgoing = internal::RunLocal(*state, edges, grads);
+  if (!outgoing.ok()) return Annotate(outgoing.status(), what);
+  rpc::Future<bool> all = internal::SendGradients(agent, *std::move(outgoing), deadline);
+  absl::Status s = all.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  if (!s.ok()) return Annotate(s, what);
+  return absl::OkStatus();
+}
+
+}  // namespace baton::dist_autograd
