@@ -20,6 +20,8 @@
 #include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
 
@@ -35,6 +37,21 @@ using baton::rpc::RpcAgent;
 
 const Function<void()> noop_fn("noop");
 const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+
+// The peer's remote layer: x @ w with a 256x256 weight that requires grad.
+class Linear {
+ public:
+  explicit Linear(int64_t n) : w_(at::randn({n, n}).requires_grad_(true)) {}
+  at::Tensor forward(at::Tensor x) { return x.mm(w_); }
+  const at::Tensor& weight() const { return w_; }
+
+ private:
+  at::Tensor w_;
+};
+using LinearRef = baton::rref::RRef<Linear>;
+using ParamRefs = std::vector<baton::rref::RRef<at::Tensor>>;
+const Function<at::Tensor(LinearRef, at::Tensor)> forward_fn("linear_forward");
+const Function<ParamRefs(LinearRef)> params_fn("linear_params");
 
 double Now() {
   return std::chrono::duration<double>(
@@ -113,6 +130,38 @@ void Drive(RpcAgent& agent, bool quick) {
     lat.push_back(Now() - t0);
   }
   Report("remote_to_here_latency_p50", Pct(lat, 0.5) * 1e6, "us");
+
+  // Distributed autograd and the distributed optimizer over one remote
+  // 256x256 layer, as the peer does: forward through an RPC, backward, SGD.
+  namespace da = baton::dist_autograd;
+  LinearRef m = baton::rref::remote<Linear>(agent, peer, int64_t{256});
+  ParamRefs params = agent.rpc_sync(peer, params_fn, m);
+  auto opt = baton::dist_optim::DistributedOptimizer::Create(
+      agent, baton::dist_optim::OptimizerOptions::SGD(0.01), params);
+  if (!opt.ok()) {
+    std::fprintf(stderr, "%s\n", opt.status().ToString().c_str());
+    std::exit(1);
+  }
+  const at::Tensor x = at::randn({64, 256});
+  const int steps = quick ? 50 : 300;
+  double s0 = 0;
+  for (int i = 0; i < steps + 10; ++i) {
+    if (i == 10) s0 = Now();
+    double t0 = Now();
+    da::Context ctx(agent);
+    at::Tensor y = agent.rpc_sync(peer, forward_fn, m, x);
+    double t1 = Now();
+    absl::Status s = da::Backward(agent, ctx.id(), {y.sum()});
+    double t2 = Now();
+    if (s.ok()) s = (*opt)->Step(ctx.id());
+    double t3 = Now();
+    if (getenv("PHASES") && i % 10 == 0) fprintf(stderr, "fwd %.0f bwd %.0f step %.0f\n", (t1-t0)*1e6, (t2-t1)*1e6, (t3-t2)*1e6);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  Report("dist_autograd_step_remote_linear256", (Now() - s0) / steps * 1e6, "us/step");
 }
 
 int RunRank(int rank, bool quick) {
@@ -121,6 +170,15 @@ int RunRank(int rank, bool quick) {
   (void)registry->Register(noop_fn, [] {});
   (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
   auto rrefs = baton::rref::RRefService::Install(*registry);
+  if (absl::Status s = baton::dist_autograd::Install(*registry); !s.ok()) return 1;
+  baton::dist_optim::Install(*rrefs);
+  baton::rref::RegisterClass<Linear>(*rrefs, "Linear").Constructor<int64_t>();
+  (void)registry->Register(forward_fn, [](LinearRef m, at::Tensor x) {
+    return m.local_value()->forward(x);
+  });
+  (void)registry->Register(params_fn, [](const baton::rpc::CallContext& ctx, LinearRef m) {
+    return ParamRefs{baton::rref::MakeOwned(*ctx.agent, m.local_value()->weight())};
+  });
   AgentOptions opts;
   opts.name = absl::StrCat("w", rank);
   opts.rank = rank;
