@@ -10,6 +10,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   iproute2 procps
+  # An optimized BLAS behind Debian's libblas.so.3 alternative. LibTorch
+  # (baton's and the peer's) otherwise runs matmuls on the reference BLAS,
+  # 10-20x slower; the OpenMP build follows at::set_num_threads.
+  libopenblas0-openmp
 )
 
 missing=()
