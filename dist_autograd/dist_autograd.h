@@ -6,7 +6,7 @@
 //     dist_autograd::Context ctx(*agent);         // RAII; current on this thread
 //     torch::Tensor y = agent->rpc_sync("w1", linear_fn, x);   // recorded
 //     torch::Tensor loss = y.sum();
-//     BATON_CHECK_OK(dist_autograd::Backward(*agent, ctx.id(), {loss}));
+//     absl::Status s = dist_autograd::Backward(*agent, ctx.id(), {loss});
 //     auto grads = dist_autograd::GetGradients(*agent, ctx.id());  // tensor -> grad
 //   }                                             // released on every worker
 //

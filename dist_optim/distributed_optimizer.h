@@ -7,8 +7,8 @@
 //   {
 //     dist_autograd::Context ctx(*agent);
 //     ... forward through remote modules, loss ...
-//     dist_autograd::Backward(*agent, ctx.id(), {loss});
-//     BATON_CHECK_OK(opt->Step(ctx.id()));        // every owner at once
+//     absl::Status s = dist_autograd::Backward(*agent, ctx.id(), {loss});
+//     if (s.ok()) s = opt->Step(ctx.id());        // every owner at once
 //   }
 //
 // Contract:
