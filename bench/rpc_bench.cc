@@ -147,15 +147,10 @@ void Drive(RpcAgent& agent, bool quick) {
   double s0 = 0;
   for (int i = 0; i < steps + 10; ++i) {
     if (i == 10) s0 = Now();
-    double t0 = Now();
     da::Context ctx(agent);
     at::Tensor y = agent.rpc_sync(peer, forward_fn, m, x);
-    double t1 = Now();
     absl::Status s = da::Backward(agent, ctx.id(), {y.sum()});
-    double t2 = Now();
     if (s.ok()) s = (*opt)->Step(ctx.id());
-    double t3 = Now();
-    if (getenv("PHASES") && i % 10 == 0) fprintf(stderr, "fwd %.0f bwd %.0f step %.0f\n", (t1-t0)*1e6, (t2-t1)*1e6, (t3-t2)*1e6);
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       std::exit(1);

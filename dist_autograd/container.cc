@@ -146,12 +146,16 @@ void Container::Release(rpc::RpcAgent* agent, int64_t id, int from) {
 }
 
 void Container::SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broadcast_if_dead) {
+  proto::ReleaseContext msg;
+  msg.set_context_id(id);
+  rpc::Payload payload;
+  payload.bytes = msg.SerializeAsString();
   rpc::CallOptions opts;
   opts.timeout = std::min(agent->options().rpc_timeout, agent->options().shutdown_timeout);
-  rpc::Future<bool> f = agent->rpc_async(opts, to, ReleaseFunction(), id);
+  rpc::Future<rpc::Payload> f = agent->CallRaw(to, kReleaseFn, "", std::move(payload), opts);
   if (!broadcast_if_dead) return;
   auto self = weak_from_this();
-  f.OnReady([self, agent, id, to](const absl::StatusOr<bool>& r) {
+  f.OnReady([self, agent, id, to](const absl::StatusOr<rpc::Payload>& r) {
     if (r.ok()) return;
     const absl::StatusCode code = r.status().code();
     if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {

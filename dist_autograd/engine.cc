@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "dist_autograd/internal/container.h"
+#include "proto/dist_autograd.pb.h"
 
 namespace baton::dist_autograd {
 namespace internal {
@@ -174,11 +175,6 @@ rpc::Future<bool> SendGradients(rpc::RpcAgent& agent, std::vector<Outgoing> outg
   return done.future();
 }
 
-const rpc::Function<bool(int64_t)>& ReleaseFunction() {
-  static const auto* f = new rpc::Function<bool(int64_t)>(kReleaseFn);
-  return *f;
-}
-
 const rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>& PropagateFunction() {
   static const auto* f =
       new rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>(kPropagateFn);
@@ -218,13 +214,15 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
         return SendGradients(*call.agent, *std::move(outgoing), call.deadline);
       });
   if (!s.ok()) return s;
-  return registry.Register(ReleaseFunction(),
-                           [weak](const rpc::CallContext& call, int64_t context_id) {
-                             if (auto c = weak.lock()) {
-                               c->Release(call.agent, context_id, call.caller->id);
-                             }
-                             return true;
-                           });
+  return registry.RegisterInternalInline(
+      kReleaseFn, [weak](const rpc::CallContext& call, rpc::Payload args, rpc::Responder done) {
+        proto::ReleaseContext msg;
+        if (!msg.ParseFromString(args.bytes)) {
+          return done(absl::DataLossError("undecodable distributed autograd release"));
+        }
+        if (auto c = weak.lock()) c->Release(call.agent, msg.context_id(), call.caller->id);
+        done(rpc::Payload());
+      });
 }
 
 }  // namespace internal

@@ -34,9 +34,9 @@ inline constexpr char kExtension[] = "dist_autograd";
 inline constexpr char kPropagateFn[] = "__dist_autograd.propagate";
 inline constexpr char kReleaseFn[] = "__dist_autograd.release";
 
-// The handlers' typed signatures: (context id) and (context id, the
-// receiver's send-function message id, one gradient per edge).
-const rpc::Function<bool(int64_t)>& ReleaseFunction();
+// The gradient handler's typed signature: (context id, the receiver's
+// send-function message id, one gradient per edge). The release handler is a
+// raw protocol handler (payload: proto::ReleaseContext) that runs inline.
 const rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>& PropagateFunction();
 
 // Ids: (worker id << 48) | counter.

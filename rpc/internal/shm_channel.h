@@ -50,7 +50,7 @@ namespace baton::rpc::internal {
 
 class ShmChannel {
  public:
-  static constexpr size_t kMinBytes = 256 << 10;
+  static constexpr size_t kMinBytes = 32 << 10;
   // Total bytes of segments one sender keeps.
   static constexpr size_t kPoolBytes = size_t{2} << 30;
 
