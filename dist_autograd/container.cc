@@ -79,6 +79,16 @@ GradientMap ContextState::Gradients() const {
   return grads_;
 }
 
+at::Tensor ContextState::Gradient(const at::Tensor& leaf) const {
+  absl::MutexLock lock(&mu_);
+  return grads_.Get(leaf);
+}
+
+void ContextState::SetGradient(const at::Tensor& leaf, at::Tensor grad) {
+  absl::MutexLock lock(&mu_);
+  grads_.Set(leaf, std::move(grad));
+}
+
 absl::Status ContextState::BeginBackward(bool retain_graph) {
   absl::MutexLock lock(&mu_);
   if (graph_released_) {
@@ -305,6 +315,15 @@ void GradientMap::Accumulate(const at::Tensor& leaf, const at::Tensor& grad) {
   }
 }
 
+void GradientMap::Set(const at::Tensor& leaf, at::Tensor grad) {
+  auto [it, inserted] = index_.emplace(leaf.unsafeGetTensorImpl(), items_.size());
+  if (inserted) {
+    items_.emplace_back(leaf, std::move(grad));
+  } else {
+    items_[it->second].second = std::move(grad);
+  }
+}
+
 absl::Status Install(rpc::FunctionRegistry& registry) {
   if (registry.GetExtension<internal::Container>() != nullptr) {
     return absl::AlreadyExistsError("dist_autograd is already installed on this registry");
@@ -356,6 +375,43 @@ absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_i
                                             " is not known on worker '", agent.self().name, "'"));
   }
   return state->Gradients();
+}
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent& agent,
+                                                                  int64_t context_id) {
+  auto c = ContainerOf(agent);
+  if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
+  auto state = c->Find(context_id);
+  if (state == nullptr) {
+    return absl::NotFoundError(absl::StrCat("distributed autograd context ", context_id,
+                                            " is not known on worker '", agent.self().name, "'"));
+  }
+  return state;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
+                                       const at::Tensor& leaf) {
+  auto state = FindState(agent, context_id);
+  if (!state.ok()) return state.status();
+  return (*state)->Gradient(leaf);
+}
+
+absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Tensor& leaf,
+                         at::Tensor grad) {
+  auto state = FindState(agent, context_id);
+  if (!state.ok()) return state.status();
+  if (!leaf.defined() || !grad.defined() || grad.sizes() != leaf.sizes() ||
+      grad.scalar_type() != leaf.scalar_type()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetGradient in context ", context_id, ": the gradient must match its tensor's shape and "
+        "dtype"));
+  }
+  (*state)->SetGradient(leaf, std::move(grad));
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent) {

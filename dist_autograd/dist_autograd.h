@@ -128,6 +128,8 @@ class GradientMap {
 
   // Adds `grad` to the gradient of `leaf` (out of place).
   void Accumulate(const at::Tensor& leaf, const at::Tensor& grad);
+  // Replaces the gradient of `leaf`.
+  void Set(const at::Tensor& leaf, at::Tensor grad);
 
  private:
   std::vector<std::pair<at::Tensor, at::Tensor>> items_;
@@ -173,6 +175,15 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
 // The gradients context `context_id` accumulated on this worker (a copy of
 // the map; the tensors are shared). NOT_FOUND for an unknown context.
 absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id);
+
+// One gradient of a context on this worker: undefined if `leaf` has none.
+// NOT_FOUND for an unknown context.
+absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
+                                       const at::Tensor& leaf);
+// Replaces the gradient of `leaf` in a context on this worker (e.g. DDP's
+// averaged gradient in the DDP+RPC hybrid, dist_autograd/ddp_gradients.h).
+absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Tensor& leaf,
+                         at::Tensor grad);
 
 // Debugging and leak checks: the contexts this worker currently holds.
 std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent);

@@ -78,6 +78,8 @@ class ContextState {
 
   void Accumulate(const at::Tensor& leaf, const at::Tensor& grad);
   GradientMap Gradients() const;
+  at::Tensor Gradient(const at::Tensor& leaf) const;
+  void SetGradient(const at::Tensor& leaf, at::Tensor grad);
 
   // Marks the start of a Backward from this worker. FAILED_PRECONDITION if a
   // previous one ran without retain_graph.
