@@ -340,7 +340,7 @@ BATON_SCENARIO(gradients) {
   return 0;
 }
 
-TEST(DistAutograd, D1_GradientsEqualLocalAutogradAcrossWorkers) {
+TEST(DistAutograd, D1_D2_GradientsEqualLocalAutogradAndLeaveDotGradAlone) {
   ExpectAllSucceeded(RunWorkers("gradients", 3, absl::Seconds(180)));
 }
 
@@ -425,7 +425,7 @@ BATON_SCENARIO(semantics) {
   return 0;
 }
 
-TEST(DistAutograd, D3_D6_RetainGraphErrorsAndMisuse) {
+TEST(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
   ExpectAllSucceeded(RunWorkers("semantics", 3, absl::Seconds(120)));
 }
 
