@@ -366,17 +366,6 @@ int64_t CurrentContextId(rpc::RpcAgent& agent) {
   return c == nullptr ? 0 : c->Current();
 }
 
-absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id) {
-  auto c = ContainerOf(agent);
-  if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
-  auto state = c->Find(context_id);
-  if (state == nullptr) {
-    return absl::NotFoundError(absl::StrCat("distributed autograd context ", context_id,
-                                            " is not known on worker '", agent.self().name, "'"));
-  }
-  return state->Gradients();
-}
-
 namespace {
 
 absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent& agent,
@@ -392,6 +381,12 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
 }
 
 }  // namespace
+
+absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id) {
+  auto state = FindState(agent, context_id);
+  if (!state.ok()) return state.status();
+  return (*state)->Gradients();
+}
 
 absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
                                        const at::Tensor& leaf) {

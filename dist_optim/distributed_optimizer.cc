@@ -19,6 +19,19 @@ void Check(const absl::Status& s) {
   if (!s.ok()) throw Error(s);
 }
 
+// Waits for one future per owner within `timeout` in all; the first error is
+// annotated with `what` and the owner's name.
+template <typename T, typename Owners>
+absl::Status WaitEach(const std::vector<rpc::Future<T>>& futures, const Owners& owners,
+                      absl::Duration timeout, const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    absl::Status s = futures[i].Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!s.ok()) return Annotate(s, absl::StrCat(what, " on worker '", owners[i].worker.name, "'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LocalOptimizer::LocalOptimizer(std::string options, std::vector<rref::RRef<at::Tensor>> params,
@@ -138,30 +151,19 @@ absl::Status DistributedOptimizer::Step(int64_t context_id) {
   for (const Owner& o : owners_) {
     steps.push_back(o.optimizer.rpc_async(&LocalOptimizer::step, context_id));
   }
-  const absl::Time deadline = absl::Now() + timeout_;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    absl::Status s = steps[i].Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("DistributedOptimizer step of context ", context_id,
-                                      " on worker '", owners_[i].worker.name, "'"));
-    }
-  }
-  return absl::OkStatus();
+  return WaitEach(steps, owners_, timeout_,
+                  absl::StrCat("DistributedOptimizer step of context ", context_id));
 }
 
 absl::StatusOr<std::map<std::string, std::string>> DistributedOptimizer::SaveState() {
   std::vector<rpc::Future<std::string>> saves;
   for (const Owner& o : owners_) saves.push_back(o.optimizer.rpc_async(&LocalOptimizer::save_state));
-  std::map<std::string, std::string> out;
-  const absl::Time deadline = absl::Now() + timeout_;
-  for (size_t i = 0; i < saves.size(); ++i) {
-    absl::Status s = saves[i].Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("DistributedOptimizer: saving the state on worker '",
-                                      owners_[i].worker.name, "'"));
-    }
-    out[owners_[i].worker.name] = saves[i].value();
+  if (absl::Status s = WaitEach(saves, owners_, timeout_, "DistributedOptimizer: saving the state");
+      !s.ok()) {
+    return s;
   }
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < saves.size(); ++i) out[owners_[i].worker.name] = saves[i].value();
   return out;
 }
 
@@ -181,15 +183,7 @@ absl::Status DistributedOptimizer::LoadState(const std::map<std::string, std::st
   for (const Owner& o : owners_) {
     loads.push_back(o.optimizer.rpc_async(&LocalOptimizer::load_state, state.at(o.worker.name)));
   }
-  const absl::Time deadline = absl::Now() + timeout_;
-  for (size_t i = 0; i < loads.size(); ++i) {
-    absl::Status s = loads[i].Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("DistributedOptimizer: loading the state on worker '",
-                                      owners_[i].worker.name, "'"));
-    }
-  }
-  return absl::OkStatus();
+  return WaitEach(loads, owners_, timeout_, "DistributedOptimizer: loading the state");
 }
 
 std::vector<std::string> DistributedOptimizer::owners() const {
