@@ -14,7 +14,8 @@
 // Inside a context (on the thread that holds it, and inside remote code
 // running for a request of that context), every RPC carries the context:
 // rpc_sync/rpc_async arguments and results, remote() arguments, RRef method
-// arguments and results, and to_here() results. For each message whose
+// arguments and results, and to_here() results (calls a worker makes to
+// itself through the agent included). For each message whose
 // tensors require grad:
 // - the sender records a *send function*: the gradient edges of those
 //   tensors, under a message id unique to the sender;

@@ -255,6 +255,18 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
     at::Tensor zl = at::tanh(yl) * 3;
     ExpectClose(g->Get(x), LocalGrads((zl * yl).sum(), {xl})[0], "nested + remote/to_here");
   }
+  // A call to this worker itself is recorded like any other.
+  {
+    at::Tensor x = Leaf(rng, {4}, type);
+    Context ctx(agent);
+    at::Tensor y = agent.rpc_sync(agent.self().id, tanh_fn, x);
+    at::Tensor loss = (y * x).sum();
+    WCHECK_OK(Backward(agent, ctx.id(), {loss}));
+    auto g = GetGradients(agent, ctx.id());
+    WCHECK_OK(g.status());
+    at::Tensor xl = x.detach().requires_grad_(true);
+    ExpectClose(g->Get(x), LocalGrads((at::tanh(xl) * 3 * xl).sum(), {xl})[0], "self call");
+  }
   // A path with no grad mixed with paths that need grad.
   {
     at::Tensor x = Leaf(rng, {6}, type);
