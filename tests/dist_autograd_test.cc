@@ -19,6 +19,7 @@
 #include "rpc/agent.h"
 #include "rref/rref.h"
 #include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
 
 namespace baton::dist_autograd {
 namespace {
@@ -29,6 +30,7 @@ using rpc::FunctionRegistry;
 using rpc::RpcAgent;
 using rref::RRef;
 using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 
 // ---- The computations, each usable locally (reference) and remotely ----
@@ -154,12 +156,6 @@ void ExpectNoContexts(RpcAgent& agent, int skip = -1) {
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
-  }
-}
-
-void ExpectAllSucceeded(const std::vector<baton::testing::WorkerResult>& results) {
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
   }
 }
 

@@ -16,11 +16,13 @@
 #include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
 #include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
 
 namespace baton::rpc {
 namespace {
 
 using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 using baton::testing::WorkerResult;
 
@@ -74,12 +76,6 @@ std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
   WCHECK_OK(agent.status());
   return *std::move(agent);
-}
-
-void ExpectAllSucceeded(const std::vector<WorkerResult>& results) {
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
-  }
 }
 
 // ---------------------------------------------------------------------------

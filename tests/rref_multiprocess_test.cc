@@ -17,6 +17,7 @@
 #include "rref/rref.h"
 #include "tests/fault_injection.h"
 #include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
 
 namespace baton::rref {
 namespace {
@@ -28,6 +29,7 @@ using rpc::Future;
 using rpc::Promise;
 using rpc::RpcAgent;
 using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 
 // A thread-safe parameter server, used as a remote object.
@@ -223,12 +225,6 @@ void Finish(Worker& w) {
   if (!s.empty()) {
     std::fprintf(stderr, "RRefs left after shutdown: %s\n", s.ToString().c_str());
     std::_Exit(1);
-  }
-}
-
-void ExpectAllSucceeded(const std::vector<baton::testing::WorkerResult>& results) {
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "rpc/agent.h"
 #include "rref/rref.h"
 #include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
 
 namespace baton::dist_optim {
 namespace {
@@ -22,6 +23,7 @@ using rpc::Function;
 using rpc::RpcAgent;
 using rref::RRef;
 using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 
 // Parameters held on their owner, like a remote module's.
@@ -94,12 +96,6 @@ Worker Start() {
   w.agent = *std::move(agent);
   w.rrefs->Attach(w.agent.get());
   return w;
-}
-
-void ExpectAllSucceeded(const std::vector<baton::testing::WorkerResult>& results) {
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
-  }
 }
 
 void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
