@@ -35,19 +35,17 @@ absl::Status FunctionRegistry::RegisterInternalInline(std::string name, RawHandl
 
 void FunctionRegistry::AddCallHook(std::shared_ptr<CallHook> hook) {
   absl::MutexLock lock(&mu_);
-  hooks_.push_back(std::move(hook));
+  auto next = std::make_shared<Hooks>(*hooks_);
+  next->push_back(std::move(hook));
+  hooks_ = std::move(next);
   has_hooks_.store(true, std::memory_order_release);
 }
 
 absl::Status FunctionRegistry::RunSendHooks(const MessageInfo& m,
                                             const std::vector<at::Tensor>& tensors,
                                             std::map<std::string, std::string>& extensions) const {
-  std::vector<std::shared_ptr<CallHook>> hooks;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    hooks = hooks_;
-  }
-  for (const auto& h : hooks) {
+  const std::shared_ptr<const Hooks> hooks = this->hooks();
+  for (const auto& h : *hooks) {
     absl::Status s = h->OnSend(m, tensors, extensions);
     if (!s.ok()) return s;
   }
@@ -57,12 +55,8 @@ absl::Status FunctionRegistry::RunSendHooks(const MessageInfo& m,
 absl::Status FunctionRegistry::RunReceiveHooks(
     const MessageInfo& m, const std::vector<at::Tensor*>& tensors,
     const std::map<std::string, std::string>& extensions) const {
-  std::vector<std::shared_ptr<CallHook>> hooks;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    hooks = hooks_;
-  }
-  for (const auto& h : hooks) {
+  const std::shared_ptr<const Hooks> hooks = this->hooks();
+  for (const auto& h : *hooks) {
     absl::Status s = h->OnReceive(m, tensors, extensions);
     if (!s.ok()) return s;
   }
@@ -71,14 +65,10 @@ absl::Status FunctionRegistry::RunReceiveHooks(
 
 FunctionRegistry::CallScopes FunctionRegistry::EnterCall(const CallContext& ctx) const {
   CallScopes out;
-  std::vector<std::shared_ptr<CallHook>> hooks;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    hooks = hooks_;
-  }
+  const std::shared_ptr<const Hooks> hooks = this->hooks();
   const MessageInfo m{ctx.agent, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
                       ctx.function};
-  for (const auto& h : hooks) {
+  for (const auto& h : *hooks) {
     if (auto scope = h->EnterCall(m, ctx.extensions)) out.scopes_.push_back(std::move(scope));
   }
   return out;

@@ -212,8 +212,14 @@ class FunctionRegistry {
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<CallHook>> hooks_ ABSL_GUARDED_BY(mu_);
+  using Hooks = std::vector<std::shared_ptr<CallHook>>;
+  // Copy-on-write: a call takes the current list with one reference count.
+  std::shared_ptr<const Hooks> hooks_ ABSL_GUARDED_BY(mu_) = std::make_shared<const Hooks>();
   std::atomic<bool> has_hooks_{false};
+  std::shared_ptr<const Hooks> hooks() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return hooks_;
+  }
 
  public:
   // The hooks themselves, for messages encoded without a static type (an
