@@ -29,6 +29,7 @@
 #include "base/status.h"
 #include "comm/internal/gloo_store.h"
 #include "comm/internal/reduce_kernels.h"
+#include "comm/internal/shm_allreduce.h"
 #include "comm/internal/serial_executor.h"
 #include "comm/internal/store_exchange.h"
 
@@ -123,9 +124,11 @@ void ReduceTensor(const std::shared_ptr<::gloo::Context>& context,
 
 class GlooBackend final : public Backend {
  public:
-  GlooBackend(BackendContext ctx, std::shared_ptr<::gloo::Context> context)
+  GlooBackend(BackendContext ctx, std::shared_ptr<::gloo::Context> context,
+              std::unique_ptr<internal::ShmAllReduce> shm)
       : ctx_(std::move(ctx)),
         context_(std::move(context)),
+        shm_(std::move(shm)),
         timeout_(Millis(ctx_.timeout)) {}
 
   ~GlooBackend() override { (void)Shutdown(absl::ZeroDuration()); }
@@ -141,7 +144,16 @@ class GlooBackend final : public Backend {
     return Collective(info, [this, tensors = std::move(tensors),
                              fn = *std::move(fn), op](uint32_t tag) {
       if (tensors[0].numel() == 0) return;
-      AllReduceTensors(context_, tensors, fn, timeout_, tag);
+      if (shm_ != nullptr && tensors.size() == 1) {
+        // Every rank shares this host: one copy in, one fold, no sockets.
+        absl::Status s = shm_->Run(tensors[0], fn, absl::Now() + ctx_.timeout);
+        if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+          throw internal::ShmTimeoutError(std::string(s.message()));
+        }
+        if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+      } else {
+        AllReduceTensors(context_, tensors, fn, timeout_, tag);
+      }
       if (op == ReduceOp::kAvg) {
         for (const auto& t : tensors) t.div_(ctx_.size);
       }
@@ -315,6 +327,7 @@ class GlooBackend final : public Backend {
     const bool p2p_done =
         p2p_.Drain(std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!collectives_done || !p2p_done) {
+      if (shm_ != nullptr) shm_->Abort();
       // Unblock what is still waiting; a collective stuck in the transport
       // ends when the connections close or at its own deadline.
       absl::flat_hash_set<std::shared_ptr<UnboundBuffer>> pending;
@@ -438,6 +451,8 @@ class GlooBackend final : public Backend {
     try {
       body();
       return absl::OkStatus();
+    } catch (const internal::ShmTimeoutError& e) {
+      status = TimedOut(info, e.what());
     } catch (const ::gloo::IoException& e) {
       const std::string what = e.what();
       if (absl::StrContains(what, "Timed out") ||
@@ -478,6 +493,8 @@ class GlooBackend final : public Backend {
 
   const BackendContext ctx_;
   const std::shared_ptr<::gloo::Context> context_;
+  // Same-host all-reduce; null when the ranks are not all on this host.
+  const std::unique_ptr<internal::ShmAllReduce> shm_;
   const std::chrono::milliseconds timeout_;
 
   absl::Mutex mu_;
@@ -512,8 +529,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGloo(const BackendContext& ctx,
     context->setTimeout(Millis(ctx.timeout));
     internal::GlooStore store(*ctx.store, ctx.prefix, ctx.timeout);
     context->connectFullMesh(store, device);
+    auto shm = internal::ShmAllReduce::Create(ctx);
+    if (!shm.ok()) return Annotate(shm.status(), where);
     return std::unique_ptr<Backend>(
-        std::make_unique<GlooBackend>(ctx, std::move(context)));
+        std::make_unique<GlooBackend>(ctx, std::move(context), *std::move(shm)));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(where, ": ", e.what()));
   }

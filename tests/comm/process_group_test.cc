@@ -370,6 +370,34 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param));
     });
 
+#ifndef BATON_TEST_WITHOUT_GLOO
+// Ranks on one host all-reduce through shared memory
+// (comm/internal/shm_allreduce.h); the suite above runs that path. These run
+// Gloo's TCP path for all-reduce too, and a group where one rank turned the
+// shared-memory path off (every rank must then fall back together).
+TEST(GlooTcpPath, AllOpsAndTimeoutsWithoutSharedMemory) {
+  Expect("collectives", "gloo", 2, {{"BATON_COMM_SHM", "0"}});
+  Expect("timeout_names_missing", "gloo", 3, {{"BATON_COMM_SHM", "0"}});
+}
+
+BATON_SCENARIO(shm_off_on_one_rank) {
+  if (std::getenv("RANK") != nullptr && std::string(std::getenv("RANK")) == "1") {
+    setenv("BATON_COMM_SHM", "0", 1);
+  }
+  Worker w = StartWorker();
+  ProcessGroup pg = w.MakeGroup();
+  at::Tensor t = at::full({1000}, w.rank + 1.0);
+  WCHECK_OK(pg.AllReduce({t})->Wait(kWait));
+  WCHECK(AllEqual(t, w.world * (w.world + 1) / 2.0));
+  w.Finish();
+  return 0;
+}
+
+TEST(GlooTcpPath, OneRankWithoutSharedMemoryMakesAllFallBack) {
+  Expect("shm_off_on_one_rank", "gloo", 3);
+}
+#endif
+
 TEST(Backends, NcclIsBuiltOnlyInTheCudaBuild) {
   if (CompiledBackends().size() == 1) {
     GTEST_SKIP() << "skipped: the NCCL backend is not compiled in this (CPU) "
