@@ -96,7 +96,10 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Create(const Backend
     std::random_device rd;
     name = absl::StrCat("/baton-ar-", getpid(), "-", rd(), rd());
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    // Reserve the pages now: a /dev/shm too small for them (a container's
+    // default 64 MB, say) then means Gloo instead of SIGBUS on first touch.
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+        posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
       if (fd >= 0) {
         close(fd);
         shm_unlink(name.c_str());

@@ -13,8 +13,10 @@
 // Counters are 32-bit with wrap-around comparison; waits spin briefly, then
 // sleep on a futex, and are bounded by the op's deadline (the error then
 // names the ranks that did not arrive) and by Abort().
-// The segment is unlinked as soon as every rank has mapped it, so nothing is
-// left in /dev/shm when processes die.
+// The segment (4 KiB of counters, then one 4 MiB slot per rank) is reserved
+// with posix_fallocate, so a /dev/shm too small for it makes the group use
+// Gloo instead; it is unlinked as soon as every rank has mapped it, so nothing
+// is left in /dev/shm when processes die. BATON_COMM_SHM=0 turns it off.
 //
 // Thread-safety: Run() is called from one thread at a time (the group's
 // collective thread); Abort() from any thread.
