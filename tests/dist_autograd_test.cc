@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <random>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -180,20 +179,19 @@ std::vector<at::Tensor> LocalGrads(const at::Tensor& loss, const std::vector<at:
   return torch::autograd::grad({loss}, leaves);
 }
 
-at::Tensor Leaf(std::mt19937& rng, std::vector<int64_t> shape, at::ScalarType type) {
+// A leaf that requires grad, drawn in float64 (then cast) from LibTorch's seeded generator.
+at::Tensor Leaf(std::vector<int64_t> shape, at::ScalarType type) {
   at::Tensor t = at::randn(shape, at::kDouble).to(type);
-  (void)rng;
   return t.requires_grad_(true);
 }
 
 // Runs every gradient-equality case once in `type`; returns nothing, exits on failure.
 void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   at::manual_seed(seed);
-  std::mt19937 rng(seed);
   const char* tname = type == at::kDouble ? "double" : "float";
   // A -> B -> C -> A: w0 sends to w1, which sends to w2, which sends to w0.
   {
-    at::Tensor x = Leaf(rng, {3, 4}, type);
+    at::Tensor x = Leaf({3, 4}, type);
     Context ctx(agent);
     at::Tensor y = agent.rpc_sync(1, chain_fn, x, std::vector<int64_t>{2, 0});
     at::Tensor loss = (y * y).sum();
@@ -207,8 +205,8 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   }
   // One tensor sent to two workers, results combined.
   {
-    at::Tensor x = Leaf(rng, {4, 4}, type);
-    at::Tensor m = Leaf(rng, {4, 4}, type);
+    at::Tensor x = Leaf({4, 4}, type);
+    at::Tensor m = Leaf({4, 4}, type);
     Context ctx(agent);
     at::Tensor y1 = agent.rpc_sync(1, mm_fn, x, m);
     at::Tensor y2 = agent.rpc_sync(2, tanh_fn, x);
@@ -224,7 +222,7 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   }
   // The same remote result used twice; rpc_async.
   {
-    at::Tensor x = Leaf(rng, {5}, type);
+    at::Tensor x = Leaf({5}, type);
     Context ctx(agent);
     at::Tensor y = agent.rpc_async(2, tanh_fn, x).value();
     at::Tensor loss = (y * y).sum() + (y.sin()).sum();
@@ -237,7 +235,7 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   }
   // Nested RPC inside a remote function (w1 calls w2), plus remote()/to_here.
   {
-    at::Tensor x = Leaf(rng, {2, 3}, type);
+    at::Tensor x = Leaf({2, 3}, type);
     Context ctx(agent);
     at::Tensor y = agent.rpc_sync(1, nested_fn, x);
     RRef<at::Tensor> r = rref::remote(agent, 2, tanh_fn, y);
@@ -253,7 +251,7 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   }
   // A call to this worker itself is recorded like any other.
   {
-    at::Tensor x = Leaf(rng, {4}, type);
+    at::Tensor x = Leaf({4}, type);
     Context ctx(agent);
     at::Tensor y = agent.rpc_sync(agent.self().id, tanh_fn, x);
     at::Tensor loss = (y * x).sum();
@@ -265,7 +263,7 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
   }
   // A path with no grad mixed with paths that need grad.
   {
-    at::Tensor x = Leaf(rng, {6}, type);
+    at::Tensor x = Leaf({6}, type);
     at::Tensor n = at::randn({6}, at::kDouble).to(type);  // no grad
     Context ctx(agent);
     at::Tensor a = agent.rpc_sync(1, mixed_fn, x, n);
@@ -286,7 +284,7 @@ void GradientCases(RpcAgent& agent, at::ScalarType type, int seed) {
                                                        int64_t{seed}, std::string(tname));
     RRef<RemoteLinear> l2 = rref::remote<RemoteLinear>(agent, 2, int64_t{3}, int64_t{2},
                                                        int64_t{seed + 1}, std::string(tname));
-    at::Tensor x = Leaf(rng, {5, 4}, type);
+    at::Tensor x = Leaf({5, 4}, type);
     Context ctx(agent);
     at::Tensor h = l1.rpc_sync(&RemoteLinear::forward, x);
     at::Tensor out = l2.rpc_async(&RemoteLinear::forward, h).value();
