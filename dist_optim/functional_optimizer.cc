@@ -11,7 +11,7 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
-#include "dist_optim/internal/byte_io.h"
+#include "base/byte_io.h"
 
 namespace baton::dist_optim {
 namespace internal {
@@ -284,7 +284,7 @@ absl::Status FunctionalOptimizer::Step(const std::vector<at::Tensor>& grads) {
 }
 
 absl::StatusOr<std::string> FunctionalOptimizer::SaveState() const {
-  internal::ByteWriter w;
+  ByteWriter w;
   w.Raw(kStateMagic.data(), kStateMagic.size());
   w.U8(static_cast<uint8_t>(options_.kind));
   w.I64(steps_taken_.load());
@@ -312,7 +312,7 @@ absl::StatusOr<std::string> FunctionalOptimizer::SaveState() const {
 }
 
 absl::Status FunctionalOptimizer::LoadState(absl::string_view bytes) {
-  internal::ByteReader r(bytes);
+  ByteReader r(bytes);
   absl::string_view magic;
   if (!r.Raw(kStateMagic.size(), &magic) || magic != kStateMagic) {
     return StateDataLoss("does not start with the state magic (not a saved state)");

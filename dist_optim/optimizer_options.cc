@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "dist_optim/internal/byte_io.h"
+#include "base/byte_io.h"
 
 namespace baton::dist_optim {
 namespace {
@@ -186,7 +186,7 @@ absl::Status ValidateOptions(const OptimizerOptions& o) {
 
 std::string EncodeOptions(const OptimizerOptions& options) {
   OptimizerOptions o = options;
-  internal::ByteWriter w;
+  ByteWriter w;
   w.U8(kOptionsWireVersion);
   w.U8(static_cast<uint8_t>(o.kind));
   for (double* f : DoubleFields(o)) w.F64(*f);
@@ -201,7 +201,7 @@ absl::StatusOr<OptimizerOptions> DecodeOptions(absl::string_view bytes) {
     return absl::DataLossError(
         absl::StrCat("optimizer options: expected ", kSize, " bytes, got ", bytes.size()));
   }
-  internal::ByteReader r(bytes);
+  ByteReader r(bytes);
   uint8_t version = 0, kind = 0, flags = 0;
   r.U8(&version);
   r.U8(&kind);

@@ -10,6 +10,9 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   iproute2 procps
+  # zlib reads the gzipped IDX files; Fashion-MNIST (MIT) is the examples' real
+  # data, installed under /usr/share/datasets/fashion-mnist/.
+  zlib1g-dev dataset-fashion-mnist
   # An optimized BLAS behind Debian's libblas.so.3 alternative. LibTorch
   # (baton's and the peer's) otherwise runs matmuls on the reference BLAS,
   # 10-20x slower; the OpenMP build follows at::set_num_threads.

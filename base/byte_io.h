@@ -1,9 +1,10 @@
-// Little-endian byte writer and bounds-checked reader for dist_optim's wire
-// forms (options, optimizer state). Internal to //dist_optim.
+// Little-endian byte writer and bounds-checked reader for wire
+// forms and checkpoints (optimizer options and state, parameter-server
+// checkpoints).
 //
 // Thread-safety: not thread-safe; each object is used by one thread.
-#ifndef BATON_DIST_OPTIM_INTERNAL_BYTE_IO_H_
-#define BATON_DIST_OPTIM_INTERNAL_BYTE_IO_H_
+#ifndef BATON_BASE_BYTE_IO_H_
+#define BATON_BASE_BYTE_IO_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace baton::dist_optim::internal {
+namespace baton {
 
 class ByteWriter {
  public:
@@ -81,6 +82,6 @@ class ByteReader {
   absl::string_view in_;
 };
 
-}  // namespace baton::dist_optim::internal
+}  // namespace baton
 
-#endif  // BATON_DIST_OPTIM_INTERNAL_BYTE_IO_H_
+#endif  // BATON_BASE_BYTE_IO_H_

@@ -1,0 +1,520 @@
+#include "ps/client.h"
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "ps/internal/functions.h"
+#include "rpc/agent.h"
+
+namespace baton::ps {
+
+struct PsClient::Part {
+  int server = 0;
+  internal::Names tables;
+  internal::Tensors ids;
+  internal::Tensors grads;
+};
+
+namespace {
+
+// Completes one promise when every one of n results arrived (first error
+// wins). Results are kept in slot order.
+template <typename T>
+struct Gather {
+  explicit Gather(size_t n, rpc::Executor* ex) : results(n), remaining(n), promise(ex) {}
+  void Put(size_t slot, absl::StatusOr<T> r, const std::function<void(std::vector<T>&)>& finish,
+           const std::string& what) {
+    bool last = false;
+    {
+      absl::MutexLock lock(&mu);
+      if (!r.ok()) {
+        if (error.ok()) error = Annotate(r.status(), what);
+      } else {
+        results[slot] = *std::move(r);
+      }
+      last = --remaining == 0;
+    }
+    if (!last) return;
+    if (!error.ok()) {
+      promise.SetError(error);
+      return;
+    }
+    finish(results);
+  }
+  absl::Mutex mu;
+  std::vector<T> results;
+  size_t remaining;
+  absl::Status error;
+  rpc::Promise<std::vector<T>> promise;
+};
+
+bool StrictlyIncreasing(const int64_t* p, int64_t n) {
+  for (int64_t i = 1; i < n; ++i) {
+    if (p[i] <= p[i - 1]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+PsClient::PsClient(rpc::RpcAgent& agent, PsSpec spec, Options options)
+    : agent_(agent),
+      spec_(std::move(spec)),
+      options_(std::move(options)),
+      plan_(ShardPlan::Make(spec_, static_cast<int>(options_.servers.size()))) {}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent, PsSpec spec,
+                                                           Options options) {
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
+  if (options.servers.empty()) return absl::InvalidArgumentError("ps client: no servers given");
+  if (options.trainer < 0 || options.trainer >= spec.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("ps client: trainer id ", options.trainer,
+                                                   " out of range; the job has ",
+                                                   spec.num_trainers, " trainers"));
+  }
+  std::unique_ptr<PsClient> c(new PsClient(agent, std::move(spec), std::move(options)));
+  for (const std::string& name : c->options_.servers) {
+    auto w = agent.worker(name);
+    if (!w.ok()) return Annotate(w.status(), "ps client: server");
+    c->server_ids_.push_back(w->id);
+  }
+  {
+    absl::MutexLock lock(&c->mu_);
+    c->clock_.assign(c->server_ids_.size(), 0);
+  }
+  if (absl::Status s = c->Join(); !s.ok()) return s;
+  return c;
+}
+
+absl::Status PsClient::Join() {
+  std::vector<rpc::Future<int64_t>> futs;
+  for (int id : server_ids_) {
+    futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, id, internal::kJoinFn,
+                                    static_cast<int32_t>(options_.trainer),
+                                    spec_.Fingerprint()));
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t s = 0; s < futs.size(); ++s) {
+    const auto& r = futs[s].result();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps client: joining server ", s));
+    clock_[s] = *r;
+  }
+  return absl::OkStatus();
+}
+
+int64_t PsClient::clock() const {
+  absl::MutexLock lock(&mu_);
+  return *std::min_element(clock_.begin(), clock_.end());
+}
+
+int64_t PsClient::max_staleness() const {
+  absl::MutexLock lock(&mu_);
+  return max_staleness_;
+}
+
+absl::StatusOr<int> PsClient::DenseIndex(const std::string& table) const {
+  for (size_t i = 0; i < spec_.tables.size(); ++i) {
+    if (spec_.tables[i].name != table) continue;
+    if (spec_.tables[i].kind != TableKind::kDense) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps table '", table, "': an embedding table, use PullRows/PushRows"));
+    }
+    return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("ps table '", table, "': no such table"));
+}
+
+absl::StatusOr<int> PsClient::EmbeddingIndex(const std::string& table) const {
+  for (size_t i = 0; i < spec_.tables.size(); ++i) {
+    if (spec_.tables[i].name != table) continue;
+    if (spec_.tables[i].kind != TableKind::kEmbedding) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps table '", table, "': a dense table, use Pull/Push"));
+    }
+    return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("ps table '", table, "': no such table"));
+}
+
+rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vector<Part> parts,
+                                                                      const std::string& what) {
+  using Out = std::vector<at::Tensor>;
+  auto g = std::make_shared<Gather<Out>>(parts.size(), agent_.executor());
+  auto fut = g->promise.future();
+  if (parts.empty()) {
+    g->promise.SetValue({});
+    return fut;
+  }
+  std::vector<int64_t> clocks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& p : parts) clocks.push_back(clock_[p.server]);
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Part& p = parts[k];
+    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
+                              internal::kPullFn, static_cast<int32_t>(options_.trainer),
+                              clocks[k], std::move(p.tables), std::move(p.ids));
+    f.OnReady([this, g, k, what](const absl::StatusOr<std::tuple<int64_t, Out>>& r) {
+      absl::StatusOr<Out> values;
+      if (r.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          max_staleness_ = std::max(max_staleness_, std::get<0>(*r));
+        }
+        values = std::get<1>(*r);
+      } else {
+        values = r.status();
+      }
+      g->Put(k, std::move(values), [g](std::vector<Out>& all) { g->promise.SetValue(std::move(all)); },
+             what);
+    });
+  }
+  return fut;
+}
+
+rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
+                                       const std::string& what) {
+  auto g = std::make_shared<Gather<int64_t>>(parts.size(), agent_.executor());
+  rpc::Promise<void> done(agent_.executor());
+  if (parts.empty()) {
+    done.SetValue();
+    return done.future();
+  }
+  std::vector<int64_t> clocks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& p : parts) {
+      clocks.push_back(clock_[p.server]);
+      if (end_step) ++clock_[p.server];
+    }
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Part& p = parts[k];
+    const int server = p.server;
+    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[server],
+                              internal::kPushFn, static_cast<int32_t>(options_.trainer), clocks[k],
+                              end_step, std::move(p.tables), std::move(p.ids),
+                              std::move(p.grads));
+    f.OnReady([this, g, k, server, done, what](const absl::StatusOr<int64_t>& r) {
+      if (r.ok()) {
+        absl::MutexLock lock(&mu_);
+        clock_[server] = std::max(clock_[server], *r);
+      }
+      g->Put(k, r, [done](std::vector<int64_t>&) { done.SetValue(); }, what);
+    });
+  }
+  // Errors reach `done` through the gather's promise.
+  g->promise.future().OnReady([done](const auto& r) {
+    if (!r.ok()) done.SetError(r.status());
+  });
+  return done.future();
+}
+
+absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
+                                 const std::vector<at::Tensor>& values) {
+  if (tables.size() != values.size()) {
+    return absl::InvalidArgumentError("ps InitDense: tables and values differ in length");
+  }
+  std::vector<Part> parts(server_ids_.size());
+  for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    auto idx = DenseIndex(tables[i]);
+    if (!idx.ok()) return idx.status();
+    const TableSpec& t = spec_.tables[*idx];
+    if (values[i].numel() != t.numel() || values[i].scalar_type() != t.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", t.name, "': initial value has ", values[i].numel(), " elements of ",
+          c10::toString(values[i].scalar_type()), ", the table ", t.numel(), " of ",
+          c10::toString(t.dtype)));
+    }
+    at::Tensor flat = values[i].reshape(-1).contiguous();
+    for (const auto& c : plan_.chunks(*idx)) {
+      parts[c.server].tables.push_back(t.name);
+      parts[c.server].grads.push_back(flat.narrow(0, c.begin, c.size()));
+    }
+  }
+  std::vector<rpc::Future<int64_t>> futs;
+  for (auto& p : parts) {
+    if (p.tables.empty()) continue;
+    futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
+                                    internal::kInitFn, static_cast<int32_t>(options_.trainer),
+                                    std::move(p.tables), std::move(p.grads)));
+  }
+  return Annotate(rpc::WaitAll(futs, options_.timeout), "ps InitDense");
+}
+
+rpc::Future<std::vector<at::Tensor>> PsClient::PullDense(const std::vector<std::string>& tables) {
+  using Out = std::vector<at::Tensor>;
+  std::vector<int> idx;
+  for (const auto& name : tables) {
+    auto i = DenseIndex(name);
+    if (!i.ok()) return rpc::MakeErrorFuture<Out>(i.status());
+    idx.push_back(*i);
+  }
+  std::vector<Part> parts(server_ids_.size());
+  for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
+  // Where each server's k-th value goes: (table position, chunk).
+  std::vector<std::vector<std::pair<int, DenseChunk>>> where(parts.size());
+  for (size_t j = 0; j < idx.size(); ++j) {
+    for (const auto& c : plan_.chunks(idx[j])) {
+      parts[c.server].tables.push_back(tables[j]);
+      parts[c.server].ids.emplace_back();
+      where[c.server].emplace_back(static_cast<int>(j), c);
+    }
+  }
+  std::vector<Part> used;
+  std::vector<std::vector<std::pair<int, DenseChunk>>> used_where;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    if (parts[s].tables.empty()) continue;
+    used.push_back(std::move(parts[s]));
+    used_where.push_back(std::move(where[s]));
+  }
+  std::vector<at::Tensor> outs;
+  for (int i : idx) {
+    outs.push_back(at::empty(spec_.tables[i].shape, at::TensorOptions().dtype(spec_.tables[i].dtype)));
+  }
+  return SendPulls(std::move(used), "ps pull of dense tables")
+      .Then([outs, used_where](const rpc::Future<std::vector<Out>>& f) -> absl::StatusOr<Out> {
+        const auto& r = f.result();
+        if (!r.ok()) return r.status();
+        for (size_t k = 0; k < r->size(); ++k) {
+          for (size_t v = 0; v < (*r)[k].size(); ++v) {
+            const auto& [j, c] = used_where[k][v];
+            const at::Tensor& got = (*r)[k][v];
+            if (got.numel() != c.size()) {
+              return absl::DataLossError(absl::StrCat("ps pull: server ", c.server, " sent ",
+                                                      got.numel(), " elements for a chunk of ",
+                                                      c.size()));
+            }
+            outs[j].view(-1).narrow(0, c.begin, c.size()).copy_(got);
+          }
+        }
+        return outs;
+      });
+}
+
+rpc::Future<at::Tensor> PsClient::Pull(const std::string& table) {
+  return PullDense({table}).Then(
+      [](const rpc::Future<std::vector<at::Tensor>>& f) -> absl::StatusOr<at::Tensor> {
+        const auto& r = f.result();
+        if (!r.ok()) return r.status();
+        return (*r)[0];
+      });
+}
+
+rpc::Future<at::Tensor> PsClient::PullRows(const std::string& table, const at::Tensor& ids) {
+  auto idx = EmbeddingIndex(table);
+  if (!idx.ok()) return rpc::MakeErrorFuture<at::Tensor>(idx.status());
+  const TableSpec& t = spec_.tables[*idx];
+  if (!ids.defined() || ids.scalar_type() != at::kLong) {
+    return rpc::MakeErrorFuture<at::Tensor>(absl::InvalidArgumentError(
+        absl::StrCat("ps table '", table, "': row ids must be an int64 tensor")));
+  }
+  at::Tensor flat = ids.reshape(-1).contiguous();
+  const int64_t n = flat.numel();
+  const int64_t* p = flat.data_ptr<int64_t>();
+  for (int64_t k = 0; k < n; ++k) {
+    if (p[k] < 0 || p[k] >= t.rows) {
+      return rpc::MakeErrorFuture<at::Tensor>(absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", table, "': row id ", p[k], " out of range [0, ", t.rows, ")")));
+    }
+  }
+  at::Tensor uniq = flat, inverse;
+  if (!StrictlyIncreasing(p, n)) {
+    std::tie(uniq, inverse, std::ignore) = at::_unique2(flat, true, true, false);
+  }
+  const int S = plan_.num_servers();
+  const int64_t u = uniq.numel();
+  const int64_t* up = uniq.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> pos(S), sids(S);
+  for (int64_t k = 0; k < u; ++k) {
+    const int s = ShardPlan::RowOwner(up[k], S);
+    pos[s].push_back(k);
+    sids[s].push_back(up[k]);
+  }
+  std::vector<Part> parts;
+  std::vector<std::vector<int64_t>> used_pos;
+  for (int s = 0; s < S; ++s) {
+    if (sids[s].empty()) continue;
+    Part part;
+    part.server = s;
+    part.tables = {table};
+    part.ids = {at::tensor(sids[s], at::kLong)};
+    parts.push_back(std::move(part));
+    used_pos.push_back(std::move(pos[s]));
+  }
+  const int64_t dim = t.dim;
+  const auto dtype = t.dtype;
+  std::vector<int64_t> out_shape(ids.sizes().begin(), ids.sizes().end());
+  out_shape.push_back(dim);
+  return SendPulls(std::move(parts), absl::StrCat("ps pull of table '", table, "'"))
+      .Then([u, dim, dtype, used_pos, inverse, out_shape](
+                const rpc::Future<std::vector<std::vector<at::Tensor>>>& f)
+                -> absl::StatusOr<at::Tensor> {
+        const auto& r = f.result();
+        if (!r.ok()) return r.status();
+        at::Tensor rows = at::empty({u, dim}, at::TensorOptions().dtype(dtype));
+        const size_t row_bytes = dim * c10::elementSize(dtype);
+        char* dst = static_cast<char*>(rows.data_ptr());
+        for (size_t k = 0; k < r->size(); ++k) {
+          at::Tensor got = (*r)[k][0].contiguous();
+          if (got.size(0) != static_cast<int64_t>(used_pos[k].size())) {
+            return absl::DataLossError("ps pull: a server sent the wrong number of rows");
+          }
+          const char* src = static_cast<const char*>(got.data_ptr());
+          for (size_t i = 0; i < used_pos[k].size(); ++i) {
+            std::memcpy(dst + used_pos[k][i] * row_bytes, src + i * row_bytes, row_bytes);
+          }
+        }
+        if (inverse.defined()) rows = rows.index_select(0, inverse);
+        return rows.view(out_shape);
+      });
+}
+
+rpc::Future<void> PsClient::PushDense(const std::vector<std::string>& tables,
+                                      const std::vector<at::Tensor>& grads, bool end_step) {
+  if (tables.size() != grads.size()) {
+    return rpc::MakeErrorFuture<void>(
+        absl::InvalidArgumentError("ps push: tables and gradients differ in length"));
+  }
+  std::vector<Part> parts(server_ids_.size());
+  for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
+  for (size_t j = 0; j < tables.size(); ++j) {
+    auto i = DenseIndex(tables[j]);
+    if (!i.ok()) return rpc::MakeErrorFuture<void>(i.status());
+    const TableSpec& t = spec_.tables[*i];
+    const at::Tensor& g = grads[j];
+    if (!g.defined() || g.sizes() != c10::IntArrayRef(t.shape) || g.scalar_type() != t.dtype) {
+      return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", t.name, "': gradient ",
+          g.defined() ? absl::StrCat(c10::toString(g.scalar_type()), "[",
+                                     absl::StrJoin(g.sizes(), ","), "]")
+                      : "undefined",
+          " does not match the table's ", c10::toString(t.dtype), "[",
+          absl::StrJoin(t.shape, ","), "]")));
+    }
+    at::Tensor flat = g.reshape(-1).contiguous();
+    for (const auto& c : plan_.chunks(*i)) {
+      parts[c.server].tables.push_back(t.name);
+      parts[c.server].ids.emplace_back();
+      parts[c.server].grads.push_back(flat.narrow(0, c.begin, c.size()));
+    }
+  }
+  std::vector<Part> used;
+  for (auto& p : parts) {
+    if (end_step || !p.tables.empty()) used.push_back(std::move(p));
+  }
+  return SendPushes(std::move(used), end_step, "ps push of dense tables");
+}
+
+rpc::Future<void> PsClient::Push(const std::string& table, const at::Tensor& grad, bool end_step) {
+  return PushDense({table}, {grad}, end_step);
+}
+
+rpc::Future<void> PsClient::PushRows(const std::string& table, const at::Tensor& ids,
+                                     const at::Tensor& grads, bool end_step) {
+  auto idx = EmbeddingIndex(table);
+  if (!idx.ok()) return rpc::MakeErrorFuture<void>(idx.status());
+  const TableSpec& t = spec_.tables[*idx];
+  if (!ids.defined() || ids.scalar_type() != at::kLong || !grads.defined() ||
+      grads.scalar_type() != t.dtype || grads.numel() != ids.numel() * t.dim ||
+      (grads.dim() > 0 && grads.size(-1) != t.dim)) {
+    return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(absl::StrCat(
+        "ps table '", table, "': PushRows needs int64 ids and ", c10::toString(t.dtype),
+        " gradients of shape ids.shape + [", t.dim, "]")));
+  }
+  at::Tensor flat = ids.reshape(-1).contiguous();
+  at::Tensor g = grads.reshape({flat.numel(), t.dim}).contiguous();
+  const int64_t n = flat.numel();
+  const int64_t* p = flat.data_ptr<int64_t>();
+  for (int64_t k = 0; k < n; ++k) {
+    if (p[k] < 0 || p[k] >= t.rows) {
+      return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", table, "': row id ", p[k], " out of range [0, ", t.rows, ")")));
+    }
+  }
+  at::Tensor uniq = flat;
+  if (!StrictlyIncreasing(p, n)) {
+    at::Tensor inverse;
+    std::tie(uniq, inverse, std::ignore) = at::_unique2(flat, true, true, false);
+    g = at::zeros({uniq.numel(), t.dim}, g.options()).index_add_(0, inverse, g);
+  }
+  const int S = plan_.num_servers();
+  const int64_t* up = uniq.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> pos(S), sids(S);
+  for (int64_t k = 0; k < uniq.numel(); ++k) {
+    const int s = ShardPlan::RowOwner(up[k], S);
+    pos[s].push_back(k);
+    sids[s].push_back(up[k]);
+  }
+  std::vector<Part> parts;
+  for (int s = 0; s < S; ++s) {
+    if (sids[s].empty() && !end_step) continue;
+    Part part;
+    part.server = s;
+    if (!sids[s].empty()) {
+      part.tables = {table};
+      part.ids = {at::tensor(sids[s], at::kLong)};
+      part.grads = {S == 1 ? g : g.index_select(0, at::tensor(pos[s], at::kLong))};
+    }
+    parts.push_back(std::move(part));
+  }
+  return SendPushes(std::move(parts), end_step, absl::StrCat("ps push of table '", table, "'"));
+}
+
+rpc::Future<void> PsClient::Step() {
+  std::vector<Part> parts(server_ids_.size());
+  for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
+  return SendPushes(std::move(parts), /*end_step=*/true, "ps step");
+}
+
+absl::StatusOr<std::vector<ShardStats>> PsClient::Stats() {
+  std::vector<ShardStats> out;
+  for (size_t s = 0; s < server_ids_.size(); ++s) {
+    auto r = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s],
+                              internal::kStatsFn)
+                 .result();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps stats of server ", s));
+    const auto& [names, v] = *r;
+    constexpr size_t kHead = 10, kPer = 6;
+    if (v.size() != kHead + kPer * names.size()) {
+      return absl::DataLossError(absl::StrCat("ps stats of server ", s, ": malformed reply"));
+    }
+    ShardStats st;
+    st.server = static_cast<int>(v[0]);
+    st.applied_clock = v[1];
+    st.min_clock = v[2];
+    st.max_clock = v[3];
+    st.max_staleness = v[4];
+    st.applied_pushes = v[5];
+    st.stale_pushes = v[6];
+    st.live_trainers = v[7];
+    st.dropped_trainers = v[8];
+    st.parked_pulls = v[9];
+    for (size_t i = 0; i < names.size(); ++i) {
+      const int64_t* q = v.data() + kHead + kPer * i;
+      st.tables.push_back(TableStats{names[i], q[0], q[1], q[2], q[3], q[4], q[5]});
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> PsClient::Checkpoint() {
+  std::vector<std::string> out;
+  for (size_t s = 0; s < server_ids_.size(); ++s) {
+    auto r = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s],
+                              internal::kCheckpointFn)
+                 .result();
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps checkpoint of server ", s));
+    out.push_back(*r);
+  }
+  return out;
+}
+
+}  // namespace baton::ps

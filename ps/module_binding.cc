@@ -1,0 +1,67 @@
+#include "ps/module_binding.h"
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace baton::ps {
+
+std::vector<TableSpec> ModuleBinding::Tables(const torch::nn::Module& module,
+                                             const std::string& prefix,
+                                             const dist_optim::OptimizerOptions& optimizer) {
+  std::vector<TableSpec> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    out.push_back(TableSpec::Dense(absl::StrCat(prefix, ".", item.key()),
+                                   std::vector<int64_t>(p.sizes().begin(), p.sizes().end()),
+                                   p.scalar_type(), optimizer));
+  }
+  return out;
+}
+
+absl::StatusOr<ModuleBinding> ModuleBinding::Create(PsClient& client, torch::nn::Module& module,
+                                                    const std::string& prefix) {
+  std::vector<std::string> tables;
+  std::vector<at::Tensor> params, values;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    tables.push_back(absl::StrCat(prefix, ".", item.key()));
+    params.push_back(item.value());
+    values.push_back(item.value().detach());
+  }
+  if (tables.empty()) return absl::InvalidArgumentError("ps ModuleBinding: module has no parameters");
+  if (absl::Status s = client.InitDense(tables, values); !s.ok()) {
+    return Annotate(s, absl::StrCat("ps ModuleBinding '", prefix, "'"));
+  }
+  ModuleBinding b(client, std::move(tables), std::move(params));
+  if (absl::Status s = b.Pull(); !s.ok()) return s;
+  return b;
+}
+
+absl::Status ModuleBinding::WaitPushed() {
+  if (!last_push_.valid()) return absl::OkStatus();
+  absl::Status s = last_push_.status();
+  last_push_ = rpc::Future<void>();
+  return s;
+}
+
+absl::Status ModuleBinding::Pull() {
+  if (absl::Status s = WaitPushed(); !s.ok()) return s;
+  const auto& r = client_->PullDense(tables_).result();
+  if (!r.ok()) return r.status();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_((*r)[i]);
+  return absl::OkStatus();
+}
+
+rpc::Future<void> ModuleBinding::Push(bool end_step) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params_.size());
+  for (const auto& p : params_) {
+    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+  }
+  last_push_ = client_->PushDense(tables_, grads, end_step);
+  return last_push_;
+}
+
+}  // namespace baton::ps

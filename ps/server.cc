@@ -1,0 +1,358 @@
+#include "ps/server.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/byte_io.h"
+#include "base/status.h"
+#include "ps/internal/functions.h"
+#include "rpc/agent.h"
+
+namespace baton::ps {
+namespace {
+
+using internal::Names;
+using internal::Tensors;
+
+uint64_t Checksum(absl::string_view bytes) {  // FNV-1a, 64 bit
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+absl::Status ErrnoError(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      cur = path.substr(0, i);
+      if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+        return ErrnoError(absl::StrCat("ps checkpoint: cannot create directory ", cur));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ServerDir(const std::string& dir, int server, int num_servers) {
+  return absl::StrCat(dir, "/server", server, "-of-", num_servers);
+}
+
+// Checkpoint files in `dir`, newest first (names sort by clock, then seq).
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {
+    if (absl::StartsWith(e->d_name, "ckpt-")) names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  std::sort(names.rbegin(), names.rend());
+  return names;
+}
+
+absl::Status WriteAtomically(const std::string& dir, const std::string& name,
+                             const std::string& bytes) {
+  const std::string tmp = absl::StrCat(dir, "/.tmp-", name);
+  const std::string final_path = absl::StrCat(dir, "/", name);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(absl::StrCat("ps checkpoint: cannot create ", tmp));
+  ByteWriter footer;
+  footer.U64(Checksum(bytes));
+  const std::string tail = footer.Release();
+  for (const std::string* part : {&bytes, &tail}) {
+    size_t off = 0;
+    while (off < part->size()) {
+      const ssize_t n = ::write(fd, part->data() + off, part->size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: writing ", tmp));
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return s;
+      }
+      off += n;
+    }
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: fsync ", tmp));
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: rename to ", final_path));
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadChecked(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("ps checkpoint: cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  if (bytes.size() < 8) return absl::DataLossError(absl::StrCat(path, ": truncated"));
+  ByteReader r(absl::string_view(bytes).substr(bytes.size() - 8));
+  uint64_t sum = 0;
+  r.U64(&sum);
+  bytes.resize(bytes.size() - 8);
+  if (Checksum(bytes) != sum) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (torn or corrupt file)"));
+  }
+  return bytes;
+}
+
+std::vector<TableRequest> Requests(const Names& tables, const Tensors& ids,
+                                   const Tensors* grads) {
+  std::vector<TableRequest> out(tables.size());
+  for (size_t i = 0; i < tables.size(); ++i) {
+    out[i].table = tables[i];
+    out[i].ids = ids[i];
+    if (grads != nullptr) out[i].grad = (*grads)[i];
+  }
+  return out;
+}
+
+absl::Status CheckLengths(size_t tables, size_t ids, size_t grads, const char* what) {
+  if (ids != tables || grads != tables) {
+    return absl::InvalidArgumentError(absl::StrCat("ps ", what, ": ", tables, " tables but ",
+                                                   ids, " id tensors and ", grads,
+                                                   " value tensors"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+PsServer::PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options)
+    : shard_(std::move(shard)), options_(std::move(options)) {
+  last_checkpoint_time_ = absl::Now();
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOptions options,
+                                                           rpc::FunctionRegistry& registry) {
+  ServerShard::Options so;
+  so.server = options.server;
+  so.num_servers = options.num_servers;
+  so.log = options.log;
+  auto shard_or = ServerShard::Create(std::move(spec), so);
+  if (!shard_or.ok()) return shard_or.status();
+  std::shared_ptr<ServerShard> shard = *std::move(shard_or);
+  std::unique_ptr<PsServer> server(new PsServer(shard, options));
+
+  if (!options.checkpoint_dir.empty()) {
+    auto bytes = LoadLatest(options.checkpoint_dir, options.server, options.num_servers);
+    if (bytes.ok()) {
+      if (absl::Status s = shard->Restore(*bytes); !s.ok()) return s;
+      const ShardStats st = shard->Stats();
+      server->restored_clock_ = shard->spec().consistency.mode == ConsistencyMode::kSync
+                                    ? st.applied_clock
+                                    : st.min_clock;
+      absl::MutexLock lock(&server->mu_);
+      server->last_checkpoint_clock_ = server->restored_clock_;
+    } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
+      return bytes.status();
+    }
+  }
+
+  absl::Status s = registry.Register(internal::kJoinFn, [shard](int32_t trainer, std::string fp) {
+    return shard->Join(trainer, fp);
+  });
+  if (s.ok()) {
+    s = registry.Register(internal::kInitFn,
+                          [shard](int32_t trainer, Names tables, Tensors values)
+                              -> absl::StatusOr<int64_t> {
+                            if (absl::Status c = CheckLengths(tables.size(), values.size(),
+                                                              values.size(), "init");
+                                !c.ok()) {
+                              return c;
+                            }
+                            std::vector<TableRequest> reqs(tables.size());
+                            for (size_t i = 0; i < tables.size(); ++i) {
+                              reqs[i].table = tables[i];
+                              reqs[i].grad = values[i];
+                            }
+                            auto n = shard->InitDense(trainer, reqs);
+                            if (!n.ok()) return n.status();
+                            return static_cast<int64_t>(*n);
+                          });
+  }
+  if (s.ok()) {
+    s = registry.Register(
+        internal::kPullFn,
+        [shard](const rpc::CallContext& ctx, int32_t trainer, int64_t clock, Names tables,
+                Tensors ids) -> rpc::Future<std::tuple<int64_t, Tensors>> {
+          using Reply = std::tuple<int64_t, Tensors>;
+          if (absl::Status c = CheckLengths(tables.size(), ids.size(), ids.size(), "pull");
+              !c.ok()) {
+            return rpc::MakeErrorFuture<Reply>(c);
+          }
+          rpc::Promise<Reply> promise;
+          shard->Pull(trainer, clock, Requests(tables, ids, nullptr), ctx.deadline,
+                      [promise](absl::StatusOr<PullResult> r) {
+                        if (!r.ok()) {
+                          promise.SetError(r.status());
+                        } else {
+                          promise.SetValue(Reply(r->staleness, std::move(r->values)));
+                        }
+                      });
+          return promise.future();
+        });
+  }
+  if (s.ok()) {
+    s = registry.Register(internal::kPushFn,
+                          [shard](int32_t trainer, int64_t clock, bool end_clock, Names tables,
+                                  Tensors ids, Tensors grads) -> absl::StatusOr<int64_t> {
+                            if (absl::Status c = CheckLengths(tables.size(), ids.size(),
+                                                              grads.size(), "push");
+                                !c.ok()) {
+                              return c;
+                            }
+                            return shard->Push(trainer, clock, end_clock,
+                                               Requests(tables, ids, &grads));
+                          });
+  }
+  if (s.ok()) {
+    s = registry.Register(internal::kStatsFn, [shard]() {
+      const ShardStats st = shard->Stats();
+      Names names;
+      std::vector<int64_t> v = {st.server,         st.applied_clock,   st.min_clock,
+                                st.max_clock,      st.max_staleness,   st.applied_pushes,
+                                st.stale_pushes,   st.live_trainers,   st.dropped_trainers,
+                                st.parked_pulls};
+      for (const auto& t : st.tables) {
+        names.push_back(t.table);
+        v.insert(v.end(), {t.pulls, t.pushes, t.bytes_pulled, t.bytes_pushed,
+                           t.applied_updates, t.rows});
+      }
+      return std::tuple<Names, std::vector<int64_t>>(std::move(names), std::move(v));
+    });
+  }
+  PsServer* raw = server.get();
+  if (s.ok()) {
+    s = registry.Register(internal::kCheckpointFn,
+                          [raw]() -> absl::StatusOr<std::string> { return raw->CheckpointNow(); });
+  }
+  if (!s.ok()) return Annotate(s, "ps server: registering its functions");
+  server->thread_ = std::thread([raw] { raw->Maintain(); });
+  return server;
+}
+
+PsServer::~PsServer() { (void)Stop(false); }
+
+int64_t PsServer::ProgressClock() const {
+  const ShardStats st = shard_->Stats();
+  return shard_->spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock
+                                                                    : st.min_clock;
+}
+
+void PsServer::Maintain() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);
+    if (stopping_) break;
+    mu_.Unlock();
+    shard_->CheckWaits();
+    bool due = false;
+    if (!options_.checkpoint_dir.empty()) {
+      const int64_t clock = ProgressClock();
+      absl::MutexLock inner(&mu_);
+      due = (options_.checkpoint_every_clocks > 0 &&
+             clock - last_checkpoint_clock_ >= options_.checkpoint_every_clocks) ||
+            (options_.checkpoint_every > absl::ZeroDuration() &&
+             absl::Now() - last_checkpoint_time_ >= options_.checkpoint_every);
+    }
+    if (due) {
+      auto path = CheckpointNow();
+      if (!path.ok()) {
+        std::fprintf(stderr, "ps server %d: checkpoint failed: %s\n", options_.server,
+                     path.status().ToString().c_str());
+      }
+    }
+    mu_.Lock();
+  }
+}
+
+absl::StatusOr<std::string> PsServer::CheckpointNow() {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("ps server: no checkpoint directory configured");
+  }
+  absl::MutexLock write_lock(&write_mu_);
+  auto bytes = shard_->Serialize();
+  if (!bytes.ok()) return bytes.status();
+  const int64_t clock = ProgressClock();
+  const std::string dir =
+      ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers);
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  int64_t seq;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = ++checkpoint_seq_;
+  }
+  const std::string name = absl::StrFormat("ckpt-%012d-%06d-%d", clock, seq, ::getpid());
+  if (absl::Status s = WriteAtomically(dir, name, *bytes); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    last_checkpoint_clock_ = clock;
+    last_checkpoint_time_ = absl::Now();
+  }
+  const std::vector<std::string> all = ListCheckpoints(dir);
+  for (size_t i = 2; i < all.size(); ++i) ::unlink(absl::StrCat(dir, "/", all[i]).c_str());
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::StatusOr<std::string> PsServer::LoadLatest(const std::string& dir, int server,
+                                                 int num_servers) {
+  const std::string sdir = ServerDir(dir, server, num_servers);
+  for (const std::string& name : ListCheckpoints(sdir)) {
+    auto bytes = ReadChecked(absl::StrCat(sdir, "/", name));
+    if (bytes.ok()) return bytes;
+    std::fprintf(stderr, "ps server %d: skipping checkpoint: %s\n", server,
+                 bytes.status().ToString().c_str());
+  }
+  return absl::NotFoundError(absl::StrCat("ps: no checkpoint in ", sdir));
+}
+
+absl::Status PsServer::Stop(bool final_checkpoint) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && !thread_.joinable()) return absl::OkStatus();
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  if (final_checkpoint && !options_.checkpoint_dir.empty()) {
+    auto path = CheckpointNow();
+    if (!path.ok()) return path.status();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton::ps

@@ -1,0 +1,232 @@
+// ServerShard: one parameter server's part of every table, its optimizer
+// state, and its view of the trainers' clocks. It is the whole server-side
+// protocol without any RPC: PsServer (ps/server.h) only decodes requests and
+// forwards them here, and tests drive it directly, in one process.
+//
+// Guarantees (tests in tests/ps/ are named after them):
+//   P1 BSP. In kSync, the update of clock c is the mean, over the trainers
+//      that finished clock c while live, of the sum of their pushes for
+//      clock c, applied once with the table's optimizer. A pull at clock c+1
+//      returns the parameters after exactly clocks 0..c: numerically equal
+//      to single-process training on the concatenated batch.
+//   P2 Sharding invariance. For kSync, parameters are bit-identical on any
+//      number of servers: gradients are summed in trainer order per element
+//      (per row for embeddings), chunks are cut on ShardPlan::kAlign, and
+//      every update rule is element-wise (row-wise).
+//   P3 No lost update. In kAsync (and kBoundedStaleness), every push that was
+//      acknowledged OK was applied exactly once, whole: a pull sees each push
+//      entirely or not at all. applied_pushes counts them.
+//   P4 SSP bound. In kBoundedStaleness(s), a pull at clock c returns only
+//      once every live trainer finished clock c - s - 1 (staleness =
+//      c - min live finished clock <= s); s = 0 is kSync.
+//   P5 Bounded waits. A parked pull completes by its deadline. A trainer that
+//      keeps a pull waiting longer than trainer_timeout is dropped from the
+//      clock with a logged message naming it (kDrop), or the waiting pulls
+//      fail with DEADLINE_EXCEEDED naming it (kFail).
+//   P6 Rejoin. Join() (a restarted or dropped trainer) makes the trainer live
+//      at the current clock: in kSync the clock being aggregated (its partial
+//      pushes for it are discarded, it redoes that step); otherwise the
+//      slowest live trainer's clock. A push from a dropped trainer rejoins it
+//      too; its push for an already applied kSync clock is discarded
+//      (stale_pushes) and the reply carries the clock to continue from.
+//   P7 Bad input changes nothing. A request with an unknown table, an id out
+//      of range, a row never created (lazy tables: never pulled), a gradient
+//      of the wrong shape or dtype, or an uninitialized dense table fails
+//      whole with INVALID_ARGUMENT (FAILED_PRECONDITION for the last) naming
+//      the table and the offending id or shape, before any state changes.
+//   P8 Checkpoints. Serialize() captures parameters, optimizer state and
+//      clocks at one instant (under the lock, between two applied updates);
+//      Restore() of those bytes gives back an identical shard.
+//
+// Thread-safety: safe for concurrent use. One mutex guards the shard;
+// callbacks of parked pulls run after it is released, on the thread that
+// made them ready.
+#ifndef BATON_PS_SERVER_SHARD_H_
+#define BATON_PS_SERVER_SHARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ps/sharding.h"
+#include "ps/spec.h"
+
+namespace baton::ps {
+
+namespace internal {
+struct DenseSlot;
+struct EmbeddingSlot;
+}  // namespace internal
+
+// Counters of one table on one server.
+struct TableStats {
+  std::string table;
+  int64_t pulls = 0;
+  int64_t pushes = 0;           // push requests that touched this table
+  int64_t bytes_pulled = 0;     // parameter bytes sent to trainers
+  int64_t bytes_pushed = 0;     // gradient bytes received
+  int64_t applied_updates = 0;  // optimizer applications (kSync: one per clock)
+  int64_t rows = 0;             // embedding rows that exist on this server
+};
+
+struct ShardStats {
+  int server = 0;
+  std::vector<TableStats> tables;
+  int64_t applied_clock = 0;      // kSync: clocks fully applied
+  int64_t min_clock = 0;          // slowest live trainer's finished clock
+  int64_t max_clock = 0;          // fastest trainer's finished clock
+  int64_t max_staleness = 0;      // largest staleness a pull returned with
+  int64_t applied_pushes = 0;     // pushes applied (P3)
+  int64_t stale_pushes = 0;       // kSync pushes for clocks already applied
+  int64_t live_trainers = 0;
+  int64_t dropped_trainers = 0;   // drops so far (P5)
+  int64_t parked_pulls = 0;
+  std::string DebugString() const;
+};
+
+// One table's part of a pull or push request.
+struct TableRequest {
+  std::string table;
+  at::Tensor ids;   // embedding: int64 [n]; dense: undefined
+  at::Tensor grad;  // push only: dense [chunk size] flat; embedding [n, dim]
+};
+
+struct PullResult {
+  std::vector<at::Tensor> values;  // one per requested table, in order
+  int64_t staleness = 0;
+};
+
+class ServerShard {
+ public:
+  using Clock = std::function<absl::Time()>;
+  using Logger = std::function<void(const std::string&)>;
+
+  struct Options {
+    int server = 0;
+    int num_servers = 1;
+    Clock now = [] { return absl::Now(); };
+    Logger log;  // null: stderr
+  };
+
+  // INVALID_ARGUMENT for a spec that fails ValidateSpec or a bad server index.
+  static absl::StatusOr<std::unique_ptr<ServerShard>> Create(PsSpec spec, Options options);
+  ~ServerShard();
+
+  const PsSpec& spec() const { return spec_; }
+  const ShardPlan& plan() const { return plan_; }
+
+  // P6. FAILED_PRECONDITION if `fingerprint` is not this job's spec, naming
+  // the first line that differs; INVALID_ARGUMENT for a bad trainer id.
+  // Returns the clock the trainer continues from.
+  absl::StatusOr<int64_t> Join(int trainer, const std::string& fingerprint);
+
+  // Sets the value of dense tables that have none yet (first writer wins).
+  // values[i] is the flat chunk this server holds. Returns how many tables
+  // were set by this call.
+  absl::StatusOr<int> InitDense(int trainer, const std::vector<TableRequest>& values);
+
+  // Calls `done` once the pull at `clock` may be served (P1, P4), with the
+  // values or an error; at once in kAsync. `deadline` bounds the wait (P5).
+  void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
+            absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done);
+
+  // Applies (kAsync, SSP) or records (kSync) the gradients of `clock`;
+  // `end_clock` marks the trainer's last push of that clock. Returns the
+  // clock the trainer is at afterwards.
+  absl::StatusOr<int64_t> Push(int trainer, int64_t clock, bool end_clock,
+                               std::vector<TableRequest> grads);
+
+  // P5: drops (or fails) trainers that kept a parked pull waiting longer
+  // than trainer_timeout, and fails pulls past their deadline. PsServer calls
+  // it periodically; tests call it with a fake clock.
+  void CheckWaits();
+
+  ShardStats Stats() const;
+
+  // P8.
+  absl::StatusOr<std::string> Serialize() const;
+  // DATA_LOSS for bytes that are not a checkpoint; FAILED_PRECONDITION for a
+  // checkpoint of another spec or server. On error nothing changes.
+  absl::Status Restore(const std::string& bytes);
+
+  // The full value of this server's chunk of a dense table, or of the given
+  // embedding rows, without clocks or counters (tests and checkpoints).
+  absl::StatusOr<at::Tensor> Peek(const std::string& table, const at::Tensor& ids) const;
+
+ private:
+  struct Contribution {
+    int trainer;
+    int table;
+    at::Tensor ids;
+    at::Tensor grad;
+  };
+  struct Waiter {
+    int trainer;
+    int64_t clock;
+    std::vector<TableRequest> tables;
+    absl::Time since;
+    absl::Time deadline;
+    std::function<void(absl::StatusOr<PullResult>)> done;
+  };
+  using Ready = std::vector<std::pair<Waiter, absl::StatusOr<PullResult>>>;
+
+  ServerShard(PsSpec spec, Options options);
+  absl::Status Init();
+
+  int TableIndex(const std::string& name) const;
+  absl::Status CheckTrainer(int trainer) const;
+  absl::Status ValidatePull(const std::vector<TableRequest>& tables) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ValidatePush(const std::vector<TableRequest>& grads) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PullResult ReadLocked(int64_t clock, const std::vector<TableRequest>& tables)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLocked(int table, const at::Tensor& ids, const at::Tensor& grad)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kSync: applies every clock that all live trainers finished.
+  void AdvanceSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplySyncClockLocked(int64_t clock) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PullReadyLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MinLiveClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Trainers that keep a pull at `clock` from being served.
+  std::vector<int> BlockersLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RejoinLocked(int trainer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectReadyLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Log(const std::string& line) const;
+  static void RunReady(Ready ready);
+
+  const PsSpec spec_;
+  const Options options_;
+  const ShardPlan plan_;
+  const bool sync_;  // kSync (or SSP with s = 0)
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<internal::DenseSlot>> dense_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<internal::EmbeddingSlot>> embedding_ ABSL_GUARDED_BY(mu_);
+  std::vector<TableStats> stats_ ABSL_GUARDED_BY(mu_);
+  // Clocks (P1, P4-P6). finished_[t]: clocks trainer t finished.
+  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
+  int64_t applied_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // kSync: pushes recorded per clock, applied when the clock completes.
+  std::map<int64_t, std::vector<Contribution>> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t applied_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace baton::ps
+
+#endif  // BATON_PS_SERVER_SHARD_H_
