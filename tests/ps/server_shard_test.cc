@@ -1,0 +1,763 @@
+// The parameter server's protocol, in one process: ServerShard objects
+// driven directly, as servers, by a small in-test router. Tests are named
+// after the guarantees of ps/server_shard.h (P1-P8).
+#include "ps/server_shard.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "ps/server.h"
+#include "ps/sharding.h"
+#include "rpc/function.h"
+
+namespace baton::ps {
+namespace {
+
+using dist_optim::OptimizerOptions;
+
+// Serves several shards in one process the way PsClient routes requests.
+class Cluster {
+ public:
+  Cluster(const PsSpec& spec, int servers, ServerShard::Clock now = nullptr,
+          ServerShard::Logger log = nullptr)
+      : spec_(spec), plan_(ShardPlan::Make(spec, servers)) {
+    for (int s = 0; s < servers; ++s) {
+      ServerShard::Options o;
+      o.server = s;
+      o.num_servers = servers;
+      if (now) o.now = now;
+      o.log = log ? log : [](const std::string&) {};
+      shards_.push_back(ServerShard::Create(spec, o).value());
+    }
+    for (int s = 0; s < servers; ++s) {
+      for (int t = 0; t < spec.num_trainers; ++t) {
+        EXPECT_TRUE(shards_[s]->Join(t, spec.Fingerprint()).ok());
+      }
+    }
+  }
+
+  ServerShard& shard(int s) { return *shards_[s]; }
+  int size() const { return static_cast<int>(shards_.size()); }
+
+  void InitDense(int table, const at::Tensor& value) {
+    at::Tensor flat = value.reshape(-1).contiguous();
+    for (const auto& c : plan_.chunks(table)) {
+      ASSERT_TRUE(shards_[c.server]
+                      ->InitDense(0, {{spec_.tables[table].name, {}, flat.narrow(0, c.begin, c.size())}})
+                      .ok());
+    }
+  }
+
+  // Blocking pull of a whole dense table (at `clock`).
+  absl::StatusOr<at::Tensor> PullDense(int trainer, int64_t clock, int table,
+                                       absl::Duration wait = absl::Seconds(10)) {
+    const TableSpec& t = spec_.tables[table];
+    at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+    for (const auto& c : plan_.chunks(table)) {
+      auto r = Blocking(c.server, trainer, clock, {{t.name, {}, {}}}, wait);
+      if (!r.ok()) return r.status();
+      out.view(-1).narrow(0, c.begin, c.size()).copy_(r->values[0]);
+    }
+    return out;
+  }
+
+  absl::StatusOr<at::Tensor> PullRows(int trainer, int64_t clock, int table, at::Tensor ids) {
+    const TableSpec& t = spec_.tables[table];
+    at::Tensor out = at::empty({ids.numel(), t.dim}, at::TensorOptions().dtype(t.dtype));
+    for (int s = 0; s < size(); ++s) {
+      at::Tensor mask = (ids % size()) == s;
+      at::Tensor pos = mask.nonzero().reshape(-1);
+      if (pos.numel() == 0) continue;
+      auto r = Blocking(s, trainer, clock, {{t.name, ids.index_select(0, pos), {}}},
+                        absl::Seconds(10));
+      if (!r.ok()) return r.status();
+      out.index_copy_(0, pos, r->values[0]);
+    }
+    return out;
+  }
+
+  absl::StatusOr<PullResult> Blocking(int server, int trainer, int64_t clock,
+                                      std::vector<TableRequest> reqs, absl::Duration wait) {
+    auto result = std::make_shared<absl::StatusOr<PullResult>>();
+    auto done = std::make_shared<absl::Notification>();
+    shards_[server]->Pull(trainer, clock, std::move(reqs), absl::Now() + wait,
+                          [result, done](absl::StatusOr<PullResult> r) {
+                            *result = std::move(r);
+                            done->Notify();
+                          });
+    if (!done->WaitForNotificationWithTimeout(wait + absl::Seconds(5))) {
+      return absl::DeadlineExceededError("test: pull never completed");
+    }
+    return *result;
+  }
+
+  // Pushes a dense gradient (split into chunks) and/or rows, ending the clock.
+  absl::Status Push(int trainer, int64_t clock, int table, const at::Tensor& grad,
+                    const at::Tensor& ids = {}, bool end_clock = true) {
+    const TableSpec& t = spec_.tables[table];
+    for (int s = 0; s < size(); ++s) {
+      std::vector<TableRequest> reqs;
+      if (t.kind == TableKind::kDense) {
+        DenseChunk c = plan_.ChunkOf(table, s);
+        if (c.size() > 0) {
+          reqs.push_back({t.name, {}, grad.reshape(-1).narrow(0, c.begin, c.size())});
+        }
+      } else {
+        at::Tensor pos = ((ids % size()) == s).nonzero().reshape(-1);
+        if (pos.numel() > 0) {
+          reqs.push_back({t.name, ids.index_select(0, pos), grad.index_select(0, pos)});
+        }
+      }
+      auto r = shards_[s]->Push(trainer, clock, end_clock, std::move(reqs));
+      if (!r.ok()) return r.status();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  PsSpec spec_;
+  ShardPlan plan_;
+  std::vector<std::unique_ptr<ServerShard>> shards_;
+};
+
+// A linear model y = x W^T + b trained on per-trainer batches.
+struct Model {
+  torch::Tensor w, b;
+};
+
+torch::Tensor Loss(const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& x,
+                   const torch::Tensor& y) {
+  return (torch::tanh(torch::addmm(b, x, w.t())) - y).pow(2).mean();
+}
+
+std::pair<torch::Tensor, torch::Tensor> Grads(const torch::Tensor& w, const torch::Tensor& b,
+                                              const torch::Tensor& x, const torch::Tensor& y) {
+  auto wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
+  Loss(wl, bl, x, y).backward();
+  return {wl.grad(), bl.grad()};
+}
+
+PsSpec LinearSpec(torch::Dtype dtype, const OptimizerOptions& opt, Consistency c, int trainers) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("w", {7, 300}, dtype, opt), TableSpec::Dense("b", {7}, dtype, opt)};
+  spec.consistency = c;
+  spec.num_trainers = trainers;
+  return spec;
+}
+
+// Trains `steps` synchronous steps with `trainers` trainers on `servers`
+// servers; returns the final (w, b).
+Model TrainSync(torch::Dtype dtype, const OptimizerOptions& opt, int trainers, int servers,
+                int steps, std::vector<torch::Tensor>* xs, std::vector<torch::Tensor>* ys) {
+  PsSpec spec = LinearSpec(dtype, opt, Consistency::Sync(), trainers);
+  Cluster cluster(spec, servers);
+  torch::manual_seed(3);
+  cluster.InitDense(0, torch::randn({7, 300}, dtype) * 0.1);
+  cluster.InitDense(1, torch::randn({7}, dtype) * 0.1);
+  for (int c = 0; c < steps; ++c) {
+    for (int t = 0; t < trainers; ++t) {
+      auto w = cluster.PullDense(t, c, 0);
+      auto b = cluster.PullDense(t, c, 1);
+      EXPECT_TRUE(w.ok() && b.ok());
+      const auto& x = (*xs)[c * trainers + t];
+      const auto& y = (*ys)[c * trainers + t];
+      auto [gw, gb] = Grads(*w, *b, x, y);
+      EXPECT_TRUE(cluster.Push(t, c, 0, gw, {}, /*end_clock=*/false).ok());
+      EXPECT_TRUE(cluster.Push(t, c, 1, gb, {}, /*end_clock=*/true).ok());
+    }
+  }
+  return {cluster.PullDense(0, steps, 0).value(), cluster.PullDense(0, steps, 1).value()};
+}
+
+void MakeData(torch::Dtype dtype, int n, std::vector<torch::Tensor>* xs,
+              std::vector<torch::Tensor>* ys) {
+  torch::manual_seed(11);
+  for (int i = 0; i < n; ++i) {
+    xs->push_back(torch::randn({8, 300}, dtype));
+    ys->push_back(torch::randn({8, 7}, dtype).tanh());
+  }
+}
+
+// The same training in one process on the concatenated batches.
+Model TrainReference(torch::Dtype dtype, const OptimizerOptions& opt, int trainers, int steps,
+                     const std::vector<torch::Tensor>& xs, const std::vector<torch::Tensor>& ys) {
+  torch::manual_seed(3);
+  auto w = (torch::randn({7, 300}, dtype) * 0.1).requires_grad_(true);
+  auto b = (torch::randn({7}, dtype) * 0.1).requires_grad_(true);
+  std::unique_ptr<torch::optim::Optimizer> o;
+  if (opt.kind == dist_optim::OptimizerKind::kAdam) {
+    o = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{w, b},
+                                             torch::optim::AdamOptions(opt.lr));
+  } else {
+    o = std::make_unique<torch::optim::SGD>(
+        std::vector<torch::Tensor>{w, b},
+        torch::optim::SGDOptions(opt.lr).momentum(opt.momentum));
+  }
+  for (int c = 0; c < steps; ++c) {
+    std::vector<torch::Tensor> bx, by;
+    for (int t = 0; t < trainers; ++t) {
+      bx.push_back(xs[c * trainers + t]);
+      by.push_back(ys[c * trainers + t]);
+    }
+    o->zero_grad();
+    Loss(w, b, torch::cat(bx), torch::cat(by)).backward();
+    o->step();
+  }
+  return {w.detach(), b.detach()};
+}
+
+void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  const double diff = (a - b).abs().max().item<double>();
+  EXPECT_LE(diff, tol) << "max abs difference " << diff;
+}
+
+TEST(PsGuarantees, P1_SyncEqualsSingleProcessOnConcatenatedBatch) {
+  struct Case {
+    torch::Dtype dtype;
+    OptimizerOptions opt;
+    double tol;
+  };
+  OptimizerOptions momentum = OptimizerOptions::SGD(0.1);
+  momentum.momentum = 0.9;
+  for (const Case& k : {Case{torch::kFloat32, momentum, 1e-6}, Case{torch::kFloat64, momentum, 1e-12},
+                        Case{torch::kFloat32, OptimizerOptions::Adam(0.01), 1e-6},
+                        Case{torch::kFloat64, OptimizerOptions::Adam(0.01), 1e-12}}) {
+    std::vector<torch::Tensor> xs, ys;
+    MakeData(k.dtype, 3 * 6, &xs, &ys);
+    Model got = TrainSync(k.dtype, k.opt, 3, 2, 6, &xs, &ys);
+    Model want = TrainReference(k.dtype, k.opt, 3, 6, xs, ys);
+    SCOPED_TRACE(k.opt.DebugString() + " " + std::string(c10::toString(torch::typeMetaToScalarType(
+                                                 torch::scalarTypeToTypeMeta(k.dtype)))));
+    ExpectClose(got.w, want.w, k.tol);
+    ExpectClose(got.b, want.b, k.tol);
+  }
+}
+
+TEST(PsGuarantees, P2_SyncBitIdenticalOn1To3Servers) {
+  std::vector<torch::Tensor> xs, ys;
+  MakeData(torch::kFloat32, 3 * 5, &xs, &ys);
+  for (const auto& opt : {OptimizerOptions::Adam(0.01), OptimizerOptions::SGD(0.1)}) {
+    Model one = TrainSync(torch::kFloat32, opt, 3, 1, 5, &xs, &ys);
+    for (int servers : {2, 3}) {
+      Model many = TrainSync(torch::kFloat32, opt, 3, servers, 5, &xs, &ys);
+      EXPECT_TRUE(torch::equal(one.w, many.w)) << servers << " servers, " << opt.DebugString();
+      EXPECT_TRUE(torch::equal(one.b, many.b)) << servers << " servers, " << opt.DebugString();
+    }
+  }
+}
+
+TEST(PsGuarantees, P2_EmbeddingSyncBitIdenticalOn1To3Servers) {
+  auto run = [](int servers) {
+    PsSpec spec;
+    spec.tables = {TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 7),
+                                        RowOptimizer::RowWiseAdagrad(0.05))};
+    spec.consistency = Consistency::Sync();
+    spec.num_trainers = 2;
+    Cluster cluster(spec, servers);
+    torch::manual_seed(5);
+    for (int c = 0; c < 6; ++c) {
+      for (int t = 0; t < 2; ++t) {
+        auto ids = torch::randint(0, 1000, {50}, torch::kLong);
+        auto uniq = std::get<0>(at::_unique2(ids, true));
+        EXPECT_TRUE(cluster.PullRows(t, c, 0, uniq).ok());
+        auto g = torch::randn({uniq.numel(), 8});
+        EXPECT_TRUE(cluster.Push(t, c, 0, g, uniq).ok());
+      }
+    }
+    return cluster.PullRows(0, 6, 0, torch::arange(0, 1000, torch::kLong)).value();
+  };
+  at::Tensor one = run(1);
+  EXPECT_TRUE(torch::equal(one, run(2)));
+  EXPECT_TRUE(torch::equal(one, run(3)));
+}
+
+TEST(PsSharding, DenseChunksAreAlignedContiguousAndBalancedByBytes) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("big", {1000, 1000}, torch::kFloat32, OptimizerOptions::SGD(1)),
+                 TableSpec::Dense("small", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
+                 TableSpec::Dense("d", {300000}, torch::kFloat64, OptimizerOptions::SGD(1))};
+  const int64_t total = 1000 * 1000 * 4 + 40 + 300000 * 8;
+  for (int servers : {1, 2, 3, 5}) {
+    ShardPlan plan = ShardPlan::Make(spec, servers);
+    std::vector<int64_t> bytes(servers, 0);
+    for (int t = 0; t < 3; ++t) {
+      int64_t next = 0;
+      for (const auto& c : plan.chunks(t)) {
+        EXPECT_EQ(c.begin, next);
+        EXPECT_EQ(c.begin % ShardPlan::kAlign, 0);
+        next = c.end;
+        bytes[c.server] += c.size() * (t == 2 ? 8 : 4);
+      }
+      EXPECT_EQ(next, spec.tables[t].numel());
+    }
+    for (int s = 0; s < servers; ++s) {
+      EXPECT_NEAR(bytes[s], total / servers, 3 * ShardPlan::kAlign * 8) << servers;
+    }
+  }
+  // The big table is spread over the servers its bytes span.
+  EXPECT_EQ(ShardPlan::Make(spec, 5).chunks(0).size(), 4u);  // 4 MB of 6.4 MB: 4 of 5 servers
+}
+
+TEST(PsGuarantees, P3_AsyncNoLostUpdateUnderConcurrentTrainers) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("w", {1000}, torch::kFloat64, OptimizerOptions::SGD(1)),
+                 TableSpec::Embedding("emb", 100, 4, RowInit::Zeros(), RowOptimizer::SGD(1),
+                                      torch::kFloat64)};
+  spec.consistency = Consistency::Async();
+  spec.num_trainers = 4;
+  Cluster cluster(spec, 2);
+  cluster.InitDense(0, torch::zeros({1000}, torch::kFloat64));
+  at::Tensor all_ids = torch::arange(0, 100, torch::kLong);
+  ASSERT_TRUE(cluster.PullRows(0, 0, 1, all_ids).ok());  // creates the rows
+  constexpr int kPushes = 300;
+  const ShardPlan plan = ShardPlan::Make(spec, 2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPushes; ++i) {
+        EXPECT_TRUE(cluster.Push(t, i, 0, torch::ones({1000}, torch::kFloat64)).ok());
+        EXPECT_TRUE(
+            cluster.Push(t, i, 1, torch::ones({3, 4}, torch::kFloat64),
+                         torch::tensor({1, 1, 42}, torch::kLong))
+                .ok());
+        // A concurrent pull sees each push whole: every element equal.
+        auto w = cluster.PullDense(t, i, 0).value();
+        for (const auto& c : plan.chunks(0)) {
+          auto part = w.narrow(0, c.begin, c.size());
+          EXPECT_EQ(part.min().item<double>(), part.max().item<double>());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // SGD lr 1 on gradient 1: each push subtracts exactly 1 (small integers are exact).
+  EXPECT_EQ(cluster.PullDense(0, kPushes, 0).value().max().item<double>(), -4.0 * kPushes);
+  auto rows = cluster.PullRows(0, kPushes, 1, torch::tensor({1, 42, 7}, torch::kLong)).value();
+  EXPECT_EQ(rows[0][0].item<double>(), -2.0 * 4 * kPushes);  // id 1 twice per push, merged
+  EXPECT_EQ(rows[1][0].item<double>(), -1.0 * 4 * kPushes);
+  EXPECT_EQ(rows[2][0].item<double>(), 0.0);
+  int64_t applied = 0;
+  for (int s = 0; s < 2; ++s) applied += cluster.shard(s).Stats().applied_pushes;
+  EXPECT_EQ(applied, 2 * 2 * 4 * kPushes);  // two push calls per step, each to both servers
+}
+
+TEST(PsGuarantees, P4_SspStalenessNeverExceedsBound) {
+  constexpr int64_t kS = 2;
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("w", {64}, torch::kFloat32, OptimizerOptions::SGD(0.01))};
+  spec.consistency = Consistency::BoundedStaleness(kS);
+  spec.num_trainers = 3;
+  Cluster cluster(spec, 1);
+  cluster.InitDense(0, torch::zeros({64}));
+  std::atomic<int64_t> finished[3] = {0, 0, 0};
+  std::atomic<bool> violated{false};
+  std::atomic<int64_t> max_seen{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t c = 0; c < 30; ++c) {
+        auto r = cluster.Blocking(0, t, c, {{"w", {}, {}}}, absl::Seconds(20));
+        ASSERT_TRUE(r.ok()) << r.status();
+        // When the pull returns, every trainer finished clock c - s - 1.
+        for (int o = 0; o < 3; ++o) {
+          if (finished[o].load() < c - kS) violated = true;
+        }
+        max_seen = std::max<int64_t>(max_seen, r->staleness);
+        if (t == 2) absl::SleepFor(absl::Milliseconds(5));  // the slow one
+        finished[t] = c + 1;  // before the push, so a served pull implies it
+        ASSERT_TRUE(cluster.Push(t, c, 0, torch::ones({64})).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(violated.load());
+  EXPECT_LE(cluster.shard(0).Stats().max_staleness, kS);
+  EXPECT_GT(max_seen.load(), 0) << "the fast trainers never ran ahead";
+}
+
+TEST(PsGuarantees, P4_StalenessZeroIsSync) {
+  EXPECT_EQ(Consistency::BoundedStaleness(0).mode, ConsistencyMode::kSync);
+}
+
+// A fake clock for timeouts.
+struct FakeTime {
+  absl::Mutex mu;
+  absl::Time now = absl::UnixEpoch() + absl::Hours(1);
+  absl::Time Get() {
+    absl::MutexLock l(&mu);
+    return now;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock l(&mu);
+    now += d;
+  }
+};
+
+PsSpec TwoTrainerSync(StragglerPolicy policy) {
+  PsSpec spec = LinearSpec(torch::kFloat64, OptimizerOptions::SGD(1), Consistency::Sync(), 2);
+  spec.trainer_timeout = absl::Seconds(5);
+  spec.straggler_policy = policy;
+  return spec;
+}
+
+TEST(PsGuarantees, P5_StragglerIsDroppedAfterTimeoutWithItsName) {
+  FakeTime time;
+  std::vector<std::string> logs;
+  absl::Mutex log_mu;
+  PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
+  Cluster cluster(spec, 1, [&] { return time.Get(); },
+                  [&](const std::string& l) {
+                    absl::MutexLock lock(&log_mu);
+                    logs.push_back(l);
+                  });
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
+  // Trainer 0 pulls clock 1; trainer 1 never pushes clock 0.
+  absl::Notification done;
+  absl::StatusOr<PullResult> got;
+  cluster.shard(0).Pull(0, 1, {{"w", {}, {}}}, absl::InfiniteFuture(),
+                        [&](absl::StatusOr<PullResult> r) {
+                          got = std::move(r);
+                          done.Notify();
+                        });
+  cluster.shard(0).CheckWaits();
+  EXPECT_FALSE(done.HasBeenNotified());
+  time.Advance(absl::Seconds(6));
+  cluster.shard(0).CheckWaits();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Only trainer 0's gradient, averaged over the one contributor.
+  EXPECT_EQ(got->values[0][0].item<double>(), -1.0);
+  EXPECT_EQ(cluster.shard(0).Stats().dropped_trainers, 1);
+  absl::MutexLock lock(&log_mu);
+  ASSERT_FALSE(logs.empty());
+  EXPECT_TRUE(absl::StrContains(logs.back(), "dropped trainer 1")) << logs.back();
+}
+
+TEST(PsGuarantees, P5_StragglerFailPolicyFailsTheWaitNamingIt) {
+  FakeTime time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kFail), 1, [&] { return time.Get(); });
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
+  absl::Notification done;
+  absl::Status status;
+  cluster.shard(0).Pull(0, 1, {{"w", {}, {}}}, absl::InfiniteFuture(),
+                        [&](absl::StatusOr<PullResult> r) {
+                          status = r.status();
+                          done.Notify();
+                        });
+  time.Advance(absl::Seconds(6));
+  cluster.shard(0).CheckWaits();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(status.message(), "trainer 1 (at clock 0)")) << status;
+  EXPECT_EQ(cluster.shard(0).Stats().dropped_trainers, 0);
+}
+
+TEST(PsGuarantees, P5_ParkedPullFailsAtItsDeadline) {
+  FakeTime time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  absl::Notification done;
+  absl::Status status;
+  cluster.shard(0).Pull(0, 1, {{"w", {}, {}}}, time.Get() + absl::Seconds(1),
+                        [&](absl::StatusOr<PullResult> r) {
+                          status = r.status();
+                          done.Notify();
+                        });
+  EXPECT_EQ(cluster.shard(0).Stats().parked_pulls, 1);
+  time.Advance(absl::Seconds(2));
+  cluster.shard(0).CheckWaits();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(status.message(), "waiting for trainers 0, 1")) << status;
+  EXPECT_EQ(cluster.shard(0).Stats().parked_pulls, 0);
+}
+
+TEST(PsGuarantees, P6_DroppedTrainerRejoinsAtTheCurrentClock) {
+  FakeTime time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ServerShard& s = cluster.shard(0);
+  ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
+  s.Pull(0, 1, {{"w", {}, {}}}, absl::InfiniteFuture(), [](absl::StatusOr<PullResult>) {});
+  time.Advance(absl::Seconds(6));
+  s.CheckWaits();  // drops trainer 1; clock 0 applies
+  ASSERT_EQ(s.Stats().applied_clock, 1);
+  // Trainer 1 comes back with its push for clock 0: stale, discarded, and
+  // told to continue from clock 1.
+  auto r = s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+  EXPECT_EQ(s.Stats().stale_pushes, 1);
+  EXPECT_EQ(s.Stats().live_trainers, 2);
+  // Both take part in clock 1 again: the mean of 1 and 3 is applied.
+  ASSERT_TRUE(cluster.Push(0, 1, 0, torch::full({7, 300}, 1.0, torch::kFloat64)).ok());
+  ASSERT_TRUE(cluster.Push(1, 1, 0, torch::full({7, 300}, 3.0, torch::kFloat64)).ok());
+  EXPECT_EQ(cluster.PullDense(0, 2, 0).value()[0][0].item<double>(), -1.0 - 2.0);
+}
+
+TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockAndRejectsAnotherSpec) {
+  PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
+  Cluster cluster(spec, 1);
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ServerShard& s = cluster.shard(0);
+  // Trainer 1 pushes clock 0 partially, then "restarts" and joins.
+  ASSERT_TRUE(cluster.Push(1, 0, 0, torch::full({7, 300}, 50.0, torch::kFloat64), {}, false).ok());
+  EXPECT_EQ(s.Join(1, spec.Fingerprint()).value(), 0);
+  ASSERT_TRUE(cluster.Push(0, 0, 0, torch::full({7, 300}, 1.0, torch::kFloat64)).ok());
+  ASSERT_TRUE(cluster.Push(1, 0, 0, torch::full({7, 300}, 3.0, torch::kFloat64)).ok());
+  EXPECT_EQ(cluster.PullDense(0, 1, 0).value()[0][0].item<double>(), -2.0);  // 50 was dropped
+
+  PsSpec other = spec;
+  other.tables[0].shape = {7, 301};
+  auto bad = s.Join(0, other.Fingerprint());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "dense w Double[7,301]")) << bad.status();
+}
+
+TEST(PsGuarantees, P7_BadInputIsRejectedNamingItAndChangesNothing) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("w", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
+                 TableSpec::Dense("fresh", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
+                 TableSpec::Embedding("emb", 100, 4, RowInit::Uniform(1, 1), RowOptimizer::SGD(1))};
+  spec.consistency = Consistency::Async();
+  spec.num_trainers = 1;
+  Cluster cluster(spec, 1);
+  ServerShard& s = cluster.shard(0);
+  cluster.InitDense(0, torch::ones({10}));
+  ASSERT_TRUE(cluster.PullRows(0, 0, 2, torch::tensor({3, 5}, torch::kLong)).ok());
+  const std::string before = s.Serialize().value();
+
+  struct Bad {
+    std::vector<TableRequest> reqs;
+    absl::StatusCode code;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {{{"nope", {}, torch::ones({10})}}, absl::StatusCode::kInvalidArgument,
+       "ps table 'nope': no such table"},
+      {{{"w", {}, torch::ones({11})}}, absl::StatusCode::kInvalidArgument,
+       "ps table 'w': gradient chunk Float[11] does not match Float[10]"},
+      {{{"w", {}, torch::ones({10}, torch::kFloat64)}}, absl::StatusCode::kInvalidArgument,
+       "ps table 'w': gradient dtype Double does not match the table's Float"},
+      {{{"emb", torch::tensor({3, 100}, torch::kLong), torch::ones({2, 4})}},
+       absl::StatusCode::kInvalidArgument, "ps table 'emb': row id 100 out of range [0, 100)"},
+      {{{"emb", torch::tensor({-1}, torch::kLong), torch::ones({1, 4})}},
+       absl::StatusCode::kInvalidArgument, "row id -1 out of range"},
+      {{{"emb", torch::tensor({3, 7}, torch::kLong), torch::ones({2, 4})}},
+       absl::StatusCode::kInvalidArgument,
+       "ps table 'emb': push for row 7, which no trainer has pulled"},
+      {{{"emb", torch::tensor({3}, torch::kLong), torch::ones({1, 5})}},
+       absl::StatusCode::kInvalidArgument, "row gradients Float[1,5] do not match 1 ids x dim 4"},
+      {{{"emb", torch::tensor({3.0}), torch::ones({1, 4})}}, absl::StatusCode::kInvalidArgument,
+       "row ids must be int64[n] (got Float[1])"},
+      {{{"fresh", {}, torch::ones({10})}}, absl::StatusCode::kFailedPrecondition,
+       "ps table 'fresh': pushed before any trainer initialized it"},
+      // A valid first part does not get applied when a later part is bad.
+      {{{"w", {}, torch::ones({10})}, {"emb", torch::tensor({9}, torch::kLong), torch::ones({1, 4})}},
+       absl::StatusCode::kInvalidArgument, "push for row 9"},
+  };
+  for (const auto& c : cases) {
+    auto r = s.Push(0, 0, true, c.reqs);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), c.says)) << r.status();
+  }
+  auto p = cluster.Blocking(0, 0, 0, {{"emb", torch::tensor({500}, torch::kLong), {}}},
+                            absl::Seconds(1));
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "row id 500 out of range")) << p.status();
+  EXPECT_EQ(s.Join(7, spec.Fingerprint()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Serialize().value(), before) << "state changed";
+  EXPECT_EQ(s.Stats().applied_pushes, 0);
+}
+
+// A row optimizer against a dense LibTorch reference on the same rows.
+TEST(PsRowOptimizers, EachMatchesItsDenseReferenceOnThePushedRows) {
+  for (RowOptimizer opt : {RowOptimizer::SGD(0.1), RowOptimizer::Adagrad(0.1),
+                           RowOptimizer::RowWiseAdagrad(0.1), RowOptimizer::LazyAdam(0.05)}) {
+    SCOPED_TRACE(opt.DebugString());
+    PsSpec spec;
+    spec.tables = {TableSpec::Embedding("emb", 6, 4, RowInit::Uniform(1, 3), opt, torch::kFloat64)};
+    spec.num_trainers = 1;
+    Cluster cluster(spec, 2);
+    at::Tensor all = torch::arange(0, 6, torch::kLong);
+    at::Tensor init = cluster.PullRows(0, 0, 0, all).value();
+    // Per-row reference parameters and optimizers.
+    std::vector<torch::Tensor> ref;
+    std::vector<std::unique_ptr<torch::optim::Optimizer>> ref_opt;
+    std::vector<torch::Tensor> rowwise_acc;
+    for (int r = 0; r < 6; ++r) {
+      ref.push_back(init[r].clone().requires_grad_(true));
+      rowwise_acc.push_back(torch::zeros({}, torch::kFloat64));
+      switch (opt.kind) {
+        case RowOptimizerKind::kSGD:
+        case RowOptimizerKind::kRowWiseAdagrad:
+          ref_opt.push_back(std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{ref[r]},
+                                                                torch::optim::SGDOptions(opt.lr)));
+          break;
+        case RowOptimizerKind::kAdagrad:
+          ref_opt.push_back(std::make_unique<torch::optim::Adagrad>(
+              std::vector<torch::Tensor>{ref[r]}, torch::optim::AdagradOptions(opt.lr).eps(opt.eps)));
+          break;
+        case RowOptimizerKind::kLazyAdam:
+          ref_opt.push_back(std::make_unique<torch::optim::Adam>(
+              std::vector<torch::Tensor>{ref[r]}, torch::optim::AdamOptions(opt.lr).eps(opt.eps)));
+          break;
+      }
+    }
+    torch::manual_seed(9);
+    const std::vector<std::vector<int64_t>> pushes = {{1, 3}, {3, 4, 3}, {0, 5}, {1}, {3, 1}};
+    int64_t clock = 0;
+    for (const auto& ids : pushes) {
+      at::Tensor id_t = torch::tensor(ids, torch::kLong);
+      at::Tensor g = torch::randn({static_cast<int64_t>(ids.size()), 4}, torch::kFloat64);
+      ASSERT_TRUE(cluster.Push(0, clock++, 0, g, id_t).ok());
+      // Reference: merge duplicates, then step each pushed row alone.
+      std::map<int64_t, torch::Tensor> merged;
+      for (size_t k = 0; k < ids.size(); ++k) {
+        merged[ids[k]] = merged.count(ids[k]) ? merged[ids[k]] + g[k] : g[k].clone();
+      }
+      for (auto& [r, gr] : merged) {
+        if (opt.kind == RowOptimizerKind::kRowWiseAdagrad) {
+          rowwise_acc[r] += gr.pow(2).mean();
+          torch::NoGradGuard ng;
+          ref[r] -= opt.lr * gr / (rowwise_acc[r].sqrt() + opt.eps);
+          continue;
+        }
+        ref[r].mutable_grad() = gr;
+        ref_opt[r]->step();
+      }
+    }
+    at::Tensor got = cluster.PullRows(0, clock, 0, all).value();
+    for (int r = 0; r < 6; ++r) ExpectClose(got[r], ref[r].detach(), 1e-12);
+  }
+}
+
+TEST(PsRows, LazyRowsCostOnlyTheIdsSeenAndDoNotDependOnServers) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Embedding("emb", 10'000'000, 16, RowInit::Normal(0.1, 4),
+                                      RowOptimizer::Adagrad(0.1))};
+  spec.num_trainers = 1;
+  at::Tensor ids = torch::randint(0, 10'000'000, {1000}, torch::kLong);
+  ids = std::get<0>(at::_unique2(ids, true));
+  Cluster one(spec, 1), three(spec, 3);
+  at::Tensor a = one.PullRows(0, 0, 0, ids).value();
+  at::Tensor b = three.PullRows(0, 0, 0, ids).value();
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_NEAR(a.std().item<double>(), 0.1, 0.01);
+  EXPECT_EQ(one.shard(0).Stats().tables[0].rows, ids.numel());
+  int64_t rows = 0;
+  for (int s = 0; s < 3; ++s) rows += three.shard(s).Stats().tables[0].rows;
+  EXPECT_EQ(rows, ids.numel());
+}
+
+TEST(PsGuarantees, P8_CheckpointRestoresParametersOptimizerStateAndClocks) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Dense("w", {200}, torch::kFloat32, OptimizerOptions::Adam(0.01)),
+                 TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 1),
+                                      RowOptimizer::LazyAdam(0.01))};
+  spec.consistency = Consistency::Sync();
+  spec.num_trainers = 1;
+  Cluster a(spec, 2), b(spec, 2);
+  a.InitDense(0, torch::randn({200}));
+  for (int c = 0; c < 3; ++c) {
+    at::Tensor ids = torch::tensor({c, 10 + c, 500}, torch::kLong);
+    ASSERT_TRUE(a.PullRows(0, c, 1, ids).ok());
+    ASSERT_TRUE(a.Push(0, c, 1, torch::randn({3, 8}), ids, false).ok());
+    ASSERT_TRUE(a.Push(0, c, 0, torch::randn({200})).ok());
+  }
+  for (int s = 0; s < 2; ++s) {
+    const std::string bytes = a.shard(s).Serialize().value();
+    ASSERT_TRUE(b.shard(s).Restore(bytes).ok());
+    EXPECT_EQ(b.shard(s).Serialize().value(), bytes);
+    EXPECT_EQ(b.shard(s).Stats().applied_clock, 3);
+    // Corrupt or foreign bytes change nothing.
+    EXPECT_EQ(b.shard(s).Restore(bytes.substr(0, bytes.size() - 3)).code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(b.shard(s).Restore("garbage").code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(b.shard(1 - s).Restore(bytes).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(b.shard(s).Serialize().value(), bytes);
+  }
+  // The restored shards train on identically (optimizer state included).
+  for (Cluster* c : {&a, &b}) {
+    at::Tensor ids = torch::tensor({2, 500}, torch::kLong);
+    torch::manual_seed(1);
+    ASSERT_TRUE(c->Push(0, 3, 1, torch::randn({2, 8}), ids, false).ok());
+    ASSERT_TRUE(c->Push(0, 3, 0, torch::randn({200})).ok());
+  }
+  EXPECT_TRUE(torch::equal(a.PullDense(0, 4, 0).value(), b.PullDense(0, 4, 0).value()));
+  at::Tensor ids = torch::tensor({0, 2, 12, 500}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a.PullRows(0, 4, 1, ids).value(), b.PullRows(0, 4, 1, ids).value()));
+}
+
+TEST(PsServerCheckpoints, P8_AtomicFilesNewestValidOneIsLoaded) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
+                                                                 : "/tmp") +
+                          "/ps_ckpt_test";
+  std::system(("rm -rf " + dir).c_str());
+  PsSpec spec = LinearSpec(torch::kFloat32, OptimizerOptions::SGD(1), Consistency::Async(), 1);
+  ServerOptions o;
+  o.checkpoint_dir = dir;
+  o.log = [](const std::string&) {};
+  rpc::FunctionRegistry registry;
+  auto server = PsServer::Create(spec, o, registry).value();
+  EXPECT_EQ(server->restored_clock(), -1);
+  ServerShard& s = server->shard();
+  ASSERT_TRUE(s.InitDense(0, {{"w", {}, torch::zeros({2100})}, {"b", {}, torch::zeros({7})}}).ok());
+  ASSERT_TRUE(s.Push(0, 0, true, {{"w", {}, torch::ones({2100})}}).ok());
+  const std::string first = server->CheckpointNow().value();
+  ASSERT_TRUE(s.Push(0, 1, true, {{"w", {}, torch::ones({2100})}}).ok());
+  const std::string second = server->CheckpointNow().value();
+  EXPECT_NE(first, second);
+  ASSERT_TRUE(server->Stop(/*final_checkpoint=*/false).ok());
+  server.reset();
+
+  // A new server (a restart) loads the newest: w = -2.
+  rpc::FunctionRegistry r2;
+  auto restarted = PsServer::Create(spec, o, r2).value();
+  EXPECT_EQ(restarted->restored_clock(), 2);
+  EXPECT_EQ(restarted->shard().Peek("w", {}).value()[0].item<float>(), -2.0f);
+  restarted.reset();
+
+  // A corrupt newest file is skipped: the older one (w = -1) is loaded.
+  {
+    FILE* f = std::fopen(second.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 100, SEEK_SET);
+    std::fputc(0x5a, f);
+    std::fclose(f);
+  }
+  rpc::FunctionRegistry r3;
+  auto fallback = PsServer::Create(spec, o, r3).value();
+  EXPECT_EQ(fallback->restored_clock(), 1);
+  EXPECT_EQ(fallback->shard().Peek("w", {}).value()[0].item<float>(), -1.0f);
+}
+
+TEST(PsSpecValidation, BadSpecsNameTheTableAndField) {
+  PsSpec spec;
+  spec.tables = {TableSpec::Embedding("emb", 10, 0, RowInit::Zeros(), RowOptimizer::SGD(1))};
+  auto s = ValidateSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "ps table 'emb': dim must be positive (got 0)")) << s;
+  spec.tables = {TableSpec::Dense("a", {2}, torch::kFloat32, OptimizerOptions::SGD(-1))};
+  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(), "ps table 'a'"));
+  spec.tables = {TableSpec::Dense("a", {2}, torch::kFloat32, OptimizerOptions::SGD(1)),
+                 TableSpec::Dense("a", {3}, torch::kFloat32, OptimizerOptions::SGD(1))};
+  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(), "ps table 'a': declared twice"));
+}
+
+}  // namespace
+}  // namespace baton::ps
