@@ -47,7 +47,8 @@ absl::Status ModuleBinding::WaitPushed() {
 
 absl::Status ModuleBinding::Pull() {
   if (absl::Status s = WaitPushed(); !s.ok()) return s;
-  const auto& r = client_->PullDense(tables_).result();
+  const auto pulled = client_->PullDense(tables_);
+  const auto& r = pulled.result();
   if (!r.ok()) return r.status();
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_((*r)[i]);
