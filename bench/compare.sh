@@ -62,3 +62,10 @@ if [ -f "$PEER_DIR/torch_allreduce_bench.py" ] && [ "${BATON_SKIP_COMM:-0}" != 1
   echo "== collectives: comm/bench/compare_allreduce.sh" >&2
   (cd comm/bench && bash ./compare_allreduce.sh)
 fi
+
+# Parameter servers (ps/), against PyTorch-RPC parameter servers.
+if [ -f "$PEER_DIR/torch_ps_bench.py" ] && [ "${BATON_SKIP_PS:-0}" != 1 ]; then
+  echo >&2
+  echo "== parameter servers: bench/compare_ps.sh $QUICK" >&2
+  BATON_PEER_DIR="$PEER_DIR" bash bench/compare_ps.sh $QUICK
+fi

@@ -93,6 +93,7 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
   env.run_id = lookup(kEnvRunId).value_or("");
   env.job_token = lookup(kEnvJobToken).value_or("");
   env.role = lookup(kEnvRole).value_or("default");
+  env.rejoin = lookup(kEnvRejoin).value_or("") == "1";
   env.error_file = lookup(kEnvErrorFile).value_or("");
 
   auto pair = [](absl::string_view a, int av, absl::string_view b, int bv) {

@@ -46,6 +46,10 @@ inline constexpr char kEnvRole[] = "BATON_ROLE";
 inline constexpr char kEnvRoleRank[] = "BATON_ROLE_RANK";
 inline constexpr char kEnvRoleWorldSize[] = "BATON_ROLE_WORLD_SIZE";
 inline constexpr char kEnvErrorFile[] = "BATON_ERROR_FILE";
+// "1" when only this worker's role was restarted (--restart_policy ROLE=role):
+// the other workers kept running, so it rejoins their job instead of
+// rendezvousing anew.
+inline constexpr char kEnvRejoin[] = "BATON_REJOIN";
 // Set to "1" by baton-run; its presence is what is_elastic_launched() checks.
 inline constexpr char kEnvLaunched[] = "BATON_ELASTIC_LAUNCHED";
 
@@ -71,6 +75,8 @@ struct LaunchEnv {
   int role_world_size = 1;
   // Where this worker may write its structured error file; may be empty.
   std::string error_file;
+  // BATON_REJOIN: this worker alone (its role) was restarted.
+  bool rejoin = false;
 };
 
 // True when baton-run started this process (BATON_ELASTIC_LAUNCHED=1).

@@ -85,13 +85,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent,
   {
     absl::MutexLock lock(&c->mu_);
     c->clock_.assign(c->server_ids_.size(), 0);
+    c->session_.assign(c->server_ids_.size(), 0);
   }
   if (absl::Status s = c->Join(); !s.ok()) return s;
   return c;
 }
 
 absl::Status PsClient::Join() {
-  std::vector<rpc::Future<int64_t>> futs;
+  std::vector<rpc::Future<std::tuple<int64_t, int64_t>>> futs;
   for (int id : server_ids_) {
     futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, id, internal::kJoinFn,
                                     static_cast<int32_t>(options_.trainer),
@@ -101,7 +102,8 @@ absl::Status PsClient::Join() {
   for (size_t s = 0; s < futs.size(); ++s) {
     const auto& r = futs[s].result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps client: joining server ", s));
-    clock_[s] = *r;
+    clock_[s] = std::get<0>(*r);
+    session_[s] = std::get<1>(*r);
   }
   return absl::OkStatus();
 }
@@ -149,16 +151,19 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
     g->promise.SetValue({});
     return fut;
   }
-  std::vector<int64_t> clocks;
+  std::vector<int64_t> clocks, sessions;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& p : parts) clocks.push_back(clock_[p.server]);
+    for (const auto& p : parts) {
+      clocks.push_back(clock_[p.server]);
+      sessions.push_back(session_[p.server]);
+    }
   }
   for (size_t k = 0; k < parts.size(); ++k) {
     Part& p = parts[k];
     auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
                               internal::kPullFn, static_cast<int32_t>(options_.trainer),
-                              clocks[k], std::move(p.tables), std::move(p.ids));
+                              sessions[k], clocks[k], std::move(p.tables), std::move(p.ids));
     f.OnReady([this, g, k, what](const absl::StatusOr<std::tuple<int64_t, Out>>& r) {
       absl::StatusOr<Out> values;
       if (r.ok()) {
@@ -185,11 +190,12 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
     done.SetValue();
     return done.future();
   }
-  std::vector<int64_t> clocks;
+  std::vector<int64_t> clocks, sessions;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& p : parts) {
       clocks.push_back(clock_[p.server]);
+      sessions.push_back(session_[p.server]);
       if (end_step) ++clock_[p.server];
     }
   }
@@ -197,8 +203,8 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
     Part& p = parts[k];
     const int server = p.server;
     auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[server],
-                              internal::kPushFn, static_cast<int32_t>(options_.trainer), clocks[k],
-                              end_step, std::move(p.tables), std::move(p.ids),
+                              internal::kPushFn, static_cast<int32_t>(options_.trainer),
+                              sessions[k], clocks[k], end_step, std::move(p.tables), std::move(p.ids),
                               std::move(p.grads));
     f.OnReady([this, g, k, server, done, what](const absl::StatusOr<int64_t>& r) {
       if (r.ok()) {

@@ -113,7 +113,8 @@ class PsClient {
   std::vector<int> server_ids_;  // worker ids; set by Create
 
   mutable absl::Mutex mu_;
-  std::vector<int64_t> clock_ ABSL_GUARDED_BY(mu_);  // per server
+  std::vector<int64_t> clock_ ABSL_GUARDED_BY(mu_);    // per server
+  std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per server, from Join
   int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

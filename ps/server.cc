@@ -183,9 +183,13 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     }
   }
 
-  absl::Status s = registry.Register(internal::kJoinFn, [shard](int32_t trainer, std::string fp) {
-    return shard->Join(trainer, fp);
-  });
+  absl::Status s = registry.Register(
+      internal::kJoinFn,
+      [shard](int32_t trainer, std::string fp) -> absl::StatusOr<std::tuple<int64_t, int64_t>> {
+        auto r = shard->Join(trainer, fp);
+        if (!r.ok()) return r.status();
+        return std::tuple<int64_t, int64_t>(r->clock, r->session);
+      });
   if (s.ok()) {
     s = registry.Register(internal::kInitFn,
                           [shard](int32_t trainer, Names tables, Tensors values)
@@ -208,8 +212,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (s.ok()) {
     s = registry.Register(
         internal::kPullFn,
-        [shard](const rpc::CallContext& ctx, int32_t trainer, int64_t clock, Names tables,
-                Tensors ids) -> rpc::Future<std::tuple<int64_t, Tensors>> {
+        [shard](const rpc::CallContext& ctx, int32_t trainer, int64_t session, int64_t clock,
+                Names tables, Tensors ids) -> rpc::Future<std::tuple<int64_t, Tensors>> {
           using Reply = std::tuple<int64_t, Tensors>;
           if (absl::Status c = CheckLengths(tables.size(), ids.size(), ids.size(), "pull");
               !c.ok()) {
@@ -223,21 +227,23 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
                         } else {
                           promise.SetValue(Reply(r->staleness, std::move(r->values)));
                         }
-                      });
+                      },
+                      session);
           return promise.future();
         });
   }
   if (s.ok()) {
     s = registry.Register(internal::kPushFn,
-                          [shard](int32_t trainer, int64_t clock, bool end_clock, Names tables,
-                                  Tensors ids, Tensors grads) -> absl::StatusOr<int64_t> {
+                          [shard](int32_t trainer, int64_t session, int64_t clock,
+                                  bool end_clock, Names tables, Tensors ids,
+                                  Tensors grads) -> absl::StatusOr<int64_t> {
                             if (absl::Status c = CheckLengths(tables.size(), ids.size(),
                                                               grads.size(), "push");
                                 !c.ok()) {
                               return c;
                             }
                             return shard->Push(trainer, clock, end_clock,
-                                               Requests(tables, ids, &grads));
+                                               Requests(tables, ids, &grads), session);
                           });
   }
   if (s.ok()) {

@@ -156,6 +156,7 @@ absl::Status ServerShard::Init() {
   }
   finished_.assign(spec_.num_trainers, 0);
   live_.assign(spec_.num_trainers, true);
+  session_.assign(spec_.num_trainers, 0);
   return absl::OkStatus();
 }
 
@@ -184,7 +185,15 @@ absl::Status ServerShard::CheckTrainer(int trainer) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ServerShard::Join(int trainer, const std::string& fingerprint) {
+absl::Status ServerShard::CheckSession(int trainer, int64_t session) const {
+  if (session == kAnySession || session == session_[trainer]) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "ps server ", options_.server, ": request from a superseded incarnation of trainer ",
+      trainer, " (session ", session, "; the current one is ", session_[trainer],
+      "): a restarted trainer joined since"));
+}
+
+absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fingerprint) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
   const std::string mine = spec_.Fingerprint();
   if (fingerprint != mine) {
@@ -198,9 +207,10 @@ absl::StatusOr<int64_t> ServerShard::Join(int trainer, const std::string& finger
         i < b.size() ? b[i] : "(nothing)", "'"));
   }
   Ready ready;
-  int64_t clock;
+  JoinReply reply;
   {
     absl::MutexLock lock(&mu_);
+    reply.session = ++session_[trainer];
     RejoinLocked(trainer);
     if (sync_) {
       // It redoes the clock being aggregated: drop what it pushed for it.
@@ -213,11 +223,11 @@ absl::StatusOr<int64_t> ServerShard::Join(int trainer, const std::string& finger
       }
       finished_[trainer] = applied_clock_;
     }
-    clock = finished_[trainer];
+    reply.clock = finished_[trainer];
     CollectReadyLocked(&ready);
   }
   RunReady(std::move(ready));
-  return clock;
+  return reply;
 }
 
 void ServerShard::RejoinLocked(int trainer) {
@@ -405,12 +415,15 @@ PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest
 
 void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
                        absl::Time deadline,
-                       std::function<void(absl::StatusOr<PullResult>)> done) {
+                       std::function<void(absl::StatusOr<PullResult>)> done,
+                       int64_t session) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return done(s);
   absl::StatusOr<PullResult> result;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = ValidatePull(tables); !s.ok()) {
+    if (absl::Status s = CheckSession(trainer, session); !s.ok()) {
+      result = s;
+    } else if (absl::Status s = ValidatePull(tables); !s.ok()) {
       result = s;
     } else {
       RejoinLocked(trainer);
@@ -451,12 +464,13 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
 }
 
 absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_clock,
-                                          std::vector<TableRequest> grads) {
+                                          std::vector<TableRequest> grads, int64_t session) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
   Ready ready;
   int64_t at_clock;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckSession(trainer, session); !s.ok()) return s;
     if (absl::Status s = ValidatePush(grads); !s.ok()) return s;
     RejoinLocked(trainer);
     for (const auto& g : grads) {

@@ -29,6 +29,10 @@
 //      slowest live trainer's clock. A push from a dropped trainer rejoins it
 //      too; its push for an already applied kSync clock is discarded
 //      (stale_pushes) and the reply carries the clock to continue from.
+//      Each Join starts a new session of the trainer; requests that carry
+//      an older session (from an incarnation that died with requests in
+//      flight) fail with ABORTED and change nothing, so a dead incarnation's
+//      late push is never counted for its successor.
 //   P7 Bad input changes nothing. A request with an unknown table, an id out
 //      of range, a row never created (lazy tables: never pulled), a gradient
 //      of the wrong shape or dtype, or an uninitialized dense table fails
@@ -101,6 +105,14 @@ struct TableRequest {
   at::Tensor grad;  // push only: dense [chunk size] flat; embedding [n, dim]
 };
 
+struct JoinReply {
+  int64_t clock = 0;    // the clock the trainer continues from
+  int64_t session = 0;  // carried by the trainer's later requests
+};
+
+// Requests from in-process callers that do not track sessions.
+inline constexpr int64_t kAnySession = -1;
+
 struct PullResult {
   std::vector<at::Tensor> values;  // one per requested table, in order
   int64_t staleness = 0;
@@ -127,8 +139,8 @@ class ServerShard {
 
   // P6. FAILED_PRECONDITION if `fingerprint` is not this job's spec, naming
   // the first line that differs; INVALID_ARGUMENT for a bad trainer id.
-  // Returns the clock the trainer continues from.
-  absl::StatusOr<int64_t> Join(int trainer, const std::string& fingerprint);
+  // Returns the clock the trainer continues from and its new session.
+  absl::StatusOr<JoinReply> Join(int trainer, const std::string& fingerprint);
 
   // Sets the value of dense tables that have none yet (first writer wins).
   // values[i] is the flat chunk this server holds. Returns how many tables
@@ -138,13 +150,15 @@ class ServerShard {
   // Calls `done` once the pull at `clock` may be served (P1, P4), with the
   // values or an error; at once in kAsync. `deadline` bounds the wait (P5).
   void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
-            absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done);
+            absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
+            int64_t session = kAnySession);
 
   // Applies (kAsync, SSP) or records (kSync) the gradients of `clock`;
   // `end_clock` marks the trainer's last push of that clock. Returns the
   // clock the trainer is at afterwards.
   absl::StatusOr<int64_t> Push(int trainer, int64_t clock, bool end_clock,
-                               std::vector<TableRequest> grads);
+                               std::vector<TableRequest> grads,
+                               int64_t session = kAnySession);
 
   // P5: drops (or fails) trainers that kept a parked pull waiting longer
   // than trainer_timeout, and fails pulls past their deadline. PsServer calls
@@ -185,6 +199,8 @@ class ServerShard {
 
   int TableIndex(const std::string& name) const;
   absl::Status CheckTrainer(int trainer) const;
+  absl::Status CheckSession(int trainer, int64_t session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePull(const std::vector<TableRequest>& tables) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const std::vector<TableRequest>& grads) const
@@ -217,6 +233,7 @@ class ServerShard {
   // Clocks (P1, P4-P6). finished_[t]: clocks trainer t finished.
   std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per trainer, bumped by Join
   int64_t applied_clock_ ABSL_GUARDED_BY(mu_) = 0;
   // kSync: pushes recorded per clock, applied when the clock completes.
   std::map<int64_t, std::vector<Contribution>> pending_ ABSL_GUARDED_BY(mu_);

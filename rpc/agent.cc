@@ -113,6 +113,7 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     o.master_addr = env->master_addr;
     o.master_port = env->master_port;
     o.job_token = env->job_token;
+    o.rejoin = env->rejoin;
     o.name = (n != nullptr && *n != '\0') ? std::string(n)
              : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
                                          : absl::StrCat(name_prefix, o.rank);
@@ -215,12 +216,22 @@ absl::Status RpcAgent::Rendezvous() {
   timer_ = std::make_unique<DeadlineTimer>();
   executor_ = std::make_unique<Executor>(
       Executor::Options{options_.min_threads, options_.max_threads});
+  if (options_.rejoin && rank_ == 0 && options_.store == nullptr) {
+    return absl::FailedPreconditionError(
+        "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
+  }
   if (absl::Status s = ConnectStore(); !s.ok()) return s;
 
   // Each init of a rank against a store is a new round with fresh keys, so
-  // repeated init/shutdown in one job never sees stale registrations.
-  auto round = store_->Add(absl::StrCat("baton/init_round/", rank_), 1);
+  // repeated init/shutdown in one job never sees stale registrations. A
+  // rejoining incarnation takes the round its predecessor was in.
+  auto round =
+      store_->Add(absl::StrCat("baton/init_round/", rank_), options_.rejoin ? 0 : 1);
   if (!round.ok()) return round.status();
+  if (*round == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, " was asked to rejoin (BATON_REJOIN=1) but never joined this job"));
+  }
   ns_ = absl::StrCat("baton/r", *round, "/");
 
   // Which store instance this round uses (see Teardown).
@@ -253,7 +264,12 @@ absl::Status RpcAgent::Rendezvous() {
 
   // Claim the rank, then publish name, address and message limit.
   const std::string nonce = RandomHex(8);
-  auto claim = store_->CompareSet(absl::StrCat(ns_, "rank_claim/", rank_), "", nonce);
+  const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
+  if (options_.rejoin) {
+    // The predecessor holds the claim; the restarted incarnation takes it.
+    if (absl::Status s = store_->Set(claim_key, nonce); !s.ok()) return s;
+  }
+  auto claim = store_->CompareSet(claim_key, "", nonce);
   if (!claim.ok()) return claim.status();
   if (*claim != nonce) {
     return absl::AlreadyExistsError(absl::StrCat(

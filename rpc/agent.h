@@ -90,6 +90,17 @@ struct AgentOptions {
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
+  // Rejoin a running job as a restarted incarnation of `rank` (baton-run's
+  // per-role restart sets BATON_REJOIN=1) instead of rendezvousing anew:
+  // the other workers keep running, so this worker reads their
+  // registrations, replaces its own, and skips the init barrier. The
+  // rejoined worker can call every peer; a peer calling it uses the address
+  // it learnt at startup and gets UNAVAILABLE, so only roles that are called
+  // by nobody (trainers of a parameter server, observers) should be
+  // restarted this way. Large tensors it sends go over the stream, not
+  // shared memory (the peers' probes are gone). FAILED_PRECONDITION for
+  // rank 0, which serves the store, or when there is no job to rejoin.
+  bool rejoin = false;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
   // (under baton-run, through launcher/env.h, which validates them all).

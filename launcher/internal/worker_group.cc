@@ -90,6 +90,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
       {kEnvRoleWorldSize, absl::StrCat(w.role_world_size)},
       {kEnvErrorFile, w.error_file},
       {kEnvLaunched, "1"},
+      {kEnvRejoin, w.rejoin ? "1" : "0"},
   };
   std::set<std::string> ours;
   for (const auto& [k, v] : vars) ours.insert(k);
@@ -108,6 +109,7 @@ absl::Status WorkerGroup::Start(int role, int restart_count) {
   for (Worker& w : workers_) {
     if (role >= 0 && w.role_index != role) continue;
     w.restart_count = restart_count;
+    w.rejoin = role >= 0 && restart_count > 0;
     w.exit = ExitInfo();
     ::unlink(w.error_file.c_str());
     OutputSink sink;

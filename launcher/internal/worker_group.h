@@ -37,6 +37,7 @@ struct Worker {
   std::string error_file;  // BATON_ERROR_FILE
   // Per incarnation.
   int restart_count = 0;
+  bool rejoin = false;  // restarted with its role only
   pid_t pid = -1;
   int64_t stream = -1;
   bool running = false;

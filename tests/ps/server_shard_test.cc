@@ -509,7 +509,7 @@ TEST(PsGuarantees, P6_DroppedTrainerRejoinsAtTheCurrentClock) {
   EXPECT_EQ(cluster.PullDense(0, 2, 0).value()[0][0].item<double>(), -1.0 - 2.0);
 }
 
-TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockAndRejectsAnotherSpec) {
+TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAnotherSpec) {
   PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
   Cluster cluster(spec, 1);
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
@@ -517,7 +517,17 @@ TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockAndRejectsAnotherSpec) {
   ServerShard& s = cluster.shard(0);
   // Trainer 1 pushes clock 0 partially, then "restarts" and joins.
   ASSERT_TRUE(cluster.Push(1, 0, 0, torch::full({7, 300}, 50.0, torch::kFloat64), {}, false).ok());
-  EXPECT_EQ(s.Join(1, spec.Fingerprint()).value(), 0);
+  const int64_t old_session = 1;  // the Cluster's Join
+  auto joined = s.Join(1, spec.Fingerprint());
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->clock, 0);
+  EXPECT_EQ(joined->session, old_session + 1);
+  // A late push of the previous incarnation is refused and changes nothing.
+  auto late = s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 50.0, torch::kFloat64)}},
+                     old_session);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "superseded incarnation of trainer 1"))
+      << late.status();
   ASSERT_TRUE(cluster.Push(0, 0, 0, torch::full({7, 300}, 1.0, torch::kFloat64)).ok());
   ASSERT_TRUE(cluster.Push(1, 0, 0, torch::full({7, 300}, 3.0, torch::kFloat64)).ok());
   EXPECT_EQ(cluster.PullDense(0, 1, 0).value()[0][0].item<double>(), -2.0);  // 50 was dropped
@@ -707,7 +717,7 @@ TEST(PsServerCheckpoints, P8_AtomicFilesNewestValidOneIsLoaded) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
                                                                  : "/tmp") +
                           "/ps_ckpt_test";
-  std::system(("rm -rf " + dir).c_str());
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   PsSpec spec = LinearSpec(torch::kFloat32, OptimizerOptions::SGD(1), Consistency::Async(), 1);
   ServerOptions o;
   o.checkpoint_dir = dir;

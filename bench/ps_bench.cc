@@ -1,0 +1,327 @@
+// baton's dense parameter-server benchmark: the workload, metric names and
+// JSON lines of the peer script shared/peer/torch_ps_bench.py, so both can be
+// set side by side (bench/compare_ps.sh).
+//
+//   ps_bench [--mode sync|async|local] [--trainers 4] [--steps 200] [--batch 64]
+//            [--warmup 10] [--quick] [--timeout 900]
+//
+// Workload (the peer's): a 784-256-10 MLP created after torch::manual_seed(0),
+// SGD lr 0.05; trainer ranks r = 1..N each draw their own synthetic batches
+// (centers = randn(10, 784) * 0.5 from a generator seeded 1234; per trainer a
+// generator seeded 100 + r; y = randint(0, 10, (batch,)), x = centers[y] +
+// randn(batch, 784)). Every process runs torch::set_num_threads(1).
+//   sync : one ps::PsServer ("ps0", rank 0) holds the model as dense tables
+//          (ps::ModuleBinding); trainers pull, compute gradients, push; the
+//          server averages the N trainers' gradients per step and steps SGD
+//          (ps::Consistency::Sync()).
+//   async: the same, each push applied at once (ps::Consistency::Async()).
+//   local: the compute-only bound: N trainer processes, started together,
+//          each training a private copy with torch::optim::SGD, no server.
+// Each trainer runs warmup + steps steps and times the last `steps`; a step
+// is forward/backward plus the exchange with the server, the model after the
+// step back in hand (the peer's push returns the new model).
+// Metrics, as the peer prints them: ps_{mode}_train_throughput = all
+// trainers' timed samples / the slowest trainer's timed wall, and
+// ps_{mode}_final_loss = mean of the trainers' last losses.
+//
+// The binary is its own driver: it starts the server and trainers as worker
+// processes of itself (bench/worker_procs.h), which send their results back
+// through a pipe; the driver prints the JSON lines.
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
+#include "bench/worker_procs.h"
+#include "ps/client.h"
+#include "ps/module_binding.h"
+#include "ps/server.h"
+#include "ps/spec.h"
+#include "rpc/agent.h"
+
+namespace {
+
+namespace bench = baton::bench;
+namespace ps = baton::ps;
+using baton::rpc::AgentOptions;
+using baton::rpc::FunctionRegistry;
+using baton::rpc::RpcAgent;
+
+constexpr double kLr = 0.05;
+constexpr int kWorldSizeLimit = 1024;
+
+struct Config {
+  std::string mode = "sync";  // sync | async | local
+  int trainers = 4;
+  int64_t steps = 200;
+  int64_t batch = 64;
+  int64_t warmup = 10;
+  int64_t timeout_s = 900;
+  int master_port = 29612;
+};
+
+torch::nn::Sequential MakeModel() {
+  torch::manual_seed(0);
+  // One statement per layer: the order of a call's arguments is unspecified
+  // (GCC builds them last to first), and the layers draw from the generator.
+  torch::nn::Linear first(784, 256);
+  torch::nn::Linear second(256, 10);
+  return torch::nn::Sequential(first, torch::nn::ReLU(), second);
+}
+
+// The peer's batches(rank, batch), drawn from LibTorch's CPU generator as
+// torch.Generator().manual_seed(...) draws them.
+class Batches {
+ public:
+  Batches(int rank, int64_t batch)
+      : batch_(batch), gen_(at::make_generator<at::CPUGeneratorImpl>(100 + rank)) {
+    at::Generator centers_gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+    centers_ = at::randn({10, 784}, centers_gen) * 0.5;
+  }
+  std::pair<at::Tensor, at::Tensor> Next() {
+    at::Tensor y = at::randint(0, 10, {batch_}, gen_);
+    at::Tensor x = centers_.index({y}) + at::randn({batch_, 784}, gen_);
+    return {x, y};
+  }
+
+ private:
+  int64_t batch_;
+  at::Generator gen_;
+  at::Tensor centers_;
+};
+
+ps::PsSpec MakeSpec(const Config& cfg) {
+  torch::nn::Sequential model = MakeModel();
+  ps::PsSpec spec;
+  spec.tables = ps::ModuleBinding::Tables(*model, "mlp",
+                                          baton::dist_optim::OptimizerOptions::SGD(kLr));
+  spec.consistency = cfg.mode == "sync" ? ps::Consistency::Sync() : ps::Consistency::Async();
+  spec.num_trainers = cfg.trainers;
+  // A benchmark must not quietly drop a slow trainer (that changes what the
+  // sync run computes): fail loudly instead, after a long wait.
+  spec.trainer_timeout = absl::Seconds(120);
+  spec.straggler_policy = ps::StragglerPolicy::kFail;
+  return spec;
+}
+
+struct Result {
+  double samples = 0;
+  double wall = 0;
+  double loss = 0;
+  std::string Line() const { return "result " + bench::Numbers({samples, wall, loss}); }
+};
+
+absl::StatusOr<std::unique_ptr<RpcAgent>> MakeAgent(std::shared_ptr<FunctionRegistry> registry) {
+  auto opts = AgentOptions::FromEnv();
+  if (!opts.ok()) return opts.status();
+  opts->rpc_timeout = absl::Seconds(120);
+  opts->init_timeout = absl::Seconds(120);
+  opts->shutdown_timeout = absl::Seconds(60);
+  return RpcAgent::Create(*opts, std::move(registry));
+}
+
+// Trainer t (data rank t + 1) against the server.
+absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
+  torch::nn::Sequential model = MakeModel();
+  ps::PsClient::Options o;
+  o.trainer = t;
+  o.servers = {"ps0"};
+  o.timeout = absl::Seconds(120);
+  auto client = ps::PsClient::Create(agent, MakeSpec(cfg), o);
+  if (!client.ok()) return client.status();
+  auto binding = ps::ModuleBinding::Create(**client, *model, "mlp");
+  if (!binding.ok()) return binding.status();
+  Batches data(t + 1, cfg.batch);
+  double t0 = bench::Now(), loss = 0;
+  for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
+    if (step == cfg.warmup) t0 = bench::Now();
+    // The model after the previous step (Create() pulled the first).
+    if (step > 0) {
+      if (absl::Status s = binding->Pull(); !s.ok()) return s;
+    }
+    auto [x, y] = data.Next();
+    model->zero_grad();
+    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
+    l.backward();
+    loss = l.item<double>();
+    binding->Push();
+  }
+  // The model after the last step, as the peer's last push returns it.
+  if (absl::Status s = binding->Pull(); !s.ok()) return s;
+  return Result{static_cast<double>(cfg.steps * cfg.batch), bench::Now() - t0, loss};
+}
+
+// --mode local: the peer's train_local.
+Result TrainLocal(const Config& cfg, int rank) {
+  torch::nn::Sequential model = MakeModel();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
+  Batches data(rank, cfg.batch);
+  double t0 = bench::Now(), loss = 0;
+  for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
+    if (step == cfg.warmup) t0 = bench::Now();
+    auto [x, y] = data.Next();
+    opt.zero_grad();
+    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
+    l.backward();
+    opt.step();
+    loss = l.item<double>();
+  }
+  return Result{static_cast<double>(cfg.steps * cfg.batch), bench::Now() - t0, loss};
+}
+
+absl::Status RunServer(const Config& cfg, bench::WorkerChannel& ch) {
+  auto registry = std::make_shared<FunctionRegistry>();
+  auto server = ps::PsServer::Create(MakeSpec(cfg), ps::ServerOptions{}, *registry);
+  if (!server.ok()) return server.status();
+  auto agent = MakeAgent(registry);
+  if (!agent.ok()) return agent.status();
+  // Serve until the driver says every trainer is done.
+  const bool released = ch.WaitRelease();
+  ch.Send(absl::StrCat("pushes ", (*server)->shard().Stats().applied_pushes));
+  absl::Status stopped = (*server)->Stop(false);
+  absl::Status s = (*agent)->Shutdown(released);
+  if (!released) return absl::AbortedError("the driver gave up");
+  return stopped.ok() ? s : stopped;
+}
+
+absl::Status RunTrainer(const Config& cfg, int t, bench::WorkerChannel& ch) {
+  auto agent = MakeAgent(std::make_shared<FunctionRegistry>());
+  if (!agent.ok()) return agent.status();
+  auto r = TrainPs(**agent, cfg, t);
+  if (!r.ok()) {
+    (void)(*agent)->Shutdown(false);
+    return r.status();
+  }
+  ch.Send(r->Line());
+  ch.Send("done");
+  // Shut down together (a graceful shutdown is a barrier of all workers).
+  const bool released = ch.WaitRelease();
+  absl::Status s = (*agent)->Shutdown(released);
+  return released ? s : absl::AbortedError("the driver gave up");
+}
+
+absl::Status RunLocalTrainer(const Config& cfg, int t, bench::WorkerChannel& ch) {
+  ch.Send("ready");
+  if (!ch.WaitRelease()) return absl::AbortedError("the driver gave up");  // start together
+  ch.Send(TrainLocal(cfg, t + 1).Line());
+  ch.Send("done");
+  return absl::OkStatus();
+}
+
+int RunWorker(const Config& cfg, int index) {
+  torch::set_num_threads(1);
+  bench::WorkerChannel ch = bench::WorkerChannel::Open();
+  const bool local = cfg.mode == "local";
+  // Local: workers are trainers 0..N-1; otherwise worker 0 is the server.
+  const int t = local ? index : index - 1;
+  const std::string who = index == 0 && !local ? "ps0" : absl::StrCat("trainer", t);
+  absl::Status s;
+  try {
+    s = local ? RunLocalTrainer(cfg, t, ch) : t < 0 ? RunServer(cfg, ch) : RunTrainer(cfg, t, ch);
+  } catch (const std::exception& e) {
+    s = absl::InternalError(absl::StrCat("exception: ", e.what()));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_bench %s: %s\n", who.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+void Report(const Config& cfg, const std::string& metric, double value, const std::string& unit,
+            const std::string& error = "") {
+  bench::JsonLine j;
+  j.Add("system", "baton").Add("version", "0.1.0").Add("mode", cfg.mode);
+  j.Add("trainers", cfg.trainers).Add("batch", cfg.batch).Add("steps", cfg.steps);
+  j.Add("metric", metric).Add("value", value).Add("unit", unit);
+  if (!error.empty()) j.Add("error", error);
+  j.Print();
+}
+
+int Drive(const Config& cfg, const std::vector<std::string>& args) {
+  const bool local = cfg.mode == "local";
+  std::vector<bench::WorkerSpec> specs;
+  if (!local) specs.push_back({"ps0", 0});
+  for (int t = 0; t < cfg.trainers; ++t) {
+    specs.push_back({absl::StrCat("trainer", t), static_cast<int>(specs.size())});
+  }
+  const int first_trainer = local ? 0 : 1;
+  auto group = bench::WorkerGroup::Spawn(specs, args, cfg.master_port);
+  absl::Status s = group.status();
+  std::vector<Result> results;
+  int64_t pushes = -1;
+  if (s.ok()) {
+    int ready = 0, done = 0;
+    s = (*group)->Wait(
+        absl::Seconds(cfg.timeout_s), absl::Seconds(20), [&](int w, const std::string& line) {
+          if (line == "ready" && ++ready == cfg.trainers) (*group)->ReleaseAll();
+          if (line == "done" && w >= first_trainer && ++done == cfg.trainers && !local) {
+            (*group)->ReleaseAll();  // the server and trainers shut down together
+          }
+          if (absl::StartsWith(line, "result ")) {
+            std::vector<double> v = bench::ParseNumbers(line.substr(7));
+            if (v.size() == 3) results.push_back(Result{v[0], v[1], v[2]});
+          }
+          if (absl::StartsWith(line, "pushes ")) pushes = std::atoll(line.c_str() + 7);
+        });
+  }
+  if (s.ok() && static_cast<int>(results.size()) != cfg.trainers) {
+    s = absl::InternalError(absl::StrCat(results.size(), " of ", cfg.trainers,
+                                         " trainers sent a result"));
+  }
+  if (!s.ok()) {
+    Report(cfg, "ps_train_failed", 1, "error", s.ToString());
+    return 1;
+  }
+  double samples = 0, wall = 0, loss = 0;
+  for (const Result& r : results) {
+    samples += r.samples;
+    wall = std::max(wall, r.wall);
+    loss += r.loss / results.size();
+  }
+  if (pushes >= 0) std::fprintf(stderr, "ps_bench: the server applied %lld pushes\n",
+                                static_cast<long long>(pushes));
+  Report(cfg, absl::StrCat("ps_", cfg.mode, "_train_throughput"), samples / wall, "samples/s");
+  Report(cfg, absl::StrCat("ps_", cfg.mode, "_final_loss"), loss, "cross-entropy");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args = bench::ForwardedArgs(argc, argv);
+  bench::Flags flags({"mode", "trainers", "steps", "batch", "warmup", "timeout"}, {"quick"});
+  if (!flags.Parse(args)) return 2;
+  Config cfg;
+  cfg.mode = flags.Str("mode", cfg.mode);
+  cfg.trainers = static_cast<int>(flags.Int("trainers", cfg.trainers));
+  cfg.steps = flags.Int("steps", flags.Bool("quick") ? 50 : cfg.steps);
+  cfg.batch = flags.Int("batch", cfg.batch);
+  cfg.warmup = flags.Int("warmup", cfg.warmup);
+  cfg.timeout_s = flags.Int("timeout", cfg.timeout_s);
+  if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') {
+    cfg.master_port = std::atoi(p);
+  }
+  if (cfg.mode != "sync" && cfg.mode != "async" && cfg.mode != "local") {
+    std::fprintf(stderr, "--mode must be sync, async or local (got '%s')\n", cfg.mode.c_str());
+    return 2;
+  }
+  if (cfg.trainers < 1 || cfg.trainers >= kWorldSizeLimit || cfg.steps < 1 || cfg.batch < 1 ||
+      cfg.warmup < 0) {
+    std::fprintf(stderr, "need --trainers in [1, %d), --steps >= 1, --batch >= 1, --warmup >= 0\n",
+                 kWorldSizeLimit);
+    return 2;
+  }
+  const int worker = bench::WorkerIndex(argc, argv);
+  return worker >= 0 ? RunWorker(cfg, worker) : Drive(cfg, args);
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Kills each role of a parameter-server job with SIGKILL mid-training, through
+# baton-run, and checks that training finishes with its accuracy and every
+# table (ps_fault_job prints RESULT OK only then):
+#   1. a trainer, under --restart_policy trainer=role: the trainers restart
+#      alone, rejoin the running servers and resume at the servers' clock;
+#   2. a server, under the default group restart: every worker restarts, the
+#      servers restore their last checkpoint (every 20 clocks), and the
+#      trainers resume from there, so at most 20 clocks of work are redone.
+set -uo pipefail
+RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
+RUN="$RUNFILES/launcher/baton-run"
+JOB="$RUNFILES/tests/ps/ps_fault_job"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run_and_kill NAME VICTIM BATON_RUN_FLAGS...: starts the job, waits until
+# trainer0 reached step 100, SIGKILLs VICTIM (e.g. "trainer1"), waits for
+# the job, and leaves its output in $TMP/NAME.log.
+run_and_kill() {
+  local name=$1 victim=$2
+  shift 2
+  local log="$TMP/$name.log"
+  rm -rf "$TMP/$name.ckpt"
+  timeout 240 "$RUN" --standalone --role ps:2 --role trainer:2 --tee "$@" \
+    "$JOB" --checkpoint_dir="$TMP/$name.ckpt" --steps=300 >"$log" 2>&1 &
+  local job=$!
+  local waited=0
+  until grep -q "\[trainer0\] step 100 " "$log"; do
+    sleep 0.2
+    waited=$((waited + 1))
+    if [ $waited -gt 600 ] || ! kill -0 $job 2>/dev/null; then
+      cat "$log"
+      fail "$name: the job never reached step 100"
+    fi
+  done
+  local pid
+  pid=$(grep -o "\[$victim\] pid [0-9]*" "$log" | head -1 | awk '{print $3}')
+  [ -n "$pid" ] || fail "$name: no pid for $victim"
+  echo "== $name: SIGKILL $victim (pid $pid) at step 100"
+  kill -9 "$pid"
+  wait $job
+  local code=$?
+  cat "$log"
+  [ $code -eq 0 ] || fail "$name: baton-run exited $code"
+  grep -q "RESULT OK" "$log" || fail "$name: no RESULT OK"
+}
+
+# 1. A trainer dies: only the trainers restart and rejoin.
+run_and_kill trainer_kill trainer1 --restart_policy trainer=role --max_restarts 2
+log="$TMP/trainer_kill.log"
+grep -q "restarting the role's workers" "$log" || fail "trainer_kill: the role was not restarted"
+[ "$(grep -c '\[ps0\] pid' "$log")" -eq 1 ] || fail "trainer_kill: the servers were restarted"
+grep -Eq "\[trainer1\] resuming at step ([1-9][0-9]+)" "$log" ||
+  fail "trainer_kill: the restarted trainer did not resume at the servers' clock"
+
+# 2. A server dies: the group restarts and the servers restore a checkpoint.
+run_and_kill server_kill ps1 --max_restarts 2
+log="$TMP/server_kill.log"
+restored=$(grep -o "\[ps1\] restored clock [0-9-]*" "$log" | tail -1 | awk '{print $4}')
+[ -n "$restored" ] && [ "$restored" -ge 80 ] ||
+  fail "server_kill: ps1 restored clock '$restored', expected a checkpoint near step 100"
+resumed=$(grep -o "\[trainer0\] resuming at step [0-9]*" "$log" | tail -1 | awk '{print $5}')
+[ -n "$resumed" ] && [ "$resumed" -ge 80 ] ||
+  fail "server_kill: trainer0 resumed at '$resumed'; lost work must be at most 20 clocks"
+echo "PASS: trainer kill (rejoin) and server kill (restore from clock $restored)"
