@@ -75,6 +75,8 @@ TEST_F(LauncherTest, FailsOnceThenSucceedsAfterOneRestart) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(Env(r, 0)["BATON_RESTART_COUNT"], "0");
     EXPECT_EQ(Env(r, 1)["BATON_RESTART_COUNT"], "1");
+    // A group restart is a new rendezvous, not a rejoin.
+    EXPECT_EQ(Env(r, 1)["BATON_REJOIN"], "0");
     EXPECT_FALSE(FileExists(absl::StrCat(out_, "/env.", r, ".2")));
   }
   // Each round gets a store port that was free at its start.
@@ -196,8 +198,11 @@ TEST_F(LauncherTest, RolesGetRanksRoleByRoleAndRestartOnlyTheirRole) {
       EXPECT_EQ(env["BATON_ROLE_WORLD_SIZE"], "2");
       EXPECT_EQ(env["LOCAL_RANK"], absl::StrCat(1 + tr));
       EXPECT_EQ(env["BATON_RESTART_COUNT"], absl::StrCat(restart));
+      // Restarted alone, the role rejoins the running job.
+      EXPECT_EQ(env["BATON_REJOIN"], restart == 0 ? "0" : "1");
     }
   }
+  EXPECT_EQ(ps["BATON_REJOIN"], "0");
   // The ps was started once and kept running through the trainers' restart.
   std::vector<std::string> ps_starts = absl::StrSplit(
       ReadFile(absl::StrCat(out_, "/starts.ps")), '\n', absl::SkipEmpty());
