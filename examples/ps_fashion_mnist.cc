@@ -62,10 +62,13 @@ namespace {
 
 using namespace baton;  // NOLINT: an example, kept short
 
-// Bounded staleness with s = 2: trainers do not wait for each other every
-// step as in sync (on a shared machine one descheduled trainer would stall
-// all of them), yet no gradient is computed on parameters more than two steps
-// old, which keeps momentum SGD as accurate as sync; async has no such bound.
+// Bounded staleness 2: a trainer runs freely while it is at most two steps
+// ahead of the slowest (sync makes both wait at every step, so one
+// descheduled trainer stalls the job), and no pull misses more than two steps
+// of the other trainer's updates, which async does not bound (in async runs
+// here one trainer got up to 120 steps ahead). Test accuracy after 2 epochs,
+// several runs: ssp:2 0.857-0.864, async 0.860-0.863, sync 0.851 (sync averages
+// the two gradients of a step: half as many updates at the same lr).
 constexpr char kDefaultConsistency[] = "ssp:2";
 
 struct Flags {
@@ -82,6 +85,17 @@ struct Flags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
 };
+
+absl::StatusOr<ps::Consistency> ParseConsistency(const std::string& text) {
+  if (text == "sync") return ps::Consistency::Sync();
+  if (text == "async") return ps::Consistency::Async();
+  int64_t s = -1;
+  if (text.rfind("ssp:", 0) == 0 && absl::SimpleAtoi(text.substr(4), &s) && s >= 0) {
+    return ps::Consistency::BoundedStaleness(s);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--consistency: '", text, "' is not sync, async or ssp:K (K >= 0)"));
+}
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
@@ -125,18 +139,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         "--batch_size, --epochs, --log_every, --lr, --trainer_timeout and --job_timeout must be "
         "positive; --steps and --checkpoint_every non-negative");
   }
+  if (auto c = ParseConsistency(f.consistency); !c.ok()) return c.status();
   return f;
-}
-
-absl::StatusOr<ps::Consistency> ParseConsistency(const std::string& text) {
-  if (text == "sync") return ps::Consistency::Sync();
-  if (text == "async") return ps::Consistency::Async();
-  int64_t s = -1;
-  if (text.rfind("ssp:", 0) == 0 && absl::SimpleAtoi(text.substr(4), &s) && s >= 0) {
-    return ps::Consistency::BoundedStaleness(s);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--consistency: '", text, "' is not sync, async or ssp:K (K >= 0)"));
 }
 
 torch::nn::Sequential MakeModel(int64_t seed) {
@@ -303,12 +307,14 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
     return Fail(who, "starting", absl::InvalidArgumentError("the job has no ps role workers"));
   }
   const std::string dir = data::FashionMnistDir();
+  const std::string hint = " (install Debian's dataset-fashion-mnist, or set "
+                           "BATON_FASHION_MNIST_DIR to a directory with the four .gz files)";
   auto train = data::LoadFashionMnist(dir, /*train=*/true);
-  if (!train.ok()) return Fail(who, "loading the Fashion-MNIST training split", train.status());
+  if (!train.ok()) return Fail(who, "loading the training split" + hint, train.status());
   absl::StatusOr<data::Split> test;
   if (rank == 0) {
     test = data::LoadFashionMnist(dir, /*train=*/false);
-    if (!test.ok()) return Fail(who, "loading the Fashion-MNIST test split", test.status());
+    if (!test.ok()) return Fail(who, "loading the test split" + hint, test.status());
   }
   auto model = MakeModel(flags.seed);
   auto spec = MakeSpec(*model, flags, num_trainers);
