@@ -61,15 +61,18 @@ class Flags {
       if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name = name.substr(0, eq);
-      } else if (booleans_.count(name) > 0) {
-        value = "1";
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return Fail(absl::StrCat("--", name, " needs a value"));
       }
       if (known_.count(name) == 0 && booleans_.count(name) == 0) {
         return Fail(absl::StrCat("unknown flag --", name));
+      }
+      if (eq == std::string::npos) {
+        if (booleans_.count(name) > 0) {
+          value = "1";
+        } else if (i + 1 < args.size()) {
+          value = args[++i];
+        } else {
+          return Fail(absl::StrCat("--", name, " needs a value"));
+        }
       }
       values_[name] = value;
     }

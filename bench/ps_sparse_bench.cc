@@ -198,8 +198,8 @@ class LocalTable : public RowTable {
   rpc::Future<double> Push(const at::Tensor& uniq, const at::Tensor& grad) override {
     int64_t clock = clock_;
     for (size_t s = 0; s < shards_.size(); ++s) {
-      auto r = shards_[s]->Push(0, clock_, /*end_clock=*/true,
-                                {ps::TableRequest{kTable, part_[s], grad.index_select(0, pos_[s])}});
+      ps::TableRequest req{kTable, part_[s], grad.index_select(0, pos_[s])};
+      auto r = shards_[s]->Push(0, clock_, /*end_clock=*/true, {std::move(req)});
       if (!r.ok()) return rpc::MakeErrorFuture<double>(r.status());
       clock = std::max(clock, *r);
     }

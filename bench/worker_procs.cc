@@ -43,8 +43,10 @@ std::string Describe(int status) {
 // The environment of a worker: the driver's, with the rendezvous variables
 // replaced (and baton-run's marker removed, so FromEnv reads these).
 std::vector<std::string> WorkerEnv(const WorkerSpec& spec, int world, int port) {
-  static const char* const kOwn[] = {"RANK=",        "WORLD_SIZE=",        "MASTER_ADDR=",
-                                     "MASTER_PORT=", "BATON_WORKER_NAME=", "BATON_ELASTIC_LAUNCHED="};
+  static const char* const kOwn[] = {
+      "RANK=",         "WORLD_SIZE=",  "MASTER_ADDR=", "MASTER_PORT=", "BATON_WORKER_NAME=",
+      "BATON_ELASTIC_LAUNCHED=", "BATON_REJOIN=",
+  };
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool own = false;
