@@ -23,6 +23,14 @@ struct DenseSlot {
   at::Tensor value;  // flat [chunk.size()]
   std::unique_ptr<dist_optim::FunctionalOptimizer> opt;  // null: not trainable
   bool initialized = false;
+  // An immutable copy of `value` that pull replies share (sent without a
+  // copy), made at the first pull after a change: in kSync one copy per
+  // clock instead of one per trainer. Undefined when stale.
+  at::Tensor published;
+  const at::Tensor& Published() {
+    if (!published.defined()) published = value.clone();
+    return published;
+  }
 };
 
 struct EmbeddingSlot {
@@ -275,6 +283,7 @@ absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableR
       auto& slot = *dense_[TableIndex(v.table)];
       if (slot.initialized) continue;
       slot.value.copy_(v.grad);
+      slot.published = at::Tensor();
       slot.initialized = true;
       ++set;
     }
@@ -391,13 +400,19 @@ PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest
     TableStats& st = stats_[i];
     ++st.pulls;
     if (spec_.tables[i].kind == TableKind::kDense) {
-      at::Tensor v = dense_[i]->value.clone();
+      const at::Tensor& v = dense_[i]->Published();
       st.bytes_pulled += v.nbytes();
-      out.values.push_back(std::move(v));
+      out.values.push_back(v);
       continue;
     }
     auto& store = embedding_[i]->store;
     const int64_t n = r.ids.numel();
+    if (at::Tensor all = store.EagerValues(); all.defined()) {
+      at::Tensor v = all.index_select(0, at::floor_divide(r.ids, options_.num_servers));
+      st.bytes_pulled += v.nbytes();
+      out.values.push_back(std::move(v));
+      continue;
+    }
     const int64_t* ids = r.ids.data_ptr<int64_t>();
     store.Create(absl::MakeConstSpan(ids, n));
     st.rows = store.size();
@@ -448,6 +463,7 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
   ++stats_[table].applied_updates;
   if (t.kind == TableKind::kDense) {
     (void)dense_[table]->opt->Step({grad});  // validated: cannot fail
+    dense_[table]->published = at::Tensor();
     return;
   }
   std::vector<int64_t> uniq;
@@ -483,6 +499,9 @@ absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_c
         ++stale_pushes_;  // P6: that clock is applied already
       } else {
         auto& contribs = pending_[clock];
+        // One entry per request, even an empty one, so applied_pushes
+        // counts requests in every mode (table -1: nothing to apply).
+        contribs.push_back(Contribution{trainer, -1, {}, {}});
         for (auto& g : grads) {
           contribs.push_back(Contribution{trainer, TableIndex(g.table), g.ids, g.grad});
         }
@@ -536,7 +555,7 @@ void ServerShard::ApplySyncClockLocked(int64_t clock) {
                    [](const Contribution& a, const Contribution& b) { return a.trainer < b.trainer; });
   applied_pushes_ += static_cast<int64_t>(
       std::count_if(contribs.begin(), contribs.end(),
-                    [&](const Contribution& c) { return counted[c.trainer]; }));
+                    [&](const Contribution& c) { return c.table < 0 && counted[c.trainer]; }));
   for (size_t i = 0; i < spec_.tables.size(); ++i) {
     const TableSpec& t = spec_.tables[i];
     std::vector<const Contribution*> mine;
@@ -829,6 +848,7 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
       auto& d = *dense_[i];
       std::memcpy(d.value.data_ptr(), dense[i].value.data(), dense[i].value.size());
       d.initialized = dense[i].initialized;
+      d.published = at::Tensor();
       if (d.opt != nullptr) (void)d.opt->LoadState(dense[i].state);
       continue;
     }

@@ -43,6 +43,10 @@ class RowStore {
   char* State(int64_t slot);
   const char* State(int64_t slot) const;
 
+  // Eager stores: all local rows as one [local rows, dim] tensor (local row
+  // = id / num_servers). Lazy stores: an undefined tensor.
+  at::Tensor EagerValues() const { return lazy_ ? at::Tensor() : value_blocks_[0]; }
+
   // Every existing row's id, in slot order (checkpoints).
   std::vector<int64_t> Ids() const;
   // Lazy: removes every row. Eager: no-op. Used before a restore.
