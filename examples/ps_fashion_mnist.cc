@@ -31,7 +31,9 @@
 //   --job_timeout S (1800): the longest any worker waits for the trainers
 //   --checkpoint_dir DIR, --checkpoint_every N (clocks): server checkpoints;
 //       a restarted job resumes from them (trainers continue at the clock the
-//       servers give them)
+//       servers give them). Trainers may also be restarted alone
+//       (baton-run --restart_policy trainer=role --max_restarts N): they
+//       rejoin and continue at their clock.
 // Data: $BATON_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist
 // (Debian's dataset-fashion-mnist).
 #include <torch/torch.h>
@@ -169,7 +171,6 @@ absl::StatusOr<ps::PsSpec> MakeSpec(const torch::nn::Module& model, const Flags&
 int Fail(const std::string& who, const std::string& context, const absl::Status& status) {
   const std::string msg = absl::StrCat(context, ": ", status.ToString());
   std::fprintf(stderr, "[%s] %s\n", who.c_str(), msg.c_str());
-  std::fflush(stderr);
   (void)WriteErrorFile(ErrorReport{msg, "absl::Status", ""});  // only under baton-run
   return 1;
 }
@@ -222,12 +223,10 @@ int RunServer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions option
   if (!agent.ok()) return Fail(who, "starting the RPC agent", agent.status());
   std::printf("[%s] serving shard %d of %d for %d trainers, %s\n", who.c_str(), so.server,
               so.num_servers, num_trainers, spec->consistency.DebugString().c_str());
-  std::fflush(stdout);
   absl::Status s = WaitForTrainers(**agent, 0, num_trainers, absl::Seconds(flags.job_timeout));
   if (!s.ok()) return Fail(who, "serving", s);
   if (s = (*server)->Stop(); !s.ok()) return Fail(who, "final checkpoint", s);
   std::printf("[%s] %s\n", who.c_str(), (*server)->shard().Stats().DebugString().c_str());
-  std::fflush(stdout);
   if (s = (*agent)->Shutdown(); !s.ok()) return Fail(who, "shutdown", s);
   return 0;
 }
@@ -288,7 +287,6 @@ absl::StatusOr<std::pair<int64_t, double>> Train(const Flags& flags, const std::
                   static_cast<double>(window_correct) / window_samples,
                   window_samples / absl::ToDoubleSeconds(now - window_begin),
                   static_cast<long long>(client.max_staleness()));
-      std::fflush(stdout);
       samples += window_samples;
       window_samples = window_correct = window_steps = 0;
       window_loss = 0;
@@ -335,14 +333,12 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
               who.c_str(), static_cast<long long>(train->labels.size(0)), num_trainers,
               num_servers, spec->consistency.DebugString().c_str(), flags.lr,
               static_cast<long long>(flags.batch_size));
-  std::fflush(stdout);
 
   auto trained = Train(flags, who, rank, num_trainers, *train, model, **client, *binding);
   if (!trained.ok()) return Fail(who, "training", trained.status());
   const auto [samples, seconds] = *trained;
   std::printf("[%s] trained %lld samples in %.1f s (%.0f samples/s)\n", who.c_str(),
               static_cast<long long>(samples), seconds, Rate(samples, seconds));
-  std::fflush(stdout);
   rpc::RpcAgent& a = **agent;
   const absl::Duration job_timeout = absl::Seconds(flags.job_timeout);
   int code = 0;
@@ -372,7 +368,6 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
                   flags.min_accuracy);
       code = 1;
     }
-    std::fflush(stdout);
   }
   absl::Status s = a.store().Set(DoneKey(a, rank), absl::StrCat(samples, " ", seconds));
   if (!s.ok()) return Fail(who, "reporting that it finished", s);
@@ -406,6 +401,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n%s\n", bad.ToString().c_str(), usage.c_str());
     return 2;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach baton-run at once
   torch::set_num_threads(1);
   try {
     return env->role == "ps" ? RunServer(*flags, *env, *options)
