@@ -118,24 +118,14 @@ int64_t PsClient::max_staleness() const {
   return max_staleness_;
 }
 
-absl::StatusOr<int> PsClient::DenseIndex(const std::string& table) const {
+absl::StatusOr<int> PsClient::TableIndex(const std::string& table, TableKind kind) const {
   for (size_t i = 0; i < spec_.tables.size(); ++i) {
     if (spec_.tables[i].name != table) continue;
-    if (spec_.tables[i].kind != TableKind::kDense) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ps table '", table, "': an embedding table, use PullRows/PushRows"));
-    }
-    return static_cast<int>(i);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("ps table '", table, "': no such table"));
-}
-
-absl::StatusOr<int> PsClient::EmbeddingIndex(const std::string& table) const {
-  for (size_t i = 0; i < spec_.tables.size(); ++i) {
-    if (spec_.tables[i].name != table) continue;
-    if (spec_.tables[i].kind != TableKind::kEmbedding) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ps table '", table, "': a dense table, use Pull/Push"));
+    if (spec_.tables[i].kind != kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", table, "': ",
+          kind == TableKind::kDense ? "an embedding table, use PullRows/PushRows"
+                                    : "a dense table, use Pull/Push"));
     }
     return static_cast<int>(i);
   }
@@ -229,7 +219,7 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
   std::vector<Part> parts(server_ids_.size());
   for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
   for (size_t i = 0; i < tables.size(); ++i) {
-    auto idx = DenseIndex(tables[i]);
+    auto idx = TableIndex(tables[i], TableKind::kDense);
     if (!idx.ok()) return idx.status();
     const TableSpec& t = spec_.tables[*idx];
     if (values[i].numel() != t.numel() || values[i].scalar_type() != t.dtype) {
@@ -255,12 +245,31 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
 }
 
 rpc::Future<std::vector<at::Tensor>> PsClient::PullDense(const std::vector<std::string>& tables) {
+  return PullDenseInto(tables, {});
+}
+
+rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(
+    const std::vector<std::string>& tables, std::vector<at::Tensor> into) {
   using Out = std::vector<at::Tensor>;
   std::vector<int> idx;
   for (const auto& name : tables) {
-    auto i = DenseIndex(name);
+    auto i = TableIndex(name, TableKind::kDense);
     if (!i.ok()) return rpc::MakeErrorFuture<Out>(i.status());
     idx.push_back(*i);
+  }
+  if (!into.empty() && into.size() != tables.size()) {
+    return rpc::MakeErrorFuture<Out>(
+        absl::InvalidArgumentError("ps pull: tables and destinations differ in length"));
+  }
+  for (size_t j = 0; j < into.size(); ++j) {
+    const TableSpec& t = spec_.tables[idx[j]];
+    if (!into[j].defined() || into[j].sizes() != c10::IntArrayRef(t.shape) ||
+        into[j].scalar_type() != t.dtype || !into[j].is_contiguous() || into[j].requires_grad()) {
+      return rpc::MakeErrorFuture<Out>(absl::InvalidArgumentError(absl::StrCat(
+          "ps table '", t.name, "': a pull destination must be a contiguous ",
+          c10::toString(t.dtype), "[", absl::StrJoin(t.shape, ","),
+          "] tensor that does not require grad")));
+    }
   }
   std::vector<Part> parts(server_ids_.size());
   for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
@@ -280,9 +289,12 @@ rpc::Future<std::vector<at::Tensor>> PsClient::PullDense(const std::vector<std::
     used.push_back(std::move(parts[s]));
     used_where.push_back(std::move(where[s]));
   }
-  std::vector<at::Tensor> outs;
-  for (int i : idx) {
-    outs.push_back(at::empty(spec_.tables[i].shape, at::TensorOptions().dtype(spec_.tables[i].dtype)));
+  std::vector<at::Tensor> outs = std::move(into);
+  if (outs.empty()) {
+    for (int i : idx) {
+      outs.push_back(
+          at::empty(spec_.tables[i].shape, at::TensorOptions().dtype(spec_.tables[i].dtype)));
+    }
   }
   return SendPulls(std::move(used), "ps pull of dense tables")
       .Then([outs, used_where](const rpc::Future<std::vector<Out>>& f) -> absl::StatusOr<Out> {
@@ -314,7 +326,7 @@ rpc::Future<at::Tensor> PsClient::Pull(const std::string& table) {
 }
 
 rpc::Future<at::Tensor> PsClient::PullRows(const std::string& table, const at::Tensor& ids) {
-  auto idx = EmbeddingIndex(table);
+  auto idx = TableIndex(table, TableKind::kEmbedding);
   if (!idx.ok()) return rpc::MakeErrorFuture<at::Tensor>(idx.status());
   const TableSpec& t = spec_.tables[*idx];
   if (!ids.defined() || ids.scalar_type() != at::kLong) {
@@ -391,7 +403,7 @@ rpc::Future<void> PsClient::PushDense(const std::vector<std::string>& tables,
   std::vector<Part> parts(server_ids_.size());
   for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
   for (size_t j = 0; j < tables.size(); ++j) {
-    auto i = DenseIndex(tables[j]);
+    auto i = TableIndex(tables[j], TableKind::kDense);
     if (!i.ok()) return rpc::MakeErrorFuture<void>(i.status());
     const TableSpec& t = spec_.tables[*i];
     const at::Tensor& g = grads[j];
@@ -424,7 +436,7 @@ rpc::Future<void> PsClient::Push(const std::string& table, const at::Tensor& gra
 
 rpc::Future<void> PsClient::PushRows(const std::string& table, const at::Tensor& ids,
                                      const at::Tensor& grads, bool end_step) {
-  auto idx = EmbeddingIndex(table);
+  auto idx = TableIndex(table, TableKind::kEmbedding);
   if (!idx.ok()) return rpc::MakeErrorFuture<void>(idx.status());
   const TableSpec& t = spec_.tables[*idx];
   if (!ids.defined() || ids.scalar_type() != at::kLong || !grads.defined() ||

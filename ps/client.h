@@ -81,6 +81,11 @@ class PsClient {
   rpc::Future<at::Tensor> Pull(const std::string& table);
   // Several dense tables at once: one message per server.
   rpc::Future<std::vector<at::Tensor>> PullDense(const std::vector<std::string>& tables);
+  // The same, written into `into` (tensors of the tables' shapes and dtypes,
+  // e.g. parameters detached from autograd), which the future returns.
+  // REQUIRES: nothing else writes or reads `into` until the future completes.
+  rpc::Future<std::vector<at::Tensor>> PullDenseInto(const std::vector<std::string>& tables,
+                                                     std::vector<at::Tensor> into);
   rpc::Future<at::Tensor> PullRows(const std::string& table, const at::Tensor& ids);
 
   rpc::Future<void> Push(const std::string& table, const at::Tensor& grad, bool end_step = false);
@@ -103,8 +108,9 @@ class PsClient {
   rpc::Future<std::vector<std::vector<at::Tensor>>> SendPulls(std::vector<Part> parts,
                                                               const std::string& what);
   rpc::Future<void> SendPushes(std::vector<Part> parts, bool end_step, const std::string& what);
-  absl::StatusOr<int> DenseIndex(const std::string& table) const;
-  absl::StatusOr<int> EmbeddingIndex(const std::string& table) const;
+  // The index of `table` in the spec; INVALID_ARGUMENT naming it if there is
+  // no such table or it is of the other kind.
+  absl::StatusOr<int> TableIndex(const std::string& table, TableKind kind) const;
 
   rpc::RpcAgent& agent_;
   const PsSpec spec_;

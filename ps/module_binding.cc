@@ -47,12 +47,11 @@ absl::Status ModuleBinding::WaitPushed() {
 
 absl::Status ModuleBinding::Pull() {
   if (absl::Status s = WaitPushed(); !s.ok()) return s;
-  const auto pulled = client_->PullDense(tables_);
-  const auto& r = pulled.result();
-  if (!r.ok()) return r.status();
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_((*r)[i]);
-  return absl::OkStatus();
+  // Written straight into the parameters' memory (detached aliases).
+  std::vector<at::Tensor> into;
+  into.reserve(params_.size());
+  for (const auto& p : params_) into.push_back(p.detach());
+  return client_->PullDenseInto(tables_, std::move(into)).status();
 }
 
 rpc::Future<void> ModuleBinding::Push(bool end_step) {

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/byte_io.h"
@@ -167,6 +169,20 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (!shard_or.ok()) return shard_or.status();
   std::shared_ptr<ServerShard> shard = *std::move(shard_or);
   std::unique_ptr<PsServer> server(new PsServer(shard, options));
+  if (!options.checkpoint_dir.empty()) {
+    // Names sort by (clock, sequence); the sequence continues across
+    // restarts, so a restarted server's checkpoint at the same clock sorts
+    // after its predecessor's.
+    int64_t seq = 0;
+    for (const std::string& name :
+         ListCheckpoints(ServerDir(options.checkpoint_dir, options.server, options.num_servers))) {
+      std::vector<std::string> parts = absl::StrSplit(name, '-');
+      int64_t v = 0;
+      if (parts.size() >= 3 && absl::SimpleAtoi(parts[2], &v)) seq = std::max(seq, v);
+    }
+    absl::MutexLock lock(&server->mu_);
+    server->checkpoint_seq_ = seq;
+  }
 
   if (!options.checkpoint_dir.empty()) {
     auto bytes = LoadLatest(options.checkpoint_dir, options.server, options.num_servers);
@@ -323,7 +339,7 @@ absl::StatusOr<std::string> PsServer::CheckpointNow() {
     absl::MutexLock lock(&mu_);
     seq = ++checkpoint_seq_;
   }
-  const std::string name = absl::StrFormat("ckpt-%012d-%06d-%d", clock, seq, ::getpid());
+  const std::string name = absl::StrFormat("ckpt-%012d-%09d-%d", clock, seq, ::getpid());
   if (absl::Status s = WriteAtomically(dir, name, *bytes); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
