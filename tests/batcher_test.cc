@@ -1,0 +1,162 @@
+// rpc::Batcher in one process, with a real executor and deadline timer:
+// ordering, full and partial batches, deadlines, errors, concurrent
+// batches, and no thread held while requests wait.
+#include "rpc/batcher.h"
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+
+namespace baton::rpc {
+namespace {
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  // Records every batch's inputs; answers x -> 10 * x.
+  std::shared_ptr<Batcher<int, int>> Make(BatcherOptions o) {
+    return Batcher<int, int>::Create(
+        o,
+        [this](std::vector<int> in) -> absl::StatusOr<std::vector<int>> {
+          {
+            absl::MutexLock lock(&mu_);
+            batches_.push_back(in);
+          }
+          std::vector<int> out;
+          for (int x : in) {
+            if (x == 13) throw std::runtime_error("unlucky 13");
+            if (x < 0) return absl::InvalidArgumentError("negative input");
+            out.push_back(10 * x);
+          }
+          return out;
+        },
+        &executor_, &timer_);
+  }
+  std::vector<std::vector<int>> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+
+  Executor executor_{Executor::Options{2, 8}};
+  DeadlineTimer timer_;
+  absl::Mutex mu_;
+  std::vector<std::vector<int>> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(BatcherTest, FullBatchRunsAtOnceInSubmissionOrder) {
+  auto b = Make({4, absl::Seconds(30)});
+  std::vector<Future<int>> f;
+  for (int i = 1; i <= 4; ++i) f.push_back(b->Submit(i));
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(f[i].WaitFor(absl::Seconds(5)));  // long before max_delay
+    EXPECT_EQ(f[i].value(), 10 * (i + 1));
+  }
+  ASSERT_EQ(batches().size(), 1u);
+  EXPECT_EQ(batches()[0], (std::vector<int>{1, 2, 3, 4}));
+}
+
+TEST_F(BatcherTest, PartialBatchRunsAfterMaxDelay) {
+  auto b = Make({8, absl::Milliseconds(30)});
+  const absl::Time start = absl::Now();
+  auto f1 = b->Submit(1), f2 = b->Submit(2), f3 = b->Submit(3);
+  ASSERT_TRUE(f3.WaitFor(absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(25));
+  EXPECT_EQ(f1.value() + f2.value() + f3.value(), 60);
+  ASSERT_EQ(batches().size(), 1u);
+  EXPECT_EQ(batches()[0], (std::vector<int>{1, 2, 3}));
+  // More than max_batch: two batches, the second after the delay.
+  auto b2 = Make({2, absl::Milliseconds(20)});
+  std::vector<Future<int>> f;
+  for (int i = 0; i < 5; ++i) f.push_back(b2->Submit(100 + i));
+  for (auto& x : f) ASSERT_TRUE(x.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(b2->stats().batches, 3);
+  EXPECT_EQ(b2->stats().largest, 2);
+}
+
+TEST_F(BatcherTest, DeadlineExpiryFailsThatRequestAndTheBatchGoesOn) {
+  auto b = Make({8, absl::Milliseconds(200)});
+  auto late = b->Submit(1, absl::Now() + absl::Milliseconds(10));
+  auto ok = b->Submit(2);
+  ASSERT_TRUE(late.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "deadline passed")) << late.status();
+  EXPECT_FALSE(ok.ready());  // still waiting for its batch
+  EXPECT_EQ(ok.value(), 20);
+  ASSERT_EQ(batches().size(), 1u);
+  EXPECT_EQ(batches()[0], (std::vector<int>{2}));
+  EXPECT_EQ(b->stats().expired, 1);
+}
+
+TEST_F(BatcherTest, AnErrorFailsExactlyThatBatchWithItsMessage) {
+  auto b = Make({2, absl::Seconds(30)});
+  auto a1 = b->Submit(13), a2 = b->Submit(1);  // batch 1 throws
+  auto c1 = b->Submit(2), c2 = b->Submit(3);   // batch 2 is fine
+  auto d1 = b->Submit(-1), d2 = b->Submit(4);  // batch 3 returns an error
+  EXPECT_EQ(a1.status().code(), absl::StatusCode::kUnknown);
+  EXPECT_TRUE(absl::StrContains(a2.status().message(), "unlucky 13")) << a2.status();
+  EXPECT_EQ(c1.value(), 20);
+  EXPECT_EQ(c2.value(), 30);
+  EXPECT_EQ(d1.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d2.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BatcherTest, WrongResultLengthIsInternal) {
+  auto b = Batcher<int, int>::Create(
+      {2, absl::Seconds(30)},
+      [](std::vector<int>) -> absl::StatusOr<std::vector<int>> { return std::vector<int>{1}; },
+      &executor_, &timer_);
+  auto f1 = b->Submit(1), f2 = b->Submit(2);
+  EXPECT_EQ(f1.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(f2.status().message(), "returned 1 results for 2 requests"));
+}
+
+TEST_F(BatcherTest, ConcurrentCallersGetTheirOwnResults) {
+  auto b = Make({16, absl::Milliseconds(2)});
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::pair<int, Future<int>>> f;
+      for (int i = 20; i < 120; ++i) f.emplace_back(1000 * t + i, b->Submit(1000 * t + i));  // no 13
+      for (auto& [x, fut] : f) {
+        if (fut.value() != 10 * x) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  size_t total = 0;
+  for (const auto& batch : batches()) {
+    EXPECT_LE(batch.size(), 16u);
+    total += batch.size();
+  }
+  EXPECT_EQ(total, 800u);
+  EXPECT_EQ(b->stats().requests, 800);
+}
+
+TEST_F(BatcherTest, NoThreadIsHeldWhileRequestsWait) {
+  auto b = Make({1000, absl::Milliseconds(300)});
+  std::vector<Future<int>> f;
+  for (int i = 20; i < 220; ++i) f.push_back(b->Submit(i));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(executor_.busy_threads(), 0);
+  EXPECT_EQ(executor_.num_threads(), 2);  // the pool did not grow
+  EXPECT_EQ(b->stats().queued, 200);
+  for (auto& x : f) ASSERT_TRUE(x.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(batches().size(), 1u);
+}
+
+TEST_F(BatcherTest, CloseFailsQueuedRequestsAndLaterSubmits) {
+  auto b = Make({8, absl::Seconds(30)});
+  auto queued = b->Submit(1);
+  b->Close();
+  EXPECT_EQ(queued.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(b->Submit(2).status().code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace baton::rpc
