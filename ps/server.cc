@@ -279,16 +279,32 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     });
   }
   PsServer* raw = server.get();
+  {
+    absl::MutexLock lock(&server->handle_->mu);
+    server->handle_->server = raw;
+  }
   if (s.ok()) {
     s = registry.Register(internal::kCheckpointFn,
-                          [raw]() -> absl::StatusOr<std::string> { return raw->CheckpointNow(); });
+                          [handle = server->handle_]() -> absl::StatusOr<std::string> {
+                            absl::MutexLock lock(&handle->mu);
+                            if (handle->server == nullptr) {
+                              return absl::FailedPreconditionError("ps server: destroyed");
+                            }
+                            return handle->server->CheckpointNow();
+                          });
   }
   if (!s.ok()) return Annotate(s, "ps server: registering its functions");
   server->thread_ = std::thread([raw] { raw->Maintain(); });
   return server;
 }
 
-PsServer::~PsServer() { (void)Stop(false); }
+PsServer::~PsServer() {
+  {
+    absl::MutexLock lock(&handle_->mu);
+    handle_->server = nullptr;
+  }
+  (void)Stop(false);
+}
 
 int64_t PsServer::ProgressClock() const {
   const ShardStats st = shard_->Stats();

@@ -83,8 +83,17 @@ class PsServer {
   void Maintain();
   int64_t ProgressClock() const;
 
+  // What the registered checkpoint function reaches the server through: it
+  // is cleared (under its mutex, so after any call in progress) when the
+  // server is destroyed, and the registry may outlive the server.
+  struct Handle {
+    absl::Mutex mu;
+    PsServer* server ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
   const std::shared_ptr<ServerShard> shard_;
   const ServerOptions options_;
+  const std::shared_ptr<Handle> handle_ = std::make_shared<Handle>();
   int64_t restored_clock_ = -1;
 
   absl::Mutex mu_;
