@@ -28,6 +28,9 @@
 //   promise; the timer and the executor are used only when there is work.
 // - Close() fails every queued request with CANCELLED; later Submits fail
 //   the same way. Batches already running complete.
+// - set_max_batch(n) changes the batch size for what is queued and what
+//   comes (e.g. to the number of observers alive); if n requests are already
+//   queued, they run at once.
 //
 // REQUIRES: Out is not void (a batch returns one value per request).
 //
@@ -37,6 +40,7 @@
 #ifndef BATON_RPC_BATCHER_H_
 #define BATON_RPC_BATCHER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -105,7 +109,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
           if (auto self = weak.lock()) self->Expire(id);
         });
       }
-      if (static_cast<int>(queue_.size()) >= options_.max_batch) {
+      if (static_cast<int>(queue_.size()) >= max_batch_) {
         batch = TakeLocked();
       } else if (queue_.size() == 1) {
         ScheduleFlushLocked(p.arrival + options_.max_delay);
@@ -130,6 +134,22 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
     }
   }
 
+  // REQUIRES: n >= 1.
+  void set_max_batch(int n) {
+    std::vector<Pending> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      max_batch_ = std::max(1, n);
+      if (!closed_ && static_cast<int>(queue_.size()) >= max_batch_) batch = TakeLocked();
+    }
+    if (!batch.empty()) Dispatch(std::move(batch));
+  }
+
+  int max_batch() const {
+    absl::MutexLock lock(&mu_);
+    return max_batch_;
+  }
+
   BatcherStats stats() const {
     absl::MutexLock lock(&mu_);
     BatcherStats s = stats_;
@@ -146,13 +166,17 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
   };
 
   Batcher(BatcherOptions options, BatchFn fn, Executor* executor, DeadlineTimer* timer)
-      : options_(options), fn_(std::move(fn)), executor_(executor), timer_(timer) {}
+      : options_(options),
+        fn_(std::move(fn)),
+        executor_(executor),
+        timer_(timer),
+        max_batch_(std::max(1, options.max_batch)) {}
 
   // Removes the oldest max_batch requests and reschedules the flush timer
   // for what remains.
   std::vector<Pending> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Pending> batch;
-    while (!queue_.empty() && static_cast<int>(batch.size()) < options_.max_batch) {
+    while (!queue_.empty() && static_cast<int>(batch.size()) < max_batch_) {
       auto it = queue_.begin();
       batch.push_back(std::move(it->second));
       queue_.erase(it);
@@ -260,6 +284,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Pending> queue_ ABSL_GUARDED_BY(mu_);  // by submission order
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int max_batch_ ABSL_GUARDED_BY(mu_);
   DeadlineTimer::Id flush_timer_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
