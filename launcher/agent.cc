@@ -176,6 +176,9 @@ class NodeAgent::Impl {
   // Role-policy failures: propose and, when seen, carry out a role restart.
   absl::Status ReportRoleFailure(const RoundInfo& round, int role, int gen,
                                  int worker);
+  // --restart_policy ROLE=worker: restarts worker `i` alone, or ends the
+  // round with its failure when no restart is left.
+  absl::Status RestartWorker(const RoundInfo& round, int i);
   absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role,
                                         int* gen, bool* reported_done);
   absl::Status HostChecks(const RoundInfo& round);
@@ -276,8 +279,9 @@ absl::Status NodeAgent::Impl::Setup() {
   std::vector<std::string> roles;
   for (const RoleSpec& r : o_.roles) {
     roles.push_back(absl::StrCat(r.name, ":", r.count, ":",
-                                 r.policy == RestartPolicy::kRole ? "role"
-                                                                  : "group"));
+                                 r.policy == RestartPolicy::kRole     ? "role"
+                                 : r.policy == RestartPolicy::kWorker ? "worker"
+                                                                      : "group"));
   }
   Record job = {{"roles", absl::StrJoin(roles, ",")},
                 {"max_restarts", absl::StrCat(o_.max_restarts)}};
@@ -458,6 +462,26 @@ absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round,
   return store_->Set(base + "restart", absl::StrCat(*n));
 }
 
+absl::Status NodeAgent::Impl::RestartWorker(const RoundInfo& round, int i) {
+  const Record record = FailureRecord(round, i);
+  auto n = store_->Add("rdzv/restarts", 1);
+  if (!n.ok()) return n.status();
+  if (*n > o_.max_restarts) {
+    const std::string rec = EncodeRecord(record);
+    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "", rec);
+    if (!end.ok()) return end.status();
+    if (*end == rec) {
+      return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
+    }
+    return absl::OkStatus();
+  }
+  const Worker& w = group_->worker(i);
+  Log(absl::StrCat("role ", o_.roles[w.role_index].name, ": rank ", w.rank, " ",
+                   record.at("reason"), "; restarting that worker alone (restart ", *n,
+                   "/", o_.max_restarts, ")"));
+  return group_->StartWorker(i, static_cast<int>(*n));
+}
+
 absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round,
                                                        int role, int* gen,
                                                        bool* reported_done) {
@@ -611,10 +635,18 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       const Worker& w = group_->worker(i);
       if (w.exit.success()) continue;
       const int role = w.role_index;
-      absl::Status s =
-          o_.roles[role].policy == RestartPolicy::kRole
-              ? ReportRoleFailure(round, role, role_gen[role], i)
-              : ReportFailure(round, i);
+      absl::Status s;
+      switch (o_.roles[role].policy) {
+        case RestartPolicy::kRole:
+          s = ReportRoleFailure(round, role, role_gen[role], i);
+          break;
+        case RestartPolicy::kWorker:
+          s = RestartWorker(round, i);
+          break;
+        case RestartPolicy::kGroup:
+          s = ReportFailure(round, i);
+          break;
+      }
       if (!s.ok()) return fail(Annotate(s, "reporting a worker failure"));
     }
     for (int role = 0; role < static_cast<int>(o_.roles.size()); ++role) {

@@ -46,7 +46,8 @@ inline constexpr char kEnvRole[] = "BATON_ROLE";
 inline constexpr char kEnvRoleRank[] = "BATON_ROLE_RANK";
 inline constexpr char kEnvRoleWorldSize[] = "BATON_ROLE_WORLD_SIZE";
 inline constexpr char kEnvErrorFile[] = "BATON_ERROR_FILE";
-// "1" when only this worker's role was restarted (--restart_policy ROLE=role):
+// "1" when only this worker or its role was restarted (--restart_policy
+// ROLE=worker or ROLE=role):
 // the other workers kept running, so it rejoins their job instead of
 // rendezvousing anew.
 inline constexpr char kEnvRejoin[] = "BATON_REJOIN";

@@ -218,9 +218,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
       {"restart_policy",
        [&](const std::string& v) -> absl::Status {
          std::vector<std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
-         if (kv.size() != 2 || (kv[1] != "group" && kv[1] != "role")) {
+         if (kv.size() != 2 ||
+             (kv[1] != "group" && kv[1] != "role" && kv[1] != "worker")) {
            return FlagError("restart_policy", absl::StrCat(
-               "'", v, "' is not ROLE=group or ROLE=role"));
+               "'", v, "' is not ROLE=group, ROLE=role or ROLE=worker"));
          }
          policies.emplace_back(kv[0], kv[1]);
          return absl::OkStatus();
@@ -313,7 +314,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
       return FlagError("restart_policy",
                        absl::StrCat("no role named '", role, "'"));
     }
-    it->policy = policy == "role" ? RestartPolicy::kRole : RestartPolicy::kGroup;
+    it->policy = policy == "role"     ? RestartPolicy::kRole
+                 : policy == "worker" ? RestartPolicy::kWorker
+                                      : RestartPolicy::kGroup;
   }
 
   if (o.standalone) {
@@ -421,9 +424,10 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --role NAME:COUNT[:PROGRAM [ARGS]]
                          a kind of worker with COUNT workers per node;
                          ranks are assigned role by role (repeatable)
-  --restart_policy ROLE=group|role
+  --restart_policy ROLE=group|role|worker
                          on a failure of ROLE, restart every worker (group,
-                         the default) or only that role's workers
+                         the default), only that role's workers (role), or
+                         only the worker that failed (worker)
   --rdzv_timeout S       bound on each rendezvous wait (default 300)
   --rdzv_last_call S     elastic: wait for more nodes after MIN (default 5)
   --heartbeat_timeout S  declare a silent node lost after S (default 30)

@@ -28,6 +28,9 @@ enum class RestartPolicy {
   // Stop and restart only this role's workers, on every node; the other
   // roles keep running.
   kRole,
+  // Restart only the worker that failed; every other worker keeps running
+  // (e.g. RL observers, which the agent drops and admits again).
+  kWorker,
 };
 
 // One kind of worker. Without --role there is one role, "default", running

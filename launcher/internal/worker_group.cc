@@ -105,43 +105,52 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
 }
 
 absl::Status WorkerGroup::Start(int role, int restart_count) {
-  const LaunchOptions& o = *config_.options;
-  for (Worker& w : workers_) {
-    if (role >= 0 && w.role_index != role) continue;
-    w.restart_count = restart_count;
-    w.rejoin = role >= 0 && restart_count > 0;
-    w.exit = ExitInfo();
-    ::unlink(w.error_file.c_str());
-    OutputSink sink;
-    if (!w.log_path.empty()) {
-      sink.log_fd = ::open(w.log_path.c_str(),
-                           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (sink.log_fd < 0) {
-        return absl::InternalError(absl::StrCat(
-            "cannot open log file ", w.log_path, ": ", std::strerror(errno)));
-      }
-      const std::string header = absl::StrCat(
-          "=== baton-run: run ", config_.run_id, ", rank ", w.rank,
-          ", restart ", restart_count, ", round ", round_.round, " ===\n");
-      (void)!::write(sink.log_fd, header.data(), header.size());
-    }
-    // Without --log_dir output goes to the terminal; --tee adds it there
-    // even with a log dir, with a rank prefix.
-    sink.echo = o.tee || o.log_dir.empty();
-    if (o.tee) sink.prefix = absl::StrCat("[rank ", w.rank, "] ");
-    auto proc = Spawn({o.roles[w.role_index].argv, Environment(w)});
-    if (!proc.ok()) {
-      if (sink.log_fd >= 0) ::close(sink.log_fd);
-      return Annotate(proc.status(),
-                      absl::StrCat("starting rank ", w.rank, " (role ",
-                                   o.roles[w.role_index].name, ")"));
-    }
-    if (w.stream >= 0) pump_->Remove(w.stream);
-    w.pid = proc->pid;
-    w.stream = pump_->Add(proc->stdout_fd, proc->stderr_fd, std::move(sink));
-    w.running = true;
-    w.start_time = absl::Now();
+  for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
+    if (role >= 0 && workers_[i].role_index != role) continue;
+    absl::Status s = StartOne(i, restart_count, role >= 0 && restart_count > 0);
+    if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerGroup::StartWorker(int i, int restart_count) {
+  return StartOne(i, restart_count, /*rejoin=*/true);
+}
+
+absl::Status WorkerGroup::StartOne(int i, int restart_count, bool rejoin) {
+  const LaunchOptions& o = *config_.options;
+  Worker& w = workers_[i];
+  w.restart_count = restart_count;
+  w.rejoin = rejoin;
+  w.exit = ExitInfo();
+  ::unlink(w.error_file.c_str());
+  OutputSink sink;
+  if (!w.log_path.empty()) {
+    sink.log_fd = ::open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (sink.log_fd < 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot open log file ", w.log_path, ": ", std::strerror(errno)));
+    }
+    const std::string header = absl::StrCat("=== baton-run: run ", config_.run_id, ", rank ",
+                                            w.rank, ", restart ", restart_count, ", round ",
+                                            round_.round, " ===\n");
+    (void)!::write(sink.log_fd, header.data(), header.size());
+  }
+  // Without --log_dir output goes to the terminal; --tee adds it there even
+  // with a log dir, with a rank prefix.
+  sink.echo = o.tee || o.log_dir.empty();
+  if (o.tee) sink.prefix = absl::StrCat("[rank ", w.rank, "] ");
+  auto proc = Spawn({o.roles[w.role_index].argv, Environment(w)});
+  if (!proc.ok()) {
+    if (sink.log_fd >= 0) ::close(sink.log_fd);
+    return Annotate(proc.status(), absl::StrCat("starting rank ", w.rank, " (role ",
+                                                o.roles[w.role_index].name, ")"));
+  }
+  if (w.stream >= 0) pump_->Remove(w.stream);
+  w.pid = proc->pid;
+  w.stream = pump_->Add(proc->stdout_fd, proc->stderr_fd, std::move(sink));
+  w.running = true;
+  w.start_time = absl::Now();
   return absl::OkStatus();
 }
 

@@ -68,6 +68,9 @@ class WorkerGroup {
   // caller stops the group).
   absl::Status Start(int role, int restart_count);
 
+  // Starts worker `i` again, alone (BATON_REJOIN=1). REQUIRES: it ended.
+  absl::Status StartWorker(int i, int restart_count);
+
   // Reaps workers that ended; returns the indices of those that ended since
   // the last call, in order of their exit.
   std::vector<int> Poll();
@@ -91,6 +94,7 @@ class WorkerGroup {
  private:
   std::vector<std::string> Environment(const Worker& w) const;
   void Reaped(Worker& w);
+  absl::Status StartOne(int i, int restart_count, bool rejoin);
 
   const WorkerGroupConfig config_;
   OutputPump* const pump_;

@@ -178,6 +178,34 @@ TEST_F(LauncherTest, KilledLauncherTakesItsWorkersAlong) {
   }
 }
 
+TEST_F(LauncherTest, WorkerPolicyRestartsOnlyTheWorkerThatFailed) {
+  Launcher l(marker_, Args({"--standalone", "--role", "agent:1", "--role", "observer:2",
+                            "--restart_policy", "observer=worker", "--max_restarts", "1"},
+                           "worker_restart"));
+  ASSERT_EQ(l.Wait(kJobTimeout), 0) << l.Output();
+  EXPECT_THAT(l.Output(), HasSubstr("restarting that worker alone (restart 1/1)"));
+  // Observer 0 (rank 1) ran twice, the second time as a rejoin; observer 1
+  // (rank 2) and the agent ran once.
+  EXPECT_EQ(Env(1, 0)["BATON_REJOIN"], "0");
+  EXPECT_EQ(Env(1, 1)["BATON_REJOIN"], "1");
+  EXPECT_EQ(Env(1, 1)["BATON_RESTART_COUNT"], "1");
+  EXPECT_EQ(Env(2, 0)["BATON_REJOIN"], "0");
+  std::vector<std::string> starts = absl::StrSplit(
+      ReadFile(absl::StrCat(out_, "/starts.observer")), '\n', absl::SkipEmpty());
+  EXPECT_EQ(starts.size(), 3u);
+  std::vector<std::string> agent_starts = absl::StrSplit(
+      ReadFile(absl::StrCat(out_, "/starts.agent")), '\n', absl::SkipEmpty());
+  EXPECT_EQ(agent_starts.size(), 1u);
+}
+
+TEST_F(LauncherTest, WorkerPolicyEndsTheJobWhenNoRestartIsLeft) {
+  Launcher l(marker_, Args({"--standalone", "--role", "agent:1", "--role", "observer:2",
+                            "--restart_policy", "observer=worker"},
+                           "worker_restart"));
+  EXPECT_EQ(l.Wait(kJobTimeout), 1) << l.Output();
+  EXPECT_THAT(l.Output(), HasSubstr("job failed"));
+}
+
 TEST_F(LauncherTest, RolesGetRanksRoleByRoleAndRestartOnlyTheirRole) {
   Launcher l(marker_, Args({"--standalone", "--role", "ps:1", "--role",
                             "trainer:2", "--restart_policy", "trainer=role",

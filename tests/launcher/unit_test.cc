@@ -90,6 +90,12 @@ TEST(Options, RolesAndPolicies) {
   EXPECT_EQ(o->roles[0].policy, RestartPolicy::kGroup);
   EXPECT_EQ(o->roles[1].policy, RestartPolicy::kRole);
   EXPECT_EQ(o->nproc_per_node, 5);
+  o = Parse({"--role", "agent:1:./a", "--role", "observer:4:./o", "--restart_policy",
+             "observer=worker"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->roles[1].policy, RestartPolicy::kWorker);
+  EXPECT_THAT(Parse({"--role", "a:1:./a", "--restart_policy", "a=node"}).status().message(),
+              HasSubstr("ROLE=worker"));
   // A role without a program runs PROGRAM.
   o = Parse({"--role", "a:2", "prog"});
   ASSERT_TRUE(o.ok());

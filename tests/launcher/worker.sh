@@ -63,6 +63,26 @@ case "$mode" in
     fi
     touch "$out/trainers_restarted"
     exit 0 ;;
+  worker_restart)
+    # Observer 0 fails once; observer 1 must keep running through its
+    # restart (it waits for the restarted one, then ends the job).
+    if [ "$BATON_ROLE" = agent ]; then
+      for _ in $(seq 100); do
+        [ -e "$out/observer0_back" ] && [ -e "$out/observer1_done" ] && exit 0
+        sleep 0.1
+      done
+      exit 9
+    fi
+    if [ "$BATON_ROLE_RANK" = 0 ]; then
+      [ "$BATON_RESTART_COUNT" = 0 ] && exit 5
+      touch "$out/observer0_back"
+      exit 0
+    fi
+    for _ in $(seq 100); do
+      [ -e "$out/observer0_back" ] && { touch "$out/observer1_done"; exit 0; }
+      sleep 0.1
+    done
+    exit 8 ;;
   *)
     echo "unknown mode $mode" >&2
     exit 99 ;;
