@@ -525,6 +525,7 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       summary.episodes = running_.episodes;
       summary.running_reward = running_.value;
       const double seconds = absl::ToDoubleSeconds(absl::Now() - first_round_start_);
+      summary.seconds = seconds;
       summary.steps_per_s = seconds > 0 ? steps_ / seconds : 0;
       const int64_t forwards = forwards_.load() - forwards_at_round_start_;
       const int64_t requests = batched_requests_.load() - requests_at_round_start_;

@@ -101,6 +101,7 @@ struct RoundSummary {
   int64_t members = 0;          // observers whose steps went into the update
   int64_t episodes = 0;         // counted so far
   double running_reward = 0;
+  double seconds = 0;           // since the first round began
   double steps_per_s = 0;       // all observers, since the first round began
   double mean_batch = 0;        // requests per forward pass, this round
   double update_ms = 0;
