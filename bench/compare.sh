@@ -69,3 +69,10 @@ if [ -f "$PEER_DIR/torch_ps_bench.py" ] && [ "${BATON_SKIP_PS:-0}" != 1 ]; then
   echo "== parameter servers: bench/compare_ps.sh $QUICK" >&2
   BATON_PEER_DIR="$PEER_DIR" bash bench/compare_ps.sh $QUICK
 fi
+
+# Reinforcement learning (rl/), against the RPC tutorials' agent/observer.
+if [ -f "$PEER_DIR/torch_rl_bench.py" ] && [ "${BATON_SKIP_RL:-0}" != 1 ]; then
+  echo >&2
+  echo "== reinforcement learning: bench/compare_rl.sh $QUICK" >&2
+  BATON_PEER_DIR="$PEER_DIR" bash bench/compare_rl.sh $QUICK
+fi
