@@ -3,12 +3,20 @@
 //
 //   rpc_bench [--quick]
 // Starts itself again as rank 1 (the server) on loopback; rank 0 drives.
+// BATON_TRANSPORT=shm|grpc picks how the two talk (default: shm, the
+// same-host transport; grpc: loopback gRPC, the path between hosts).
+// First, the floor: shm_pingpong_floor_latency_p50 is a bare ping-pong
+// between two processes over one shared page (spin, then futex), no agent.
+#include <linux/futex.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -64,13 +72,75 @@ double Pct(std::vector<double> xs, double p) {
   return xs[std::min(xs.size() - 1, static_cast<size_t>(p * xs.size()))];
 }
 
+const char* TransportName() {
+  const char* t = std::getenv("BATON_TRANSPORT");
+  return t != nullptr && std::strcmp(t, "grpc") == 0 ? "grpc" : "shm";
+}
+
 void Report(const std::string& metric, double value, const std::string& unit,
             const std::string& extra = "") {
   std::printf(
-      "{\"system\": \"baton\", \"version\": \"0.1.0\", \"metric\": \"%s\", "
-      "\"value\": %.3f, \"unit\": \"%s\"%s}\n",
-      metric.c_str(), value, unit.c_str(), extra.c_str());
+      "{\"system\": \"baton\", \"version\": \"0.1.0\", \"transport\": \"%s\", "
+      "\"metric\": \"%s\", \"value\": %.3f, \"unit\": \"%s\"%s}\n",
+      TransportName(), metric.c_str(), value, unit.c_str(), extra.c_str());
   std::fflush(stdout);
+}
+
+// The floor: two processes bounce a counter through one shared page, each
+// spinning briefly and then sleeping on a futex, as the shared-memory
+// transport's receiver does. Runs before any thread exists (it forks).
+void PingPongFloor(bool quick) {
+  struct alignas(64) Word {
+    std::atomic<uint32_t> value;
+    std::atomic<uint32_t> sleeping;
+  };
+  void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return;
+  Word* words = new (mem) Word[2]();
+  auto wait_for = [](Word& w, uint32_t want) {
+    for (int i = 0; i < 2000; ++i) {
+      if (w.value.load(std::memory_order_acquire) == want) return;
+      __builtin_ia32_pause();
+    }
+    while (true) {
+      w.sleeping.store(1, std::memory_order_seq_cst);
+      const uint32_t v = w.value.load(std::memory_order_seq_cst);
+      if (v == want) break;
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAIT, v, nullptr, nullptr,
+              0);
+    }
+    w.sleeping.store(0, std::memory_order_relaxed);
+  };
+  auto post = [](Word& w, uint32_t v) {
+    w.value.store(v, std::memory_order_seq_cst);
+    if (w.sleeping.load(std::memory_order_seq_cst) != 0) {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAKE, 1, nullptr, nullptr,
+              0);
+    }
+  };
+  const int n = quick ? 2000 : 20000;
+  const pid_t child = fork();
+  if (child == 0) {
+    for (uint32_t i = 1; i <= static_cast<uint32_t>(n); ++i) {
+      wait_for(words[0], i);
+      post(words[1], i);
+    }
+    _exit(0);
+  }
+  std::vector<double> lat;
+  lat.reserve(n);
+  for (uint32_t i = 1; i <= static_cast<uint32_t>(n); ++i) {
+    const double t0 = Now();
+    post(words[0], i);
+    wait_for(words[1], i);
+    lat.push_back((Now() - t0) * 1e6);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  munmap(mem, 4096);
+  Report("shm_pingpong_floor_latency_p50", Pct(lat, 0.5), "us",
+         absl::StrCat(", \"n\": ", n, ", \"note\": \"two processes, one shared page, "
+                      "spin then futex; no agent\""));
 }
 
 void Drive(RpcAgent& agent, bool quick) {
@@ -180,6 +250,9 @@ int RunRank(int rank, bool quick) {
   opts.world_size = 2;
   opts.master_port = std::atoi(std::getenv("MASTER_PORT"));
   opts.rpc_timeout = absl::Seconds(120);
+  if (std::strcmp(TransportName(), "grpc") == 0) {
+    opts.local_transport = AgentOptions::LocalTransport::kGrpc;
+  }
   auto agent = RpcAgent::Create(opts, registry);
   if (!agent.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());
@@ -205,6 +278,7 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--rank=", 7) == 0) rank = std::atoi(argv[i] + 7);
   }
   if (rank >= 0) return RunRank(rank, quick);
+  PingPongFloor(quick);
   if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
   std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
   char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};

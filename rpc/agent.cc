@@ -1,11 +1,13 @@
 #include "rpc/agent.h"
 
+#include <fstream>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -99,10 +101,32 @@ absl::StatusOr<int> EnvInt(const char* var, bool required, int fallback) {
   return out;
 }
 
+
+
+// This boot of the machine: workers with the same boot id (and PID
+// namespace) share a host and may use the shared-memory transport.
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
 }  // namespace
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix) {
   AgentOptions o;
+  if (const char* t = std::getenv("BATON_TRANSPORT"); t != nullptr && *t != '\0') {
+    const std::string v = t;
+    if (v == "shm") {
+      o.local_transport = LocalTransport::kShm;
+    } else if (v == "grpc") {
+      o.local_transport = LocalTransport::kGrpc;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BATON_TRANSPORT is '", v, "'; use shm or grpc"));
+    }
+  }
   const char* n = std::getenv("BATON_WORKER_NAME");
   if (baton::is_elastic_launched()) {
     // baton-run's contract, validated by the launcher's own reader.
@@ -275,7 +299,7 @@ absl::Status RpcAgent::Rendezvous() {
     return absl::AlreadyExistsError(absl::StrCat(
         "rank ", rank_, " is already taken by another process in this job"));
   }
-  std::string probe_name = "-", probe_token = RandomHex(8);
+  std::string probe_name, probe_token = RandomHex(8);
   const char* shm_env = std::getenv("BATON_SHM");
   if (options_.same_host_shm && !(shm_env != nullptr && std::string(shm_env) == "0")) {
     internal::ShmChannel::Sweep();
@@ -283,10 +307,30 @@ absl::Status RpcAgent::Rendezvous() {
     auto probe = shm_->CreateProbe(probe_token);
     if (probe.ok()) probe_name = *probe;
   }
-  const std::string record =
-      absl::StrCat(options_.name, "\n", transport_->address(), "\n",
-                   options_.max_message_bytes, "\n", probe_name, "\n", probe_token);
-  if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), record); !s.ok()) {
+  // The same-host transport: a hub now, links after everyone registered. A
+  // rejoining incarnation uses gRPC (its peers set their links up long ago).
+  if (options_.local_transport == AgentOptions::LocalTransport::kShm && !options_.rejoin) {
+    internal::ShmTransportOptions so;
+    so.ring_bytes = options_.shm_ring_bytes;
+    auto t = internal::ShmTransport::Create(so, rank_, options_.world_size, this);
+    if (t.ok()) {
+      shm_transport_ = *std::move(t);
+    } else if (absl::IsInvalidArgument(t.status())) {
+      return Annotate(t.status(), "AgentOptions::shm_ring_bytes");
+    }  // else: no /dev/shm room; gRPC it is
+  }
+  proto::WorkerRecord mine;
+  mine.set_name(options_.name);
+  mine.set_address(transport_->address());
+  mine.set_max_message_bytes(options_.max_message_bytes);
+  mine.set_shm_probe(probe_name);
+  mine.set_shm_probe_token(probe_token);
+  mine.set_boot_id(BootId());
+  mine.set_pid_namespace(internal::ShmChannel::ObjectPrefix(0));
+  mine.set_pid(getpid());
+  if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
+  if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
+      !s.ok()) {
     return s;
   }
   std::vector<std::string> keys;
@@ -296,18 +340,20 @@ absl::Status RpcAgent::Rendezvous() {
   }
   workers_.resize(options_.world_size);
   peer_limits_.resize(options_.world_size);
+  std::vector<proto::WorkerRecord> records(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) {
     auto v = store_->Get(keys[r], options_.init_timeout);
     if (!v.ok()) return v.status();
-    std::vector<std::string> parts = absl::StrSplit(*v, '\n');
-    if (parts.size() != 5 || !absl::SimpleAtoi(parts[2], &peer_limits_[r])) {
+    if (!records[r].ParseFromString(*v) || records[r].name().empty() ||
+        records[r].address().empty()) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
-    workers_[r] = WorkerInfo{parts[0], r, parts[1]};
-    auto [it, inserted] = by_name_.emplace(parts[0], r);
+    peer_limits_[r] = records[r].max_message_bytes();
+    workers_[r] = WorkerInfo{records[r].name(), r, records[r].address()};
+    auto [it, inserted] = by_name_.emplace(records[r].name(), r);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "worker name '", parts[0], "' is used by ranks ", it->second, " and ", r,
+          "worker name '", records[r].name(), "' is used by ranks ", it->second, " and ", r,
           "; names must be unique"));
     }
   }
@@ -320,12 +366,41 @@ absl::Status RpcAgent::Rendezvous() {
   if (shm_ != nullptr) {
     int usable = 0;
     for (int r = 0; r < options_.world_size; ++r) {
-      auto v = store_->Get(keys[r], options_.init_timeout);
-      std::vector<std::string> parts = absl::StrSplit(*v, '\n');
-      peer_shm_[r] = parts[3] != "-" && internal::ShmChannel::CheckProbe(parts[3], parts[4]);
+      peer_shm_[r] = !records[r].shm_probe().empty() &&
+                     internal::ShmChannel::CheckProbe(records[r].shm_probe(),
+                                                      records[r].shm_probe_token());
       usable += peer_shm_[r];
     }
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
+  }
+  // Same-host links: the lower rank of each pair creates the link and
+  // publishes its name ("-": none); the higher rank opens it. A link is used
+  // once both sides mapped it (checked after the barrier, in Activate()).
+  if (shm_transport_ != nullptr && !options_.rejoin) {
+    auto same_host = [&](int r) {
+      return r != rank_ && !records[r].shm_hub().empty() &&
+             records[r].boot_id() == mine.boot_id() &&
+             records[r].pid_namespace() == mine.pid_namespace();
+    };
+    for (int r = rank_ + 1; r < options_.world_size; ++r) {
+      if (!same_host(r)) continue;
+      auto link = shm_transport_->CreateLink(r, records[r].shm_hub(),
+                                             static_cast<pid_t>(records[r].pid()));
+      if (absl::Status s = store_->Set(absl::StrCat(ns_, "shm_link/", rank_, "/", r),
+                                       link.ok() ? *link : "-");
+          !s.ok()) {
+        return s;
+      }
+    }
+    for (int r = 0; r < rank_; ++r) {
+      if (!same_host(r)) continue;
+      auto name = store_->Get(absl::StrCat(ns_, "shm_link/", r, "/", rank_), options_.init_timeout);
+      if (!name.ok()) return Annotate(name.status(), "waiting for a shared-memory link");
+      if (*name != "-") {
+        (void)shm_transport_->OpenLink(r, *name, records[r].shm_hub(),
+                                       static_cast<pid_t>(records[r].pid()));
+      }
+    }
   }
   if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
                                       options_.world_size, options_.init_timeout);
@@ -333,6 +408,7 @@ absl::Status RpcAgent::Rendezvous() {
     return s;
   }
   if (shm_ != nullptr) shm_->RemoveProbe();
+  if (shm_transport_ != nullptr) shm_transport_->Activate();
   // Calls to self go through the loopback server like any other call.
   transport_->AddPeer(rank_, transport_->address());
   {
@@ -444,7 +520,10 @@ Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
     auto it = pending_.find(id);
     if (it != pending_.end()) it->second.timer = timer;
   }
-  absl::StatusOr<uint64_t> stream = transport_->Send(to, std::move(frame));
+  absl::StatusOr<uint64_t> stream =
+      shm_transport_ != nullptr && shm_transport_->connected(to)
+          ? shm_transport_->Send(to, std::move(frame))
+          : transport_->Send(to, std::move(frame));
   if (!stream.ok()) {
     Complete(id, Annotate(stream.status(),
                           absl::StrCat(CallContextText(to, function), ": worker unreachable")));
@@ -662,7 +741,16 @@ AgentStats RpcAgent::stats() const {
   s.timers = timer_ ? timer_->pending() : 0;
   s.live_streams = transport_ ? transport_->live_streams() : 0;
   s.shm_busy_segments = shm_ ? shm_->busy_segments() : 0;
+  if (shm_transport_ != nullptr) {
+    const auto t = shm_transport_->stats();
+    s.shm_frames_sent = t.frames_sent;
+    s.shm_frames_received = t.frames_received;
+  }
   return s;
+}
+
+bool RpcAgent::uses_shm_transport(int peer) const {
+  return shm_transport_ != nullptr && shm_transport_->connected(peer);
 }
 
 bool RpcAgent::uses_shm(int peer) const {
@@ -739,6 +827,7 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
   };
   auto left = [deadline] { return std::max(absl::Milliseconds(100), deadline - absl::Now()); };
   if (transport_) note(transport_->CloseStreams(cancel_streams, left()));
+  if (shm_transport_) shm_transport_->Close();
   // Calls still pending can no longer be answered.
   std::vector<uint64_t> ids;
   {

@@ -53,6 +53,7 @@
 #include "rpc/function.h"
 #include "rpc/future.h"
 #include "rpc/internal/shm_channel.h"
+#include "rpc/internal/shm_transport.h"
 #include "rpc/internal/transport.h"
 #include "rpc/timer.h"
 #include "rpc/worker_info.h"
@@ -85,6 +86,17 @@ struct AgentOptions {
   // Send large tensors to workers on the same host through shared memory
   // (rpc/internal/shm_channel.h). BATON_SHM=0 in the environment turns it off.
   bool same_host_shm = true;
+  // How messages travel between workers on the same host (same boot id and
+  // PID namespace, and a successful shared-memory handshake): kShm sends
+  // every message, small calls included, through shared-memory rings
+  // (rpc/internal/shm_transport.h); kGrpc uses loopback gRPC, as between
+  // hosts. FromEnv reads BATON_TRANSPORT=shm|grpc.
+  enum class LocalTransport { kShm, kGrpc };
+  LocalTransport local_transport = LocalTransport::kShm;
+  // Bytes of each ring of a same-host pair (two per pair; frames larger than
+  // a ring are cut into pieces). A 64-worker host whose workers all talk to
+  // each other maps 2016 pairs * 2 * 256 KiB = ~1 GiB of /dev/shm.
+  size_t shm_ring_bytes = size_t{256} << 10;
   int min_threads = 4;
   int max_threads = 256;
   // Use this store instead of the one at master_addr:master_port (tests,
@@ -103,7 +115,8 @@ struct AgentOptions {
   bool rejoin = false;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
-  // (under baton-run, through launcher/env.h, which validates them all).
+  // (under baton-run, through launcher/env.h, which validates them all), and
+  // BATON_TRANSPORT (shm or grpc; INVALID_ARGUMENT otherwise).
   // The worker's name is BATON_WORKER_NAME if set, else role + role rank
   // for a job with roles (e.g. "trainer3"), else name_prefix + rank.
   // INVALID_ARGUMENT naming the variable if one is missing or malformed.
@@ -137,6 +150,9 @@ struct AgentStats {
   size_t timers = 0;
   int live_streams = 0;
   size_t shm_busy_segments = 0;
+  // Frames through the same-host shared-memory transport.
+  int64_t shm_frames_sent = 0;
+  int64_t shm_frames_received = 0;
 };
 
 class RpcAgent : private internal::TransportHandler {
@@ -207,6 +223,9 @@ class RpcAgent : private internal::TransportHandler {
   AgentStats stats() const;
   // Whether calls to `peer` carry large tensors through shared memory.
   bool uses_shm(int peer) const;
+  // Whether messages to `peer` go through the same-host shared-memory
+  // transport (else gRPC).
+  bool uses_shm_transport(int peer) const;
 
  private:
   struct PendingCall {
@@ -258,6 +277,7 @@ class RpcAgent : private internal::TransportHandler {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<internal::Transport> transport_;
   std::unique_ptr<internal::ShmChannel> shm_;
+  std::unique_ptr<internal::ShmTransport> shm_transport_;
 
   // Notified when Create() has filled workers_ and peer_limits_ (or gave
   // up). Requests that arrive earlier wait for it on the executor.

@@ -346,8 +346,25 @@ BATON_SCENARIO(gradients) {
   return 0;
 }
 
-TEST(DistAutograd, D1_D2_GradientsEqualLocalAutogradAndLeaveDotGradAlone) {
-  ExpectAllSucceeded(RunWorkers("gradients", 3, absl::Seconds(180)));
+// Every test of this suite runs once per same-host transport: the
+// shared-memory rings (the default) and loopback gRPC (the path between
+// hosts), through AgentOptions::FromEnv's BATON_TRANSPORT.
+class DistAutograd : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<baton::testing::WorkerResult> Run(
+      const std::string& scenario, int world_size, absl::Duration timeout,
+      std::map<std::string, std::string> env = {}) {
+    env["BATON_TRANSPORT"] = GetParam();
+    return baton::testing::RunWorkers(scenario, world_size, timeout, env);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, DistAutograd, ::testing::Values("shm", "grpc"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(DistAutograd, D1_D2_GradientsEqualLocalAutogradAndLeaveDotGradAlone) {
+  ExpectAllSucceeded(Run("gradients", 3, absl::Seconds(180)));
 }
 
 BATON_SCENARIO(semantics) {
@@ -431,8 +448,8 @@ BATON_SCENARIO(semantics) {
   return 0;
 }
 
-TEST(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
-  ExpectAllSucceeded(RunWorkers("semantics", 3, absl::Seconds(120)));
+TEST_P(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
+  ExpectAllSucceeded(Run("semantics", 3, absl::Seconds(120)));
 }
 
 // 10,000 contexts, each forward over RPC, backward and release: no worker
@@ -455,8 +472,8 @@ BATON_SCENARIO(many_contexts) {
   return 0;
 }
 
-TEST(DistAutograd, D4_TenThousandContextsLeaveNoneBehind) {
-  ExpectAllSucceeded(RunWorkers("many_contexts", 3, absl::Seconds(240)));
+TEST_P(DistAutograd, D4_TenThousandContextsLeaveNoneBehind) {
+  ExpectAllSucceeded(Run("many_contexts", 3, absl::Seconds(240)));
 }
 
 // D4 with a dead participant: w2 knows the context only through w1. w1 dies;
@@ -496,8 +513,8 @@ BATON_SCENARIO(dead_participant) {
   return 0;
 }
 
-TEST(DistAutograd, D4_ReleasedOnEveryWorkerWhenAParticipantDied) {
-  auto results = RunWorkers("dead_participant", 3, absl::Seconds(120));
+TEST_P(DistAutograd, D4_ReleasedOnEveryWorkerWhenAParticipantDied) {
+  auto results = Run("dead_participant", 3, absl::Seconds(120));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
   EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
   EXPECT_EQ(results[2].exit_code, 0) << Describe(results);

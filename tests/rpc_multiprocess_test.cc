@@ -71,6 +71,7 @@ std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
     override_opts->master_addr = opts->master_addr;
     override_opts->master_port = opts->master_port;
     if (override_opts->name.empty()) override_opts->name = opts->name;
+    override_opts->local_transport = opts->local_transport;
     *opts = *override_opts;
   }
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
@@ -115,8 +116,25 @@ BATON_SCENARIO(sync_async_nested) {
   return 0;
 }
 
-TEST(RpcMultiProcess, SyncAsyncAndNestedCalls) {
-  ExpectAllSucceeded(RunWorkers("sync_async_nested", 3, absl::Seconds(120)));
+// Every test of this suite runs once per same-host transport: the
+// shared-memory rings (the default) and loopback gRPC (the path between
+// hosts), through AgentOptions::FromEnv's BATON_TRANSPORT.
+class RpcMultiProcess : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<baton::testing::WorkerResult> Run(
+      const std::string& scenario, int world_size, absl::Duration timeout,
+      std::map<std::string, std::string> env = {}) {
+    env["BATON_TRANSPORT"] = GetParam();
+    return baton::testing::RunWorkers(scenario, world_size, timeout, env);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, RpcMultiProcess, ::testing::Values("shm", "grpc"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(RpcMultiProcess, SyncAsyncAndNestedCalls) {
+  ExpectAllSucceeded(Run("sync_async_nested", 3, absl::Seconds(120)));
 }
 
 // ---------------------------------------------------------------------------
@@ -146,8 +164,8 @@ BATON_SCENARIO(many_calls) {
   return 0;
 }
 
-TEST(RpcMultiProcess, TenThousandCallsSixtyFourInFlight) {
-  ExpectAllSucceeded(RunWorkers("many_calls", 3, absl::Seconds(180)));
+TEST_P(RpcMultiProcess, TenThousandCallsSixtyFourInFlight) {
+  ExpectAllSucceeded(Run("many_calls", 3, absl::Seconds(180)));
 }
 
 // ---------------------------------------------------------------------------
@@ -248,8 +266,8 @@ BATON_SCENARIO(error_cases) {
   return 0;
 }
 
-TEST(RpcMultiProcess, EveryErrorCaseNamesWorkerFunctionAndCause) {
-  ExpectAllSucceeded(RunWorkers("error_cases", 2, absl::Seconds(120)));
+TEST_P(RpcMultiProcess, EveryErrorCaseNamesWorkerFunctionAndCause) {
+  ExpectAllSucceeded(Run("error_cases", 2, absl::Seconds(120)));
 }
 
 // ---------------------------------------------------------------------------
@@ -282,8 +300,8 @@ BATON_SCENARIO(killed_peer) {
   return 2;
 }
 
-TEST(RpcMultiProcess, PeerKilledMidCallFailsWithinTimeout) {
-  auto results = RunWorkers("killed_peer", 2, absl::Seconds(60));
+TEST_P(RpcMultiProcess, PeerKilledMidCallFailsWithinTimeout) {
+  auto results = Run("killed_peer", 2, absl::Seconds(60));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
   EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
 }
@@ -338,8 +356,8 @@ BATON_SCENARIO(init_shutdown_repeated) {
   return 0;
 }
 
-TEST(RpcMultiProcess, InitAndShutdownRepeatedLeaveNoThreadOrSocket) {
-  ExpectAllSucceeded(RunWorkers("init_shutdown_repeated", 3, absl::Seconds(120)));
+TEST_P(RpcMultiProcess, InitAndShutdownRepeatedLeaveNoThreadOrSocket) {
+  ExpectAllSucceeded(Run("init_shutdown_repeated", 3, absl::Seconds(120)));
 }
 
 // ---------------------------------------------------------------------------
@@ -379,8 +397,8 @@ BATON_SCENARIO(default_agent_api) {
   return 0;
 }
 
-TEST(RpcMultiProcess, DefaultAgentApiLikeTorch) {
-  ExpectAllSucceeded(RunWorkers("default_agent_api", 2, absl::Seconds(120)));
+TEST_P(RpcMultiProcess, DefaultAgentApiLikeTorch) {
+  ExpectAllSucceeded(Run("default_agent_api", 2, absl::Seconds(120)));
 }
 
 // A hook that tags each message with its tensor count and, on arrival,
@@ -435,12 +453,12 @@ BATON_SCENARIO(call_hooks) {
   return 0;
 }
 
-TEST(RpcMultiProcess, CallHooksSeeTensorsAndCarryExtensions) {
-  ExpectAllSucceeded(RunWorkers("call_hooks", 2, absl::Seconds(120)));
+TEST_P(RpcMultiProcess, CallHooksSeeTensorsAndCarryExtensions) {
+  ExpectAllSucceeded(Run("call_hooks", 2, absl::Seconds(120)));
 }
 
-TEST(RpcMultiProcess, DuplicateNameFailsInit) {
-  ExpectAllSucceeded(RunWorkers("duplicate_name", 2, absl::Seconds(60)));
+TEST_P(RpcMultiProcess, DuplicateNameFailsInit) {
+  ExpectAllSucceeded(Run("duplicate_name", 2, absl::Seconds(60)));
 }
 
 // ---------------------------------------------------------------------------
@@ -448,6 +466,10 @@ BATON_SCENARIO(large_tensor) {
   auto agent = InitFromEnv();
   const char* shm = std::getenv("BATON_SHM");
   WCHECK(agent->uses_shm(1 - agent->self().id) == !(shm != nullptr && std::string(shm) == "0"));
+  // Every message goes through the shared-memory rings unless gRPC is forced.
+  const char* transport = std::getenv("BATON_TRANSPORT");
+  const bool grpc = transport != nullptr && std::string(transport) == "grpc";
+  WCHECK(agent->uses_shm_transport(1 - agent->self().id) == !grpc);
   if (agent->self().id == 0) {
     // 256 MiB each way, under the default 1 GiB limit.
     at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);
@@ -458,16 +480,20 @@ BATON_SCENARIO(large_tensor) {
     at::Tensor v = agent->rpc_sync("w1", echo_tensor_fn, view);
     WCHECK(v.is_contiguous() && v.equal(view));
   }
+  if (agent->self().id == 0) {  // after its calls
+    const AgentStats st = agent->stats();
+    WCHECK(grpc ? st.shm_frames_sent == 0 : st.shm_frames_sent > 0);
+  }
   WCHECK_OK(agent->Shutdown());
   return 0;
 }
 
-TEST(RpcMultiProcess, LargeTensorsRoundTripThroughSharedMemory) {
-  ExpectAllSucceeded(RunWorkers("large_tensor", 2, absl::Seconds(120)));
+TEST_P(RpcMultiProcess, LargeTensorsRoundTripThroughSharedMemory) {
+  ExpectAllSucceeded(Run("large_tensor", 2, absl::Seconds(120)));
 }
 
-TEST(RpcMultiProcess, LargeTensorsRoundTripOverTheStream) {
-  ExpectAllSucceeded(RunWorkers("large_tensor", 2, absl::Seconds(120), {{"BATON_SHM", "0"}}));
+TEST_P(RpcMultiProcess, LargeTensorsRoundTripOverTheStream) {
+  ExpectAllSucceeded(Run("large_tensor", 2, absl::Seconds(120), {{"BATON_SHM", "0"}}));
 }
 
 }  // namespace

@@ -192,6 +192,7 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
     override_opts->world_size = opts->world_size;
     override_opts->master_port = opts->master_port;
     override_opts->name = opts->name;
+    override_opts->local_transport = opts->local_transport;
     *opts = *override_opts;
   }
   auto agent = RpcAgent::Create(*opts, w.registry);
@@ -288,8 +289,25 @@ BATON_SCENARIO(rref_basics) {
   return 0;
 }
 
-TEST(RRefMultiProcess, RemoteToHereForksContainersNestingAndErrors) {
-  ExpectAllSucceeded(RunWorkers("rref_basics", 4, absl::Seconds(120)));
+// Every test of this suite runs once per same-host transport: the
+// shared-memory rings (the default) and loopback gRPC (the path between
+// hosts), through AgentOptions::FromEnv's BATON_TRANSPORT.
+class RRefMultiProcess : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<baton::testing::WorkerResult> Run(
+      const std::string& scenario, int world_size, absl::Duration timeout,
+      std::map<std::string, std::string> env = {}) {
+    env["BATON_TRANSPORT"] = GetParam();
+    return baton::testing::RunWorkers(scenario, world_size, timeout, env);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, RRefMultiProcess, ::testing::Values("shm", "grpc"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(RRefMultiProcess, RemoteToHereForksContainersNestingAndErrors) {
+  ExpectAllSucceeded(Run("rref_basics", 4, absl::Seconds(120)));
 }
 
 // The same, with the fault-injecting wrapper delaying one kind of protocol
@@ -353,8 +371,8 @@ BATON_SCENARIO(remote_objects) {
   return 0;
 }
 
-TEST(RRefMultiProcess, RemoteObjectChangedByConcurrentMethodCalls) {
-  ExpectAllSucceeded(RunWorkers("remote_objects", 4, absl::Seconds(120)));
+TEST_P(RRefMultiProcess, RemoteObjectChangedByConcurrentMethodCalls) {
+  ExpectAllSucceeded(Run("remote_objects", 4, absl::Seconds(120)));
 }
 
 BATON_SCENARIO(async_batching) {
@@ -386,8 +404,8 @@ BATON_SCENARIO(async_batching) {
   return 0;
 }
 
-TEST(RRefMultiProcess, AsyncFunctionBatchesThirtyTwoCallers) {
-  ExpectAllSucceeded(RunWorkers("async_batching", 5, absl::Seconds(120)));
+TEST_P(RRefMultiProcess, AsyncFunctionBatchesThirtyTwoCallers) {
+  ExpectAllSucceeded(Run("async_batching", 5, absl::Seconds(120)));
 }
 
 BATON_SCENARIO(dead_owner) {
@@ -421,8 +439,8 @@ BATON_SCENARIO(dead_owner) {
   return 2;
 }
 
-TEST(RRefMultiProcess, DeadOwnerFailsCallsAndShutdownIsBounded) {
-  auto results = RunWorkers("dead_owner", 2, absl::Seconds(90));
+TEST_P(RRefMultiProcess, DeadOwnerFailsCallsAndShutdownIsBounded) {
+  auto results = Run("dead_owner", 2, absl::Seconds(90));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
   EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
 }
@@ -448,8 +466,8 @@ BATON_SCENARIO(rref_call_hooks) {
   return 0;
 }
 
-TEST(RRefMultiProcess, CallHooksRunOnRemoteToHereAndMethods) {
-  ExpectAllSucceeded(RunWorkers("rref_call_hooks", 2, absl::Seconds(120)));
+TEST_P(RRefMultiProcess, CallHooksRunOnRemoteToHereAndMethods) {
+  ExpectAllSucceeded(Run("rref_call_hooks", 2, absl::Seconds(120)));
 }
 
 long RssKb() {
@@ -494,8 +512,8 @@ BATON_SCENARIO(rref_stress) {
   return 0;
 }
 
-TEST(RRefMultiProcess, StressTenThousandRRefsAcrossFourWorkersLeaveNothing) {
-  ExpectAllSucceeded(RunWorkers("rref_stress", 4, absl::Seconds(240)));
+TEST_P(RRefMultiProcess, StressTenThousandRRefsAcrossFourWorkersLeaveNothing) {
+  ExpectAllSucceeded(Run("rref_stress", 4, absl::Seconds(240)));
 }
 
 }  // namespace
