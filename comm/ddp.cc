@@ -220,7 +220,10 @@ class Reducer {
   }
 
  public:
-  void InitCounts() { ready_count_.assign(buckets_.size(), 0); }
+  void InitCounts() {
+    absl::MutexLock lock(&mu_);
+    ready_count_.assign(buckets_.size(), 0);
+  }
 
  private:
   ProcessGroup group_;

@@ -308,8 +308,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
     o.nproc_per_node = o.local_world_size();
   }
   for (const auto& [role, policy] : policies) {
+    const std::string& wanted = role;  // a structured binding: not capturable in C++17
     auto it = std::find_if(o.roles.begin(), o.roles.end(),
-                           [&](const RoleSpec& r) { return r.name == role; });
+                           [&](const RoleSpec& r) { return r.name == wanted; });
     if (it == o.roles.end()) {
       return FlagError("restart_policy",
                        absl::StrCat("no role named '", role, "'"));

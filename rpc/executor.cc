@@ -6,13 +6,11 @@
 
 namespace baton::rpc {
 
-Executor::Executor(Options options) : options_(options) {
-  absl::MutexLock lock(&mu_);
+Executor::Executor(Options options)
+    : options_(options), state_(std::make_shared<State>()) {
+  absl::MutexLock lock(&state_->mu);
   const int n = std::max(1, std::min(options_.min_threads, options_.max_threads));
-  for (int i = 0; i < n; ++i) {
-    threads_.emplace_back([this] { WorkerLoop(); });
-    thread_ids_.push_back(threads_.back().get_id());
-  }
+  for (int i = 0; i < n; ++i) StartThreadLocked();
 }
 
 Executor::~Executor() {
@@ -20,90 +18,98 @@ Executor::~Executor() {
   (void)Join(absl::Seconds(10));
 }
 
+void Executor::StartThreadLocked() {
+  threads_.emplace_back([state = state_] { WorkerLoop(state); });
+  state_->thread_ids.push_back(threads_.back().get_id());
+}
+
 bool Executor::Submit(absl::AnyInvocable<void()> task) {
-  absl::MutexLock lock(&mu_);
-  if (closed_) return false;
-  queue_.push_back(std::move(task));
-  if (idle_ == 0 && static_cast<int>(threads_.size()) < options_.max_threads) {
-    threads_.emplace_back([this] { WorkerLoop(); });
-    thread_ids_.push_back(threads_.back().get_id());
+  absl::MutexLock lock(&state_->mu);
+  if (state_->closed) return false;
+  state_->queue.push_back(std::move(task));
+  if (state_->idle == 0 && static_cast<int>(threads_.size()) < options_.max_threads) {
+    StartThreadLocked();
   } else {
-    work_.Signal();
+    state_->work.Signal();
   }
   return true;
 }
 
-void Executor::WorkerLoop() {
-  absl::MutexLock lock(&mu_);
+void Executor::WorkerLoop(std::shared_ptr<State> state) {
+  State& s = *state;
   while (true) {
-    while (queue_.empty() && !closed_) {
-      ++idle_;
-      work_.Wait(&mu_);
-      --idle_;
+    absl::AnyInvocable<void()> task;
+    {
+      absl::MutexLock lock(&s.mu);
+      while (s.queue.empty() && !s.closed) {
+        ++s.idle;
+        s.work.Wait(&s.mu);
+        --s.idle;
+      }
+      if (s.queue.empty()) {  // closed and drained
+        ++s.exited;
+        return;
+      }
+      task = std::move(s.queue.front());
+      s.queue.pop_front();
+      ++s.running;
     }
-    if (queue_.empty()) break;  // closed and drained
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    ++running_;
-    mu_.Unlock();
     task();
     task = nullptr;  // destroy captures outside the lock
-    mu_.Lock();
-    --running_;
+    absl::MutexLock lock(&s.mu);
+    --s.running;
   }
-  ++exited_;
 }
 
 void Executor::Close() {
-  absl::MutexLock lock(&mu_);
-  closed_ = true;
-  work_.SignalAll();
+  absl::MutexLock lock(&state_->mu);
+  state_->closed = true;
+  state_->work.SignalAll();
 }
 
 bool Executor::InPool() const {
-  absl::MutexLock lock(&mu_);
-  return std::find(thread_ids_.begin(), thread_ids_.end(),
-                   std::this_thread::get_id()) != thread_ids_.end();
+  absl::MutexLock lock(&state_->mu);
+  return std::find(state_->thread_ids.begin(), state_->thread_ids.end(),
+                   std::this_thread::get_id()) != state_->thread_ids.end();
 }
 
 absl::Status Executor::Join(absl::Duration timeout) {
   if (InPool()) {
-    return absl::FailedPreconditionError(
-        "Executor::Join called from one of its own threads");
+    return absl::FailedPreconditionError("Executor::Join called from one of its own threads");
   }
   std::vector<std::thread> threads;
+  int stuck = 0;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&state_->mu);
     if (joined_) return absl::OkStatus();
-    const absl::Time deadline = absl::Now() + timeout;
-    auto all_exited = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return exited_ == static_cast<int>(threads_.size());
+    const int started = static_cast<int>(threads_.size());
+    auto all_exited = [this, started]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      return state_->exited == started;
     };
-    mu_.AwaitWithDeadline(absl::Condition(&all_exited), deadline);
+    state_->mu.AwaitWithDeadline(absl::Condition(&all_exited), absl::Now() + timeout);
     joined_ = true;
     threads.swap(threads_);
-    if (exited_ != static_cast<int>(threads.size())) {
-      const int stuck = static_cast<int>(threads.size()) - exited_;
-      mu_.Unlock();
-      for (auto& t : threads) t.detach();
-      mu_.Lock();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "executor: ", stuck, " thread(s) still running a task after ",
-          absl::FormatDuration(timeout), "; detached"));
-    }
+    stuck = started - state_->exited;
+  }
+  if (stuck > 0) {
+    // They hold the shared state; nothing of this object is touched again.
+    for (auto& t : threads) t.detach();
+    return absl::DeadlineExceededError(
+        absl::StrCat("executor: ", stuck, " thread(s) still running a task after ",
+                     absl::FormatDuration(timeout), "; detached"));
   }
   for (auto& t : threads) t.join();
   return absl::OkStatus();
 }
 
 int Executor::num_threads() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&state_->mu);
   return static_cast<int>(threads_.size());
 }
 
 int Executor::busy_threads() const {
-  absl::MutexLock lock(&mu_);
-  return running_;
+  absl::MutexLock lock(&state_->mu);
+  return state_->running;
 }
 
 }  // namespace baton::rpc

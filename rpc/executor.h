@@ -15,6 +15,7 @@
 #define BATON_RPC_EXECUTOR_H_
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,7 +50,9 @@ class Executor {
 
   // Waits until the queue is empty and every thread has exited. Threads
   // still running a task at the deadline are detached and reported in the
-  // returned DEADLINE_EXCEEDED status.
+  // returned DEADLINE_EXCEEDED status; they finish their task (and whatever
+  // is queued) later without touching the Executor object, which may be
+  // destroyed meanwhile (tests/future_test.cc checks this under ASan).
   absl::Status Join(absl::Duration timeout);
 
   // True when called from one of this pool's threads.
@@ -59,19 +62,27 @@ class Executor {
   int busy_threads() const;
 
  private:
-  void WorkerLoop();
+  // Everything a pool thread touches. Threads hold it by shared_ptr, so a
+  // thread that Join() detached (its task outlived the timeout) finishes
+  // against this state even after the Executor is destroyed.
+  struct State {
+    mutable absl::Mutex mu;
+    absl::CondVar work;
+    std::deque<absl::AnyInvocable<void()>> queue ABSL_GUARDED_BY(mu);
+    std::vector<std::thread::id> thread_ids ABSL_GUARDED_BY(mu);
+    int idle ABSL_GUARDED_BY(mu) = 0;
+    int running ABSL_GUARDED_BY(mu) = 0;
+    int exited ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+  static void WorkerLoop(std::shared_ptr<State> state);
+  void StartThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
 
   const Options options_;
-  mutable absl::Mutex mu_;
-  absl::CondVar work_ ABSL_GUARDED_BY(mu_);
-  std::deque<absl::AnyInvocable<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread::id> thread_ids_ ABSL_GUARDED_BY(mu_);
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
-  int exited_ ABSL_GUARDED_BY(mu_) = 0;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<State> state_;
+  // Only the owner's threads (Submit, Join) touch these, under state_->mu.
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(state_->mu);
+  bool joined_ ABSL_GUARDED_BY(state_->mu) = false;
 };
 
 }  // namespace baton::rpc

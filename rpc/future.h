@@ -74,32 +74,39 @@ struct FutureState {
     return mu.AwaitWithTimeout(absl::Condition(&has), timeout);
   }
 
+  // `result` is written once, under `mu`, and never changes afterwards: a
+  // reference taken under the lock stays valid and may be read without it.
   bool Set(Result r) {
     std::vector<absl::AnyInvocable<void(const Result&)>> cbs;
+    const Result* set;
     {
       absl::MutexLock lock(&mu);
       if (result.has_value()) return false;
       result.emplace(std::move(r));
+      set = &*result;
       cbs.swap(callbacks);
     }
-    // `result` is immutable from here on, so reading it unlocked is safe.
-    for (auto& cb : cbs) cb(*result);
+    for (auto& cb : cbs) cb(*set);
     return true;
   }
 
   void OnReady(absl::AnyInvocable<void(const Result&)> cb) {
+    const Result* set;
     {
       absl::MutexLock lock(&mu);
       if (!result.has_value()) {
         callbacks.push_back(std::move(cb));
         return;
       }
+      set = &*result;
     }
-    cb(*result);
+    cb(*set);
   }
 
   const Result& Get() const {
-    WaitFor(absl::InfiniteDuration());
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](const std::optional<Result>* r) { return r->has_value(); }, &result));
     return *result;
   }
 

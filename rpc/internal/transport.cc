@@ -118,15 +118,22 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
  public:
   explicit ServerStream(TransportHandler* handler) : handler_(handler) {
     sink_ = std::make_shared<Sink>();
-    sink_->outbox = std::make_unique<Outbox>(
+    auto outbox = std::make_unique<Outbox>(
         [this](const grpc::ByteBuffer* b) { StartWrite(b); },
         [this] { Finish(grpc::Status::OK); });
+    outbox_ = outbox.get();
+    {
+      absl::MutexLock lock(&sink_->mu);
+      sink_->outbox = std::move(outbox);
+    }
     StartRead(&in_);
   }
 
+  // The reactions below run before OnDone(), the only place the sink lets
+  // go of the outbox, so outbox_ is valid in them without the sink's lock.
   void OnReadDone(bool ok) override {
     if (!ok) {
-      sink_->outbox->Close();
+      outbox_->Close();
       return;
     }
     std::vector<Frame> frames;
@@ -134,14 +141,14 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     in_.Clear();
     if (!s.ok()) {
       // The peer speaks something else; drop the stream rather than guess.
-      sink_->outbox->Close();
+      outbox_->Close();
       return;
     }
     for (auto& f : frames) handler_->OnRequest(sink_, std::move(f));
     StartRead(&in_);
   }
 
-  void OnWriteDone(bool ok) override { sink_->outbox->OnWriteDone(ok); }
+  void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
 
   void OnDone() override {
     sink_->Detach();
@@ -169,6 +176,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
 
   TransportHandler* const handler_;
   std::shared_ptr<Sink> sink_;
+  Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
 };
 

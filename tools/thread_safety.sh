@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Checks the lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED,
+# ...) with clang's thread-safety analysis, as LevelDB does: every library
+# source is compiled (syntax only) by Debian's clang with
+# -Werror=thread-safety. GCC, which builds everything else, ignores the
+# annotations. Part of .ci/run.
+#   tools/thread_safety.sh [FILE.cc ...]   (default: every library source)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v clang++ >/dev/null || { echo "thread_safety.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
+# Generated protobuf headers.
+bazel build //proto:all >/dev/null 2>&1 || bazel build //proto:all
+GEN="$(bazel info bazel-bin 2>/dev/null)"
+if [ $# -gt 0 ]; then
+  FILES=("$@")
+else
+  # The libraries (not tests, benches or examples); the NCCL backend needs CUDA.
+  mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' \
+    'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
+    'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' \
+    'data/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' |
+    grep -v -e 'comm/nccl_backend.cc' -e '_test.cc$')
+fi
+check() {
+  clang++ -std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety \
+    -Wno-unknown-warning-option -I. -I"$GEN" -isystem /usr/include/torch/csrc/api/include \
+    -DBATON_HAVE_GLOO "$1" 2>&1 | grep -v "^$" || true
+}
+export -f check
+export GEN
+OUT=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check {}')
+if grep -q "error:" <<<"$OUT"; then
+  echo "$OUT" | grep -B2 -A6 "error:" >&2
+  echo "thread_safety.sh: lock annotations violated (above)" >&2
+  exit 1
+fi
+echo "thread_safety.sh: ${#FILES[@]} files, lock annotations hold"
