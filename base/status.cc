@@ -4,17 +4,6 @@
 
 namespace baton {
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return StatusFromWire(status.error_code(), status.error_message());
-}
-
 absl::Status StatusFromWire(int code, absl::string_view message) {
   if (code == 0) return absl::OkStatus();
   if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {

@@ -1,8 +1,9 @@
 // Status helpers shared by every layer.
 //
 // Contract: errors inside baton are absl::Status values. Codes keep their
-// meaning end to end; this file holds the one mapping between absl and gRPC
-// codes, and the single exception type that the user-facing API throws.
+// meaning end to end (the mapping to gRPC's codes is in base/grpc_status.h,
+// for the layers that speak gRPC); this file holds the single exception type
+// that the user-facing API throws. No gRPC header is included here.
 //
 // Thread-safety: everything here is stateless and safe for concurrent use.
 #ifndef BATON_BASE_STATUS_H_
@@ -11,18 +12,11 @@
 #include <stdexcept>
 #include <string>
 
-#include <grpcpp/support/status.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace baton {
-
-// absl and gRPC share code numbers; these are explicit so that a change on
-// either side is caught by the tests.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Returns `status` with `context` prepended to its message ("context: msg"),
 // keeping the code. OK stays OK.

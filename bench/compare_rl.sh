@@ -6,6 +6,7 @@
 #   bench/compare_rl.sh [--quick] [--solve] [--out DIR]
 #     --quick   N = 1,4 at 2 s per point (default 1,4,16 at 6 s)
 #     --solve   also train until solved, per seed (3 seeds; --quick: 1)
+#     --solve-only  only that (no throughput points)
 #     --out DIR keep every run's JSON lines and stderr in DIR
 # The peer script is looked up in $BATON_PEER_DIR, else ../shared/peer beside
 # the repository. Needs Debian's python3 with python3-torch.
@@ -17,8 +18,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) ARGS+=(--quick) ;;
     --solve) ARGS+=(--solve) ;;
+    --solve-only) ARGS+=(--solve --observers=) ;;
     --out) KEEP=$2; shift ;;
-    *) echo "usage: $0 [--quick] [--solve] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--solve | --solve-only] [--out DIR]" >&2; exit 2 ;;
   esac
   shift
 done

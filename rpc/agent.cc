@@ -1,6 +1,5 @@
 #include "rpc/agent.h"
 
-#include <fstream>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -14,6 +13,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/env.h"
+#include "rpc/internal/shm_channel.h"
+#include "rpc/internal/shm_transport.h"
+#include "rpc/internal/transport.h"
+#include "rpc/internal/wire.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
@@ -281,7 +284,7 @@ absl::Status RpcAgent::Rendezvous() {
     }
     listen = host + ":0";
   }
-  auto transport = internal::Transport::Start(
+  auto transport = internal::GrpcTransport::Start(
       {listen, *token, options_.max_message_bytes}, this);
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
@@ -594,7 +597,7 @@ void RpcAgent::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& 
   }
 }
 
-void RpcAgent::OnRequest(std::shared_ptr<internal::ReplyChannel> channel, Frame frame) {
+void RpcAgent::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   const absl::Time deadline =
       frame.header.timeout_us() > 0
           ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
@@ -622,7 +625,7 @@ void RpcAgent::OnRequest(std::shared_ptr<internal::ReplyChannel> channel, Frame 
   }
 }
 
-void RpcAgent::Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
+void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
                         Frame frame, absl::Time deadline) {
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
@@ -684,7 +687,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
                  });
 }
 
-void RpcAgent::SendReply(const std::shared_ptr<internal::ReplyChannel>& channel,
+void RpcAgent::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                          uint64_t id, int caller, absl::StatusOr<Payload> result) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);

@@ -52,16 +52,20 @@
 #include "rpc/executor.h"
 #include "rpc/function.h"
 #include "rpc/future.h"
-#include "rpc/internal/shm_channel.h"
-#include "rpc/internal/shm_transport.h"
-#include "rpc/internal/transport.h"
 #include "rpc/timer.h"
+#include "rpc/transport.h"
 #include "rpc/worker_info.h"
 #include "store/store.h"
 
 namespace baton::store {
 class StoreServer;
 }
+
+namespace baton::rpc::internal {
+class GrpcTransport;
+class ShmChannel;
+class ShmTransport;
+}  // namespace baton::rpc::internal
 
 namespace baton::rpc {
 
@@ -155,7 +159,7 @@ struct AgentStats {
   int64_t shm_frames_received = 0;
 };
 
-class RpcAgent : private internal::TransportHandler {
+class RpcAgent : private TransportHandler {
  public:
   static absl::StatusOr<std::unique_ptr<RpcAgent>> Create(
       AgentOptions options, std::shared_ptr<FunctionRegistry> registry);
@@ -171,6 +175,8 @@ class RpcAgent : private internal::TransportHandler {
   const AgentOptions& options() const { return options_; }
   FunctionRegistry& registry() { return *registry_; }
   Executor* executor() { return executor_.get(); }
+  // The agent's deadline timer (one thread for every call's deadline).
+  DeadlineTimer* timer() { return timer_.get(); }
   store::Store& store() { return *store_; }
   // Prefix of this job's keys in the store (unique per init round).
   const std::string& store_namespace() const { return ns_; }
@@ -244,15 +250,15 @@ class RpcAgent : private internal::TransportHandler {
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
 
   // TransportHandler.
-  void OnRequest(std::shared_ptr<internal::ReplyChannel> channel,
-                 internal::Frame frame) override;
-  void OnResponse(int peer, internal::Frame frame) override;
+  void OnRequest(std::shared_ptr<ReplyChannel> channel,
+                 Frame frame) override;
+  void OnResponse(int peer, Frame frame) override;
   void OnStreamClosed(int peer, uint64_t stream_id,
                       const absl::Status& cause) override;
 
-  void Dispatch(const std::shared_ptr<internal::ReplyChannel>& channel,
-                internal::Frame frame, absl::Time deadline);
-  void SendReply(const std::shared_ptr<internal::ReplyChannel>& channel,
+  void Dispatch(const std::shared_ptr<ReplyChannel>& channel,
+                Frame frame, absl::Time deadline);
+  void SendReply(const std::shared_ptr<ReplyChannel>& channel,
                  uint64_t id, int caller, absl::StatusOr<Payload> result);
   void FinishIncoming();
 
@@ -275,7 +281,7 @@ class RpcAgent : private internal::TransportHandler {
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;
-  std::unique_ptr<internal::Transport> transport_;
+  std::unique_ptr<internal::GrpcTransport> transport_;
   std::unique_ptr<internal::ShmChannel> shm_;
   std::unique_ptr<internal::ShmTransport> shm_transport_;
 

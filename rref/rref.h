@@ -137,8 +137,9 @@ class RRef {
   // Completes when the owner has created the value (or with its error).
   rpc::Future<void> created() const { return handle_->created(); }
 
-  // A copy of the owner's value. Waits for it at most `timeout` (zero: the
-  // agent's rpc_timeout).
+  // A copy of the owner's value. The future fails with DEADLINE_EXCEEDED if
+  // the value is not there within `timeout` (zero: the agent's rpc_timeout).
+  // Never blocks the caller, on the owner either.
   rpc::Future<T> to_here_async(absl::Duration timeout = absl::ZeroDuration()) const;
   T to_here(absl::Duration timeout = absl::ZeroDuration()) const {
     return to_here_async(timeout).value();
@@ -328,6 +329,6 @@ ClassBuilder<C> RegisterClass(RRefService& svc, const std::string& name) {
 
 }  // namespace baton::rref
 
-#include "rref/internal/rref_impl.h"  // IWYU pragma: export
+#include "rref/rref_inl.h"  // IWYU pragma: export
 
 #endif  // BATON_RREF_RREF_H_

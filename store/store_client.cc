@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "base/grpc_status.h"
 #include "base/status.h"
 #include "store/grpc_options.h"
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
 #include "base/status.h"
 #include "proto/store.grpc.pb.h"
 #include "store/grpc_options.h"

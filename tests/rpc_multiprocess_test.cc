@@ -15,6 +15,7 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
+#include "rpc/internal/transport.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -242,7 +243,7 @@ BATON_SCENARIO(error_cases) {
       bool closed = false;
       absl::Status cause;
     } sink;
-    auto intruder = internal::Transport::Start({"127.0.0.1:0", "not-the-token", 1 << 20}, &sink);
+    auto intruder = internal::GrpcTransport::Start({"127.0.0.1:0", "not-the-token", 1 << 20}, &sink);
     WCHECK_OK(intruder.status());
     (*intruder)->AddPeer(1, agent->worker(1)->address);
     internal::Frame frame;

@@ -100,6 +100,7 @@ const Function<std::string(std::string)> fail_fn("fail");
 const Function<at::Tensor(at::Tensor)> batched_fn("batched");
 const Function<int64_t()> pid_fn("pid");
 const Function<void(int64_t)> sleep_fn("sleep");
+const Function<at::Tensor(int64_t)> slow_tensor_fn("slow_tensor");
 const Function<int64_t()> debug_count_fn("debug_count");
 
 std::shared_ptr<Batcher> g_batcher;  // one per worker process (test fixture)
@@ -180,6 +181,10 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
     g_got->Notify();
   });
   (void)r.Register(sleep_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); });
+  (void)r.Register(slow_tensor_fn, [](int64_t ms) {
+    absl::SleepFor(absl::Milliseconds(ms));
+    return at::full({2}, static_cast<double>(ms));
+  });
   RegisterClass<ParameterServer>(*w.rrefs, "ParameterServer")
       .Constructor<int64_t>()
       .Method("get", &ParameterServer::get)
@@ -238,6 +243,23 @@ BATON_SCENARIO(rref_basics) {
     WCHECK(!r.is_owner() && r.owner_name() == "w1" && r.owner_id() == 1);
     WCHECK_OK(r.created().Wait(absl::Seconds(10)));
     WCHECK(r.to_here().equal(x * 10));
+    {
+      // On the owner, to_here_async of a value still being created returns
+      // at once; the copy arrives when the value does.
+      RRef<at::Tensor> slow = remote(agent, "w0", slow_tensor_fn, int64_t{400});
+      WCHECK(slow.is_owner());
+      const absl::Time t0 = absl::Now();
+      rpc::Future<at::Tensor> f = slow.to_here_async(absl::Seconds(10));
+      WCHECK(absl::Now() - t0 < absl::Milliseconds(150));
+      WCHECK(!f.ready());
+      WCHECK_OK(f.Wait(absl::Seconds(10)));
+      WCHECK(f.value().equal(at::full({2}, 400.0)));
+      // And its timeout holds without blocking either.
+      RRef<at::Tensor> slower = remote(agent, "w0", slow_tensor_fn, int64_t{1500});
+      rpc::Future<at::Tensor> g = slower.to_here_async(absl::Milliseconds(200));
+      WCHECK(g.Wait(absl::Seconds(5)).code() == absl::StatusCode::kDeadlineExceeded);
+      WCHECK(slower.created().Wait(absl::Seconds(10)).ok());
+    }
     // local_value is for the owner only.
     bool threw = false;
     try {

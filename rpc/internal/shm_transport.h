@@ -50,8 +50,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "rpc/internal/transport.h"
 #include "rpc/internal/wire.h"
+#include "rpc/transport.h"
 
 namespace baton::rpc::internal {
 
@@ -63,7 +63,7 @@ struct ShmTransportOptions {
   absl::Duration send_timeout = absl::Seconds(30);
 };
 
-class ShmTransport {
+class ShmTransport : public ::baton::rpc::Transport {
  public:
   // Stream ids of links (OnStreamClosed) are kStreamBase + peer.
   static constexpr uint64_t kStreamBase = uint64_t{1} << 62;
@@ -72,7 +72,7 @@ class ShmTransport {
   static absl::StatusOr<std::unique_ptr<ShmTransport>> Create(ShmTransportOptions options,
                                                               int rank, int world_size,
                                                               TransportHandler* handler);
-  ~ShmTransport();  // Close()
+  ~ShmTransport() override;  // Close()
 
   const std::string& hub_name() const { return hub_name_; }
 
@@ -85,11 +85,11 @@ class ShmTransport {
   // it. Returns the peers linked; links the peer never opened are dropped.
   std::vector<int> Activate();
 
-  bool connected(int peer) const;
+  bool connected(int peer) const override;
 
   // Sends a request to `peer`; returns the link's stream id. UNAVAILABLE if
   // the link is closed or the ring stayed full for send_timeout.
-  absl::StatusOr<uint64_t> Send(int peer, Frame frame);
+  absl::StatusOr<uint64_t> Send(int peer, Frame frame) override;
 
   // Stops the receiver and closes every link (pending frames are dropped).
   void Close();

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
 #include "base/status.h"
 #include "store/grpc_options.h"
 
@@ -255,7 +256,7 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   std::shared_ptr<ClientStream> self_;
 };
 
-class Transport::Service : public grpc::CallbackGenericService {
+class GrpcTransport::Service : public grpc::CallbackGenericService {
  public:
   Service(TransportHandler* handler, std::string token)
       : handler_(handler), token_(std::move(token)) {}
@@ -286,12 +287,12 @@ class Transport::Service : public grpc::CallbackGenericService {
   const std::string token_;
 };
 
-Transport::Transport(TransportOptions options, TransportHandler* handler)
+GrpcTransport::GrpcTransport(TransportOptions options, TransportHandler* handler)
     : options_(std::move(options)), handler_(handler) {}
 
-absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
     TransportOptions options, TransportHandler* handler) {
-  std::unique_ptr<Transport> t(new Transport(std::move(options), handler));
+  std::unique_ptr<GrpcTransport> t(new GrpcTransport(std::move(options), handler));
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -309,12 +310,12 @@ absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(
   return t;
 }
 
-Transport::~Transport() {
+GrpcTransport::~GrpcTransport() {
   (void)CloseStreams(/*cancel=*/true, absl::Seconds(5));
   StopServer(absl::ZeroDuration());
 }
 
-void Transport::AddPeer(int id, const std::string& address) {
+void GrpcTransport::AddPeer(int id, const std::string& address) {
   absl::MutexLock lock(&mu_);
   Peer& p = peers_[id];
   p.address = address;
@@ -324,7 +325,12 @@ void Transport::AddPeer(int id, const std::string& address) {
   p.stub = std::make_unique<grpc::GenericStub>(p.channel);
 }
 
-absl::StatusOr<uint64_t> Transport::Send(int peer, Frame frame) {
+bool GrpcTransport::connected(int peer) const {
+  absl::MutexLock lock(&mu_);
+  return !closing_ && peers_.contains(peer);
+}
+
+absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
   std::vector<grpc::Slice> slices;
   const size_t bytes = AppendFrame(std::move(frame), &slices);
   std::shared_ptr<ClientStream> stream;
@@ -354,7 +360,7 @@ absl::StatusOr<uint64_t> Transport::Send(int peer, Frame frame) {
   return absl::UnavailableError("the stream to the peer closed");
 }
 
-void Transport::OnClientStreamDone(int peer, uint64_t stream_id,
+void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id,
                                    const absl::Status& cause) {
   {
     absl::MutexLock lock(&mu_);
@@ -368,7 +374,7 @@ void Transport::OnClientStreamDone(int peer, uint64_t stream_id,
   handler_->OnStreamClosed(peer, stream_id, cause);
 }
 
-absl::Status Transport::CloseStreams(bool cancel, absl::Duration timeout) {
+absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
   std::vector<std::shared_ptr<ClientStream>> streams;
   {
     absl::MutexLock lock(&mu_);
@@ -395,14 +401,14 @@ absl::Status Transport::CloseStreams(bool cancel, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-void Transport::StopServer(absl::Duration grace) {
+void GrpcTransport::StopServer(absl::Duration grace) {
   if (server_ == nullptr) return;
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   server_.reset();
 }
 
-int Transport::live_streams() const {
+int GrpcTransport::live_streams() const {
   absl::MutexLock lock(&mu_);
   return live_streams_;
 }

@@ -1,4 +1,4 @@
-// Transport: baton's calls over gRPC.
+// GrpcTransport: baton's calls over gRPC (rpc/transport.h's interface).
 //
 // Each worker runs one gRPC server with a single generic bidirectional
 // method (kStreamMethod). A caller opens one long-lived stream to each peer it
@@ -37,25 +37,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/internal/wire.h"
+#include "rpc/transport.h"
 
 namespace baton::rpc::internal {
 
-// Where a request's reply goes: the stream it came in on.
-class ReplyChannel {
- public:
-  virtual ~ReplyChannel() = default;
-  // False if the stream is gone (the caller has failed the call already).
-  virtual bool Send(Frame frame) = 0;
-};
-
-class TransportHandler {
- public:
-  virtual ~TransportHandler() = default;
-  virtual void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) = 0;
-  virtual void OnResponse(int peer, Frame frame) = 0;
-  virtual void OnStreamClosed(int peer, uint64_t stream_id,
-                              const absl::Status& cause) = 0;
-};
+using ::baton::rpc::ReplyChannel;
+using ::baton::rpc::TransportHandler;
 
 class Outbox;
 class ClientStream;
@@ -66,11 +53,11 @@ struct TransportOptions {
   int64_t max_message_bytes = 0;
 };
 
-class Transport {
+class GrpcTransport : public ::baton::rpc::Transport {
  public:
-  static absl::StatusOr<std::unique_ptr<Transport>> Start(
+  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(
       TransportOptions options, TransportHandler* handler);
-  ~Transport();
+  ~GrpcTransport() override;
 
   // host:port actually bound.
   const std::string& address() const { return address_; }
@@ -78,9 +65,11 @@ class Transport {
   // Declares where peer `id` listens. Must precede sends to it.
   void AddPeer(int id, const std::string& address);
 
+  // Every peer added (a new stream opens on demand).
+  bool connected(int peer) const override;
   // Sends a request packet to `peer`; returns the id of the stream used.
   // UNAVAILABLE if the stream could not take it (closing).
-  absl::StatusOr<uint64_t> Send(int peer, Frame frame);
+  absl::StatusOr<uint64_t> Send(int peer, Frame frame) override;
 
   // Ends every outgoing stream (half-close, or cancel if `cancel`) and waits
   // at most `timeout` for them to finish.
@@ -98,7 +87,7 @@ class Transport {
     std::shared_ptr<ClientStream> stream;
   };
 
-  Transport(TransportOptions options, TransportHandler* handler);
+  GrpcTransport(TransportOptions options, TransportHandler* handler);
   void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s);
 
   const TransportOptions options_;

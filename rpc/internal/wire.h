@@ -17,13 +17,11 @@
 #include "absl/status/status.h"
 #include "proto/rpc.pb.h"
 #include "rpc/payload.h"
+#include "rpc/transport.h"
 
 namespace baton::rpc::internal {
 
-struct Frame {
-  proto::FrameHeader header;
-  Payload payload;
-};
+using ::baton::rpc::Frame;
 
 // The gRPC method that carries baton's streams.
 inline constexpr char kStreamMethod[] = "/baton.Rpc/Stream";

@@ -1,6 +1,6 @@
 // Template implementations for rref/rref.h. Not a public header.
-#ifndef BATON_RREF_INTERNAL_RREF_IMPL_H_
-#define BATON_RREF_INTERNAL_RREF_IMPL_H_
+#ifndef BATON_RREF_RREF_INL_H_
+#define BATON_RREF_RREF_INL_H_
 
 namespace baton::rref {
 
@@ -18,18 +18,24 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   if (is_owner()) {
     auto value = service_->context()->OwnedValue(handle_->rref());
     if (!value.ok()) return rpc::MakeErrorFuture<T>(value.status());
+    // Never blocks the caller: the copy is made when the value exists, and
+    // the agent's timer fails the future at the timeout if it does not.
     rpc::Promise<T> out(agent->executor());
-    if (!value->WaitFor(timeout)) {
-      out.SetError(absl::DeadlineExceededError(absl::StrCat(
-          "to_here of ", Describe(), ": value not created after ", DurationText(timeout))));
-      return out.future();
-    }
-    const auto& v = value->result();
-    if (!v.ok()) {
-      out.SetError(Annotate(v.status(), absl::StrCat("to_here of ", Describe())));
-    } else {
-      out.SetValue(*static_cast<const T*>(v->ptr.get()));
-    }
+    const std::string what = absl::StrCat("to_here of ", Describe());
+    rpc::DeadlineTimer* timer = agent->timer();
+    const rpc::DeadlineTimer::Id expiry =
+        timer->Schedule(absl::Now() + timeout, [out, what, timeout] {
+          out.SetError(absl::DeadlineExceededError(
+              absl::StrCat(what, ": value not created after ", DurationText(timeout))));
+        });
+    value->OnReady([out, what, timer, expiry](const auto& v) {
+      timer->Cancel(expiry);
+      if (!v.ok()) {
+        out.SetError(Annotate(v.status(), what));
+      } else {
+        out.SetValue(*static_cast<const T*>(v->ptr.get()));
+      }
+    });
     return out.future();
   }
   auto owner = agent->worker(handle_->owner());
@@ -258,4 +264,4 @@ struct Codec<rref::RRef<T>> {
 
 }  // namespace baton::rpc
 
-#endif  // BATON_RREF_INTERNAL_RREF_IMPL_H_
+#endif  // BATON_RREF_RREF_INL_H_
