@@ -21,10 +21,15 @@ else
   echo "peer script not found in $PEER_DIR; showing baton only" >&2
   : >"$OUT/peer.jsonl"
 fi
-echo "== baton: bench/rpc_bench $QUICK" >&2
-MASTER_PORT=$((20000 + RANDOM % 20000)) "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.jsonl"
+# baton twice: the same-host transport (shared-memory rings, the default on
+# one host) and gRPC forced (what calls between hosts use).
+for t in shm grpc; do
+  echo "== baton: BATON_TRANSPORT=$t bench/rpc_bench $QUICK" >&2
+  BATON_TRANSPORT=$t MASTER_PORT=$((20000 + RANDOM % 20000)) \
+    "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.$t.jsonl"
+done
 
-/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.jsonl" <<'PY'
+/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" <<'PY'
 import json, sys
 def load(p):
     out = {}
@@ -35,25 +40,24 @@ def load(p):
         except Exception:
             pass
     return out
-peer, ours = load(sys.argv[1]), load(sys.argv[2])
+peer, shm, grpc = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
 higher_better = lambda unit: unit in ("GB/s", "calls/s")
-print(f"| metric | unit | peer (torch) | baton | baton vs peer |")
-print(f"| --- | --- | ---: | ---: | --- |")
-for m, d in ours.items():
-    p = peer.get(m)
-    unit = d["unit"]
-    if p is None:
-        print(f"| {m} | {unit} | n/a | {d['value']:.1f} | |")
-        continue
-    if higher_better(unit):
-        ratio = f"{d['value'] / p['value']:.2f}x the peer's"
-    else:
-        ratio = f"{d['value'] / p['value']:.2f} of the peer's time"
-    fmt = (lambda v: f"{v:.2f}") if unit == "GB/s" else (lambda v: f"{v:.0f}")
-    print(f"| {m} | {unit} | {fmt(p['value'])} | {fmt(d['value'])} | {ratio} |")
-for m, p in peer.items():
-    if m not in ours:
-        print(f"| {m} | {p['unit']} | {p['value']:.1f} | not yet | |")
+def ratio(d, p):
+    if p is None or d is None or not p["value"]:
+        return ""
+    r = d["value"] / p["value"]
+    return f"{r:.2f}x the peer's" if higher_better(d["unit"]) else f"{r:.2f} of the peer's time"
+fmt = lambda d: "n/a" if d is None else (f"{d['value']:.2f}" if d["unit"] in ("GB/s", "us") and d["value"] < 10 else f"{d['value']:.0f}")
+print("| metric | unit | peer (torch) | baton, shm transport | vs peer | baton, gRPC | vs peer |")
+print("| --- | --- | ---: | ---: | --- | ---: | --- |")
+for m in list(dict.fromkeys(list(shm) + list(grpc) + list(peer))):
+    d, g, p = shm.get(m), grpc.get(m), peer.get(m)
+    unit = (d or g or p)["unit"]
+    print(f"| {m} | {unit} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(g)} | {ratio(g, p)} |")
+floor = shm.get("shm_pingpong_floor_latency_p50")
+noop = shm.get("rpc_sync_noop_latency_p50")
+if floor and noop and floor["value"]:
+    print(f"\nshm no-op call / floor: {noop['value'] / floor['value']:.0f}x")
 PY
 
 # Collectives and DDP (comm/), against PyTorch's Gloo process group and DDP.

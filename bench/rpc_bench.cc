@@ -5,8 +5,10 @@
 // Starts itself again as rank 1 (the server) on loopback; rank 0 drives.
 // BATON_TRANSPORT=shm|grpc picks how the two talk (default: shm, the
 // same-host transport; grpc: loopback gRPC, the path between hosts).
-// First, the floor: shm_pingpong_floor_latency_p50 is a bare ping-pong
-// between two processes over one shared page (spin, then futex), no agent.
+// First, the floors: shm_pingpong_floor_latency_p50 is a bare futex
+// ping-pong between two processes over one shared page (each side sleeps on
+// a futex until the other wakes it), no agent; shm_spin_floor_latency_p50
+// is the same with both sides spinning (what two busy cores allow).
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -86,10 +88,10 @@ void Report(const std::string& metric, double value, const std::string& unit,
   std::fflush(stdout);
 }
 
-// The floor: two processes bounce a counter through one shared page, each
-// spinning briefly and then sleeping on a futex, as the shared-memory
-// transport's receiver does. Runs before any thread exists (it forks).
-void PingPongFloor(bool quick) {
+// The floor: two processes bounce a counter through one shared page; with
+// `spin`, each side spins for the other's write, else it sleeps on a futex
+// until woken. Runs before any thread exists (it forks).
+void PingPongFloor(bool quick, bool spin) {
   struct alignas(64) Word {
     std::atomic<uint32_t> value;
     std::atomic<uint32_t> sleeping;
@@ -97,8 +99,8 @@ void PingPongFloor(bool quick) {
   void* mem = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return;
   Word* words = new (mem) Word[2]();
-  auto wait_for = [](Word& w, uint32_t want) {
-    for (int i = 0; i < 2000; ++i) {
+  auto wait_for = [spin](Word& w, uint32_t want) {
+    for (int i = 0; spin; ++i) {
       if (w.value.load(std::memory_order_acquire) == want) return;
       __builtin_ia32_pause();
     }
@@ -138,9 +140,10 @@ void PingPongFloor(bool quick) {
   int status = 0;
   waitpid(child, &status, 0);
   munmap(mem, 4096);
-  Report("shm_pingpong_floor_latency_p50", Pct(lat, 0.5), "us",
-         absl::StrCat(", \"n\": ", n, ", \"note\": \"two processes, one shared page, "
-                      "spin then futex; no agent\""));
+  Report(spin ? "shm_spin_floor_latency_p50" : "shm_pingpong_floor_latency_p50", Pct(lat, 0.5),
+         "us",
+         absl::StrCat(", \"n\": ", n, ", \"note\": \"two processes, one shared page, ",
+                      spin ? "both spinning" : "futex wait and wake", "; no agent\""));
 }
 
 void Drive(RpcAgent& agent, bool quick) {
@@ -278,7 +281,8 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--rank=", 7) == 0) rank = std::atoi(argv[i] + 7);
   }
   if (rank >= 0) return RunRank(rank, quick);
-  PingPongFloor(quick);
+  PingPongFloor(quick, /*spin=*/false);
+  PingPongFloor(quick, /*spin=*/true);
   if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
   std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
   char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};
