@@ -130,6 +130,9 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
           absl::StrCat("BATON_TRANSPORT is '", v, "'; use shm or grpc"));
     }
   }
+  if (const char* s = std::getenv("BATON_SHM"); s != nullptr && std::string(s) == "0") {
+    o.same_host_shm = false;
+  }
   const char* n = std::getenv("BATON_WORKER_NAME");
   if (baton::is_elastic_launched()) {
     // baton-run's contract, validated by the launcher's own reader.
@@ -303,8 +306,7 @@ absl::Status RpcAgent::Rendezvous() {
         "rank ", rank_, " is already taken by another process in this job"));
   }
   std::string probe_name, probe_token = RandomHex(8);
-  const char* shm_env = std::getenv("BATON_SHM");
-  if (options_.same_host_shm && !(shm_env != nullptr && std::string(shm_env) == "0")) {
+  if (options_.same_host_shm) {
     internal::ShmChannel::Sweep();
     shm_ = std::make_unique<internal::ShmChannel>();
     auto probe = shm_->CreateProbe(probe_token);

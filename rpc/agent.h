@@ -88,7 +88,7 @@ struct AgentOptions {
   // Largest message (request or reply, tensors included) sent or accepted.
   int64_t max_message_bytes = int64_t{1} << 30;
   // Send large tensors to workers on the same host through shared memory
-  // (rpc/internal/shm_channel.h). BATON_SHM=0 in the environment turns it off.
+  // (rpc/internal/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
   bool same_host_shm = true;
   // How messages travel between workers on the same host (same boot id and
   // PID namespace, and a successful shared-memory handshake): kShm sends
@@ -114,13 +114,15 @@ struct AgentOptions {
   // it learnt at startup and gets UNAVAILABLE, so only roles that are called
   // by nobody (trainers of a parameter server, observers) should be
   // restarted this way. Large tensors it sends go over the stream, not
-  // shared memory (the peers' probes are gone). FAILED_PRECONDITION for
+  // shared memory (the peers' probes are gone), and every message goes over
+  // gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
   // rank 0, which serves the store, or when there is no job to rejoin.
   bool rejoin = false;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
-  // (under baton-run, through launcher/env.h, which validates them all), and
-  // BATON_TRANSPORT (shm or grpc; INVALID_ARGUMENT otherwise).
+  // (under baton-run, through launcher/env.h, which validates them all),
+  // BATON_TRANSPORT (shm or grpc; INVALID_ARGUMENT otherwise) and BATON_SHM
+  // (0 turns the bulk channel off). The core reads no other variable.
   // The worker's name is BATON_WORKER_NAME if set, else role + role rank
   // for a job with roles (e.g. "trainer3"), else name_prefix + rank.
   // INVALID_ARGUMENT naming the variable if one is missing or malformed.

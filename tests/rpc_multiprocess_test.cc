@@ -73,6 +73,7 @@ std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
     override_opts->master_port = opts->master_port;
     if (override_opts->name.empty()) override_opts->name = opts->name;
     override_opts->local_transport = opts->local_transport;
+    override_opts->same_host_shm = opts->same_host_shm;
     *opts = *override_opts;
   }
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
