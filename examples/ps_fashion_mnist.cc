@@ -54,7 +54,7 @@
 #include "base/status.h"
 #include "comm/sampler.h"
 #include "data/fashion_mnist.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "ps/client.h"
 #include "ps/module_binding.h"
 #include "ps/server.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "launcher/agent.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "launcher/options.h"
 
 int main(int argc, char** argv) {

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "launcher/env.h"
+#include "env/env.h"
 
 namespace baton::launcher {
 

@@ -7,12 +7,13 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "rpc/internal/shm_channel.h"
 #include "rpc/internal/shm_transport.h"
 #include "rpc/internal/transport.h"
@@ -87,25 +88,6 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
   return out;
 }
 
-absl::StatusOr<int> EnvInt(const char* var, bool required, int fallback) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || *v == '\0') {
-    if (required) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable ", var, " is not set (start workers with baton-run)"));
-    }
-    return fallback;
-  }
-  int out = 0;
-  if (!absl::SimpleAtoi(v, &out)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("environment variable ", var, "='", v, "' is not an integer"));
-  }
-  return out;
-}
-
-
-
 // This boot of the machine: workers with the same boot id (and PID
 // namespace) share a host and may use the shared-memory transport.
 std::string BootId() {
@@ -133,36 +115,32 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (const char* s = std::getenv("BATON_SHM"); s != nullptr && std::string(s) == "0") {
     o.same_host_shm = false;
   }
+  // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
+  // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
+  const bool launched = baton::is_elastic_launched();
+  auto env = baton::ReadLaunchEnv([launched](absl::string_view name) -> std::optional<std::string> {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v != nullptr && *v != '\0') return std::string(v);
+    if (!launched && name == baton::kEnvMasterAddr) return std::string("127.0.0.1");
+    if (!launched && name == baton::kEnvMasterPort) return std::string("29500");
+    return std::nullopt;
+  });
+  if (!env.ok()) {
+    absl::Status s = env.status();
+    if (absl::IsNotFound(s)) s = absl::InvalidArgumentError(s.message());
+    return Annotate(s, launched ? "reading the environment baton-run set"
+                                : "reading the environment");
+  }
+  o.rank = env->rank;
+  o.world_size = env->world_size;
+  o.master_addr = env->master_addr;
+  o.master_port = env->master_port;
+  o.job_token = env->job_token;
+  o.rejoin = env->rejoin;
   const char* n = std::getenv("BATON_WORKER_NAME");
-  if (baton::is_elastic_launched()) {
-    // baton-run's contract, validated by the launcher's own reader.
-    auto env = baton::ReadLaunchEnv();
-    if (!env.ok()) return Annotate(env.status(), "reading the environment baton-run set");
-    o.rank = env->rank;
-    o.world_size = env->world_size;
-    o.master_addr = env->master_addr;
-    o.master_port = env->master_port;
-    o.job_token = env->job_token;
-    o.rejoin = env->rejoin;
-    o.name = (n != nullptr && *n != '\0') ? std::string(n)
-             : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
-                                         : absl::StrCat(name_prefix, o.rank);
-    return o;
-  }
-  auto rank = EnvInt("RANK", true, 0);
-  if (!rank.ok()) return rank.status();
-  auto world = EnvInt("WORLD_SIZE", true, 0);
-  if (!world.ok()) return world.status();
-  auto port = EnvInt("MASTER_PORT", false, 29500);
-  if (!port.ok()) return port.status();
-  o.rank = *rank;
-  o.world_size = *world;
-  o.master_port = *port;
-  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') {
-    o.master_addr = a;
-  }
-  if (const char* t = std::getenv("BATON_JOB_TOKEN")) o.job_token = t;
-  o.name = (n != nullptr && *n != '\0') ? std::string(n) : absl::StrCat(name_prefix, o.rank);
+  o.name = (n != nullptr && *n != '\0') ? std::string(n)
+           : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
+                                       : absl::StrCat(name_prefix, o.rank);
   return o;
 }
 

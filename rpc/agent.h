@@ -120,7 +120,8 @@ struct AgentOptions {
   bool rejoin = false;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
-  // (under baton-run, through launcher/env.h, which validates them all),
+  // through env/env.h's parser, which validates them all (without baton-run,
+  // MASTER_ADDR defaults to 127.0.0.1 and MASTER_PORT to 29500),
   // BATON_TRANSPORT (shm or grpc; INVALID_ARGUMENT otherwise) and BATON_SHM
   // (0 turns the bulk channel off). The core reads no other variable.
   // The worker's name is BATON_WORKER_NAME if set, else role + role rank

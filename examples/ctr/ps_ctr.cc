@@ -30,7 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "examples/ctr/workload.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "ps/client.h"
 #include "ps/server.h"
 #include "rpc/agent.h"

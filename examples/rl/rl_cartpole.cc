@@ -54,7 +54,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "rl/agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"

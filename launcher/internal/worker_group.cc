@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
-#include "launcher/env.h"
+#include "env/env.h"
 
 extern char** environ;
 

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "launcher/options.h"
 #include "launcher/rendezvous.h"
 #include "store/memory_store.h"

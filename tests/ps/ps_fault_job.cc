@@ -18,7 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/env.h"
+#include "env/env.h"
 #include "ps/client.h"
 #include "ps/module_binding.h"
 #include "ps/server.h"

@@ -16,8 +16,8 @@
 //
 // Thread-safety: stateless functions. ReadLaunchEnv() reads the process
 // environment with getenv() and must not race with setenv()/putenv().
-#ifndef BATON_LAUNCHER_ENV_H_
-#define BATON_LAUNCHER_ENV_H_
+#ifndef BATON_ENV_ENV_H_
+#define BATON_ENV_ENV_H_
 
 #include <functional>
 #include <optional>
@@ -120,4 +120,4 @@ std::string JsonQuote(absl::string_view s);
 
 }  // namespace baton
 
-#endif  // BATON_LAUNCHER_ENV_H_
+#endif  // BATON_ENV_ENV_H_

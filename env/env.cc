@@ -1,4 +1,4 @@
-#include "launcher/env.h"
+#include "env/env.h"
 
 #include <fcntl.h>
 #include <unistd.h>
