@@ -1,0 +1,363 @@
+// Bootstrap of the RPC agent: reading the options from the environment,
+// connecting to the store, agreeing on the token, claiming the rank,
+// publishing and reading the workers' registrations (proto::WorkerRecord),
+// the shared-memory probe and links, and the init barrier. The agent's
+// calls and replies are in agent.cc.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "env/env.h"
+#include "rpc/agent.h"
+#include "rpc/internal/shm_channel.h"
+#include "rpc/internal/shm_transport.h"
+#include "rpc/internal/transport.h"
+#include "store/store_client.h"
+#include "store/store_server.h"
+
+namespace baton::rpc {
+namespace {
+
+std::string RandomHex(int bytes) {
+  std::random_device rd;
+  std::string out;
+  static const char* kHex = "0123456789abcdef";
+  for (int i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xff;
+    out.push_back(kHex[v >> 4]);
+    out.push_back(kHex[v & 15]);
+  }
+  return out;
+}
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+// The local IPv4 address that routes to `host` (no packet is sent).
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 ||
+      res == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve MASTER_ADDR '", host, "'"));
+  }
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  std::string out;
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (out.empty()) {
+    return absl::UnavailableError(absl::StrCat("no local address routes to ", host));
+  }
+  return out;
+}
+
+// This boot of the machine: workers with the same boot id (and PID
+// namespace) share a host and may use the shared-memory transport.
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix) {
+  AgentOptions o;
+  if (const char* t = std::getenv("BATON_TRANSPORT"); t != nullptr && *t != '\0') {
+    const std::string v = t;
+    if (v == "shm") {
+      o.local_transport = LocalTransport::kShm;
+    } else if (v == "grpc") {
+      o.local_transport = LocalTransport::kGrpc;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BATON_TRANSPORT is '", v, "'; use shm or grpc"));
+    }
+  }
+  if (const char* s = std::getenv("BATON_SHM"); s != nullptr && std::string(s) == "0") {
+    o.same_host_shm = false;
+  }
+  // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
+  // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
+  const bool launched = baton::is_elastic_launched();
+  auto env = baton::ReadLaunchEnv([launched](absl::string_view name) -> std::optional<std::string> {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v != nullptr && *v != '\0') return std::string(v);
+    if (!launched && name == baton::kEnvMasterAddr) return std::string("127.0.0.1");
+    if (!launched && name == baton::kEnvMasterPort) return std::string("29500");
+    return std::nullopt;
+  });
+  if (!env.ok()) {
+    absl::Status s = env.status();
+    if (absl::IsNotFound(s)) s = absl::InvalidArgumentError(s.message());
+    return Annotate(s, launched ? "reading the environment baton-run set"
+                                : "reading the environment");
+  }
+  o.rank = env->rank;
+  o.world_size = env->world_size;
+  o.master_addr = env->master_addr;
+  o.master_port = env->master_port;
+  o.job_token = env->job_token;
+  o.rejoin = env->rejoin;
+  const char* n = std::getenv("BATON_WORKER_NAME");
+  o.name = (n != nullptr && *n != '\0') ? std::string(n)
+           : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
+                                       : absl::StrCat(name_prefix, o.rank);
+  return o;
+}
+
+absl::Status RpcAgent::ConnectStore() {
+  if (options_.store != nullptr) {
+    store_ = options_.store;
+    return absl::OkStatus();
+  }
+  const std::string master =
+      absl::StrCat(options_.master_addr, ":", options_.master_port);
+  const std::string env_token = [] {
+    const char* t = std::getenv("BATON_JOB_TOKEN");
+    return t == nullptr ? std::string() : std::string(t);
+  }();
+  if (options_.rank == 0) {
+    auto server = store::StoreServer::Start({master, env_token});
+    if (!server.ok()) {
+      return Annotate(server.status(),
+                      absl::StrCat("rank 0 serves the rendezvous store at ", master,
+                                   " (MASTER_ADDR:MASTER_PORT)"));
+    }
+    store_server_ = *std::move(server);
+    // Rank 0 uses the served store directly; the server outlives the agent's
+    // use of it (see Teardown).
+    store_ = std::shared_ptr<store::Store>(std::shared_ptr<void>(),
+                                           &store_server_->store());
+    return absl::OkStatus();
+  }
+  auto client = std::make_shared<store::StoreClient>(
+      store::StoreClientOptions{master, env_token, options_.init_timeout});
+  absl::Status s = client->WaitForServer(options_.init_timeout);
+  if (!s.ok()) return s;
+  store_ = std::move(client);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RpcAgent::AgreeOnToken() {
+  if (!options_.job_token.empty()) return options_.job_token;
+  if (const char* t = std::getenv("BATON_JOB_TOKEN"); t != nullptr && *t != '\0') {
+    return std::string(t);
+  }
+  const std::string key = ns_ + "job_token";
+  if (options_.rank == 0) {
+    auto v = store_->CompareSet(key, "", RandomHex(16));
+    if (!v.ok()) return v.status();
+    return *v;
+  }
+  return store_->Get(key, options_.init_timeout);
+}
+
+absl::Status RpcAgent::Rendezvous() {
+  rank_ = options_.rank;
+  timer_ = std::make_unique<DeadlineTimer>();
+  executor_ = std::make_unique<Executor>(
+      Executor::Options{options_.min_threads, options_.max_threads});
+  if (options_.rejoin && rank_ == 0 && options_.store == nullptr) {
+    return absl::FailedPreconditionError(
+        "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
+  }
+  if (absl::Status s = ConnectStore(); !s.ok()) return s;
+
+  // Each init of a rank against a store is a new round with fresh keys, so
+  // repeated init/shutdown in one job never sees stale registrations. A
+  // rejoining incarnation takes the round its predecessor was in.
+  auto round =
+      store_->Add(absl::StrCat("baton/init_round/", rank_), options_.rejoin ? 0 : 1);
+  if (!round.ok()) return round.status();
+  if (*round == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, " was asked to rejoin (BATON_REJOIN=1) but never joined this job"));
+  }
+  ns_ = absl::StrCat("baton/r", *round, "/");
+
+  // Which store instance this round uses (see Teardown).
+  if (options_.rank == 0) {
+    store_instance_ = RandomHex(8);
+    if (absl::Status s = store_->Set(ns_ + "store_instance", store_instance_); !s.ok()) return s;
+  } else if (options_.store == nullptr) {
+    auto v = store_->Get(ns_ + "store_instance", options_.init_timeout);
+    if (!v.ok()) return v.status();
+    store_instance_ = *v;
+  }
+
+  auto token = AgreeOnToken();
+  if (!token.ok()) return token.status();
+
+  std::string listen = options_.listen_address;
+  if (listen.empty()) {
+    std::string host = "127.0.0.1";
+    if (!IsLoopback(options_.master_addr)) {
+      auto local = LocalAddressToward(options_.master_addr, options_.master_port);
+      if (!local.ok()) return local.status();
+      host = *local;
+    }
+    listen = host + ":0";
+  }
+  auto transport = internal::GrpcTransport::Start(
+      {listen, *token, options_.max_message_bytes}, this);
+  if (!transport.ok()) return transport.status();
+  transport_ = *std::move(transport);
+
+  // Claim the rank, then publish name, address and message limit.
+  const std::string nonce = RandomHex(8);
+  const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
+  if (options_.rejoin) {
+    // The predecessor holds the claim; the restarted incarnation takes it.
+    if (absl::Status s = store_->Set(claim_key, nonce); !s.ok()) return s;
+  }
+  auto claim = store_->CompareSet(claim_key, "", nonce);
+  if (!claim.ok()) return claim.status();
+  if (*claim != nonce) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "rank ", rank_, " is already taken by another process in this job"));
+  }
+  std::string probe_name, probe_token = RandomHex(8);
+  if (options_.same_host_shm) {
+    internal::ShmChannel::Sweep();
+    shm_ = std::make_unique<internal::ShmChannel>();
+    auto probe = shm_->CreateProbe(probe_token);
+    if (probe.ok()) probe_name = *probe;
+  }
+  // The same-host transport: a hub now, links after everyone registered. A
+  // rejoining incarnation uses gRPC (its peers set their links up long ago).
+  if (options_.local_transport == AgentOptions::LocalTransport::kShm && !options_.rejoin) {
+    internal::ShmTransportOptions so;
+    so.ring_bytes = options_.shm_ring_bytes;
+    auto t = internal::ShmTransport::Create(so, rank_, options_.world_size, this);
+    if (t.ok()) {
+      shm_transport_ = *std::move(t);
+    } else if (absl::IsInvalidArgument(t.status())) {
+      return Annotate(t.status(), "AgentOptions::shm_ring_bytes");
+    }  // else: no /dev/shm room; gRPC it is
+  }
+  proto::WorkerRecord mine;
+  mine.set_name(options_.name);
+  mine.set_address(transport_->address());
+  mine.set_max_message_bytes(options_.max_message_bytes);
+  mine.set_shm_probe(probe_name);
+  mine.set_shm_probe_token(probe_token);
+  mine.set_boot_id(BootId());
+  mine.set_pid_namespace(internal::ShmChannel::ObjectPrefix(0));
+  mine.set_pid(getpid());
+  if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
+  if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
+  if (absl::Status s = store_->Wait(keys, options_.init_timeout); !s.ok()) {
+    return Annotate(s, "waiting for every worker to register");
+  }
+  workers_.resize(options_.world_size);
+  peer_limits_.resize(options_.world_size);
+  std::vector<proto::WorkerRecord> records(options_.world_size);
+  for (int r = 0; r < options_.world_size; ++r) {
+    auto v = store_->Get(keys[r], options_.init_timeout);
+    if (!v.ok()) return v.status();
+    if (!records[r].ParseFromString(*v) || records[r].name().empty() ||
+        records[r].address().empty()) {
+      return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
+    }
+    peer_limits_[r] = records[r].max_message_bytes();
+    workers_[r] = WorkerInfo{records[r].name(), r, records[r].address()};
+    auto [it, inserted] = by_name_.emplace(records[r].name(), r);
+    if (!inserted) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker name '", records[r].name(), "' is used by ranks ", it->second, " and ", r,
+          "; names must be unique"));
+    }
+  }
+  for (const auto& w : workers_) {
+    if (w.id != rank_) transport_->AddPeer(w.id, w.address);
+  }
+  // S4 of the shared-memory channel: use it toward peers that can open our
+  // probe. Everyone probes before anyone removes its probe object.
+  peer_shm_.assign(options_.world_size, false);
+  if (shm_ != nullptr) {
+    int usable = 0;
+    for (int r = 0; r < options_.world_size; ++r) {
+      peer_shm_[r] = !records[r].shm_probe().empty() &&
+                     internal::ShmChannel::CheckProbe(records[r].shm_probe(),
+                                                      records[r].shm_probe_token());
+      usable += peer_shm_[r];
+    }
+    (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
+  }
+  // Same-host links: the lower rank of each pair creates the link and
+  // publishes its name ("-": none); the higher rank opens it. A link is used
+  // once both sides mapped it (checked after the barrier, in Activate()).
+  if (shm_transport_ != nullptr && !options_.rejoin) {
+    auto same_host = [&](int r) {
+      return r != rank_ && !records[r].shm_hub().empty() &&
+             records[r].boot_id() == mine.boot_id() &&
+             records[r].pid_namespace() == mine.pid_namespace();
+    };
+    for (int r = rank_ + 1; r < options_.world_size; ++r) {
+      if (!same_host(r)) continue;
+      auto link = shm_transport_->CreateLink(r, records[r].shm_hub(),
+                                             static_cast<pid_t>(records[r].pid()));
+      if (absl::Status s = store_->Set(absl::StrCat(ns_, "shm_link/", rank_, "/", r),
+                                       link.ok() ? *link : "-");
+          !s.ok()) {
+        return s;
+      }
+    }
+    for (int r = 0; r < rank_; ++r) {
+      if (!same_host(r)) continue;
+      auto name = store_->Get(absl::StrCat(ns_, "shm_link/", r, "/", rank_), options_.init_timeout);
+      if (!name.ok()) return Annotate(name.status(), "waiting for a shared-memory link");
+      if (*name != "-") {
+        (void)shm_transport_->OpenLink(r, *name, records[r].shm_hub(),
+                                       static_cast<pid_t>(records[r].pid()));
+      }
+    }
+  }
+  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
+                                      options_.world_size, options_.init_timeout);
+      !s.ok()) {
+    return s;
+  }
+  if (shm_ != nullptr) shm_->RemoveProbe();
+  if (shm_transport_ != nullptr) shm_transport_->Activate();
+  // Calls to self go through the loopback server like any other call.
+  transport_->AddPeer(rank_, transport_->address());
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = true;
+  }
+  ready_.Notify();
+  return absl::OkStatus();
+}
+
+}  // namespace baton::rpc
