@@ -17,7 +17,7 @@ else
   # The libraries (not tests, benches or examples); the NCCL backend needs CUDA.
   mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' \
     'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
-    'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' \
+    'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' 'pipeline/*.cc' \
     'data/*.cc' 'env/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' |
     grep -v -e 'comm/nccl_backend.cc' -e '_test.cc$')
 fi
