@@ -170,6 +170,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
               if (it == act_recv.end()) return fail(w, a, "its activation was not received first");
             }
             fwd[k] = clock[w] = ready + tf;
+            sim.events.push_back({w, a, ready, clock[w]});
             sim.busy[w] += tf;
             sim.peak_stashed[w] = std::max(sim.peak_stashed[w], ++stashed[w]);
             break;
@@ -180,6 +181,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
               return fail(w, a, "its gradient was not received first");
             }
             bwd[k] = clock[w] = ready + tb;
+            sim.events.push_back({w, a, ready, clock[w]});
             sim.busy[w] += tb;
             --stashed[w];
             break;
@@ -201,6 +203,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
             auto it = act_sent.find({a.microbatch, a.stage - 1});
             if (it == act_sent.end()) goto blocked;  // waits for the sender
             act_recv[k] = clock[w] = std::max(clock[w], it->second);
+            if (clock[w] > ready) sim.events.push_back({w, a, ready, clock[w]});
             break;
           }
           case ActionKind::kRecvGradient: {
@@ -209,6 +212,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
             auto it = grad_sent.find({a.microbatch, a.stage + 1});
             if (it == grad_sent.end()) goto blocked;
             grad_recv[k] = clock[w] = std::max(clock[w], it->second);
+            if (clock[w] > ready) sim.events.push_back({w, a, ready, clock[w]});
             break;
           }
         }

@@ -86,7 +86,17 @@ struct Costs {
   double backward = 2.0;
 };
 
+// One span of a worker's timeline: a compute action, or a receive that
+// waited (from when the worker reached it until the message was there).
+struct TimelineEvent {
+  int worker = 0;
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
 struct Simulation {
+  std::vector<TimelineEvent> events;  // in execution order per worker
   double makespan = 0;
   double bubble_fraction = 0;          // idle share of workers * makespan
   std::vector<int> peak_stashed;       // per worker: most micro-batch activations held at once
