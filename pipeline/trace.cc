@@ -73,6 +73,51 @@ std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEven
                       "}, \"traceEvents\": [\n", absl::StrJoin(out, ",\n"), "\n]}\n");
 }
 
+std::string TimelineSvg(const Schedule& schedule, const std::vector<TimelineEvent>& events,
+                        int width) {
+  const ScheduleSpec& spec = schedule.spec;
+  const int label = 90, row = 28, top = 30, h = top + row * spec.workers + 24;
+  double end = 0;
+  for (const auto& e : events) end = std::max(end, e.end);
+  const double scale = end > 0 ? (width - label - 10) / end : 0;
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+      "<text x=\"4\" y=\"18\" font-size=\"13\">%s: %d workers, %d micro-batches%s</text>\n",
+      width, h, schedule.name, spec.workers, spec.microbatches,
+      spec.chunks > 1 ? absl::StrCat(", ", spec.chunks, " chunks") : std::string());
+  for (int w = 0; w < spec.workers; ++w) {
+    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%d\">worker %d</text>\n",
+                          top + w * row + 17, w);
+  }
+  for (const auto& e : events) {
+    const char* fill = e.action.kind == ActionKind::kForward    ? "#4a7fd4"
+                       : e.action.kind == ActionKind::kBackward ? "#3aa55d"
+                                                                : "#c8c8c8";
+    const double x = label + e.start * scale, wpx = std::max(0.5, (e.end - e.start) * scale);
+    absl::StrAppendFormat(&svg,
+                          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
+                          "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"/>\n",
+                          x, top + e.worker * row + 3, wpx, row - 6, fill);
+    if (e.action.kind == ActionKind::kForward || e.action.kind == ActionKind::kBackward) {
+      if (wpx >= 14) {
+        absl::StrAppendFormat(&svg,
+                              "<text x=\"%.1f\" y=\"%d\" fill=\"white\" "
+                              "text-anchor=\"middle\">%s%d</text>\n",
+                              x + wpx / 2, top + e.worker * row + 18,
+                              e.action.kind == ActionKind::kForward ? "F" : "B",
+                              e.action.microbatch);
+      }
+    }
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%d\">forward (blue), backward (green), waiting "
+                        "for a message (grey), idle (blank)</text>\n</svg>\n",
+                        label, h - 8);
+  return svg;
+}
+
 absl::Status WriteChromeTrace(const std::string& path, const Schedule& schedule,
                               const std::vector<TimelineEvent>& events, double us_per_unit) {
   const std::string json = ChromeTrace(schedule, events, us_per_unit);

@@ -26,6 +26,12 @@ namespace baton::pipeline {
 std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEvent>& events,
                         double us_per_unit = 1.0);
 
+// The same timeline as an SVG image (one row per worker, forwards blue,
+// backwards green, receive waits grey, idle blank), `width` pixels wide, for
+// documents that show a picture rather than a trace viewer.
+std::string TimelineSvg(const Schedule& schedule, const std::vector<TimelineEvent>& events,
+                        int width = 900);
+
 // Writes ChromeTrace() to `path` (replacing it); errors name the path.
 absl::Status WriteChromeTrace(const std::string& path, const Schedule& schedule,
                               const std::vector<TimelineEvent>& events, double us_per_unit = 1.0);

@@ -43,6 +43,17 @@ TEST(ChromeTrace, TracksSpansWaitsAndIdle) {
   EXPECT_TRUE(absl::StrContains(json, "\"schedule\": \"gpipe\""));
 }
 
+TEST(ChromeTrace, SvgHasARowPerWorkerAndARectPerSpan) {
+  auto s = *OneFOneB({3, 4, 1});
+  auto sim = Simulate(s);
+  const std::string svg = TimelineSvg(s, sim->events, 600);
+  EXPECT_TRUE(absl::StartsWith(svg, "<svg "));
+  EXPECT_EQ(Count(svg, ">worker "), 3);
+  // A background rect plus one per event.
+  EXPECT_EQ(Count(svg, "<rect "), 1 + static_cast<int>(sim->events.size()));
+  EXPECT_EQ(Count(svg, "fill=\"#4a7fd4\""), 12);  // 3 stages x 4 micro-batches
+}
+
 TEST(ChromeTrace, WriteNamesThePathOnError) {
   auto s = *OneFOneB({2, 2, 1});
   auto sim = Simulate(s);
