@@ -406,7 +406,6 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       first_round_start_ = now;
     }
     phase_ = Phase::kPlaying;
-    round_start_ = now;
     forwards_at_round_start_ = forwards_.load();
     requests_at_round_start_ = batched_requests_.load();
     if (batcher_ != nullptr) batcher_->set_max_batch(static_cast<int>(players));
@@ -649,7 +648,6 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t left_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_round_start_ ABSL_GUARDED_BY(mu_);
-  absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   int64_t forwards_at_round_start_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t requests_at_round_start_ ABSL_GUARDED_BY(mu_) = 0;
   rpc::DeadlineTimer::Id first_round_timer_ ABSL_GUARDED_BY(mu_) = 0;

@@ -3,6 +3,8 @@
 #ifndef BATON_TESTS_MULTIPROCESS_GTEST_H_
 #define BATON_TESTS_MULTIPROCESS_GTEST_H_
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,6 +21,28 @@ inline void ExpectAllSucceeded(const std::vector<WorkerResult>& results) {
   }
 }
 
+// Base of a suite that runs each test once per same-host transport: the
+// shared-memory rings (the default) and loopback gRPC (the path between
+// hosts), through AgentOptions::FromEnv's BATON_TRANSPORT. Declare
+//   class MySuite : public baton::testing::TransportTest {};
+//   BATON_INSTANTIATE_TRANSPORTS(MySuite);
+// and call Run() instead of RunWorkers() in TEST_P(MySuite, ...).
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<WorkerResult> Run(const std::string& scenario, int world_size,
+                                absl::Duration timeout,
+                                std::map<std::string, std::string> env = {}) {
+    env["BATON_TRANSPORT"] = GetParam();
+    return RunWorkers(scenario, world_size, timeout, env);
+  }
+};
+
 }  // namespace baton::testing
+
+#define BATON_INSTANTIATE_TRANSPORTS(suite)                                         \
+  INSTANTIATE_TEST_SUITE_P(Transports, suite, ::testing::Values("shm", "grpc"),     \
+                           [](const ::testing::TestParamInfo<std::string>& info) { \
+                             return info.param;                                     \
+                           })
 
 #endif  // BATON_TESTS_MULTIPROCESS_GTEST_H_

@@ -118,22 +118,9 @@ BATON_SCENARIO(sync_async_nested) {
   return 0;
 }
 
-// Every test of this suite runs once per same-host transport: the
-// shared-memory rings (the default) and loopback gRPC (the path between
-// hosts), through AgentOptions::FromEnv's BATON_TRANSPORT.
-class RpcMultiProcess : public ::testing::TestWithParam<std::string> {
- protected:
-  std::vector<baton::testing::WorkerResult> Run(
-      const std::string& scenario, int world_size, absl::Duration timeout,
-      std::map<std::string, std::string> env = {}) {
-    env["BATON_TRANSPORT"] = GetParam();
-    return baton::testing::RunWorkers(scenario, world_size, timeout, env);
-  }
-};
-INSTANTIATE_TEST_SUITE_P(Transports, RpcMultiProcess, ::testing::Values("shm", "grpc"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+// Every test runs on both same-host transports (shm, gRPC).
+class RpcMultiProcess : public baton::testing::TransportTest {};
+BATON_INSTANTIATE_TRANSPORTS(RpcMultiProcess);
 
 TEST_P(RpcMultiProcess, SyncAsyncAndNestedCalls) {
   ExpectAllSucceeded(Run("sync_async_nested", 3, absl::Seconds(120)));
