@@ -244,9 +244,11 @@ TEST_F(AgentTest, R3_BatchedAnswersAllWaitingObserversWithOneForward) {
   for (auto& th : threads) th.join();
   for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
   const ReinforceStats s = agent->stats();
-  EXPECT_EQ(s.rounds, 1);
-  EXPECT_EQ(s.steps, 4 * 30);
-  EXPECT_EQ(s.forwards, 30);  // one per step, for all four observers
+  // The budget of one episode stops training after the first round in
+  // which an episode ended (usually round 0; random actions may need more).
+  ASSERT_GE(s.rounds, 1);
+  EXPECT_EQ(s.steps, s.rounds * 4 * 30);
+  EXPECT_EQ(s.forwards, s.rounds * 30);  // one per step, for all four observers
   EXPECT_TRUE(agent->WaitAllLeft(absl::Seconds(5)));
 }
 
@@ -266,7 +268,9 @@ TEST_F(AgentTest, R3_UnbatchedRunsOneForwardPerRequest) {
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(agent->stats().forwards, 60);
+  const ReinforceStats s = agent->stats();
+  ASSERT_GE(s.rounds, 1);
+  EXPECT_EQ(s.forwards, s.rounds * 60);  // one per request: 2 observers x 30 steps
 }
 
 TEST_F(AgentTest, R4_SilentMemberIsDroppedItsStepsDiscardedAndTheRoundGoesOn) {
