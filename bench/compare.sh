@@ -80,3 +80,10 @@ if [ -f "$PEER_DIR/torch_rl_bench.py" ] && [ "${BATON_SKIP_RL:-0}" != 1 ]; then
   echo "== reinforcement learning: bench/compare_rl.sh $QUICK" >&2
   BATON_PEER_DIR="$PEER_DIR" bash bench/compare_rl.sh $QUICK
 fi
+
+# Pipeline parallelism (pipeline/), against PyTorch's RPC pipeline and Pipe.
+if [ -f "$PEER_DIR/torch_pipeline_bench.py" ] && [ "${BATON_SKIP_PIPELINE:-0}" != 1 ]; then
+  echo >&2
+  echo "== pipeline parallelism: bench/compare_pipeline.sh $QUICK" >&2
+  BATON_PEER_DIR="$PEER_DIR" bash bench/compare_pipeline.sh $QUICK
+fi

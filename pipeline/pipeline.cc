@@ -14,6 +14,8 @@
 #include <thread>
 #include <utility>
 
+#include <ATen/Parallel.h>
+
 #include <unistd.h>
 
 #include "absl/strings/match.h"
@@ -117,8 +119,16 @@ class RpcStageLink : public StageLink {
 
 class StageServer::Impl {
  public:
-  explicit Impl(StageServerOptions options) : options_(std::move(options)) {
-    thread_ = std::thread([this] { Loop(); });
+  explicit Impl(StageServerOptions options)
+      : options_(std::move(options)),
+        torch_threads_(options_.torch_threads > 0 ? options_.torch_threads
+                                                  : at::get_num_threads()) {
+    thread_ = std::thread([this] {
+      // Intra-op parallelism is per thread (OpenMP): without this the stage
+      // thread would use every core, whatever the process asked for.
+      at::set_num_threads(torch_threads_);
+      Loop();
+    });
   }
 
   void Close() {
@@ -365,6 +375,7 @@ class StageServer::Impl {
   }
 
   const StageServerOptions options_;
+  const int torch_threads_;
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRunner> runner_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RpcStageLink> link_ ABSL_GUARDED_BY(mu_);

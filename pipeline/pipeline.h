@@ -85,6 +85,10 @@ using ModelFactory = std::function<torch::nn::Sequential()>;
 struct StageServerOptions {
   ModelFactory model;
   LossFn loss = SumCrossEntropy;
+  // LibTorch intra-op threads of the stage thread; 0: those of the thread
+  // that creates the server (at::get_num_threads()), e.g. 1 after
+  // torch::set_num_threads(1) in main().
+  int torch_threads = 0;
 };
 
 class StageServer {
