@@ -59,6 +59,10 @@ std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEven
           out.push_back(Span(absl::StrCat("B", a.microbatch), "backward", w, e->start, e->end,
                              us_per_unit, args));
           break;
+        case ActionKind::kSendActivation:
+        case ActionKind::kSendGradient:
+          out.push_back(Span(ToString(a), "send", w, e->start, e->end, us_per_unit, args));
+          break;
         default:
           out.push_back(Span(ToString(a), "recv", w, e->start, e->end, us_per_unit, args));
           break;

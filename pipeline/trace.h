@@ -8,7 +8,7 @@
 // Contract: events are complete ("ph": "X") with "ts" and "dur" in
 // microseconds (event times times `us_per_unit`); tracks are named
 // "worker W (stages ...)" through thread_name metadata; categories are
-// forward, backward, recv and idle. Idle spans fill every gap on a worker's
+// forward, backward, send, recv and idle. Idle spans fill every gap on a worker's
 // track between 0 and the step's end. Output is deterministic.
 //
 // Thread-safety: pure functions.

@@ -65,5 +65,18 @@ TEST(ChromeTrace, WriteNamesThePathOnError) {
   EXPECT_TRUE(WriteChromeTrace(good, s, sim->events).ok());
 }
 
+TEST(ChromeTrace, MeasuredSendsAndReceivesHaveTheirOwnCategories) {
+  auto s = *OneFOneB({2, 1, 1});
+  std::vector<TimelineEvent> events = {
+      {0, {ActionKind::kForward, 0, 0}, 0, 10},
+      {0, {ActionKind::kSendActivation, 0, 0}, 10, 11},
+      {1, {ActionKind::kRecvActivation, 0, 1}, 0, 11},
+      {1, {ActionKind::kForward, 0, 1}, 11, 20}};
+  const std::string json = ChromeTrace(s, events);
+  EXPECT_EQ(Count(json, "\"cat\": \"send\""), 1);
+  EXPECT_EQ(Count(json, "\"cat\": \"recv\""), 1);
+  EXPECT_EQ(Count(json, "\"cat\": \"forward\""), 2);
+}
+
 }  // namespace
 }  // namespace baton::pipeline
