@@ -75,9 +75,11 @@ int MaybeRunScenario(int argc, char** argv) {
   return -1;
 }
 
-std::vector<WorkerResult> RunWorkers(const std::string& scenario, int world_size,
-                                     absl::Duration timeout,
-                                     const std::map<std::string, std::string>& extra_env) {
+namespace {
+
+std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_size,
+                                         absl::Duration timeout,
+                                         const std::map<std::string, std::string>& extra_env) {
   const int port = FreePort();
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";
@@ -154,6 +156,25 @@ std::vector<WorkerResult> RunWorkers(const std::string& scenario, int world_size
   for (int r = 0; r < world_size; ++r) {
     results[r].output = ReadFile(logs[r]);
     unlink(logs[r].c_str());
+  }
+  return results;
+}
+
+}  // namespace
+
+std::vector<WorkerResult> RunWorkers(const std::string& scenario, int world_size,
+                                     absl::Duration timeout,
+                                     const std::map<std::string, std::string>& extra_env) {
+  // The port was free when chosen; another test running at the same time
+  // may bind it first. Rank 0 then cannot serve the store: run again on a
+  // new port (nothing else is retried).
+  std::vector<WorkerResult> results;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    results = RunWorkersOnce(scenario, world_size, timeout, extra_env);
+    if (results.empty() ||
+        results[0].output.find("store server could not listen on") == std::string::npos) {
+      break;
+    }
   }
   return results;
 }

@@ -6,7 +6,9 @@
 //   ExpectAllSucceeded(results);
 //
 // Contract: workers get RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a
-// MASTER_PORT that was free when chosen. RunWorkers always reaps every child:
+// MASTER_PORT that was free when chosen; when another process took it first
+// (rank 0 reports that its store server could not listen), the whole run is
+// repeated on a new port, at most twice. RunWorkers always reaps every child:
 // past the timeout it SIGKILLs the whole group and marks the run timed out.
 // Each worker's stdout+stderr is captured. The test binary's main must call
 // MaybeRunScenario first (tests/multiprocess_main.cc does).
