@@ -26,31 +26,19 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-PEER_DIR=${BATON_PEER_DIR:-$(cd .. && pwd)/shared/peer}
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+source bench/compare_lib.sh
+compare_init
 LIMIT=${BATON_PIPELINE_RUN_TIMEOUT:-1800}  # seconds per run
 # The peer prints every metric, then sometimes hangs in rpc.shutdown() (seen
 # here in 1 of 4 runs): its lines are kept when the timeout kills it.
 PEER_LIMIT=${BATON_PIPELINE_PEER_TIMEOUT:-400}
 
-bazel build -c opt //bench:pipeline_bench >/dev/null 2>&1 || bazel build -c opt //bench:pipeline_bench
-BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/bench"
+build_benches pipeline_bench
 
 run() {  # run <system> <command...>: the run's JSON lines go to $OUT/<system>.jsonl
-  local system=$1
-  shift
-  echo "== $system: $*" >&2
   local limit=$LIMIT
-  [ "$system" = peer ] && limit=$PEER_LIMIT
-  if MASTER_PORT=$((20000 + RANDOM % 20000)) timeout -s KILL "$limit" "$@" \
-      >"$OUT/$system.out" 2>"$OUT/$system.err"; then
-    :
-  else
-    echo "   failed (exit $?); its stderr ends with:" >&2
-    tail -n 5 "$OUT/$system.err" >&2 || true
-  fi
-  grep '^{' "$OUT/$system.out" >"$OUT/$system.jsonl" || true
+  [ "$1" = peer ] && limit=$PEER_LIMIT
+  run_logged "$limit" "$1" "$@"
 }
 
 : >"$OUT/peer.jsonl"

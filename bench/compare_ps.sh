@@ -24,14 +24,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-PEER_DIR=${BATON_PEER_DIR:-$(cd .. && pwd)/shared/peer}
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+source bench/compare_lib.sh
+compare_init
 LIMIT=${BATON_PS_RUN_TIMEOUT:-1800}  # seconds per run
-
-bazel build -c opt //bench:ps_bench //bench:ps_sparse_bench >/dev/null 2>&1 ||
-  bazel build -c opt //bench:ps_bench //bench:ps_sparse_bench
-BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/bench"
+build_benches ps_bench ps_sparse_bench
 
 DENSE_ARGS=()
 SPARSE_ARGS=()
@@ -44,15 +40,7 @@ fi
 run() {
   local system=$1 tag=$2
   shift 2
-  echo "== $system: $*" >&2
-  if MASTER_PORT=$((20000 + RANDOM % 20000)) timeout "$LIMIT" "$@" \
-      >"$OUT/$system.$tag.out" 2>"$OUT/$system.$tag.err"; then
-    :
-  else
-    echo "   failed (exit $?); its stderr ends with:" >&2
-    tail -n 5 "$OUT/$system.$tag.err" >&2 || true
-  fi
-  grep '^{' "$OUT/$system.$tag.out" >>"$OUT/$system.jsonl" || true
+  run_logged "$LIMIT" "$system" "$system.$tag" "$@"
 }
 
 : >"$OUT/peer.jsonl"

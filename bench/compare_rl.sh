@@ -24,26 +24,14 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-PEER_DIR=${BATON_PEER_DIR:-$(cd .. && pwd)/shared/peer}
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+source bench/compare_lib.sh
+compare_init
 LIMIT=${BATON_RL_RUN_TIMEOUT:-3600}  # seconds per run
 
-bazel build -c opt //bench:rl_bench >/dev/null 2>&1 || bazel build -c opt //bench:rl_bench
-BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/bench"
+build_benches rl_bench
 
 run() {  # run <system> <command...>: the run's JSON lines go to $OUT/<system>.jsonl
-  local system=$1
-  shift
-  echo "== $system: $*" >&2
-  if MASTER_PORT=$((20000 + RANDOM % 20000)) timeout "$LIMIT" "$@" \
-      >"$OUT/$system.out" 2>"$OUT/$system.err"; then
-    :
-  else
-    echo "   failed (exit $?); its stderr ends with:" >&2
-    tail -n 5 "$OUT/$system.err" >&2 || true
-  fi
-  grep '^{' "$OUT/$system.out" >"$OUT/$system.jsonl" || true
+  run_logged "$LIMIT" "$1" "$@"
 }
 
 : >"$OUT/peer.jsonl"

@@ -54,6 +54,7 @@
 #include "base/status.h"
 #include "comm/sampler.h"
 #include "data/fashion_mnist.h"
+#include "examples/flags.h"
 #include "env/env.h"
 #include "ps/client.h"
 #include "ps/module_binding.h"
@@ -101,40 +102,20 @@ absl::StatusOr<ps::Consistency> ParseConsistency(const std::string& text) {
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  std::map<std::string, std::string*> strings = {{"consistency", &f.consistency},
-                                                 {"checkpoint_dir", &f.checkpoint_dir}};
-  std::map<std::string, int64_t*> ints = {
-      {"batch_size", &f.batch_size}, {"epochs", &f.epochs},       {"steps", &f.steps},
-      {"seed", &f.seed},             {"log_every", &f.log_every},
-      {"checkpoint_every", &f.checkpoint_every}};
-  std::map<std::string, double*> doubles = {{"lr", &f.lr},
-                                            {"min_accuracy", &f.min_accuracy},
-                                            {"trainer_timeout", &f.trainer_timeout},
-                                            {"job_timeout", &f.job_timeout}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    if (arg.rfind("--", 0) != 0) return absl::InvalidArgumentError("unexpected argument " + arg);
-    arg = arg.substr(2);
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", arg, " needs a value"));
-    }
-    bool ok = true;
-    if (auto s = strings.find(arg); s != strings.end()) {
-      *s->second = value;
-    } else if (auto n = ints.find(arg); n != ints.end()) {
-      ok = absl::SimpleAtoi(value, n->second);
-    } else if (auto d = doubles.find(arg); d != doubles.end()) {
-      ok = absl::SimpleAtod(value, d->second);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", arg));
-    }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("--", arg, ": bad value ", value));
-  }
+  examples::FlagSet flags("ps_fashion_mnist");
+  flags.String("consistency", &f.consistency, "");
+  flags.String("checkpoint_dir", &f.checkpoint_dir, "");
+  flags.Int("batch_size", &f.batch_size, "");
+  flags.Int("epochs", &f.epochs, "");
+  flags.Int("steps", &f.steps, "");
+  flags.Int("seed", &f.seed, "");
+  flags.Int("log_every", &f.log_every, "");
+  flags.Int("checkpoint_every", &f.checkpoint_every, "");
+  flags.Double("lr", &f.lr, "");
+  flags.Double("min_accuracy", &f.min_accuracy, "");
+  flags.Double("trainer_timeout", &f.trainer_timeout, "");
+  flags.Double("job_timeout", &f.job_timeout, "");
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return s;
   if (f.batch_size < 1 || f.epochs < 1 || f.steps < 0 || f.log_every < 1 || f.lr <= 0 ||
       f.trainer_timeout <= 0 || f.job_timeout <= 0 || f.checkpoint_every < 0) {
     return absl::InvalidArgumentError(

@@ -1,22 +1,14 @@
 #include "pipeline/pipeline.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include <ATen/Parallel.h>
-
-#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -24,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/file_io.h"
 #include "base/status.h"
 #include "pipeline/internal/functions.h"
 #include "pipeline/trace.h"
@@ -33,38 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using internal::StepReply;
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create the directory of ", path, ": ", ec.message()));
-  }
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const bool flushed = std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !wrote || !flushed) {
-    return absl::UnavailableError(absl::StrCat("writing ", tmp, " failed"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string StateFile(const std::string& dir, int worker) {
   return (fs::path(dir) / absl::StrCat("worker-", worker, ".state")).string();
@@ -301,7 +262,7 @@ class StageServer::Impl {
       busy_ = true;  // no step while the state is read
     }
     absl::StatusOr<std::string> state = runner->SaveState();
-    absl::Status s = state.ok() ? WriteFileAtomically(path, *state) : state.status();
+    absl::Status s = state.ok() ? WriteFileAtomically(path, {*state}) : state.status();
     absl::MutexLock lock(&mu_);
     busy_ = false;
     return s;
@@ -532,10 +493,12 @@ absl::Status Pipeline::Configure(const std::string& restore_dir) {
         restore_dir.empty() ? std::string() : StateFile(restore_dir, w)));
   }
   std::vector<std::string> errors;
+  absl::StatusCode code = absl::StatusCode::kOk;
   std::set<int64_t> steps;
   for (int w = 0; w < spec.workers; ++w) {
     const auto& r = futures[w].result();
     if (!r.ok()) {
+      if (errors.empty()) code = r.status().code();
       errors.push_back(absl::StrCat("pipeline worker ", w, " ('", options_.stage_workers[w],
                                     "', ", StagesOf(spec, w), "): ", r.status().ToString()));
     } else {
@@ -543,10 +506,8 @@ absl::Status Pipeline::Configure(const std::string& restore_dir) {
     }
   }
   if (!errors.empty()) {
-    return absl::Status(futures[0].result().ok() ? absl::StatusCode::kInvalidArgument
-                                                 : futures[0].result().status().code(),
-                        absl::StrCat("configuring the pipeline failed: ",
-                                     absl::StrJoin(errors, "; ")));
+    return absl::Status(
+        code, absl::StrCat("configuring the pipeline failed: ", absl::StrJoin(errors, "; ")));
   }
   if (steps.size() != 1) {
     return absl::DataLossError(absl::StrCat("the stage workers restored different step counts: ",
@@ -693,7 +654,7 @@ absl::Status Pipeline::SaveCheckpoint() {
     }
   }
   if (absl::Status s = WriteFileAtomically((fs::path(dir) / "LATEST").string(),
-                                           absl::StrCat(steps_done_, "\n"));
+                                           {absl::StrCat(steps_done_, "\n")});
       !s.ok()) {
     return s;
   }

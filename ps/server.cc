@@ -1,16 +1,10 @@
 #include "ps/server.h"
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -19,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/byte_io.h"
+#include "base/file_io.h"
 #include "base/status.h"
 #include "ps/internal/functions.h"
 #include "rpc/agent.h"
@@ -36,23 +31,6 @@ uint64_t Checksum(absl::string_view bytes) {  // FNV-1a, 64 bit
     h *= 1099511628211ull;
   }
   return h;
-}
-
-absl::Status ErrnoError(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-absl::Status MakeDirs(const std::string& path) {
-  std::string cur;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || (path[i] == '/' && i > 0)) {
-      cur = path.substr(0, i);
-      if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        return ErrnoError(absl::StrCat("ps checkpoint: cannot create directory ", cur));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string ServerDir(const std::string& dir, int server, int num_servers) {
@@ -74,53 +52,17 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
 
 absl::Status WriteAtomically(const std::string& dir, const std::string& name,
                              const std::string& bytes) {
-  const std::string tmp = absl::StrCat(dir, "/.tmp-", name);
-  const std::string final_path = absl::StrCat(dir, "/", name);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(absl::StrCat("ps checkpoint: cannot create ", tmp));
   ByteWriter footer;
   footer.U64(Checksum(bytes));
   const std::string tail = footer.Release();
-  for (const std::string* part : {&bytes, &tail}) {
-    size_t off = 0;
-    while (off < part->size()) {
-      const ssize_t n = ::write(fd, part->data() + off, part->size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: writing ", tmp));
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        return s;
-      }
-      off += n;
-    }
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: fsync ", tmp));
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    absl::Status s = ErrnoError(absl::StrCat("ps checkpoint: rename to ", final_path));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+  return Annotate(WriteFileAtomically(absl::StrCat(dir, "/", name), {bytes, tail}),
+                  "ps checkpoint");
 }
 
 absl::StatusOr<std::string> ReadChecked(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("ps checkpoint: cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string bytes = ss.str();
+  absl::StatusOr<std::string> read = ReadFile(path);
+  if (!read.ok()) return Annotate(read.status(), "ps checkpoint");
+  std::string bytes = *std::move(read);
   if (bytes.size() < 8) return absl::DataLossError(absl::StrCat(path, ": truncated"));
   ByteReader r(absl::string_view(bytes).substr(bytes.size() - 8));
   uint64_t sum = 0;
@@ -349,7 +291,7 @@ absl::StatusOr<std::string> PsServer::CheckpointNow() {
   const int64_t clock = ProgressClock();
   const std::string dir =
       ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers);
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return Annotate(s, "ps checkpoint");
   int64_t seq;
   {
     absl::MutexLock lock(&mu_);

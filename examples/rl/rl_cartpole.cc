@@ -55,6 +55,7 @@
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "env/env.h"
+#include "examples/flags.h"
 #include "rl/agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"
@@ -82,39 +83,19 @@ struct Flags {
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  std::map<std::string, int64_t*> ints = {{"batched", &f.batched},
-                                          {"seed", &f.seed},
-                                          {"steps_per_round", &f.steps_per_round},
-                                          {"max_episodes", &f.max_episodes},
-                                          {"log_every", &f.log_every},
-                                          {"min_observers", &f.min_observers},
-                                          {"join_after_episodes", &f.join_after_episodes}};
-  std::map<std::string, double*> doubles = {{"observer_timeout", &f.observer_timeout},
-                                            {"max_batch_delay_ms", &f.max_batch_delay_ms},
-                                            {"first_round_wait", &f.first_round_wait},
-                                            {"job_timeout", &f.job_timeout}};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    if (arg.rfind("--", 0) != 0) return absl::InvalidArgumentError("unexpected argument " + arg);
-    arg = arg.substr(2);
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", arg, " needs a value"));
-    }
-    bool ok;
-    if (auto n = ints.find(arg); n != ints.end()) {
-      ok = absl::SimpleAtoi(value, n->second);
-    } else if (auto d = doubles.find(arg); d != doubles.end()) {
-      ok = absl::SimpleAtod(value, d->second);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", arg));
-    }
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("--", arg, ": bad value ", value));
-  }
+  examples::FlagSet flags("rl_cartpole");
+  flags.Int("batched", &f.batched, "");
+  flags.Int("seed", &f.seed, "");
+  flags.Int("steps_per_round", &f.steps_per_round, "");
+  flags.Int("max_episodes", &f.max_episodes, "");
+  flags.Int("log_every", &f.log_every, "");
+  flags.Int("min_observers", &f.min_observers, "");
+  flags.Int("join_after_episodes", &f.join_after_episodes, "");
+  flags.Double("observer_timeout", &f.observer_timeout, "");
+  flags.Double("max_batch_delay_ms", &f.max_batch_delay_ms, "");
+  flags.Double("first_round_wait", &f.first_round_wait, "");
+  flags.Double("job_timeout", &f.job_timeout, "");
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return s;
   if ((f.batched != 0 && f.batched != 1) || f.steps_per_round < 1 || f.max_episodes < 1 ||
       f.log_every < 1 || f.observer_timeout <= 0 || f.max_batch_delay_ms < 0 ||
       f.min_observers < 0 || f.first_round_wait <= 0 || f.job_timeout <= 0 ||
