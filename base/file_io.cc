@@ -33,7 +33,8 @@ absl::Status MakeDirs(const std::string& path) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path,
-                                 std::initializer_list<absl::string_view> parts) {
+                                 std::initializer_list<absl::string_view> parts,
+                                 unsigned mode) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -41,7 +42,7 @@ absl::Status WriteFileAtomically(const std::string& path,
     if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
   }
   const std::string tmp = absl::StrCat(dir, "/.tmp-", name);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoError(absl::StrCat("cannot create ", tmp));
   auto fail = [&](const std::string& what) {
     absl::Status s = ErrnoError(what);

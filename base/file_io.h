@@ -5,7 +5,8 @@
 // - WriteFileAtomically(path, parts) writes the concatenation of `parts` to
 //   "<dir>/.tmp-<name>", fsyncs it, renames it over `path` and fsyncs the
 //   directory, so a reader sees the old file or the whole new one, never a
-//   torn one. Missing parent directories are created first. On error the
+//   torn one. The file gets `mode` (0644 unless given; 0600 for secrets).
+//   Missing parent directories are created first. On error the
 //   temporary file is removed and INTERNAL names the file and the step that
 //   failed ("cannot create", "writing", "fsync", "rename to") with strerror.
 // - MakeDirs(path) creates `path` and its missing parents (mkdir -p);
@@ -29,7 +30,8 @@ namespace baton {
 
 absl::Status MakeDirs(const std::string& path);
 absl::Status WriteFileAtomically(const std::string& path,
-                                 std::initializer_list<absl::string_view> parts);
+                                 std::initializer_list<absl::string_view> parts,
+                                 unsigned mode = 0644);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 }  // namespace baton

@@ -21,15 +21,22 @@ else
   echo "peer script not found in $PEER_DIR; showing baton only" >&2
   : >"$OUT/peer.jsonl"
 fi
-# baton twice: the same-host transport (shared-memory rings, the default on
-# one host) and gRPC forced (what calls between hosts use).
-for t in shm grpc; do
-  echo "== baton: BATON_TRANSPORT=$t bench/rpc_bench $QUICK" >&2
-  BATON_TRANSPORT=$t MASTER_PORT=$((20000 + RANDOM % 20000)) \
+# baton three times: the same-host transport (shared-memory rings, the
+# default on one host), gRPC forced (what calls between hosts use), and gRPC
+# with mutual TLS (certificates made by tools/make_certs.sh for 127.0.0.1).
+bash tools/make_certs.sh "$OUT/certs" node
+for t in shm grpc tls; do
+  tls_env=()
+  if [ "$t" = tls ]; then
+    tls_env=(BATON_TLS_CA="$OUT/certs/ca.pem" BATON_TLS_CERT="$OUT/certs/node.pem"
+             BATON_TLS_KEY="$OUT/certs/node.key")
+  fi
+  echo "== baton: BATON_TRANSPORT=${t/tls/grpc} ${tls_env[*]:+(TLS)} bench/rpc_bench $QUICK" >&2
+  env "${tls_env[@]}" BATON_TRANSPORT="${t/tls/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \
     "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.$t.jsonl"
 done
 
-/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" <<'PY'
+/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" "$OUT/baton.tls.jsonl" <<'PY'
 import json, sys
 def load(p):
     out = {}
@@ -40,7 +47,7 @@ def load(p):
         except Exception:
             pass
     return out
-peer, shm, grpc = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+peer, shm, grpc, tls = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3]), load(sys.argv[4])
 higher_better = lambda unit: unit in ("GB/s", "calls/s")
 def ratio(d, p):
     if p is None or d is None or not p["value"]:
@@ -48,12 +55,18 @@ def ratio(d, p):
     r = d["value"] / p["value"]
     return f"{r:.2f}x the peer's" if higher_better(d["unit"]) else f"{r:.2f} of the peer's time"
 fmt = lambda d: "n/a" if d is None else (f"{d['value']:.2f}" if d["unit"] in ("GB/s", "us") and d["value"] < 10 else f"{d['value']:.0f}")
-print("| metric | unit | peer (torch) | baton, shm transport | vs peer | baton, gRPC | vs peer |")
-print("| --- | --- | ---: | ---: | --- | ---: | --- |")
+def tls_cost(t, g):
+    if t is None or g is None or not g["value"] or not t["value"]:
+        return ""
+    # > 1: TLS is slower (more time, or less throughput).
+    r = g["value"] / t["value"] if higher_better(t["unit"]) else t["value"] / g["value"]
+    return f"{r:.2f}x"
+print("| metric | unit | peer (torch) | baton, shm transport | vs peer | baton, gRPC | vs peer | baton, gRPC + TLS | TLS cost |")
+print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | --- |")
 for m in list(dict.fromkeys(list(shm) + list(grpc) + list(peer))):
-    d, g, p = shm.get(m), grpc.get(m), peer.get(m)
+    d, g, p, t = shm.get(m), grpc.get(m), peer.get(m), tls.get(m)
     unit = (d or g or p)["unit"]
-    print(f"| {m} | {unit} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(g)} | {ratio(g, p)} |")
+    print(f"| {m} | {unit} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(g)} | {ratio(g, p)} | {fmt(t)} | {tls_cost(t, g)} |")
 floor = shm.get("shm_pingpong_floor_latency_p50")
 noop = shm.get("rpc_sync_noop_latency_p50")
 if floor and noop and floor["value"]:

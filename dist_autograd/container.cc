@@ -116,7 +116,20 @@ std::shared_ptr<ContextState> Container::Find(int64_t id) const {
 }
 
 absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
-    int64_t id, const rpc::RpcAgent* agent) {
+    int64_t id, rpc::RpcAgent* agent) {
+  // A participant releases the contexts of a creator that dies (D4): listen
+  // to this agent's peer failures from the first context it brings.
+  bool watch = false;
+  {
+    absl::MutexLock lock(&mu_);
+    watch = agent != nullptr && watched_.insert(agent).second;
+  }
+  if (watch) {
+    std::weak_ptr<Container> weak = weak_from_this();
+    agent->AddPeerFailureListener([weak, agent](int peer, const absl::Status&) {
+      if (auto c = weak.lock()) c->ReleaseCreatedBy(agent, peer);
+    });
+  }
   absl::MutexLock lock(&mu_);
   auto it = contexts_.find(id);
   if (it != contexts_.end()) return it->second;
@@ -180,6 +193,18 @@ void Container::SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broad
       }
     }
   });
+}
+
+int Container::ReleaseCreatedBy(rpc::RpcAgent* agent, int creator) {
+  std::vector<int64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, state] : contexts_) {
+      if (CreatorOf(id) == creator) ids.push_back(id);
+    }
+  }
+  for (int64_t id : ids) Release(agent, id, /*from=*/creator);
+  return static_cast<int>(ids.size());
 }
 
 std::vector<int64_t> Container::Ids() const {

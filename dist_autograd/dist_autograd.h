@@ -62,7 +62,10 @@
 // D4 When a Context ends, it is released on every worker that took part:
 //    participants learn it from the workers they exchanged messages with,
 //    transitively; if one of them is dead, the release is broadcast to every
-//    other worker so that nobody behind it keeps the context.
+//    other worker so that nobody behind it keeps the context. If the worker
+//    that created a context dies, every participant releases it once the
+//    agent confirms the death (RpcAgent::AddPeerFailureListener; within
+//    about 2 s of the evidence: its stream cancelled, its process gone).
 // D5 A message for a context that was already released on its receiver fails
 //    with FAILED_PRECONDITION naming the context and worker, instead of
 //    silently creating it again (which would leak it).

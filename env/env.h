@@ -42,6 +42,11 @@ inline constexpr char kEnvRunId[] = "BATON_RUN_ID";
 inline constexpr char kEnvRestartCount[] = "BATON_RESTART_COUNT";
 inline constexpr char kEnvMaxRestarts[] = "BATON_MAX_RESTARTS";
 inline constexpr char kEnvJobToken[] = "BATON_JOB_TOKEN";
+// Mutual TLS between hosts (base/tls.h), set only when baton-run has --tls_*.
+inline constexpr char kEnvTlsCa[] = "BATON_TLS_CA";
+inline constexpr char kEnvTlsCert[] = "BATON_TLS_CERT";
+inline constexpr char kEnvTlsKey[] = "BATON_TLS_KEY";
+inline constexpr char kEnvTlsServerName[] = "BATON_TLS_SERVER_NAME";
 inline constexpr char kEnvRole[] = "BATON_ROLE";
 inline constexpr char kEnvRoleRank[] = "BATON_ROLE_RANK";
 inline constexpr char kEnvRoleWorldSize[] = "BATON_ROLE_WORLD_SIZE";

@@ -246,13 +246,15 @@ absl::Status NodeAgent::Impl::Setup() {
   }
   temp_dir_ = tmpl;
 
+  auto tls = LoadTls(o_.tls);
+  if (!tls.ok()) return tls.status();
   if (o_.max_nodes == 1) {
     // One node: the rendezvous stays in this process.
     own_store_ = std::make_unique<store::MemoryStore>();
     store_ = own_store_.get();
   } else if (host) {
     auto server = store::StoreServer::Start(
-        {absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_});
+        {absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, *tls});
     if (!server.ok()) {
       return Annotate(server.status(),
                       "starting the rendezvous store (--rdzv_port)");
@@ -262,7 +264,7 @@ absl::Status NodeAgent::Impl::Setup() {
   } else {
     own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
         absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_,
-        o_.heartbeat_timeout});
+        o_.heartbeat_timeout, *tls});
     store_ = own_store_.get();
   }
 
@@ -287,17 +289,19 @@ absl::Status NodeAgent::Impl::Setup() {
                 {"max_restarts", absl::StrCat(o_.max_restarts)}};
   if (host) {
     run_id_ = o_.run_id.empty() ? RandomHex(6) : o_.run_id;
-    job_token_ = env_token_.empty() ? RandomHex(16) : env_token_;
     job["run_id"] = run_id_;
-    job["job_token"] = job_token_;
     if (absl::Status s = rdzv_->Publish(job); !s.ok()) return s;
   } else {
     if (!o_.run_id.empty()) job["run_id"] = o_.run_id;
     auto published = rdzv_->FetchJob(job);
     if (!published.ok()) return published.status();
     run_id_ = (*published)["run_id"];
-    job_token_ = (*published)["job_token"];
   }
+  // The token never goes through the store: a multi-node job brings its own
+  // (ResolveJobToken refuses to start without one, and the store checks
+  // it); a one-node job without one makes it here, and it reaches the
+  // workers through their environment only.
+  job_token_ = env_token_.empty() ? RandomHex(16) : env_token_;
   group_ = std::make_unique<WorkerGroup>(
       internal::WorkerGroupConfig{&o_, run_id_, job_token_, o_.master_addr,
                                   o_.log_dir.empty() ? temp_dir_ : o_.log_dir},

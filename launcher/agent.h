@@ -33,8 +33,10 @@ inline constexpr int kExitUsage = 2;
 
 class NodeAgent {
  public:
-  // `job_token`: BATON_JOB_TOKEN from the launcher's environment, or empty
-  // to let the master node generate one.
+  // `job_token`: from ResolveJobToken (launcher/options.h): required when
+  // the job spans nodes, and checked by the rendezvous store; empty in a
+  // one-node job makes the agent create one, which reaches the workers
+  // through their environment only (never through a store).
   NodeAgent(LaunchOptions options, std::string job_token);
   ~NodeAgent();
   NodeAgent(const NodeAgent&) = delete;

@@ -47,9 +47,12 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const char* token = std::getenv(baton::kEnvJobToken);
-  baton::launcher::NodeAgent agent(*std::move(options),
-                                   token == nullptr ? "" : token);
+  auto token = baton::launcher::ResolveJobToken(*options, std::getenv(baton::kEnvJobToken));
+  if (!token.ok()) {
+    std::fprintf(stderr, "baton-run: error: %s\n", std::string(token.status().message()).c_str());
+    return baton::launcher::kExitUsage;
+  }
+  baton::launcher::NodeAgent agent(*std::move(options), *std::move(token));
   std::atomic<bool> done{false};
   std::thread signals([&] {
     const timespec period = {0, 200 * 1000 * 1000};

@@ -1,6 +1,13 @@
 #include "launcher/options.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <map>
 
 #include "absl/strings/ascii.h"
@@ -132,6 +139,20 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
       return n.status();
     };
   };
+  // A file path, made absolute (workers may run elsewhere in the tree).
+  auto set_path = [](std::string* out, const char* flag) -> Handler {
+    return [=](const std::string& v) -> absl::Status {
+      if (v.empty()) return FlagError(flag, "is empty");
+      if (v[0] == '/') {
+        *out = v;
+      } else {
+        char cwd[4096];
+        if (::getcwd(cwd, sizeof(cwd)) == nullptr) return FlagError(flag, "cannot resolve the path");
+        *out = absl::StrCat(cwd, "/", v);
+      }
+      return absl::OkStatus();
+    };
+  };
   auto set_secs = [](absl::Duration* out, const char* flag,
                      bool zero) -> Handler {
     return [=](const std::string& v) {
@@ -189,6 +210,21 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
          if (v.empty()) return FlagError("run_id", "is empty");
          run_id_set = true;
          o.run_id = v;
+         return absl::OkStatus();
+       }},
+      {"job_token_file",
+       [&](const std::string& v) -> absl::Status {
+         if (v.empty()) return FlagError("job_token_file", "is empty");
+         o.job_token_file = v;
+         return absl::OkStatus();
+       }},
+      {"tls_ca", set_path(&o.tls.ca_file, "tls_ca")},
+      {"tls_cert", set_path(&o.tls.cert_file, "tls_cert")},
+      {"tls_key", set_path(&o.tls.key_file, "tls_key")},
+      {"tls_server_name",
+       [&](const std::string& v) -> absl::Status {
+         if (v.empty()) return FlagError("tls_server_name", "is empty");
+         o.tls.server_name = v;
          return absl::OkStatus();
        }},
       {"log_dir",
@@ -417,9 +453,18 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --rdzv_port P          port of the node agents' store on node 0
                          (default master_port + 1)
   --standalone           one node, free ports, no other flags needed
+  --job_token_file PATH  the job token (a secret shared by every node, e.g.
+                         from Slurm or Kubernetes; mode 600); else
+                         BATON_JOB_TOKEN. Required when the job spans nodes;
+                         a one-node job makes its own
   --max_restarts N       group restarts after failures (default 0)
   --monitor_interval S   seconds between worker checks (default 0.1)
   --run_id ID            job id, equal on every node
+  --tls_ca FILE          mutual TLS for the rendezvous store and the
+  --tls_cert FILE        workers' store and RPC streams: the job's CA, this
+  --tls_key FILE         node's certificate and key (PEM; all three)
+  --tls_server_name N    the name every certificate carries (default: the
+                         address dialled)
   --log_dir DIR          one log per rank: DIR/rank_<R>.log
   --tee                  print worker output prefixed with "[rank R]"
   --role NAME:COUNT[:PROGRAM [ARGS]]
@@ -441,6 +486,69 @@ BATON_ROLE_RANK, BATON_ROLE_WORLD_SIZE, BATON_ERROR_FILE and
 BATON_ELASTIC_LAUNCHED=1. Exit code: 0 on success, 1 when the job failed,
 2 on bad flags, 128+N when stopped by signal N.
 )";
+}
+
+absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
+                                            const char* env_token) {
+  const std::string from_env = env_token == nullptr ? "" : env_token;
+  std::string token = from_env;
+  if (!options.job_token_file.empty()) {
+    const std::string& path = options.job_token_file;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      return absl::Status(err == EACCES ? absl::StatusCode::kPermissionDenied
+                                        : absl::StatusCode::kNotFound,
+                          absl::StrCat("--job_token_file ", path, ": ", std::strerror(err)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--job_token_file ", path, " is not a regular file"));
+    }
+    if ((st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--job_token_file ", path, " is readable by group or others (mode ", mode,
+          "); a secret must not be: chmod 600 ", path));
+    }
+    std::ifstream in(path);
+    if (!in) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--job_token_file ", path, ": cannot read it"));
+    }
+    std::stringstream buf;
+    buf << in.rdbuf();
+    token = std::string(absl::StripTrailingAsciiWhitespace(buf.str()));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--job_token_file ", path, " is empty"));
+    }
+    if (!from_env.empty() && from_env != token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BATON_JOB_TOKEN and --job_token_file ", path,
+          " hold different tokens; give only one"));
+    }
+  }
+  if (options.max_nodes > 1) {
+    if (token.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this job spans nodes (--nnodes ", options.min_nodes == options.max_nodes
+              ? absl::StrCat(options.max_nodes)
+              : absl::StrCat(options.min_nodes, ":", options.max_nodes),
+          "), so every node needs the same job token from outside the job: it is what "
+          "keeps anyone else who can reach --master_addr out of the rendezvous store and "
+          "the workers. Set BATON_JOB_TOKEN to a secret (e.g. from `openssl rand -hex 16`, "
+          "handed out by your scheduler's secret store) or pass --job_token_file PATH "
+          "(mode 600) on every node"));
+    }
+    if (token.size() < 16) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job token has ", token.size(),
+          " characters; a job that spans nodes needs at least 16 random characters "
+          "(e.g. `openssl rand -hex 16`)"));
+    }
+  }
+  return token;
 }
 
 }  // namespace baton::launcher

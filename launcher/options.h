@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "base/tls.h"
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -59,6 +61,14 @@ struct LaunchOptions {
   // handed to workers. Default: master_port + 1.
   int rdzv_port = 0;
   bool standalone = false;
+  // A file holding the job token (a scheduler's secret, e.g. a Slurm or
+  // Kubernetes secret mounted into the job). Read by baton-run's main; must
+  // not be readable by group or others. Else BATON_JOB_TOKEN is used.
+  std::string job_token_file;
+  // Mutual TLS for the rendezvous store and the workers (--tls_ca,
+  // --tls_cert, --tls_key, --tls_server_name; base/tls.h). Workers get them
+  // as BATON_TLS_* with absolute paths.
+  TlsFiles tls;
   int max_restarts = 0;
   absl::Duration monitor_interval = absl::Milliseconds(100);
   std::string run_id;
@@ -89,6 +99,20 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
 
 // The --help text.
 std::string LaunchUsage();
+
+// The job token baton-run uses and hands to its workers (BATON_JOB_TOKEN):
+// the contents of --job_token_file (trailing whitespace dropped), else
+// `env_token` (BATON_JOB_TOKEN from baton-run's environment; may be null).
+// - A job that spans nodes (max_nodes > 1) must get one from outside the
+//   job, of at least 16 characters: FAILED_PRECONDITION saying how to
+//   provide it otherwise. The rendezvous store then checks it on every call.
+// - A one-node job may have none: returns "" and the node agent makes one,
+//   which reaches the workers through their environment only.
+// Errors: the file missing or unreadable (NOT_FOUND / PERMISSION_DENIED),
+// readable by group or others (FAILED_PRECONDITION, "chmod 600"), empty, or
+// different from a BATON_JOB_TOKEN that is also set (INVALID_ARGUMENT).
+absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
+                                            const char* env_token);
 
 // First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03".
 absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);

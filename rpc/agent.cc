@@ -1,11 +1,15 @@
-// The RPC agent's calls, replies and shutdown; its bootstrap (options from
-// the environment, store, token, registration, links) is in bootstrap.cc.
+// The RPC agent's calls, replies and shutdown (internal::AgentImpl behind
+// the RpcAgent handle); its bootstrap (options from the environment, store,
+// token, registration, links) is in bootstrap.cc.
 #include "rpc/agent.h"
+
+#include <unistd.h>
 
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "rpc/internal/agent_impl.h"
 #include "rpc/internal/shm_channel.h"
 #include "rpc/internal/shm_transport.h"
 #include "rpc/internal/transport.h"
@@ -16,7 +20,11 @@
 namespace baton::rpc {
 namespace {
 
-using internal::Frame;
+// `s`, or its first `max` bytes and how long it was.
+std::string Clip(absl::string_view s, size_t max) {
+  if (s.size() <= max) return std::string(s);
+  return absl::StrCat(s.substr(0, max), "... (", s.size(), " bytes)");
+}
 
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
@@ -35,11 +43,15 @@ absl::Status CheckName(const std::string& name) {
 
 }  // namespace
 
-RpcAgent::RpcAgent(AgentOptions options, std::shared_ptr<FunctionRegistry> registry)
-    : options_(std::move(options)), registry_(std::move(registry)) {}
+// ---- The public handle ----
+
+RpcAgent::RpcAgent(std::unique_ptr<internal::AgentImpl> impl) : impl_(std::move(impl)) {
+  impl_->set_handle(this);
+}
 
 absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
-    AgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
+    AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
+    AgentCollaborators collaborators) {
   if (options.world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size must be at least 1, got ", options.world_size));
@@ -53,17 +65,61 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
     return absl::InvalidArgumentError("max_message_bytes must be at least 1024");
   }
   if (registry == nullptr) registry = std::make_shared<FunctionRegistry>();
-  std::unique_ptr<RpcAgent> agent(new RpcAgent(std::move(options), std::move(registry)));
-  absl::Status s = agent->Rendezvous();
+  const std::string name = options.name;
+  const int rank = options.rank;
+  std::unique_ptr<RpcAgent> agent(new RpcAgent(std::make_unique<internal::AgentImpl>(
+      std::move(options), std::move(registry), std::move(collaborators))));
+  absl::Status s = agent->impl_->Rendezvous();
   if (!s.ok()) {
-    (void)agent->Teardown(/*cancel_streams=*/true, absl::Now() + absl::Seconds(5));
-    return Annotate(s, absl::StrCat("init of worker '", agent->options_.name,
-                                    "' (rank ", agent->options_.rank, ")"));
+    (void)agent->impl_->Teardown(/*cancel_streams=*/true, absl::Now() + absl::Seconds(5));
+    return Annotate(s, absl::StrCat("init of worker '", name, "' (rank ", rank, ")"));
   }
   return agent;
 }
 
-RpcAgent::~RpcAgent() {
+RpcAgent::~RpcAgent() { impl_->Destroy(); }
+
+const WorkerInfo& RpcAgent::self() const { return impl_->self(); }
+const std::vector<WorkerInfo>& RpcAgent::workers() const { return impl_->workers(); }
+absl::StatusOr<WorkerInfo> RpcAgent::worker(const WorkerRef& ref) const {
+  return impl_->worker(ref);
+}
+const AgentOptions& RpcAgent::options() const { return impl_->options(); }
+FunctionRegistry& RpcAgent::registry() { return impl_->registry(); }
+Executor* RpcAgent::executor() { return impl_->executor(); }
+DeadlineTimer* RpcAgent::timer() { return impl_->timer(); }
+store::Store& RpcAgent::store() { return impl_->store(); }
+const std::string& RpcAgent::store_namespace() const { return impl_->store_namespace(); }
+Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
+                                  const std::string& signature, Payload args,
+                                  const CallOptions& opts) {
+  return impl_->CallRaw(to, function, signature, std::move(args), opts);
+}
+void RpcAgent::AddShutdownHook(ShutdownHook hook) { impl_->AddShutdownHook(std::move(hook)); }
+void RpcAgent::AddPeerFailureListener(PeerFailureListener listener) {
+  impl_->AddPeerFailureListener(std::move(listener));
+}
+absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
+bool RpcAgent::running() const { return impl_->running(); }
+AgentStats RpcAgent::stats() const { return impl_->stats(); }
+bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
+bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
+
+// ---- AgentImpl ----
+
+namespace internal {
+
+AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
+                     AgentCollaborators collaborators)
+    : options_(std::move(options)),
+      registry_(std::move(registry)),
+      network_factory_(std::move(collaborators.network_transport)),
+      timer_(std::move(collaborators.timer)),
+      executor_(std::move(collaborators.executor)) {}
+
+AgentImpl::~AgentImpl() = default;
+
+void AgentImpl::Destroy() {
   bool running;
   {
     absl::MutexLock lock(&mu_);
@@ -76,7 +132,7 @@ RpcAgent::~RpcAgent() {
   }
 }
 
-absl::StatusOr<WorkerInfo> RpcAgent::worker(const WorkerRef& ref) const {
+absl::StatusOr<WorkerInfo> AgentImpl::worker(const WorkerRef& ref) const {
   if (ref.id() >= 0 || ref.name().empty()) {
     if (ref.id() >= 0 && ref.id() < static_cast<int>(workers_.size())) {
       return workers_[ref.id()];
@@ -94,7 +150,7 @@ absl::StatusOr<WorkerInfo> RpcAgent::worker(const WorkerRef& ref) const {
   return workers_[it->second];
 }
 
-std::string RpcAgent::CallContextText(int peer, const std::string& function) const {
+std::string AgentImpl::CallContextText(int peer, const std::string& function) const {
   const std::string name = peer >= 0 && peer < static_cast<int>(workers_.size())
                                ? workers_[peer].name
                                : "?";
@@ -102,11 +158,20 @@ std::string RpcAgent::CallContextText(int peer, const std::string& function) con
                       function, "'");
 }
 
-int64_t RpcAgent::PeerLimit(int peer) const {
+std::string AgentImpl::ShmPrefix(int peer) const {
+  // A peer without a probed shared-memory path has no segments we accept.
+  if (peer < 0 || peer >= static_cast<int>(peer_shm_prefix_.size()) ||
+      peer_shm_prefix_[peer].empty()) {
+    return "/baton.no-segments-from-this-peer.";
+  }
+  return peer_shm_prefix_[peer];
+}
+
+int64_t AgentImpl::PeerLimit(int peer) const {
   return std::min(options_.max_message_bytes, peer_limits_[peer]);
 }
 
-Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
+Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
                                   const std::string& signature, Payload args,
                                   const CallOptions& opts) {
   if (to < 0 || to >= static_cast<int>(workers_.size())) {
@@ -179,7 +244,7 @@ Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
   return promise.future();
 }
 
-void RpcAgent::Complete(uint64_t id, absl::StatusOr<Payload> result) {
+void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result) {
   PendingCall call;
   {
     absl::MutexLock lock(&mu_);
@@ -192,10 +257,10 @@ void RpcAgent::Complete(uint64_t id, absl::StatusOr<Payload> result) {
   call.promise.Set(std::move(result));
 }
 
-void RpcAgent::OnResponse(int peer, Frame frame) {
+void AgentImpl::OnResponse(int peer, Frame frame) {
   const uint64_t id = frame.header.id();
   if (frame.header.shm_blobs_size() > 0) {
-    absl::Status s = shm_ != nullptr ? shm_->Import(frame)
+    absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(peer))
                                      : absl::DataLossError("shared-memory blob without a channel");
     if (!s.ok() && frame.header.status_code() == 0) {
       frame.header.set_status_code(static_cast<int>(s.code()));
@@ -218,7 +283,44 @@ void RpcAgent::OnResponse(int peer, Frame frame) {
                         CallContextText(peer, function)));
 }
 
-void RpcAgent::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
+void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) { SuspectPeer(peer, cause); }
+
+void AgentImpl::AddPeerFailureListener(RpcAgent::PeerFailureListener listener) {
+  absl::MutexLock lock(&mu_);
+  failure_listeners_.push_back(std::move(listener));
+}
+
+void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
+  if (!ready_.HasBeenNotified() || peer < 0 || peer >= static_cast<int>(workers_.size()) ||
+      peer == rank_) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || failure_listeners_.empty() || !suspects_.insert(peer).second) return;
+  }
+  CallOptions probe;
+  probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
+  CallRaw(peer, kPingFunction, "", Payload(), probe)
+      .OnReady([this, peer, cause](const absl::StatusOr<Payload>& r) {
+        const bool dead = !r.ok() && (absl::IsUnavailable(r.status()) ||
+                                      absl::IsDeadlineExceeded(r.status()));
+        std::vector<RpcAgent::PeerFailureListener> listeners;
+        {
+          absl::MutexLock lock(&mu_);
+          suspects_.erase(peer);
+          if (!dead || !running_) return;
+          ++peer_failures_;
+          listeners = failure_listeners_;
+        }
+        const absl::Status verdict = absl::UnavailableError(absl::StrCat(
+            "worker '", workers_[peer].name, "' (id ", peer, ") is dead: ", cause.message(),
+            "; a probe call then failed: ", r.status().message()));
+        for (auto& l : listeners) l(peer, verdict);
+      });
+}
+
+void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
   std::vector<std::pair<uint64_t, std::string>> failed;
   {
     absl::MutexLock lock(&mu_);
@@ -228,6 +330,7 @@ void RpcAgent::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& 
       }
     }
   }
+  if (absl::IsUnavailable(cause)) SuspectPeer(peer, cause);
   for (const auto& [id, function] : failed) {
     const absl::Status s =
         cause.code() == absl::StatusCode::kUnauthenticated
@@ -238,7 +341,7 @@ void RpcAgent::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& 
   }
 }
 
-void RpcAgent::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
+void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   const absl::Time deadline =
       frame.header.timeout_us() > 0
           ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
@@ -266,7 +369,7 @@ void RpcAgent::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   }
 }
 
-void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
+void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
                         Frame frame, absl::Time deadline) {
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
@@ -279,18 +382,20 @@ void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
                                                   "' has not finished init")));
     return;
   }
+  if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
+    SendReply(channel, id, caller,
+              absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)));
+    return;
+  }
   if (frame.header.shm_blobs_size() > 0) {
-    absl::Status s = shm_ != nullptr ? shm_->Import(frame)
+    // Only the caller's own segments may be named (a hostile peer must not
+    // make us map another process's memory).
+    absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(caller))
                                      : absl::DataLossError("shared-memory blob without a channel");
     if (!s.ok()) {
       SendReply(channel, id, caller, Annotate(s, "undecodable request"));
       return;
     }
-  }
-  if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
-    SendReply(channel, id, caller,
-              absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)));
-    return;
   }
   if (absl::Now() > deadline) {
     SendReply(channel, id, caller,
@@ -301,7 +406,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   std::shared_ptr<const FunctionRegistry::Entry> entry = registry_->Find(fname);
   if (entry == nullptr) {
     SendReply(channel, id, caller,
-              absl::NotFoundError(absl::StrCat("unknown function '", fname,
+              absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
                                                "' (not registered on worker '",
                                                self().name, "')")));
     return;
@@ -316,7 +421,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
     return;
   }
   CallContext ctx;
-  ctx.agent = this;
+  ctx.agent = handle_;
   ctx.registry = registry_.get();
   ctx.caller = &workers_[caller];
   ctx.function = fname;
@@ -328,7 +433,7 @@ void RpcAgent::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
                  });
 }
 
-void RpcAgent::SendReply(const std::shared_ptr<ReplyChannel>& channel,
+void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                          uint64_t id, int caller, absl::StatusOr<Payload> result) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
@@ -348,7 +453,9 @@ void RpcAgent::SendReply(const std::shared_ptr<ReplyChannel>& channel,
   }
   if (!result.ok()) {
     frame.header.set_status_code(static_cast<int>(result.status().code()));
-    frame.header.set_error_message(std::string(result.status().message()));
+    // An error names what was wrong, not a copy of a huge input: a reply
+    // must never outgrow the caller's limit (it would end the whole stream).
+    frame.header.set_error_message(Clip(result.status().message(), 16 << 10));
   } else if (shm_ != nullptr && ready_.HasBeenNotified() && caller >= 0 &&
              caller < static_cast<int>(peer_shm_.size()) && peer_shm_[caller]) {
     // The caller releases the segment on receipt; the expiry only covers a
@@ -359,27 +466,28 @@ void RpcAgent::SendReply(const std::shared_ptr<ReplyChannel>& channel,
   FinishIncoming();
 }
 
-void RpcAgent::FinishIncoming() {
+void AgentImpl::FinishIncoming() {
   absl::MutexLock lock(&mu_);
   --incoming_;
 }
 
-void RpcAgent::AddShutdownHook(ShutdownHook hook) {
+void AgentImpl::AddShutdownHook(RpcAgent::ShutdownHook hook) {
   absl::MutexLock lock(&mu_);
   hooks_.push_back(std::move(hook));
 }
 
-bool RpcAgent::running() const {
+bool AgentImpl::running() const {
   absl::MutexLock lock(&mu_);
   return running_;
 }
 
-AgentStats RpcAgent::stats() const {
+AgentStats AgentImpl::stats() const {
   AgentStats s;
   {
     absl::MutexLock lock(&mu_);
     s.pending_outgoing = static_cast<int64_t>(pending_.size());
     s.running_incoming = incoming_;
+    s.peer_failures = peer_failures_;
   }
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
   s.timers = timer_ ? timer_->pending() : 0;
@@ -393,17 +501,17 @@ AgentStats RpcAgent::stats() const {
   return s;
 }
 
-bool RpcAgent::uses_shm_transport(int peer) const {
+bool AgentImpl::uses_shm_transport(int peer) const {
   return shm_transport_ != nullptr && shm_transport_->connected(peer);
 }
 
-bool RpcAgent::uses_shm(int peer) const {
+bool AgentImpl::uses_shm(int peer) const {
   return shm_ != nullptr && peer >= 0 && peer < static_cast<int>(peer_shm_.size()) &&
          peer_shm_[peer];
 }
 
 
-absl::Status RpcAgent::Shutdown(bool graceful) {
+absl::Status AgentImpl::Shutdown(bool graceful) {
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return absl::OkStatus();
@@ -422,7 +530,7 @@ absl::Status RpcAgent::Shutdown(bool graceful) {
     // 1. Everyone stops issuing new top-level calls.
     note(store::Barrier(*store_, ns_ + "shutdown/enter", rank_, world,
                         deadline - absl::Now()));
-    std::vector<ShutdownHook> hooks;
+    std::vector<RpcAgent::ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);
       hooks = hooks_;
@@ -457,7 +565,7 @@ absl::Status RpcAgent::Shutdown(bool graceful) {
   return first;
 }
 
-absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
+absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (torn_down_) return absl::OkStatus();
@@ -483,10 +591,11 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
   }
   if (transport_) transport_->StopServer(std::min(absl::Seconds(1), left()));
   {
-    std::vector<ShutdownHook> hooks;
+    std::vector<RpcAgent::ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);
       hooks.swap(hooks_);
+      failure_listeners_.clear();
     }
     for (auto& h : hooks) {
       if (h.release) h.release();
@@ -508,6 +617,7 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
     }
     (void)store_->Wait(keys, std::min(absl::Seconds(5), left()));
     store_server_->Shutdown(absl::Milliseconds(200));
+    if (!token_file_.empty()) ::unlink(token_file_.c_str());
   } else if (store_ != nullptr && !ns_.empty()) {
     (void)store_->Set(absl::StrCat(ns_, "shutdown/left/", rank_), "1");
     // Rank 0 stops its store once every rank has left. Wait (bounded) until
@@ -527,4 +637,5 @@ absl::Status RpcAgent::Teardown(bool cancel_streams, absl::Time deadline) {
   return first;
 }
 
+}  // namespace internal
 }  // namespace baton::rpc

@@ -42,12 +42,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/tls.h"
 #include "rpc/codec.h"
 #include "rpc/executor.h"
 #include "rpc/function.h"
@@ -57,14 +54,8 @@
 #include "rpc/worker_info.h"
 #include "store/store.h"
 
-namespace baton::store {
-class StoreServer;
-}
-
 namespace baton::rpc::internal {
-class GrpcTransport;
-class ShmChannel;
-class ShmTransport;
+class AgentImpl;
 }  // namespace baton::rpc::internal
 
 namespace baton::rpc {
@@ -79,9 +70,24 @@ struct AgentOptions {
   // host:port for this worker's RPC server. Empty: loopback when the master
   // is local, else the local address that routes to the master; port 0.
   std::string listen_address;
-  // Shared secret checked on every call. Empty: BATON_JOB_TOKEN if set,
-  // else rank 0 creates one and shares it through the store.
+  // Shared secret checked on every call and by the rendezvous store (FromEnv
+  // reads BATON_JOB_TOKEN; baton-run always sets it). Empty is allowed only
+  // where it cannot leak:
+  // - MASTER_ADDR on loopback (one host): rank 0 creates one and hands it to
+  //   the other ranks in /tmp/baton-<uid>/job-<MASTER_PORT>.token (mode
+  //   0600, directory 0700), never through the store;
+  // - an injected in-process `store`: rank 0 shares one through it.
+  // Any other master address fails Create() with FAILED_PRECONDITION saying
+  // how to provide a token.
   std::string job_token;
+  // Mutual TLS for the store and the gRPC streams (base/tls.h: the job's CA,
+  // this worker's certificate and key, optionally the name every
+  // certificate carries). FromEnv reads BATON_TLS_CA, BATON_TLS_CERT,
+  // BATON_TLS_KEY and BATON_TLS_SERVER_NAME (baton-run sets them from its
+  // --tls_* flags). The files are read at Create(); a missing one fails it
+  // naming the file. The same-host shared-memory transport does not use it
+  // (its segments are private to the user).
+  TlsFiles tls;
   absl::Duration rpc_timeout = absl::Seconds(60);
   absl::Duration init_timeout = absl::Seconds(60);
   absl::Duration shutdown_timeout = absl::Seconds(30);
@@ -93,9 +99,10 @@ struct AgentOptions {
   // How messages travel between workers on the same host (same boot id and
   // PID namespace, and a successful shared-memory handshake): kShm sends
   // every message, small calls included, through shared-memory rings
-  // (rpc/internal/shm_transport.h); kGrpc uses loopback gRPC, as between
-  // hosts. FromEnv reads BATON_TRANSPORT=shm|grpc.
-  enum class LocalTransport { kShm, kGrpc };
+  // (rpc/internal/shm_transport.h); kNetwork (also spelt kGrpc) uses the
+  // network transport, as between hosts: loopback gRPC, or the transport a
+  // test injects (AgentCollaborators). FromEnv reads BATON_TRANSPORT=shm|grpc.
+  enum class LocalTransport { kShm, kNetwork, kGrpc = kNetwork };
   LocalTransport local_transport = LocalTransport::kShm;
   // Bytes of each ring of a same-host pair (two per pair; frames larger than
   // a ring are cut into pieces). A 64-worker host whose workers all talk to
@@ -130,6 +137,21 @@ struct AgentOptions {
   static absl::StatusOr<AgentOptions> FromEnv(const std::string& name_prefix = "worker");
 };
 
+// The agent's collaborators, for tests to replace (production code passes
+// none and gets the defaults). The agent owns what it is given.
+struct AgentCollaborators {
+  // Creates the network transport: the one the worker registers an address
+  // for and reaches every peer through that has no same-host link. Null:
+  // gRPC (rpc/internal/transport.h). Tests pass an in-process loopback
+  // (rpc/testing/loopback_transport.h).
+  NetworkTransportFactory network_transport;
+  // Null: the agent's own timer thread.
+  std::unique_ptr<DeadlineTimer> timer;
+  // Null: an Executor with AgentOptions::min_threads and max_threads. The
+  // agent closes and joins it at shutdown.
+  std::unique_ptr<Executor> executor;
+};
+
 struct CallOptions {
   // Zero: AgentOptions::rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
@@ -160,29 +182,35 @@ struct AgentStats {
   // Frames through the same-host shared-memory transport.
   int64_t shm_frames_sent = 0;
   int64_t shm_frames_received = 0;
+  // Peers confirmed dead (each confirmation counts).
+  int64_t peer_failures = 0;
 };
 
-class RpcAgent : private TransportHandler {
+// The public handle of one worker's agent. Its state and protocol live in
+// internal::AgentImpl (rpc/internal/agent_impl.h), which this header does
+// not include: users of the agent compile no transport or gRPC header.
+class RpcAgent {
  public:
   static absl::StatusOr<std::unique_ptr<RpcAgent>> Create(
-      AgentOptions options, std::shared_ptr<FunctionRegistry> registry);
+      AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
+      AgentCollaborators collaborators = {});
   // Shuts down without the graceful agreement if Shutdown() was not called.
-  ~RpcAgent() override;
+  ~RpcAgent();
 
   RpcAgent(const RpcAgent&) = delete;
   RpcAgent& operator=(const RpcAgent&) = delete;
 
-  const WorkerInfo& self() const { return workers_[rank_]; }
-  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  const WorkerInfo& self() const;
+  const std::vector<WorkerInfo>& workers() const;
   absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
-  const AgentOptions& options() const { return options_; }
-  FunctionRegistry& registry() { return *registry_; }
-  Executor* executor() { return executor_.get(); }
+  const AgentOptions& options() const;
+  FunctionRegistry& registry();
+  Executor* executor();
   // The agent's deadline timer (one thread for every call's deadline).
-  DeadlineTimer* timer() { return timer_.get(); }
-  store::Store& store() { return *store_; }
+  DeadlineTimer* timer();
+  store::Store& store();
   // Prefix of this job's keys in the store (unique per init round).
-  const std::string& store_namespace() const { return ns_; }
+  const std::string& store_namespace() const;
 
   // Typed calls. Arguments convert to the Function's parameter types at
   // compile time. rpc_sync throws baton::Error on failure.
@@ -227,77 +255,29 @@ class RpcAgent : private TransportHandler {
   };
   void AddShutdownHook(ShutdownHook hook);
 
+  // Runs `listener(peer, cause)` when a peer is found dead: evidence (one of
+  // our streams to it ended, its stream to us was cancelled, or its process
+  // on this host is gone) confirmed by a probe call that fails with
+  // UNAVAILABLE or DEADLINE_EXCEEDED within 2 s. Runs on an executor thread,
+  // possibly more than once per peer (listeners must be idempotent), never
+  // after shutdown began. Protocol layers use it to release what a dead
+  // worker held (dist_autograd: the contexts it created).
+  using PeerFailureListener = std::function<void(int peer, const absl::Status& cause)>;
+  void AddPeerFailureListener(PeerFailureListener listener);
+
   absl::Status Shutdown(bool graceful = true);
   bool running() const;
   AgentStats stats() const;
   // Whether calls to `peer` carry large tensors through shared memory.
   bool uses_shm(int peer) const;
   // Whether messages to `peer` go through the same-host shared-memory
-  // transport (else gRPC).
+  // transport (else the network transport).
   bool uses_shm_transport(int peer) const;
 
  private:
-  struct PendingCall {
-    Promise<Payload> promise;
-    int peer = -1;
-    std::string function;
-    uint64_t stream_id = 0;
-    DeadlineTimer::Id timer = 0;
-    absl::Duration timeout;
-  };
+  explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);
 
-  RpcAgent(AgentOptions options, std::shared_ptr<FunctionRegistry> registry);
-  absl::Status Rendezvous();
-  absl::Status ConnectStore();
-  absl::StatusOr<std::string> AgreeOnToken();
-  absl::Status Teardown(bool cancel_streams, absl::Time deadline);
-
-  // TransportHandler.
-  void OnRequest(std::shared_ptr<ReplyChannel> channel,
-                 Frame frame) override;
-  void OnResponse(int peer, Frame frame) override;
-  void OnStreamClosed(int peer, uint64_t stream_id,
-                      const absl::Status& cause) override;
-
-  void Dispatch(const std::shared_ptr<ReplyChannel>& channel,
-                Frame frame, absl::Time deadline);
-  void SendReply(const std::shared_ptr<ReplyChannel>& channel,
-                 uint64_t id, int caller, absl::StatusOr<Payload> result);
-  void FinishIncoming();
-
-  // Completes and removes pending call `id` (no-op if already gone).
-  void Complete(uint64_t id, absl::StatusOr<Payload> result);
-  std::string CallContextText(int peer, const std::string& function) const;
-  int64_t PeerLimit(int peer) const;
-
-  const AgentOptions options_;
-  const std::shared_ptr<FunctionRegistry> registry_;
-  int rank_ = -1;
-  std::string ns_;
-  std::string store_instance_;                   // set during Create
-  std::vector<WorkerInfo> workers_;              // set during Create
-  std::vector<int64_t> peer_limits_;             // set during Create
-  std::vector<bool> peer_shm_;                   // set during Create
-  absl::flat_hash_map<std::string, int> by_name_;  // set during Create
-
-  std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
-  std::shared_ptr<store::Store> store_;
-  std::unique_ptr<DeadlineTimer> timer_;
-  std::unique_ptr<Executor> executor_;
-  std::unique_ptr<internal::GrpcTransport> transport_;
-  std::unique_ptr<internal::ShmChannel> shm_;
-  std::unique_ptr<internal::ShmTransport> shm_transport_;
-
-  // Notified when Create() has filled workers_ and peer_limits_ (or gave
-  // up). Requests that arrive earlier wait for it on the executor.
-  absl::Notification ready_;
-  std::atomic<uint64_t> next_call_id_{1};
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
-  int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
-  bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<internal::AgentImpl> impl_;
 };
 
 // ---- Template implementation ----
@@ -314,7 +294,7 @@ Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
         worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
   }
   typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  absl::StatusOr<Payload> payload = registry_->EncodeForSend(
+  absl::StatusOr<Payload> payload = registry().EncodeForSend(
       tuple, MessageInfo{this, /*is_request=*/true, worker->id, fn.name()});
   if (!payload.ok()) {
     return MakeErrorFuture<R>(Annotate(
@@ -331,7 +311,7 @@ Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
 template <typename R>
 Future<R> RpcAgent::DecodeFuture(Future<Payload> raw, const WorkerInfo& from,
                                  const std::string& what) {
-  Promise<R> typed(executor_.get());
+  Promise<R> typed(executor());
   raw.OnReady([this, typed, name = from.name, id = from.id,
                fname = what](const absl::StatusOr<Payload>& r) {
     if (!r.ok()) {
@@ -339,7 +319,7 @@ Future<R> RpcAgent::DecodeFuture(Future<Payload> raw, const WorkerInfo& from,
       return;
     }
     internal::Stored<R> value{};
-    absl::Status s = registry_->DecodeReceived(
+    absl::Status s = registry().DecodeReceived(
         *r, &value, MessageInfo{this, /*is_request=*/false, id, fname});
     if (!s.ok()) {
       typed.SetError(absl::Status(

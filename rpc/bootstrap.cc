@@ -6,9 +6,12 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -16,8 +19,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/file_io.h"
 #include "env/env.h"
 #include "rpc/agent.h"
+#include "rpc/internal/agent_impl.h"
 #include "rpc/internal/shm_channel.h"
 #include "rpc/internal/shm_transport.h"
 #include "rpc/internal/transport.h"
@@ -83,6 +88,28 @@ std::string BootId() {
   return id;
 }
 
+// Where rank 0 of a one-host job without a preset token leaves it for the
+// other ranks: a file of mode 0600 in a directory of mode 0700 that only
+// this user owns.
+std::string TokenFilePath(int master_port) {
+  return absl::StrCat("/tmp/baton-", ::getuid(), "/job-", master_port, ".token");
+}
+
+absl::Status EnsurePrivateDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InternalError(
+        absl::StrCat("cannot create directory ", dir, ": ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() ||
+      (st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " must be a directory of mode 0700 owned by this user (uid ", ::getuid(),
+        ") to hold the job token; remove it, or set BATON_JOB_TOKEN on every worker"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix) {
@@ -123,6 +150,14 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   o.master_port = env->master_port;
   o.job_token = env->job_token;
   o.rejoin = env->rejoin;
+  auto env_or_empty = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  o.tls.ca_file = env_or_empty(baton::kEnvTlsCa);
+  o.tls.cert_file = env_or_empty(baton::kEnvTlsCert);
+  o.tls.key_file = env_or_empty(baton::kEnvTlsKey);
+  o.tls.server_name = env_or_empty(baton::kEnvTlsServerName);
   const char* n = std::getenv("BATON_WORKER_NAME");
   o.name = (n != nullptr && *n != '\0') ? std::string(n)
            : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
@@ -130,19 +165,43 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   return o;
 }
 
-absl::Status RpcAgent::ConnectStore() {
+namespace internal {
+
+absl::Status AgentImpl::ConnectStore() {
   if (options_.store != nullptr) {
+    // An in-process store nobody else can read: AgreeOnToken shares the
+    // token through it if none is given.
     store_ = options_.store;
     return absl::OkStatus();
   }
   const std::string master =
       absl::StrCat(options_.master_addr, ":", options_.master_port);
-  const std::string env_token = [] {
-    const char* t = std::getenv("BATON_JOB_TOKEN");
-    return t == nullptr ? std::string() : std::string(t);
-  }();
+  token_ = options_.job_token;
+  auto tls = LoadTls(options_.tls);
+  if (!tls.ok()) return tls.status();
+  tls_ = *std::move(tls);
+  if (token_.empty() && !IsLoopback(options_.master_addr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MASTER_ADDR is ", options_.master_addr,
+        ", so this job may span hosts, and it needs a job token from outside the job: set "
+        "BATON_JOB_TOKEN (AgentOptions::job_token) to the same secret on every worker, e.g. "
+        "from your scheduler's secret store (baton-run passes its own token to its workers). "
+        "Without one, anyone who can reach ", master,
+        " could read the rendezvous store and call every worker"));
+  }
   if (options_.rank == 0) {
-    auto server = store::StoreServer::Start({master, env_token});
+    if (token_.empty()) {
+      // One host: the token goes to the other ranks through a file only
+      // this user can read, never through the store.
+      token_ = RandomHex(16);
+      const std::string path = TokenFilePath(options_.master_port);
+      if (absl::Status s = EnsurePrivateDir(path.substr(0, path.rfind('/'))); !s.ok()) return s;
+      if (absl::Status s = WriteFileAtomically(path, {token_}, 0600); !s.ok()) {
+        return Annotate(s, "rank 0 hands the job token to the other ranks");
+      }
+      token_file_ = path;
+    }
+    auto server = store::StoreServer::Start({master, token_, tls_});
     if (!server.ok()) {
       return Annotate(server.status(),
                       absl::StrCat("rank 0 serves the rendezvous store at ", master,
@@ -155,19 +214,49 @@ absl::Status RpcAgent::ConnectStore() {
                                            &store_server_->store());
     return absl::OkStatus();
   }
-  auto client = std::make_shared<store::StoreClient>(
-      store::StoreClientOptions{master, env_token, options_.init_timeout});
-  absl::Status s = client->WaitForServer(options_.init_timeout);
-  if (!s.ok()) return s;
-  store_ = std::move(client);
-  return absl::OkStatus();
+  if (!token_.empty()) {
+    auto client = std::make_shared<store::StoreClient>(
+        store::StoreClientOptions{master, token_, options_.init_timeout, tls_});
+    absl::Status s = client->WaitForServer(options_.init_timeout);
+    if (!s.ok()) return s;
+    store_ = std::move(client);
+    return absl::OkStatus();
+  }
+  // Rank 0 of this host's job leaves the token in a private file. A file
+  // left by an earlier job on the same port holds a token the store
+  // refuses: read it again until rank 0 has written its own.
+  const std::string path = TokenFilePath(options_.master_port);
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  absl::Status last = absl::NotFoundError(absl::StrCat("rank 0 has not written ", path));
+  while (true) {
+    if (absl::Status s = EnsurePrivateDir(path.substr(0, path.rfind('/'))); !s.ok()) return s;
+    auto token = ReadFile(path);
+    if (token.ok() && !token->empty()) {
+      auto client = std::make_shared<store::StoreClient>(
+          store::StoreClientOptions{master, *token, options_.init_timeout, tls_});
+      absl::Status s = client->WaitForServer(std::max(absl::Milliseconds(1), deadline - absl::Now()));
+      if (s.ok()) {
+        token_ = *token;
+        store_ = std::move(client);
+        return absl::OkStatus();
+      }
+      if (!absl::IsUnauthenticated(s)) return s;
+      last = s;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no job token from rank 0 within ", DurationText(options_.init_timeout), " (", path,
+          ": ", last.message(), "); set BATON_JOB_TOKEN on every worker, or check that no "
+          "other job uses MASTER_PORT ", options_.master_port));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
-absl::StatusOr<std::string> RpcAgent::AgreeOnToken() {
+absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
+  if (!token_.empty()) return token_;
   if (!options_.job_token.empty()) return options_.job_token;
-  if (const char* t = std::getenv("BATON_JOB_TOKEN"); t != nullptr && *t != '\0') {
-    return std::string(t);
-  }
+  // An injected in-process store: rank 0 creates the token there.
   const std::string key = ns_ + "job_token";
   if (options_.rank == 0) {
     auto v = store_->CompareSet(key, "", RandomHex(16));
@@ -177,11 +266,17 @@ absl::StatusOr<std::string> RpcAgent::AgreeOnToken() {
   return store_->Get(key, options_.init_timeout);
 }
 
-absl::Status RpcAgent::Rendezvous() {
+absl::Status AgentImpl::Rendezvous() {
   rank_ = options_.rank;
-  timer_ = std::make_unique<DeadlineTimer>();
-  executor_ = std::make_unique<Executor>(
-      Executor::Options{options_.min_threads, options_.max_threads});
+  if (timer_ == nullptr) timer_ = std::make_unique<DeadlineTimer>();
+  if (executor_ == nullptr) {
+    executor_ = std::make_unique<Executor>(
+        Executor::Options{options_.min_threads, options_.max_threads});
+  }
+  // The probe that confirms a suspected peer death (SuspectPeer). A registry
+  // shared by several agents has it already.
+  (void)registry_->RegisterInternalInline(
+      kPingFunction, [](const CallContext&, Payload, Responder done) { done(Payload()); });
   if (options_.rejoin && rank_ == 0 && options_.store == nullptr) {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
@@ -223,8 +318,18 @@ absl::Status RpcAgent::Rendezvous() {
     }
     listen = host + ":0";
   }
-  auto transport = internal::GrpcTransport::Start(
-      {listen, *token, options_.max_message_bytes}, this);
+  if (options_.store != nullptr) {
+    auto tls = LoadTls(options_.tls);
+    if (!tls.ok()) return tls.status();
+    tls_ = *std::move(tls);
+  }
+  NetworkTransportOptions network{listen, *token, options_.max_message_bytes, tls_};
+  absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
+  if (network_factory_ != nullptr) {
+    transport = network_factory_(network, this);
+  } else {
+    transport = GrpcTransport::Start(network, this);
+  }
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
 
@@ -243,17 +348,17 @@ absl::Status RpcAgent::Rendezvous() {
   }
   std::string probe_name, probe_token = RandomHex(8);
   if (options_.same_host_shm) {
-    internal::ShmChannel::Sweep();
-    shm_ = std::make_unique<internal::ShmChannel>();
+    ShmChannel::Sweep();
+    shm_ = std::make_unique<ShmChannel>();
     auto probe = shm_->CreateProbe(probe_token);
     if (probe.ok()) probe_name = *probe;
   }
   // The same-host transport: a hub now, links after everyone registered. A
   // rejoining incarnation uses gRPC (its peers set their links up long ago).
   if (options_.local_transport == AgentOptions::LocalTransport::kShm && !options_.rejoin) {
-    internal::ShmTransportOptions so;
+    ShmTransportOptions so;
     so.ring_bytes = options_.shm_ring_bytes;
-    auto t = internal::ShmTransport::Create(so, rank_, options_.world_size, this);
+    auto t = ShmTransport::Create(so, rank_, options_.world_size, this);
     if (t.ok()) {
       shm_transport_ = *std::move(t);
     } else if (absl::IsInvalidArgument(t.status())) {
@@ -267,7 +372,7 @@ absl::Status RpcAgent::Rendezvous() {
   mine.set_shm_probe(probe_name);
   mine.set_shm_probe_token(probe_token);
   mine.set_boot_id(BootId());
-  mine.set_pid_namespace(internal::ShmChannel::ObjectPrefix(0));
+  mine.set_pid_namespace(ShmChannel::ObjectPrefix(0));
   mine.set_pid(getpid());
   if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
@@ -304,12 +409,16 @@ absl::Status RpcAgent::Rendezvous() {
   // S4 of the shared-memory channel: use it toward peers that can open our
   // probe. Everyone probes before anyone removes its probe object.
   peer_shm_.assign(options_.world_size, false);
+  peer_shm_prefix_.assign(options_.world_size, "");
   if (shm_ != nullptr) {
     int usable = 0;
     for (int r = 0; r < options_.world_size; ++r) {
       peer_shm_[r] = !records[r].shm_probe().empty() &&
-                     internal::ShmChannel::CheckProbe(records[r].shm_probe(),
+                     ShmChannel::CheckProbe(records[r].shm_probe(),
                                                       records[r].shm_probe_token());
+      // Its probe opened, so it shares our PID namespace: its segments are
+      // named with its pid under our prefix.
+      if (peer_shm_[r]) peer_shm_prefix_[r] = ShmChannel::ObjectPrefix(records[r].pid());
       usable += peer_shm_[r];
     }
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
@@ -360,4 +469,5 @@ absl::Status RpcAgent::Rendezvous() {
   return absl::OkStatus();
 }
 
+}  // namespace internal
 }  // namespace baton::rpc

@@ -9,6 +9,9 @@ namespace {
 constexpr uint8_t kUndefinedTensor = 0;
 constexpr uint8_t kDenseTensor = 1;
 constexpr uint64_t kMaxDims = 64;
+// Bounds the product of a tensor's nonzero sizes (and thus its element
+// count and strides): 2^48 elements.
+constexpr uint64_t kMaxExtent = uint64_t{1} << 48;
 // Received tensors alias the receive buffer only when it is this aligned.
 constexpr uintptr_t kZeroCopyAlignment = 16;
 
@@ -32,6 +35,22 @@ void Encoder::WriteVarint(uint64_t v) {
   }
   buf[n++] = static_cast<char>(v);
   bytes_.append(buf, n);
+}
+
+Encoder::Nested::Nested(Encoder& enc, absl::string_view what)
+    : enc_(enc), ok_(++enc.depth_ <= kMaxNesting) {
+  if (!ok_) {
+    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
+        "cannot send a value nested ", enc.depth_, " containers deep (at a ", what,
+        "): a receiver accepts at most ", kMaxNesting)));
+  }
+}
+
+Decoder::Nested::Nested(Decoder& dec, absl::string_view what) : dec_(dec) {
+  if (++dec.depth_ > kMaxNesting) {
+    status_ = absl::DataLossError(absl::StrCat("nesting depth ", dec.depth_, " exceeds ",
+                                               kMaxNesting, " reading ", what));
+  }
 }
 
 absl::StatusOr<Payload> Encoder::Finish() && {
@@ -182,14 +201,19 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
   const auto st = static_cast<c10::ScalarType>(dtype);
   std::vector<int64_t> sizes(ndim);
   uint64_t numel = 1;
+  // The product of the nonzero sizes, which also bounds the strides of a
+  // tensor with no elements.
+  uint64_t extent = 1;
   for (uint64_t i = 0; i < ndim; ++i) {
     uint64_t d = 0;
     if (!(s = dec.ReadVarint(&d, "tensor size")).ok()) return s;
-    if (d > (uint64_t{1} << 48) || (d != 0 && numel > (uint64_t{1} << 48) / d)) {
-      return absl::DataLossError("tensor shape overflows");
+    if (d > kMaxExtent || (d > 1 && extent > kMaxExtent / d)) {
+      return absl::DataLossError(absl::StrCat("tensor shape overflows: size ", d, " of dimension ",
+                                              i, " takes it past 2^48 elements"));
     }
     sizes[i] = static_cast<int64_t>(d);
     numel *= d;
+    extent *= std::max<uint64_t>(d, 1);
   }
   uint64_t blob_index = 0;
   if (!(s = dec.ReadVarint(&blob_index, "tensor blob index")).ok()) return s;

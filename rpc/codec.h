@@ -15,7 +15,14 @@
 //   of these names, and the callee rejects a call whose signature differs
 //   from its own (argument type mismatch).
 // - Decoding never trusts the input: truncated or corrupt bytes give
-//   DATA_LOSS naming what was being read, never a crash.
+//   DATA_LOSS naming what was being read, never a crash. A declared length
+//   is checked against the bytes left before anything is allocated for it,
+//   and containers nest at most kMaxNesting deep (a recursive user type
+//   would otherwise let a peer exhaust the stack); the encoder refuses
+//   deeper values with INVALID_ARGUMENT.
+// - Containers decode their elements in place, so the tensor addresses
+//   listed in CodecContext::received_tensors are those of the tensors in the
+//   decoded value.
 // - Tensor bytes are not copied on the sending side; on the receiving side a
 //   tensor uses the received buffer directly when it is contiguous and
 //   aligned, else it is copied once into a new tensor.
@@ -25,6 +32,7 @@
 #ifndef BATON_RPC_CODEC_H_
 #define BATON_RPC_CODEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -61,6 +69,9 @@ struct CodecContext {
   std::vector<at::Tensor*>* received_tensors = nullptr;
 };
 
+// Containers nest at most this deep in one message.
+inline constexpr int kMaxNesting = 64;
+
 class Encoder {
  public:
   explicit Encoder(const CodecContext* context = nullptr) : context_(context) {}
@@ -89,11 +100,28 @@ class Encoder {
   }
   absl::StatusOr<Payload> Finish() &&;
 
+  // One level of container nesting, for as long as it lives. ok() is false
+  // (and the encoder failed with INVALID_ARGUMENT) past kMaxNesting; the
+  // container then writes nothing more.
+  class Nested {
+   public:
+    Nested(Encoder& enc, absl::string_view what);
+    ~Nested() { --enc_.depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+    bool ok() const { return ok_; }
+
+   private:
+    Encoder& enc_;
+    bool ok_;
+  };
+
  private:
   const CodecContext* context_;
   std::string bytes_;
   std::vector<Blob> blobs_;
   absl::Status status_;
+  int depth_ = 0;
 };
 
 class Decoder {
@@ -120,10 +148,27 @@ class Decoder {
   absl::Status ExpectEnd() const;
   size_t remaining() const { return payload_.bytes.size() - pos_; }
 
+  // One level of container nesting, for as long as it lives; status() is
+  // DATA_LOSS past kMaxNesting. A recursive user codec that does not go
+  // through a container should hold one too.
+  class Nested {
+   public:
+    Nested(Decoder& dec, absl::string_view what);
+    ~Nested() { --dec_.depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+    const absl::Status& status() const { return status_; }
+
+   private:
+    Decoder& dec_;
+    absl::Status status_;
+  };
+
  private:
   const Payload& payload_;
   const CodecContext* context_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 template <typename T, typename Enable = void>
@@ -159,6 +204,39 @@ template <typename T>
 std::string TypeName() {
   return Codec<std::decay_t<T>>::Name();
 }
+
+namespace internal {
+
+// The fewest payload bytes a value of T encodes to, so that a container's
+// declared length can be checked against the bytes left before anything is
+// allocated for it. 0 where unknown (user types).
+template <typename T, typename Enable = void>
+struct MinEncodedBytes : std::integral_constant<size_t, 0> {};
+
+// Moves the elements of `v` into a buffer twice as large. Tensor addresses
+// already listed in context->received_tensors that pointed into the old
+// buffer are moved along: an element moves to the same offset in the new
+// buffer, and what it owns on the heap does not move.
+template <typename V>
+void GrowKeepingTensorAddresses(V& v, const CodecContext* context) {
+  V bigger;
+  bigger.reserve(std::max<size_t>(8, 2 * v.capacity()));
+  for (auto& e : v) bigger.push_back(std::move(e));
+  if (context != nullptr && context->received_tensors != nullptr && !v.empty()) {
+    const uintptr_t old_begin = reinterpret_cast<uintptr_t>(v.data());
+    const uintptr_t old_end = reinterpret_cast<uintptr_t>(v.data() + v.size());
+    const uintptr_t new_begin = reinterpret_cast<uintptr_t>(bigger.data());
+    for (at::Tensor*& t : *context->received_tensors) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(t);
+      if (a >= old_begin && a < old_end) {
+        t = reinterpret_cast<at::Tensor*>(new_begin + (a - old_begin));
+      }
+    }
+  }
+  v.swap(bigger);
+}
+
+}  // namespace internal
 
 // ---- Tensor ----
 void EncodeTensor(const at::Tensor& t, Encoder& enc);
@@ -227,24 +305,67 @@ struct Codec<std::monostate> {
 };
 
 // ---- Containers ----
+namespace internal {
+template <>
+struct MinEncodedBytes<at::Tensor> : std::integral_constant<size_t, 1> {};  // its tag
+template <typename T>
+struct MinEncodedBytes<T, std::enable_if_t<std::is_arithmetic_v<T>>>
+    : std::integral_constant<size_t, sizeof(T)> {};
+template <>
+struct MinEncodedBytes<std::string> : std::integral_constant<size_t, 1> {};
+template <typename T, typename A>
+struct MinEncodedBytes<std::vector<T, A>> : std::integral_constant<size_t, 1> {};
+template <typename V, typename C, typename A>
+struct MinEncodedBytes<std::map<std::string, V, C, A>> : std::integral_constant<size_t, 1> {};
+template <typename V, typename H, typename E, typename A>
+struct MinEncodedBytes<std::unordered_map<std::string, V, H, E, A>>
+    : std::integral_constant<size_t, 1> {};
+template <typename T>
+struct MinEncodedBytes<std::optional<T>> : std::integral_constant<size_t, 1> {};
+template <typename A, typename B>
+struct MinEncodedBytes<std::pair<A, B>>
+    : std::integral_constant<size_t, MinEncodedBytes<A>::value + MinEncodedBytes<B>::value> {};
+template <typename... Ts>
+struct MinEncodedBytes<std::tuple<Ts...>>
+    : std::integral_constant<size_t, (size_t{0} + ... + MinEncodedBytes<Ts>::value)> {};
+}  // namespace internal
+
 template <typename T, typename A>
 struct Codec<std::vector<T, A>> {
   static std::string Name() { return absl::StrCat("vector<", TypeName<T>(), ">"); }
   static void Encode(const std::vector<T, A>& v, Encoder& enc) {
+    Encoder::Nested nested(enc, "vector");
+    if (!nested.ok()) return;
     enc.WriteVarint(v.size());
     for (const auto& e : v) Codec<T>::Encode(static_cast<const T&>(e), enc);
   }
   static absl::Status Decode(Decoder& dec, std::vector<T, A>* out) {
+    Decoder::Nested nested(dec, "vector");
+    if (!nested.status().ok()) return nested.status();
+    constexpr size_t kMinBytes = internal::MinEncodedBytes<T>::value;
     uint64_t n = 0;
-    absl::Status s = dec.ReadLength(&n, 0, "vector length");
+    absl::Status s = dec.ReadLength(&n, kMinBytes, "vector length");
     if (!s.ok()) return s;
     out->clear();
-    if constexpr (!std::is_same_v<T, bool>) out->reserve(std::min<uint64_t>(n, 1 << 20));
-    for (uint64_t i = 0; i < n; ++i) {
-      T e{};
-      s = Codec<T>::Decode(dec, &e);
-      if (!s.ok()) return s;
-      out->push_back(std::move(e));
+    if constexpr (std::is_same_v<T, bool>) {
+      for (uint64_t i = 0; i < n; ++i) {
+        bool e = false;
+        s = Codec<bool>::Decode(dec, &e);
+        if (!s.ok()) return s;
+        out->push_back(e);
+      }
+    } else {
+      // At most as much memory up front as there are bytes left; a longer
+      // vector grows as its elements arrive (see GrowKeepingTensorAddresses).
+      out->reserve(std::min<uint64_t>(n, dec.remaining() / sizeof(T) + 1));
+      for (uint64_t i = 0; i < n; ++i) {
+        if (out->size() == out->capacity()) {
+          internal::GrowKeepingTensorAddresses(*out, dec.context());
+        }
+        out->emplace_back();
+        s = Codec<T>::Decode(dec, &out->back());
+        if (!s.ok()) return s;
+      }
     }
     return absl::OkStatus();
   }
@@ -255,6 +376,8 @@ template <typename M>
 struct StringMapCodec {
   using V = typename M::mapped_type;
   static void Encode(const M& m, Encoder& enc) {
+    Encoder::Nested nested(enc, "map");
+    if (!nested.ok()) return;
     enc.WriteVarint(m.size());
     for (const auto& [k, v] : m) {
       enc.WriteString(k);
@@ -262,18 +385,23 @@ struct StringMapCodec {
     }
   }
   static absl::Status Decode(Decoder& dec, M* out) {
+    Decoder::Nested nested(dec, "map");
+    if (!nested.status().ok()) return nested.status();
     uint64_t n = 0;
-    absl::Status s = dec.ReadLength(&n, 1, "map size");
+    absl::Status s = dec.ReadLength(&n, 1 + MinEncodedBytes<V>::value, "map size");
     if (!s.ok()) return s;
     out->clear();
     for (uint64_t i = 0; i < n; ++i) {
       std::string k;
       s = dec.ReadString(&k, "map key");
       if (!s.ok()) return s;
-      V v{};
-      s = Codec<V>::Decode(dec, &v);
+      // In place: map nodes do not move.
+      auto [it, inserted] = out->try_emplace(std::move(k));
+      if (!inserted) {
+        return absl::DataLossError(absl::StrCat("duplicate map key '", it->first, "'"));
+      }
+      s = Codec<V>::Decode(dec, &it->second);
       if (!s.ok()) return s;
-      (*out)[std::move(k)] = std::move(v);
     }
     return absl::OkStatus();
   }
@@ -298,10 +426,14 @@ template <typename T>
 struct Codec<std::optional<T>> {
   static std::string Name() { return absl::StrCat("optional<", TypeName<T>(), ">"); }
   static void Encode(const std::optional<T>& v, Encoder& enc) {
+    Encoder::Nested nested(enc, "optional");
+    if (!nested.ok()) return;
     enc.WritePod<uint8_t>(v.has_value() ? 1 : 0);
     if (v.has_value()) Codec<T>::Encode(*v, enc);
   }
   static absl::Status Decode(Decoder& dec, std::optional<T>* out) {
+    Decoder::Nested nested(dec, "optional");
+    if (!nested.status().ok()) return nested.status();
     bool has = false;
     absl::Status s = Codec<bool>::Decode(dec, &has);
     if (!s.ok()) return s;
@@ -309,11 +441,10 @@ struct Codec<std::optional<T>> {
       out->reset();
       return absl::OkStatus();
     }
-    T v{};
-    s = Codec<T>::Decode(dec, &v);
-    if (!s.ok()) return s;
-    *out = std::move(v);
-    return absl::OkStatus();
+    out->emplace();
+    s = Codec<T>::Decode(dec, &**out);
+    if (!s.ok()) out->reset();
+    return s;
   }
 };
 

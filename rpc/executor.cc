@@ -27,7 +27,11 @@ bool Executor::Submit(absl::AnyInvocable<void()> task) {
   absl::MutexLock lock(&state_->mu);
   if (state_->closed) return false;
   state_->queue.push_back(std::move(task));
-  if (state_->idle == 0 && static_cast<int>(threads_.size()) < options_.max_threads) {
+  // Every queued task needs an idle thread of its own: a woken thread counts
+  // as idle until it takes its task, so two quick submits must not both
+  // count on it (the second would wait behind a task that may block on it).
+  if (state_->queue.size() > static_cast<size_t>(state_->idle) &&
+      static_cast<int>(threads_.size()) < options_.max_threads) {
     StartThreadLocked();
   } else {
     state_->work.Signal();

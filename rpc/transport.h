@@ -4,9 +4,13 @@
 //   control plane and the transport between hosts;
 // - ShmTransport: shared-memory rings between workers of one host, for every
 //   message.
-// The agent (rpc/agent.h) keeps one of each and picks per peer: a peer with
-// a live shared-memory link gets frames through it, every other through
-// gRPC.
+// - LoopbackTransport (rpc/testing/, test-only): agents of one process, with
+//   hooks that delay, drop, reorder and kill a peer's messages.
+// The agent (rpc/agent.h) keeps one network transport (gRPC, or the one a
+// test injects through AgentCollaborators) and, on one host, the
+// shared-memory transport, and picks per peer: a peer with a live
+// shared-memory link gets frames through it, every other through the
+// network transport.
 //
 // Contract of an implementation:
 // - Send() hands one request frame to the peer, or returns an error
@@ -16,7 +20,8 @@
 //   their reply must go back on, responses with the peer they came from.
 // - When a stream or link to a peer ends (the peer died, was unreachable, or
 //   refused the token), OnStreamClosed names it and the cause, once; calls
-//   pending on it are the handler's to fail.
+//   pending on it are the handler's to fail. When a peer's incoming stream
+//   is cancelled (not closed cleanly), OnPeerLost names the peer.
 // - Frames from one sender thread to one peer arrive in order.
 //
 // Thread-safety: Send() and ReplyChannel::Send() may be called from any
@@ -26,10 +31,14 @@
 #define BATON_RPC_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/tls.h"
 #include "proto/rpc.pb.h"
 #include "rpc/payload.h"
 
@@ -55,6 +64,10 @@ class TransportHandler {
   virtual void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) = 0;
   virtual void OnResponse(int peer, Frame frame) = 0;
   virtual void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) = 0;
+  // Evidence that `peer` may have died although no stream of ours to it
+  // ended: its incoming stream was cancelled, or its process is gone. Not a
+  // verdict: the agent confirms it (RpcAgent::AddPeerFailureListener).
+  virtual void OnPeerLost(int peer, const absl::Status& cause) {}
 };
 
 class Transport {
@@ -64,6 +77,34 @@ class Transport {
   virtual bool connected(int peer) const = 0;
   virtual absl::StatusOr<uint64_t> Send(int peer, Frame frame) = 0;
 };
+
+// The transport a worker registers an address for: it serves incoming
+// streams from the start and reaches peers by the addresses they
+// registered.
+// - AddPeer() precedes sends to a peer; a stream opens on demand.
+// - CloseStreams() ends the outgoing streams (half-close, or cancel) and
+//   waits at most `timeout` for them to end; StopServer() stops accepting
+//   and cancels what is left after `grace`. Neither blocks past its bound.
+class NetworkTransport : public Transport {
+ public:
+  // Where peers reach this worker (e.g. host:port).
+  virtual const std::string& address() const = 0;
+  virtual void AddPeer(int id, const std::string& address) = 0;
+  virtual absl::Status CloseStreams(bool cancel, absl::Duration timeout) = 0;
+  virtual void StopServer(absl::Duration grace) = 0;
+  virtual int live_streams() const = 0;
+};
+
+struct NetworkTransportOptions {
+  std::string listen_address;  // host:port; port 0 picks one
+  std::string job_token;       // every incoming stream must carry it
+  int64_t max_message_bytes = 0;
+  TlsConfig tls;               // mutual TLS (base/tls.h); empty: plain text
+};
+
+// Starts a network transport that delivers to `handler` (the agent).
+using NetworkTransportFactory = std::function<absl::StatusOr<std::unique_ptr<NetworkTransport>>(
+    const NetworkTransportOptions& options, TransportHandler* handler)>;
 
 }  // namespace baton::rpc
 

@@ -24,8 +24,9 @@ void ApplyBulkTuning(SetInt set) {
 
 }  // namespace
 
-grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes) {
+grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const TlsConfig& tls) {
   grpc::ChannelArguments args;
+  if (tls.enabled() && !tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
   const int limit = Limit(max_message_bytes);
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
@@ -50,6 +51,23 @@ void ApplyBatonServerArguments(grpc::ServerBuilder& builder, int64_t max_message
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   ApplyBulkTuning(
       [&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
+}
+
+std::shared_ptr<grpc::ServerCredentials> BatonServerCredentials(const TlsConfig& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = tls.ca_pem;
+  o.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> BatonChannelCredentials(const TlsConfig& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = tls.ca_pem;
+  o.pem_private_key = tls.key_pem;
+  o.pem_cert_chain = tls.cert_pem;
+  return grpc::SslCredentials(o);
 }
 
 }  // namespace baton

@@ -5,9 +5,14 @@
 #define BATON_STORE_GRPC_OPTIONS_H_
 
 #include <cstdint>
+#include <memory>
 
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
+
+#include "base/tls.h"
 
 namespace baton {
 
@@ -16,8 +21,16 @@ inline constexpr char kTokenMetadataKey[] = "x-baton-token";
 
 // Arguments for a channel to another baton process: no HTTP proxy (jobs talk
 // to their own hosts), fast reconnect backoff (peers may start late),
-// keepalive to notice a silent peer, and the given message limit.
-grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes);
+// keepalive to notice a silent peer, and the given message limit. With TLS
+// and a server_name, peers' certificates are checked against that name.
+grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes,
+                                             const TlsConfig& tls = {});
+
+// Credentials of every baton endpoint (base/tls.h): plain text without TLS;
+// with it, mutual TLS: a server requires and verifies the client's
+// certificate against the job's CA, a channel verifies the server's.
+std::shared_ptr<grpc::ServerCredentials> BatonServerCredentials(const TlsConfig& tls);
+std::shared_ptr<grpc::ChannelCredentials> BatonChannelCredentials(const TlsConfig& tls);
 
 // The matching server side: no port sharing, keepalive pings from clients
 // accepted, and the same bulk-transfer windows and message limit.

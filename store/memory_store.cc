@@ -59,7 +59,12 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
     return absl::InvalidArgumentError(absl::StrCat(
         "store key '", key, "' holds a non-integer value; Add needs a counter"));
   }
-  value += delta;
+  int64_t sum = 0;
+  if (__builtin_add_overflow(value, delta, &sum)) {
+    return absl::OutOfRangeError(absl::StrCat("store key '", key, "': adding ", delta,
+                                              " to the counter's ", value, " overflows int64"));
+  }
+  value = sum;
   data_[key] = absl::StrCat(value);
   changed_.SignalAll();
   return value;

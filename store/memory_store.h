@@ -23,6 +23,7 @@ class MemoryStore final : public Store {
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key,
                                   absl::Duration timeout) override;
+  // OUT_OF_RANGE, leaving the counter as it is, if the sum overflows int64.
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> CompareSet(absl::string_view key,
                                          absl::string_view expected,

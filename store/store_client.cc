@@ -25,8 +25,8 @@ int64_t ToMillis(absl::Duration d) {
 StoreClient::StoreClient(StoreClientOptions options)
     : options_(std::move(options)) {
   channel_ = grpc::CreateCustomChannel(options_.address,
-                                       grpc::InsecureChannelCredentials(),
-                                       BatonChannelArguments(64 << 20));
+                                       BatonChannelCredentials(options_.tls),
+                                       BatonChannelArguments(64 << 20, options_.tls));
   stub_ = proto::Store::NewStub(channel_);
 }
 

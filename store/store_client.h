@@ -12,6 +12,8 @@
 
 #include <memory>
 #include <string>
+
+#include "base/tls.h"
 #include <vector>
 
 #include <grpcpp/channel.h>
@@ -29,6 +31,8 @@ struct StoreClientOptions {
   std::string job_token;
   // Bound on non-blocking calls, including waiting for the server to come up.
   absl::Duration call_timeout = absl::Seconds(60);
+  // Mutual TLS (base/tls.h); empty: plain text.
+  TlsConfig tls;
 };
 
 class StoreClient final : public Store {

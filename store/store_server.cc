@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
   server->service_ =
       std::make_unique<Service>(server->store_.get(), options.job_token);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(options.address, BatonServerCredentials(options.tls),
                            &server->port_);
   builder.RegisterService(server->service_.get());
   ApplyBatonServerArguments(builder, 64 << 20);

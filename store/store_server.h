@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/tls.h"
 #include "store/memory_store.h"
 
 namespace grpc {
@@ -28,6 +29,9 @@ struct StoreServerOptions {
   std::string address = "127.0.0.1:0";
   // Empty: no token is required.
   std::string job_token;
+  // Mutual TLS (base/tls.h): clients must present a certificate signed by
+  // the CA. Empty: plain text.
+  TlsConfig tls;
 };
 
 class StoreServer {

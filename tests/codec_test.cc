@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "rpc/codec.h"
+#include "rpc/function.h"
 
 namespace app {
 // A user type with its own codec.
@@ -17,6 +18,10 @@ struct Point {
   double y = 0;
   std::string label;
   at::Tensor features;
+};
+// A recursive user type: its nesting depth is up to the sender.
+struct Tree {
+  std::vector<Tree> children;
 };
 }  // namespace app
 
@@ -36,6 +41,15 @@ struct Codec<app::Point> {
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+};
+
+template <>
+struct Codec<app::Tree> {
+  static std::string Name() { return "Tree"; }
+  static void Encode(const app::Tree& t, Encoder& enc) { EncodeValue(t.children, enc); }
+  static absl::Status Decode(Decoder& dec, app::Tree* t) {
+    return DecodeValue(dec, &t->children);
   }
 };
 
@@ -237,6 +251,159 @@ TEST(Codec, UnsendableTensorsAreInvalidArgument) {
   EXPECT_EQ(sparse.status().code(), absl::StatusCode::kInvalidArgument);
   auto q = EncodeMessage(at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8));
   EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Regression (fuzz/codec_fuzzer, fuzz/dist_autograd_fuzzer): a tensor inside
+// a vector, a map value or an optional was decoded into a temporary and then
+// moved, so the address handed to receive hooks (CodecContext::
+// received_tensors) pointed at a dead object. Distributed autograd attaches
+// the recv function through it: a tensor requiring grad inside a container
+// did not get it (and the hook read freed stack memory).
+template <typename T>
+void ExpectHookSeesDecodedTensors(const T& value, std::vector<at::Tensor*> (*in)(T&)) {
+  auto p = EncodeMessage(value);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<at::Tensor*> received;
+  CodecContext cc;
+  cc.received_tensors = &received;
+  T out{};
+  ASSERT_TRUE(DecodeMessage(*p, &out, &cc).ok());
+  EXPECT_EQ(received, in(out));
+  for (at::Tensor* t : received) EXPECT_TRUE(t->defined());
+}
+
+TEST(Codec, ReceivedTensorAddressesAreThoseOfTheDecodedValue) {
+  std::vector<at::Tensor> many;
+  for (int i = 0; i < 40; ++i) many.push_back(at::full({2}, i));
+  ExpectHookSeesDecodedTensors<std::vector<at::Tensor>>(many, [](std::vector<at::Tensor>& v) {
+    std::vector<at::Tensor*> out;
+    for (auto& t : v) out.push_back(&t);
+    return out;
+  });
+  using M = std::map<std::string, std::optional<at::Tensor>>;
+  ExpectHookSeesDecodedTensors<M>({{"a", at::ones({1})}, {"b", at::zeros({3})}}, [](M& m) {
+    return std::vector<at::Tensor*>{&*m["a"], &*m["b"]};
+  });
+  // A user type has no known minimum size: its vector grows while decoding,
+  // and the addresses move with the elements.
+  std::vector<app::Point> points(100);
+  for (size_t i = 0; i < points.size(); ++i) points[i].features = at::full({1}, int64_t(i));
+  ExpectHookSeesDecodedTensors<std::vector<app::Point>>(points, [](std::vector<app::Point>& v) {
+    std::vector<at::Tensor*> out;
+    for (auto& pt : v) out.push_back(&pt.features);
+    return out;
+  });
+}
+
+// The same through the registry, as a hook sees it.
+TEST(Codec, ReceiveHookCanUseTensorsInsideContainers) {
+  struct Hook : CallHook {
+    absl::Status OnSend(const MessageInfo&, const std::vector<at::Tensor>&,
+                        std::map<std::string, std::string>&) override {
+      return absl::OkStatus();
+    }
+    absl::Status OnReceive(const MessageInfo&, const std::vector<at::Tensor*>& tensors,
+                           const std::map<std::string, std::string>&) override {
+      for (at::Tensor* t : tensors) *t = t->add(1);  // hooks may replace them
+      return absl::OkStatus();
+    }
+  };
+  FunctionRegistry registry;
+  registry.AddCallHook(std::make_shared<Hook>());
+  using T = std::tuple<std::vector<at::Tensor>, std::optional<at::Tensor>>;
+  auto p = EncodeMessage(T{{at::zeros({2}), at::ones({2})}, at::full({1}, 5)});
+  ASSERT_TRUE(p.ok());
+  T out;
+  ASSERT_TRUE(registry.DecodeReceived(*p, &out, MessageInfo{}).ok());
+  EXPECT_TRUE(std::get<0>(out)[0].equal(at::ones({2})));
+  EXPECT_TRUE(std::get<0>(out)[1].equal(at::full({2}, 2)));
+  EXPECT_TRUE(std::get<1>(out)->equal(at::full({1}, 6)));
+}
+
+// A chain of `depth` trees, each the only child of the one before.
+std::string TreeChainBytes(int depth) {
+  std::string bytes(depth, '\x01');  // each tree: one child
+  bytes += '\x00';                   // the last has none
+  return bytes;
+}
+
+// Regression: a recursive user type decoded as deep as the bytes said, so a
+// peer could exhaust the receiver's stack with a few hundred kilobytes.
+TEST(Codec, NestingDepthIsBounded) {
+  Payload ok;
+  ok.bytes = TreeChainBytes(kMaxNesting - 1);  // kMaxNesting vectors
+  app::Tree tree;
+  EXPECT_TRUE(DecodeMessage(ok, &tree).ok());
+  Payload deep;
+  deep.bytes = TreeChainBytes(1 << 20);
+  absl::Status s = DecodeMessage(deep, &tree);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "nesting depth 65 exceeds 64")) << s;
+  // The sender refuses what the receiver would.
+  app::Tree chain;
+  for (int i = 0; i < kMaxNesting; ++i) {
+    app::Tree parent;
+    parent.children.push_back(std::move(chain));
+    chain = std::move(parent);
+  }
+  auto encoded = EncodeMessage(chain);
+  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(encoded.status().message(), "at most 64")) << encoded.status();
+  auto nested = EncodeMessage(std::vector<std::vector<std::optional<int32_t>>>{{1, std::nullopt}});
+  ASSERT_TRUE(nested.ok());
+}
+
+TEST(Codec, DeclaredSizesAreCheckedBeforeAllocating) {
+  // A tensor header that claims 2^40 floats (4 TiB) with no bytes behind it.
+  Encoder enc;
+  enc.WritePod<uint8_t>(1);                                   // dense
+  enc.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));      // dtype
+  enc.WritePod<uint8_t>(0);                                   // requires_grad
+  enc.WriteVarint(2);                                         // rank
+  enc.WriteVarint(uint64_t{1} << 20);
+  enc.WriteVarint(uint64_t{1} << 20);
+  enc.WriteVarint(enc.AddBlob(Blob()));
+  Payload huge = *std::move(enc).Finish();
+  at::Tensor t;
+  absl::Status s = DecodeMessage(huge, &t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "needs 4398046511104 bytes")) << s;
+  // An empty tensor whose strides would overflow int64 in LibTorch.
+  Encoder empty;
+  empty.WritePod<uint8_t>(1);
+  empty.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));
+  empty.WritePod<uint8_t>(0);
+  empty.WriteVarint(3);
+  for (uint64_t d : {uint64_t{0}, uint64_t{1} << 40, uint64_t{1} << 40}) empty.WriteVarint(d);
+  empty.WriteVarint(empty.AddBlob(Blob()));
+  s = DecodeMessage(*std::move(empty).Finish(), &t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "tensor shape overflows")) << s;
+  // A million strings claimed by a few bytes: each needs at least one byte.
+  Payload strings;
+  strings.bytes = "\x80\x89\x7a" "abc";
+  std::vector<std::string> v;
+  s = DecodeMessage(strings, &v);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "larger than the payload allows")) << s;
+  // A map of tensors: each entry needs a key byte and a tensor tag.
+  Payload tensors;
+  tensors.bytes = "\x02\x00\x00";
+  std::map<std::string, at::Tensor> m;
+  EXPECT_EQ(DecodeMessage(tensors, &m).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Codec, DuplicateMapKeysAreDataLoss) {
+  Encoder enc;
+  enc.WriteVarint(2);
+  for (int i = 0; i < 2; ++i) {
+    enc.WriteString("k");
+    EncodeValue(int32_t{i}, enc);
+  }
+  std::map<std::string, int32_t> m;
+  absl::Status s = DecodeMessage(*std::move(enc).Finish(), &m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "duplicate map key 'k'")) << s;
 }
 
 }  // namespace

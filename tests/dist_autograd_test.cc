@@ -500,6 +500,55 @@ BATON_SCENARIO(dead_participant) {
   return 0;
 }
 
+// The root (w1) dies holding a context that reached w0 and, through w0, w2:
+// both release it within a bounded time, told by the agent's peer-failure
+// notification (w1's stream cancelled, or its process gone on this host).
+BATON_SCENARIO(dead_root) {
+  Worker w = Start(absl::Seconds(3));
+  auto& agent = *w.agent;
+  if (agent.self().id == 1) {
+    at::Tensor x = at::randn({3}, at::kDouble).requires_grad_(true);
+    Context ctx(agent);
+    at::Tensor y = agent.rpc_sync(0, nested_fn, x);  // w0 calls w2
+    WCHECK(agent.rpc_sync(0, live_fn) == 1 && agent.rpc_sync(2, live_fn) == 1);
+    std::fflush(nullptr);
+    raise(SIGKILL);
+  }
+  if (agent.self().id == 0) {
+    // First the root's context arrives here (w1's nested call)...
+    const absl::Time arrive = absl::Now() + absl::Seconds(30);
+    while (LiveContexts(agent).empty()) {
+      WCHECK(absl::Now() < arrive);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    // ... then, once w1 is dead, it leaves here and on w2.
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (!(LiveContexts(agent).empty() && agent.rpc_sync(2, live_fn) == 0)) {
+      if (absl::Now() > deadline) {
+        std::fprintf(stderr, "contexts of the dead root still held: w0 %zu, w2 %ld\n",
+                     LiveContexts(agent).size(), static_cast<long>(agent.rpc_sync(2, live_fn)));
+        return 1;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    WCHECK(agent.stats().peer_failures >= 1);
+    agent.rpc_sync(2, bye_fn);
+    (void)agent.Shutdown();
+    return 0;
+  }
+  WCHECK(g_bye->WaitForNotificationWithTimeout(absl::Seconds(60)));
+  (void)agent.Shutdown();
+  return 0;
+}
+
+TEST_P(DistAutograd, D4_ReleasedOnEveryParticipantWhenTheRootDied) {
+  auto results = Run("dead_root", 3, absl::Seconds(120));
+  EXPECT_EQ(results[0].exit_code, 0) << Describe(results);
+  EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
+  EXPECT_EQ(results[2].exit_code, 0) << Describe(results);
+  EXPECT_FALSE(results[2].timed_out) << Describe(results);
+}
+
 TEST_P(DistAutograd, D4_ReleasedOnEveryWorkerWhenAParticipantDied) {
   auto results = Run("dead_participant", 3, absl::Seconds(120));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);

@@ -110,6 +110,25 @@ TEST(Executor, GrowsWhenThreadsBlock) {
   EXPECT_FALSE(ex.Submit([] {}));
 }
 
+// Two tasks submitted back to back while one thread is idle: the second must
+// get a thread of its own even though the idle thread has not woken yet, or
+// a first task that waits for the second deadlocks (found by the loopback
+// RRef test: owners' threads waited for a creation queued behind them).
+TEST(Executor, BackToBackSubmitsNeverShareOneIdleThread) {
+  for (int round = 0; round < 300; ++round) {
+    Executor ex({/*min_threads=*/1, /*max_threads=*/8});
+    absl::SleepFor(absl::Microseconds(200));  // the thread is idle
+    absl::Notification second_ran, first_saw;
+    ASSERT_TRUE(ex.Submit([&] {
+      if (second_ran.WaitForNotificationWithTimeout(absl::Seconds(5))) first_saw.Notify();
+    }));
+    ASSERT_TRUE(ex.Submit([&] { second_ran.Notify(); }));
+    ASSERT_TRUE(first_saw.WaitForNotificationWithTimeout(absl::Seconds(10))) << "round " << round;
+    ex.Close();
+    ASSERT_TRUE(ex.Join(absl::Seconds(5)).ok());
+  }
+}
+
 TEST(Executor, JoinIsBoundedWhenATaskHangs) {
   auto ex = std::make_unique<Executor>(Executor::Options{1, 2});
   // Owned by the task too: the task outlives the executor below.

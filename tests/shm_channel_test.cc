@@ -145,5 +145,84 @@ TEST(ShmChannel, ImportRejectsForgedEntries) {
   EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);
 }
 
+// Creates a shared-memory object `name` of `bytes` bytes: a zero first word
+// (what a segment header keeps its write generation in), then a pattern.
+std::string MakeObject(const std::string& name, size_t bytes) {
+  shm_unlink(name.c_str());
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  EXPECT_GE(fd, 0);
+  std::string contents(bytes, '\xa5');
+  std::memset(contents.data(), 0, 8);
+  EXPECT_EQ(pwrite(fd, contents.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  close(fd);
+  return contents;
+}
+
+std::string ObjectContents(const std::string& name, size_t bytes) {
+  std::string out(bytes, '\0');
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(pread(fd, out.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  close(fd);
+  return out;
+}
+
+// Regression (fuzz/shm_fuzzer): any name starting with "/baton." was mapped,
+// so a peer could make a worker read, and write its release word into, the
+// worker's own same-host transport hub or link (or any baton object); a NUL
+// byte in the name got past the check and named another object.
+TEST(ShmChannel, ImportMapsOnlyTheSendersSegments) {
+  ShmChannel sender, receiver;
+  const std::string prefix = ShmChannel::ObjectPrefix(getpid());
+  const size_t bytes = (size_t{1} << 20) + 64;
+  const std::string hub = prefix + "hub.test";
+  const std::string original = MakeObject(hub, bytes);
+  Frame f = FrameWith(kBig);
+  sender.Export(f, absl::Now() + absl::Seconds(10));
+  const proto::ShmBlob honest = f.header.shm_blobs(0);
+  auto forged = [&](auto edit) {
+    Frame g = f;
+    edit(*g.header.mutable_shm_blobs(0));
+    return receiver.Import(g, prefix);
+  };
+  for (const std::string& name :
+       {hub, prefix + "l1.test", prefix + "p0", honest.name() + std::string("\0x", 2),
+        honest.name() + ".s1", std::string("/baton.1.2.s3/../x"), std::string("/etc/passwd")}) {
+    absl::Status s = forged([&](proto::ShmBlob& e) {
+      e.set_name(name);
+      e.set_generation(name == hub ? 0 : e.generation());
+      e.set_capacity(size_t{1} << 20);
+    });
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << name;
+    EXPECT_TRUE(absl::StrContains(s.message(), "not a segment")) << s;
+  }
+  EXPECT_EQ(ObjectContents(hub, bytes), original);
+  // A segment of another process, when the sender is known.
+  Frame other = f;
+  absl::Status s = receiver.Import(other, ShmChannel::ObjectPrefix(getpid() + 1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "not a segment of the sender")) << s;
+  // Sizes, capacities and generations a segment cannot have.
+  EXPECT_TRUE(absl::StrContains(forged([](proto::ShmBlob& e) { e.set_size(100); }).message(),
+                                "outside"));
+  EXPECT_TRUE(absl::StrContains(
+      forged([](proto::ShmBlob& e) { e.set_size(e.capacity() + 1); }).message(), "outside"));
+  EXPECT_TRUE(absl::StrContains(
+      forged([](proto::ShmBlob& e) { e.set_capacity(e.capacity() * 3 / 2); }).message(),
+      "capacity"));
+  EXPECT_TRUE(absl::StrContains(
+      forged([](proto::ShmBlob& e) { e.set_capacity(ShmChannel::kPoolBytes * 2); }).message(),
+      "capacity"));
+  EXPECT_TRUE(absl::StrContains(forged([](proto::ShmBlob& e) { e.set_generation(0); }).message(),
+                                "generation 0"));
+  // A capacity larger than the segment: mapping fails.
+  EXPECT_EQ(forged([](proto::ShmBlob& e) { e.set_capacity(e.capacity() * 2); }).code(),
+            absl::StatusCode::kDataLoss);
+  // The honest entry, from the named sender, still works.
+  ASSERT_TRUE(receiver.Import(f, prefix).ok());
+  EXPECT_EQ(Contents(f.payload.blobs[0]), kBig);
+  shm_unlink(hub.c_str());
+}
+
 }  // namespace
 }  // namespace baton::rpc::internal

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
@@ -77,6 +78,20 @@ TEST_P(StoreTest, AddIsAtomic) {
   ASSERT_TRUE(store_->Set("text", "abc").ok());
   EXPECT_EQ(store_->Add("text", 1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Regression (fuzz/store_fuzzer, corpus crash_add_overflows_counter): a
+// request's delta was added without an overflow check (undefined behavior;
+// the counter wrapped around).
+TEST_P(StoreTest, AddThatOverflowsIsOutOfRange) {
+  ASSERT_EQ(*store_->Add("ctr", INT64_MAX - 1), INT64_MAX - 1);
+  absl::StatusOr<int64_t> v = store_->Add("ctr", 2);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kOutOfRange) << v.status();
+  EXPECT_TRUE(absl::StrContains(v.status().message(), "overflows")) << v.status();
+  EXPECT_EQ(*store_->Add("ctr", 1), INT64_MAX);
+  ASSERT_TRUE(store_->Set("low", absl::StrCat(INT64_MIN)).ok());
+  EXPECT_EQ(store_->Add("low", -1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(*store_->Get("low", absl::Seconds(1)), absl::StrCat(INT64_MIN));
 }
 
 TEST_P(StoreTest, CompareSet) {

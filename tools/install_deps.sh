@@ -13,8 +13,9 @@ PACKAGES=(
   # zlib reads the gzipped IDX files; Fashion-MNIST (MIT) is the examples' real
   # data, installed under /usr/share/datasets/fashion-mnist/.
   zlib1g-dev dataset-fashion-mnist
-  # clang checks the lock annotations (tools/thread_safety.sh, in .ci/run).
-  clang
+  # clang checks the lock annotations (tools/thread_safety.sh, in .ci/run);
+  # libFuzzer's runtime is in libclang-rt (tools/fuzz.sh).
+  clang libclang-rt-14-dev
   # An optimized BLAS behind Debian's libblas.so.3 alternative. LibTorch
   # (baton's and the peer's) otherwise runs matmuls on the reference BLAS,
   # 10-20x slower; the OpenMP build follows at::set_num_threads.

@@ -107,7 +107,10 @@ class Container : public std::enable_shared_from_this<Container> {
   std::shared_ptr<ContextState> Find(int64_t id) const;
   // The context, created if this worker never saw it. FAILED_PRECONDITION if
   // it was released here (guarantee D5).
-  absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, const rpc::RpcAgent* agent);
+  absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, rpc::RpcAgent* agent);
+  // Releases, here and on their participants, the contexts `creator`
+  // created (it died: guarantee D4). Returns how many.
+  int ReleaseCreatedBy(rpc::RpcAgent* agent, int creator);
   // Removes the context here (remembering that it was released) and sends
   // the release to its participants except `from` (-1: none). No-op if absent.
   void Release(rpc::RpcAgent* agent, int64_t id, int from);
@@ -132,6 +135,8 @@ class Container : public std::enable_shared_from_this<Container> {
   // Recently released ids (bounded), so late messages cannot resurrect them.
   absl::flat_hash_set<int64_t> released_ ABSL_GUARDED_BY(mu_);
   std::deque<int64_t> released_order_ ABSL_GUARDED_BY(mu_);
+  // Agents this container listens to for peer failures (once each).
+  absl::flat_hash_set<const rpc::RpcAgent*> watched_ ABSL_GUARDED_BY(mu_);
 };
 
 // The call hook: tags messages sent in a context and records send/recv

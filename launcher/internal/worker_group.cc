@@ -92,15 +92,25 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
       {kEnvLaunched, "1"},
       {kEnvRejoin, w.rejoin ? "1" : "0"},
   };
+  std::vector<std::pair<const char*, std::string>> all = vars;
+  if (o.tls.enabled()) {
+    all.insert(all.end(), {{kEnvTlsCa, o.tls.ca_file},
+                           {kEnvTlsCert, o.tls.cert_file},
+                           {kEnvTlsKey, o.tls.key_file}});
+    if (!o.tls.server_name.empty()) all.emplace_back(kEnvTlsServerName, o.tls.server_name);
+  }
   std::set<std::string> ours;
-  for (const auto& [k, v] : vars) ours.insert(k);
+  for (const auto& [k, v] : all) ours.insert(k);
+  // TLS variables from baton-run's own environment are never passed on
+  // half-set: a worker gets baton-run's TLS settings or none.
+  for (const char* k : {kEnvTlsCa, kEnvTlsCert, kEnvTlsKey, kEnvTlsServerName}) ours.insert(k);
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view kv(*e);
     std::string name(kv.substr(0, kv.find('=')));
     if (!ours.count(name)) env.emplace_back(kv);
   }
-  for (const auto& [k, v] : vars) env.push_back(absl::StrCat(k, "=", v));
+  for (const auto& [k, v] : all) env.push_back(absl::StrCat(k, "=", v));
   return env;
 }
 

@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,11 @@ namespace {
 constexpr char kPrefix[] = "baton.";
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinSegment = 1 << 20;
+
+bool IsDecimal(absl::string_view s) {
+  return !s.empty() && s.size() <= 20 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 struct alignas(64) SegmentHeader {
   std::atomic<uint64_t> write_gen;
@@ -213,14 +220,40 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
   return m;
 }
 
-absl::Status ShmChannel::Import(Frame& frame) {
+bool ShmChannel::IsSegmentName(absl::string_view name, absl::string_view owner_prefix) {
+  if (!owner_prefix.empty() && !absl::StartsWith(name, owner_prefix)) return false;
+  // "/baton" "<ns>" "<pid>" "s<k>": nothing else, no empty or non-digit
+  // parts (so no NUL byte or '/' either).
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+  return parts.size() == 4 && parts[0] == "/baton" &&
+         IsDecimal(parts[1]) && IsDecimal(parts[2]) && absl::StartsWith(parts[3], "s") &&
+         IsDecimal(parts[3].substr(1));
+}
+
+absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
   auto& blobs = frame.payload.blobs;
   for (const proto::ShmBlob& sb : frame.header.shm_blobs()) {
-    if (sb.index() >= blobs.size() || blobs[sb.index()].size() != 0 ||
-        sb.size() > sb.capacity() || sb.capacity() > kPoolBytes ||
-        !absl::StartsWith(sb.name(), absl::StrCat("/", kPrefix))) {
+    std::string bad;
+    if (sb.index() >= blobs.size()) {
+      bad = absl::StrCat("blob ", sb.index(), " of a frame with ", blobs.size());
+    } else if (blobs[sb.index()].size() != 0) {
+      bad = absl::StrCat("blob ", sb.index(), " also travels on the stream");
+    } else if (!IsSegmentName(sb.name(), sender_prefix)) {
+      bad = sender_prefix.empty()
+                ? std::string("not a segment name")
+                : absl::StrCat("not a segment of the sender ('", sender_prefix, "s<k>')");
+    } else if (sb.size() < kMinBytes || sb.size() > sb.capacity()) {
+      bad = absl::StrCat("size ", sb.size(), " outside [", kMinBytes, ", capacity ",
+                         sb.capacity(), "]");
+    } else if (sb.capacity() < kMinSegment || sb.capacity() > kPoolBytes ||
+               (sb.capacity() & (sb.capacity() - 1)) != 0) {
+      bad = absl::StrCat("capacity ", sb.capacity(), " is not a segment's");
+    } else if (sb.generation() == 0) {
+      bad = "generation 0 was never written";
+    }
+    if (!bad.empty()) {
       return absl::DataLossError(absl::StrCat("bad shared-memory blob entry '",
-                                              sb.name(), "'"));
+                                              absl::CHexEscape(sb.name()), "': ", bad));
     }
     auto mapping = Map(sb.name(), sb.capacity());
     if (!mapping.ok()) return mapping.status();

@@ -12,7 +12,8 @@
 //     bytes, and lists {index, name, size, generation, capacity} in
 //     FrameHeader.shm_blobs; the blob itself travels empty. The logical
 //     message size (for limits) is unchanged.
-// S2. The receiver maps the segment (cached by name), checks write_gen,
+// S2. The receiver checks the entry (below), maps the segment (cached by
+//     name), checks write_gen,
 //     copies the bytes into its own buffer, checks write_gen again (a
 //     seqlock: a changed generation means the sender reclaimed the segment
 //     mid-copy, and the blob is reported as DATA_LOSS, never used), then
@@ -30,6 +31,15 @@
 // Without a free segment and no room to create one (pool limit, or /dev/shm
 // full), the blob stays on the stream.
 //
+// Entries come from a peer and are not trusted: before mapping anything the
+// receiver checks that the name is a segment's ("<prefix>s<k>", of the
+// sender when its prefix is known), that the blob is one of the frame's and
+// travels only here, that kMinBytes <= size <= capacity, that the capacity
+// is one a segment can have, and that the generation is not 0 (never
+// written); mapping then fails unless the object holds the whole capacity.
+// So a peer can make a worker read and release only a segment of its own,
+// within it, and only as written.
+//
 // Thread-safety: safe for concurrent use.
 #ifndef BATON_RPC_INTERNAL_SHM_CHANNEL_H_
 #define BATON_RPC_INTERNAL_SHM_CHANNEL_H_
@@ -42,6 +52,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/internal/wire.h"
@@ -60,8 +71,13 @@ class ShmChannel {
   // S1: moves eligible blobs of `frame` into segments held until `expiry`.
   void Export(Frame& frame, absl::Time expiry);
   // S2: copies the frame's segment blobs back into its payload and releases
-  // the segments. DATA_LOSS naming the segment on any inconsistency.
-  absl::Status Import(Frame& frame);
+  // the segments. DATA_LOSS naming the entry on any inconsistency.
+  // `sender_prefix` is the sender's ObjectPrefix: entries must then name its
+  // segments. Empty: a segment of any process (the name's form is checked).
+  absl::Status Import(Frame& frame, absl::string_view sender_prefix = {});
+  // Whether `name` has the form of a segment ("/baton.<ns>.<pid>.s<k>") and,
+  // unless `owner_prefix` is empty, starts with it.
+  static bool IsSegmentName(absl::string_view name, absl::string_view owner_prefix);
 
   void Close();
   static int Sweep();

@@ -145,11 +145,24 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       outbox_->Close();
       return;
     }
-    for (auto& f : frames) handler_->OnRequest(sink_, std::move(f));
+    for (auto& f : frames) {
+      caller_.store(f.header.caller_id(), std::memory_order_relaxed);
+      handler_->OnRequest(sink_, std::move(f));
+    }
     StartRead(&in_);
   }
 
   void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
+
+  // The caller's end went away without closing the stream: it died, its
+  // host did, or it cancelled at a non-graceful shutdown.
+  void OnCancel() override {
+    const int caller = caller_.load(std::memory_order_relaxed);
+    if (caller >= 0) {
+      handler_->OnPeerLost(caller, absl::UnavailableError(absl::StrCat(
+                                       "the stream from worker ", caller, " was cancelled")));
+    }
+  }
 
   void OnDone() override {
     sink_->Detach();
@@ -179,6 +192,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   std::shared_ptr<Sink> sink_;
   Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
+  std::atomic<int> caller_{-1};  // from the frames' caller ids
 };
 
 }  // namespace
@@ -297,7 +311,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(t->options_.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+                           BatonServerCredentials(t->options_.tls), &port);
   builder.RegisterCallbackGenericService(t->service_.get());
   ApplyBatonServerArguments(builder, t->options_.max_message_bytes + (1 << 20));
   t->server_ = builder.BuildAndStart();
@@ -320,8 +334,8 @@ void GrpcTransport::AddPeer(int id, const std::string& address) {
   Peer& p = peers_[id];
   p.address = address;
   p.channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(),
-      BatonChannelArguments(options_.max_message_bytes + (1 << 20)));
+      address, BatonChannelCredentials(options_.tls),
+      BatonChannelArguments(options_.max_message_bytes + (1 << 20), options_.tls));
   p.stub = std::make_unique<grpc::GenericStub>(p.channel);
 }
 

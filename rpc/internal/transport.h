@@ -47,23 +47,19 @@ using ::baton::rpc::TransportHandler;
 class Outbox;
 class ClientStream;
 
-struct TransportOptions {
-  std::string listen_address;  // host:port; port 0 picks one
-  std::string job_token;
-  int64_t max_message_bytes = 0;
-};
+using TransportOptions = ::baton::rpc::NetworkTransportOptions;
 
-class GrpcTransport : public ::baton::rpc::Transport {
+class GrpcTransport : public ::baton::rpc::NetworkTransport {
  public:
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(
       TransportOptions options, TransportHandler* handler);
   ~GrpcTransport() override;
 
   // host:port actually bound.
-  const std::string& address() const { return address_; }
+  const std::string& address() const override { return address_; }
 
   // Declares where peer `id` listens. Must precede sends to it.
-  void AddPeer(int id, const std::string& address);
+  void AddPeer(int id, const std::string& address) override;
 
   // Every peer added (a new stream opens on demand).
   bool connected(int peer) const override;
@@ -73,10 +69,10 @@ class GrpcTransport : public ::baton::rpc::Transport {
 
   // Ends every outgoing stream (half-close, or cancel if `cancel`) and waits
   // at most `timeout` for them to finish.
-  absl::Status CloseStreams(bool cancel, absl::Duration timeout);
-  void StopServer(absl::Duration grace);
+  absl::Status CloseStreams(bool cancel, absl::Duration timeout) override;
+  void StopServer(absl::Duration grace) override;
 
-  int live_streams() const;
+  int live_streams() const override;
 
  private:
   class Service;

@@ -1,6 +1,7 @@
 #include "rpc/internal/wire.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -140,6 +141,10 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
       return absl::DataLossError("truncated frame length");
     }
     if (header_len > reader.left()) return absl::DataLossError("truncated frame header");
+    if (header_len > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+      return absl::DataLossError(absl::StrCat("frame header of ", header_len,
+                                              " bytes exceeds 2 GiB"));
+    }
     Frame frame;
     bool parsed = false;
     if (const char* p = reader.Peek(header_len)) {
@@ -153,12 +158,22 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
       parsed = frame.header.ParseFromString(buf);
     }
     if (!parsed) return absl::DataLossError("malformed frame header");
-    uint64_t declared = frame.header.payload_size();
-    for (uint64_t b : frame.header.blob_sizes()) declared += b;
-    if (declared > reader.left()) {
-      return absl::DataLossError(absl::StrCat("frame declares ", declared,
-                                              " bytes but the packet has ",
-                                              reader.left(), " left"));
+    // Each size is checked against what is left before it is added, so the
+    // sum cannot wrap around.
+    uint64_t declared = 0;
+    const auto declare = [&](uint64_t n, absl::string_view what) {
+      if (n > reader.left() - declared) {
+        return absl::DataLossError(absl::StrCat(
+            "frame declares ", what, " of ", n, " bytes but the packet has ",
+            reader.left() - declared, " left after the ", declared, " declared before"));
+      }
+      declared += n;
+      return absl::OkStatus();
+    };
+    if (absl::Status s = declare(frame.header.payload_size(), "a payload"); !s.ok()) return s;
+    for (int i = 0; i < frame.header.blob_sizes_size(); ++i) {
+      absl::Status s = declare(frame.header.blob_sizes(i), absl::StrCat("blob ", i));
+      if (!s.ok()) return s;
     }
     frame.payload.bytes.resize(frame.header.payload_size());
     if (!reader.Copy(frame.payload.bytes.data(), frame.header.payload_size())) {

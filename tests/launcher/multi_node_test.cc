@@ -1,7 +1,11 @@
 // baton-run with several node agents on one machine: static two-node jobs,
-// a node that never arrives, and an elastic MIN:MAX job losing a node.
+// a node that never arrives, an elastic MIN:MAX job losing a node, and the
+// job token a multi-node job must bring (never sent through the store).
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
+constexpr char kToken[] = "multi-node-test-token-0123456789";
 
 class MultiNodeTest : public LauncherTest {
  protected:
@@ -28,8 +33,17 @@ class MultiNodeTest : public LauncherTest {
         "--master_port", absl::StrCat(master_port_), "--rdzv_port",
         absl::StrCat(rdzv_port_)};
     flags.insert(flags.end(), extra.begin(), extra.end());
-    return std::make_unique<Launcher>(marker_, Args(flags, mode, arg));
+    return std::make_unique<Launcher>(marker_, Args(flags, mode, arg), env_);
   }
+  // Writes `token` to a file of mode `mode` in the test's directory.
+  std::string TokenFile(const std::string& token, mode_t mode) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/token-", master_port_);
+    std::ofstream(path) << token << "\n";
+    ::chmod(path.c_str(), mode);
+    return path;
+  }
+  // Every node gets the same token unless a test says otherwise.
+  std::map<std::string, std::string> env_ = {{"BATON_JOB_TOKEN", kToken}};
   int master_port_ = FreePort();
   int rdzv_port_ = FreePort();
 };
@@ -53,8 +67,87 @@ TEST_F(MultiNodeTest, TwoNodesGetConsistentGlobalRanks) {
     EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
     EXPECT_EQ(env["MASTER_PORT"], absl::StrCat(master_port_));
     EXPECT_EQ(env["BATON_RUN_ID"], first.at("BATON_RUN_ID"));
-    EXPECT_EQ(env["BATON_JOB_TOKEN"], first.at("BATON_JOB_TOKEN"));
+    EXPECT_EQ(env["BATON_JOB_TOKEN"], kToken);
   }
+}
+
+TEST_F(MultiNodeTest, JobWithoutATokenFailsAtStartSayingHowToProvideOne) {
+  env_.clear();
+  auto n0 = Node("2", 0, "env");
+  EXPECT_EQ(n0->Wait(absl::Seconds(20)), 2);
+  EXPECT_THAT(n0->Output(), HasSubstr("needs the same job token from outside the job"));
+  EXPECT_THAT(n0->Output(), HasSubstr("BATON_JOB_TOKEN"));
+  EXPECT_THAT(n0->Output(), HasSubstr("--job_token_file"));
+  env_ = {{"BATON_JOB_TOKEN", "short"}};
+  auto n1 = Node("2", 1, "env");
+  EXPECT_EQ(n1->Wait(absl::Seconds(20)), 2);
+  EXPECT_THAT(n1->Output(), HasSubstr("needs at least 16 random characters"));
+}
+
+TEST_F(MultiNodeTest, NodeWithAnotherTokenCannotReadTheRendezvousRecord) {
+  auto n0 = Node("2", 0, "env", {"--rdzv_timeout", "5"});
+  env_ = {{"BATON_JOB_TOKEN", "some-other-token-0123456789"}};
+  auto n1 = Node("2", 1, "env", {"--rdzv_timeout", "5"});
+  EXPECT_NE(n1->Wait(kJobTimeout), 0);
+  EXPECT_THAT(n1->Output(), HasSubstr("publish the job settings"));
+  EXPECT_THAT(n1->Output(), HasSubstr("wrong job token"));
+  // Node 0 never sees a second node: it gives up at the rendezvous timeout.
+  EXPECT_NE(n0->Wait(kJobTimeout), 0);
+  EXPECT_TRUE(ProcessesWithMarker(marker_).empty());
+}
+
+TEST_F(MultiNodeTest, TokenFromAFileOnEveryNode) {
+  const std::string path = TokenFile("token-from-a-file-0123456789", 0600);
+  env_.clear();
+  auto n0 = Node("2", 0, "env", {"--job_token_file", path});
+  auto n1 = Node("2", 1, "env", {"--job_token_file", path});
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(Env(r, 0)["BATON_JOB_TOKEN"], "token-from-a-file-0123456789") << r;
+  }
+  // A token file others can read is refused.
+  ::chmod(path.c_str(), 0644);
+  auto bad = Node("2", 0, "env", {"--job_token_file", path});
+  EXPECT_EQ(bad->Wait(absl::Seconds(20)), 2);
+  EXPECT_THAT(bad->Output(), HasSubstr("chmod 600"));
+}
+
+TEST_F(MultiNodeTest, MutualTlsBetweenNodesAndItsFilesReachTheWorkers) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/certs-", master_port_);
+  ASSERT_EQ(std::system(absl::StrCat("bash tools/make_certs.sh ", certs, " node && ",
+                                     "bash tools/make_certs.sh ", certs, "/other rogue")
+                            .c_str()),
+            0);
+  const std::vector<std::string> tls = {"--tls_ca", certs + "/ca.pem", "--tls_cert",
+                                        certs + "/node.pem", "--tls_key", certs + "/node.key"};
+  auto n0 = Node("2", 0, "env", tls);
+  auto n1 = Node("2", 1, "env", tls);
+  ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
+  ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();
+  for (int r = 0; r < 4; ++r) {
+    auto env = Env(r, 0);
+    EXPECT_EQ(env["BATON_TLS_CA"], certs + "/ca.pem") << r;
+    EXPECT_EQ(env["BATON_TLS_KEY"], certs + "/node.key") << r;
+  }
+}
+
+TEST_F(MultiNodeTest, NodeWithoutTheJobsCertificateCannotJoin) {
+  const std::string certs = absl::StrCat(::testing::TempDir(), "/certs-", master_port_);
+  ASSERT_EQ(std::system(absl::StrCat("bash tools/make_certs.sh ", certs, " node && ",
+                                     "bash tools/make_certs.sh ", certs, "/other rogue")
+                            .c_str()),
+            0);
+  auto n0 = Node("2", 0, "env",
+                 {"--rdzv_timeout", "4", "--tls_ca", certs + "/ca.pem", "--tls_cert",
+                  certs + "/node.pem", "--tls_key", certs + "/node.key"});
+  auto rogue = Node("2", 1, "env",
+                    {"--rdzv_timeout", "4", "--heartbeat_timeout", "4", "--tls_ca",
+                     certs + "/other/ca.pem", "--tls_cert", certs + "/other/rogue.pem",
+                     "--tls_key", certs + "/other/rogue.key"});
+  EXPECT_NE(rogue->Wait(kJobTimeout), 0);
+  EXPECT_NE(n0->Wait(kJobTimeout), 0);  // no second node ever arrived
+  EXPECT_TRUE(ProcessesWithMarker(marker_).empty());
 }
 
 TEST_F(MultiNodeTest, FailureOnOneNodeRestartsBothNodes) {
@@ -140,7 +233,7 @@ TEST_F(MultiNodeTest, ElasticJobGrowsWhenANodeJoins) {
       "--nnodes", "1:2", "--nproc_per_node", "2", "--master_addr",
       "127.0.0.1", "--master_port", absl::StrCat(master_port_),
       "--rdzv_port", absl::StrCat(rdzv_port_), "--rdzv_last_call", "0.5"};
-  Launcher n1(marker_, Args(flags, "elastic", "4"));
+  Launcher n1(marker_, Args(flags, "elastic", "4"), env_);
   ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
   ASSERT_EQ(n1.Wait(kJobTimeout), 0) << n1.Output();
   EXPECT_THAT(n0->Output(), HasSubstr("node_joined"));

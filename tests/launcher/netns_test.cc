@@ -70,7 +70,8 @@ TEST_F(NetnsTest, TwoNodesWithTheirOwnAddresses) {
         "2", "--master_addr", addr_[0], "--master_port", absl::StrCat(port),
         "--rdzv_port", absl::StrCat(rdzv)};
     nodes.push_back(std::make_unique<Launcher>(
-        marker_, Args(flags, "env"), std::map<std::string, std::string>{},
+        marker_, Args(flags, "env"),
+        std::map<std::string, std::string>{{"BATON_JOB_TOKEN", "netns-test-token-0123456789"}},
         std::vector<std::string>{"ip", "netns", "exec", ns_[n]}));
   }
   for (auto& n : nodes) ASSERT_EQ(n->Wait(absl::Seconds(60)), 0) << n->Output();
@@ -79,6 +80,7 @@ TEST_F(NetnsTest, TwoNodesWithTheirOwnAddresses) {
     EXPECT_EQ(env["MASTER_ADDR"], addr_[0]);
     EXPECT_EQ(env["GROUP_RANK"], absl::StrCat(r / 2));
     EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["BATON_JOB_TOKEN"], "netns-test-token-0123456789");
   }
 }
 

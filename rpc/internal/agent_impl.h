@@ -1,0 +1,166 @@
+// AgentImpl: the state and protocol behind the public RpcAgent handle
+// (rpc/agent.h), as TensorPipe separates Context from ContextImpl. It is the
+// transports' handler: requests are dispatched to the registry, replies
+// complete pending calls, and a closed stream fails the calls pending on it.
+//
+// Collaborators come in through the constructor (AgentCollaborators): the
+// network transport's factory, the timer and the executor; the store through
+// AgentOptions::store. Only what is not given is built here, in
+// Rendezvous() (bootstrap.cc): the gRPC transport, the store client or
+// server, the shared-memory channel and transport.
+//
+// Contract: RpcAgent's (rpc/agent.h); every method here backs one of its
+// methods.
+//
+// Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks and
+// the running/torn-down flags. What Rendezvous() fills (workers_,
+// peer_limits_, peer_shm_, by_name_, the transports) is written before
+// ready_ is notified and only read afterwards; requests that arrive earlier
+// wait for ready_ on the executor.
+#ifndef BATON_RPC_INTERNAL_AGENT_IMPL_H_
+#define BATON_RPC_INTERNAL_AGENT_IMPL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "rpc/agent.h"
+#include "rpc/transport.h"
+
+namespace baton::store {
+class StoreServer;
+}
+
+namespace baton::rpc::internal {
+
+class ShmChannel;
+class ShmTransport;
+
+// Answers at once; the probe of a suspected dead peer.
+inline constexpr char kPingFunction[] = "__baton.ping";
+
+class AgentImpl : private TransportHandler {
+ public:
+  AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
+            AgentCollaborators collaborators);
+  ~AgentImpl() override;
+
+  AgentImpl(const AgentImpl&) = delete;
+  AgentImpl& operator=(const AgentImpl&) = delete;
+
+  // The handle that remote functions see as CallContext::agent. Set once,
+  // before Rendezvous().
+  void set_handle(RpcAgent* handle) { handle_ = handle; }
+
+  // Bootstrap (bootstrap.cc): store, token, network transport, rank claim,
+  // registration, same-host links, init barrier.
+  absl::Status Rendezvous();
+  // Shuts down without the agreement if still running; else tears down.
+  void Destroy();
+
+  const WorkerInfo& self() const { return workers_[rank_]; }
+  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
+  const AgentOptions& options() const { return options_; }
+  FunctionRegistry& registry() { return *registry_; }
+  Executor* executor() { return executor_.get(); }
+  DeadlineTimer* timer() { return timer_.get(); }
+  store::Store& store() { return *store_; }
+  const std::string& store_namespace() const { return ns_; }
+
+  Future<Payload> CallRaw(int to, const std::string& function, const std::string& signature,
+                          Payload args, const CallOptions& opts);
+  void AddShutdownHook(RpcAgent::ShutdownHook hook);
+  void AddPeerFailureListener(RpcAgent::PeerFailureListener listener);
+  absl::Status Shutdown(bool graceful);
+  absl::Status Teardown(bool cancel_streams, absl::Time deadline);
+  bool running() const;
+  AgentStats stats() const;
+  bool uses_shm(int peer) const;
+  bool uses_shm_transport(int peer) const;
+
+ private:
+  struct PendingCall {
+    Promise<Payload> promise;
+    int peer = -1;
+    std::string function;
+    uint64_t stream_id = 0;
+    DeadlineTimer::Id timer = 0;
+    absl::Duration timeout;
+  };
+
+  absl::Status ConnectStore();
+  absl::StatusOr<std::string> AgreeOnToken();
+
+  // TransportHandler.
+  void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) override;
+  void OnResponse(int peer, Frame frame) override;
+  void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override;
+  void OnPeerLost(int peer, const absl::Status& cause) override;
+
+  // Confirms a suspected death with a probe call, then tells the listeners.
+  void SuspectPeer(int peer, const absl::Status& cause);
+
+  void Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame, absl::Time deadline);
+  void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
+                 absl::StatusOr<Payload> result);
+  void FinishIncoming();
+
+  // Completes and removes pending call `id` (no-op if already gone).
+  void Complete(uint64_t id, absl::StatusOr<Payload> result);
+  std::string CallContextText(int peer, const std::string& function) const;
+  int64_t PeerLimit(int peer) const;
+  // The names of `peer`'s shared-memory segments start with this.
+  std::string ShmPrefix(int peer) const;
+
+  const AgentOptions options_;
+  const std::shared_ptr<FunctionRegistry> registry_;
+  RpcAgent* handle_ = nullptr;
+  NetworkTransportFactory network_factory_;  // null: gRPC
+  int rank_ = -1;
+  std::string ns_;
+  std::string token_;       // set in ConnectStore (not for an injected store)
+  std::string token_file_;  // rank 0 wrote the token here (one-host job)
+  TlsConfig tls_;           // loaded from options_.tls in ConnectStore
+  std::string store_instance_;                     // set during Rendezvous
+  std::vector<WorkerInfo> workers_;                // set during Rendezvous
+  std::vector<int64_t> peer_limits_;               // set during Rendezvous
+  std::vector<bool> peer_shm_;                     // set during Rendezvous
+  std::vector<std::string> peer_shm_prefix_;       // set during Rendezvous
+  absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
+
+  std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
+  std::shared_ptr<store::Store> store_;
+  std::unique_ptr<DeadlineTimer> timer_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<NetworkTransport> transport_;
+  std::unique_ptr<ShmChannel> shm_;
+  std::unique_ptr<ShmTransport> shm_transport_;
+
+  // Notified when Rendezvous() has filled workers_ and peer_limits_ (or
+  // gave up). Requests that arrive earlier wait for it on the executor.
+  absl::Notification ready_;
+  std::atomic<uint64_t> next_call_id_{1};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<RpcAgent::ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
+  std::vector<RpcAgent::PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
+  int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace baton::rpc::internal
+
+#endif  // BATON_RPC_INTERNAL_AGENT_IMPL_H_

@@ -1,0 +1,90 @@
+// A whole RPC job in one process over the loopback network (loopback_job.h).
+#include "rpc/testing/loopback_job.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace baton::rpc::testing {
+
+absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptions options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1, got ", options.world_size));
+  }
+  std::unique_ptr<LoopbackJob> job(new LoopbackJob());
+  job->network_ = std::make_unique<LoopbackNetwork>();
+  job->store_ = std::make_shared<store::MemoryStore>();
+  const int n = options.world_size;
+  std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> made(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      AgentOptions o;
+      o.name = absl::StrCat(options.name_prefix, r);
+      o.rank = r;
+      o.world_size = n;
+      o.store = job->store_;
+      o.job_token = "loopback-job";
+      o.rpc_timeout = options.rpc_timeout;
+      o.init_timeout = options.init_timeout;
+      o.shutdown_timeout = options.shutdown_timeout;
+      o.same_host_shm = false;
+      o.local_transport = AgentOptions::LocalTransport::kNetwork;
+      auto registry = std::make_shared<FunctionRegistry>();
+      if (options.install) options.install(r, *registry);
+      AgentCollaborators c;
+      c.network_transport = job->network_->Factory();
+      made[r] = RpcAgent::Create(std::move(o), std::move(registry), std::move(c));
+    });
+  }
+  for (auto& t : threads) t.join();
+  absl::Status first;
+  for (int r = 0; r < n; ++r) {
+    if (!made[r].ok() && first.ok()) first = made[r].status();
+  }
+  for (int r = 0; r < n; ++r) {
+    job->agents_.push_back(made[r].ok() ? *std::move(made[r]) : nullptr);
+  }
+  job->killed_.assign(n, false);
+  if (!first.ok()) return first;  // the destructor shuts down what was made
+  if (options.attach) {
+    for (int r = 0; r < n; ++r) options.attach(r, *job->agents_[r]);
+  }
+  return job;
+}
+
+LoopbackJob::~LoopbackJob() { (void)ShutdownAll(/*graceful=*/false); }
+
+absl::Status LoopbackJob::Kill(int rank) {
+  if (rank < 0 || rank >= world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker ", rank));
+  }
+  absl::Status s = network_->Kill(rank);
+  if (s.ok()) killed_[rank] = true;
+  return s;
+}
+
+absl::Status LoopbackJob::ShutdownAll(bool graceful) {
+  const int n = world_size();
+  std::vector<absl::Status> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (agents_[r] == nullptr) continue;
+    threads.emplace_back([this, r, graceful, &results] {
+      results[r] = agents_[r]->Shutdown(graceful && !killed_[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  absl::Status first;
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok() && first.ok() && !killed_[r]) {
+      first = Annotate(results[r], absl::StrCat("worker ", r));
+    }
+  }
+  for (auto& a : agents_) a.reset();
+  return first;
+}
+
+}  // namespace baton::rpc::testing

@@ -1,0 +1,82 @@
+// LoopbackJob: a whole RPC job in one process for tests (test-only target
+// //rpc/testing:loopback). Each worker is a real RpcAgent with its own
+// registry; they rendezvous through one in-memory store and talk through one
+// LoopbackNetwork, whose rules and Kill() inject faults at the transport.
+//
+//   LoopbackJobOptions o;
+//   o.world_size = 3;
+//   o.install = [](int rank, FunctionRegistry& r) { r.Register(add_fn, Add); };
+//   auto job = LoopbackJob::Start(o).value();
+//   job->agent(0).rpc_sync(2, add_fn, 1, 2);
+//   job->network().Kill(2);
+//   EXPECT_OK(job->ShutdownAll());
+//
+// Contract: Start() returns once every agent finished its rendezvous, or the
+// first error (the agents already made are shut down). ShutdownAll() shuts
+// the agents down concurrently, as separate processes would; a killed worker
+// shuts down without the agreement, and its errors are not reported. A
+// graceful shutdown waits for every worker, so after a kill pass
+// graceful=false (else the survivors' barrier ends at shutdown_timeout with
+// DEADLINE_EXCEEDED). The destructor shuts down what is left without the
+// agreement.
+//
+// Thread-safety: agent(i) and network() may be used from any thread;
+// Start/ShutdownAll from one thread.
+#ifndef BATON_RPC_TESTING_LOOPBACK_JOB_H_
+#define BATON_RPC_TESTING_LOOPBACK_JOB_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_transport.h"
+#include "store/memory_store.h"
+
+namespace baton::rpc::testing {
+
+struct LoopbackJobOptions {
+  int world_size = 2;
+  // Names are name_prefix + rank.
+  std::string name_prefix = "w";
+  absl::Duration rpc_timeout = absl::Seconds(20);
+  absl::Duration init_timeout = absl::Seconds(20);
+  absl::Duration shutdown_timeout = absl::Seconds(10);
+  // Registers worker `rank`'s functions (and protocol services) before its
+  // agent is created.
+  std::function<void(int rank, FunctionRegistry& registry)> install;
+  // Runs once worker `rank`'s agent exists (e.g. RRefService::Attach).
+  std::function<void(int rank, RpcAgent& agent)> attach;
+};
+
+class LoopbackJob {
+ public:
+  static absl::StatusOr<std::unique_ptr<LoopbackJob>> Start(LoopbackJobOptions options);
+  ~LoopbackJob();
+
+  RpcAgent& agent(int rank) { return *agents_[rank]; }
+  int world_size() const { return static_cast<int>(agents_.size()); }
+  LoopbackNetwork& network() { return *network_; }
+  store::MemoryStore& store() { return *store_; }
+
+  // Kills worker `rank` at the transport (LoopbackNetwork::Kill); its agent
+  // object stays until ShutdownAll or the destructor, as a process's memory
+  // would until it is reaped.
+  absl::Status Kill(int rank);
+  // The first error of any worker's shutdown, naming the worker.
+  absl::Status ShutdownAll(bool graceful = true);
+
+ private:
+  LoopbackJob() = default;
+
+  // Declared first: destroyed after the agents that use it.
+  std::unique_ptr<LoopbackNetwork> network_;
+  std::shared_ptr<store::MemoryStore> store_;
+  std::vector<std::unique_ptr<RpcAgent>> agents_;
+  std::vector<bool> killed_;
+};
+
+}  // namespace baton::rpc::testing
+
+#endif  // BATON_RPC_TESTING_LOOPBACK_JOB_H_

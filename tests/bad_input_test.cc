@@ -1,0 +1,1151 @@
+// Bad input on a live server: a raw gRPC client sends malformed streams to a
+// worker's RPC server while a well-formed client keeps calling it.
+//
+// Three worker processes on loopback, all on the gRPC transport (the network
+// path; no same-host shared memory) with an explicit job token:
+// - w0 is the server under attack. It serves `echo` and reports its own
+//   memory (VmRSS, VmHWM from /proc/self/status) through `server_stats`.
+// - w1 is the well-formed client: it calls echo on w0 with a small tensor
+//   for the whole run and counts failed calls (there must be none).
+// - w2 is the attacker: besides its agent (used only to read w0's stats and
+//   to end the run), it opens raw streams to w0's address with a
+//   grpc::GenericStub on the method the transport serves (kStreamMethod),
+//   with the job token in the metadata where a case needs it, and sends per
+//   stream one kind of bad input (docs/wire_format.md: a packet is frames of
+//   u32 header length | FrameHeader | payload | blobs; rpc/codec.cc: a tensor
+//   is tag, dtype, requires_grad, rank, sizes, blob index):
+//     1. random bytes (1 B to 4 MiB);
+//     2. a valid frame on a stream with a wrong or no token, or on another
+//        method;
+//     3. valid frames calling an unknown function (also: an unknown caller
+//        id, a wrong signature);
+//     4. a tensor whose header claims 1 TiB;
+//     5. truncated frames (length, header, payload, blob, codec bytes);
+//     6. oversized headers (a length beyond the packet, a packet beyond the
+//        server's message limit, a multi-MiB header);
+//     7. declared sizes whose sum wraps around 2^64.
+//   Every case runs 50-105 streams, several at a time, and the whole attack
+//   runs twice (after a warm-up with a fifth of the streams), so that a
+//   leak per stream shows as growth of w0's RSS.
+//
+// A stream that gets no reply must be ended by the server on its own (the
+// attacker never half-closes it): a stream that is still open when its
+// 20 s deadline passes is a failure ("stream never ended"). Every reply to a
+// bad frame must be an error naming what was wrong.
+#include <malloc.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "proto/rpc.pb.h"
+#include "rpc/agent.h"
+#include "rpc/codec.h"
+#include "rpc/internal/wire.h"
+#include "store/grpc_options.h"
+#include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
+
+namespace baton::rpc {
+namespace {
+
+using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
+using baton::testing::RunWorkers;
+
+const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+// w0's {VmRSS bytes, VmHWM bytes, echo calls served to w1}.
+const Function<std::vector<int64_t>()> server_stats_fn("server_stats");
+// On w0: the attack is over, shut down.
+const Function<void()> finish_fn("finish");
+// On w1: stop calling; returns {calls ok, calls failed, longest gap between
+// two successful calls in microseconds}.
+const Function<std::vector<int64_t>()> stop_client_fn("stop_client");
+
+constexpr char kToken[] = "bad-input-test-job-token";
+// Every worker's AgentOptions::max_message_bytes. GrpcTransport lets gRPC
+// receive up to this + 1 MiB (rpc/internal/transport.cc).
+constexpr int64_t kMaxMessageBytes = int64_t{8} << 20;
+constexpr int64_t kServerReceiveLimit = kMaxMessageBytes + (1 << 20);
+// The attacker's rank, the caller id its raw frames carry (a valid one, so
+// that the server gets past the caller check).
+constexpr int kAttackerId = 2;
+// How long one attack stream may live before it counts as never ended.
+constexpr absl::Duration kStreamDeadline = absl::Seconds(20);
+
+// RSS bounds, checked on w0's VmRSS (measured with w0's glibc mmap threshold
+// pinned at 1 MiB, see PinMmapThreshold):
+// - after both rounds of attacks, at most 64 MiB above the RSS before them
+//   (after a short warm-up round; each round moves ~0.3 GB through w0 in
+//   605 streams, so keeping even a tenth of what arrived would exceed it;
+//   measured over 8 runs: +3 to +18 MiB);
+// - the second round, identical to the first, adds at most 32 MiB
+//   (measured: -10 to +13 MiB);
+// and the peak (VmHWM) grows by at most 512 MiB from the start: w0
+// allocates for what arrived (up to 4 streams of ~10 MiB at a time,
+// measured: +60 to +120 MiB), never what a header claims (1 TiB).
+constexpr int64_t kRssGrowthBound = int64_t{64} << 20;
+constexpr int64_t kSecondRoundGrowthBound = int64_t{32} << 20;
+constexpr int64_t kPeakGrowthBound = int64_t{512} << 20;
+
+// ---- State of the worker processes ----
+std::atomic<int64_t> g_echo_served{0};
+absl::Notification g_finish;
+std::atomic<bool> g_stop_client{false};
+std::atomic<int64_t> g_client_ok{0};
+std::atomic<int64_t> g_client_failed{0};
+std::atomic<int64_t> g_client_max_gap_us{0};
+
+int64_t ReadStatusBytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, field)) {
+      return std::atoll(line.c_str() + std::strlen(field)) * 1024;  // kB
+    }
+  }
+  return -1;
+}
+
+std::shared_ptr<FunctionRegistry> MakeRegistry() {
+  auto r = std::make_shared<FunctionRegistry>();
+  WCHECK_OK(r->Register(echo_fn, [](const CallContext& ctx, at::Tensor t) {
+    if (ctx.caller != nullptr && ctx.caller->id == 1) g_echo_served.fetch_add(1);
+    return t;
+  }));
+  WCHECK_OK(r->Register(server_stats_fn, []() {
+    return std::vector<int64_t>{ReadStatusBytes("VmRSS:"), ReadStatusBytes("VmHWM:"),
+                                g_echo_served.load()};
+  }));
+  WCHECK_OK(r->Register(finish_fn, []() {
+    if (!g_finish.HasBeenNotified()) g_finish.Notify();
+  }));
+  WCHECK_OK(r->Register(stop_client_fn, []() {
+    g_stop_client = true;
+    return std::vector<int64_t>{g_client_ok.load(), g_client_failed.load(),
+                                g_client_max_gap_us.load()};
+  }));
+  return r;
+}
+
+// glibc raises its mmap threshold (up to 32 MiB) to the size of the largest
+// freed block, and the trim threshold to twice that, so after the first
+// multi-MiB packet every later one comes from arena heaps whose tops stay
+// mapped (malloc_trim does not trim them): w0's RSS then wanders by 50-130
+// MiB above its start from round to round, with no trend over 8 rounds and
+// no change when the attacker's connection closes. Pinning the threshold
+// (mallopt turns the dynamic adjustment off) makes freed packets go back to
+// the system, so the RSS shows what w0 actually keeps.
+void PinMmapThreshold() { WCHECK(mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1); }
+
+std::unique_ptr<RpcAgent> StartAgent() {
+  auto opts = AgentOptions::FromEnv("w");
+  WCHECK_OK(opts.status());
+  opts->job_token = kToken;
+  // The point is the network path: gRPC between workers of this host too.
+  opts->local_transport = AgentOptions::LocalTransport::kGrpc;
+  opts->same_host_shm = false;
+  opts->max_message_bytes = kMaxMessageBytes;
+  opts->rpc_timeout = absl::Seconds(30);
+  opts->shutdown_timeout = absl::Seconds(20);
+  auto agent = RpcAgent::Create(*opts, MakeRegistry());
+  WCHECK_OK(agent.status());
+  return *std::move(agent);
+}
+
+// ---- Crafting frames ----
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+std::string Le32(uint32_t v) {
+  char b[4];
+  std::memcpy(b, &v, 4);  // the wire is little-endian, like this machine
+  return std::string(b, 4);
+}
+
+// A frame as it travels: u32 header length | header | rest (nothing is
+// checked or filled in).
+std::string RawFrame(const proto::FrameHeader& h, const std::string& rest) {
+  const std::string hb = h.SerializeAsString();
+  return Le32(static_cast<uint32_t>(hb.size())) + hb + rest;
+}
+
+// A well-formed frame: sizes filled in from what follows.
+std::string WellFormedFrame(proto::FrameHeader h, const std::string& payload,
+                            const std::vector<std::string>& blobs) {
+  h.set_payload_size(payload.size());
+  h.clear_blob_sizes();
+  std::string rest = payload;
+  for (const auto& b : blobs) {
+    h.add_blob_sizes(b.size());
+    rest += b;
+  }
+  return RawFrame(h, rest);
+}
+
+proto::FrameHeader Request(uint64_t id, const std::string& function,
+                           const std::string& signature = "") {
+  proto::FrameHeader h;
+  h.set_kind(proto::FrameHeader::REQUEST);
+  h.set_id(id);
+  h.set_function(function);
+  h.set_signature(signature);
+  h.set_timeout_us(10'000'000);
+  h.set_caller_id(kAttackerId);
+  return h;
+}
+
+const std::string& EchoSignature() {
+  static const std::string s = Function<at::Tensor(at::Tensor)>::signature();
+  return s;
+}
+
+// The codec's encoding of one dense tensor argument (rpc/codec.cc).
+std::string TensorArg(at::ScalarType dtype, const std::vector<uint64_t>& sizes,
+                      uint64_t blob_index) {
+  std::string s;
+  s.push_back(1);  // dense
+  s.push_back(static_cast<char>(static_cast<int8_t>(dtype)));
+  s.push_back(0);  // requires_grad
+  PutVarint(&s, sizes.size());
+  for (uint64_t d : sizes) PutVarint(&s, d);
+  PutVarint(&s, blob_index);
+  return s;
+}
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A valid call of echo with a float tensor {1, 2, 3, 4}.
+std::string ValidEchoFrame(uint64_t id) {
+  return WellFormedFrame(Request(id, "echo", EchoSignature()),
+                         TensorArg(at::kFloat, {4}, 0), {FloatBytes({1, 2, 3, 4})});
+}
+
+// ---- A raw stream ----
+struct Spec {
+  std::string method = internal::kStreamMethod;
+  std::optional<std::string> token = std::string(kToken);  // nullopt: none sent
+  std::vector<std::string> packets;                      // one gRPC message each
+  // > 0: half-close once this many reply frames arrived; 0: never half-close
+  // (the server must end the stream itself).
+  int expected_replies = 0;
+};
+
+struct Outcome {
+  bool finished = false;
+  grpc::Status status;
+  std::vector<Frame> replies;
+  std::string reply_parse_error;
+  bool half_closed = false;
+  absl::Duration elapsed;
+};
+
+struct StreamResult {
+  absl::Mutex mu;
+  bool finished ABSL_GUARDED_BY(mu) = false;
+  Outcome outcome ABSL_GUARDED_BY(mu);
+};
+
+// Writes the spec's packets in order, reads replies, half-closes when told;
+// deletes itself when the stream is done. The spec must outlive it.
+class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  static std::shared_ptr<StreamResult> Start(grpc::GenericStub* stub, const Spec& spec) {
+    auto result = std::make_shared<StreamResult>();
+    auto* s = new RawStream(spec, result);
+    s->start_ = absl::Now();
+    if (spec.token.has_value()) s->ctx_.AddMetadata(kTokenMetadataKey, *spec.token);
+    s->ctx_.set_deadline(absl::ToChronoTime(s->start_ + kStreamDeadline));
+    stub->PrepareBidiStreamingCall(&s->ctx_, spec.method, grpc::StubOptions(), s);
+    s->StartRead(&s->in_);
+    s->WriteNext();
+    s->StartCall();  // `s` may be gone from here on
+    return result;
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the stream is ending; no more writes
+    WriteNext();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    std::vector<Frame> frames;
+    absl::Status s = internal::ParsePacket(&in_, &frames);
+    in_.Clear();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!s.ok()) outcome_.reply_parse_error = s.ToString();
+      for (auto& f : frames) outcome_.replies.push_back(std::move(f));
+    }
+    MaybeHalfClose();
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&mu_);
+      outcome_.finished = true;
+      outcome_.status = status;
+      outcome_.elapsed = absl::Now() - start_;
+      absl::MutexLock lock2(&result_->mu);
+      result_->outcome = std::move(outcome_);
+      result_->finished = true;
+    }
+    delete this;
+  }
+
+ private:
+  RawStream(const Spec& spec, std::shared_ptr<StreamResult> result)
+      : spec_(spec), result_(std::move(result)) {}
+
+  // Runs before StartCall() and then only in OnWriteDone (one at a time).
+  void WriteNext() {
+    if (next_ < spec_.packets.size()) {
+      grpc::Slice slice(spec_.packets[next_++]);
+      out_ = grpc::ByteBuffer(&slice, 1);
+      StartWrite(&out_);
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      writes_finished_ = true;
+    }
+    MaybeHalfClose();
+  }
+
+  void MaybeHalfClose() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (outcome_.half_closed || spec_.expected_replies == 0 || !writes_finished_ ||
+          static_cast<int>(outcome_.replies.size()) < spec_.expected_replies) {
+        return;
+      }
+      outcome_.half_closed = true;
+    }
+    StartWritesDone();
+  }
+
+  const Spec& spec_;
+  const std::shared_ptr<StreamResult> result_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer in_;
+  grpc::ByteBuffer out_;
+  size_t next_ = 0;
+  absl::Time start_;
+  absl::Mutex mu_;
+  bool writes_finished_ ABSL_GUARDED_BY(mu_) = false;
+  Outcome outcome_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- Expectations ----
+struct Expect {
+  enum Kind {
+    // The server ends the stream by itself (we never half-close), with no
+    // successful reply. `allow_error_replies`: error replies may come first
+    // (random bytes may happen to parse as a request).
+    kClosedByServer,
+    // Exactly `replies` reply frames, each an error `code` whose message
+    // contains the needles given for its id; then, after our half-close,
+    // the stream ends OK.
+    kErrorReplies,
+    // The stream ends with status `code` (needles in its message), no reply.
+    kStatus,
+    // A successful echo of {1, 2, 3, 4} (the crafting's positive control).
+    kEchoOk,
+    // Either kErrorReplies, or the stream ends with an error status
+    // (`needles` in it) and no reply.
+    kErrorRepliesOrStreamError,
+  };
+  Kind kind = kClosedByServer;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int replies = 0;
+  std::map<uint64_t, std::vector<std::string>> needles_by_id;
+  std::vector<std::string> needles;
+  bool allow_error_replies = false;
+};
+
+struct Attack {
+  std::string variant;
+  Spec spec;
+  Expect expect;
+};
+
+std::string CodeName(int code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+std::string Shorten(const std::string& s, size_t n = 200) {
+  if (s.size() <= n) return s;
+  return absl::StrCat(s.substr(0, n), "... (", s.size(), " chars)");
+}
+
+// Digits become '#', so that outcomes differing only in ids group together.
+std::string Normalize(const std::string& s) {
+  std::string out;
+  for (char c : Shorten(s, 160)) {
+    if (c >= '0' && c <= '9') {
+      if (out.empty() || out.back() != '#') out.push_back('#');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string Summarize(const Outcome& o) {
+  std::string out = absl::StrCat("stream ", CodeName(o.status.error_code()));
+  if (!o.status.error_message().empty()) {
+    absl::StrAppend(&out, " \"", Normalize(o.status.error_message()), "\"");
+  }
+  if (!o.replies.empty()) {
+    std::map<std::string, int> replies;
+    for (const auto& f : o.replies) {
+      ++replies[absl::StrCat(CodeName(f.header.status_code()), " \"",
+                             Normalize(f.header.error_message()), "\"")];
+    }
+    absl::StrAppend(&out, "; replies:");
+    for (const auto& [k, n] : replies) absl::StrAppend(&out, " ", n, "x ", k);
+  }
+  if (!o.reply_parse_error.empty()) {
+    absl::StrAppend(&out, "; unparsable reply: ", o.reply_parse_error);
+  }
+  return out;
+}
+
+bool ContainsAll(const std::string& s, const std::vector<std::string>& needles,
+                 std::string* missing) {
+  for (const auto& n : needles) {
+    if (!absl::StrContains(s, n)) {
+      *missing = n;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Empty if the outcome is what `e` expects, else why not.
+std::string Check(const Expect& e, const Outcome& o) {
+  const int code = o.status.error_code();
+  if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::StrCat("stream never ended: still open after ",
+                        absl::FormatDuration(kStreamDeadline), " (", Summarize(o), ")");
+  }
+  if (!o.reply_parse_error.empty()) return "the server sent an unparsable reply";
+  std::string missing;
+  switch (e.kind) {
+    case Expect::kClosedByServer:
+      if (o.half_closed) return "internal: half-closed a stream the server should end";
+      // The server ends such a stream itself (today with OK); UNAVAILABLE
+      // would mean the connection or the server went away.
+      if (code == grpc::StatusCode::UNAVAILABLE) {
+        return absl::StrCat("the server went away: ", Summarize(o));
+      }
+      for (const auto& f : o.replies) {
+        if (f.header.status_code() == 0) return "a bad stream got a successful reply";
+        if (!e.allow_error_replies) return "a reply came where the stream should just end";
+        if (f.header.error_message().empty()) return "an error reply without a message";
+      }
+      return "";
+    case Expect::kErrorReplies: {
+      if (static_cast<int>(o.replies.size()) != e.replies) {
+        return absl::StrCat("expected ", e.replies, " replies, got ", o.replies.size());
+      }
+      std::set<uint64_t> seen;
+      for (const auto& f : o.replies) {
+        if (f.header.kind() != proto::FrameHeader::RESPONSE) return "a reply that is no RESPONSE";
+        if (f.header.status_code() != static_cast<int>(e.code)) {
+          return absl::StrCat("reply code ", CodeName(f.header.status_code()), ", expected ",
+                              CodeName(static_cast<int>(e.code)));
+        }
+        auto it = e.needles_by_id.find(f.header.id());
+        if (it == e.needles_by_id.end() || !seen.insert(f.header.id()).second) {
+          return absl::StrCat("reply with unexpected id ", f.header.id());
+        }
+        if (!ContainsAll(f.header.error_message(), it->second, &missing) ||
+            !ContainsAll(f.header.error_message(), e.needles, &missing)) {
+          return absl::StrCat("reply message \"", Shorten(f.header.error_message()),
+                              "\" lacks \"", Shorten(missing), "\"");
+        }
+      }
+      if (!o.status.ok()) return absl::StrCat("stream ended with ", Summarize(o));
+      return "";
+    }
+    case Expect::kStatus:
+      if (code != static_cast<int>(e.code)) {
+        return absl::StrCat("expected the stream to end with ",
+                            CodeName(static_cast<int>(e.code)), ", got ", Summarize(o));
+      }
+      if (!ContainsAll(o.status.error_message(), e.needles, &missing)) {
+        return absl::StrCat("status message lacks \"", missing, "\": ", Summarize(o));
+      }
+      if (!o.replies.empty()) return "a rejected stream got replies";
+      return "";
+    case Expect::kErrorRepliesOrStreamError: {
+      if (!o.replies.empty() || o.status.ok()) {
+        Expect replies = e;
+        replies.kind = Expect::kErrorReplies;
+        replies.needles.clear();
+        return Check(replies, o);
+      }
+      if (!ContainsAll(o.status.error_message(), e.needles, &missing)) {
+        return absl::StrCat("status message lacks \"", missing, "\": ", Summarize(o));
+      }
+      return "";
+    }
+    case Expect::kEchoOk: {
+      if (o.replies.size() != 1 || o.replies[0].header.status_code() != 0) {
+        return absl::StrCat("positive control failed: ", Summarize(o));
+      }
+      at::Tensor t;
+      absl::Status s = DecodeMessage(o.replies[0].payload, &t);
+      if (!s.ok() || !t.equal(at::tensor({1.f, 2.f, 3.f, 4.f}))) {
+        return absl::StrCat("positive control: wrong echo (", s.ToString(), ")");
+      }
+      if (!o.status.ok()) return absl::StrCat("positive control ended with ", Summarize(o));
+      return "";
+    }
+  }
+  return "unknown expectation";
+}
+
+// ---- The cases ----
+std::mt19937_64& Rng() {
+  static std::mt19937_64 rng(20240611);
+  return rng;
+}
+
+std::string RandomBytes(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t v = Rng()();
+    std::memcpy(s.data() + i, &v, std::min<size_t>(8, n - i));
+  }
+  return s;
+}
+
+Attack ControlCase(int i) {
+  Attack a{"valid echo (positive control)", {}, {}};
+  a.spec.packets = {ValidEchoFrame(1000 + i)};
+  a.spec.expected_replies = 1;
+  a.expect.kind = Expect::kEchoOk;
+  return a;
+}
+
+// 1. Random bytes, several sizes; every other run of ten starts with a
+// length prefix that fits the packet, so the header parser sees garbage.
+Attack RandomCase(int i) {
+  static const size_t kSizes[] = {1, 3, 4, 7, 64, 1000, 4096, 65536, 1 << 20, 4 << 20};
+  const size_t n = kSizes[i % 10];
+  const bool plausible = (i / 10) % 2 == 1 && n > 8;
+  std::string bytes = RandomBytes(n);
+  if (plausible) {
+    const uint32_t len = static_cast<uint32_t>(Rng()() % (n - 4));
+    std::memcpy(bytes.data(), &len, 4);
+  }
+  Attack a{absl::StrCat("random ", n, " bytes",
+                        plausible ? ", length prefix within the packet" : ""),
+           {}, {}};
+  a.spec.packets = {std::move(bytes)};
+  a.expect.kind = Expect::kClosedByServer;
+  a.expect.allow_error_replies = true;
+  return a;
+}
+
+// 2. A valid frame on a stream with a wrong token, no token, or on a method
+// the server does not serve.
+Attack TokenCase(int i) {
+  Attack a;
+  a.spec.packets = {ValidEchoFrame(i)};
+  a.expect.kind = Expect::kStatus;
+  switch (i % 5) {
+    case 0:
+    case 1:
+      a.variant = "wrong token";
+      a.spec.token = absl::StrCat("not-the-token-", i);
+      a.expect.code = absl::StatusCode::kUnauthenticated;
+      a.expect.needles = {"wrong job token"};
+      break;
+    case 2:
+    case 3:
+      a.variant = "no token";
+      a.spec.token = std::nullopt;
+      a.expect.code = absl::StatusCode::kUnauthenticated;
+      a.expect.needles = {"without a job token", "x-baton-token"};
+      break;
+    default:
+      a.variant = "right token, other method";
+      a.spec.method = "/baton.Rpc/Other";
+      a.expect.code = absl::StatusCode::kUnimplemented;
+      a.expect.needles = {"baton serves only /baton.Rpc/Stream"};
+      break;
+  }
+  return a;
+}
+
+// 3. Valid frames calling an unknown function (1-3 per packet), from an
+// unknown caller id, or with the wrong signature.
+Attack UnknownFunctionCase(int i) {
+  Attack a;
+  a.expect.kind = Expect::kErrorReplies;
+  const std::string args = TensorArg(at::kFloat, {4}, 0);
+  const std::string blob = FloatBytes({1, 2, 3, 4});
+  switch (i % 4) {
+    case 0:
+    case 1: {
+      const int k = 1 + (i / 4) % 3;
+      a.variant = absl::StrCat("unknown function, ", k, " frame(s) in one packet");
+      std::string packet;
+      for (int j = 0; j < k; ++j) {
+        const uint64_t id = static_cast<uint64_t>(i) * 10 + j;
+        const std::string name = absl::StrCat("no_such_function_", i, "_", j);
+        packet += WellFormedFrame(Request(id, name, EchoSignature()), args, {blob});
+        a.expect.needles_by_id[id] = {absl::StrCat("unknown function '", name, "'")};
+      }
+      a.spec.packets = {std::move(packet)};
+      a.expect.code = absl::StatusCode::kNotFound;
+      a.expect.needles = {"not registered on worker 'w0'"};
+      a.expect.replies = k;
+      break;
+    }
+    case 2: {
+      a.variant = "unknown caller id";
+      proto::FrameHeader h = Request(i, "echo", EchoSignature());
+      h.set_caller_id(99);
+      a.spec.packets = {WellFormedFrame(h, args, {blob})};
+      a.expect.code = absl::StatusCode::kInvalidArgument;
+      a.expect.needles_by_id[i] = {"unknown caller id 99"};
+      a.expect.replies = 1;
+      break;
+    }
+    default: {
+      a.variant = "wrong signature";
+      a.spec.packets = {WellFormedFrame(Request(i, "echo", "(int64)->int64"), args, {blob})};
+      a.expect.code = absl::StatusCode::kInvalidArgument;
+      a.expect.needles_by_id[i] = {"argument type mismatch", "(int64)->int64",
+                                   EchoSignature()};
+      a.expect.replies = 1;
+      break;
+    }
+  }
+  a.spec.expected_replies = a.expect.replies;
+  return a;
+}
+
+// 4. A tensor whose header claims 1 TiB: 2^38 floats.
+Attack TerabyteTensorCase(int i) {
+  constexpr uint64_t kTebiFloats = uint64_t{1} << 38;
+  Attack a;
+  const std::string blob = FloatBytes({1, 2, 3, 4});
+  switch (i % 4) {
+    case 0:
+      a.variant = "1 TiB tensor, 16-byte blob";
+      a.spec.packets = {WellFormedFrame(Request(i, "echo", EchoSignature()),
+                                        TensorArg(at::kFloat, {kTebiFloats}, 0), {blob})};
+      a.expect.kind = Expect::kErrorReplies;
+      a.expect.code = absl::StatusCode::kDataLoss;
+      a.expect.needles_by_id[i] = {"undecodable arguments",
+                                   "needs 1099511627776 bytes but its blob has 16"};
+      a.expect.replies = 1;
+      break;
+    case 1: {
+      a.variant = "1 TiB tensor, header declares a 1 TiB blob";
+      const std::string payload = TensorArg(at::kFloat, {kTebiFloats}, 0);
+      proto::FrameHeader h = Request(i, "echo", EchoSignature());
+      h.set_payload_size(payload.size());
+      h.add_blob_sizes(uint64_t{1} << 40);
+      a.spec.packets = {RawFrame(h, payload + blob)};
+      a.expect.kind = Expect::kClosedByServer;
+      break;
+    }
+    case 2:
+      a.variant = "tensor shape 2^20 x 2^20 x 2^20";
+      a.spec.packets = {WellFormedFrame(
+          Request(i, "echo", EchoSignature()),
+          TensorArg(at::kFloat, {1 << 20, 1 << 20, 1 << 20}, 0), {blob})};
+      a.expect.kind = Expect::kErrorReplies;
+      a.expect.code = absl::StatusCode::kDataLoss;
+      a.expect.needles_by_id[i] = {"undecodable arguments", "tensor shape overflows"};
+      a.expect.replies = 1;
+      break;
+    default:
+      a.variant = "1 TiB tensor, no blob at all";
+      a.spec.packets = {WellFormedFrame(Request(i, "echo", EchoSignature()),
+                                        TensorArg(at::kFloat, {kTebiFloats}, 0), {})};
+      a.expect.kind = Expect::kErrorReplies;
+      a.expect.code = absl::StatusCode::kDataLoss;
+      a.expect.needles_by_id[i] = {"undecodable arguments", "refers to blob 0"};
+      a.expect.replies = 1;
+      break;
+  }
+  a.spec.expected_replies = a.expect.replies;
+  return a;
+}
+
+// 5. Truncated frames.
+Attack TruncatedCase(int i) {
+  Attack a;
+  a.expect.kind = Expect::kClosedByServer;
+  const std::string args = TensorArg(at::kFloat, {4}, 0);
+  const std::string blob = FloatBytes({1, 2, 3, 4});
+  switch (i % 7) {
+    case 0: {
+      a.variant = "payload_size 1000, 10 bytes follow";
+      proto::FrameHeader h = Request(i, "echo", EchoSignature());
+      h.set_payload_size(1000);
+      a.spec.packets = {RawFrame(h, RandomBytes(10))};
+      break;
+    }
+    case 1: {
+      a.variant = "header cut in half";
+      const std::string full = ValidEchoFrame(i);
+      uint32_t header_len = 0;
+      std::memcpy(&header_len, full.data(), 4);
+      a.spec.packets = {full.substr(0, 4 + header_len / 2)};
+      break;
+    }
+    case 2:
+      a.variant = "2 bytes of a length";
+      a.spec.packets = {std::string("\x10\x00", 2)};
+      break;
+    case 3: {
+      a.variant = "codec bytes cut (framing consistent)";
+      a.spec.packets = {WellFormedFrame(Request(i, "echo", EchoSignature()),
+                                        args.substr(0, 3), {blob})};
+      a.expect.kind = Expect::kErrorReplies;
+      a.expect.code = absl::StatusCode::kDataLoss;
+      a.expect.needles_by_id[i] = {"undecodable arguments", "truncated payload reading"};
+      a.expect.replies = 1;
+      break;
+    }
+    case 4: {
+      a.variant = "blob declares 256 bytes, 100 follow";
+      proto::FrameHeader h = Request(i, "echo", EchoSignature());
+      h.set_payload_size(args.size());
+      h.add_blob_sizes(256);
+      a.spec.packets = {RawFrame(h, args + RandomBytes(100))};
+      break;
+    }
+    case 5: {
+      a.variant = "valid frame, then a truncated one, in one packet";
+      proto::FrameHeader h = Request(i * 10 + 1, "echo", EchoSignature());
+      h.set_payload_size(1000);
+      a.spec.packets = {ValidEchoFrame(i * 10) + RawFrame(h, "short")};
+      break;
+    }
+    default: {
+      a.variant = "one frame split over two packets";
+      const std::string full = ValidEchoFrame(i);
+      a.spec.packets = {full.substr(0, full.size() / 2), full.substr(full.size() / 2)};
+      break;
+    }
+  }
+  a.spec.expected_replies = a.expect.replies;
+  return a;
+}
+
+// 6. Oversized headers.
+Attack OversizedCase(int i) {
+  Attack a;
+  a.expect.kind = Expect::kClosedByServer;
+  switch (i % 5) {
+    case 0:
+      a.variant = "header length 0xFFFFFFFF, 64 bytes follow";
+      a.spec.packets = {Le32(0xFFFFFFFFu) + RandomBytes(64)};
+      break;
+    case 1:
+      a.variant = "header length 2^31, a valid frame's bytes follow";
+      a.spec.packets = {Le32(0x80000000u) + ValidEchoFrame(i).substr(4)};
+      break;
+    case 2: {
+      // gRPC itself refuses a message over the server's receive limit.
+      a.variant = "packet just over the server's receive limit (9 MiB)";
+      const std::string payload(kServerReceiveLimit, 'p');
+      proto::FrameHeader h = Request(i, "echo", EchoSignature());
+      a.spec.packets = {WellFormedFrame(h, payload, {})};
+      a.expect.kind = Expect::kStatus;
+      a.expect.code = absl::StatusCode::kResourceExhausted;
+      a.expect.needles = {"larger than max"};
+      break;
+    }
+    case 3: {
+      a.variant = "6 MiB header (function name), within the limit";
+      const std::string name(6 << 20, 'f');
+      a.spec.packets = {WellFormedFrame(Request(i, name, EchoSignature()), "", {})};
+      a.expect.kind = Expect::kErrorReplies;
+      a.expect.code = absl::StatusCode::kNotFound;
+      a.expect.needles_by_id[i] = {"unknown function 'fff"};
+      a.expect.replies = 1;
+      break;
+    }
+    default: {
+      // The request fits the limit; the error reply that names the function
+      // would not. Today gRPC refuses to send that reply and ends the stream
+      // with RESOURCE_EXHAUSTED; an error reply that does not repeat the
+      // whole name would do as well.
+      a.variant = "header just under the receive limit (reply would exceed it)";
+      const std::string name(kServerReceiveLimit - 64, 'g');
+      a.spec.packets = {WellFormedFrame(Request(i, name, EchoSignature()), "", {})};
+      a.expect.kind = Expect::kErrorRepliesOrStreamError;
+      a.expect.code = absl::StatusCode::kNotFound;
+      a.expect.needles_by_id[i] = {"unknown function"};
+      a.expect.replies = 1;
+      a.expect.needles = {"larger than max"};
+      break;
+    }
+  }
+  a.spec.expected_replies = a.expect.replies;
+  return a;
+}
+
+// 7. Declared sizes whose sum wraps around 2^64. ParsePacket at HEAD
+// (commit of rpc/internal/wire.cc before its overflow check) added
+// payload_size and blob_sizes in a uint64 unchecked: payload_size 2^63 plus
+// a blob of 2^63 declared 0 bytes, passed the check, and
+// `payload.bytes.resize(2^63)` threw std::length_error out of
+// ServerStream::OnReadDone: std::terminate, the worker died (SIGABRT).
+// Not sent: payload_size 2^40 with a blob of 2^64 - 2^40, which on such a
+// build would try to allocate and zero 1 TiB instead.
+Attack SizeOverflowCase(int i) {
+  Attack a;
+  a.expect.kind = Expect::kClosedByServer;
+  const std::string payload = TensorArg(at::kFloat, {4}, 0);
+  const std::string blob = FloatBytes({1, 2, 3, 4});
+  proto::FrameHeader h = Request(i, "echo", EchoSignature());
+  if (i % 2 == 0) {
+    a.variant = "payload_size 2^63 + blob 2^63 (sum wraps to 0)";
+    h.set_payload_size(uint64_t{1} << 63);
+    h.add_blob_sizes(uint64_t{1} << 63);
+  } else {
+    a.variant = "payload_size right, blobs 2^63 + 2^63 + 16 (sum wraps)";
+    h.set_payload_size(payload.size());
+    h.add_blob_sizes(uint64_t{1} << 63);
+    h.add_blob_sizes(uint64_t{1} << 63);
+    h.add_blob_sizes(blob.size());
+  }
+  a.spec.packets = {RawFrame(h, payload + blob)};
+  return a;
+}
+
+// ---- Running the attack ----
+
+// Ends the job after a fatal failure in the attacker: w1 stops calling and
+// w0 stops waiting (best effort: w0 may be dead), so that every worker exits
+// promptly instead of waiting out its own limit. Then exits with 1.
+[[noreturn]] void AbortAttack(RpcAgent* agent, const char* file, int line, const char* what) {
+  std::fprintf(stderr, "%s:%d: check failed: %s\n", file, line, what);
+  std::fflush(stderr);
+  (void)agent->rpc_async(CallOptions{absl::Seconds(5)}, "w1", stop_client_fn).status();
+  (void)agent->rpc_async(CallOptions{absl::Seconds(5)}, "w0", finish_fn).status();
+  std::_Exit(1);
+}
+
+#define ACHECK(agent, cond) \
+  do {                      \
+    if (!(cond)) AbortAttack((agent), __FILE__, __LINE__, #cond); \
+  } while (0)
+
+struct VariantLog {
+  int streams = 0;
+  int failed = 0;
+  std::map<std::string, int> outcomes;
+  std::string first_failure;
+  absl::Duration max_elapsed;
+};
+
+class Attacker {
+ public:
+  Attacker(RpcAgent* agent, const std::string& address)
+      : agent_(agent), address_(address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    stub_ = std::make_unique<grpc::GenericStub>(channel_);
+  }
+
+  std::vector<int64_t> ServerStats() {
+    auto r = agent_->rpc_async(CallOptions{absl::Seconds(20)}, "w0", server_stats_fn).result();
+    if (!r.ok()) std::fprintf(stderr, "server_stats: %s\n", r.status().ToString().c_str());
+    ACHECK(agent_, r.ok() && r->size() == 3);
+    return *r;
+  }
+
+  // Runs `n` streams made by `make`, `concurrency` at a time, checks each,
+  // and that w1's calls made progress meanwhile.
+  void RunCase(const std::string& name, int n, int concurrency,
+               const std::function<Attack(int)>& make) {
+    const absl::Time t0 = absl::Now();
+    const int64_t served0 = ServerStats()[2];
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i += concurrency) {
+      std::vector<Attack> batch;
+      for (int j = i; j < std::min(n, i + concurrency); ++j) batch.push_back(make(j));
+      std::vector<std::shared_ptr<StreamResult>> results;
+      for (const auto& a : batch) {
+        for (const auto& p : a.spec.packets) bytes += p.size();
+        results.push_back(RawStream::Start(stub_.get(), a.spec));
+      }
+      for (size_t j = 0; j < batch.size(); ++j) {
+        StreamResult& r = *results[j];
+        absl::MutexLock lock(&r.mu);
+        r.mu.AwaitWithTimeout(absl::Condition(&r.finished), kStreamDeadline + absl::Seconds(10));
+        if (!r.finished) {
+          // The stream outlived its own gRPC deadline: the reactor still
+          // refers to batch[j]; nothing sensible can follow.
+          std::fprintf(stderr, "FAIL [%s / %s]: stream never ended, even past its deadline\n",
+                       name.c_str(), batch[j].variant.c_str());
+          AbortAttack(agent_, __FILE__, __LINE__, "stream ended");
+        }
+        Record(name, batch[j], r.outcome);
+      }
+    }
+    // w1 kept going during the case (it calls every few ms; allow it a
+    // little time after a case that took less than a call).
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    int64_t served = ServerStats()[2];
+    while (served <= served0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+      served = ServerStats()[2];
+    }
+    if (served <= served0) {
+      Fail(name, "progress", "w1's calls made no progress during the case");
+    }
+    std::printf("case %-32s %4d streams, %9lld bytes, %5.2f s, w1 calls served meanwhile %lld\n",
+                name.c_str(), n, static_cast<long long>(bytes),
+                absl::ToDoubleSeconds(absl::Now() - t0),
+                static_cast<long long>(served - served0));
+    std::fflush(stdout);
+    total_bytes_ += bytes;
+  }
+
+  void Record(const std::string& name, const Attack& a, const Outcome& o) {
+    // One log entry per case and variant, over all rounds.
+    VariantLog& v = log_[absl::StrCat(name.substr(0, name.find(" (round")), " / ", a.variant)];
+    ++v.streams;
+    ++v.outcomes[Summarize(o)];
+    v.max_elapsed = std::max(v.max_elapsed, o.elapsed);
+    const std::string why = Check(a.expect, o);
+    if (!why.empty()) {
+      ++v.failed;
+      if (v.first_failure.empty()) v.first_failure = why;
+      Fail(name, a.variant, why);
+    }
+  }
+
+  void Fail(const std::string& name, const std::string& variant, const std::string& why) {
+    ++failures_;
+    if (failures_ <= 20) {
+      std::fprintf(stderr, "FAIL [%s / %s]: %s\n", name.c_str(), variant.c_str(),
+                   why.c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  void PrintLog() {
+    std::printf("---- what the server did, per variant ----\n");
+    for (const auto& [k, v] : log_) {
+      std::printf("%s: %d streams, %d failed, slowest %s\n", k.c_str(), v.streams, v.failed,
+                  absl::FormatDuration(v.max_elapsed).c_str());
+      for (const auto& [o, n] : v.outcomes) std::printf("    %4dx %s\n", n, o.c_str());
+      if (!v.first_failure.empty()) std::printf("    first failure: %s\n", v.first_failure.c_str());
+    }
+    std::fflush(stdout);
+  }
+
+  int failures() const { return failures_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  RpcAgent* const agent_;
+  const std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  std::map<std::string, VariantLog> log_;
+  int failures_ = 0;
+  int64_t total_bytes_ = 0;
+};
+
+void PrintStats(const char* when, const std::vector<int64_t>& s) {
+  std::printf("w0 %-20s VmRSS %7.1f MiB, VmHWM %7.1f MiB, w1 calls served %lld\n", when,
+              s[0] / 1048576.0, s[1] / 1048576.0, static_cast<long long>(s[2]));
+  std::fflush(stdout);
+}
+
+int RunAttacker(RpcAgent* agent) {
+  const absl::Time t0 = absl::Now();
+  Attacker attacker(agent, agent->worker(0)->address);
+  // Wait until w1 is calling.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (attacker.ServerStats()[2] < 20 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ACHECK(agent, attacker.ServerStats()[2] >= 20);
+
+  // The crafting is right: the same path with a valid frame gets an echo.
+  attacker.RunCase("0 control", 16, 8, ControlCase);
+  const std::vector<int64_t> start = attacker.ServerStats();
+  PrintStats("at the start:", start);
+
+  // Every case once, with few streams, 10 at a time (round 0): w0 pays its
+  // one-time costs (threads and their malloc arenas, code pages of error
+  // paths) before the RSS that the rounds are compared with.
+  const auto run_round = [&attacker](int round, int scale) {
+    const std::string r = absl::StrCat(" (round ", round, ")");
+    attacker.RunCase("1 random bytes" + r, 100 / scale, 4, RandomCase);
+    attacker.RunCase("2 token" + r, 100 / scale, 16, TokenCase);
+    attacker.RunCase("3 unknown function" + r, 100 / scale, 16, UnknownFunctionCase);
+    attacker.RunCase("4 1 TiB tensor" + r, 100 / scale, 16, TerabyteTensorCase);
+    attacker.RunCase("5 truncated" + r, 105 / scale, 16, TruncatedCase);
+    attacker.RunCase("6 oversized" + r, 50 / scale, 4, OversizedCase);
+    attacker.RunCase("7 size overflow" + r, 50 / scale, 16, SizeOverflowCase);
+    // Buffers of the streams that just ended may be freed a moment after
+    // their status reached us.
+    absl::SleepFor(absl::Milliseconds(500));
+  };
+  run_round(0, 5);
+  const std::vector<int64_t> before = attacker.ServerStats();
+  PrintStats("before the attacks:", before);
+
+  std::vector<std::vector<int64_t>> after;
+  for (int round = 1; round <= 2; ++round) {
+    run_round(round, 1);
+    after.push_back(attacker.ServerStats());
+    PrintStats(absl::StrCat("after round ", round, ":").c_str(), after.back());
+  }
+
+  // The server still answers raw streams and agent calls.
+  attacker.RunCase("0 control", 16, 8, ControlCase);
+  const at::Tensor x = at::arange(1000, at::kFloat);
+  auto echoed = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w0", echo_fn, x).result();
+  ACHECK(agent, echoed.ok() && echoed->equal(x));
+  attacker.PrintLog();
+
+  const int64_t growth = after[1][0] - before[0];
+  const int64_t second_round = after[1][0] - after[0][0];
+  const int64_t peak_growth = after[1][1] - start[1];
+  std::printf("w0 RSS growth over both rounds %.1f MiB (bound %.0f; %.1f MiB since the start), "
+              "in round 2 %.1f MiB (bound %.0f), peak growth since the start %.1f MiB "
+              "(bound %.0f); %.1f MB sent in %.1f s\n",
+              growth / 1048576.0, kRssGrowthBound / 1048576.0,
+              (after[1][0] - start[0]) / 1048576.0, second_round / 1048576.0,
+              kSecondRoundGrowthBound / 1048576.0, peak_growth / 1048576.0,
+              kPeakGrowthBound / 1048576.0, attacker.total_bytes() / 1e6,
+              absl::ToDoubleSeconds(absl::Now() - t0));
+  std::fflush(stdout);
+  int failures = attacker.failures();
+  if (growth > kRssGrowthBound || second_round > kSecondRoundGrowthBound ||
+      peak_growth > kPeakGrowthBound) {
+    std::fprintf(stderr, "FAIL: w0's memory grew beyond its bounds\n");
+    ++failures;
+  }
+
+  // End w1's calls, then w0.
+  auto client = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w1", stop_client_fn).result();
+  ACHECK(agent, client.ok());
+  std::printf("w1: %lld calls ok, %lld failed, longest gap between successes %.1f ms\n",
+              static_cast<long long>((*client)[0]), static_cast<long long>((*client)[1]),
+              (*client)[2] / 1000.0);
+  std::fflush(stdout);
+  if ((*client)[1] != 0 || (*client)[0] < 100) {
+    std::fprintf(stderr, "FAIL: w1 saw failed calls or made too few\n");
+    ++failures;
+  }
+  WCHECK_OK(agent->rpc_async(CallOptions{absl::Seconds(20)}, "w0", finish_fn).status());
+  return failures == 0 ? 0 : 1;
+}
+
+int RunGoodClient(RpcAgent* agent) {
+  absl::Time last_ok = absl::Now();
+  std::vector<std::string> errors;
+  const absl::Time limit = absl::Now() + absl::Seconds(250);
+  for (int64_t i = 0; !g_stop_client.load() && absl::Now() < limit; ++i) {
+    const at::Tensor x = at::arange(16, at::kFloat) + static_cast<double>(i % 1000);
+    auto r = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w0", echo_fn, x).result();
+    if (r.ok() && r->equal(x)) {
+      const absl::Time now = absl::Now();
+      const int64_t gap = absl::ToInt64Microseconds(now - last_ok);
+      if (gap > g_client_max_gap_us.load()) g_client_max_gap_us = gap;
+      last_ok = now;
+      g_client_ok.fetch_add(1);
+    } else {
+      g_client_failed.fetch_add(1);
+      if (errors.size() < 10) errors.push_back(r.ok() ? "wrong echo" : r.status().ToString());
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  std::printf("w1: %lld calls ok, %lld failed\n", static_cast<long long>(g_client_ok.load()),
+              static_cast<long long>(g_client_failed.load()));
+  for (const auto& e : errors) std::printf("w1 failed call: %s\n", e.c_str());
+  std::fflush(stdout);
+  // Failing here still lets the scenario shut the agent down.
+  return g_stop_client.load() && g_client_failed.load() == 0 ? 0 : 1;
+}
+
+BATON_SCENARIO(bad_input) {
+  if (std::getenv("RANK") != nullptr && std::string(std::getenv("RANK")) == "0") {
+    PinMmapThreshold();
+  }
+  auto agent = StartAgent();
+  WCHECK(agent->workers().size() == 3);
+  int code = 0;
+  switch (agent->self().id) {
+    case 0:
+      // Serve until the attacker says it is over.
+      WCHECK(g_finish.WaitForNotificationWithTimeout(absl::Seconds(260)));
+      break;
+    case 1:
+      code = RunGoodClient(agent.get());
+      break;
+    default:
+      code = RunAttacker(agent.get());
+      break;
+  }
+  WCHECK_OK(agent->Shutdown());
+  return code;
+}
+
+TEST(BadInput, LiveServerSurvivesBadStreamsAndKeepsServing) {
+  const absl::Time t0 = absl::Now();
+  auto results = RunWorkers("bad_input", 3, absl::Seconds(280));
+  std::cout << Describe(results) << "whole run: " << absl::ToDoubleSeconds(absl::Now() - t0)
+            << " s\n";
+  ExpectAllSucceeded(results);
+}
+
+}  // namespace
+}  // namespace baton::rpc

@@ -1,0 +1,194 @@
+// Several RpcAgents in one process over the loopback network transport
+// (rpc/testing/loopback_transport.h), with faults injected at the transport:
+// delayed, dropped and reordered frames, and a killed worker. These run the
+// agent's call protocol (deadlines, error codes, pending-call bookkeeping,
+// shutdown) without processes or sockets.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_job.h"
+
+namespace baton::rpc {
+namespace {
+
+using testing::Fate;
+using testing::FrameInfo;
+using testing::LoopbackJob;
+using testing::LoopbackJobOptions;
+
+const Function<int64_t(int64_t)> echo_fn("echo");
+const Function<void(int64_t)> sleep_ms_fn("sleep_ms");
+const Function<int64_t(int64_t, int64_t)> relay_fn("relay");
+
+LoopbackJobOptions Options(int world) {
+  LoopbackJobOptions o;
+  o.world_size = world;
+  o.install = [](int, FunctionRegistry& r) {
+    ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
+    ASSERT_TRUE(r.Register(sleep_ms_fn, [](int64_t ms) {
+                   absl::SleepFor(absl::Milliseconds(ms));
+                 }).ok());
+    // Calls `target` from inside a remote function.
+    ASSERT_TRUE(r.Register(relay_fn, [](const CallContext& ctx, int64_t target, int64_t v) {
+                   return ctx.agent->rpc_sync(static_cast<int>(target), echo_fn, v + 1);
+                 }).ok());
+  };
+  return o;
+}
+
+TEST(LoopbackAgents, EveryWorkerCallsEveryWorkerInOneProcess) {
+  auto job = LoopbackJob::Start(Options(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int from = 0; from < 3; ++from) {
+    EXPECT_TRUE(absl::StartsWith((*job)->agent(from).self().address, "loopback:"));
+    for (int to = 0; to < 3; ++to) {
+      EXPECT_EQ((*job)->agent(from).rpc_sync(to, echo_fn, from * 10 + to), from * 10 + to);
+      EXPECT_FALSE((*job)->agent(from).uses_shm_transport(to));
+    }
+  }
+  // Nested: w0 -> w1 -> w2 and back.
+  EXPECT_EQ((*job)->agent(0).rpc_sync(1, relay_fn, 2, 41), 42);
+  EXPECT_GE((*job)->network().stats().delivered, 9 * 2 + 4);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+TEST(LoopbackAgents, ReplyDelayedPastTheDeadlineIsDeadlineExceededAndIgnoredLater) {
+  auto job = LoopbackJob::Start(Options(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  (*job)->network().SetRule([](const FrameInfo& f) {
+    return !f.request && f.from == 1 && f.function == "echo" ? Fate::Delay(absl::Milliseconds(400))
+                                                             : Fate::Deliver();
+  });
+  CallOptions opts;
+  opts.timeout = absl::Milliseconds(100);
+  auto r = (*job)->agent(0).rpc_async(opts, 1, echo_fn, 7).result();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "worker 'w1' (id 1), function 'echo'"))
+      << r.status();
+  // The late reply arrives and finds no call: nothing pends, nothing breaks.
+  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE((*job)->network().WaitIdle(absl::Seconds(5)));
+  EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 0);
+  EXPECT_EQ((*job)->network().stats().delayed, 1);
+  (*job)->network().SetRule(nullptr);
+  EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 8), 8);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+TEST(LoopbackAgents, DroppedRequestEndsAtItsDeadline) {
+  auto job = LoopbackJob::Start(Options(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  (*job)->network().SetRule([](const FrameInfo& f) {
+    return f.request && f.to == 1 && f.function == "echo" ? Fate::Drop() : Fate::Deliver();
+  });
+  CallOptions opts;
+  opts.timeout = absl::Milliseconds(150);
+  const absl::Time start = absl::Now();
+  auto r = (*job)->agent(0).rpc_async(opts, 1, echo_fn, 1).result();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ((*job)->network().stats().dropped, 1);
+  EXPECT_EQ((*job)->agent(1).stats().running_incoming, 0);
+  (*job)->network().SetRule(nullptr);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+TEST(LoopbackAgents, RepliesDeliveredInReverseOrderReachTheirOwnCalls) {
+  auto job = LoopbackJob::Start(Options(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  (*job)->network().SetRule([](const FrameInfo& f) {
+    return !f.request && f.function == "echo" ? Fate::Hold() : Fate::Deliver();
+  });
+  std::vector<Future<int64_t>> calls;
+  for (int64_t v = 0; v < 8; ++v) calls.push_back((*job)->agent(0).rpc_async(1, echo_fn, v * v));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((*job)->network().stats().held < 8 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ((*job)->network().stats().held, 8);
+  EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 8);
+  EXPECT_EQ((*job)->network().ReleaseHeld(/*reverse=*/true), 8u);
+  for (int64_t v = 0; v < 8; ++v) {
+    auto r = calls[v].result();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, v * v);
+  }
+  (*job)->network().SetRule(nullptr);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+TEST(LoopbackAgents, KilledWorkerFailsPendingCallsWithUnavailableNamingIt) {
+  auto job = LoopbackJob::Start(Options(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  CallOptions opts;
+  opts.timeout = absl::Seconds(30);
+  Future<void> pending = (*job)->agent(0).rpc_async(opts, 2, sleep_ms_fn, 1500);
+  absl::SleepFor(absl::Milliseconds(100));  // the request is running on w2
+  const absl::Time kill = absl::Now();
+  ASSERT_TRUE((*job)->Kill(2).ok());
+  auto r = pending.result();
+  EXPECT_LT(absl::Now() - kill, absl::Seconds(2));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "worker 'w2' (id 2)")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "was killed")) << r.status();
+  // New calls fail at once; the survivors still talk.
+  auto again = (*job)->agent(1).rpc_async(2, echo_fn, 1).result();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
+  EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 5), 5);
+  EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 0);
+  EXPECT_TRUE((*job)->network().killed(2));
+  EXPECT_TRUE((*job)->ShutdownAll(/*graceful=*/false).ok());
+}
+
+TEST(LoopbackAgents, GracefulShutdownDrainsDelayedCalls) {
+  auto job = LoopbackJob::Start(Options(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  (*job)->network().SetRule([](const FrameInfo& f) {
+    return f.function == "echo" ? Fate::Delay(absl::Milliseconds(50)) : Fate::Deliver();
+  });
+  std::vector<Future<int64_t>> calls;
+  for (int64_t v = 0; v < 20; ++v) calls.push_back((*job)->agent(v % 2).rpc_async(1 - v % 2, echo_fn, v));
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+  for (int64_t v = 0; v < 20; ++v) {
+    auto r = calls[v].result();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, v);
+  }
+}
+
+TEST(LoopbackAgents, ConcurrentCallsWithRandomDelaysAllComplete) {
+  auto job = LoopbackJob::Start(Options(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::atomic<uint64_t> seed{12345};
+  (*job)->network().SetRule([&seed](const FrameInfo&) {
+    uint64_t x = seed.fetch_add(0x9E3779B97F4A7C15ull);
+    x ^= x >> 31;
+    return Fate::Delay(absl::Microseconds(static_cast<int64_t>(x % 3000)));
+  });
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int from = 0; from < 3; ++from) {
+    threads.emplace_back([&, from] {
+      for (int64_t i = 0; i < 100; ++i) {
+        auto r = (*job)->agent(from).rpc_async(static_cast<int>(i % 3), echo_fn, i).result();
+        if (!r.ok()) {
+          failures.fetch_add(1);
+        } else if (*r != i) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT((*job)->network().stats().delayed, 500);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+}  // namespace
+}  // namespace baton::rpc

@@ -1,0 +1,266 @@
+// The RRef protocol (G1-G6, rref/rref_context.h) and distributed autograd
+// (D1, D4, D6, dist_autograd/dist_autograd.h) on real agents in one process,
+// over the loopback transport (rpc/testing/loopback_transport.h) with faults
+// injected below the agent: every frame delayed at random, control messages
+// held and delivered in reverse order, and a worker killed mid-protocol.
+#include <atomic>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "absl/strings/match.h"
+#include "dist_autograd/dist_autograd.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_job.h"
+#include "rref/rref.h"
+
+namespace baton {
+namespace {
+
+using rpc::CallContext;
+using rpc::Function;
+using rpc::FunctionRegistry;
+using rpc::RpcAgent;
+using rpc::testing::Fate;
+using rpc::testing::FrameInfo;
+using rpc::testing::LoopbackJob;
+using rpc::testing::LoopbackJobOptions;
+using rref::RRef;
+using rref::RRefService;
+
+const Function<at::Tensor(at::Tensor)> make_fn("make");
+const Function<at::Tensor(RRef<at::Tensor>)> fetch_fn("fetch");
+const Function<RRef<at::Tensor>(RRef<at::Tensor>)> keep_fn("keep");
+const Function<at::Tensor(RRef<at::Tensor>)> owner_sum_fn("owner_sum");
+const Function<at::Tensor(at::Tensor, std::vector<int64_t>)> chain_fn("chain");
+
+at::Tensor Step(const at::Tensor& x, int64_t k) { return (x * (k + 2)).sin() + x * x; }
+
+// A rule that delays every frame by 0-`max_us` microseconds, from a fixed
+// seed (the order of frames on the wire then differs from the order sent).
+rpc::testing::FrameRule RandomDelays(int64_t max_us, uint64_t seed) {
+  auto state = std::make_shared<std::atomic<uint64_t>>(seed);
+  return [state, max_us](const FrameInfo&) {
+    uint64_t x = state->fetch_add(0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    return Fate::Delay(absl::Microseconds(static_cast<int64_t>(x % max_us)));
+  };
+}
+
+// Three workers with the RRef service, distributed autograd and the test's
+// functions.
+struct Job {
+  std::vector<std::shared_ptr<RRefService>> rrefs;
+  std::unique_ptr<LoopbackJob> job;
+
+  explicit Job(int world = 3) {
+    rrefs.resize(world);
+    LoopbackJobOptions o;
+    o.world_size = world;
+    o.shutdown_timeout = absl::Seconds(10);
+    o.install = [this](int rank, FunctionRegistry& r) {
+      ASSERT_TRUE(dist_autograd::Install(r).ok());
+      rrefs[rank] = RRefService::Install(r);
+      (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
+      (void)r.Register(fetch_fn, [](RRef<at::Tensor> ref) { return ref.to_here(); });
+      (void)r.Register(keep_fn, [](RRef<at::Tensor> ref) { return ref; });
+      (void)r.Register(owner_sum_fn, [](RRef<at::Tensor> ref) {
+        // Sent back to its owner: resolves to the owner's own value (G2).
+        if (!ref.is_owner()) throw std::runtime_error("not resolved on the owner");
+        return ref.local_value()->sum();
+      });
+      (void)r.Register(chain_fn, [](const CallContext& ctx, at::Tensor x,
+                                    std::vector<int64_t> route) {
+        at::Tensor y = Step(x, ctx.agent->self().id);
+        if (route.empty()) return y;
+        const int64_t next = route.front();
+        route.erase(route.begin());
+        return ctx.agent->rpc_sync(static_cast<int>(next), chain_fn, y, route);
+      });
+    };
+    o.attach = [this](int rank, RpcAgent& agent) { rrefs[rank]->Attach(&agent); };
+    auto started = LoopbackJob::Start(std::move(o));
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) job = *std::move(started);
+  }
+  RpcAgent& agent(int r) { return job->agent(r); }
+  // G4: every owner freed every value, every user entry is gone.
+  void ExpectEmpty(absl::Duration timeout) {
+    for (size_t r = 0; r < rrefs.size(); ++r) {
+      absl::Status s = rrefs[r]->WaitUntilEmpty(timeout);
+      EXPECT_TRUE(s.ok()) << "worker " << r << ": " << s;
+    }
+  }
+};
+
+// Forks an RRef owned by w1 from w0 to w2 and back to the owner, in several
+// ways at once; every use must see the value (no live reference freed).
+void ForkEverywhere(Job& j, int64_t i, std::vector<rpc::Future<at::Tensor>>* fetched,
+                    std::vector<rpc::Future<RRef<at::Tensor>>>* kept) {
+  RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::full({2}, double(i)));
+  fetched->push_back(j.agent(0).rpc_async(2, fetch_fn, r));      // user -> user
+  fetched->push_back(j.agent(0).rpc_async(1, owner_sum_fn, r));  // user -> owner
+  kept->push_back(j.agent(0).rpc_async(2, keep_fn, r));          // and back
+  fetched->push_back(r.to_here_async());
+}  // w0's handle dies here, while forks are in flight
+
+TEST(RRefOverLoopback, G1_G3_G4_RandomDelaysOnEveryFrameNeverFreeALiveReferenceAndNeverLeak) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  j.job->network().SetRule(RandomDelays(3000, 7));
+  std::vector<rpc::Future<at::Tensor>> fetched;
+  std::vector<rpc::Future<RRef<at::Tensor>>> kept;
+  for (int64_t i = 0; i < 40; ++i) ForkEverywhere(j, i, &fetched, &kept);
+  for (size_t k = 0; k < fetched.size(); ++k) {
+    auto v = fetched[k].result();
+    ASSERT_TRUE(v.ok()) << "use " << k << ": " << v.status();
+  }
+  for (int64_t i = 0; i < 40; ++i) {
+    // fetch (to w2), owner_sum, to_here: values of make(i) = 10 i, twice.
+    EXPECT_DOUBLE_EQ(fetched[3 * i].result()->sum().item<double>(), 20.0 * i);
+    EXPECT_DOUBLE_EQ(fetched[3 * i + 1].result()->item<double>(), 20.0 * i);
+    EXPECT_DOUBLE_EQ(fetched[3 * i + 2].result()->sum().item<double>(), 20.0 * i);
+  }
+  // The RRefs that came back still resolve, then die too.
+  for (auto& f : kept) {
+    auto r = f.result();
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto v = r->to_here_async().result();
+    ASSERT_TRUE(v.ok()) << v.status();
+  }
+  kept.clear();
+  j.ExpectEmpty(absl::Seconds(20));
+  EXPECT_GT(j.job->network().stats().delayed, 200);
+  j.job->network().SetRule(nullptr);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+TEST(RRefOverLoopback, G2_G3_ControlMessagesDeliveredInReverseOrderStillSettle) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  // Every protocol message (fork request, accept, delete) is parked.
+  j.job->network().SetRule([](const FrameInfo& f) {
+    return f.request && f.function == rref::kControlFn ? Fate::Hold() : Fate::Deliver();
+  });
+  std::vector<rpc::Future<at::Tensor>> fetched;
+  std::vector<rpc::Future<RRef<at::Tensor>>> kept;
+  for (int64_t i = 0; i < 10; ++i) ForkEverywhere(j, i, &fetched, &kept);
+  for (auto& f : fetched) ASSERT_TRUE(f.result().ok()) << f.result().status();
+  for (auto& f : kept) ASSERT_TRUE(f.result().ok()) << f.result().status();
+  kept.clear();
+  // Nothing confirmed a fork or a deletion yet: the owner keeps every value.
+  EXPECT_EQ(j.rrefs[1]->DebugState().owned.size(), 10u);
+  // Deliver what is parked newest first, again and again (delivery causes
+  // more messages, parked too) until the protocol settles.
+  int64_t released = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < until) {
+    j.job->network().WaitIdle(absl::Seconds(5));
+    absl::SleepFor(absl::Milliseconds(20));
+    const size_t n = j.job->network().ReleaseHeld(/*reverse=*/true);
+    released += static_cast<int64_t>(n);
+    if (n == 0 && j.rrefs[0]->DebugState().empty() && j.rrefs[1]->DebugState().empty() &&
+        j.rrefs[2]->DebugState().empty()) {
+      break;
+    }
+  }
+  EXPECT_GT(released, 30);
+  j.job->network().SetRule(nullptr);
+  j.ExpectEmpty(absl::Seconds(10));
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+TEST(RRefOverLoopback, OwnerKilledFailsToHereWithUnavailableNamingTheOwner) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+  ASSERT_TRUE(r.to_here_async().result().ok());
+  ASSERT_TRUE(j.job->Kill(1).ok());
+  const absl::Time start = absl::Now();
+  auto v = r.to_here_async(absl::Seconds(20)).result();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
+  EXPECT_TRUE(absl::StrContains(v.status().message(), "'w1'")) << v.status();
+  // A fork among the survivors of an RRef whose owner died fails, named, too.
+  auto f = j.agent(0).rpc_async(2, fetch_fn, r).result();
+  EXPECT_FALSE(f.ok());
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// D1 under random delays: gradients through w0 -> w1 -> w2 -> w0 equal
+// single-process autograd.
+TEST(DistAutogradOverLoopback, D1_GradientsUnderRandomDelaysEqualLocalAutograd) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  j.job->network().SetRule(RandomDelays(2000, 11));
+  RpcAgent& a = j.agent(0);
+  for (int round = 0; round < 5; ++round) {
+    at::manual_seed(round);
+    at::Tensor x = at::randn({3, 4}, at::kDouble).requires_grad_(true);
+    dist_autograd::Context ctx(a);
+    at::Tensor y = a.rpc_sync(1, chain_fn, x, std::vector<int64_t>{2, 0});
+    at::Tensor loss = (y * y).sum();
+    ASSERT_TRUE(dist_autograd::Backward(a, ctx.id(), {loss}).ok());
+    auto got = dist_autograd::GetGradient(a, ctx.id(), x);
+    ASSERT_TRUE(got.ok()) << got.status();
+    at::Tensor x2 = x.detach().clone().requires_grad_(true);
+    at::Tensor ref = Step(Step(Step(x2, 1), 2), 0);
+    at::Tensor want = torch::autograd::grad({(ref * ref).sum()}, {x2})[0];
+    EXPECT_LT((*got - want).abs().max().item<double>(), 1e-12) << "round " << round;
+    EXPECT_FALSE(x.grad().defined());  // D2
+  }
+  j.job->network().SetRule(nullptr);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// D6: a participant killed before backward fails Backward, bounded, with
+// UNAVAILABLE naming the dead worker.
+TEST(DistAutogradOverLoopback, D6_ParticipantKilledBeforeBackwardFailsItNamingTheWorker) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RpcAgent& a = j.agent(0);
+  at::Tensor x = at::randn({2, 2}, at::kDouble).requires_grad_(true);
+  {
+    dist_autograd::Context ctx(a);  // released before the agents go
+    at::Tensor y = a.rpc_sync(1, chain_fn, x, std::vector<int64_t>{2});
+    ASSERT_TRUE(j.job->Kill(2).ok());
+    const absl::Time start = absl::Now();
+    absl::Status s = dist_autograd::Backward(a, ctx.id(), {y.sum()});
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    ASSERT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'w2'")) << s;
+  }
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// D4: the root dies holding a context that reached w1 and, through w1, w2;
+// both release it, told by the agent's peer-failure notification.
+TEST(DistAutogradOverLoopback, D4_ContextsOfAKilledRootAreReleasedOnEveryParticipant) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RpcAgent& root = j.agent(0);
+  at::Tensor x = at::randn({2, 2}, at::kDouble).requires_grad_(true);
+  {
+    dist_autograd::Context ctx(root);
+    at::Tensor y = root.rpc_sync(1, chain_fn, x, std::vector<int64_t>{2});
+    ASSERT_EQ(dist_autograd::LiveContexts(j.agent(1)).size(), 1u);
+    ASSERT_EQ(dist_autograd::LiveContexts(j.agent(2)).size(), 1u);
+    ASSERT_TRUE(j.job->Kill(0).ok());
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while ((!dist_autograd::LiveContexts(j.agent(1)).empty() ||
+            !dist_autograd::LiveContexts(j.agent(2)).empty()) &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_TRUE(dist_autograd::LiveContexts(j.agent(1)).empty());
+    EXPECT_TRUE(dist_autograd::LiveContexts(j.agent(2)).empty());
+    EXPECT_GE(j.agent(1).stats().peer_failures + j.agent(2).stats().peer_failures, 1);
+  }
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the core libraries (base, store, rpc, rref, dist_autograd) and their
+# fast tests with AddressSanitizer + UndefinedBehaviorSanitizer (gcc;
+# --config=asan in .bazelrc, its own output tree) and runs the tests: a
+# use-after-free, overflow, leak or undefined behaviour fails the run. Part
+# of .ci/run. The multi-process RPC suite runs too, on both transports.
+#   tools/sanitizers.sh [bazel test flags or targets...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGETS=(
+  //tests:status_test
+  //tests:codec_test
+  //tests:batcher_test
+  //tests:future_test
+  //tests:store_test
+  //tests:agent_options_test
+  //tests:shm_channel_test
+  //tests:shm_transport_test
+  //tests:rref_protocol_test
+  //tests:loopback_agent_test
+  //tests:protocols_loopback_test
+  //tests:rpc_multiprocess_test
+)
+if [ $# -gt 0 ]; then TARGETS=("$@"); fi
+start=$(date +%s)
+bazel test --config=asan --nocache_test_results "${TARGETS[@]}"
+echo "sanitizers.sh: ${#TARGETS[@]} test targets clean under ASan+UBSan in $(( $(date +%s) - start ))s"
