@@ -32,7 +32,10 @@ for t in shm grpc tls; do
              BATON_TLS_KEY="$OUT/certs/node.key")
   fi
   echo "== baton: BATON_TRANSPORT=${t/tls/grpc} ${tls_env[*]:+(TLS)} bench/rpc_bench $QUICK" >&2
-  env "${tls_env[@]}" BATON_TRANSPORT="${t/tls/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \
+  # gRPC and TLS: large tensors on the stream too (BATON_SHM=0), as between hosts.
+  shm_env=(BATON_SHM=1)
+  [ "$t" != shm ] && shm_env=(BATON_SHM=0)
+  env "${tls_env[@]}" "${shm_env[@]}" BATON_TRANSPORT="${t/tls/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \
     "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.$t.jsonl"
 done
 

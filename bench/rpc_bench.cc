@@ -256,6 +256,15 @@ int RunRank(int rank, bool quick) {
   if (std::strcmp(TransportName(), "grpc") == 0) {
     opts.local_transport = AgentOptions::LocalTransport::kGrpc;
   }
+  // Mutual TLS, as bench/compare.sh's TLS run sets it (AgentOptions::tls).
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  opts.tls = {env("BATON_TLS_CA"), env("BATON_TLS_CERT"), env("BATON_TLS_KEY"),
+              env("BATON_TLS_SERVER_NAME")};
+  // BATON_SHM=0: large tensors travel on the stream, as between hosts.
+  if (env("BATON_SHM") == "0") opts.same_host_shm = false;
   auto agent = RpcAgent::Create(opts, registry);
   if (!agent.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());
