@@ -32,7 +32,8 @@ class Store {
   virtual absl::StatusOr<std::string> Get(absl::string_view key,
                                           absl::Duration timeout) = 0;
   // Adds `delta` to the counter at `key` (a missing key counts as 0) and
-  // returns the new value. INVALID_ARGUMENT if the value is not an integer.
+  // returns the new value. INVALID_ARGUMENT if the value is not an integer;
+  // OUT_OF_RANGE, leaving the counter unchanged, if the sum overflows int64.
   virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
   // Sets `desired` if the current value equals `expected` (a missing key
   // matches an empty `expected`). Returns the value after the operation.
