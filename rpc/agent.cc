@@ -41,6 +41,31 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// True on a thread inside a transport's handler callback (OnRequest,
+// OnResponse, ...): such a thread delivers replies, so a call made there
+// (by an inline function) must not wait for window room (F4).
+thread_local bool t_delivering = false;
+
+class DeliveryScope {
+ public:
+  DeliveryScope() : outer_(t_delivering) { t_delivering = true; }
+  ~DeliveryScope() { t_delivering = outer_; }
+
+ private:
+  const bool outer_;
+};
+
+// What an incoming request holds: its frame and the shared-memory blobs it
+// names (clipped: a hostile size must not count for more than a message).
+int64_t RequestBytes(const Frame& frame, int64_t max_message_bytes) {
+  int64_t bytes = static_cast<int64_t>(internal::FrameSize(frame));
+  for (const auto& blob : frame.header.shm_blobs()) {
+    bytes += static_cast<int64_t>(
+        std::min<uint64_t>(blob.size(), static_cast<uint64_t>(max_message_bytes)));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 // ---- The public handle ----
@@ -63,6 +88,11 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
   if (absl::Status s = CheckName(options.name); !s.ok()) return s;
   if (options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes must be at least 1024");
+  }
+  if (options.max_calls_in_flight < 1 || options.max_bytes_in_flight < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_calls_in_flight (", options.max_calls_in_flight, ") and max_bytes_in_flight (",
+        options.max_bytes_in_flight, ") must be at least 1"));
   }
   if (registry == nullptr) registry = std::make_shared<FunctionRegistry>();
   const std::string name = options.name;
@@ -171,15 +201,18 @@ int64_t AgentImpl::PeerLimit(int peer) const {
   return std::min(options_.max_message_bytes, peer_limits_[peer]);
 }
 
-Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
-                                  const std::string& signature, Payload args,
-                                  const CallOptions& opts) {
+Future<Payload> AgentImpl::Call(int to, const std::string& function,
+                                const std::string& signature, Payload args,
+                                const CallOptions& opts, bool windowed) {
   if (to < 0 || to >= static_cast<int>(workers_.size())) {
     return MakeErrorFuture<Payload>(absl::NotFoundError(
         absl::StrCat("rpc of function '", function, "': no worker with id ", to)));
   }
-  const absl::Duration timeout =
+  absl::Duration timeout =
       opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + timeout;
   const uint64_t id = next_call_id_.fetch_add(1, std::memory_order_relaxed);
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::REQUEST);
@@ -187,9 +220,6 @@ Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
   frame.header.set_function(function);
   frame.header.set_signature(signature);
   frame.header.set_caller_id(rank_);
-  if (timeout != absl::InfiniteDuration()) {
-    frame.header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout)));
-  }
   frame.payload = std::move(args);
   const size_t size = internal::FrameSize(frame);
   if (static_cast<int64_t>(size) > PeerLimit(to)) {
@@ -197,6 +227,23 @@ Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
         CallContextText(to, function), ": request of ", size,
         " bytes exceeds the message size limit of ", PeerLimit(to),
         " bytes (AgentOptions::max_message_bytes)")));
+  }
+  // F1: wait for room in the peer's window; the wait counts against the
+  // call's deadline.
+  const int64_t window_bytes = windowed ? static_cast<int64_t>(size) : -1;
+  if (windowed) {
+    if (absl::Status room = window_->Acquire(to, window_bytes, deadline, !t_delivering);
+        !room.ok()) {
+      return MakeErrorFuture<Payload>(
+          absl::IsCancelled(room)
+              ? absl::FailedPreconditionError(
+                    absl::StrCat(CallContextText(to, function), ": the agent is shut down"))
+              : Annotate(room, CallContextText(to, function)));
+    }
+    if (timeout != absl::InfiniteDuration()) timeout = deadline - absl::Now();
+  }
+  if (timeout != absl::InfiniteDuration()) {
+    frame.header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout)));
   }
   if (shm_ != nullptr && peer_shm_[to]) {
     shm_->Export(frame, timeout == absl::InfiniteDuration()
@@ -207,6 +254,7 @@ Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
   {
     absl::MutexLock lock(&mu_);
     if (!running_) {
+      if (windowed) window_->Release(to, window_bytes);
       return MakeErrorFuture<Payload>(absl::FailedPreconditionError(absl::StrCat(
           CallContextText(to, function), ": the agent is shut down")));
     }
@@ -215,11 +263,12 @@ Future<Payload> AgentImpl::CallRaw(int to, const std::string& function,
     call.peer = to;
     call.function = function;
     call.timeout = timeout;
+    call.window_bytes = window_bytes;
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
           ? 0
-          : timer_->Schedule(absl::Now() + timeout, [this, id, to, function, timeout] {
+          : timer_->Schedule(deadline, [this, id, to, function, timeout] {
               Complete(id, absl::DeadlineExceededError(absl::StrCat(
                                CallContextText(to, function), ": timed out after ",
                                DurationText(timeout))));
@@ -254,10 +303,12 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result) {
     pending_.erase(it);
   }
   timer_->Cancel(call.timer);
+  if (call.window_bytes >= 0) window_->Release(call.peer, call.window_bytes);
   call.promise.Set(std::move(result));
 }
 
 void AgentImpl::OnResponse(int peer, Frame frame) {
+  DeliveryScope delivering;
   const uint64_t id = frame.header.id();
   if (frame.header.shm_blobs_size() > 0) {
     absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(peer))
@@ -283,7 +334,10 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
                         CallContextText(peer, function)));
 }
 
-void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) { SuspectPeer(peer, cause); }
+void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
+  DeliveryScope delivering;
+  SuspectPeer(peer, cause);
+}
 
 void AgentImpl::AddPeerFailureListener(RpcAgent::PeerFailureListener listener) {
   absl::MutexLock lock(&mu_);
@@ -301,7 +355,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   }
   CallOptions probe;
   probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
-  CallRaw(peer, kPingFunction, "", Payload(), probe)
+  Call(peer, kPingFunction, "", Payload(), probe, /*windowed=*/false)
       .OnReady([this, peer, cause](const absl::StatusOr<Payload>& r) {
         const bool dead = !r.ok() && (absl::IsUnavailable(r.status()) ||
                                       absl::IsDeadlineExceeded(r.status()));
@@ -321,6 +375,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
 }
 
 void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
+  DeliveryScope delivering;
   std::vector<std::pair<uint64_t, std::string>> failed;
   {
     absl::MutexLock lock(&mu_);
@@ -342,6 +397,7 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
 }
 
 void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
+  DeliveryScope delivering;
   const absl::Time deadline =
       frame.header.timeout_us() > 0
           ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
@@ -355,22 +411,27 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   if (ready_.HasBeenNotified()) {
     auto entry = registry_->Find(frame.header.function());
     if (entry != nullptr && entry->inline_safe) {
-      Dispatch(channel, std::move(frame), deadline);
+      Dispatch(channel, std::move(frame), deadline, /*admitted=*/-1);
       return;
     }
   }
-  auto task = [this, channel, frame = std::move(frame), deadline]() mutable {
-    Dispatch(channel, std::move(frame), deadline);
+  // F2/F3: admitted within the caller's limits, queued behind the caller's
+  // earlier requests only.
+  const int64_t bytes = RequestBytes(frame, options_.max_message_bytes);
+  auto task = [this, channel, frame = std::move(frame), deadline, bytes]() mutable {
+    Dispatch(channel, std::move(frame), deadline, bytes);
   };
-  if (!executor_->Submit(std::move(task))) {
+  if (absl::Status s = gate_->Submit(caller, bytes, std::move(task)); !s.ok()) {
     SendReply(channel, id, caller,
-              absl::UnavailableError(absl::StrCat("worker '", options_.name,
-                                                  "' is shutting down")));
+              absl::IsUnavailable(s)
+                  ? absl::UnavailableError(
+                        absl::StrCat("worker '", options_.name, "' is shutting down"))
+                  : Annotate(s, absl::StrCat("worker '", options_.name, "'")));
   }
 }
 
 void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
-                        Frame frame, absl::Time deadline) {
+                        Frame frame, absl::Time deadline, int64_t admitted) {
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
   const std::string& fname = frame.header.function();
@@ -379,12 +440,12 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
       workers_.size() != static_cast<size_t>(options_.world_size)) {
     SendReply(channel, id, caller,
               absl::UnavailableError(absl::StrCat("worker '", options_.name,
-                                                  "' has not finished init")));
+                                                  "' has not finished init")), admitted);
     return;
   }
   if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
     SendReply(channel, id, caller,
-              absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)));
+              absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)), admitted);
     return;
   }
   if (frame.header.shm_blobs_size() > 0) {
@@ -393,14 +454,14 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
     absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(caller))
                                      : absl::DataLossError("shared-memory blob without a channel");
     if (!s.ok()) {
-      SendReply(channel, id, caller, Annotate(s, "undecodable request"));
+      SendReply(channel, id, caller, Annotate(s, "undecodable request"), admitted);
       return;
     }
   }
   if (absl::Now() > deadline) {
     SendReply(channel, id, caller,
               absl::DeadlineExceededError(
-                  "the call's deadline passed before the function started"));
+                  "the call's deadline passed before the function started"), admitted);
     return;
   }
   std::shared_ptr<const FunctionRegistry::Entry> entry = registry_->Find(fname);
@@ -408,7 +469,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
     SendReply(channel, id, caller,
               absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
                                                "' (not registered on worker '",
-                                               self().name, "')")));
+                                               self().name, "')")), admitted);
     return;
   }
   if (!frame.header.signature().empty() && !entry->signature.empty() &&
@@ -417,7 +478,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
               absl::InvalidArgumentError(absl::StrCat(
                   "argument type mismatch: the caller sends ", frame.header.signature(),
                   " but worker '", self().name, "' registered '", fname, "' as ",
-                  entry->signature)));
+                  entry->signature)), admitted);
     return;
   }
   CallContext ctx;
@@ -428,13 +489,14 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   ctx.deadline = deadline;
   if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
   entry->handler(ctx, std::move(frame.payload),
-                 [this, channel, id, caller](absl::StatusOr<Payload> result) {
-                   SendReply(channel, id, caller, std::move(result));
+                 [this, channel, id, caller, admitted](absl::StatusOr<Payload> result) {
+                   SendReply(channel, id, caller, std::move(result), admitted);
                  });
 }
 
 void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
-                         uint64_t id, int caller, absl::StatusOr<Payload> result) {
+                         uint64_t id, int caller, absl::StatusOr<Payload> result,
+                         int64_t admitted) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
   frame.header.set_id(id);
@@ -462,6 +524,9 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
     // caller that died or gave up first.
     shm_->Export(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
   }
+  // The gate lets go first: once the reply is out, the caller's window has
+  // room again and its next request must find room here too.
+  if (admitted >= 0) gate_->Finish(caller, admitted);
   channel->Send(std::move(frame));
   FinishIncoming();
 }
@@ -493,6 +558,16 @@ AgentStats AgentImpl::stats() const {
   s.timers = timer_ ? timer_->pending() : 0;
   s.live_streams = transport_ ? transport_->live_streams() : 0;
   s.shm_busy_segments = shm_ ? shm_->busy_segments() : 0;
+  if (window_ != nullptr) {
+    const CallWindow::Stats w = window_->stats();
+    s.calls_waited_for_window = w.calls_waited;
+    s.calls_refused_by_window = w.calls_refused;
+  }
+  if (gate_ != nullptr) {
+    const RequestGate::Stats g = gate_->stats();
+    s.requests_refused = g.refused;
+    s.requests_queued = g.queued;
+  }
   if (shm_transport_ != nullptr) {
     const auto t = shm_transport_->stats();
     s.shm_frames_sent = t.frames_sent;
@@ -573,6 +648,7 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
     running_ = false;
   }
   if (!ready_.HasBeenNotified()) ready_.Notify();
+  if (window_ != nullptr) window_->Close();  // callers waiting for room give up
   absl::Status first;
   auto note = [&first](const absl::Status& s) {
     if (first.ok() && !s.ok()) first = s;
@@ -601,6 +677,7 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
       if (h.release) h.release();
     }
   }
+  if (gate_ != nullptr) gate_->Close();
   if (executor_) {
     executor_->Close();
     note(executor_->Join(left()));

@@ -21,7 +21,9 @@
 //     INVALID_ARGUMENT   argument type mismatch (signatures differ) or a value
 //                        the codec cannot send;
 //     DATA_LOSS          undecodable payload;  RESOURCE_EXHAUSTED  over the
-//                        message size limit;   UNKNOWN  exception in user code
+//                        message size limit, or no room in the peer's window
+//                        by the deadline (AgentOptions::max_calls_in_flight);
+//                        UNKNOWN  exception in user code
 //                        (with its message);   UNAUTHENTICATED  wrong job token.
 // - Tensors are sent from their own memory: do not modify a tensor passed to
 //   rpc_async until its future completes.
@@ -108,6 +110,19 @@ struct AgentOptions {
   // a ring are cut into pieces). A 64-worker host whose workers all talk to
   // each other maps 2016 pairs * 2 * 256 KiB = ~1 GiB of /dev/shm.
   size_t shm_ring_bytes = size_t{256} << 10;
+  // Flow control per peer (rpc/internal/flow_control.h, docs/flow_control.md).
+  // A caller keeps at most max_calls_in_flight calls and max_bytes_in_flight
+  // request bytes unanswered toward each worker (the smaller of its own and
+  // that worker's limits). A call past that blocks in rpc_async/CallRaw
+  // until replies free room, at most until the call's deadline, and then
+  // fails with RESOURCE_EXHAUSTED; on a thread that delivers messages (an
+  // inline function) it fails at once instead. A worker holds at most as
+  // many requests from one caller, queued or running, and refuses the
+  // excess at once with RESOURCE_EXHAUSTED (only a caller that ignores its
+  // window meets this). A single message larger than max_bytes_in_flight
+  // still goes, alone. Both must be at least 1.
+  int64_t max_calls_in_flight = 1024;
+  int64_t max_bytes_in_flight = int64_t{256} << 20;
   int min_threads = 4;
   int max_threads = 256;
   // Use this store instead of the one at master_addr:master_port (tests,
@@ -184,6 +199,14 @@ struct AgentStats {
   int64_t shm_frames_received = 0;
   // Peers confirmed dead (each confirmation counts).
   int64_t peer_failures = 0;
+  // Flow control (AgentOptions::max_calls_in_flight): our calls that found
+  // a peer's window full and waited, those that got RESOURCE_EXHAUSTED at
+  // their deadline, requests we refused, and requests admitted but not yet
+  // started.
+  int64_t calls_waited_for_window = 0;
+  int64_t calls_refused_by_window = 0;
+  int64_t requests_refused = 0;
+  int64_t requests_queued = 0;
 };
 
 // The public handle of one worker's agent. Its state and protocol live in

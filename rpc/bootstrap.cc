@@ -273,6 +273,11 @@ absl::Status AgentImpl::Rendezvous() {
     executor_ = std::make_unique<Executor>(
         Executor::Options{options_.min_threads, options_.max_threads});
   }
+  // F2/F3 (flow_control.h): every request from a peer passes the gate, also
+  // those that arrive before our rendezvous finished.
+  gate_ = std::make_unique<RequestGate>(
+      options_.world_size,
+      FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight}, executor_.get());
   // The probe that confirms a suspected peer death (SuspectPeer). A registry
   // shared by several agents has it already.
   (void)registry_->RegisterInternalInline(
@@ -369,6 +374,8 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_name(options_.name);
   mine.set_address(transport_->address());
   mine.set_max_message_bytes(options_.max_message_bytes);
+  mine.set_max_calls_in_flight(options_.max_calls_in_flight);
+  mine.set_max_bytes_in_flight(options_.max_bytes_in_flight);
   mine.set_shm_probe(probe_name);
   mine.set_shm_probe_token(probe_token);
   mine.set_boot_id(BootId());
@@ -403,6 +410,16 @@ absl::Status AgentImpl::Rendezvous() {
           "; names must be unique"));
     }
   }
+  // F1: our window toward each peer stays within what that peer holds.
+  std::vector<FlowLimits> windows(options_.world_size);
+  for (int r = 0; r < options_.world_size; ++r) {
+    auto smaller = [](int64_t mine, int64_t theirs) {
+      return theirs > 0 ? std::min(mine, theirs) : mine;
+    };
+    windows[r] = FlowLimits{smaller(options_.max_calls_in_flight, records[r].max_calls_in_flight()),
+                            smaller(options_.max_bytes_in_flight, records[r].max_bytes_in_flight())};
+  }
+  window_ = std::make_unique<CallWindow>(std::move(windows));
   for (const auto& w : workers_) {
     if (w.id != rank_) transport_->AddPeer(w.id, w.address);
   }

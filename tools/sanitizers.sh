@@ -17,6 +17,7 @@ TARGETS=(
   //tests:shm_channel_test
   //tests:shm_transport_test
   //tests:rref_protocol_test
+  //tests:flow_control_test
   //tests:loopback_agent_test
   //tests:protocols_loopback_test
   //tests:rpc_multiprocess_test

@@ -34,6 +34,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rpc/agent.h"
+#include "rpc/internal/flow_control.h"
 #include "rpc/transport.h"
 
 namespace baton::store {
@@ -78,7 +79,9 @@ class AgentImpl : private TransportHandler {
   const std::string& store_namespace() const { return ns_; }
 
   Future<Payload> CallRaw(int to, const std::string& function, const std::string& signature,
-                          Payload args, const CallOptions& opts);
+                          Payload args, const CallOptions& opts) {
+    return Call(to, function, signature, std::move(args), opts, /*windowed=*/true);
+  }
   void AddShutdownHook(RpcAgent::ShutdownHook hook);
   void AddPeerFailureListener(RpcAgent::PeerFailureListener listener);
   absl::Status Shutdown(bool graceful);
@@ -96,6 +99,7 @@ class AgentImpl : private TransportHandler {
     uint64_t stream_id = 0;
     DeadlineTimer::Id timer = 0;
     absl::Duration timeout;
+    int64_t window_bytes = -1;  // room taken in window_ (-1: none)
   };
 
   absl::Status ConnectStore();
@@ -107,12 +111,20 @@ class AgentImpl : private TransportHandler {
   void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override;
   void OnPeerLost(int peer, const absl::Status& cause) override;
 
+  // A call; `windowed` false skips flow control (the liveness probe, which
+  // must get through to a peer whose window is full).
+  Future<Payload> Call(int to, const std::string& function, const std::string& signature,
+                       Payload args, const CallOptions& opts, bool windowed);
+
   // Confirms a suspected death with a probe call, then tells the listeners.
   void SuspectPeer(int peer, const absl::Status& cause);
 
-  void Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame, absl::Time deadline);
+  // `admitted`: the bytes gate_ admitted the request with, given back with
+  // the reply (-1: the request did not go through the gate).
+  void Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame, absl::Time deadline,
+                int64_t admitted);
   void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
-                 absl::StatusOr<Payload> result);
+                 absl::StatusOr<Payload> result, int64_t admitted = -1);
   void FinishIncoming();
 
   // Completes and removes pending call `id` (no-op if already gone).
@@ -145,6 +157,10 @@ class AgentImpl : private TransportHandler {
   std::unique_ptr<NetworkTransport> transport_;
   std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<ShmTransport> shm_transport_;
+  // Flow control (flow_control.h): the gate is made with the executor, the
+  // window once the peers' limits are known (both before ready_).
+  std::unique_ptr<RequestGate> gate_;
+  std::unique_ptr<CallWindow> window_;
 
   // Notified when Rendezvous() has filled workers_ and peer_limits_ (or
   // gave up). Requests that arrive earlier wait for it on the executor.

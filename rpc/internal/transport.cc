@@ -14,6 +14,12 @@ namespace {
 // Packets are coalesced up to this size (a single larger frame goes alone).
 constexpr size_t kCoalesceBytes = 1 << 20;
 
+// A server stream stops reading requests while more than this many reply
+// bytes wait to be written (a caller that sends but does not read its
+// replies), and reads again once half of it is written: the stream's
+// memory stays bounded and gRPC's flow control holds the caller back.
+constexpr size_t kMaxQueuedReplyBytes = size_t{64} << 20;
+
 }  // namespace
 
 // Serializes writes on one stream and coalesces queued frames.
@@ -22,17 +28,24 @@ constexpr size_t kCoalesceBytes = 1 << 20;
 // may touch current_ and call start_write_. on_idle_close_ runs exactly once,
 // when the outbox is closed and no write is in flight; after it, no write
 // starts, so the reactor may finish.
+//
+// Reads can be paused while too much waits (PauseReadsIfOver); `resume_reads`
+// restarts them from OnWriteDone, only while a next write is starting, so
+// writing_ stays true and on_idle_close_ (which finishes the stream) cannot
+// run concurrently with it.
 class Outbox {
  public:
   Outbox(std::function<void(const grpc::ByteBuffer*)> start_write,
-         std::function<void()> on_idle_close)
+         std::function<void()> on_idle_close, std::function<void()> resume_reads = nullptr)
       : start_write_(std::move(start_write)),
-        on_idle_close_(std::move(on_idle_close)) {}
+        on_idle_close_(std::move(on_idle_close)),
+        resume_reads_(std::move(resume_reads)) {}
 
   bool Send(std::vector<grpc::Slice> slices, size_t bytes) {
     {
       absl::MutexLock lock(&mu_);
       if (closed_) return false;
+      queued_bytes_ += bytes;
       queue_.push_back({std::move(slices), bytes});
       if (writing_) return true;
       writing_ = true;
@@ -45,11 +58,13 @@ class Outbox {
   void OnWriteDone(bool ok) {
     bool idle_close = false;
     bool start_next = false;
+    bool resume = false;
     {
       absl::MutexLock lock(&mu_);
       if (!ok) {
         closed_ = true;
         queue_.clear();
+        queued_bytes_ = 0;
       }
       if (closed_ || queue_.empty()) {
         writing_ = false;
@@ -58,10 +73,24 @@ class Outbox {
       } else {
         BuildLocked();
         start_next = true;
+        if (reads_paused_ && queued_bytes_ <= kMaxQueuedReplyBytes / 2) {
+          reads_paused_ = false;
+          resume = true;
+        }
       }
     }
     if (idle_close) on_idle_close_();
+    if (resume) resume_reads_();
     if (start_next) start_write_(&current_);
+  }
+
+  // True (and reads count as paused) if more than `limit` bytes wait behind
+  // the write in flight; the caller then does not start its next read.
+  bool PauseReadsIfOver(size_t limit) {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || !writing_ || queued_bytes_ <= limit || resume_reads_ == nullptr) return false;
+    reads_paused_ = true;
+    return true;
   }
 
   void Close() {
@@ -70,6 +99,7 @@ class Outbox {
       absl::MutexLock lock(&mu_);
       closed_ = true;
       queue_.clear();
+      queued_bytes_ = 0;
       idle_close = !writing_ && !idle_closed_;
       if (idle_close) idle_closed_ = true;
     }
@@ -84,6 +114,7 @@ class Outbox {
            (slices.empty() || bytes + queue_.front().bytes <= kCoalesceBytes)) {
       auto& item = queue_.front();
       bytes += item.bytes;
+      queued_bytes_ -= item.bytes;
       for (auto& s : item.slices) slices.push_back(std::move(s));
       queue_.pop_front();
     }
@@ -96,8 +127,11 @@ class Outbox {
   };
   const std::function<void(const grpc::ByteBuffer*)> start_write_;
   const std::function<void()> on_idle_close_;
+  const std::function<void()> resume_reads_;
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in queue_, not yet in a write
+  bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool idle_closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -121,7 +155,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     sink_ = std::make_shared<Sink>();
     auto outbox = std::make_unique<Outbox>(
         [this](const grpc::ByteBuffer* b) { StartWrite(b); },
-        [this] { Finish(grpc::Status::OK); });
+        [this] { Finish(grpc::Status::OK); }, [this] { StartRead(&in_); });
     outbox_ = outbox.get();
     {
       absl::MutexLock lock(&sink_->mu);
@@ -149,6 +183,9 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       caller_.store(f.header.caller_id(), std::memory_order_relaxed);
       handler_->OnRequest(sink_, std::move(f));
     }
+    // A caller that does not read its replies gets no more requests read;
+    // the outbox resumes reading once its replies drain.
+    if (outbox_->PauseReadsIfOver(kMaxQueuedReplyBytes)) return;
     StartRead(&in_);
   }
 

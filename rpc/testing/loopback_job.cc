@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
       o.shutdown_timeout = options.shutdown_timeout;
       o.same_host_shm = false;
       o.local_transport = AgentOptions::LocalTransport::kNetwork;
+      if (options.configure) options.configure(r, o);
       auto registry = std::make_shared<FunctionRegistry>();
       if (options.install) options.install(r, *registry);
       AgentCollaborators c;

@@ -46,6 +46,9 @@ struct LoopbackJobOptions {
   // Registers worker `rank`'s functions (and protocol services) before its
   // agent is created.
   std::function<void(int rank, FunctionRegistry& registry)> install;
+  // Adjusts worker `rank`'s options before its agent is created (e.g. flow
+  // control limits).
+  std::function<void(int rank, AgentOptions& options)> configure;
   // Runs once worker `rank`'s agent exists (e.g. RRefService::Attach).
   std::function<void(int rank, RpcAgent& agent)> attach;
 };
