@@ -208,7 +208,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     return MakeErrorFuture<Payload>(absl::NotFoundError(
         absl::StrCat("rpc of function '", function, "': no worker with id ", to)));
   }
-  absl::Duration timeout =
+  const absl::Duration timeout =
       opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
   const absl::Time deadline = timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
@@ -220,6 +220,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   frame.header.set_function(function);
   frame.header.set_signature(signature);
   frame.header.set_caller_id(rank_);
+  if (timeout != absl::InfiniteDuration()) {
+    frame.header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout)));
+  }
   frame.payload = std::move(args);
   const size_t size = internal::FrameSize(frame);
   if (static_cast<int64_t>(size) > PeerLimit(to)) {
@@ -240,10 +243,12 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
                     absl::StrCat(CallContextText(to, function), ": the agent is shut down"))
               : Annotate(room, CallContextText(to, function)));
     }
-    if (timeout != absl::InfiniteDuration()) timeout = deadline - absl::Now();
   }
-  if (timeout != absl::InfiniteDuration()) {
-    frame.header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout)));
+  if (timeout != absl::InfiniteDuration() && window_bytes >= 0) {
+    // What is left of it after any wait for room travels to the callee (a
+    // shorter varint: the frame does not grow past the size checked above).
+    frame.header.set_timeout_us(
+        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   }
   if (shm_ != nullptr && peer_shm_[to]) {
     shm_->Export(frame, timeout == absl::InfiniteDuration()
