@@ -329,10 +329,16 @@ inline std::string Check(const Expect& e, const Outcome& o) {
   switch (e.kind) {
     case Expect::kClosedByServer:
       if (o.half_closed) return "internal: half-closed a stream the server should end";
-      // The server ends such a stream itself (today with OK); UNAVAILABLE
-      // would mean the connection or the server went away.
+      // The server ends such a stream itself, with an error that says why;
+      // UNAVAILABLE would mean the connection or the server went away.
       if (code == grpc::StatusCode::UNAVAILABLE) {
         return absl::StrCat("the server went away: ", Summarize(o));
+      }
+      if (code == grpc::StatusCode::OK) {
+        return absl::StrCat("the server closed the stream without saying why: ", Summarize(o));
+      }
+      if (o.status.error_message().empty()) {
+        return absl::StrCat("the stream ended with an error without a message: ", Summarize(o));
       }
       for (const auto& f : o.replies) {
         if (f.header.status_code() == 0) return "a bad stream got a successful reply";

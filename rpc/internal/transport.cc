@@ -155,7 +155,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     sink_ = std::make_shared<Sink>();
     auto outbox = std::make_unique<Outbox>(
         [this](const grpc::ByteBuffer* b) { StartWrite(b); },
-        [this] { Finish(grpc::Status::OK); }, [this] { StartRead(&in_); });
+        [this] { Finish(finish_status_); }, [this] { StartRead(&in_); });
     outbox_ = outbox.get();
     {
       absl::MutexLock lock(&sink_->mu);
@@ -175,7 +175,12 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     absl::Status s = ParsePacket(&in_, &frames);
     in_.Clear();
     if (!s.ok()) {
-      // The peer speaks something else; drop the stream rather than guess.
+      // The peer speaks something else; drop the stream rather than guess,
+      // and tell it why. (Written before Close(): the outbox's lock orders
+      // it before the finish callback reads it.)
+      finish_status_ = grpc::Status(
+          grpc::StatusCode::DATA_LOSS,
+          absl::StrCat("baton: malformed packet, stream closed: ", s.message().substr(0, 1024)));
       outbox_->Close();
       return;
     }
@@ -230,6 +235,9 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
   std::atomic<int> caller_{-1};  // from the frames' caller ids
+  // How the stream ends: OK after the caller's half-close, DATA_LOSS
+  // naming the problem after a malformed packet.
+  grpc::Status finish_status_ = grpc::Status::OK;
 };
 
 }  // namespace
