@@ -143,6 +143,39 @@ absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
   return state;
 }
 
+std::shared_ptr<AgentLink> Container::LinkTo(rpc::RpcAgent& agent) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(&agent);
+    if (it != links_.end()) return it->second;
+  }
+  auto link = std::make_shared<AgentLink>();
+  if (!agent.running()) return link;  // already torn down: no agent to use
+  {
+    absl::MutexLock lock(&link->mu);
+    link->agent = &agent;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = links_.emplace(&agent, link);
+    if (!inserted) return it->second;
+  }
+  std::weak_ptr<Container> weak = weak_from_this();
+  rpc::RpcAgent::ShutdownHook hook;
+  hook.release = [weak, link, key = &agent] {
+    {
+      absl::MutexLock lock(&link->mu);
+      link->agent = nullptr;
+    }
+    if (auto c = weak.lock()) {
+      absl::MutexLock lock(&c->mu_);
+      c->links_.erase(key);
+    }
+  };
+  agent.AddShutdownHook(std::move(hook));
+  return link;
+}
+
 void Container::Release(rpc::RpcAgent* agent, int64_t id, int from) {
   std::shared_ptr<ContextState> state;
   {
@@ -369,21 +402,24 @@ std::shared_ptr<internal::Container> ContainerOf(rpc::RpcAgent& agent) {
 }  // namespace
 
 Context::Context(rpc::RpcAgent& agent)
-    : agent_(agent),
-      container_(ContainerOf(agent)),
+    : container_(ContainerOf(agent)),
       previous_container_(internal::Container::CurrentContainer()),
       previous_id_(internal::Container::CurrentId()) {
   if (container_ == nullptr) {
     throw Error(absl::FailedPreconditionError(
         "dist_autograd::Install was not called on this worker's function registry"));
   }
+  link_ = container_->LinkTo(agent);
   id_ = container_->Create(agent.self().id)->id();
   internal::Container::SetCurrent(container_.get(), id_);
 }
 
 Context::~Context() {
   internal::Container::SetCurrent(previous_container_, previous_id_);
-  container_->Release(&agent_, id_, /*from=*/-1);
+  // Holding the link keeps the agent's teardown from passing its release
+  // hook while the agent is used here; a null agent releases locally only.
+  absl::MutexLock lock(&link_->mu);
+  container_->Release(link_->agent, id_, /*from=*/-1);
 }
 
 int64_t CurrentContextId(rpc::RpcAgent& agent) {

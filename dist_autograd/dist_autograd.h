@@ -111,6 +111,7 @@ namespace baton::dist_autograd {
 
 namespace internal {
 class Container;
+struct AgentLink;
 }
 
 // Installs distributed autograd on a worker's registry: the call hook and the
@@ -143,7 +144,9 @@ class GradientMap {
 // A distributed autograd context: created with a job-unique id and made
 // current on this thread; released on every participating worker when
 // destroyed. Throws baton::Error (FAILED_PRECONDITION) if dist_autograd is
-// not installed on the agent's registry.
+// not installed on the agent's registry. A Context may outlive its agent:
+// once the agent shut down, its destruction releases it locally only (the
+// peers' copies go with their agents, or through D4 when this one died).
 // REQUIRES: destroyed on the thread that created it.
 class Context {
  public:
@@ -155,7 +158,7 @@ class Context {
   int64_t id() const { return id_; }
 
  private:
-  rpc::RpcAgent& agent_;
+  std::shared_ptr<internal::AgentLink> link_;  // the agent, until its teardown
   std::shared_ptr<internal::Container> container_;
   int64_t id_;
   const internal::Container* previous_container_;

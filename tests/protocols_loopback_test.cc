@@ -262,5 +262,27 @@ TEST(DistAutogradOverLoopback, D4_ContextsOfAKilledRootAreReleasedOnEveryPartici
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
 
+// A Context that outlives its agent (and the whole job) is released
+// locally when it ends: it never touches the destroyed agent (run under
+// ASan in tools/sanitizers.sh, which reports any use after free).
+TEST(DistAutogradOverLoopback, D4_AContextThatOutlivesItsAgentReleasesLocally) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RpcAgent& a = j.agent(0);
+  at::Tensor x = at::randn({2, 2}, at::kDouble).requires_grad_(true);
+  auto ctx = std::make_unique<dist_autograd::Context>(a);
+  at::Tensor y = a.rpc_sync(1, chain_fn, x, std::vector<int64_t>{2});
+  ASSERT_TRUE(dist_autograd::Backward(a, ctx->id(), {y.sum()}).ok());
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+  j.job.reset();  // every agent is destroyed
+  ctx.reset();    // must release locally only
+  // A context made after its agent shut down is released locally as well.
+  Job k;
+  ASSERT_NE(k.job, nullptr);
+  EXPECT_TRUE(k.agent(0).Shutdown(/*graceful=*/false).ok());
+  { dist_autograd::Context late(k.agent(0)); }
+  k.job.reset();
+}
+
 }  // namespace
 }  // namespace baton

@@ -97,9 +97,20 @@ class ContextState {
   absl::Mutex exec_mu_;
 };
 
+// The agent a Context was made on, until that agent tears down (a shutdown
+// hook clears it). A Context holds this, not the agent, so that it may
+// outlive the agent: under `mu`, `agent` is either alive or null.
+struct AgentLink {
+  absl::Mutex mu;
+  rpc::RpcAgent* agent ABSL_GUARDED_BY(mu) = nullptr;
+};
+
 class Container : public std::enable_shared_from_this<Container> {
  public:
   Container() = default;
+
+  // The link to `agent`, one per agent (made on first use).
+  std::shared_ptr<AgentLink> LinkTo(rpc::RpcAgent& agent);
 
   // A new context created by worker `self` (not current anywhere yet).
   std::shared_ptr<ContextState> Create(int self);
@@ -137,6 +148,9 @@ class Container : public std::enable_shared_from_this<Container> {
   std::deque<int64_t> released_order_ ABSL_GUARDED_BY(mu_);
   // Agents this container listens to for peer failures (once each).
   absl::flat_hash_set<const rpc::RpcAgent*> watched_ ABSL_GUARDED_BY(mu_);
+  // Links of running agents; a link leaves when its agent tears down.
+  absl::flat_hash_map<const rpc::RpcAgent*, std::shared_ptr<AgentLink>> links_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // The call hook: tags messages sent in a context and records send/recv
