@@ -18,6 +18,10 @@ thread_local int64_t tl_context = 0;
 
 // Released ids remembered per worker (guarantee D5); older ones are forgotten.
 constexpr size_t kRememberReleased = 1 << 16;
+// Contexts other workers may open here at once: a peer that sends messages
+// for ever new context ids (and never releases them) cannot grow a worker
+// without bound. Far above what a job holds live (one or a few per root).
+constexpr size_t kMaxLiveContexts = 1 << 16;
 
 std::string WorkerName(const rpc::RpcAgent* agent) {
   return agent != nullptr ? agent->self().name : std::string("?");
@@ -137,6 +141,12 @@ absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
     return absl::FailedPreconditionError(
         absl::StrCat("distributed autograd context ", id, " was already released on worker '",
                      WorkerName(agent), "'"));
+  }
+  if (contexts_.size() >= kMaxLiveContexts) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "worker '", WorkerName(agent), "' already holds ", contexts_.size(),
+        " distributed autograd contexts, the most it keeps; context ", id,
+        " was refused (contexts end when their dist_autograd::Context does)"));
   }
   auto state = std::make_shared<ContextState>(id);
   contexts_[id] = state;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "dist_autograd/dist_autograd.h"
+#include "dist_autograd/internal/container.h"
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
@@ -282,6 +283,21 @@ TEST(DistAutogradOverLoopback, D4_AContextThatOutlivesItsAgentReleasesLocally) {
   EXPECT_TRUE(k.agent(0).Shutdown(/*graceful=*/false).ok());
   { dist_autograd::Context late(k.agent(0)); }
   k.job.reset();
+}
+
+// Peers cannot open contexts here without bound: past 65536 live ones a
+// new id is refused with RESOURCE_EXHAUSTED, and room returns on release.
+TEST(DistAutogradContainer, ContextsOpenedByPeersAreBounded) {
+  auto c = std::make_shared<dist_autograd::internal::Container>();
+  constexpr int64_t kMax = 1 << 16;
+  for (int64_t id = 1; id <= kMax; ++id) ASSERT_TRUE(c->GetOrCreate(id, nullptr).ok()) << id;
+  auto refused = c->GetOrCreate(kMax + 1, nullptr);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "already holds 65536")) << refused.status();
+  EXPECT_TRUE(c->GetOrCreate(7, nullptr).ok());  // a known context is still found
+  c->Release(nullptr, 7, /*from=*/-1);
+  EXPECT_TRUE(c->GetOrCreate(kMax + 1, nullptr).ok());
+  EXPECT_EQ(c->Ids().size(), static_cast<size_t>(kMax));
 }
 
 }  // namespace

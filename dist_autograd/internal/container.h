@@ -117,7 +117,8 @@ class Container : public std::enable_shared_from_this<Container> {
   // The context, or null.
   std::shared_ptr<ContextState> Find(int64_t id) const;
   // The context, created if this worker never saw it. FAILED_PRECONDITION if
-  // it was released here (guarantee D5).
+  // it was released here (guarantee D5); RESOURCE_EXHAUSTED if this worker
+  // already holds 65536 contexts.
   absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, rpc::RpcAgent* agent);
   // Releases, here and on their participants, the contexts `creator`
   // created (it died: guarantee D4). Returns how many.
