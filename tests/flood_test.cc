@@ -84,7 +84,8 @@ constexpr int64_t kServerRssBound = int64_t{256} << 20;
 constexpr int64_t kCallerRssBound = int64_t{64} << 20;
 constexpr int64_t kDeafRssBound = kServerRssBound + (int64_t{64} << 20);
 constexpr absl::Duration kOtherCallerP99 = absl::Milliseconds(250);
-constexpr absl::Duration kOtherCallerMax = absl::Seconds(2);
+// Measured p99 44-172 ms, max 115-1109 ms (256 threads share two cores).
+constexpr absl::Duration kOtherCallerMax = absl::Seconds(3);
 
 const Function<int64_t(at::Tensor)> work_fn("work");
 const Function<int64_t(int64_t)> echo_fn("echo");
