@@ -306,10 +306,16 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result) {
     if (it == pending_.end()) return;
     call = std::move(it->second);
     pending_.erase(it);
+    // The call left pending_ but this thread still uses the timer and the
+    // window: the drain and Teardown wait for completing_ to reach zero, or
+    // the agent could be destroyed under it.
+    ++completing_;
   }
   timer_->Cancel(call.timer);
   if (call.window_bytes >= 0) window_->Release(call.peer, call.window_bytes);
   call.promise.Set(std::move(result));
+  absl::MutexLock lock(&mu_);
+  --completing_;
 }
 
 void AgentImpl::OnResponse(int peer, Frame frame) {
@@ -622,7 +628,7 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return pending_.empty() && incoming_ == 0;
+        return pending_.empty() && completing_ == 0 && incoming_ == 0;
       };
       if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
         note(absl::DeadlineExceededError(absl::StrCat(
@@ -686,6 +692,16 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   if (executor_) {
     executor_->Close();
     note(executor_->Join(left()));
+  }
+  {
+    // Completions already under way on transport or timer threads finish
+    // before the timer and the window go.
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completing_ == 0; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + left())) {
+      note(absl::DeadlineExceededError(absl::StrCat(
+          "shutdown: ", completing_, " call completion(s) still running at the deadline")));
+    }
   }
   if (timer_) timer_->Stop();
   if (shm_) shm_->Close();

@@ -173,6 +173,9 @@ class AgentImpl : private TransportHandler {
   absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  // Complete() calls between leaving pending_ and their last use of the
+  // timer and the window.
+  int64_t completing_ ABSL_GUARDED_BY(mu_) = 0;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
 };
