@@ -58,6 +58,26 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return f;
 }
 
+absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death) {
+  auto options = rpc::AgentOptions::FromEnv();
+  if (!options.ok()) return options.status();
+  options->rpc_timeout = absl::Seconds(w.flags.call_timeout_s);
+  options->shutdown_timeout = absl::Seconds(30);
+  auto agent = rpc::RpcAgent::Create(*options, w.registry);
+  if (!agent.ok()) return agent.status();
+  w.agent = *std::move(agent);
+  w.rrefs->Attach(w.agent.get());
+  w.agent->AddPeerFailureListener(
+      [name = w.name, mortal = TrainerNames(w.env), everyone = AllNames(w.env),
+       on_death = std::move(on_death)](int peer, const absl::Status& cause) {
+        on_death(peer);
+        Say(name, absl::StrCat("PEER_FAILURE peer=", peer, " class=",
+                               ClassifyFailure(cause, mortal, everyone),
+                               " msg=", cause.message()));
+      });
+  return absl::OkStatus();
+}
+
 void Say(const std::string& who, const std::string& text) {
   std::printf("[%s] %s @%lld\n", who.c_str(), text.c_str(),
               static_cast<long long>(absl::ToUnixMillis(absl::Now())));

@@ -13,6 +13,7 @@
 #define BATON_TESTS_SOAK_SOAK_COMMON_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -228,6 +229,12 @@ int RunTrainer(Worker& w);
 // Names of the workers of the job, and of those that may die (trainers).
 std::vector<std::string> AllNames(const LaunchEnv& env);
 std::vector<std::string> TrainerNames(const LaunchEnv& env);
+
+// Creates w.agent from the environment (calls bounded by the flags' call
+// timeout, shutdown by 30 s) and attaches w.rrefs. Every peer death the
+// agent confirms is printed as PEER_FAILURE with its class
+// (ClassifyFailure) and passed to `on_death`.
+absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death);
 inline constexpr char kHub[] = "hub0";
 inline constexpr char kPs[] = "ps0";
 

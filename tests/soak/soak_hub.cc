@@ -260,25 +260,15 @@ int RunHub(Worker& w) {
     Say(w.name, absl::StrCat("setup error: ", s.ToString()));
     return 1;
   }
-  auto options = rpc::AgentOptions::FromEnv();
-  if (!options.ok()) return Say(w.name, options.status().ToString()), 1;
-  options->rpc_timeout = absl::Seconds(w.flags.call_timeout_s);
-  options->shutdown_timeout = absl::Seconds(30);
-  auto agent = rpc::RpcAgent::Create(*options, w.registry);
-  if (!agent.ok()) return Say(w.name, agent.status().ToString()), 1;
-  w.agent = *std::move(agent);
-  w.rrefs->Attach(w.agent.get());
-  const std::vector<std::string> mortal = TrainerNames(w.env), everyone = AllNames(w.env);
-  w.agent->AddPeerFailureListener([hub, mortal, everyone](int peer, const absl::Status& cause) {
-    {
-      absl::MutexLock lock(&hub->mu);
-      hub->confirmations[peer].push_back(absl::Now());
-    }
-    Say(kHub, absl::StrCat("PEER_FAILURE peer=", peer, " class=",
-                           ClassifyFailure(cause, mortal, everyone), " msg=", cause.message()));
-  });
+  if (absl::Status s = StartAgent(w, [hub](int peer) {
+        absl::MutexLock lock(&hub->mu);
+        hub->confirmations[peer].push_back(absl::Now());
+      });
+      !s.ok()) {
+    return Say(w.name, s.ToString()), 1;
+  }
   Say(w.name, absl::StrCat("pid ", getpid(), " up"));
-  const int64_t trainers = static_cast<int64_t>(mortal.size());
+  const int64_t trainers = static_cast<int64_t>(TrainerNames(w.env).size());
   std::vector<std::string> failed;
 
   // 1. Every trainer said hello; warm-up; baseline.

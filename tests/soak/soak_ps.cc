@@ -174,23 +174,13 @@ int RunPs(Worker& w) {
   auto server = ps::PsServer::Create(MakeSpec(static_cast<int>(TrainerNames(w.env).size())), so,
                                      *w.registry);
   if (!server.ok()) return Say(w.name, server.status().ToString()), 1;
-  auto options = rpc::AgentOptions::FromEnv();
-  if (!options.ok()) return Say(w.name, options.status().ToString()), 1;
-  options->rpc_timeout = absl::Seconds(w.flags.call_timeout_s);
-  options->shutdown_timeout = absl::Seconds(30);
-  auto agent = rpc::RpcAgent::Create(*options, w.registry);
-  if (!agent.ok()) return Say(w.name, agent.status().ToString()), 1;
-  w.agent = *std::move(agent);
-  w.rrefs->Attach(w.agent.get());
-  const std::vector<std::string> mortal = TrainerNames(w.env), everyone = AllNames(w.env);
-  w.agent->AddPeerFailureListener([ps, mortal, everyone](int peer, const absl::Status& cause) {
-    {
-      absl::MutexLock lock(&ps->mu);
-      ps->confirmations[peer].push_back(absl::Now());
-    }
-    Say(kPs, absl::StrCat("PEER_FAILURE peer=", peer, " class=",
-                          ClassifyFailure(cause, mortal, everyone), " msg=", cause.message()));
-  });
+  if (absl::Status s = StartAgent(w, [ps](int peer) {
+        absl::MutexLock lock(&ps->mu);
+        ps->confirmations[peer].push_back(absl::Now());
+      });
+      !s.ok()) {
+    return Say(w.name, s.ToString()), 1;
+  }
   Say(w.name, absl::StrCat("pid ", getpid(), " up"));
   // Serve until the hub is done with its checks (bounded: the load, the
   // hub's end phase and a margin).
