@@ -105,8 +105,8 @@ absl::Status ContextState::BeginBackward(bool retain_graph) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<ContextState> Container::Create(int self) {
-  const int64_t id = (int64_t{self} << 48) | next_context_.fetch_add(1);
+std::shared_ptr<ContextState> Container::Create(int self, int64_t incarnation) {
+  const int64_t id = MakeId(self, incarnation, next_context_.fetch_add(1));
   auto state = std::make_shared<ContextState>(id);
   absl::MutexLock lock(&mu_);
   contexts_[id] = state;
@@ -130,8 +130,8 @@ absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
   }
   if (watch) {
     std::weak_ptr<Container> weak = weak_from_this();
-    agent->AddPeerFailureListener([weak, agent](int peer, const absl::Status&) {
-      if (auto c = weak.lock()) c->ReleaseCreatedBy(agent, peer);
+    agent->AddPeerFailureListener([weak, agent](const rpc::PeerFailure& f) {
+      if (auto c = weak.lock()) c->ReleaseCreatedBy(agent, f.peer, f.incarnation);
     });
   }
   absl::MutexLock lock(&mu_);
@@ -238,12 +238,12 @@ void Container::SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broad
   });
 }
 
-int Container::ReleaseCreatedBy(rpc::RpcAgent* agent, int creator) {
+int Container::ReleaseCreatedBy(rpc::RpcAgent* agent, int creator, int64_t incarnation) {
   std::vector<int64_t> ids;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, state] : contexts_) {
-      if (CreatorOf(id) == creator) ids.push_back(id);
+      if (CreatorOf(id) == creator && MadeByOrBefore(id, incarnation)) ids.push_back(id);
     }
   }
   for (int64_t id : ids) Release(agent, id, /*from=*/creator);
@@ -298,7 +298,8 @@ absl::Status AutogradHook::OnSend(const rpc::MessageInfo& message,
   }
   if (!edges.empty()) {
     const int self = message.agent != nullptr ? message.agent->self().id : 0;
-    const int64_t message_id = c->NextMessageId(self);
+    const int64_t incarnation = message.agent != nullptr ? message.agent->incarnation() : 0;
+    const int64_t message_id = c->NextMessageId(self, incarnation);
     tag.set_message_id(message_id);
     (*state)->AddSend(message_id, std::move(edges));
   }
@@ -420,7 +421,7 @@ Context::Context(rpc::RpcAgent& agent)
         "dist_autograd::Install was not called on this worker's function registry"));
   }
   link_ = container_->LinkTo(agent);
-  id_ = container_->Create(agent.self().id)->id();
+  id_ = container_->Create(agent.self().id, agent.incarnation())->id();
   internal::Container::SetCurrent(container_.get(), id_);
 }
 

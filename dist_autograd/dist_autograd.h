@@ -65,7 +65,11 @@
 //    other worker so that nobody behind it keeps the context. If the worker
 //    that created a context dies, every participant releases it once the
 //    agent confirms the death (RpcAgent::AddPeerFailureListener; within
-//    about 2 s of the evidence: its stream cancelled, its process gone).
+//    about 2 s of the evidence: its stream cancelled, its process gone; or
+//    at once when a restarted incarnation of its rank calls). Context ids
+//    carry the creator's incarnation, so a restarted worker's contexts never
+//    reuse its predecessor's ids, and only the dead incarnation's contexts
+//    are released.
 // D5 A message for a context that was already released on its receiver fails
 //    with FAILED_PRECONDITION naming the context and worker, instead of
 //    silently creating it again (which would leak it).

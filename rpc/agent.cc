@@ -129,6 +129,8 @@ void RpcAgent::AddShutdownHook(ShutdownHook hook) { impl_->AddShutdownHook(std::
 void RpcAgent::AddPeerFailureListener(PeerFailureListener listener) {
   impl_->AddPeerFailureListener(std::move(listener));
 }
+int64_t RpcAgent::incarnation() const { return impl_->incarnation(); }
+int64_t RpcAgent::peer_incarnation(int peer) const { return impl_->peer_incarnation(peer); }
 absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
 bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
@@ -220,6 +222,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   frame.header.set_function(function);
   frame.header.set_signature(signature);
   frame.header.set_caller_id(rank_);
+  frame.header.set_caller_incarnation(incarnation_);
+  const bool bulk_shm = shm_ != nullptr && peer_shm_[to].load(std::memory_order_relaxed);
+  // We opened its probe: it may answer through its segments.
+  if (bulk_shm) frame.header.set_reply_shm(true);
   if (timeout != absl::InfiniteDuration()) {
     frame.header.set_timeout_us(std::max<int64_t>(1, absl::ToInt64Microseconds(timeout)));
   }
@@ -250,7 +256,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     frame.header.set_timeout_us(
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   }
-  if (shm_ != nullptr && peer_shm_[to]) {
+  if (bulk_shm) {
     shm_->Export(frame, timeout == absl::InfiniteDuration()
                             ? absl::InfiniteFuture()
                             : absl::Now() + timeout + absl::Seconds(5));
@@ -288,6 +294,8 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
           ? shm_transport_->Send(to, std::move(frame))
           : transport_->Send(to, std::move(frame));
   if (!stream.ok()) {
+    // Evidence (P2): the probe checks it, or the store names a successor.
+    if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
     Complete(id, Annotate(stream.status(),
                           absl::StrCat(CallContextText(to, function), ": worker unreachable")));
   } else {
@@ -355,34 +363,127 @@ void AgentImpl::AddPeerFailureListener(RpcAgent::PeerFailureListener listener) {
   failure_listeners_.push_back(std::move(listener));
 }
 
+int64_t AgentImpl::peer_incarnation(int peer) const {
+  absl::MutexLock lock(&mu_);
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return 0;
+  return peers_[peer].incarnation;
+}
+
 void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   if (!ready_.HasBeenNotified() || peer < 0 || peer >= static_cast<int>(workers_.size()) ||
       peer == rank_) {
     return;
   }
+  int64_t incarnation;
+  bool reported;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_ || failure_listeners_.empty() || !suspects_.insert(peer).second) return;
+    if (!running_ || failure_listeners_.empty()) return;
+    incarnation = peers_[peer].incarnation;
+    reported = peers_[peer].dead >= incarnation;
+    if (!reported && !suspects_.insert(peer).second) return;
+  }
+  if (reported) {
+    // P2: that incarnation is reported already (this is its old stream, or
+    // a probe's); a restarted one may have registered since.
+    RefreshPeer(peer);
+    return;
   }
   CallOptions probe;
   probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
   Call(peer, kPingFunction, "", Payload(), probe, /*windowed=*/false)
-      .OnReady([this, peer, cause](const absl::StatusOr<Payload>& r) {
+      .OnReady([this, peer, incarnation, cause](const absl::StatusOr<Payload>& r) {
         const bool dead = !r.ok() && (absl::IsUnavailable(r.status()) ||
                                       absl::IsDeadlineExceeded(r.status()));
-        std::vector<RpcAgent::PeerFailureListener> listeners;
         {
           absl::MutexLock lock(&mu_);
           suspects_.erase(peer);
-          if (!dead || !running_) return;
-          ++peer_failures_;
-          listeners = failure_listeners_;
         }
-        const absl::Status verdict = absl::UnavailableError(absl::StrCat(
-            "worker '", workers_[peer].name, "' (id ", peer, ") is dead: ", cause.message(),
-            "; a probe call then failed: ", r.status().message()));
-        for (auto& l : listeners) l(peer, verdict);
+        if (!dead) return;
+        ReportDead(peer, incarnation,
+                   absl::UnavailableError(absl::StrCat(
+                       "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ",
+                       incarnation, ") is dead: ", cause.message(),
+                       "; a probe call then failed: ", r.status().message())));
+        // Its successor may have registered already (P3).
+        RefreshPeer(peer);
       });
+}
+
+void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& cause) {
+  std::vector<RpcAgent::PeerFailureListener> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || peer >= static_cast<int>(peers_.size()) ||
+        peers_[peer].dead >= incarnation) {
+      return;  // P2
+    }
+    peers_[peer].dead = incarnation;
+    ++peer_failures_;
+    listeners = failure_listeners_;
+  }
+  const PeerFailure failure{peer, incarnation, cause};
+  for (auto& l : listeners) l(failure);
+}
+
+bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
+  if (incarnation <= 0 || peer < 0 || peer >= static_cast<int>(workers_.size())) return true;
+  int64_t replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    if (peers_.empty()) return true;  // before the rendezvous filled it
+    PeerState& p = peers_[peer];
+    if (incarnation < p.incarnation) return false;
+    if (incarnation == p.incarnation) return true;
+    replaced = p.incarnation;
+    p.incarnation = incarnation;
+    p.next_refresh = absl::InfinitePast();  // its new address is in the store
+  }
+  // The new incarnation opened none of our probes (P3).
+  if (peer < static_cast<int>(peer_shm_.size())) peer_shm_[peer].store(false);
+  // P1: a rejoined restart replaces its predecessor, which is dead.
+  const std::string name = workers_[peer].name;
+  executor_->Submit([this, peer, replaced, incarnation, name] {
+    ReportDead(peer, replaced,
+               absl::UnavailableError(absl::StrCat(
+                   "worker '", name, "' (id ", peer, ", incarnation ", replaced,
+                   ") is dead: incarnation ", incarnation, " of its rank rejoined the job")));
+  });
+  RefreshPeer(peer);
+  return true;
+}
+
+void AgentImpl::RefreshPeer(int peer) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || peers_.empty()) return;
+    PeerState& p = peers_[peer];
+    const absl::Time now = absl::Now();
+    if (p.refreshing || now < p.next_refresh) return;
+    p.refreshing = true;
+    p.next_refresh = now + absl::Milliseconds(500);
+  }
+  const bool submitted = executor_->Submit([this, peer] {
+    auto v = store_->Get(absl::StrCat(ns_, "worker/", peer), absl::Seconds(2));
+    proto::WorkerRecord record;
+    const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
+    bool newer = false;
+    {
+      absl::MutexLock lock(&mu_);
+      peers_[peer].refreshing = false;
+      // A newer incarnation than the one whose address the transport has:
+      // the transport's address follows it (calls, and the probe, go there).
+      newer = parsed && running_ && record.incarnation() > peers_[peer].address_incarnation;
+      if (newer) peers_[peer].address_incarnation = record.incarnation();
+    }
+    if (!newer) return;
+    transport_->AddPeer(peer, record.address());
+    (void)NoteIncarnation(peer, record.incarnation());
+  });
+  if (!submitted) {
+    absl::MutexLock lock(&mu_);
+    peers_[peer].refreshing = false;
+  }
 }
 
 void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
@@ -413,12 +514,27 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
       frame.header.timeout_us() > 0
           ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
           : absl::InfiniteFuture();
+  const uint64_t id = frame.header.id();
+  const int caller = frame.header.caller_id();
+  const int64_t caller_incarnation = frame.header.caller_incarnation();
+  bool other_incarnation;
   {
     absl::MutexLock lock(&mu_);
     ++incoming_;
+    other_incarnation = caller_incarnation > 0 && caller >= 0 &&
+                        caller < static_cast<int>(peers_.size()) &&
+                        caller_incarnation != peers_[caller].incarnation;
   }
-  const uint64_t id = frame.header.id();
-  const int caller = frame.header.caller_id();
+  // P1, P4: a newer incarnation replaces its predecessor here at once; an
+  // older one is a replaced process.
+  if (other_incarnation && !NoteIncarnation(caller, caller_incarnation)) {
+    SendReply(channel, id, caller,
+              absl::UnavailableError(absl::StrCat(
+                  "worker '", options_.name, "' refuses a request from incarnation ",
+                  caller_incarnation, " of worker id ", caller,
+                  ": a newer incarnation of that rank rejoined the job")));
+    return;
+  }
   if (ready_.HasBeenNotified()) {
     auto entry = registry_->Find(frame.header.function());
     if (entry != nullptr && entry->inline_safe) {
@@ -496,18 +612,20 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   ctx.agent = handle_;
   ctx.registry = registry_.get();
   ctx.caller = &workers_[caller];
+  ctx.caller_incarnation = frame.header.caller_incarnation();
   ctx.function = fname;
   ctx.deadline = deadline;
   if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
   entry->handler(ctx, std::move(frame.payload),
-                 [this, channel, id, caller, admitted](absl::StatusOr<Payload> result) {
-                   SendReply(channel, id, caller, std::move(result), admitted);
+                 [this, channel, id, caller, admitted,
+                  reply_shm = frame.header.reply_shm()](absl::StatusOr<Payload> result) {
+                   SendReply(channel, id, caller, std::move(result), admitted, reply_shm);
                  });
 }
 
 void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                          uint64_t id, int caller, absl::StatusOr<Payload> result,
-                         int64_t admitted) {
+                         int64_t admitted, bool reply_shm) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
   frame.header.set_id(id);
@@ -529,8 +647,11 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
     // An error names what was wrong, not a copy of a huge input: a reply
     // must never outgrow the caller's limit (it would end the whole stream).
     frame.header.set_error_message(Clip(result.status().message(), 16 << 10));
-  } else if (shm_ != nullptr && ready_.HasBeenNotified() && caller >= 0 &&
-             caller < static_cast<int>(peer_shm_.size()) && peer_shm_[caller]) {
+  } else if (reply_shm && shm_ != nullptr && ready_.HasBeenNotified() && caller >= 0 &&
+             caller < static_cast<int>(peer_shm_.size()) &&
+             peer_shm_[caller].load(std::memory_order_relaxed)) {
+    // Both ends opened each other's probe: the caller said so for its side
+    // (a rejoined caller opened none, and would refuse our segments).
     // The caller releases the segment on receipt; the expiry only covers a
     // caller that died or gave up first.
     shm_->Export(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
@@ -593,7 +714,7 @@ bool AgentImpl::uses_shm_transport(int peer) const {
 
 bool AgentImpl::uses_shm(int peer) const {
   return shm_ != nullptr && peer >= 0 && peer < static_cast<int>(peer_shm_.size()) &&
-         peer_shm_[peer];
+         peer_shm_[peer].load(std::memory_order_relaxed);
 }
 
 

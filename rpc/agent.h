@@ -131,13 +131,17 @@ struct AgentOptions {
   // Rejoin a running job as a restarted incarnation of `rank` (baton-run's
   // per-role restart sets BATON_REJOIN=1) instead of rendezvousing anew:
   // the other workers keep running, so this worker reads their
-  // registrations, replaces its own, and skips the init barrier. The
-  // rejoined worker can call every peer; a peer calling it uses the address
-  // it learnt at startup and gets UNAVAILABLE, so only roles that are called
-  // by nobody (trainers of a parameter server, observers) should be
-  // restarted this way. Large tensors it sends go over the stream, not
-  // shared memory (the peers' probes are gone), and every message goes over
-  // gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
+  // registrations, replaces its own with the next incarnation number
+  // (RpcAgent::incarnation()), and skips the init barrier. The rejoined
+  // worker can call every peer. A peer learns of the new incarnation, and
+  // of its address, when it calls that peer or when the peer confirms the
+  // old incarnation dead; until then the peer's calls to the rank fail with
+  // UNAVAILABLE, so roles that are called by nobody (trainers of a parameter
+  // server, observers) suit this best. Learning of a new incarnation tells
+  // the peer's failure listeners that the old one is dead
+  // (AddPeerFailureListener). Large tensors go over the stream, not shared
+  // memory, both ways (the peers' probes are gone), and every message goes
+  // over gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
   // rank 0, which serves the store, or when there is no job to rejoin.
   bool rejoin = false;
 
@@ -209,6 +213,16 @@ struct AgentStats {
   int64_t requests_queued = 0;
 };
 
+// One incarnation of a peer found dead (RpcAgent::AddPeerFailureListener).
+struct PeerFailure {
+  int peer = -1;
+  // This incarnation of the peer's rank, and every earlier one, is dead.
+  int64_t incarnation = 0;
+  // UNAVAILABLE, naming the worker, the evidence and the probe's error, or
+  // the newer incarnation that replaced it.
+  absl::Status cause;
+};
+
 // The public handle of one worker's agent. Its state and protocol live in
 // internal::AgentImpl (rpc/internal/agent_impl.h), which this header does
 // not include: users of the agent compile no transport or gRPC header.
@@ -278,15 +292,31 @@ class RpcAgent {
   };
   void AddShutdownHook(ShutdownHook hook);
 
-  // Runs `listener(peer, cause)` when a peer is found dead: evidence (one of
-  // our streams to it ended, its stream to us was cancelled, or its process
-  // on this host is gone) confirmed by a probe call that fails with
-  // UNAVAILABLE or DEADLINE_EXCEEDED within 2 s. Runs on an executor thread,
-  // possibly more than once per peer (listeners must be idempotent), never
-  // after shutdown began. Protocol layers use it to release what a dead
-  // worker held (dist_autograd: the contexts it created).
-  using PeerFailureListener = std::function<void(int peer, const absl::Status& cause)>;
+  // Runs `listener(failure)` when an incarnation of a peer is found dead
+  // (docs/peer_failures.md, guarantees P1-P4):
+  // - evidence (one of our streams to it ended, its stream to us was
+  //   cancelled, or its process on this host is gone) confirmed by a probe
+  //   call to its latest known address that fails with UNAVAILABLE or
+  //   DEADLINE_EXCEEDED within 2 s; or
+  // - a newer incarnation of its rank called us or registered in the store
+  //   (a restarted worker that rejoined replaces its predecessor).
+  // failure.incarnation and every earlier incarnation of the rank are dead.
+  // Each incarnation is reported at most once, and evidence about an
+  // incarnation already reported is not probed again. Runs on an executor
+  // thread, never after shutdown began. Protocol layers use it to release
+  // what a dead incarnation held (dist_autograd: the contexts it created;
+  // rref: its forks and the children forked to it).
+  using PeerFailureListener = std::function<void(const PeerFailure& failure)>;
   void AddPeerFailureListener(PeerFailureListener listener);
+
+  // This worker's incarnation of its rank: 1 at its first start, one more
+  // for each restart that rejoined the job (AgentOptions::rejoin).
+  int64_t incarnation() const;
+  // The latest incarnation of `peer` this worker knows of (0 for an id that
+  // is no worker). Every request carries its caller's incarnation, so a
+  // restarted worker that calls us is known at once; requests from an
+  // older incarnation than the latest known fail with UNAVAILABLE.
+  int64_t peer_incarnation(int peer) const;
 
   absl::Status Shutdown(bool graceful = true);
   bool running() const;

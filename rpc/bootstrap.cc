@@ -299,6 +299,10 @@ absl::Status AgentImpl::Rendezvous() {
         "rank ", rank_, " was asked to rejoin (BATON_REJOIN=1) but never joined this job"));
   }
   ns_ = absl::StrCat("baton/r", *round, "/");
+  // 1 for the first start in this round, one more for each rejoin.
+  auto incarnation = store_->Add(absl::StrCat(ns_, "incarnation/", rank_), 1);
+  if (!incarnation.ok()) return incarnation.status();
+  incarnation_ = *incarnation;
 
   // Which store instance this round uses (see Teardown).
   if (options_.rank == 0) {
@@ -376,6 +380,7 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_max_message_bytes(options_.max_message_bytes);
   mine.set_max_calls_in_flight(options_.max_calls_in_flight);
   mine.set_max_bytes_in_flight(options_.max_bytes_in_flight);
+  mine.set_incarnation(incarnation_);
   mine.set_shm_probe(probe_name);
   mine.set_shm_probe_token(probe_token);
   mine.set_boot_id(BootId());
@@ -420,23 +425,32 @@ absl::Status AgentImpl::Rendezvous() {
                             smaller(options_.max_bytes_in_flight, records[r].max_bytes_in_flight())};
   }
   window_ = std::make_unique<CallWindow>(std::move(windows));
+  {
+    absl::MutexLock lock(&mu_);
+    peers_.assign(options_.world_size, PeerState());
+    for (int r = 0; r < options_.world_size; ++r) {
+      peers_[r].incarnation = r == rank_ ? incarnation_ : records[r].incarnation();
+      peers_[r].address_incarnation = peers_[r].incarnation;
+    }
+  }
   for (const auto& w : workers_) {
     if (w.id != rank_) transport_->AddPeer(w.id, w.address);
   }
   // S4 of the shared-memory channel: use it toward peers that can open our
   // probe. Everyone probes before anyone removes its probe object.
-  peer_shm_.assign(options_.world_size, false);
+  peer_shm_ = std::vector<std::atomic<bool>>(options_.world_size);
   peer_shm_prefix_.assign(options_.world_size, "");
   if (shm_ != nullptr) {
     int usable = 0;
     for (int r = 0; r < options_.world_size; ++r) {
-      peer_shm_[r] = !records[r].shm_probe().empty() &&
-                     ShmChannel::CheckProbe(records[r].shm_probe(),
-                                                      records[r].shm_probe_token());
+      const bool usable_toward = !records[r].shm_probe().empty() &&
+                                 ShmChannel::CheckProbe(records[r].shm_probe(),
+                                                        records[r].shm_probe_token());
+      peer_shm_[r].store(usable_toward);
       // Its probe opened, so it shares our PID namespace: its segments are
       // named with its pid under our prefix.
-      if (peer_shm_[r]) peer_shm_prefix_[r] = ShmChannel::ObjectPrefix(records[r].pid());
-      usable += peer_shm_[r];
+      if (usable_toward) peer_shm_prefix_[r] = ShmChannel::ObjectPrefix(records[r].pid());
+      usable += usable_toward;
     }
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
   }

@@ -63,6 +63,9 @@ struct CallContext {
   // The registry that dispatched the call (its call hooks run on the reply).
   FunctionRegistry* registry = nullptr;
   const WorkerInfo* caller = nullptr;
+  // The caller's incarnation (RpcAgent::incarnation() on its side; 0 when
+  // the request did not say).
+  int64_t caller_incarnation = 0;
   absl::string_view function;
   // When the caller gives up; nested waits should not outlive it.
   absl::Time deadline = absl::InfiniteFuture();

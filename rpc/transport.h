@@ -81,7 +81,9 @@ class Transport {
 // The transport a worker registers an address for: it serves incoming
 // streams from the start and reaches peers by the addresses they
 // registered.
-// - AddPeer() precedes sends to a peer; a stream opens on demand.
+// - AddPeer() precedes sends to a peer; a stream opens on demand. Adding
+//   a peer again with another address (a restarted worker that rejoined)
+//   sends new messages there; a stream to the old address ends on its own.
 // - CloseStreams() ends the outgoing streams (half-close, or cancel) and
 //   waits at most `timeout` for them to end; StopServer() stops accepting
 //   and cancels what is left after `grace`. Neither blocks past its bound.

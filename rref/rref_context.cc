@@ -1,5 +1,6 @@
 #include "rref/rref_context.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,7 @@ struct RRefContext::OwnerEntry {
   std::string type;
   rpc::Promise<rpc::AnyValue> value;
   bool created = false;
-  absl::flat_hash_set<ForkId> forks;
+  absl::flat_hash_map<ForkId, Holder> forks;
   // Forks known to be deleted: tombstones for deletes that arrived first
   // (G3) and the record that makes repeated messages no-ops (G5).
   absl::flat_hash_set<ForkId> deleted;
@@ -23,6 +24,7 @@ struct RRefContext::OwnerEntry {
 struct RRefContext::UserEntry {
   RRefId rref;
   int owner = -1;
+  int64_t owner_incarnation = 0;  // as known when the entry was made
   bool handle_alive = true;
   absl::flat_hash_set<ForkId> pending_children;
 };
@@ -35,7 +37,22 @@ RefHandle::~RefHandle() { ctx_->ReleaseHandle(*this); }
 
 bool RefHandle::is_owner() const { return owner_ == ctx_->self(); }
 
-RRefContext::RRefContext(int self, ControlSender* sender) : self_(self), sender_(sender) {}
+RRefContext::RRefContext(int self, ControlSender* sender, int64_t incarnation,
+                         std::function<int64_t(int)> incarnation_of)
+    : self_(self),
+      sender_(sender),
+      incarnation_(incarnation),
+      incarnation_of_(std::move(incarnation_of)) {}
+
+Holder RRefContext::HolderOf(int worker) const {
+  return Holder{worker, incarnation_of_ ? incarnation_of_(worker) : 0};
+}
+
+bool RRefContext::DeadLocked(const Holder& h) const {
+  if (h.worker < 0) return false;
+  auto it = dead_.find(h.worker);
+  return it != dead_.end() && h.incarnation <= it->second;
+}
 
 RRefContext::~RRefContext() = default;
 
@@ -54,27 +71,34 @@ std::shared_ptr<RefHandle> RRefContext::CreateOwned(const std::string& type) {
 std::shared_ptr<RefHandle> RRefContext::CreateUserForRemote(int owner, const std::string& type) {
   const RRefId id = NextId();
   const ForkId fork = NextId();
+  const Holder owner_now = HolderOf(owner);
   {
     absl::MutexLock lock(&mu_);
     auto entry = std::make_unique<UserEntry>();
     entry->rref = id;
     entry->owner = owner;
+    entry->owner_incarnation = owner_now.incarnation;
     users_[fork] = std::move(entry);
   }
   return std::make_shared<RefHandle>(shared_from_this(), id, fork, owner, type);
 }
 
-void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type) {
+void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type,
+                                 Holder creator) {
   std::shared_ptr<OwnerEntry> freed;
   {
     absl::MutexLock lock(&mu_);
     if (owners_.contains(rref)) return;  // G5
     auto entry = std::make_shared<OwnerEntry>();
     entry->type = type;
-    entry->forks.insert(creator_fork);
+    if (DeadLocked(creator)) {
+      entry->deleted.insert(creator_fork);  // G7: its creator died meanwhile
+    } else {
+      entry->forks.emplace(creator_fork, creator);
+    }
     auto early = early_.find(rref);
     if (early != early_.end()) {  // G3
-      for (const auto& [fork, parent] : early->second.forks) entry->forks.insert(fork);
+      for (const auto& [fork, holder] : early->second.forks) entry->forks.emplace(fork, holder);
       for (const ForkId& d : early->second.deleted) {
         entry->forks.erase(d);
         entry->deleted.insert(d);
@@ -121,15 +145,18 @@ ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
   d.owner = handle.owner();
   d.parent = self_;
   d.type = handle.type();
+  const Holder holder = HolderOf(dest);
   absl::MutexLock lock(&mu_);
+  // G7: a fork sent to a dead worker is not counted (the message fails).
+  if (DeadLocked(holder)) return d;
   if (handle.is_owner()) {
     // The owner forks directly: the fork is counted before it is sent.
     if (dest != self_) {
       auto it = owners_.find(d.rref);
       if (it != owners_.end()) {
-        it->second->forks.insert(d.fork);
+        it->second->forks.emplace(d.fork, holder);
       } else {
-        early_[d.rref].forks.emplace(d.fork, self_);  // G3: before creation
+        early_[d.rref].forks.emplace(d.fork, holder);  // G3: before creation
       }
     }
   } else {
@@ -137,7 +164,7 @@ ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
     auto it = users_.find(handle.fork());
     if (it != users_.end()) {
       it->second->pending_children.insert(d.fork);
-      child_parent_[d.fork] = handle.fork();
+      child_parent_[d.fork] = Child{handle.fork(), holder};
     }
   }
   return d;
@@ -162,11 +189,13 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
     if (d.parent != self_) Track(sender_->ChildAccept(d.parent, d.rref, d.fork));
     return handle;
   }
+  const Holder owner_now = HolderOf(d.owner);
   {
     absl::MutexLock lock(&mu_);
     auto entry = std::make_unique<UserEntry>();
     entry->rref = d.rref;
     entry->owner = d.owner;
+    entry->owner_incarnation = owner_now.incarnation;
     users_[d.fork] = std::move(entry);
   }
   handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, d.fork, d.owner, d.type);
@@ -175,15 +204,23 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
   return handle;
 }
 
-void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent) {
+void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent, Holder holder) {
+  std::shared_ptr<OwnerEntry> freed;
   {
     absl::MutexLock lock(&mu_);
+    const bool dead = DeadLocked(holder);  // G7: it died meanwhile
     auto it = owners_.find(rref);
     if (it == owners_.end()) {
       Early& e = early_[rref];  // G3: before the owner created the value
-      if (!e.deleted.contains(fork)) e.forks.emplace(fork, parent);
+      if (dead) {
+        e.deleted.insert(fork);
+      } else if (!e.deleted.contains(fork)) {
+        e.forks.emplace(fork, holder);
+      }
+    } else if (dead) {
+      it->second->deleted.insert(fork);
     } else if (!it->second->deleted.contains(fork)) {  // G3, G5
-      it->second->forks.insert(fork);
+      it->second->forks.emplace(fork, holder);
     }
   }
   if (parent != self_) Track(sender_->ChildAccept(parent, rref, fork));
@@ -199,7 +236,7 @@ void RRefContext::OnChildAccept(RRefId rref, ForkId fork) {
     absl::MutexLock lock(&mu_);
     auto cp = child_parent_.find(fork);
     if (cp == child_parent_.end()) return;  // G5: already confirmed
-    parent = cp->second;
+    parent = cp->second.parent;
     child_parent_.erase(cp);
     auto it = users_.find(parent);
     if (it == users_.end()) return;
@@ -267,8 +304,92 @@ bool RRefContext::MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner) {
   if (it->second->handle_alive || !it->second->pending_children.empty()) return false;
   *rref = it->second->rref;
   *owner = it->second->owner;
+  const bool owner_dead =
+      DeadLocked(Holder{it->second->owner, it->second->owner_incarnation});  // G7
   users_.erase(it);
-  return true;
+  return !owner_dead;
+}
+
+int RRefContext::OnPeerFailure(int worker, int64_t incarnation) {
+  std::vector<std::shared_ptr<OwnerEntry>> freed;
+  std::vector<std::pair<ForkId, std::pair<RRefId, int>>> deletes;
+  int released = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cleared_ || worker == self_) return 0;
+    int64_t& dead = dead_[worker];
+    dead = std::max(dead, incarnation);
+    // The owner drops what the dead held; tombstones refuse its late
+    // messages (G5 keeps them no-ops).
+    std::vector<RRefId> touched;
+    for (auto& [rref, entry] : owners_) {
+      std::vector<ForkId> gone;
+      for (const auto& [fork, holder] : entry->forks) {
+        if (DeadLocked(holder)) gone.push_back(fork);
+      }
+      for (const ForkId& f : gone) {
+        entry->forks.erase(f);
+        entry->deleted.insert(f);
+      }
+      if (!gone.empty()) touched.push_back(rref);
+      released += static_cast<int>(gone.size());
+    }
+    for (const RRefId& r : touched) {
+      if (auto f = MaybeFreeLocked(r)) freed.push_back(std::move(f));
+    }
+    // Early entries: the dead's forks go; an entry of an RRef the dead
+    // created that nothing else references goes too (its creation will not
+    // come, or comes without a live creator).
+    for (auto it = early_.begin(); it != early_.end();) {
+      Early& e = it->second;
+      for (auto f = e.forks.begin(); f != e.forks.end();) {
+        if (DeadLocked(f->second)) {
+          e.deleted.insert(f->first);
+          e.forks.erase(f++);
+          ++released;
+        } else {
+          ++f;
+        }
+      }
+      const bool orphan = it->first.worker == worker && e.forks.empty() && e.local_refs == 0 &&
+                          !e.value.has_value();
+      if (orphan) {
+        early_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    // Parents stop waiting for children forked to the dead (G2 no longer
+    // holds them: nobody live references the value through that child).
+    std::vector<ForkId> parents;
+    for (auto it = child_parent_.begin(); it != child_parent_.end();) {
+      if (DeadLocked(it->second.dest)) {
+        auto user = users_.find(it->second.parent);
+        if (user != users_.end()) user->second->pending_children.erase(it->first);
+        parents.push_back(it->second.parent);
+        child_parent_.erase(it++);
+        ++released;
+      } else {
+        ++it;
+      }
+    }
+    // Users of RRefs the dead owned: no confirmation will come.
+    for (auto& [fork, entry] : users_) {
+      if (!DeadLocked(Holder{entry->owner, entry->owner_incarnation})) continue;
+      for (const ForkId& child : entry->pending_children) child_parent_.erase(child);
+      released += static_cast<int>(entry->pending_children.size());
+      entry->pending_children.clear();
+      parents.push_back(fork);
+    }
+    for (const ForkId& p : parents) {
+      RRefId r;
+      int o = -1;
+      if (MaybeDeleteUserLocked(p, &r, &o)) deletes.push_back({p, {r, o}});
+    }
+  }
+  for (auto& [fork, ro] : deletes) Track(sender_->UserDelete(ro.second, ro.first, fork));
+  // Freed values are destroyed here, unlocked.
+  return released;
 }
 
 void RRefContext::Track(rpc::Future<void> f) {
@@ -331,7 +452,7 @@ RRefDebugState RRefContext::DebugState() const {
   for (const auto& [id, e] : owners_) {
     RRefDebugState::Owned o;
     o.rref = id;
-    o.forks.assign(e->forks.begin(), e->forks.end());
+    for (const auto& [fork, holder] : e->forks) o.forks.push_back(fork);
     o.tombstones.assign(e->deleted.begin(), e->deleted.end());
     o.local_refs = e->local_refs;
     o.created = e->created;

@@ -3,8 +3,13 @@
 // ControlSender and arrive through the On* methods, so tests can run many
 // contexts in one process and deliver messages in any order.
 //
-// Identity: an RRefId and a ForkId are (creating worker, counter). Each copy
-// of an RRef held by a non-owner worker is a *fork* with its own ForkId.
+// Identity: an RRefId and a ForkId are (creating worker, local id); the
+// local id's top 16 bits are the creator's incarnation (mod 2^16), so a
+// restarted worker never reuses its predecessor's ids. Each copy of an RRef
+// held by a non-owner worker is a *fork* with its own ForkId. The owner
+// records which worker holds each fork, and in which incarnation (the
+// worker that sent the ForkRequest or the remote(), or the destination of
+// a fork it made itself).
 //
 // State machine (per RRef):
 //   Owner O keeps an entry {value, forks, tombstones, local_refs}. The value
@@ -44,6 +49,16 @@
 // G6  Settle() releases every user entry still held (at shutdown) and waits,
 //     bounded, until no child is pending and every sent message is answered;
 //     Clear() then empties the owner table.
+// G7  A dead worker holds nothing. When incarnation k of worker W is
+//     reported dead (OnPeerFailure; the agent's peer-failure listener), for
+//     W's incarnations up to k: the owner drops the forks they held and
+//     refuses their later ForkRequests and remote() creations (a tombstone);
+//     early entries of RRefs they created that nothing else references go;
+//     a parent stops waiting for children forked to them; a user whose
+//     owner they were stops waiting for confirmations and sends it nothing.
+//     Limit: a fork that W passed on just before it died, whose ForkRequest
+//     reaches the owner after W's forks were dropped, may find the value
+//     freed (its calls then fail with NOT_FOUND).
 //
 // Thread-safety: safe for concurrent use. No lock is held while a message is
 // sent or a value is destroyed.
@@ -52,6 +67,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +98,14 @@ struct GlobalId {
 };
 using RRefId = GlobalId;
 using ForkId = GlobalId;
+
+// A worker holding a fork, in one incarnation (RpcAgent::incarnation).
+// worker -1: unknown, never released by a peer failure; incarnation 0:
+// unknown, released by any failure of the worker.
+struct Holder {
+  int worker = -1;
+  int64_t incarnation = 0;
+};
 
 // What travels when an RRef is sent.
 struct ForkDescriptor {
@@ -161,11 +185,18 @@ struct RRefDebugState {
 
 class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
-  RRefContext(int self, ControlSender* sender);
+  // `incarnation`: this worker's (part of every id made here).
+  // `incarnation_of(worker)`: the latest incarnation known of a worker (the
+  // holder recorded for a fork this owner sends); null: 0 for everyone.
+  RRefContext(int self, ControlSender* sender, int64_t incarnation = 0,
+              std::function<int64_t(int)> incarnation_of = nullptr);
   ~RRefContext();
 
   int self() const { return self_; }
-  GlobalId NextId() { return GlobalId{self_, next_.fetch_add(1)}; }
+  GlobalId NextId() {
+    return GlobalId{self_, (static_cast<uint64_t>(incarnation_) << 48) |
+                               (next_.fetch_add(1) & ((uint64_t{1} << 48) - 1))};
+  }
 
   // ---- Creation ----
   // A new RRef owned here; returns the owner's local reference. The value
@@ -173,9 +204,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::shared_ptr<RefHandle> CreateOwned(const std::string& type);
   // remote() to `owner`: a user fork for an RRef the owner will create.
   std::shared_ptr<RefHandle> CreateUserForRemote(int owner, const std::string& type);
-  // On the owner, for a remote() from another worker: creates the entry
-  // with the creator's fork (merging early messages, G3).
-  void OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type);
+  // On the owner, for a remote() from another worker (`creator`): creates
+  // the entry with the creator's fork (merging early messages, G3; without
+  // the fork if the creator is dead, G7).
+  void OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type,
+                      Holder creator = {});
   // Completes the owned value (or its error).
   void SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value);
   // The owned value's future. A call from a holder of a live reference may
@@ -192,9 +225,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::shared_ptr<RefHandle> Adopt(const ForkDescriptor& d);
 
   // ---- Incoming control messages ----
-  void OnForkRequest(RRefId rref, ForkId fork, int parent);
+  // `holder`: the worker that sent it (the fork's new holder).
+  void OnForkRequest(RRefId rref, ForkId fork, int parent, Holder holder = {});
   void OnChildAccept(RRefId rref, ForkId fork);
   void OnUserDelete(RRefId rref, ForkId fork);
+
+  // ---- Peer failures (G7) ----
+  // Incarnation `incarnation` of `worker`, and every earlier one, is dead.
+  // Returns how many forks, children and user entries it let go.
+  int OnPeerFailure(int worker, int64_t incarnation);
 
   // ---- Shutdown (G6) and introspection ----
   absl::Status Settle(absl::Time deadline);
@@ -211,22 +250,35 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // destroy outside the lock.
   std::shared_ptr<OwnerEntry> MaybeFreeLocked(RRefId rref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases a user entry whose handle is gone and children confirmed (G1).
+  // Returns true if a UserDelete must be sent (not to a dead owner, G7).
   bool MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `h` is reported dead (G7).
+  bool DeadLocked(const Holder& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Holder HolderOf(int worker) const;
   void Track(rpc::Future<void> f);
 
   const int self_;
   ControlSender* const sender_;
+  const int64_t incarnation_;
+  const std::function<int64_t(int)> incarnation_of_;
   std::atomic<uint64_t> next_{1};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<RRefId, std::shared_ptr<OwnerEntry>> owners_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ForkId, std::unique_ptr<UserEntry>> users_ ABSL_GUARDED_BY(mu_);
-  // child fork -> parent fork, for ChildAccept on a user parent.
-  absl::flat_hash_map<ForkId, ForkId> child_parent_ ABSL_GUARDED_BY(mu_);
+  // child fork -> parent fork and where the child went, for ChildAccept on
+  // a user parent (and G7 when its destination dies).
+  struct Child {
+    ForkId parent;
+    Holder dest;
+  };
+  absl::flat_hash_map<ForkId, Child> child_parent_ ABSL_GUARDED_BY(mu_);
+  // Per worker, its latest incarnation reported dead (G7).
+  absl::flat_hash_map<int, int64_t> dead_ ABSL_GUARDED_BY(mu_);
   // Messages about RRefs this owner has not created yet (G3).
   struct Early {
-    absl::flat_hash_map<ForkId, int> forks;  // fork -> parent
+    absl::flat_hash_map<ForkId, Holder> forks;  // fork -> its holder
     absl::flat_hash_set<ForkId> deleted;
     // Owner-local references taken (the RRef was sent back to its owner)
     // before the value was created.

@@ -81,9 +81,21 @@ std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
     agent_ = agent;
     if (wrapper_) wrapped_sender_ = wrapper_(this);
     ControlSender* sender = wrapped_sender_ != nullptr ? wrapped_sender_.get() : this;
-    context_ = std::make_shared<RRefContext>(agent->self().id, sender);
+    std::weak_ptr<RRefService> weak = weak_from_this();
+    context_ = std::make_shared<RRefContext>(
+        agent->self().id, sender, agent->incarnation(), [weak](int worker) -> int64_t {
+          auto self = weak.lock();
+          rpc::RpcAgent* a = self != nullptr ? self->agent() : nullptr;
+          return a != nullptr ? a->peer_incarnation(worker) : 0;
+        });
   }
   std::weak_ptr<RRefService> weak = shared_from_this();
+  // G7: what a dead incarnation held is let go.
+  agent->AddPeerFailureListener([weak](const rpc::PeerFailure& f) {
+    if (auto self = weak.lock()) {
+      if (auto ctx = self->context()) ctx->OnPeerFailure(f.peer, f.incarnation);
+    }
+  });
   rpc::RpcAgent::ShutdownHook hook;
   hook.settle = [weak](absl::Time deadline) {
     auto self = weak.lock();
@@ -329,7 +341,9 @@ void RRefService::RegisterHandlers() {
         const ForkId fork = FromProto(m.fork());
         switch (m.kind()) {
           case proto::RRefControl::FORK_REQUEST:
-            rctx->OnForkRequest(rref, fork, m.parent());
+            rctx->OnForkRequest(rref, fork, m.parent(),
+                                Holder{ctx.caller != nullptr ? ctx.caller->id : -1,
+                                       ctx.caller_incarnation});
             break;
           case proto::RRefControl::CHILD_ACCEPT:
             rctx->OnChildAccept(rref, fork);
@@ -350,7 +364,8 @@ void RRefService::RegisterHandlers() {
                            rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId rref = FromProto(h.rref());
-        rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type());
+        rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type(),
+                             Holder{ctx.caller->id, ctx.caller_incarnation});
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         self->RunForValue(ctx, h.function(), h.signature(), rref, std::move(args),
                           [shared](absl::Status s) {
@@ -415,7 +430,8 @@ void RRefService::RegisterHandlers() {
                            rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId result = FromProto(h.result_rref());
-        rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type());
+        rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type(),
+                             Holder{ctx.caller->id, ctx.caller_incarnation});
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         self->RunMethod(ctx, FromProto(h.rref()), h.function(), h.signature(), std::move(args),
                         [shared, rctx, result](absl::StatusOr<rpc::AnyValue> v) {

@@ -1,12 +1,14 @@
 // The RRef reference-counting protocol (rref/rref_context.h), run with
 // several workers' contexts in one process over a simulated network whose
 // messages the test delivers in chosen orders. Tests are named after the
-// guarantees G1-G6; every test ends by checking that nothing leaked.
+// guarantees G1-G7; every test ends by checking that nothing leaked.
 #include <algorithm>
 #include <deque>
 #include <random>
 
 #include <gtest/gtest.h>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "rref/rref_context.h"
 
@@ -22,6 +24,7 @@ struct Msg {
   ForkId fork;
   int parent = -1;
   rpc::Promise<void> done;
+  int from = -1;  // the sender
 };
 
 class Network;
@@ -48,13 +51,38 @@ class Network {
 
   rpc::Future<void> Post(Msg m) {
     auto f = m.done.future();
+    if (dead_.contains(m.from) || dead_.contains(m.to)) {
+      m.done.SetError(absl::UnavailableError("a dead worker's message is lost"));
+      return f;
+    }
     queue_.push_back(std::move(m));
     return f;
+  }
+  // Worker `w` dies: what it sends from now on is lost, and so are messages
+  // to it; messages it sent before stay in flight unless `drop_in_flight`.
+  void Kill(int w, bool drop_in_flight) {
+    dead_.insert(w);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->to == w || (drop_in_flight && it->from == w)) {
+        it->done.SetError(absl::UnavailableError("lost with a dead worker"));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Every live worker's agent reports `w` dead (G7); returns what they let go.
+  int Report(int w) {
+    int released = 0;
+    for (size_t i = 0; i < ctx_.size(); ++i) {
+      if (!dead_.contains(static_cast<int>(i))) released += ctx_[i]->OnPeerFailure(w, 0);
+    }
+    return released;
   }
   // remote(): the creator's call message to the owner.
   std::shared_ptr<RefHandle> Remote(int creator, int owner) {
     auto h = ctx_[creator]->CreateUserForRemote(owner, "int");
-    Msg m{Kind::kCreate, owner, h->rref(), h->fork(), creator, {}};
+    Msg m{Kind::kCreate, owner, h->rref(), h->fork(), creator, {}, creator};
     Post(std::move(m));
     return h;
   }
@@ -72,11 +100,11 @@ class Network {
     RRefContext& c = *ctx_[m.to];
     switch (m.kind) {
       case Kind::kCreate:
-        c.OnRemoteCreate(m.rref, m.fork, "int");
+        c.OnRemoteCreate(m.rref, m.fork, "int", Holder{m.from, 0});
         c.SetValue(m.rref, rpc::AnyValue::Of(std::make_shared<int>(7)));
         break;
       case Kind::kFork:
-        c.OnForkRequest(m.rref, m.fork, m.parent);
+        c.OnForkRequest(m.rref, m.fork, m.parent, Holder{m.from, 0});
         break;
       case Kind::kAccept:
         c.OnChildAccept(m.rref, m.fork);
@@ -118,6 +146,7 @@ class Network {
   }
   void ExpectNoLeaks() {
     for (size_t i = 0; i < ctx_.size(); ++i) {
+      if (dead_.contains(static_cast<int>(i))) continue;
       RRefDebugState s = ctx_[i]->DebugState();
       EXPECT_TRUE(s.empty()) << "worker " << i << ": " << s.ToString();
     }
@@ -127,16 +156,17 @@ class Network {
   std::vector<std::unique_ptr<Sender>> senders_;
   std::vector<std::shared_ptr<RRefContext>> ctx_;
   std::deque<Msg> queue_;
+  absl::flat_hash_set<int> dead_;
 };
 
 rpc::Future<void> Sender::ForkRequest(int owner, RRefId r, ForkId f, int parent) {
-  return net_->Post(Msg{Kind::kFork, owner, r, f, parent, {}});
+  return net_->Post(Msg{Kind::kFork, owner, r, f, parent, {}, self_});
 }
 rpc::Future<void> Sender::ChildAccept(int parent, RRefId r, ForkId f) {
-  return net_->Post(Msg{Kind::kAccept, parent, r, f, -1, {}});
+  return net_->Post(Msg{Kind::kAccept, parent, r, f, -1, {}, self_});
 }
 rpc::Future<void> Sender::UserDelete(int owner, RRefId r, ForkId f) {
-  return net_->Post(Msg{Kind::kDelete, owner, r, f, -1, {}});
+  return net_->Post(Msg{Kind::kDelete, owner, r, f, -1, {}, self_});
 }
 
 constexpr int O = 0, U = 1, X = 2, Y = 3;
@@ -362,6 +392,90 @@ TEST(RRefProtocol, G6_SettleReleasesHandlesStillHeldAtShutdown) {
   u.reset();
   net.Run();
   net.ExpectNoLeaks();
+}
+
+// G7: the owner drops the fork a dead worker held; the value goes with it.
+TEST(RRefProtocol, G7_TheOwnerDropsTheForksOfADeadHolder) {
+  Network net(4);
+  auto owner_ref = net[O].CreateOwned("int");
+  net[O].SetValue(owner_ref->rref(), rpc::AnyValue::Of(std::make_shared<int>(1)));
+  const RRefId id = owner_ref->rref();
+  auto x = net.Send(*owner_ref, O, X);
+  auto u = net.Send(*owner_ref, O, U);
+  owner_ref.reset();
+  net.Kill(X, /*drop_in_flight=*/true);
+  EXPECT_EQ(net.Report(X), 1);
+  EXPECT_TRUE(net.Owns(O, id));  // U still holds it
+  u.reset();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  x.reset();  // the dead worker's memory: its UserDelete is lost
+  net.Run();
+  net.ExpectNoLeaks();
+}
+
+// G7: a parent whose child died before its ForkRequest reached the owner
+// stops waiting for it, and the late ForkRequest is refused.
+TEST(RRefProtocol, G7_AParentStopsWaitingForAChildThatDiedAndItsLateForkRequestIsRefused) {
+  Network net(4);
+  auto u = net.Remote(U, O);
+  net.Run();
+  const RRefId id = u->rref();
+  auto y = net.Send(*u, U, Y);  // Y's ForkRequest is in flight
+  u.reset();                    // G2: U waits for its child
+  net.Kill(Y, /*drop_in_flight=*/false);
+  EXPECT_EQ(net.Report(Y), 1);  // U's pending child
+  EXPECT_EQ(net.Count(Kind::kDelete), 1u);
+  net.Run();  // the late ForkRequest is refused; U's UserDelete frees the value
+  EXPECT_FALSE(net.Owns(O, id));
+  y.reset();
+  net.Run();
+  net.ExpectNoLeaks();
+}
+
+// G7: only the reported incarnation and earlier ones lose their forks.
+TEST(RRefProtocol, G7_ForksOfANewerIncarnationSurvive) {
+  Network net(4);
+  auto owner_ref = net[O].CreateOwned("int");
+  net[O].SetValue(owner_ref->rref(), rpc::AnyValue::Of(std::make_shared<int>(1)));
+  const RRefId id = owner_ref->rref();
+  const ForkId old_fork{X, 1}, new_fork{X, (uint64_t{2} << 48) | 1};
+  net[O].OnForkRequest(id, old_fork, O, Holder{X, 1});
+  net[O].OnForkRequest(id, new_fork, O, Holder{X, 2});
+  owner_ref.reset();
+  EXPECT_EQ(net[O].OnPeerFailure(X, 1), 1);
+  EXPECT_TRUE(net.Owns(O, id));
+  // A repeated ForkRequest of the dead incarnation stays refused (G5).
+  net[O].OnForkRequest(id, old_fork, O, Holder{X, 1});
+  EXPECT_EQ(net[O].OnPeerFailure(X, 2), 1);
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+// G7: users of a dead owner wait for no confirmation and send it nothing.
+TEST(RRefProtocol, G7_UsersOfADeadOwnerNeitherWaitNorSend) {
+  Network net(4);
+  auto u = net.Remote(U, O);
+  net.Run();
+  auto x = net.Send(*u, U, X);  // X's ForkRequest to O is in flight
+  net.Kill(O, /*drop_in_flight=*/true);
+  EXPECT_EQ(net.Report(O), 1);  // U's pending child
+  u.reset();
+  x.reset();
+  EXPECT_EQ(net.pending(), 0u);
+  net.ExpectNoLeaks();
+}
+
+// Ids carry the creator's incarnation: a restarted worker never reuses the
+// ids its predecessor handed out.
+TEST(RRefProtocol, IdsOfARestartedIncarnationNeverRepeatItsPredecessors) {
+  Network net(1);
+  auto first = std::make_shared<RRefContext>(X, nullptr, /*incarnation=*/1);
+  auto second = std::make_shared<RRefContext>(X, nullptr, /*incarnation=*/2);
+  absl::flat_hash_set<GlobalId> seen;
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(seen.insert(first->NextId()).second);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(seen.insert(second->NextId()).second) << i;
+  EXPECT_EQ(first->NextId().worker, X);
 }
 
 TEST(RRefProtocol, RandomOrdersNeverFreeALiveReferenceAndNeverLeak) {

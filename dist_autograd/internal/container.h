@@ -39,8 +39,28 @@ inline constexpr char kReleaseFn[] = "__dist_autograd.release";
 // raw protocol handler (payload: proto::ReleaseContext) that runs inline.
 const rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>& PropagateFunction();
 
-// Ids: (worker id << 48) | counter.
+// Context and send-function message ids:
+//   worker id (16 bits) | creator's incarnation mod 1024 (10) | counter (38)
+// A restarted incarnation (RpcAgent::incarnation) never reuses the ids of
+// the 511 before it. The counter wraps after 2^38 ids of one incarnation,
+// and an id collides only with a context that old still alive.
+inline constexpr int kIncarnationBits = 10;
+inline constexpr int kCounterBits = 38;
+inline int64_t MakeId(int worker, int64_t incarnation, uint64_t counter) {
+  return (int64_t{worker} << 48) |
+         (static_cast<int64_t>(static_cast<uint64_t>(incarnation) &
+                               ((uint64_t{1} << kIncarnationBits) - 1))
+          << kCounterBits) |
+         static_cast<int64_t>(counter & ((uint64_t{1} << kCounterBits) - 1));
+}
 inline int CreatorOf(int64_t id) { return static_cast<int>(id >> 48); }
+// Whether `id` was made by `incarnation` of its creator or by one of the
+// 511 incarnations before it (incarnations wrap at 1024).
+inline bool MadeByOrBefore(int64_t id, int64_t incarnation) {
+  const uint64_t mask = (uint64_t{1} << kIncarnationBits) - 1;
+  const uint64_t made = (static_cast<uint64_t>(id) >> kCounterBits) & mask;
+  return ((static_cast<uint64_t>(incarnation) - made) & mask) < (mask + 1) / 2;
+}
 
 // The grad_fn of tensors received in a context. It is never run by the
 // engine: distributed backward captures the gradients that reach it and
@@ -112,23 +132,27 @@ class Container : public std::enable_shared_from_this<Container> {
   // The link to `agent`, one per agent (made on first use).
   std::shared_ptr<AgentLink> LinkTo(rpc::RpcAgent& agent);
 
-  // A new context created by worker `self` (not current anywhere yet).
-  std::shared_ptr<ContextState> Create(int self);
+  // A new context created by incarnation `incarnation` of worker `self`
+  // (not current anywhere yet).
+  std::shared_ptr<ContextState> Create(int self, int64_t incarnation);
   // The context, or null.
   std::shared_ptr<ContextState> Find(int64_t id) const;
   // The context, created if this worker never saw it. FAILED_PRECONDITION if
   // it was released here (guarantee D5); RESOURCE_EXHAUSTED if this worker
   // already holds 65536 contexts.
   absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, rpc::RpcAgent* agent);
-  // Releases, here and on their participants, the contexts `creator`
-  // created (it died: guarantee D4). Returns how many.
-  int ReleaseCreatedBy(rpc::RpcAgent* agent, int creator);
+  // Releases, here and on their participants, the contexts that
+  // `incarnation` of `creator`, or an earlier one, created (it died:
+  // guarantee D4). Returns how many.
+  int ReleaseCreatedBy(rpc::RpcAgent* agent, int creator, int64_t incarnation);
   // Removes the context here (remembering that it was released) and sends
   // the release to its participants except `from` (-1: none). No-op if absent.
   void Release(rpc::RpcAgent* agent, int64_t id, int from);
   std::vector<int64_t> Ids() const;
 
-  int64_t NextMessageId(int self) { return (int64_t{self} << 48) | next_message_.fetch_add(1); }
+  int64_t NextMessageId(int self, int64_t incarnation) {
+    return MakeId(self, incarnation, next_message_.fetch_add(1));
+  }
 
   // The context current on this thread, if it belongs to this container.
   int64_t Current() const;

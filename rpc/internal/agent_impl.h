@@ -12,11 +12,20 @@
 // Contract: RpcAgent's (rpc/agent.h); every method here backs one of its
 // methods.
 //
-// Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks and
-// the running/torn-down flags. What Rendezvous() fills (workers_,
-// peer_limits_, peer_shm_, by_name_, the transports) is written before
-// ready_ is notified and only read afterwards; requests that arrive earlier
-// wait for ready_ on the executor.
+// Peers' incarnations (docs/peer_failures.md): every request carries its
+// caller's incarnation. A newer one than known replaces the rank's entry in
+// peers_ at once (so that what is recorded for the caller from then on is
+// recorded for the new incarnation), reports the old incarnation dead, and
+// reads the rank's registration again for its new address. A confirmed
+// death is per incarnation: evidence about an incarnation already reported
+// dead only makes the agent look at the store again (rate-limited).
+//
+// Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks,
+// the peers' incarnations and the running/torn-down flags. What
+// Rendezvous() fills (workers_, peer_limits_, peer_shm_prefix_, by_name_,
+// the transports) is written before ready_ is notified and only read
+// afterwards; requests that arrive earlier wait for ready_ on the executor.
+// peer_shm_ is atomic: it turns off when a peer is replaced.
 #ifndef BATON_RPC_INTERNAL_AGENT_IMPL_H_
 #define BATON_RPC_INTERNAL_AGENT_IMPL_H_
 
@@ -84,6 +93,8 @@ class AgentImpl : private TransportHandler {
   }
   void AddShutdownHook(RpcAgent::ShutdownHook hook);
   void AddPeerFailureListener(RpcAgent::PeerFailureListener listener);
+  int64_t incarnation() const { return incarnation_; }
+  int64_t peer_incarnation(int peer) const;
   absl::Status Shutdown(bool graceful);
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
   bool running() const;
@@ -116,15 +127,30 @@ class AgentImpl : private TransportHandler {
   Future<Payload> Call(int to, const std::string& function, const std::string& signature,
                        Payload args, const CallOptions& opts, bool windowed);
 
-  // Confirms a suspected death with a probe call, then tells the listeners.
+  // Confirms a suspected death of `peer`'s latest known incarnation with a
+  // probe call, then reports it (ReportDead).
   void SuspectPeer(int peer, const absl::Status& cause);
+  // `peer` has `incarnation` (from a request or its registration): if that
+  // is newer than known, it replaces the entry, turns shared-memory blobs
+  // toward the rank off, reports the older incarnation dead and refreshes
+  // the address. Returns false if `incarnation` is older than known (a
+  // replaced process).
+  bool NoteIncarnation(int peer, int64_t incarnation);
+  // Tells the listeners that `incarnation` of `peer` (and every earlier one)
+  // is dead, unless already told.
+  void ReportDead(int peer, int64_t incarnation, const absl::Status& cause);
+  // Reads `peer`'s registration from the store on the executor (at most
+  // one read per peer in flight, and one per 500 ms) and takes its
+  // incarnation and address if newer.
+  void RefreshPeer(int peer);
 
   // `admitted`: the bytes gate_ admitted the request with, given back with
   // the reply (-1: the request did not go through the gate).
   void Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame, absl::Time deadline,
                 int64_t admitted);
   void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
-                 absl::StatusOr<Payload> result, int64_t admitted = -1);
+                 absl::StatusOr<Payload> result, int64_t admitted = -1,
+                 bool reply_shm = false);
   void FinishIncoming();
 
   // Completes and removes pending call `id` (no-op if already gone).
@@ -139,6 +165,7 @@ class AgentImpl : private TransportHandler {
   RpcAgent* handle_ = nullptr;
   NetworkTransportFactory network_factory_;  // null: gRPC
   int rank_ = -1;
+  int64_t incarnation_ = 0;  // set during Rendezvous
   std::string ns_;
   std::string token_;       // set in ConnectStore (not for an injected store)
   std::string token_file_;  // rank 0 wrote the token here (one-host job)
@@ -146,7 +173,7 @@ class AgentImpl : private TransportHandler {
   std::string store_instance_;                     // set during Rendezvous
   std::vector<WorkerInfo> workers_;                // set during Rendezvous
   std::vector<int64_t> peer_limits_;               // set during Rendezvous
-  std::vector<bool> peer_shm_;                     // set during Rendezvous
+  std::vector<std::atomic<bool>> peer_shm_;        // set during Rendezvous
   std::vector<std::string> peer_shm_prefix_;       // set during Rendezvous
   absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
 
@@ -171,6 +198,15 @@ class AgentImpl : private TransportHandler {
   std::vector<RpcAgent::ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
   std::vector<RpcAgent::PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
+  struct PeerState {
+    int64_t incarnation = 0;  // latest known
+    int64_t dead = 0;         // latest reported dead (0: none)
+    // The incarnation whose registered address the transport uses.
+    int64_t address_incarnation = 0;
+    bool refreshing = false;  // a store read in flight
+    absl::Time next_refresh = absl::InfinitePast();
+  };
+  std::vector<PeerState> peers_ ABSL_GUARDED_BY(mu_);  // sized during Rendezvous
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
   // Complete() calls between leaving pending_ and their last use of the

@@ -22,6 +22,12 @@
 namespace baton::rpc::internal {
 namespace {
 
+// Object names are /baton.<ns>.<pid>.<kind><k>: unique per process, so the
+// counter is too (several agents of one process each have a channel; the
+// names they share are the process's, as its pid is).
+std::atomic<uint64_t> next_object{0};
+
+
 constexpr char kPrefix[] = "baton.";
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinSegment = 1 << 20;
@@ -163,7 +169,7 @@ ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
     const size_t capacity = RoundUpPow2(size);
     if (pool_bytes_ + capacity > kPoolBytes) return nullptr;
     auto seg = std::make_unique<Segment>();
-    seg->name = absl::StrCat(ObjectPrefix(pid_), "s", counter_.fetch_add(1));
+    seg->name = absl::StrCat(ObjectPrefix(pid_), "s", next_object.fetch_add(1));
     seg->capacity = capacity;
     seg->base = MapNamed(seg->name, kHeaderBytes + capacity, /*create=*/true);
     if (seg->base == nullptr) return nullptr;
@@ -320,7 +326,7 @@ int ShmChannel::Sweep() {
 }
 
 absl::StatusOr<std::string> ShmChannel::CreateProbe(const std::string& token) {
-  const std::string name = absl::StrCat(ObjectPrefix(pid_), "p", counter_.fetch_add(1));
+  const std::string name = absl::StrCat(ObjectPrefix(pid_), "p", next_object.fetch_add(1));
   void* addr = MapNamed(name, token.size(), /*create=*/true);
   if (addr == nullptr) {
     return absl::UnavailableError("cannot create a shared-memory object in /dev/shm");

@@ -107,7 +107,6 @@ class ShmChannel {
   absl::StatusOr<std::shared_ptr<Mapping>> Map(const std::string& name, uint64_t capacity);
 
   const int pid_;
-  std::atomic<uint64_t> counter_{0};
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   size_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;

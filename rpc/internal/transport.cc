@@ -377,6 +377,11 @@ GrpcTransport::~GrpcTransport() {
 void GrpcTransport::AddPeer(int id, const std::string& address) {
   absl::MutexLock lock(&mu_);
   Peer& p = peers_[id];
+  if (p.stub != nullptr) {
+    if (p.address == address) return;
+    retired_.push_back(std::move(p));
+    p = Peer();
+  }
   p.address = address;
   p.channel = grpc::CreateCustomChannel(
       address, BatonChannelCredentials(options_.tls),
@@ -428,6 +433,9 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id,
         it->second.stream->id() == stream_id) {
       it->second.stream.reset();
     }
+    for (Peer& old : retired_) {
+      if (old.stream != nullptr && old.stream->id() == stream_id) old.stream.reset();
+    }
     --live_streams_;
   }
   handler_->OnStreamClosed(peer, stream_id, cause);
@@ -439,6 +447,9 @@ absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     for (auto& [id, p] : peers_) {
+      if (p.stream != nullptr) streams.push_back(p.stream);
+    }
+    for (auto& p : retired_) {
       if (p.stream != nullptr) streams.push_back(p.stream);
     }
   }

@@ -58,7 +58,9 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   // host:port actually bound.
   const std::string& address() const override { return address_; }
 
-  // Declares where peer `id` listens. Must precede sends to it.
+  // Declares where peer `id` listens. Must precede sends to it. Another
+  // address for a known peer retires its stream and channel (kept until
+  // the stream ends, and closed by CloseStreams).
   void AddPeer(int id, const std::string& address) override;
 
   // Every peer added (a new stream opens on demand).
@@ -94,6 +96,8 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  // What AddPeer replaced: at most one per restart of a peer.
+  std::vector<Peer> retired_ ABSL_GUARDED_BY(mu_);
   uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

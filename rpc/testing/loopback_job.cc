@@ -14,6 +14,7 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
         absl::StrCat("world_size must be at least 1, got ", options.world_size));
   }
   std::unique_ptr<LoopbackJob> job(new LoopbackJob());
+  job->options_ = options;
   job->network_ = std::make_unique<LoopbackNetwork>();
   job->store_ = std::make_shared<store::MemoryStore>();
   const int n = options.world_size;
@@ -21,23 +22,11 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      AgentOptions o;
-      o.name = absl::StrCat(options.name_prefix, r);
-      o.rank = r;
-      o.world_size = n;
-      o.store = job->store_;
-      o.job_token = "loopback-job";
-      o.rpc_timeout = options.rpc_timeout;
-      o.init_timeout = options.init_timeout;
-      o.shutdown_timeout = options.shutdown_timeout;
-      o.same_host_shm = false;
-      o.local_transport = AgentOptions::LocalTransport::kNetwork;
-      if (options.configure) options.configure(r, o);
       auto registry = std::make_shared<FunctionRegistry>();
       if (options.install) options.install(r, *registry);
       AgentCollaborators c;
       c.network_transport = job->network_->Factory();
-      made[r] = RpcAgent::Create(std::move(o), std::move(registry), std::move(c));
+      made[r] = RpcAgent::Create(job->OptionsFor(r), std::move(registry), std::move(c));
     });
   }
   for (auto& t : threads) t.join();
@@ -56,7 +45,45 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
   return job;
 }
 
+AgentOptions LoopbackJob::OptionsFor(int rank) const {
+  AgentOptions o;
+  o.name = absl::StrCat(options_.name_prefix, rank);
+  o.rank = rank;
+  o.world_size = options_.world_size;
+  o.store = store_;
+  o.job_token = "loopback-job";
+  o.rpc_timeout = options_.rpc_timeout;
+  o.init_timeout = options_.init_timeout;
+  o.shutdown_timeout = options_.shutdown_timeout;
+  o.same_host_shm = false;
+  o.local_transport = AgentOptions::LocalTransport::kNetwork;
+  if (options_.configure) options_.configure(rank, o);
+  return o;
+}
+
 LoopbackJob::~LoopbackJob() { (void)ShutdownAll(/*graceful=*/false); }
+
+absl::Status LoopbackJob::Restart(int rank, bool kill_first) {
+  if (rank < 0 || rank >= world_size() || agents_[rank] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker ", rank));
+  }
+  if (kill_first && !killed_[rank]) {
+    if (absl::Status s = Kill(rank); !s.ok()) return s;
+  }
+  AgentOptions o = OptionsFor(rank);
+  o.rejoin = true;
+  auto registry = std::make_shared<FunctionRegistry>();
+  if (options_.install) options_.install(rank, *registry);
+  AgentCollaborators c;
+  c.network_transport = network_->Factory();
+  auto agent = RpcAgent::Create(std::move(o), std::move(registry), std::move(c));
+  if (!agent.ok()) return agent.status();
+  replaced_.push_back(std::move(agents_[rank]));
+  agents_[rank] = *std::move(agent);
+  killed_[rank] = false;
+  if (options_.attach) options_.attach(rank, *agents_[rank]);
+  return absl::OkStatus();
+}
 
 absl::Status LoopbackJob::Kill(int rank) {
   if (rank < 0 || rank >= world_size()) {
@@ -68,6 +95,9 @@ absl::Status LoopbackJob::Kill(int rank) {
 }
 
 absl::Status LoopbackJob::ShutdownAll(bool graceful) {
+  // Replaced incarnations first, as reaped processes.
+  for (auto& a : replaced_) (void)a->Shutdown(/*graceful=*/false);
+  replaced_.clear();
   const int n = world_size();
   std::vector<absl::Status> results(n);
   std::vector<std::thread> threads;

@@ -67,17 +67,31 @@ class LoopbackJob {
   // object stays until ShutdownAll or the destructor, as a process's memory
   // would until it is reaped.
   absl::Status Kill(int rank);
+  // Starts a new incarnation of worker `rank` that rejoins the running job
+  // (AgentOptions::rejoin), as baton-run's per-role restart does, with a
+  // new registry from `install` and then `attach`; agent(rank) is the new
+  // one from then on. `kill_first` kills the old one first (a crash and
+  // restart); false leaves it running beside the new one (a process that
+  // was taken for dead). The old agent stays until ShutdownAll.
+  absl::Status Restart(int rank, bool kill_first = true);
   // The first error of any worker's shutdown, naming the worker.
   absl::Status ShutdownAll(bool graceful = true);
 
  private:
   LoopbackJob() = default;
+  // The options every agent of the job starts with.
+  AgentOptions OptionsFor(int rank) const;
+  std::unique_ptr<RpcAgent> MakeAgentOrNull(AgentOptions o, absl::Status* error);
+
+  LoopbackJobOptions options_;
 
   // Declared first: destroyed after the agents that use it.
   std::unique_ptr<LoopbackNetwork> network_;
   std::shared_ptr<store::MemoryStore> store_;
   std::vector<std::unique_ptr<RpcAgent>> agents_;
   std::vector<bool> killed_;
+  // Agents replaced by Restart (shut down first, without the agreement).
+  std::vector<std::unique_ptr<RpcAgent>> replaced_;
 };
 
 }  // namespace baton::rpc::testing

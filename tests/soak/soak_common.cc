@@ -69,11 +69,11 @@ absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death) {
   w.rrefs->Attach(w.agent.get());
   w.agent->AddPeerFailureListener(
       [name = w.name, mortal = TrainerNames(w.env), everyone = AllNames(w.env),
-       on_death = std::move(on_death)](int peer, const absl::Status& cause) {
-        on_death(peer);
-        Say(name, absl::StrCat("PEER_FAILURE peer=", peer, " class=",
-                               ClassifyFailure(cause, mortal, everyone),
-                               " msg=", cause.message()));
+       on_death = std::move(on_death)](const rpc::PeerFailure& f) {
+        on_death(f.peer);
+        Say(name, absl::StrCat("PEER_FAILURE peer=", f.peer, " incarnation=", f.incarnation,
+                               " class=", ClassifyFailure(f.cause, mortal, everyone),
+                               " msg=", f.cause.message()));
       });
   return absl::OkStatus();
 }

@@ -1,0 +1,247 @@
+// Restarted workers, in one process over the loopback network: a worker is
+// killed (or only taken for dead) and a new incarnation of its rank rejoins
+// the running job (AgentOptions::rejoin through LoopbackJob::Restart), as
+// baton-run restarts a role. Tests are named after the agent's peer-failure
+// guarantees P1-P4 (docs/peer_failures.md), D4 of distributed autograd and
+// G7 of RRefs. The soak test (tests/soak) runs the same on real processes.
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_autograd/internal/container.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_job.h"
+#include "rref/rref.h"
+
+namespace baton {
+namespace {
+
+using rpc::CallContext;
+using rpc::Function;
+using rpc::FunctionRegistry;
+using rpc::PeerFailure;
+using rpc::RpcAgent;
+using rpc::testing::LoopbackJob;
+using rpc::testing::LoopbackJobOptions;
+using rref::RRef;
+using rref::RRefService;
+
+const Function<int64_t()> whoami_fn("whoami");
+const Function<at::Tensor(int64_t)> zeros_fn("zeros");
+const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+const Function<at::Tensor(at::Tensor)> make_fn("make");
+const Function<at::Tensor(at::Tensor)> square_fn("square");
+
+// Waits (bounded) until `done()`; returns its last value.
+template <typename F>
+bool Eventually(F done, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time until = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Three workers with RRefs, distributed autograd and the test's functions;
+// worker 0 records the peer failures its agent reports.
+struct Job {
+  std::vector<std::shared_ptr<RRefService>> rrefs;
+  std::unique_ptr<LoopbackJob> job;
+  absl::Mutex mu;
+  std::vector<PeerFailure> failures ABSL_GUARDED_BY(mu);
+
+  explicit Job(bool shm = false) {
+    rrefs.resize(3);
+    LoopbackJobOptions o;
+    o.world_size = 3;
+    o.rpc_timeout = absl::Seconds(10);
+    o.shutdown_timeout = absl::Seconds(10);
+    if (shm) {
+      o.configure = [](int, rpc::AgentOptions& a) { a.same_host_shm = true; };
+    }
+    o.install = [this](int rank, FunctionRegistry& r) {
+      ASSERT_TRUE(dist_autograd::Install(r).ok());
+      rrefs[rank] = RRefService::Install(r);
+      (void)r.Register(whoami_fn, [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+      (void)r.Register(zeros_fn, [](int64_t n) { return at::zeros({n}, at::kFloat); });
+      (void)r.Register(echo_fn, [](at::Tensor x) { return x; });
+      (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
+      (void)r.Register(square_fn, [](at::Tensor x) { return x * x; });
+    };
+    o.attach = [this](int rank, RpcAgent& agent) {
+      rrefs[rank]->Attach(&agent);
+      if (rank != 0) return;
+      agent.AddPeerFailureListener([this](const PeerFailure& f) {
+        absl::MutexLock lock(&mu);
+        failures.push_back(f);
+      });
+    };
+    auto started = LoopbackJob::Start(std::move(o));
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) job = *std::move(started);
+  }
+  RpcAgent& agent(int r) { return job->agent(r); }
+  std::vector<PeerFailure> Failures() {
+    absl::MutexLock lock(&mu);
+    return failures;
+  }
+};
+
+// P1, P4: a restarted incarnation that calls a peer is known there at once;
+// the peer reports its predecessor dead (once), sends its own calls to the
+// new address, and refuses the replaced process's requests.
+TEST(Restart, P1_P4_ANewIncarnationThatCallsReplacesItsPredecessor) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  EXPECT_EQ(j.agent(2).incarnation(), 1);
+  EXPECT_EQ(j.agent(0).peer_incarnation(2), 1);
+  EXPECT_EQ(j.agent(0).rpc_sync(2, whoami_fn), 1);
+  RpcAgent* replaced = &j.agent(2);
+  // The old process keeps running: it was only taken for dead.
+  ASSERT_TRUE(j.job->Restart(2, /*kill_first=*/false).ok());
+  RpcAgent& now = j.agent(2);
+  EXPECT_EQ(now.incarnation(), 2);
+  EXPECT_EQ(now.rpc_sync(0, whoami_fn), 1);
+  EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
+  const PeerFailure f = j.Failures()[0];
+  EXPECT_EQ(f.peer, 2);
+  EXPECT_EQ(f.incarnation, 1);
+  EXPECT_EQ(f.cause.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(f.cause.message(), "incarnation 2 of its rank rejoined"))
+      << f.cause;
+  // Worker 0's calls to rank 2 reach the new incarnation.
+  EXPECT_TRUE(Eventually([&] {
+    auto r = j.agent(0).rpc_async(2, whoami_fn).result();
+    return r.ok() && *r == 2;
+  }));
+  // P4: the replaced process can no longer act for its rank.
+  auto refused = replaced->rpc_async(0, whoami_fn).result();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "a newer incarnation of that rank rejoined"))
+      << refused.status();
+  EXPECT_EQ(j.agent(0).stats().peer_failures, 1);
+  EXPECT_EQ(j.Failures().size(), 1u);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// P2: a killed worker is confirmed dead once, however much evidence about
+// it follows (calls to its old address, their failing streams); its
+// successor is found through the store and never reported dead.
+TEST(Restart, P2_AKilledWorkerIsReportedOnceAndItsSuccessorNever) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  EXPECT_EQ(j.agent(0).rpc_sync(2, whoami_fn), 1);  // a stream to rank 2
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
+  EXPECT_EQ(j.Failures()[0].incarnation, 1);
+  for (int i = 0; i < 5; ++i) {
+    auto r = j.agent(0).rpc_async(2, whoami_fn).result();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  }
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  // The new incarnation has not called worker 0: worker 0 finds it in the
+  // store when its calls to the old address fail.
+  EXPECT_TRUE(Eventually([&] {
+    auto r = j.agent(0).rpc_async(2, whoami_fn).result();
+    return r.ok() && *r == 2;
+  }));
+  EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(j.Failures().size(), 1u);
+  EXPECT_EQ(j.agent(0).stats().peer_failures, 1);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// P3: with the same-host shared-memory channel on, a restarted incarnation
+// (which opened no probe) gets large replies, and sends and receives large
+// arguments, over the stream: nothing fails with DATA_LOSS and no segment
+// stays busy.
+TEST(Restart, P3_ARestartedWorkerGetsLargeTensorsOverTheStream) {
+  Job j(/*shm=*/true);
+  ASSERT_NE(j.job, nullptr);
+  ASSERT_TRUE(j.agent(2).uses_shm(0));
+  constexpr int64_t kBig = 1 << 16;  // 256 KiB of floats
+  EXPECT_EQ(j.agent(2).rpc_sync(0, zeros_fn, kBig).numel(), kBig);
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  EXPECT_FALSE(j.agent(2).uses_shm(0));
+  for (int i = 0; i < 3; ++i) {
+    auto r = j.agent(2).rpc_async(0, zeros_fn, kBig).result();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->numel(), kBig);
+  }
+  // Worker 0 learnt of the restart from those calls: it no longer sends
+  // rank 2 blobs through shared memory.
+  EXPECT_FALSE(j.agent(0).uses_shm(2));
+  at::Tensor big = at::arange(kBig, at::kFloat);
+  EXPECT_TRUE(Eventually([&] {
+    auto r = j.agent(0).rpc_async(2, echo_fn, big).result();
+    return r.ok() && r->equal(big);
+  }));
+  EXPECT_TRUE(Eventually([&] { return j.agent(0).stats().shm_busy_segments == 0; }));
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// D4: a restarted creator's contexts have ids of their own, and when its
+// predecessor's death is reported only the predecessor's contexts go.
+TEST(Restart, D4_ARestartedCreatorKeepsItsContextsWhenItsPredecessorsAreReleased) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  at::Tensor x = at::randn({2, 2}, at::kDouble).requires_grad_(true);
+  auto old_ctx = std::make_unique<dist_autograd::Context>(j.agent(2));
+  (void)j.agent(2).rpc_sync(0, square_fn, x);
+  const int64_t old_id = old_ctx->id();
+  ASSERT_EQ(dist_autograd::LiveContexts(j.agent(0)), std::vector<int64_t>{old_id});
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  {
+    dist_autograd::Context ctx(j.agent(2));
+    EXPECT_NE(ctx.id(), old_id);
+    EXPECT_EQ(dist_autograd::internal::CreatorOf(ctx.id()), 2);
+    at::Tensor y = j.agent(2).rpc_sync(0, square_fn, x);
+    // Worker 0 learnt of incarnation 2 from that call, and released the
+    // context of incarnation 1 only.
+    EXPECT_TRUE(Eventually([&] {
+      return dist_autograd::LiveContexts(j.agent(0)) == std::vector<int64_t>{ctx.id()};
+    }));
+    ASSERT_TRUE(dist_autograd::Backward(j.agent(2), ctx.id(), {y.sum()}).ok());
+    auto grad = dist_autograd::GetGradient(j.agent(2), ctx.id(), x);
+    ASSERT_TRUE(grad.ok()) << grad.status();
+    EXPECT_TRUE(grad->allclose(2 * x));
+  }
+  old_ctx.reset();  // on the dead incarnation's agent
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// G7: an owner lets go of the forks a killed worker held, and the worker's
+// restarted incarnation makes RRefs with ids of its own.
+TEST(Restart, G7_AnOwnerReleasesTheForksOfAKilledWorker) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RRef<at::Tensor> held = rref::remote(j.agent(2), 0, make_fn, at::ones({2}));
+  ASSERT_TRUE(held.to_here().equal(at::full({2}, 10.0)));
+  ASSERT_EQ(j.rrefs[0]->DebugState().owned.size(), 1u);
+  const std::string old_id = held.id();
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  EXPECT_TRUE(Eventually([&] { return j.rrefs[0]->DebugState().owned.empty(); }))
+      << j.rrefs[0]->DebugState().ToString();
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  {
+    RRef<at::Tensor> fresh = rref::remote(j.agent(2), 0, make_fn, at::full({2}, 2.0));
+    EXPECT_NE(fresh.id(), old_id);
+    EXPECT_TRUE(fresh.to_here().equal(at::full({2}, 20.0)));
+  }
+  EXPECT_TRUE(j.rrefs[0]->WaitUntilEmpty(absl::Seconds(10)).ok());
+  EXPECT_TRUE(j.rrefs[2]->WaitUntilEmpty(absl::Seconds(10)).ok());
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+}  // namespace
+}  // namespace baton
