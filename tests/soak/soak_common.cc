@@ -30,27 +30,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
     const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
     int64_t* target = nullptr;
-    bool* toggle = nullptr;
     if (name == "duration_s") target = &f.duration_s;
     if (name == "warm_s") target = &f.warm_s;
     if (name == "pace_ms") target = &f.pace_ms;
     if (name == "fd_slack") target = &f.fd_slack;
     if (name == "call_timeout_s") target = &f.call_timeout_s;
-    if (name == "burn_ids") toggle = &f.burn_ids;
-    if (name == "strict_dead_holders") toggle = &f.strict_dead_holders;
-    if (name == "small_after_restart") toggle = &f.small_after_restart;
-    if (name == "release_dead_children") toggle = &f.release_dead_children;
-    if (name == "tolerate_stale_deaths") toggle = &f.tolerate_stale_deaths;
     if (target != nullptr) {
       if (!absl::SimpleAtoi(value, target) || *target < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("flag --", name, ": '", value, "' is not a non-negative integer"));
       }
-    } else if (toggle != nullptr) {
-      if (value != "0" && value != "1") {
-        return absl::InvalidArgumentError(absl::StrCat("flag --", name, ": expected 0 or 1"));
-      }
-      *toggle = value == "1";
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }

@@ -51,25 +51,6 @@ struct Flags {
   int64_t fd_slack = 8;
   // Every RPC of the workload uses this timeout.
   int64_t call_timeout_s = 15;
-  // Work around the incarnation-id collisions (see soak_job.cc, "Known
-  // runtime problems"): a restarted trainer first consumes the RRef and
-  // distributed-autograd context ids its predecessors may have used.
-  bool burn_ids = false;
-  // Work around the shared-memory reply problem (see soak_job.cc): a
-  // restarted trainer asks for nothing whose reply reaches 32 KiB (no 64 KiB
-  // echo, no dense-table pull).
-  bool small_after_restart = false;
-  // Work around parents that wait forever for a dead child (see
-  // soak_job.cc): at the end, the PS confirms itself the pending children
-  // of RRefs whose value was made for a dead trainer incarnation.
-  bool release_dead_children = false;
-  // Work around stale death confirmations (see soak_job.cc): an autograd
-  // failure of a live trainer whose rank the hub or the PS confirmed dead
-  // after its hello is counted as known/STALE_DEATH instead of UNEXPLAINED.
-  bool tolerate_stale_deaths = false;
-  // Fail the run on RRefs that only dead trainer incarnations still hold
-  // (else they are counted and printed as a known limitation).
-  bool strict_dead_holders = false;
 };
 
 // --name=value flags; INVALID_ARGUMENT naming an unknown or malformed one.
@@ -136,9 +117,6 @@ inline const rpc::Function<at::Tensor(at::Tensor)> forward_fn("soak.forward");
 // apply(context): SGD with the context's gradients on the hub and the PS;
 // returns how many gradients were found (2 when backward reached both).
 inline const rpc::Function<int64_t(int64_t)> apply_fn("soak.apply");
-// stale_deaths(rank): how many times the hub and the PS confirmed that
-// rank's death after its current incarnation said hello.
-inline const rpc::Function<int64_t(int64_t)> stale_deaths_fn("soak.stale_deaths");
 // done(rank, incarnation, counters): a trainer incarnation finished.
 inline const rpc::Function<bool(int64_t, int64_t, std::vector<int64_t>)> done_fn("soak.done");
 
@@ -152,16 +130,8 @@ inline const rpc::Function<int64_t()> drop_kept_fn("soak.drop_kept");
 // The PS's leak measurements (LeakState::ToVector), and the ids of RRefs it
 // still holds.
 inline const rpc::Function<std::vector<int64_t>()> ps_state_fn("soak.ps_state");
-// deaths_since(rank, unix_micros): the PS's death confirmations of that
-// rank since then.
-inline const rpc::Function<int64_t(int64_t, int64_t)> deaths_since_fn("soak.deaths_since");
 // confirmations(): the PS's death confirmations, (rank, Unix micros) pairs.
 inline const rpc::Function<std::vector<int64_t>()> confirmations_fn("soak.confirmations");
-// release_children(ids): the PS confirms the pending children of the RRefs
-// it holds with these ids (worker, local pairs) itself, as if the owner had
-// (--release_dead_children); returns how many.
-inline const rpc::Function<int64_t(std::vector<int64_t>)> release_children_fn(
-    "soak.release_children");
 // The hub is done with its checks: the PS may shut down.
 inline const rpc::Function<bool()> finish_fn("soak.finish");
 

@@ -72,28 +72,6 @@ absl::Status RegisterHubFunctions(std::shared_ptr<Hub> hub) {
     return std::make_tuple(hub->stop, x + 1);
   });
   if (!s.ok()) return s;
-  s = r.Register(stale_deaths_fn, [hub, flags](const rpc::CallContext& ctx,
-                                               int64_t rank) -> absl::StatusOr<int64_t> {
-    // The agent runs its failure listeners one after the other, so the
-    // release that broke the caller may precede our listener's record of
-    // the same confirmation: wait for it, bounded.
-    absl::Time hello;
-    int64_t n = 0;
-    {
-      absl::MutexLock lock(&hub->mu);
-      hello = hub->hello_time[rank];
-      auto since_hello = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub->mu) {
-        n = 0;
-        for (absl::Time t : hub->confirmations[rank]) n += t > hello;
-        return n > 0;
-      };
-      if (hub->mu.AwaitWithTimeout(absl::Condition(&since_hello), absl::Seconds(2))) return n;
-    }
-    return ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, deaths_since_fn, rank,
-                                absl::ToUnixMicros(hello))
-        .result();
-  });
-  if (!s.ok()) return s;
   s = r.Register(make_fn, [hub](Tag tag) {
     ++hub->makes;
     return TagTensor(tag);
@@ -182,19 +160,18 @@ struct EndState {
   int64_t owned_unknown = 0;   // not attributable (not created, unknown type)
   int64_t ps_held_by_dead = 0;  // PS user entries of dead incarnations' values
   int64_t ps_held_other = 0;
-  std::vector<int64_t> ps_dead_held_ids;  // (worker, local) pairs
   std::vector<std::string> details;
 
-  // Everything settled that can settle. With release_dead_children, the
-  // PS's entries stuck on dead children must be gone too.
-  bool Settled(int64_t restarts, bool release_dead_children) const {
+  // Everything settled: nothing held for a dead incarnation either (RRef
+  // G7, distributed autograd D4).
+  bool Settled(int64_t restarts) const {
     return hub.rref_held == 0 && hub.rref_unanswered == 0 && hub.rref_early == 0 &&
            hub.contexts == 0 && hub.pending_outgoing == 0 && hub.running_incoming == 0 &&
            hub.shm_busy_segments <= restarts && owned_by_live == 0 && owned_unknown == 0 &&
            ps_ok && ps.rref_owned == 0 && ps.rref_unanswered == 0 && ps.rref_early == 0 &&
            ps.contexts == 0 && ps.pending_outgoing == 0 && ps.running_incoming <= 1 &&
            ps.shm_busy_segments <= restarts && ps.kept == 0 && ps_held_other == 0 &&
-           (!release_dead_children || ps_held_by_dead == 0);
+           owned_by_dead == 0 && ps_held_by_dead == 0;
   }
 };
 
@@ -238,8 +215,6 @@ EndState MeasureEnd(Hub& hub) {
     if (it != whose.end() && it->second.has_value() &&
         current[it->second->first] != it->second->second) {
       ++e.ps_held_by_dead;
-      e.ps_dead_held_ids.push_back(id.worker);
-      e.ps_dead_held_ids.push_back(static_cast<int64_t>(id.local));
     } else {
       ++e.ps_held_other;
       e.details.push_back(absl::StrCat("ps holds ", id.ToString(), " (not a dead incarnation's)"));
@@ -321,17 +296,9 @@ int RunHub(Worker& w) {
     incarnations = hub->incarnations;
     for (const auto& [rank, n] : incarnations) restarts += n - 1;
   }
-  const bool release = w.flags.release_dead_children;
   const absl::Time settle_deadline = absl::Now() + absl::Seconds(20);
-  int64_t children_released = 0;
   EndState end = MeasureEnd(*hub);
-  while (!end.Settled(restarts, release) && absl::Now() < settle_deadline) {
-    if (release && !end.ps_dead_held_ids.empty()) {
-      auto n = w.agent->rpc_async(CallTimeout(w.flags), kPs, release_children_fn,
-                                  end.ps_dead_held_ids)
-                   .result();
-      if (n.ok()) children_released += *n;
-    }
+  while (!end.Settled(restarts) && absl::Now() < settle_deadline) {
     absl::SleepFor(absl::Milliseconds(100));  // polls counters with no notification
     end = MeasureEnd(*hub);
   }
@@ -371,14 +338,7 @@ int RunHub(Worker& w) {
                            " ps_held_other=", end.ps_held_other));
   for (const auto& d : end.details) Say(w.name, absl::StrCat("LEAK ", d));
   Say(w.name, absl::StrCat("FDS changed since warm: ", FdDiff(hub_fd_kinds0, OpenFdKinds())));
-  if (end.owned_by_dead + end.ps_held_by_dead + children_released > 0) {
-    Say(w.name, absl::StrCat("KNOWN_LIMITATION dead holders: ", end.owned_by_dead,
-                             " RRef(s) owned by the hub are held only by killed trainers; ",
-                             end.ps_held_by_dead, " PS reference(s) still wait for a fork to a "
-                             "killed trainer; ", children_released, " such fork(s) confirmed "
-                             "by the test (--release_dead_children)"));
-  }
-  if (!end.Settled(restarts, release)) {
+  if (!end.Settled(restarts)) {
     failed.push_back("leak: state did not settle (see LEAKS lines)");
   }
   if (end.hub.fds - hub_fds0 > w.flags.fd_slack) {
@@ -387,7 +347,7 @@ int RunHub(Worker& w) {
   if (end.ps_ok && end.ps.fds - ps_fds0 > w.flags.fd_slack) {
     failed.push_back(absl::StrCat("leak: ps fds ", ps_fds0, " -> ", end.ps.fds));
   }
-  if (w.flags.strict_dead_holders && end.owned_by_dead + end.ps_held_by_dead > 0) {
+  if (end.owned_by_dead + end.ps_held_by_dead > 0) {
     failed.push_back("leak: RRefs held only by dead trainer incarnations");
   }
   // Every replaced incarnation's death was confirmed, naming it.
@@ -399,6 +359,11 @@ int RunHub(Worker& w) {
     if (deaths[rank] < n - 1) {
       failed.push_back(absl::StrCat("rank ", rank, ": ", n - 1, " restarts but ", deaths[rank],
                                     " confirmed deaths"));
+    }
+    // P2 (docs/peer_failures.md): a live incarnation is never reported dead.
+    if (stale[rank] + ps_stale[rank] > 0) {
+      failed.push_back(absl::StrCat("rank ", rank, ": ", stale[rank] + ps_stale[rank],
+                                    " stale death confirmation(s) of a live incarnation"));
     }
   }
   std::vector<int64_t> totals;

@@ -32,17 +32,19 @@
 // - Failures: every failed operation is printed with a class
 //   (ClassifyFailure): named/<CODE>/<worker> for UNAVAILABLE naming a worker
 //   that can die, or a timeout-like code naming a worker; shutdown/<CODE>;
-//   known/STALE_DEATH/<trainer> (below); anything else is UNEXPLAINED and
-//   fails the test, as does WRONG_VALUE.
+//   anything else is UNEXPLAINED and fails the test, as does WRONG_VALUE.
 //   The hub and PS print every death their agent confirms (PEER_FAILURE,
-//   which must name the trainer), and every restarted incarnation's
-//   predecessor must have been confirmed dead on the hub.
+//   which must name the trainer), every restarted incarnation's
+//   predecessor must have been confirmed dead on the hub, and no live
+//   incarnation may be confirmed dead (a confirmation followed by more than
+//   a second of that incarnation's calls is stale; P2 of
+//   docs/peer_failures.md).
 // - Leaks, after the load stopped and every trainer finished (bounded wait
-//   for things to settle): on the hub and the PS, no RRef held (but see the
-//   dead holders below), no protocol message unanswered, no early entry, no
-//   owned RRef whose value belongs to a live trainer or to no one (each
-//   owned value says whose it is), no kept RRef, no distributed-autograd
-//   context, no pending outgoing or running incoming call, shared-memory
+//   for things to settle): on the hub and the PS, no RRef held, none owned
+//   (each owned value says whose it is) or held for a dead incarnation
+//   (RRef G7), no protocol message unanswered, no early entry, no kept RRef,
+//   no distributed-autograd context, no pending outgoing or running
+//   incoming call, shared-memory
 //   segments still busy at most one per restart (a killed receiver's segment
 //   is reclaimed only when reused), file descriptors at most --fd_slack
 //   above the warm baseline; after the job, no /dev/shm object of any of
@@ -53,42 +55,12 @@
 // trainers to finish and 20 s for leaks to settle; the driver kills baton-run
 // after 240 s. A run takes about 80 s on the 2-core development machine.
 //
-// Known runtime problems this test found; soak_test.sh turns the
-// workarounds on, soak_repro_test (manual) runs without them:
-// - RRef ids and distributed-autograd context ids restart at 1 in a
-//   restarted incarnation (rref_context.h next_, dist_autograd's
-//   next_context_), so they collide with its predecessor's ids that the hub
-//   and the PS still know: the new incarnation's remote object resolves to
-//   the dead incarnation's (WRONG_VALUE), and its contexts hit ids already
-//   released (FAILED_PRECONDITION). --burn_ids: a restarted trainer first
-//   consumes the ids its predecessors could have used.
-// - A restarted (rejoined) worker refuses replies that carry shared-memory
-//   blobs (DATA_LOSS "not a segment of the sender"): its peers still send
-//   it segments (peer_shm_ from the first rendezvous), while it has no
-//   probed prefix for them; every refused segment stays busy until its
-//   expiry. --small_after_restart: restarted trainers ask for no reply of
-//   32 KiB or more.
-// - Stale death confirmations: a peer's death is confirmed by a probe to the
-//   address learnt at startup, and the probe's own failed stream counts as
-//   new evidence, so the hub and the PS confirm a restarted trainer's rank
-//   dead again and again (at gRPC's reconnect back-off) while its new
-//   incarnation lives. Each confirmation makes distributed autograd release
-//   every context created by that rank (ReleaseCreatedBy), the live
-//   incarnation's included: its forward, backward or apply then fails with
-//   FAILED_PRECONDITION "context ... was already released" or NOT_FOUND.
-//   The hub prints the stale confirmations per rank (DEATHS lines). --tolerate_stale_deaths: a
-//   trainer counts such an autograd failure as known/STALE_DEATH when the
-//   hub or the PS confirmed its rank dead after its hello.
-// - Nothing releases the forks of a dead worker. An owner keeps the forks
-//   of a dead user forever: RRefs held only by killed trainers stay on the
-//   hub (counted and attributed; the run fails on them with
-//   --strict_dead_holders=1). A parent that forked an RRef to a worker that
-//   died before its ForkRequest reached the owner waits for that child
-//   forever, so the parent's graceful shutdown cannot settle (the PS's
-//   Shutdown fails with DEADLINE_EXCEEDED "RRefs on worker 1 did not
-//   settle", and the hub's with it, at the drain barrier).
-//   --release_dead_children: at the end the PS confirms, itself, the
-//   pending children of RRefs made for dead incarnations.
+// Restarted trainers rejoin with a new incarnation (docs/peer_failures.md):
+// their RRef and context ids are new, the 64 KiB replies they get travel
+// inline (P3), and what a killed incarnation held is released on the hub and
+// the PS once its death is reported (RRef G7, distributed autograd D4). Run
+// before those fixes, this test found each problem (ids reused, DATA_LOSS on
+// replies, forks of dead trainers kept, live incarnations confirmed dead).
 #include <cstdio>
 
 #include <ATen/Parallel.h>

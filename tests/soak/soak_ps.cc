@@ -103,20 +103,6 @@ absl::Status RegisterPsFunctions(std::shared_ptr<Ps> ps) {
     return LeakState::Measure(ps->w, kept).ToVector();
   });
   if (!s.ok()) return s;
-  s = r.Register(deaths_since_fn, [ps](int64_t rank, int64_t since) {
-    // Waits (bounded) for one: our listener may run after the one whose
-    // release the caller is asking about.
-    absl::MutexLock lock(&ps->mu);
-    int64_t n = 0;
-    auto any = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ps->mu) {
-      n = 0;
-      for (absl::Time t : ps->confirmations[rank]) n += t > absl::FromUnixMicros(since);
-      return n > 0;
-    };
-    ps->mu.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(2));
-    return n;
-  });
-  if (!s.ok()) return s;
   s = r.Register(confirmations_fn, [ps]() {
     absl::MutexLock lock(&ps->mu);
     std::vector<int64_t> out;
@@ -127,27 +113,6 @@ absl::Status RegisterPsFunctions(std::shared_ptr<Ps> ps) {
       }
     }
     return out;
-  });
-  if (!s.ok()) return s;
-  s = r.Register(release_children_fn, [ps](std::vector<int64_t> ids) {
-    // Workaround (soak_job.cc): the owner will never confirm these children,
-    // whose holders died before asking it to; confirm them here, as its
-    // ChildAccept would.
-    std::shared_ptr<rref::RRefContext> ctx = ps->w.rrefs->context();
-    int64_t released = 0;
-    for (const auto& h : ctx->DebugState().held) {
-      for (size_t i = 0; i + 1 < ids.size(); i += 2) {
-        if (h.rref.worker != ids[i] || h.rref.local != static_cast<uint64_t>(ids[i + 1]) ||
-            h.handle_alive) {
-          continue;
-        }
-        for (const rref::ForkId& child : h.pending_children) {
-          ctx->OnChildAccept(h.rref, child);
-          ++released;
-        }
-      }
-    }
-    return released;
   });
   if (!s.ok()) return s;
   return r.Register(finish_fn, [ps]() {

@@ -8,15 +8,13 @@
 #   - the hub and the PS ran once (no group restart), every kill was
 #     restarted and nothing else failed (restarts == kills);
 #   - every FAILURE line has a named cause (no UNEXPLAINED or WRONG_VALUE
-#     class; known/... classes, the runtime problems soak_job.cc lists, are
-#     counted) and every PEER_FAILURE names the dead trainer;
+#     class) and every PEER_FAILURE names the dead trainer;
 #   - every worker's Shutdown() returned OK;
 #   - no /dev/shm object of any of the job's processes is left.
 # It prints a summary table (kills, restarts, load served, leaks, failures
 # by cause). Bounds: the job is killed after 240 s; a run takes about 80 s.
 # Environment: SOAK_SEED (kill schedule), SOAK_KILLS (5),
-# SOAK_DURATION_S (75); arguments are passed to soak_job after the default
-# workarounds (e.g. --burn_ids=0 turns one off).
+# SOAK_DURATION_S (75); arguments are passed to soak_job.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 RUN="$RUNFILES/launcher/baton-run"
@@ -30,11 +28,6 @@ TRAINERS=3
 SEED=${SOAK_SEED:-$(( $(date +%s) % 100000 ))}
 RANDOM=$SEED
 FAILED=0
-# Workarounds for the runtime problems listed in soak_job.cc; arguments
-# given to this script come after them and win (soak_repro_test turns them
-# off to reproduce the problems).
-WORKAROUNDS=(--burn_ids=1 --small_after_restart=1 --release_dead_children=1
-  --tolerate_stale_deaths=1)
 fail() { echo "FAIL: $*"; FAILED=1; }
 now() { date +%s.%N; }
 elapsed() { echo "$(now) $1" | awk '{printf "%.1f", $1 - $2}'; }
@@ -68,7 +61,7 @@ start=$(now)
 echo "== soak: seed $SEED, $KILLS kills, ${DURATION}s of load, log $LOG"
 timeout 240 "$RUN" --standalone --role hub:1 --role ps:1 --role trainer:$TRAINERS \
   --restart_policy trainer=worker --max_restarts $((KILLS + 3)) --stop_timeout 5 \
-  "$JOB" --duration_s="$DURATION" --warm_s=$WARM "${WORKAROUNDS[@]}" "$@" >"$LOG" 2>&1 &
+  "$JOB" --duration_s="$DURATION" --warm_s=$WARM "$@" >"$LOG" 2>&1 &
 job=$!
 
 # Waits (bounded) for a line matching $1 in the log; 1 if the job ended first.

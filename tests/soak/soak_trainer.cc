@@ -25,19 +25,12 @@ namespace {
 
 using rref::RRef;
 
-// Id ranges a restarted incarnation skips (--burn_ids): one incarnation of
-// this job uses far fewer RRef ids (about 2 per step) and contexts (1 per
-// step) than these.
-constexpr uint64_t kRRefIdsPerIncarnation = uint64_t{1} << 20;
-constexpr int64_t kContextsPerIncarnation = 20000;
-
 class Trainer {
  public:
   explicit Trainer(Worker& w)
       : w_(w), rank_(w.env.rank), inc_(w.env.restart_count), mortal_(TrainerNames(w.env)),
         everyone_(AllNames(w.env)), opts_(CallTimeout(w.flags)),
-        timeout_(absl::Seconds(w.flags.call_timeout_s)),
-        big_replies_(!(w.flags.small_after_restart && inc_ > 0)) {}
+        timeout_(absl::Seconds(w.flags.call_timeout_s)) {}
 
   int Run();
 
@@ -53,9 +46,6 @@ class Trainer {
   bool PsStep(int64_t seq);
   // Records a failed operation; returns false.
   bool Fail(const std::string& op, const absl::Status& s);
-  // The same for the autograd step, which a stale death confirmation of
-  // this rank can break (--tolerate_stale_deaths).
-  bool FailAutograd(const std::string& op, const absl::Status& s);
   // Records a value that is not what was sent or made; returns false.
   bool Wrong(const std::string& op, const std::string& what);
   absl::Status Setup();
@@ -65,8 +55,6 @@ class Trainer {
   const std::vector<std::string> mortal_, everyone_;
   const rpc::CallOptions opts_;
   const absl::Duration timeout_;
-  // Whether this incarnation asks for replies of 32 KiB or more.
-  const bool big_replies_;
   std::unique_ptr<ps::PsClient> client_;
   RRef<Accumulator> acc_;
   int64_t adds_ = 0;
@@ -80,27 +68,6 @@ bool Trainer::Fail(const std::string& op, const absl::Status& s) {
   return false;
 }
 
-bool Trainer::FailAutograd(const std::string& op, const absl::Status& s) {
-  if (w_.flags.tolerate_stale_deaths &&
-      absl::StrContains(s.message(), "distributed autograd context")) {
-    // Explained if the hub or the PS confirmed this rank dead while this
-    // incarnation lives: they then released its contexts (soak_job.cc).
-    auto stale = w_.agent->rpc_async(opts_, kHub, stale_deaths_fn, rank_).result();
-    if (stale.ok() && *stale > 0) {
-      ++counters_[kFailures];
-      std::string msg(s.message());
-      Say(w_.name, absl::StrCat("FAILURE op=", op, " class=known/STALE_DEATH/", w_.name,
-                                " msg=", *stale, " stale confirmation(s) of this rank's death; ",
-                                msg));
-      return false;
-    }
-    return Fail(op, Annotate(s, stale.ok() ? "no stale death confirmation of this rank"
-                                           : absl::StrCat("stale death check failed (",
-                                                          stale.status().ToString(), ")")));
-  }
-  return Fail(op, s);
-}
-
 bool Trainer::Wrong(const std::string& op, const std::string& what) {
   ++counters_[kFailures];
   Say(w_.name, absl::StrCat("FAILURE op=", op, " class=WRONG_VALUE msg=", what));
@@ -108,17 +75,6 @@ bool Trainer::Wrong(const std::string& op, const std::string& what) {
 }
 
 absl::Status Trainer::Setup() {
-  if (w_.flags.burn_ids && inc_ > 0) {
-    // Workaround (see soak_job.cc): skip the ids earlier incarnations of
-    // this rank may have used; incarnation numbers only grow.
-    auto ctx = w_.rrefs->context();
-    const uint64_t target = static_cast<uint64_t>(inc_) * kRRefIdsPerIncarnation;
-    while (ctx->NextId().local < target) {
-    }
-    for (int64_t i = 0; i < inc_ * kContextsPerIncarnation; ++i) {
-      dist_autograd::Context burn(*w_.agent);
-    }
-  }
   auto hello = w_.agent->rpc_async(opts_, kHub, hello_fn, rank_, inc_, int64_t{getpid()}).result();
   if (!hello.ok()) return Annotate(hello.status(), "hello");
   ps::PsClient::Options co;
@@ -157,7 +113,7 @@ bool Trainer::Step(int64_t seq) {
 
 bool Trainer::Tick(int64_t seq, bool* stop) {
   // A plain call; every fourth one carries 64 KiB (same-host bulk path).
-  const bool big = big_replies_ && seq % 4 == 0;
+  const bool big = seq % 4 == 0;
   const at::Tensor x = at::full({big ? 16384 : 16}, static_cast<double>(seq % 1000));
   auto tick = w_.agent->rpc_async(opts_, kHub, tick_fn, rank_, inc_, x).result();
   if (!tick.ok()) return Fail("tick", tick.status());
@@ -256,7 +212,7 @@ bool Trainer::AutogradStep() {
       if (s.ok()) found = *n;
     }
   }
-  if (!s.ok()) return FailAutograd(op, s);
+  if (!s.ok()) return Fail(op, s);
   if (found != 2) {
     return Wrong("autograd.apply", absl::StrCat("context ", context_id, " has ", found,
                                                 " gradients on the hub and the PS, not 2"));
@@ -268,17 +224,15 @@ bool Trainer::AutogradStep() {
 bool Trainer::PsStep(int64_t seq) {
   // Pulls and pushes, dense (64 KiB) and rows.
   bool ok = true;
-  if (big_replies_) {
-    auto wt = client_->Pull("w").result();
-    if (!wt.ok()) {
-      ok = Fail("ps.pull", wt.status());
+  auto wt = client_->Pull("w").result();
+  if (!wt.ok()) {
+    ok = Fail("ps.pull", wt.status());
+  } else {
+    ++counters_[kPsPulls];
+    if (absl::Status s = client_->Push("w", at::full_like(*wt, 1e-3)).status(); !s.ok()) {
+      ok = Fail("ps.push", s);
     } else {
-      ++counters_[kPsPulls];
-      if (absl::Status s = client_->Push("w", at::full_like(*wt, 1e-3)).status(); !s.ok()) {
-        ok = Fail("ps.push", s);
-      } else {
-        ++counters_[kPsPushes];
-      }
+      ++counters_[kPsPushes];
     }
   }
   const at::Tensor ids = at::arange(8, at::kLong) * 97 + seq % 100;
@@ -300,8 +254,7 @@ int Trainer::Run() {
     return 1;
   }
   Say(w_.name, absl::StrCat("READY incarnation=", inc_, " pid=", getpid(), " setup_ms=",
-                            absl::ToInt64Milliseconds(absl::Now() - setup_start),
-                            big_replies_ ? "" : " small_replies_only"));
+                            absl::ToInt64Milliseconds(absl::Now() - setup_start)));
   // Bounded even if the hub never says stop.
   const absl::Time give_up = absl::Now() + absl::Seconds(w_.flags.duration_s + 150);
   bool stopped = false;
