@@ -11,7 +11,9 @@
 // - RRefs inside a codec payload (Codec<RRef<T>>::Decode) and fork
 //   descriptors adopted by RRefContext::Adopt;
 // - the worker's own operations in between (create, fork, drop a
-//   reference), so hostile messages meet every state.
+//   reference), so hostile messages meet every state;
+// - peer failures (G7: RRefContext::OnPeerFailure) of any worker and
+//   incarnation, between and after the messages of the dead.
 // Handlers that need a running agent are not called; the parts of them that
 // read the message are.
 //
@@ -56,14 +58,14 @@ GlobalId SmallId(fuzz::FuzzReader& in) {
 }
 
 // What RRefService's "__rref.control" handler does with its payload.
-absl::Status HandleControl(RRefContext& ctx, const std::string& bytes) {
+absl::Status HandleControl(RRefContext& ctx, const std::string& bytes, Holder from) {
   proto::RRefControl m;
   if (!m.ParseFromString(bytes)) return absl::DataLossError("malformed RRef control message");
   const RRefId rref = FromProto(m.rref());
   const ForkId fork = FromProto(m.fork());
   switch (m.kind()) {
     case proto::RRefControl::FORK_REQUEST:
-      ctx.OnForkRequest(rref, fork, m.parent());
+      ctx.OnForkRequest(rref, fork, m.parent(), from);
       break;
     case proto::RRefControl::CHILD_ACCEPT:
       ctx.OnChildAccept(rref, fork);
@@ -91,17 +93,22 @@ struct World {
 
 void Step(World& w, fuzz::FuzzReader& in) {
   RRefContext& ctx = *w.ctx;
-  switch (in.U8() % 10) {
-    case 0:  // a control message as sent
-      ExpectDecodeError(HandleControl(ctx, in.Chunk()));
+  // The sender of a message: a worker and an incarnation.
+  auto sender = [&in] { return Holder{in.U8() % 4, static_cast<int64_t>(in.U8() % 3)}; };
+  switch (in.U8() % 11) {
+    case 0: {  // a control message as sent
+      const Holder from = sender();
+      ExpectDecodeError(HandleControl(ctx, in.Chunk(), from));
       break;
+    }
     case 1: {  // a control message about references that may exist here
       proto::RRefControl m;
       m.set_kind(static_cast<proto::RRefControl::Kind>(in.U8() % 4));
       ToProto(SmallId(in), m.mutable_rref());
       ToProto(SmallId(in), m.mutable_fork());
       m.set_parent(static_cast<int8_t>(in.U8()));
-      ExpectDecodeError(HandleControl(ctx, m.SerializeAsString()));
+      const Holder from = sender();
+      ExpectDecodeError(HandleControl(ctx, m.SerializeAsString(), from));
       break;
     }
     case 2: {  // an RRef call: header, then what "__rref.remote" and "__rref.fetch" do
@@ -112,7 +119,7 @@ void Step(World& w, fuzz::FuzzReader& in) {
       ExpectDecodeError(s);
       if (!s.ok()) break;
       if (in.U8() % 2 == 0) {
-        ctx.OnRemoteCreate(FromProto(h.rref()), FromProto(h.fork()), h.type());
+        ctx.OnRemoteCreate(FromProto(h.rref()), FromProto(h.fork()), h.type(), sender());
         ctx.SetValue(FromProto(h.rref()), rpc::AnyValue::Of(std::make_shared<int64_t>(1)));
       } else {
         (void)ctx.OwnedValue(FromProto(h.rref()));
@@ -155,6 +162,11 @@ void Step(World& w, fuzz::FuzzReader& in) {
     case 9:
       ctx.SetValue(SmallId(in), rpc::AnyValue::Of(std::make_shared<int64_t>(2)));
       break;
+    case 10: {  // the agent reports a peer incarnation dead
+      const Holder dead = sender();
+      (void)ctx.OnPeerFailure(dead.worker, dead.incarnation);
+      break;
+    }
   }
 }
 

@@ -428,25 +428,24 @@ void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& ca
 
 bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
   if (incarnation <= 0 || peer < 0 || peer >= static_cast<int>(workers_.size())) return true;
-  int64_t replaced;
   {
     absl::MutexLock lock(&mu_);
     if (peers_.empty()) return true;  // before the rendezvous filled it
     PeerState& p = peers_[peer];
     if (incarnation < p.incarnation) return false;
     if (incarnation == p.incarnation) return true;
-    replaced = p.incarnation;
     p.incarnation = incarnation;
     p.next_refresh = absl::InfinitePast();  // its new address is in the store
   }
   // The new incarnation opened none of our probes (P3).
   if (peer < static_cast<int>(peer_shm_.size())) peer_shm_[peer].store(false);
-  // P1: a rejoined restart replaces its predecessor, which is dead.
+  // P1: a rejoined restart replaces its predecessors (every incarnation
+  // before it, also one we never heard of), which are dead.
   const std::string name = workers_[peer].name;
-  executor_->Submit([this, peer, replaced, incarnation, name] {
-    ReportDead(peer, replaced,
+  executor_->Submit([this, peer, incarnation, name] {
+    ReportDead(peer, incarnation - 1,
                absl::UnavailableError(absl::StrCat(
-                   "worker '", name, "' (id ", peer, ", incarnation ", replaced,
+                   "worker '", name, "' (id ", peer, ", incarnation ", incarnation - 1,
                    ") is dead: incarnation ", incarnation, " of its rank rejoined the job")));
   });
   RefreshPeer(peer);

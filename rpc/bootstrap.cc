@@ -429,7 +429,9 @@ absl::Status AgentImpl::Rendezvous() {
     absl::MutexLock lock(&mu_);
     peers_.assign(options_.world_size, PeerState());
     for (int r = 0; r < options_.world_size; ++r) {
-      peers_[r].incarnation = r == rank_ ? incarnation_ : records[r].incarnation();
+      // A registration without one counts as the first.
+      peers_[r].incarnation =
+          r == rank_ ? incarnation_ : std::max<int64_t>(1, records[r].incarnation());
       peers_[r].address_incarnation = peers_[r].incarnation;
     }
   }

@@ -20,6 +20,7 @@ TARGETS=(
   //tests:flow_control_test
   //tests:loopback_agent_test
   //tests:protocols_loopback_test
+  //tests:restart_test
   //tests:rpc_multiprocess_test
 )
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi

@@ -29,6 +29,7 @@ TARGETS=(
   //tests:flow_control_test
   //tests:loopback_agent_test
   //tests:protocols_loopback_test
+  //tests:restart_test
   //tests:rref_protocol_test
 )
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
