@@ -31,8 +31,14 @@ grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const Tl
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  // Reconnect soon (100 ms, gRPC's floor, growing to 500 ms) to a peer or
+  // store that is not up yet or restarted. Despite its name, gRPC uses
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the time each connection attempt
+  // (TCP, TLS and HTTP/2 handshakes) may take: it stays at gRPC's 20 s, so
+  // a slow link or a loaded host still connects (tests/store_test.cc,
+  // tests/grpc_transport_test.cc). Calls are bounded by their own deadlines.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);

@@ -10,6 +10,7 @@
 #include "store/memory_store.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
+#include "tests/slow_link.h"
 
 namespace baton::store {
 namespace {
@@ -158,6 +159,24 @@ TEST(StoreClient, RetriesUntilServerStarts) {
   starter.join();
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(*late->store().Get("k", absl::Seconds(1)), "v");
+}
+
+// A connection whose handshake takes longer than the reconnect backoff
+// (500 ms at most) still completes: gRPC gives each connection attempt at
+// least GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, which baton once set to 50 ms,
+// so every attempt over a slow link was cut off and retried forever.
+TEST(StoreClient, ConnectsOverALinkSlowerThanTheReconnectBackoff) {
+  auto server = *StoreServer::Start({});
+  auto link = testing::SlowLink::Start(server->address(), absl::Milliseconds(1500));
+  ASSERT_TRUE(link.ok()) << link.status();
+  StoreClient client({(*link)->address(), "", absl::Seconds(20)});
+  const absl::Time t0 = absl::Now();
+  absl::Status s = client.Set("k", "v");
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(*server->store().Get("k", absl::Seconds(1)), "v");
+  // One connection, held open: no attempt was abandoned and retried.
+  EXPECT_EQ((*link)->accepted(), 1);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
 }
 
 TEST(StoreClient, UnreachableServerFailsWithinDeadline) {
