@@ -207,8 +207,15 @@ int64_t AgentImpl::PeerLimit(int peer) const {
 Future<Payload> AgentImpl::Call(int to, const std::string& function,
                                 const std::string& signature, Payload args,
                                 const CallOptions& opts, bool windowed) {
+  // G8: until the request leaves, a failure takes back what it carried.
+  std::vector<std::function<void()>> undo;
+  undo.swap(args.undo_if_undelivered);
+  auto fail = [&undo](absl::Status s) {
+    for (auto& f : undo) f();
+    return MakeErrorFuture<Payload>(std::move(s));
+  };
   if (to < 0 || to >= static_cast<int>(workers_.size())) {
-    return MakeErrorFuture<Payload>(absl::NotFoundError(
+    return fail(absl::NotFoundError(
         absl::StrCat("rpc of function '", function, "': no worker with id ", to)));
   }
   const absl::Duration timeout =
@@ -233,7 +240,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   frame.payload = std::move(args);
   const size_t size = internal::FrameSize(frame);
   if (static_cast<int64_t>(size) > PeerLimit(to)) {
-    return MakeErrorFuture<Payload>(absl::ResourceExhaustedError(absl::StrCat(
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
         CallContextText(to, function), ": request of ", size,
         " bytes exceeds the message size limit of ", PeerLimit(to),
         " bytes (AgentOptions::max_message_bytes)")));
@@ -244,7 +251,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   if (windowed) {
     if (absl::Status room = window_->Acquire(to, window_bytes, deadline, !t_delivering);
         !room.ok()) {
-      return MakeErrorFuture<Payload>(
+      return fail(
           absl::IsCancelled(room)
               ? absl::FailedPreconditionError(
                     absl::StrCat(CallContextText(to, function), ": the agent is shut down"))
@@ -267,7 +274,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     absl::MutexLock lock(&mu_);
     if (!running_) {
       if (windowed) window_->Release(to, window_bytes);
-      return MakeErrorFuture<Payload>(absl::FailedPreconditionError(absl::StrCat(
+      return fail(absl::FailedPreconditionError(absl::StrCat(
           CallContextText(to, function), ": the agent is shut down")));
     }
     PendingCall& call = pending_[id];
@@ -276,6 +283,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     call.function = function;
     call.timeout = timeout;
     call.window_bytes = window_bytes;
+    call.undo = std::move(undo);
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
@@ -297,8 +305,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   if (!stream.ok()) {
     // Evidence (P2): the probe checks it, or the store names a successor.
     if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
-    Complete(id, Annotate(stream.status(),
-                          absl::StrCat(CallContextText(to, function), ": worker unreachable")));
+    Complete(id,
+             Annotate(stream.status(),
+                      absl::StrCat(CallContextText(to, function), ": worker unreachable")),
+             /*undelivered=*/true);
   } else {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(id);
@@ -307,7 +317,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   return promise.future();
 }
 
-void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result) {
+void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered) {
   PendingCall call;
   {
     absl::MutexLock lock(&mu_);
@@ -322,6 +332,10 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result) {
   }
   timer_->Cancel(call.timer);
   if (call.window_bytes >= 0) window_->Release(call.peer, call.window_bytes);
+  if (undelivered) {
+    for (auto& f : call.undo) f();
+  }
+  call.undo.clear();
   call.promise.Set(std::move(result));
   absl::MutexLock lock(&mu_);
   --completing_;
@@ -349,9 +363,10 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
     if (it == pending_.end()) return;  // already timed out
     function = it->second.function;
   }
-  Complete(id, Annotate(StatusFromWire(frame.header.status_code(),
-                                       frame.header.error_message()),
-                        CallContextText(peer, function)));
+  Complete(id,
+           Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
+                    CallContextText(peer, function)),
+           /*undelivered=*/frame.header.not_run());
 }
 
 void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
@@ -401,7 +416,7 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   // P1, P4: a newer incarnation replaces its predecessor here at once; an
   // older one is a replaced process.
   if (other_incarnation && !NoteIncarnation(caller, caller_incarnation)) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::UnavailableError(absl::StrCat(
                   "worker '", options_.name, "' refuses a request from incarnation ",
                   caller_incarnation, " of worker id ", caller,
@@ -422,7 +437,7 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
     Dispatch(channel, std::move(frame), deadline, bytes);
   };
   if (absl::Status s = gate_->Submit(caller, bytes, std::move(task)); !s.ok()) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::IsUnavailable(s)
                   ? absl::UnavailableError(
                         absl::StrCat("worker '", options_.name, "' is shutting down"))
@@ -438,13 +453,13 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   // A peer that finished rendezvous first may call before we have.
   if (!ready_.WaitForNotificationWithDeadline(deadline) ||
       workers_.size() != static_cast<size_t>(options_.world_size)) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::UnavailableError(absl::StrCat("worker '", options_.name,
                                                   "' has not finished init")), admitted);
     return;
   }
   if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)), admitted);
     return;
   }
@@ -454,19 +469,19 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
     absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(caller))
                                      : absl::DataLossError("shared-memory blob without a channel");
     if (!s.ok()) {
-      SendReply(channel, id, caller, Annotate(s, "undecodable request"), admitted);
+      Refuse(channel, id, caller, Annotate(s, "undecodable request"), admitted);
       return;
     }
   }
   if (absl::Now() > deadline) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::DeadlineExceededError(
                   "the call's deadline passed before the function started"), admitted);
     return;
   }
   std::shared_ptr<const FunctionRegistry::Entry> entry = registry_->Find(fname);
   if (entry == nullptr) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
                                                "' (not registered on worker '",
                                                self().name, "')")), admitted);
@@ -474,7 +489,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   }
   if (!frame.header.signature().empty() && !entry->signature.empty() &&
       frame.header.signature() != entry->signature) {
-    SendReply(channel, id, caller,
+    Refuse(channel, id, caller,
               absl::InvalidArgumentError(absl::StrCat(
                   "argument type mismatch: the caller sends ", frame.header.signature(),
                   " but worker '", self().name, "' registered '", fname, "' as ",
@@ -498,7 +513,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
 
 void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                          uint64_t id, int caller, absl::StatusOr<Payload> result,
-                         int64_t admitted, bool reply_shm) {
+                         int64_t admitted, bool reply_shm, bool not_run) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
   frame.header.set_id(id);
@@ -510,12 +525,14 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                               : options_.max_message_bytes;
     const size_t size = internal::FrameSize(frame);
     if (static_cast<int64_t>(size) > limit) {
+      frame.payload.Undeliverable();  // G8
       frame.payload = Payload();
       result = absl::ResourceExhaustedError(absl::StrCat(
           "reply of ", size, " bytes exceeds the message size limit of ", limit, " bytes"));
     }
   }
   if (!result.ok()) {
+    frame.header.set_not_run(not_run);
     frame.header.set_status_code(static_cast<int>(result.status().code()));
     // An error names what was wrong, not a copy of a huge input: a reply
     // must never outgrow the caller's limit (it would end the whole stream).
@@ -532,7 +549,11 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
   // The gate lets go first: once the reply is out, the caller's window has
   // room again and its next request must find room here too.
   if (admitted >= 0) gate_->Finish(caller, admitted);
-  channel->Send(std::move(frame));
+  std::vector<std::function<void()>> undo;
+  undo.swap(frame.payload.undo_if_undelivered);
+  if (!channel->Send(std::move(frame))) {
+    for (auto& f : undo) f();  // G8: the caller is gone
+  }
   FinishIncoming();
 }
 

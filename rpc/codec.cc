@@ -54,8 +54,12 @@ Decoder::Nested::Nested(Decoder& dec, absl::string_view what) : dec_(dec) {
 }
 
 absl::StatusOr<Payload> Encoder::Finish() && {
-  if (!status_.ok()) return status_;
   Payload p;
+  p.undo_if_undelivered = std::move(undo_);
+  if (!status_.ok()) {
+    p.Undeliverable();  // the message will not be sent
+    return status_;
+  }
   p.bytes = std::move(bytes_);
   p.blobs = std::move(blobs_);
   return p;

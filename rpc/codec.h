@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -94,6 +95,9 @@ class Encoder {
     blobs_.push_back(std::move(blob));
     return static_cast<uint32_t>(blobs_.size() - 1);
   }
+  // Registers what to undo if the message never reaches its destination's
+  // decoder (Payload::undo_if_undelivered); run at once if encoding fails.
+  void UndoIfUndelivered(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
   // Records an encoding error (the first one wins); Finish() returns it.
   void Fail(absl::Status status) {
     if (status_.ok()) status_ = std::move(status);
@@ -120,6 +124,7 @@ class Encoder {
   const CodecContext* context_;
   std::string bytes_;
   std::vector<Blob> blobs_;
+  std::vector<std::function<void()>> undo_;
   absl::Status status_;
   int depth_ = 0;
 };

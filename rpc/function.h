@@ -243,7 +243,10 @@ absl::StatusOr<Payload> FunctionRegistry::EncodeForSend(const T& value,
   absl::StatusOr<Payload> p = EncodeMessage(value, &cc);
   if (!p.ok() || !hooks) return p;
   absl::Status s = RunSendHooks(message, tensors, p->extensions);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    p->Undeliverable();
+    return s;
+  }
   return p;
 }
 

@@ -12,6 +12,7 @@
 #define BATON_RPC_PAYLOAD_H_
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,20 @@ struct Payload {
   // Per-message data of protocol layers (call hooks), carried in
   // FrameHeader.extensions.
   std::map<std::string, std::string> extensions;
+  // Local to the sender, never sent: what to undo if the message is known
+  // not to have been decoded by its destination (RRef forks made while
+  // encoding it, rref/rref_context.h G8). The agent runs them when a call
+  // fails before its request left, when the callee refused the request
+  // before running its function, or when a reply could not be sent.
+  // Running them twice is harmless.
+  std::vector<std::function<void()>> undo_if_undelivered;
+
+  // Runs and clears undo_if_undelivered.
+  void Undeliverable() {
+    std::vector<std::function<void()>> undo;
+    undo.swap(undo_if_undelivered);
+    for (auto& f : undo) f();
+  }
 
   size_t total_size() const {
     size_t n = bytes.size();

@@ -26,6 +26,8 @@ struct RRefContext::UserEntry {
   int owner = -1;
   int64_t owner_incarnation = 0;  // as known when the entry was made
   bool handle_alive = true;
+  // False for a remote() the owner never received (G8): nothing to delete.
+  bool counted = true;
   absl::flat_hash_set<ForkId> pending_children;
 };
 
@@ -204,6 +206,43 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
   return handle;
 }
 
+void RRefContext::Unfork(const ForkDescriptor& d) {
+  if (d.parent != self_) return;
+  std::shared_ptr<OwnerEntry> freed;
+  RRefId del_rref;
+  int del_owner = -1;
+  ForkId parent;
+  bool send = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (d.owner == self_) {
+      auto it = owners_.find(d.rref);
+      if (it != owners_.end()) {
+        if (it->second->forks.erase(d.fork) > 0) freed = MaybeFreeLocked(d.rref);
+      } else if (auto e = early_.find(d.rref); e != early_.end()) {
+        e->second.forks.erase(d.fork);
+      }
+    } else {
+      auto cp = child_parent_.find(d.fork);
+      if (cp == child_parent_.end()) return;  // confirmed, or already undone
+      parent = cp->second.parent;
+      child_parent_.erase(cp);
+      auto it = users_.find(parent);
+      if (it == users_.end()) return;
+      it->second->pending_children.erase(d.fork);
+      send = MaybeDeleteUserLocked(parent, &del_rref, &del_owner);
+    }
+  }
+  if (send) Track(sender_->UserDelete(del_owner, del_rref, parent));
+  // A freed value is destroyed here, unlocked.
+}
+
+void RRefContext::ForgetUncreated(ForkId fork) {
+  absl::MutexLock lock(&mu_);
+  auto it = users_.find(fork);
+  if (it != users_.end()) it->second->counted = false;
+}
+
 void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent, Holder holder) {
   std::shared_ptr<OwnerEntry> freed;
   {
@@ -306,8 +345,9 @@ bool RRefContext::MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner) {
   *owner = it->second->owner;
   const bool owner_dead =
       DeadLocked(Holder{it->second->owner, it->second->owner_incarnation});  // G7
+  const bool counted = it->second->counted;  // G8
   users_.erase(it);
-  return !owner_dead;
+  return counted && !owner_dead;
 }
 
 int RRefContext::OnPeerFailure(int worker, int64_t incarnation) {

@@ -59,6 +59,17 @@
 //     Limit: a fork that W passed on just before it died, whose ForkRequest
 //     reaches the owner after W's forks were dropped, may find the value
 //     freed (its calls then fail with NOT_FOUND).
+// G8  A message that never reaches its destination's decoder takes nothing
+//     with it. When the agent knows so (the call failed before its request
+//     left, the callee refused it before running its function, or a reply
+//     could not be sent; rpc/payload.h), the sender takes back each fork it
+//     made while encoding the message (Unfork: the owner drops the fork, a
+//     parent stops waiting for the child), and a remote() whose creation
+//     never reached the owner is not counted there (ForgetUncreated: its
+//     user entry goes without a UserDelete). Limits: a reply that arrives
+//     after its caller gave up is dropped undecoded, and its forks stay
+//     until the caller's worker dies or the job ends; so do the forks a
+//     request's decoder had not reached when it failed part-way.
 //
 // Thread-safety: safe for concurrent use. No lock is held while a message is
 // sent or a value is destroyed.
@@ -223,6 +234,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   ForkDescriptor Fork(const RefHandle& handle, int dest);
   // Called while decoding a descriptor received from `sender`.
   std::shared_ptr<RefHandle> Adopt(const ForkDescriptor& d);
+  // G8: the message carrying `d` (made here by Fork) was never decoded by
+  // its destination. Idempotent.
+  void Unfork(const ForkDescriptor& d);
+  // G8: the remote() that made user fork `fork` (CreateUserForRemote) never
+  // reached the owner; the entry will send no UserDelete. Idempotent.
+  void ForgetUncreated(ForkId fork);
 
   // ---- Incoming control messages ----
   // `holder`: the worker that sent it (the fork's new holder).

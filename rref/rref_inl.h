@@ -40,6 +40,11 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   }
   auto owner = agent->worker(handle_->owner());
   if (!owner.ok()) return rpc::MakeErrorFuture<T>(owner.status());
+  // Its remote() failed: the owner has no value and will get none (a fetch
+  // would wait there for a creation that never comes, G3).
+  if (rpc::Future<void> c = handle_->created(); c.ready() && !c.status().ok()) {
+    return rpc::MakeErrorFuture<T>(Annotate(c.status(), absl::StrCat("to_here of ", Describe())));
+  }
   proto::RRefCall h;
   ToProto(handle_->rref(), h.mutable_rref());
   h.set_type(handle_->type());
@@ -94,6 +99,10 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   if (agent == nullptr) {
     return rpc::MakeErrorFuture<R>(absl::FailedPreconditionError(
         absl::StrCat(m->qualified_name, " on ", Describe(), ": the agent is shut down")));
+  }
+  if (rpc::Future<void> c = handle_->created(); c.ready() && !c.status().ok()) {
+    return rpc::MakeErrorFuture<R>(
+        Annotate(c.status(), absl::StrCat(m->qualified_name, " on ", Describe())));
   }
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
   auto payload = agent->registry().EncodeForSend(
@@ -217,7 +226,12 @@ struct Codec<rref::RRef<T>> {
       enc.Fail(absl::FailedPreconditionError("an RRef can only be sent in an RPC"));
       return;
     }
-    rref::ForkDescriptor d = r.handle()->context().Fork(*r.handle(), cc->peer);
+    rref::RRefContext& ctx = r.handle()->context();
+    rref::ForkDescriptor d = ctx.Fork(*r.handle(), cc->peer);
+    // G8: a fork whose message never reaches its destination is taken back.
+    enc.UndoIfUndelivered([weak = std::weak_ptr<rref::RRefContext>(ctx.shared_from_this()), d] {
+      if (auto c = weak.lock()) c->Unfork(d);
+    });
     enc.WritePod<uint8_t>(1);
     enc.WritePod<int32_t>(d.owner);
     enc.WritePod<int32_t>(d.parent);

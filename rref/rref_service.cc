@@ -39,6 +39,7 @@ rpc::Payload WithHeader(const proto::RRefCall& header, rpc::Payload args) {
   out.bytes += args.bytes;
   out.blobs = std::move(args.blobs);
   out.extensions = std::move(args.extensions);
+  out.undo_if_undelivered = std::move(args.undo_if_undelivered);
   return out;
 }
 
@@ -304,7 +305,10 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
   rpc::MessageInfo m{ctx.agent, /*is_request=*/false, cc.peer, ctx.function};
   m.request_extensions = &ctx.extensions;
   absl::Status s = ctx.registry->RunSendHooks(m, tensors, p->extensions);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    p->Undeliverable();  // G8
+    return s;
+  }
   return p;
 }
 
@@ -487,7 +491,13 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, 
   h.set_function(function);
   h.set_signature(signature);
   h.set_type(type);
-  rpc::Future<rpc::Payload> raw = agent.CallRaw(to, kRemoteFn, "", WithHeader(h, std::move(args)), opts);
+  rpc::Payload request = WithHeader(h, std::move(args));
+  // G8: a creation the owner never received is not counted there.
+  request.undo_if_undelivered.push_back(
+      [weak = std::weak_ptr<RRefContext>(ctx), fork = handle->fork()] {
+        if (auto c = weak.lock()) c->ForgetUncreated(fork);
+      });
+  rpc::Future<rpc::Payload> raw = agent.CallRaw(to, kRemoteFn, "", std::move(request), opts);
   raw.OnReady([done = settle(handle->created_promise(), what)](
                   const absl::StatusOr<rpc::Payload>& r) mutable { done(r.status()); });
   return handle;

@@ -1,4 +1,4 @@
-// The RRef protocol (G1-G6, rref/rref_context.h) and distributed autograd
+// The RRef protocol (G1-G6, G8, rref/rref_context.h) and distributed autograd
 // (D1, D4, D6, dist_autograd/dist_autograd.h) on real agents in one process,
 // over the loopback transport (rpc/testing/loopback_transport.h) with faults
 // injected below the agent: every frame delayed at random, control messages
@@ -57,10 +57,12 @@ struct Job {
   std::vector<std::shared_ptr<RRefService>> rrefs;
   std::unique_ptr<LoopbackJob> job;
 
-  explicit Job(int world = 3) {
+  explicit Job(int world = 3,
+               std::function<void(int, rpc::AgentOptions&)> configure = nullptr) {
     rrefs.resize(world);
     LoopbackJobOptions o;
     o.world_size = world;
+    o.configure = std::move(configure);
     o.shutdown_timeout = absl::Seconds(10);
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
@@ -193,6 +195,35 @@ TEST(RRefOverLoopback, OwnerKilledFailsToHereWithUnavailableNamingTheOwner) {
 
 // D1 under random delays: gradients through w0 -> w1 -> w2 -> w0 equal
 // single-process autograd.
+// G8: calls carrying RRefs that never run take their forks back: refused
+// by the callee before running (an unknown function), or refused before
+// leaving (over the message size limit); so does a remote() that never
+// reached the owner. Without it the owner would keep the values (and a
+// tombstone for the RRef never created) until shutdown.
+TEST(RRefOverLoopback, G8_CallsThatNeverRunTakeTheirForksBack) {
+  Job j(3, [](int, rpc::AgentOptions& o) { o.max_message_bytes = 1 << 20; });
+  const Function<at::Tensor(RRef<at::Tensor>)> missing_fn("not_registered_anywhere");
+  const Function<at::Tensor(RRef<at::Tensor>, at::Tensor)> big_fn("fetch_with_a_big_tensor");
+  const at::Tensor big = at::zeros({1 << 19});  // 2 MiB
+  {
+    // Forked by a user (w0; w1 owns it) and by the owner itself (w1).
+    RRef<at::Tensor> user = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+    RRef<at::Tensor> owned = rref::remote(j.agent(1), 1, make_fn, at::ones({2}));
+    ASSERT_TRUE(user.to_here().equal(at::full({2}, 10.0)));
+    for (RpcAgent* from : {&j.agent(0), &j.agent(1)}) {
+      RRef<at::Tensor>& r = from == &j.agent(0) ? user : owned;
+      absl::Status s = from->rpc_async(2, missing_fn, r).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+      s = from->rpc_async(2, big_fn, r, big).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    }
+    RRef<at::Tensor> never = rref::remote(j.agent(0), 1, make_fn, big);
+    absl::Status s = never.to_here_async().status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  }
+  j.ExpectEmpty(absl::Seconds(5));
+}
+
 TEST(DistAutogradOverLoopback, D1_GradientsUnderRandomDelaysEqualLocalAutograd) {
   Job j;
   ASSERT_NE(j.job, nullptr);

@@ -1,7 +1,7 @@
 // The RRef reference-counting protocol (rref/rref_context.h), run with
 // several workers' contexts in one process over a simulated network whose
 // messages the test delivers in chosen orders. Tests are named after the
-// guarantees G1-G7; every test ends by checking that nothing leaked.
+// guarantees G1-G8; every test ends by checking that nothing leaked.
 #include <algorithm>
 #include <deque>
 #include <random>
@@ -462,6 +462,47 @@ TEST(RRefProtocol, G7_UsersOfADeadOwnerNeitherWaitNorSend) {
   EXPECT_EQ(net.Report(O), 1);  // U's pending child
   u.reset();
   x.reset();
+  EXPECT_EQ(net.pending(), 0u);
+  net.ExpectNoLeaks();
+}
+
+// G8: forks made for messages that never reached their destination are
+// taken back, by an owner (the value goes) and by a user parent (it no
+// longer waits for the child, and deletes itself once its handle is gone).
+TEST(RRefProtocol, G8_ForksOfAMessageThatNeverArrivedAreTakenBack) {
+  Network net(4);
+  auto owner_ref = net[O].CreateOwned("int");
+  net[O].SetValue(owner_ref->rref(), rpc::AnyValue::Of(std::make_shared<int>(1)));
+  const RRefId owned = owner_ref->rref();
+  const ForkDescriptor to_x = net[O].Fork(*owner_ref, X);
+  owner_ref.reset();
+  EXPECT_TRUE(net.Owns(O, owned));  // the fork to X is counted
+  net[O].Unfork(to_x);
+  EXPECT_FALSE(net.Owns(O, owned));
+  net[O].Unfork(to_x);  // G5: again, nothing changes
+
+  auto u = net.Remote(U, O);
+  net.Run();
+  const RRefId id = u->rref();
+  const ForkDescriptor to_y = net[U].Fork(*u, Y);
+  u.reset();  // G2: U waits for its child
+  EXPECT_EQ(net.Count(Kind::kDelete), 0u);
+  net[U].Unfork(to_y);
+  EXPECT_EQ(net.Count(Kind::kDelete), 1u);
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net[U].Unfork(to_y);
+  EXPECT_EQ(net.pending(), 0u);
+  net.ExpectNoLeaks();
+}
+
+// G8: a remote() whose creation never reached the owner sends no UserDelete
+// there, which would leave a tombstone for an RRef that never comes (G3).
+TEST(RRefProtocol, G8_ARemoteCreationThatNeverArrivedIsNotCountedOnTheOwner) {
+  Network net(4);
+  auto u = net[U].CreateUserForRemote(O, "int");  // its call is refused
+  net[U].ForgetUncreated(u->fork());
+  u.reset();
   EXPECT_EQ(net.pending(), 0u);
   net.ExpectNoLeaks();
 }

@@ -6,7 +6,7 @@
 # in_process: the tests that run in one process without gRPC: executor and
 #   futures, the batcher, the shared-memory channel and transport, flow
 #   control, and agents over the loopback transport (the call protocol, RRef
-#   G1-G7, dist-autograd D1/D4/D6, restarts P1-P4). Every report fails.
+#   G1-G8, dist-autograd D1/D4/D6, restarts P1-P4). Every report fails.
 # grpc: the tests that run gRPC: the gRPC transport, the store, and the
 #   multi-process RPC and RRef suites (real workers, both local transports).
 #   Debian's gRPC is not instrumented and synchronizes through its own

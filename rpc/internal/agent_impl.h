@@ -111,6 +111,9 @@ class AgentImpl : private TransportHandler {
     DeadlineTimer::Id timer = 0;
     absl::Duration timeout;
     int64_t window_bytes = -1;  // room taken in window_ (-1: none)
+    // The request's Payload::undo_if_undelivered (G8), run if it is known
+    // that the callee never decoded it.
+    std::vector<std::function<void()>> undo;
   };
 
   absl::Status ConnectStore();
@@ -150,11 +153,18 @@ class AgentImpl : private TransportHandler {
                 int64_t admitted);
   void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
                  absl::StatusOr<Payload> result, int64_t admitted = -1,
-                 bool reply_shm = false);
+                 bool reply_shm = false, bool not_run = false);
+  // A reply refusing the request before its function ran: nothing in its
+  // payload was decoded (FrameHeader.not_run).
+  void Refuse(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
+              const absl::Status& status, int64_t admitted = -1) {
+    SendReply(channel, id, caller, status, admitted, /*reply_shm=*/false, /*not_run=*/true);
+  }
   void FinishIncoming();
 
   // Completes and removes pending call `id` (no-op if already gone).
-  void Complete(uint64_t id, absl::StatusOr<Payload> result);
+  // `undelivered`: the callee never decoded the request (G8: its undo runs).
+  void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false);
   std::string CallContextText(int peer, const std::string& function) const;
   int64_t PeerLimit(int peer) const;
   // The names of `peer`'s shared-memory segments start with this.
