@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,7 +80,15 @@ absl::Status RunAgent(const Run& run, bench::WorkerChannel& ch) {
   ro.observer_timeout = absl::Seconds(60);
   auto learner = rl::ReinforceAgent::Create(ro, &executor, &timer);
   if (!learner.ok()) return learner.status();
-  (*learner)->set_log([](const std::string&) {});
+  // The learner's log stays quiet, but its last lines are printed if the
+  // run ends without its timed rounds (they say why it stopped).
+  absl::Mutex log_mu;
+  std::deque<std::string> last_log;
+  (*learner)->set_log([&](const std::string& line) {
+    absl::MutexLock lock(&log_mu);
+    last_log.push_back(line);
+    if (last_log.size() > 20) last_log.pop_front();
+  });
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   if (absl::Status s = (*learner)->Register(*registry); !s.ok()) return s;
   auto options = rpc::AgentOptions::FromEnv();
@@ -118,6 +127,14 @@ absl::Status RunAgent(const Run& run, bench::WorkerChannel& ch) {
   {
     absl::MutexLock lock(&mu);
     if (run.mode == "tput") {
+      if (t_end <= 0) {
+        absl::MutexLock log_lock(&log_mu);
+        std::fprintf(stderr, "rl_bench agent: stopped before its timed rounds ended (%lld rounds, "
+                     "%lld episodes, %lld dropped, %lld left); its log ends with:\n",
+                     static_cast<long long>(st.rounds), static_cast<long long>(st.episodes),
+                     static_cast<long long>(st.dropped), static_cast<long long>(st.left));
+        for (const std::string& line : last_log) std::fprintf(stderr, "  %s\n", line.c_str());
+      }
       ch.Send(absl::StrCat("tput ", timed_rounds, " ", t_end - t0, " ",
                            timed_rounds > 0 ? update_ms / timed_rounds : 0.0));
     } else {
