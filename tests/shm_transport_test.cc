@@ -14,53 +14,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/transport_recorder.h"
 
 namespace baton::rpc::internal {
 namespace {
-
-// Records what arrives; answers every request with its id + 1000.
-class Recorder : public TransportHandler {
- public:
-  void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) override {
-    Frame reply;
-    reply.header.set_kind(proto::FrameHeader::RESPONSE);
-    reply.header.set_id(frame.header.id() + 1000);
-    {
-      absl::MutexLock lock(&mu_);
-      requests_.push_back(std::move(frame));
-    }
-    if (answer_) channel->Send(std::move(reply));
-  }
-  void OnResponse(int peer, Frame frame) override {
-    absl::MutexLock lock(&mu_);
-    responses_.push_back({peer, std::move(frame)});
-  }
-  void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override {
-    absl::MutexLock lock(&mu_);
-    closed_.push_back({peer, cause});
-  }
-  bool WaitRequests(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
-  }
-  bool WaitResponses(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return responses_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
-  }
-  bool WaitClosed(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto any = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closed_.empty(); };
-    return mu_.AwaitWithTimeout(absl::Condition(&any), timeout);
-  }
-
-  bool answer_ = true;
-  absl::Mutex mu_;
-  std::vector<Frame> requests_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int, Frame>> responses_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int, absl::Status>> closed_ ABSL_GUARDED_BY(mu_);
-};
 
 Frame Request(uint64_t id, size_t payload_bytes) {
   Frame f;
