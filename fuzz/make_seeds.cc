@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -110,7 +111,7 @@ void WireSeeds() {
   reply.header.set_id(2);
   reply.payload = Encode(std::vector<at::Tensor>{at::ones({2, 2}), at::Tensor()});
   reply.payload.extensions["dist_autograd"] = tag.SerializeAsString();
-  rpc::internal::Frame shm = Request(3, "big", Payload());
+  rpc::internal::Frame shm = Request(3, "big", Encode(std::make_tuple(at::Tensor())));
   proto::ShmBlob* sb = shm.header.add_shm_blobs();
   sb->set_index(0);
   sb->set_name("/baton.4026531836.1234.s0");
@@ -124,14 +125,31 @@ void WireSeeds() {
             .str());
   Write("wire", "empty_frame",
         FuzzWriter().U8(0).U8(0).Bytes(Packet({rpc::internal::Frame()})).str());
-  // Fields: a request with an 8-byte payload and blobs of 4 and 0 bytes, the
-  // second also listed as a shared-memory blob; then a response with none.
+  // Fields: a request with a 10-byte payload (room for two tensors) and
+  // blobs of 4 and 0 bytes, the second also listed as a shared-memory blob;
+  // then a response with none.
   Write("wire", "fields",
         FuzzWriter().U8(0).U8(1)
-            .U8(0).U64(8).U8(2).U64(4).U64(0).U8(1).U32(1).U64(40000).Chunk("tag")
-            .Chunk("payload!blob")
+            .U8(0).U64(10).U8(2).U64(4).U64(0).U8(1).U32(1).U64(40000).Chunk("tag")
+            .Chunk("payload!!!blob")
             .U8(1).U64(0).U8(0).U8(0).Chunk("").Chunk("")
             .str());
+  // A header that lists far more blob sizes (packed zeros) than its payload
+  // of one small tensor can name: refused before anything is allocated for
+  // them (the shape of an 8 MiB header that once cost 54x its size).
+  rpc::internal::Frame many = Request(4, "add", args);
+  std::string packet = Packet({std::move(many)});
+  uint32_t header_len = 0;
+  std::memcpy(&header_len, packet.data(), 4);
+  std::string zeros;
+  zeros.push_back(static_cast<char>((10 << 3) | 2));  // blob_sizes, packed
+  zeros.push_back(static_cast<char>(0x80 | (3000 & 0x7f)));
+  zeros.push_back(static_cast<char>(3000 >> 7));
+  zeros.append(3000, '\0');
+  packet.insert(4 + header_len, zeros);
+  header_len += static_cast<uint32_t>(zeros.size());
+  std::memcpy(packet.data(), &header_len, 4);
+  Write("wire", "header_lists_many_blobs", FuzzWriter().U8(0).U8(0).Bytes(packet).str());
 }
 
 // ---- codec: type, flags, blobs, payload ----

@@ -12,7 +12,8 @@
 // after the header (u16 length and bytes).
 //
 // Checks, besides the sanitizers: ParsePacket either fails or returns frames
-// whose payload and blobs have the sizes their headers declare; framing
+// whose payload and blobs have the sizes their headers declare, with no more
+// blobs than the payload can name (5 bytes a tensor); framing
 // those frames again (AppendFrame) produces FrameSize bytes that parse back
 // to the same frames.
 #include <grpc/grpc.h>
@@ -76,6 +77,9 @@ void CheckSizes(const Frame& f) {
     FUZZ_CHECK(f.payload.blobs[i].size() == f.header.blob_sizes(i));
   }
   FUZZ_CHECK(f.payload.extensions.size() == f.header.extensions().size());
+  // What a header lists is paid for by the frame's bytes: every blob is
+  // named by a tensor of at least 5 payload bytes.
+  FUZZ_CHECK(f.payload.blobs.size() * 5 <= f.payload.bytes.size());
 }
 
 void CheckSame(const Frame& a, const Frame& b) {

@@ -69,6 +69,22 @@ int64_t RequestBytes(const Frame& frame, int64_t max_message_bytes) {
 
 }  // namespace
 
+const char* RendezvousStepName(RendezvousStep step) {
+  switch (step) {
+    case RendezvousStep::kConnectingStore:
+      return "connecting to the store";
+    case RendezvousStep::kRoundTaken:
+      return "init round taken";
+    case RendezvousStep::kRegistered:
+      return "registered";
+    case RendezvousStep::kBeforeInitBarrier:
+      return "before the init barrier";
+    case RendezvousStep::kAfterInitBarrier:
+      return "after the init barrier";
+  }
+  return "unknown";
+}
+
 // ---- The public handle ----
 
 RpcAgent::RpcAgent(std::unique_ptr<internal::AgentImpl> impl) : impl_(std::move(impl)) {
@@ -147,6 +163,7 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
     : options_(std::move(options)),
       registry_(std::move(registry)),
       network_factory_(std::move(collaborators.network_transport)),
+      rendezvous_observer_(std::move(collaborators.rendezvous_observer)),
       timer_(std::move(collaborators.timer)),
       executor_(std::move(collaborators.executor)) {}
 
@@ -223,6 +240,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   const absl::Time deadline = timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + timeout;
+  // P6: a restarted peer that we know of is called at its new address.
+  // Not on a delivery thread, which must not wait for the store.
+  if (to != rank_ && !t_delivering) FollowNewerIncarnation(to, deadline);
   const uint64_t id = next_call_id_.fetch_add(1, std::memory_order_relaxed);
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::REQUEST);

@@ -142,7 +142,12 @@ struct AgentOptions {
   // (AddPeerFailureListener). Large tensors go over the stream, not shared
   // memory, both ways (the peers' probes are gone), and every message goes
   // over gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
-  // rank 0, which serves the store, or when there is no job to rejoin.
+  // rank 0, which serves the store.
+  // Start-up (docs/peer_failures.md, P5): a rank whose predecessor died
+  // before it recorded its init round in the store never joined, and starts
+  // as a first start would. One whose predecessor joined but died before
+  // the job's start-up ended takes its place in the start-up: it registers,
+  // publishes what the others wait for, and meets them at the init barrier.
   bool rejoin = false;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
@@ -158,6 +163,17 @@ struct AgentOptions {
 
 // The agent's collaborators, for tests to replace (production code passes
 // none and gets the defaults). The agent owns what it is given.
+// The steps of the rendezvous (RpcAgent::Create), in order, as an
+// AgentCollaborators::rendezvous_observer sees them.
+enum class RendezvousStep {
+  kConnectingStore,  // before the store is reached
+  kRoundTaken,       // its init round and incarnation are recorded in the store
+  kRegistered,       // its registration (name, address) is published
+  kBeforeInitBarrier,
+  kAfterInitBarrier,
+};
+const char* RendezvousStepName(RendezvousStep step);
+
 struct AgentCollaborators {
   // Creates the network transport: the one the worker registers an address
   // for and reaches every peer through that has no same-host link. Null:
@@ -169,6 +185,11 @@ struct AgentCollaborators {
   // Null: an Executor with AgentOptions::min_threads and max_threads. The
   // agent closes and joins it at shutdown.
   std::unique_ptr<Executor> executor;
+  // Runs as the rendezvous reaches each step. A non-OK status stops the
+  // rendezvous there and Create fails with it, leaving in the store what a
+  // process that died at that step leaves (tests of start-up failures).
+  // Null: nothing runs.
+  std::function<absl::Status(RendezvousStep)> rendezvous_observer;
 };
 
 struct CallOptions {

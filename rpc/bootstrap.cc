@@ -266,6 +266,12 @@ absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   return store_->Get(key, options_.init_timeout);
 }
 
+absl::Status AgentImpl::Step(RendezvousStep step) {
+  if (rendezvous_observer_ == nullptr) return absl::OkStatus();
+  return Annotate(rendezvous_observer_(step),
+                  absl::StrCat("rendezvous step ", RendezvousStepName(step)));
+}
+
 absl::Status AgentImpl::Rendezvous() {
   rank_ = options_.rank;
   if (timer_ == nullptr) timer_ = std::make_unique<DeadlineTimer>();
@@ -286,23 +292,29 @@ absl::Status AgentImpl::Rendezvous() {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
   }
+  if (absl::Status s = Step(RendezvousStep::kConnectingStore); !s.ok()) return s;
   if (absl::Status s = ConnectStore(); !s.ok()) return s;
 
   // Each init of a rank against a store is a new round with fresh keys, so
   // repeated init/shutdown in one job never sees stale registrations. A
   // rejoining incarnation takes the round its predecessor was in.
-  auto round =
-      store_->Add(absl::StrCat("baton/init_round/", rank_), options_.rejoin ? 0 : 1);
+  rejoin_ = options_.rejoin;
+  const std::string round_key = absl::StrCat("baton/init_round/", rank_);
+  auto round = store_->Add(round_key, rejoin_ ? 0 : 1);
   if (!round.ok()) return round.status();
   if (*round == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, " was asked to rejoin (BATON_REJOIN=1) but never joined this job"));
+    // P5: the predecessor died before it took a round, so this rank never
+    // joined; the others still wait for its first start.
+    rejoin_ = false;
+    round = store_->Add(round_key, 1);
+    if (!round.ok()) return round.status();
   }
   ns_ = absl::StrCat("baton/r", *round, "/");
   // 1 for the first start in this round, one more for each rejoin.
   auto incarnation = store_->Add(absl::StrCat(ns_, "incarnation/", rank_), 1);
   if (!incarnation.ok()) return incarnation.status();
   incarnation_ = *incarnation;
+  if (absl::Status s = Step(RendezvousStep::kRoundTaken); !s.ok()) return s;
 
   // Which store instance this round uses (see Teardown).
   if (options_.rank == 0) {
@@ -345,7 +357,7 @@ absl::Status AgentImpl::Rendezvous() {
   // Claim the rank, then publish name, address and message limit.
   const std::string nonce = RandomHex(8);
   const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
-  if (options_.rejoin) {
+  if (rejoin_) {
     // The predecessor holds the claim; the restarted incarnation takes it.
     if (absl::Status s = store_->Set(claim_key, nonce); !s.ok()) return s;
   }
@@ -364,7 +376,7 @@ absl::Status AgentImpl::Rendezvous() {
   }
   // The same-host transport: a hub now, links after everyone registered. A
   // rejoining incarnation uses gRPC (its peers set their links up long ago).
-  if (options_.local_transport == AgentOptions::LocalTransport::kShm && !options_.rejoin) {
+  if (options_.local_transport == AgentOptions::LocalTransport::kShm && !rejoin_) {
     ShmTransportOptions so;
     so.ring_bytes = options_.shm_ring_bytes;
     auto t = ShmTransport::Create(so, rank_, options_.world_size, this);
@@ -390,6 +402,17 @@ absl::Status AgentImpl::Rendezvous() {
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
       !s.ok()) {
     return s;
+  }
+  if (absl::Status s = Step(RendezvousStep::kRegistered); !s.ok()) return s;
+  if (rejoin_) {
+    // P5: higher ranks that read the predecessor's registration during
+    // start-up wait for the same-host links it would have created; this
+    // incarnation sets none up, so it says "none" where the predecessor
+    // said nothing (a link it did publish closes when they see it died).
+    for (int r = rank_ + 1; r < options_.world_size; ++r) {
+      auto v = store_->CompareSet(absl::StrCat(ns_, "shm_link/", rank_, "/", r), "", "-");
+      if (!v.ok()) return v.status();
+    }
   }
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
@@ -441,6 +464,7 @@ absl::Status AgentImpl::Rendezvous() {
   // S4 of the shared-memory channel: use it toward peers that can open our
   // probe. Everyone probes before anyone removes its probe object.
   peer_shm_ = std::vector<std::atomic<bool>>(options_.world_size);
+  address_stale_ = std::vector<std::atomic<bool>>(options_.world_size);
   peer_shm_prefix_.assign(options_.world_size, "");
   if (shm_ != nullptr) {
     int usable = 0;
@@ -459,7 +483,7 @@ absl::Status AgentImpl::Rendezvous() {
   // Same-host links: the lower rank of each pair creates the link and
   // publishes its name ("-": none); the higher rank opens it. A link is used
   // once both sides mapped it (checked after the barrier, in Activate()).
-  if (shm_transport_ != nullptr && !options_.rejoin) {
+  if (shm_transport_ != nullptr && !rejoin_) {
     auto same_host = [&](int r) {
       return r != rank_ && !records[r].shm_hub().empty() &&
              records[r].boot_id() == mine.boot_id() &&
@@ -485,13 +509,38 @@ absl::Status AgentImpl::Rendezvous() {
       }
     }
   }
+  if (absl::Status s = Step(RendezvousStep::kBeforeInitBarrier); !s.ok()) return s;
   if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
                                       options_.world_size, options_.init_timeout);
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = Step(RendezvousStep::kAfterInitBarrier); !s.ok()) return s;
+  // P5: a rank that died during start-up after registering was replaced by
+  // a successor that registered again before it reached the barrier; follow
+  // the successor (its address, its incarnation, no link or probe of ours).
+  std::vector<int> superseded;
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r == rank_) continue;
+    auto v = store_->Get(keys[r], options_.init_timeout);
+    if (!v.ok()) return v.status();
+    proto::WorkerRecord now;
+    if (!now.ParseFromString(*v) || now.address().empty()) {
+      return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
+    }
+    if (now.incarnation() <= records[r].incarnation()) continue;
+    superseded.push_back(r);
+    workers_[r].address = now.address();
+    {
+      absl::MutexLock lock(&mu_);
+      peers_[r].incarnation = now.incarnation();
+      peers_[r].address_incarnation = now.incarnation();
+    }
+    peer_shm_[r].store(false);
+    transport_->AddPeer(r, now.address());
+  }
   if (shm_ != nullptr) shm_->RemoveProbe();
-  if (shm_transport_ != nullptr) shm_transport_->Activate();
+  if (shm_transport_ != nullptr) shm_transport_->Activate(superseded);
   // Calls to self go through the loopback server like any other call.
   transport_->AddPeer(rank_, transport_->address());
   {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/rpc.pb.h"
 #include "rpc/internal/agent_impl.h"
+#include "rpc/internal/shm_transport.h"
 
 namespace baton::rpc::internal {
 
@@ -90,10 +91,21 @@ bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
     if (incarnation < p.incarnation) return false;
     if (incarnation == p.incarnation) return true;
     p.incarnation = incarnation;
+    if (p.incarnation > p.address_incarnation && peer < static_cast<int>(address_stale_.size())) {
+      address_stale_[peer].store(true, std::memory_order_release);
+    }
     p.next_refresh = absl::InfinitePast();  // its new address is in the store
   }
-  // The new incarnation opened none of our probes (P3).
+  // The new incarnation opened none of our probes (P3), and keeps no
+  // same-host link: the one to its predecessor goes now, not when the
+  // predecessor's death is noticed (T3).
   if (peer < static_cast<int>(peer_shm_.size())) peer_shm_[peer].store(false);
+  if (shm_transport_ != nullptr) {
+    shm_transport_->Disconnect(
+        peer, absl::UnavailableError(absl::StrCat("worker '", workers_[peer].name,
+                                                  "': incarnation ", incarnation,
+                                                  " replaced the process linked")));
+  }
   // P1: a rejoined restart replaces its predecessors (every incarnation
   // before it, also one we never heard of), which are dead.
   const std::string name = workers_[peer].name;
@@ -118,26 +130,50 @@ void AgentImpl::RefreshPeer(int peer) {
     p.next_refresh = now + absl::Milliseconds(500);
   }
   const bool submitted = executor_->Submit([this, peer] {
-    auto v = store_->Get(absl::StrCat(ns_, "worker/", peer), absl::Seconds(2));
-    proto::WorkerRecord record;
-    const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
-    bool newer = false;
-    {
-      absl::MutexLock lock(&mu_);
-      peers_[peer].refreshing = false;
-      // A newer incarnation than the one whose address the transport has:
-      // the transport's address follows it (calls, and the probe, go there).
-      newer = parsed && running_ && record.incarnation() > peers_[peer].address_incarnation;
-      if (newer) peers_[peer].address_incarnation = record.incarnation();
-    }
-    if (!newer) return;
-    transport_->AddPeer(peer, record.address());
-    (void)NoteIncarnation(peer, record.incarnation());
+    (void)LoadPeerRecord(peer, absl::Seconds(2));
+    absl::MutexLock lock(&mu_);
+    peers_[peer].refreshing = false;
   });
   if (!submitted) {
     absl::MutexLock lock(&mu_);
     peers_[peer].refreshing = false;
   }
+}
+
+bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
+  auto v = store_->Get(absl::StrCat(ns_, "worker/", peer), timeout);
+  proto::WorkerRecord record;
+  const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
+  bool newer = false;
+  {
+    absl::MutexLock lock(&mu_);
+    // A newer incarnation than the one whose address the transport has:
+    // the transport's address follows it (calls, and the probe, go there).
+    newer = parsed && running_ && record.incarnation() > peers_[peer].address_incarnation;
+    if (newer) peers_[peer].address_incarnation = record.incarnation();
+    if (parsed && record.incarnation() <= peers_[peer].address_incarnation) {
+      // Nothing newer to follow: the transport has what the store has.
+      address_stale_[peer].store(false, std::memory_order_release);
+    }
+  }
+  if (!newer) return false;
+  transport_->AddPeer(peer, record.address());
+  (void)NoteIncarnation(peer, record.incarnation());
+  return true;
+}
+
+void AgentImpl::FollowNewerIncarnation(int peer, absl::Time deadline) {
+  if (peer >= static_cast<int>(address_stale_.size()) ||
+      !address_stale_[peer].load(std::memory_order_acquire)) {
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+  }
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return;
+  (void)LoadPeerRecord(peer, std::min(left, absl::Seconds(2)));
 }
 
 }  // namespace baton::rpc::internal

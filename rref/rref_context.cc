@@ -126,7 +126,9 @@ void RRefContext::SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value) {
   promise.Set(std::move(value));
 }
 
-absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref) {
+absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref,
+                                                                    bool* waits_early) {
+  if (waits_early != nullptr) *waits_early = false;
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(rref);
   if (it != owners_.end()) return it->second->value.future();
@@ -137,7 +139,20 @@ absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref) 
   }
   Early& e = early_[rref];
   if (!e.value.has_value()) e.value.emplace();
+  ++e.waiters;
+  if (waits_early != nullptr) *waits_early = true;
   return e.value->future();
+}
+
+void RRefContext::StopWaitingEarly(RRefId rref) {
+  absl::MutexLock lock(&mu_);
+  auto it = early_.find(rref);
+  if (it == early_.end()) return;  // created meanwhile: the entry moved
+  Early& e = it->second;
+  if (e.waiters > 0) --e.waiters;
+  if (e.waiters > 0) return;
+  e.value.reset();
+  if (e.forks.empty() && e.deleted.empty() && e.local_refs == 0) early_.erase(it);
 }
 
 ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
@@ -152,14 +167,15 @@ ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
   // G7: a fork sent to a dead worker is not counted (the message fails).
   if (DeadLocked(holder)) return d;
   if (handle.is_owner()) {
-    // The owner forks directly: the fork is counted before it is sent.
-    if (dest != self_) {
-      auto it = owners_.find(d.rref);
-      if (it != owners_.end()) {
-        it->second->forks.emplace(d.fork, holder);
-      } else {
-        early_[d.rref].forks.emplace(d.fork, holder);  // G3: before creation
-      }
+    // The owner forks directly: the fork is counted before it is sent. A
+    // fork sent to the owner itself is counted too (G9): the message is in
+    // flight while the sender may drop its own reference, and Adopt turns
+    // the fork into a local reference when it arrives.
+    auto it = owners_.find(d.rref);
+    if (it != owners_.end()) {
+      it->second->forks.emplace(d.fork, holder);
+    } else {
+      early_[d.rref].forks.emplace(d.fork, holder);  // G3: before creation
     }
   } else {
     // G2: the parent stays until the owner confirms the child.
@@ -180,8 +196,17 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
       auto it = owners_.find(d.rref);
       if (it != owners_.end()) {
         ++it->second->local_refs;
-      } else {
+        // G9: the owner's fork to itself becomes this local reference.
+        if (d.parent == self_) it->second->forks.erase(d.fork);
+      } else if (auto e = early_.find(d.rref); e != early_.end()) {
+        ++e->second.local_refs;  // G3: sent back before creation
+        if (d.parent == self_) e->second.forks.erase(d.fork);
+      } else if (d.rref.worker != self_ || d.parent != self_) {
         ++early_[d.rref].local_refs;  // G3: sent back before creation
+      } else {
+        // G9: unreachable while the owner's fork to itself is counted; an id
+        // made here and unknown is freed, so no early entry is made for it
+        // (its calls fail with NOT_FOUND).
       }
     }
     handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, ForkId{}, self_, d.type);

@@ -26,6 +26,9 @@
 //     drops F from its pending children.
 //   O sends its RRef to X: O adds F to forks before sending (parent = O);
 //     X adds user entry F and sends nothing.
+//   O sends its RRef to itself (a call, a result or a container passed from
+//     the owner to the owner): as to X, O adds F to forks before sending;
+//     on arrival O turns F into a local reference.
 //   U sends its RRef to O: U records pending child F; O resolves it to its
 //     own value (a local reference) and sends ChildAccept(F) to U.
 //   A user entry is deleted (UserDelete sent) once its handle is gone and it
@@ -70,6 +73,12 @@
 //     after its caller gave up is dropped undecoded, and its forks stay
 //     until the caller's worker dies or the job ends; so do the forks a
 //     request's decoder had not reached when it failed part-way.
+// G9  An RRef in flight from its owner to its owner is counted. While a
+//     message that carries the owner's own RRef from the owner to itself
+//     is in flight, its fork keeps the value alive, even if every other
+//     reference is dropped meanwhile; on arrival the fork becomes a local
+//     reference (Adopt), and an undelivered message takes it back (G8). No
+//     early entry is ever made for an id this worker created.
 //
 // Thread-safety: safe for concurrent use. No lock is held while a message is
 // sent or a value is destroyed.
@@ -226,8 +235,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // arrive before the remote() that creates the value (both travel on one
   // stream but run concurrently): for an id this worker does not know yet
   // and could own, the future completes at creation (G3). NOT_FOUND if the
-  // id cannot be owned here.
-  absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref);
+  // id cannot be owned here. `*waits_early` (if given) says whether the
+  // future waits in an early entry; such a caller that stops waiting (its
+  // deadline passed) calls StopWaitingEarly once.
+  absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref,
+                                                        bool* waits_early = nullptr);
+  // A caller of OwnedValue that waited in an early entry gave up. When no
+  // other caller waits and no message references the id, the early entry
+  // goes, so an unknown id leaves nothing behind (G3).
+  void StopWaitingEarly(RRefId rref);
 
   // ---- Sending and receiving RRefs ----
   // Called while encoding `handle` into a message for `dest`.
@@ -304,6 +320,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // that creates the value: they wait on this promise, which becomes the
     // entry's value promise at creation.
     std::optional<rpc::Promise<rpc::AnyValue>> value;
+    int waiters = 0;  // callers waiting on `value`
   };
   absl::flat_hash_map<RRefId, Early> early_ ABSL_GUARDED_BY(mu_);
   int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;

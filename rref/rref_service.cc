@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,54 @@ rpc::Future<void> ToVoid(rpc::Future<rpc::Payload> raw) {
     }
   });
   return p.future();
+}
+
+// Waits for an owned value on behalf of an incoming call (a fetch or a
+// method): `on_value` runs when the value is ready, or `on_deadline` at the
+// call's deadline if it is not ready by then; exactly one of them runs. A
+// call parked on an id that is not created yet stops waiting at its
+// deadline and takes its early entry with it (G3), so an unknown id neither
+// holds the call nor leaves anything behind.
+void AwaitOwnedValue(const std::shared_ptr<RRefContext>& rctx, RRefId rref,
+                     const rpc::CallContext& ctx,
+                     absl::AnyInvocable<void(const absl::StatusOr<rpc::AnyValue>&)> on_value,
+                     absl::AnyInvocable<void(absl::Status)> on_error) {
+  bool waits_early = false;
+  auto value = rctx->OwnedValue(rref, &waits_early);
+  if (!value.ok()) return on_error(value.status());
+  rpc::DeadlineTimer* timer = ctx.agent != nullptr ? ctx.agent->timer() : nullptr;
+  if (value->ready() || timer == nullptr || ctx.deadline == absl::InfiniteFuture()) {
+    value->OnReady(std::move(on_value));
+    return;
+  }
+  struct Race {
+    std::atomic<bool> decided{false};
+    absl::AnyInvocable<void(const absl::StatusOr<rpc::AnyValue>&)> on_value;
+    absl::AnyInvocable<void(absl::Status)> on_error;
+  };
+  auto race = std::make_shared<Race>();
+  race->on_value = std::move(on_value);
+  race->on_error = std::move(on_error);
+  const std::string function(ctx.function);
+  const int self = rctx->self();
+  std::weak_ptr<RRefContext> weak = rctx;
+  timer->Schedule(
+      ctx.deadline, [race, weak, rref, waits_early, function, self] {
+        if (race->decided.exchange(true)) return;
+        if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
+        race->on_error(absl::DeadlineExceededError(absl::StrCat(
+            function, " on RRef ", rref.ToString(), ": worker ", self,
+            waits_early ? " has not created the RRef's value (the remote() that creates it has "
+                          "not arrived, or the id is unknown)"
+                        : " has not finished creating the RRef's value",
+            " by the call's deadline")));
+      });
+  // The timer's entry is not cancelled when the value comes first: it only
+  // holds `race` until the deadline and then does nothing.
+  value->OnReady([race](const absl::StatusOr<rpc::AnyValue>& v) {
+    if (race->decided.exchange(true)) return;
+    race->on_value(v);
+  });
 }
 
 }  // namespace
@@ -261,10 +310,9 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
                                                         "' is registered as ",
                                                         method->signature)));
   }
-  auto value = rctx->OwnedValue(target);
-  if (!value.ok()) return done(value.status());
   // The object may still be under construction: continue when it is ready,
-  // on the executor, with a context that outlives this call.
+  // on the executor, with a context that outlives this call; or fail at the
+  // call's deadline.
   struct Pending {
     rpc::CallContext ctx;
     std::string function;
@@ -278,7 +326,8 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
   pending->args = std::move(args);
   pending->done = std::move(done);
   rpc::Executor* ex = ctx.agent != nullptr ? ctx.agent->executor() : nullptr;
-  value->OnReady([method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
+  AwaitOwnedValue(rctx, target, ctx,
+                  [method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
     if (!v.ok()) {
       return pending->done(Annotate(v.status(), "the remote object failed to construct"));
     }
@@ -287,7 +336,8 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
       method->invoke(object, pending->ctx, std::move(pending->args), std::move(pending->done));
     };
     if (ex == nullptr || !ex->Submit(run)) run();
-  });
+  },
+                  [pending](absl::Status s) { pending->done(std::move(s)); });
 }
 
 namespace {
@@ -387,12 +437,11 @@ void RRefService::RegisterHandlers() {
                            const rpc::CallContext& ctx, rpc::Payload args,
                            rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
-        auto value = rctx->OwnedValue(FromProto(h.rref()));
-        if (!value.ok()) return done(value.status());
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         rpc::CallContext reply_ctx = ctx;
         reply_ctx.function = kFetchFn;
-        value->OnReady([shared, reply_ctx, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
+        AwaitOwnedValue(rctx, FromProto(h.rref()), ctx,
+                        [shared, reply_ctx, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
           if (!v.ok()) return (*shared)(v.status());
           if (!type.empty() && type != v->type) {
             return (*shared)(absl::InvalidArgumentError(
@@ -404,7 +453,8 @@ void RRefService::RegisterHandlers() {
                 "instead of to_here()"));
           }
           (*shared)(EncodeValueForReply(*v, reply_ctx));
-        });
+        },
+                        [shared](absl::Status s) { (*shared)(std::move(s)); });
       }));
 
   (void)registry_->RegisterRaw(

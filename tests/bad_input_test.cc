@@ -23,7 +23,9 @@
 //     5. truncated frames (length, header, payload, blob, codec bytes);
 //     6. oversized headers (a length beyond the packet, a packet beyond the
 //        server's message limit, a multi-MiB header);
-//     7. declared sizes whose sum wraps around 2^64.
+//     7. declared sizes whose sum wraps around 2^64;
+//     8. a header listing millions of blob sizes for one small tensor
+//        (run alone, with a bound on the peak RSS it adds).
 //   Every case runs 50-105 streams, several at a time, and the whole attack
 //   runs twice (after a warm-up with a fifth of the streams), so that a
 //   leak per stream shows as growth of w0's RSS.
@@ -85,6 +87,8 @@ using baton::testing::RunWorkers;
 const Function<at::Tensor(at::Tensor)> echo_fn("echo");
 // w0's {VmRSS bytes, VmHWM bytes, echo calls served to w1}.
 const Function<std::vector<int64_t>()> server_stats_fn("server_stats");
+// On w0: resets its peak RSS (VmHWM) to the current RSS and returns it.
+const Function<int64_t()> reset_peak_fn("reset_peak");
 // On w0: the attack is over, shut down.
 const Function<void()> finish_fn("finish");
 // On w1: stop calling; returns {calls ok, calls failed, longest gap between
@@ -109,6 +113,11 @@ constexpr int64_t kServerReceiveLimit = kMaxMessageBytes + (1 << 20);
 constexpr int64_t kRssGrowthBound = int64_t{64} << 20;
 constexpr int64_t kSecondRoundGrowthBound = int64_t{32} << 20;
 constexpr int64_t kPeakGrowthBound = int64_t{512} << 20;
+// The peak that case 8 (8 MiB headers, one stream at a time) may add to
+// w0's RSS: a small multiple of the 8 MiB that each stream brings (gRPC's
+// receive buffers and the packet's slices; measured after the fix: see the
+// test's output), never the 54x that the header's lists once cost.
+constexpr int64_t kAmplificationPeakBound = int64_t{48} << 20;
 
 // ---- State of the worker processes ----
 std::atomic<int64_t> g_echo_served{0};
@@ -138,6 +147,11 @@ std::shared_ptr<FunctionRegistry> MakeRegistry() {
   WCHECK_OK(r->Register(server_stats_fn, []() {
     return std::vector<int64_t>{ReadStatusBytes("VmRSS:"), ReadStatusBytes("VmHWM:"),
                                 g_echo_served.load()};
+  }));
+  WCHECK_OK(r->Register(reset_peak_fn, []() {
+    // Linux: writing 5 to clear_refs resets the peak resident set size.
+    std::ofstream("/proc/self/clear_refs") << "5";
+    return ReadStatusBytes("VmHWM:");
   }));
   WCHECK_OK(r->Register(finish_fn, []() {
     if (!g_finish.HasBeenNotified()) g_finish.Notify();
@@ -375,9 +389,11 @@ Attack TruncatedCase(int i) {
       a.spec.packets = {std::string("\x10\x00", 2)};
       break;
     case 3: {
+      // Cut inside the tensor's blob index: the payload still has room to
+      // name its one blob (5 bytes), so the framing stays consistent.
       a.variant = "codec bytes cut (framing consistent)";
       a.spec.packets = {WellFormedFrame(Request(i, "echo", EchoSignature()),
-                                        args.substr(0, 3), {blob})};
+                                        args.substr(0, args.size() - 1), {blob})};
       a.expect.kind = Expect::kErrorReplies;
       a.expect.code = absl::StatusCode::kDataLoss;
       a.expect.needles_by_id[i] = {"undecodable arguments", "truncated payload reading"};
@@ -490,6 +506,30 @@ Attack SizeOverflowCase(int i) {
     h.add_blob_sizes(blob.size());
   }
   a.spec.packets = {RawFrame(h, payload + blob)};
+  return a;
+}
+
+// 8. One header that lists about 8 million blob sizes (8 MiB of packed
+// zeros) for a call with one small tensor argument. Before the header's
+// lists were checked against the frame's bytes, w0 parsed it (64 MiB of
+// sizes) and made a blob for each entry (320 MiB) before the codec found
+// the tensor's blob empty: +430 MiB of RSS for 8 MiB received. The peak
+// this case may add is bounded (kAmplificationPeakBound, RunAttacker).
+Attack HeaderAmplificationCase(int i) {
+  Attack a;
+  a.variant = "8 MiB header listing 8M blob sizes, one small tensor argument";
+  const std::string args = TensorArg(at::kFloat, {4}, 0);
+  proto::FrameHeader h = Request(i, "echo", EchoSignature());
+  h.set_payload_size(args.size());
+  std::string head = h.SerializeAsString();
+  constexpr size_t kEntries = size_t{8} << 20;
+  head.push_back(static_cast<char>((10 << 3) | 2));  // blob_sizes, packed
+  PutVarint(&head, kEntries);
+  head.append(kEntries, '\0');
+  a.spec.packets = {Le32(static_cast<uint32_t>(head.size())) + head + args};
+  a.expect.kind = Expect::kStatus;
+  a.expect.code = absl::StatusCode::kDataLoss;
+  a.expect.needles = {"frame header lists 8388608 blobs", "can name at most"};
   return a;
 }
 
@@ -681,6 +721,17 @@ int RunAttacker(RpcAgent* agent) {
     PrintStats(absl::StrCat("after round ", round, ":").c_str(), after.back());
   }
 
+  // Case 8 alone, one stream at a time, with w0's peak RSS reset first:
+  // what it adds to the peak is what one such header costs.
+  auto reset = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w0", reset_peak_fn).result();
+  ACHECK(agent, reset.ok());
+  attacker.RunCase("8 header amplification", 6, 1, HeaderAmplificationCase);
+  const std::vector<int64_t> after_amplification = attacker.ServerStats();
+  const int64_t amplification_peak = after_amplification[1] - *reset;
+  std::printf("w0 peak RSS added by case 8: %.1f MiB (bound %.0f MiB) for 8 MiB per stream\n",
+              amplification_peak / 1048576.0, kAmplificationPeakBound / 1048576.0);
+  std::fflush(stdout);
+
   // The server still answers raw streams and agent calls.
   attacker.RunCase("0 control", 16, 8, ControlCase);
   const at::Tensor x = at::arange(1000, at::kFloat);
@@ -704,6 +755,11 @@ int RunAttacker(RpcAgent* agent) {
   if (growth > kRssGrowthBound || second_round > kSecondRoundGrowthBound ||
       peak_growth > kPeakGrowthBound) {
     std::fprintf(stderr, "FAIL: w0's memory grew beyond its bounds\n");
+    ++failures;
+  }
+  if (amplification_peak > kAmplificationPeakBound) {
+    std::fprintf(stderr, "FAIL: one 8 MiB header raised w0's peak RSS by %.1f MiB\n",
+                 amplification_peak / 1048576.0);
     ++failures;
   }
 

@@ -36,6 +36,13 @@ const Function<at::Tensor(RRef<at::Tensor>)> fetch_fn("fetch");
 const Function<RRef<at::Tensor>(RRef<at::Tensor>)> keep_fn("keep");
 const Function<at::Tensor(RRef<at::Tensor>)> owner_sum_fn("owner_sum");
 const Function<at::Tensor(at::Tensor, std::vector<int64_t>)> chain_fn("chain");
+const Function<at::Tensor(std::vector<RRef<at::Tensor>>)> owner_vec_sum_fn("owner_vec_sum");
+// Holds its RRef while a nested call runs, finishing asynchronously.
+const Function<at::Tensor(RRef<at::Tensor>)> async_owner_sum_fn("async_owner_sum");
+
+struct Counter {
+  int64_t get() { return 1; }
+};
 
 at::Tensor Step(const at::Tensor& x, int64_t k) { return (x * (k + 2)).sin() + x * x; }
 
@@ -67,6 +74,7 @@ struct Job {
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
       rrefs[rank] = RRefService::Install(r);
+      rref::RegisterClass<Counter>(*rrefs[rank], "Counter").Method("get", &Counter::get);
       (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
       (void)r.Register(fetch_fn, [](RRef<at::Tensor> ref) { return ref.to_here(); });
       (void)r.Register(keep_fn, [](RRef<at::Tensor> ref) { return ref; });
@@ -74,6 +82,22 @@ struct Job {
         // Sent back to its owner: resolves to the owner's own value (G2).
         if (!ref.is_owner()) throw std::runtime_error("not resolved on the owner");
         return ref.local_value()->sum();
+      });
+      (void)r.Register(owner_vec_sum_fn, [](std::vector<RRef<at::Tensor>> refs) {
+        at::Tensor sum = at::zeros({});
+        for (auto& ref : refs) {
+          if (!ref.is_owner()) throw std::runtime_error("not resolved on the owner");
+          sum = sum + ref.local_value()->sum();
+        }
+        return sum;
+      });
+      (void)r.Register(async_owner_sum_fn, [](const CallContext& ctx, RRef<at::Tensor> ref) {
+        const int next = (ctx.agent->self().id + 1) % static_cast<int>(ctx.agent->workers().size());
+        return ctx.agent->rpc_async(next, make_fn, at::ones({1}))
+            .Then([ref](const rpc::Future<at::Tensor>&) {
+              if (!ref.is_owner()) throw std::runtime_error("not resolved on the owner");
+              return ref.local_value()->sum();
+            });
       });
       (void)r.Register(chain_fn, [](const CallContext& ctx, at::Tensor x,
                                     std::vector<int64_t> route) {
@@ -191,6 +215,83 @@ TEST(RRefOverLoopback, OwnerKilledFailsToHereWithUnavailableNamingTheOwner) {
   auto f = j.agent(0).rpc_async(2, fetch_fn, r).result();
   EXPECT_FALSE(f.ok());
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// G9: an owner calls itself with its own RRef (as an argument, inside a
+// vector, held by an asynchronous function, and back as the result) and
+// drops its own handle while every call is in flight. Each use finds the
+// value, and every table is empty at the end (before G9, the owner freed
+// the value early: NOT_FOUND "already freed", and early entries stayed).
+TEST(RRefOverLoopback, G9_AnOwnerCallingItselfWithItsOwnRRefNeverFreesItEarly) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  j.job->network().SetRule(RandomDelays(3000, 11));
+  std::vector<rpc::Future<at::Tensor>> sums;
+  std::vector<rpc::Future<RRef<at::Tensor>>> kept;
+  constexpr int kRounds = 30;
+  for (int64_t i = 0; i < kRounds; ++i) {
+    // Owned by w1: one created by w1 itself, one by w0's remote().
+    for (RpcAgent* creator : {&j.agent(1), &j.agent(0)}) {
+      RRef<at::Tensor> r = rref::remote(*creator, 1, make_fn, at::full({2}, double(i)));
+      if (creator == &j.agent(0)) {
+        // The user passes it to the owner, which then calls itself with it.
+        kept.push_back(j.agent(0).rpc_async(1, keep_fn, r));
+        continue;
+      }
+      sums.push_back(j.agent(1).rpc_async(1, owner_sum_fn, r));
+      sums.push_back(j.agent(1).rpc_async(1, owner_vec_sum_fn,
+                                          std::vector<RRef<at::Tensor>>{r, r}));
+      sums.push_back(j.agent(1).rpc_async(1, async_owner_sum_fn, r));
+      kept.push_back(j.agent(1).rpc_async(1, keep_fn, r));
+    }  // the owner's own handle dies here, with its self-calls in flight
+  }
+  for (int64_t i = 0; i < kRounds; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      auto v = sums[3 * i + k].result();
+      ASSERT_TRUE(v.ok()) << "round " << i << " use " << k << ": " << v.status();
+      EXPECT_DOUBLE_EQ(v->item<double>(), (k == 1 ? 40.0 : 20.0) * i);
+    }
+  }
+  for (auto& f : kept) {
+    auto r = f.result();
+    ASSERT_TRUE(r.ok()) << r.status();
+    // On its owner, and sent to itself once more as it is dropped.
+    auto v = j.agent(1).rpc_async(1, owner_sum_fn, *r).result();
+    ASSERT_TRUE(v.ok()) << v.status();
+  }
+  kept.clear();
+  j.ExpectEmpty(absl::Seconds(20));
+  j.job->network().SetRule(nullptr);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// A fetch (to_here) or a method call for an RRef id its owner has never
+// seen ends at the request's deadline with DEADLINE_EXCEEDED naming the
+// RRef, leaves no early entry, and does not hold the owner's shutdown.
+TEST(RRefOverLoopback, G3_AFetchForAnUnknownIdEndsAtItsDeadlineAndLeavesNothing) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  proto::RRefCall h;
+  h.mutable_rref()->set_worker(0);  // w0 never made this id
+  h.mutable_rref()->set_local(987654321);
+  for (const std::string& fn : {std::string(rref::kFetchFn), std::string(rref::kMethodFn)}) {
+    proto::RRefCall call = h;
+    if (fn == rref::kMethodFn) call.set_function("Counter.get");
+    rpc::CallOptions opts;
+    opts.timeout = absl::Seconds(1);
+    const absl::Time start = absl::Now();
+    auto r = j.agent(0).CallRaw(1, fn, "", rref::WithHeader(call, rpc::Payload()), opts).result();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  }
+  // The owner answered the parked calls at their deadline: nothing early is
+  // left (before, the early entry stayed and the fetch ran until shutdown).
+  absl::Status empty = j.rrefs[1]->WaitUntilEmpty(absl::Seconds(5));
+  EXPECT_TRUE(empty.ok()) << empty;
+  const absl::Time shutdown_start = absl::Now();
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+  EXPECT_LT(absl::Now() - shutdown_start, absl::Seconds(5));
 }
 
 // D1 under random delays: gradients through w0 -> w1 -> w2 -> w0 equal

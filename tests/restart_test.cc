@@ -4,6 +4,7 @@
 // baton-run restarts a role. Tests are named after the agent's peer-failure
 // guarantees P1-P4 (docs/peer_failures.md), D4 of distributed autograd and
 // G7 of RRefs. The soak test (tests/soak) runs the same on real processes.
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -242,6 +243,68 @@ TEST(Restart, G7_AnOwnerReleasesTheForksOfAKilledWorker) {
   EXPECT_TRUE(j.rrefs[2]->WaitUntilEmpty(absl::Seconds(10)).ok());
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
+
+// P5: a worker that dies at any step of the job's start-up (before it
+// reached the store, after it took its init round, after it registered,
+// before and after the init barrier) is started again with rejoin, as
+// baton-run's per-role restart does; it joins, the job starts, and every
+// worker calls every other. Before P5, a worker that died before taking its
+// round failed every restart with FAILED_PRECONDITION "never joined".
+class StartupKill : public ::testing::TestWithParam<rpc::RendezvousStep> {};
+
+TEST_P(StartupKill, P5_AWorkerKilledDuringStartUpJoinsOnRestart) {
+  const rpc::RendezvousStep die_at = GetParam();
+  std::atomic<int> died{0};
+  LoopbackJobOptions o;
+  o.world_size = 3;
+  o.rpc_timeout = absl::Seconds(10);
+  o.init_timeout = absl::Seconds(20);
+  o.install = [](int, FunctionRegistry& r) {
+    (void)r.Register(whoami_fn, [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+  };
+  o.max_restarts = 1;
+  o.rendezvous_observer = [&](int rank, int start, rpc::RendezvousStep step) {
+    if (rank != 2 || start != 0 || step != die_at) return absl::OkStatus();
+    died.fetch_add(1);
+    return absl::UnavailableError("killed at this step");
+  };
+  auto job = LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << rpc::RendezvousStepName(die_at) << ": " << job.status();
+  EXPECT_EQ(died.load(), 1);
+  // Its successor took the predecessor's round (incarnation 2), or, if the
+  // predecessor never took one, started as a first start (incarnation 1).
+  const int64_t expected = die_at == rpc::RendezvousStep::kConnectingStore ? 1 : 2;
+  EXPECT_EQ((*job)->agent(2).incarnation(), expected);
+  // The restarted worker calls everyone first: they learn of it (P1).
+  for (int to = 0; to < 3; ++to) {
+    auto r = (*job)->agent(2).rpc_async(to, whoami_fn).result();
+    ASSERT_TRUE(r.ok()) << "w2 -> w" << to << ": " << r.status();
+  }
+  for (int from = 0; from < 3; ++from) {
+    for (int to = 0; to < 3; ++to) {
+      auto r = (*job)->agent(from).rpc_async(to, whoami_fn).result();
+      ASSERT_TRUE(r.ok()) << "w" << from << " -> w" << to << ": " << r.status();
+      EXPECT_EQ(*r, to == 2 ? expected : 1);
+    }
+  }
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStep, StartupKill,
+    ::testing::Values(rpc::RendezvousStep::kConnectingStore, rpc::RendezvousStep::kRoundTaken,
+                      rpc::RendezvousStep::kRegistered, rpc::RendezvousStep::kBeforeInitBarrier,
+                      rpc::RendezvousStep::kAfterInitBarrier),
+    [](const ::testing::TestParamInfo<rpc::RendezvousStep>& info) {
+      switch (info.param) {
+        case rpc::RendezvousStep::kConnectingStore: return std::string("BeforeTheStore");
+        case rpc::RendezvousStep::kRoundTaken: return std::string("AfterTakingItsRound");
+        case rpc::RendezvousStep::kRegistered: return std::string("AfterRegistering");
+        case rpc::RendezvousStep::kBeforeInitBarrier: return std::string("BeforeTheInitBarrier");
+        case rpc::RendezvousStep::kAfterInitBarrier: return std::string("AfterTheInitBarrier");
+      }
+      return std::string("Unknown");
+    });
 
 }  // namespace
 }  // namespace baton

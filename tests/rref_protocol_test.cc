@@ -15,7 +15,9 @@
 namespace baton::rref {
 namespace {
 
-enum class Kind { kCreate, kFork, kAccept, kDelete };
+// kCarry: an application message carrying an RRef (a call's argument or a
+// result), in flight from Fork on the sender to Adopt on arrival.
+enum class Kind { kCreate, kFork, kAccept, kDelete, kCarry };
 
 struct Msg {
   Kind kind;
@@ -25,6 +27,7 @@ struct Msg {
   int parent = -1;
   rpc::Promise<void> done;
   int from = -1;  // the sender
+  ForkDescriptor carried;  // kCarry
 };
 
 class Network;
@@ -91,6 +94,30 @@ class Network {
     ForkDescriptor d = ctx_[from]->Fork(h, dest);
     return ctx_[dest]->Adopt(d);
   }
+  // Sends `h` from `from` to `dest` in a message that stays in flight until
+  // delivered; the adopted handle then appears in arrived().
+  ForkDescriptor SendLater(const RefHandle& h, int from, int dest) {
+    Msg m{Kind::kCarry, dest, h.rref(), {}, from, {}, from};
+    m.carried = ctx_[from]->Fork(h, dest);
+    ForkDescriptor d = m.carried;
+    Post(std::move(m));
+    return d;
+  }
+  // Handles adopted on delivery of kCarry messages, with their holders.
+  std::vector<std::pair<int, std::shared_ptr<RefHandle>>>& arrived() { return arrived_; }
+  // Drops queued kCarry messages to `dest` without delivering them, and
+  // takes their forks back on the sender as the agent does (G8).
+  void LoseCarried(int dest) {
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->kind == Kind::kCarry && it->to == dest) {
+        ctx_[it->from]->Unfork(it->carried);
+        it->done.SetError(absl::UnavailableError("lost"));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   size_t pending() const { return queue_.size(); }
   size_t Count(Kind k) const {
     return std::count_if(queue_.begin(), queue_.end(), [k](const Msg& m) { return m.kind == k; });
@@ -100,6 +127,7 @@ class Network {
     RRefContext& c = *ctx_[m.to];
     switch (m.kind) {
       case Kind::kCreate:
+        created_.insert(m.rref);
         c.OnRemoteCreate(m.rref, m.fork, "int", Holder{m.from, 0});
         c.SetValue(m.rref, rpc::AnyValue::Of(std::make_shared<int>(7)));
         break;
@@ -112,6 +140,18 @@ class Network {
       case Kind::kDelete:
         c.OnUserDelete(m.rref, m.fork);
         break;
+      case Kind::kCarry: {
+        auto h = c.Adopt(m.carried);
+        // Whoever receives an RRef of a created value can use it: on its
+        // owner, the value must still be there (G4, G9).
+        if (h->is_owner() && Created(m.to, h->rref())) {
+          EXPECT_TRUE(c.OwnedValue(h->rref()).ok())
+              << "RRef " << h->rref().ToString() << " arrived at its owner " << m.to
+              << " already freed";
+        }
+        arrived_.push_back({m.to, std::move(h)});
+        break;
+      }
     }
     m.done.SetValue();
   }
@@ -138,6 +178,9 @@ class Network {
       Deliver(m);
     }
   }
+  // Whether owner `w` created `r`'s value: made there (CreateOwned), or its
+  // remote() was delivered.
+  bool Created(int w, RRefId r) const { return r.worker == w || created_.contains(r); }
   bool Owns(int w, RRefId r) {
     for (const auto& o : ctx_[w]->DebugState().owned) {
       if (o.rref == r) return true;
@@ -157,6 +200,8 @@ class Network {
   std::vector<std::shared_ptr<RRefContext>> ctx_;
   std::deque<Msg> queue_;
   absl::flat_hash_set<int> dead_;
+  std::vector<std::pair<int, std::shared_ptr<RefHandle>>> arrived_;
+  absl::flat_hash_set<RRefId> created_;
 };
 
 rpc::Future<void> Sender::ForkRequest(int owner, RRefId r, ForkId f, int parent) {
@@ -507,6 +552,94 @@ TEST(RRefProtocol, G8_ARemoteCreationThatNeverArrivedIsNotCountedOnTheOwner) {
   net.ExpectNoLeaks();
 }
 
+// G9: the owner passes its own RRef to itself (a self-call's argument, a
+// result, a container) and drops its reference before, or after, the
+// message arrives: the fork in flight keeps the value, and becomes a local
+// reference on arrival.
+class OwnerSendsItsRRefToItself : public ::testing::TestWithParam<bool> {};
+
+TEST_P(OwnerSendsItsRRefToItself, G9_TheForkInFlightKeepsTheValue) {
+  const bool drop_before_arrival = GetParam();
+  Network net(2);
+  auto mine = net[O].CreateOwned("int");
+  net[O].SetValue(mine->rref(), rpc::AnyValue::Of(std::make_shared<int>(3)));
+  const RRefId id = mine->rref();
+  net.SendLater(*mine, O, O);
+  net.SendLater(*mine, O, O);  // two copies, as in a vector of RRefs
+  if (drop_before_arrival) {
+    mine.reset();
+    ASSERT_TRUE(net.Owns(O, id));  // the two forks in flight
+    EXPECT_EQ(net[O].DebugState().owned[0].forks.size(), 2u);
+  }
+  net.Run();
+  ASSERT_EQ(net.arrived().size(), 2u);
+  ASSERT_TRUE(net[O].OwnedValue(id).ok());
+  mine.reset();
+  const RRefDebugState s = net[O].DebugState();
+  ASSERT_EQ(s.owned.size(), 1u) << s.ToString();
+  EXPECT_TRUE(s.owned[0].forks.empty());  // each fork became a local reference
+  EXPECT_EQ(s.owned[0].local_refs, 2);
+  EXPECT_EQ(s.early_entries, 0u);
+  net.arrived().pop_back();
+  EXPECT_TRUE(net.Owns(O, id));
+  net.arrived().clear();
+  EXPECT_FALSE(net.Owns(O, id));
+  EXPECT_EQ(net.pending(), 0u);  // no message to itself beyond the carries
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, OwnerSendsItsRRefToItself, ::testing::Bool());
+
+// G9 with G8: a message from the owner to itself that is never decoded
+// takes its fork back, and the value goes once nothing else holds it.
+TEST(RRefProtocol, G9_ASelfMessageThatNeverArrivedTakesItsForkBack) {
+  Network net(2);
+  auto mine = net[O].CreateOwned("int");
+  net[O].SetValue(mine->rref(), rpc::AnyValue::Of(std::make_shared<int>(3)));
+  const RRefId id = mine->rref();
+  net.SendLater(*mine, O, O);
+  mine.reset();
+  EXPECT_TRUE(net.Owns(O, id));
+  net.LoseCarried(O);
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+// G9 with G3: an RRef created by remote() comes back to its owner before
+// the owner created the value, and the owner passes it to itself; the
+// creation arrives before or after that self-message.
+class SelfSendBeforeCreation : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SelfSendBeforeCreation, G9_G3_CountedInTheEarlyEntry) {
+  const bool create_first = GetParam();
+  Network net(2);
+  auto u = net.Remote(U, O);
+  const RRefId id = u->rref();
+  net.SendLater(*u, U, O);
+  u.reset();
+  net.Run({Kind::kCreate, Kind::kAccept, Kind::kDelete});  // only the carry
+  ASSERT_EQ(net.arrived().size(), 1u);
+  auto at_owner = net.arrived()[0].second;
+  net.arrived().clear();
+  ASSERT_TRUE(at_owner->is_owner());
+  net.SendLater(*at_owner, O, O);
+  at_owner.reset();  // only the self-message keeps it now (with U's fork)
+  if (create_first) {
+    net.Run({Kind::kCarry});
+    EXPECT_TRUE(net.Owns(O, id));
+  }
+  net.Run();
+  ASSERT_EQ(net.arrived().size(), 1u);
+  EXPECT_TRUE(net.Owns(O, id));
+  EXPECT_EQ(net[O].DebugState().early_entries, 0u);
+  net.arrived().clear();
+  net.Run();
+  EXPECT_FALSE(net.Owns(O, id));
+  net.ExpectNoLeaks();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothOrders, SelfSendBeforeCreation, ::testing::Bool());
+
 // Ids carry the creator's incarnation: a restarted worker never reuses the
 // ids its predecessor handed out.
 TEST(RRefProtocol, IdsOfARestartedIncarnationNeverRepeatItsPredecessors) {
@@ -532,18 +665,24 @@ TEST(RRefProtocol, RandomOrdersNeverFreeALiveReferenceAndNeverLeak) {
       live.push_back({creator, h});
     }
     for (int step = 0; step < 200; ++step) {
-      const int op = rng() % 4;
+      const int op = rng() % 5;
       if (op < 2 && !live.empty()) {  // fork to a random worker
-        auto& [holder, h] = live[rng() % live.size()];
-        const int dest = rng() % 4;
-        auto copy = net.Send(*h, holder, dest);
-        live.push_back({dest, copy});
-      } else if (op == 2 && !live.empty()) {  // drop a reference
+        auto [holder, h] = live[rng() % live.size()];
+        // One send in three is a self-call (the holder passes the RRef to
+        // itself, the owner included, G9); half the sends stay in flight.
+        const int dest = rng() % 2 == 0 ? holder : static_cast<int>(rng() % 4);
+        if (rng() % 2 == 0) {
+          net.SendLater(*h, holder, dest);
+        } else {
+          live.push_back({dest, net.Send(*h, holder, dest)});
+        }
+      } else if (op < 4 && !live.empty()) {  // drop a reference
         live.erase(live.begin() + rng() % live.size());
-      } else if (net.pending() > 0) {  // deliver one random message
-        std::uniform_int_distribution<int> d(0, 3);
+      } else if (net.pending() > 0) {  // deliver every message, shuffled
         net.RunShuffled(rng);
       }
+      for (auto& a : net.arrived()) live.push_back(std::move(a));
+      net.arrived().clear();
       // Safety: every RRef with a live reference whose creation was delivered
       // is still owned.
       for (auto& [holder, h] : live) {
@@ -551,7 +690,10 @@ TEST(RRefProtocol, RandomOrdersNeverFreeALiveReferenceAndNeverLeak) {
       }
     }
     live.clear();
-    net.RunShuffled(rng);
+    while (net.pending() > 0 || !net.arrived().empty()) {
+      net.arrived().clear();
+      net.RunShuffled(rng);
+    }
     for (const RRefId& id : ids) EXPECT_FALSE(net.Owns(0, id));
     net.ExpectNoLeaks();
   }
@@ -566,20 +708,29 @@ TEST(RRefProtocol, StressTenThousandRRefsAmongFourWorkers) {
     int creator = rng() % 4;
     if (creator == owner) creator = (creator + 1) % 4;
     live.push_back({creator, net.Remote(creator, owner)});
-    for (int k = 0; k < 2; ++k) {
-      auto& [holder, h] = live[rng() % live.size()];
-      const int dest = rng() % 4;
-      live.push_back({dest, net.Send(*h, holder, dest)});
+    for (int k = 0; k < 3; ++k) {
+      auto [holder, h] = live[rng() % live.size()];
+      const int dest = k == 2 ? holder : static_cast<int>(rng() % 4);  // k == 2: a self-call
+      if (rng() % 2 == 0) {
+        net.SendLater(*h, holder, dest);
+      } else {
+        live.push_back({dest, net.Send(*h, holder, dest)});
+      }
     }
     while (live.size() > 64) live.erase(live.begin() + rng() % live.size());
     if (i % 16 == 0) {
       net.RunShuffled(rng);
+      for (auto& a : net.arrived()) live.push_back(std::move(a));
+      net.arrived().clear();
       // G4 safety: everything still referenced is still owned.
       for (auto& [holder, h] : live) ASSERT_TRUE(net.Owns(h->owner(), h->rref())) << i;
     }
   }
   live.clear();
-  net.RunShuffled(rng);
+  while (net.pending() > 0 || !net.arrived().empty()) {
+    net.arrived().clear();
+    net.RunShuffled(rng);
+  }
   net.ExpectNoLeaks();
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "rpc/codec.h"
 #include "rpc/internal/wire.h"
 
@@ -109,10 +110,10 @@ TEST(Wire, DeclaredSizesThatWrapAroundAreDataLoss) {
   EXPECT_TRUE(absl::StrContains(s.message(), "frame declares a payload of 18446744073709551615"))
       << s;
   proto::FrameHeader blobs;
-  blobs.set_payload_size(1);
+  blobs.set_payload_size(10);  // room to name two tensors
   blobs.add_blob_sizes(uint64_t{1} << 63);
   blobs.add_blob_sizes(uint64_t{1} << 63);
-  s = Parse(RawFrame(blobs, "xy"), &frames);
+  s = Parse(RawFrame(blobs, "0123456789xy"), &frames);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(s.message(), "blob 0")) << s;
   // A large declared size with few bytes behind it allocates nothing.
@@ -121,6 +122,59 @@ TEST(Wire, DeclaredSizesThatWrapAroundAreDataLoss) {
   s = Parse(RawFrame(big, "abc"), &frames);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(frames.empty());
+}
+
+// A header's lists are checked against the frame's bytes before anything is
+// allocated for them: a packed list of millions of zero blob sizes (1 byte
+// each on the wire, 8 once parsed and 40 as blobs) for a payload that can
+// name one tensor is DATA_LOSS naming both counts; so are more shared-memory
+// blobs than blobs and more extensions than the limit. A frame whose
+// payload can name its blobs passes.
+TEST(Wire, AHeaderListingMoreThanItsBytesCanUseIsDataLoss) {
+  proto::FrameHeader h;
+  h.set_payload_size(6);
+  std::string head = h.SerializeAsString();
+  constexpr size_t kEntries = size_t{1} << 20;
+  head.push_back(static_cast<char>((10 << 3) | 2));  // blob_sizes, packed
+  for (size_t n = kEntries; ; n >>= 7) {
+    head.push_back(static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0)));
+    if (n < 0x80) break;
+  }
+  head.append(kEntries, '\0');
+  const uint32_t len = static_cast<uint32_t>(head.size());
+  std::string packet(reinterpret_cast<const char*>(&len), 4);
+  packet += head + "tensor";
+  std::vector<Frame> frames;
+  absl::Status s = Parse(packet, &frames);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "frame header lists 1048576 blobs, but its payload "
+                                             "of 6 bytes can name at most 1"))
+      << s;
+  EXPECT_TRUE(frames.empty());
+
+  proto::FrameHeader shm;
+  shm.set_payload_size(5);
+  shm.add_blob_sizes(0);
+  shm.add_shm_blobs()->set_index(0);
+  shm.add_shm_blobs()->set_index(0);
+  s = Parse(RawFrame(shm, "12345"), &frames);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "2 shared-memory blobs but only 1 blobs")) << s;
+
+  proto::FrameHeader ext;
+  for (int i = 0; i < 65; ++i) (*ext.mutable_extensions())[absl::StrCat("e", i)] = "";
+  s = Parse(RawFrame(ext, ""), &frames);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "65 extensions")) << s;
+
+  proto::FrameHeader ok;
+  ok.set_payload_size(10);
+  ok.add_blob_sizes(2);
+  ok.add_blob_sizes(0);
+  s = Parse(RawFrame(ok, "0123456789ab"), &frames);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].payload.blobs.size(), 2u);
 }
 
 }  // namespace

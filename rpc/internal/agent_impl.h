@@ -25,7 +25,8 @@
 // Rendezvous() fills (workers_, peer_limits_, peer_shm_prefix_, by_name_,
 // the transports) is written before ready_ is notified and only read
 // afterwards; requests that arrive earlier wait for ready_ on the executor.
-// peer_shm_ is atomic: it turns off when a peer is replaced.
+// peer_shm_ and address_stale_ are atomic: they change when a peer is
+// replaced.
 #ifndef BATON_RPC_INTERNAL_AGENT_IMPL_H_
 #define BATON_RPC_INTERNAL_AGENT_IMPL_H_
 
@@ -117,6 +118,8 @@ class AgentImpl : private TransportHandler {
   };
 
   absl::Status ConnectStore();
+  // Runs the rendezvous observer (AgentCollaborators) at `step`.
+  absl::Status Step(RendezvousStep step);
   absl::StatusOr<std::string> AgreeOnToken();
 
   // TransportHandler.
@@ -146,6 +149,15 @@ class AgentImpl : private TransportHandler {
   // one read per peer in flight, and one per 500 ms) and takes its
   // incarnation and address if newer.
   void RefreshPeer(int peer);
+  // Reads `peer`'s registration from the store (waiting at most `timeout`)
+  // and follows a newer incarnation than the one whose address the
+  // transport has. Returns whether it did.
+  bool LoadPeerRecord(int peer, absl::Duration timeout);
+  // P6: before a call to `peer`, if a newer incarnation of it is known
+  // than the one whose address the transport has, loads its registration
+  // (bounded by `deadline`), so the call goes to it and not to its
+  // predecessor.
+  void FollowNewerIncarnation(int peer, absl::Time deadline);
 
   // `admitted`: the bytes gate_ admitted the request with, given back with
   // the reply (-1: the request did not go through the gate).
@@ -174,6 +186,9 @@ class AgentImpl : private TransportHandler {
   const std::shared_ptr<FunctionRegistry> registry_;
   RpcAgent* handle_ = nullptr;
   NetworkTransportFactory network_factory_;  // null: gRPC
+  std::function<absl::Status(RendezvousStep)> rendezvous_observer_;  // null: none
+  // options_.rejoin, unless the rank never joined (P5): set in Rendezvous.
+  bool rejoin_ = false;
   int rank_ = -1;
   int64_t incarnation_ = 0;  // set during Rendezvous
   std::string ns_;
@@ -184,6 +199,9 @@ class AgentImpl : private TransportHandler {
   std::vector<WorkerInfo> workers_;                // set during Rendezvous
   std::vector<int64_t> peer_limits_;               // set during Rendezvous
   std::vector<std::atomic<bool>> peer_shm_;        // set during Rendezvous
+  // Per peer: a newer incarnation is known than the one whose address the
+  // transport has (P6; the call path reads it without the lock).
+  std::vector<std::atomic<bool>> address_stale_;   // sized during Rendezvous
   std::vector<std::string> peer_shm_prefix_;       // set during Rendezvous
   absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
 

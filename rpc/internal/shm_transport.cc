@@ -1,5 +1,7 @@
 #include "rpc/internal/shm_transport.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -249,10 +251,16 @@ absl::Status ShmTransport::OpenLink(int peer, const std::string& name,
   return absl::OkStatus();
 }
 
-std::vector<int> ShmTransport::Activate() {
+std::vector<int> ShmTransport::Activate(const std::vector<int>& superseded) {
   for (size_t p = 0; p < links_.size(); ++p) {
     auto& link = links_[p];
     if (link == nullptr) continue;
+    if (std::find(superseded.begin(), superseded.end(), static_cast<int>(p)) !=
+        superseded.end()) {
+      if (link->creator) shm_unlink(link->name.c_str());
+      link.reset();
+      continue;
+    }
     if (link->creator) {
       shm_unlink(link->name.c_str());  // the opener did, unless it never opened
       if (link->header()->opened.load(std::memory_order_seq_cst) == 0) {
@@ -430,6 +438,11 @@ void ShmTransport::CheckPeers() {
                        "the process of worker ", p, " (pid ", link->peer_pid, ") exited")));
     }
   }
+}
+
+void ShmTransport::Disconnect(int peer, const absl::Status& cause) {
+  if (!connected(peer)) return;
+  CloseLink(peer, cause);
 }
 
 void ShmTransport::CloseLink(int peer, const absl::Status& cause) {

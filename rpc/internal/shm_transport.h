@@ -82,14 +82,21 @@ class ShmTransport : public ::baton::rpc::Transport {
   absl::Status OpenLink(int peer, const std::string& link, const std::string& peer_hub,
                         pid_t peer_pid);
   // After the rendezvous barrier: a link is used only if both sides mapped
-  // it. Returns the peers linked; links the peer never opened are dropped.
-  std::vector<int> Activate();
+  // it. Returns the peers linked; links the peer never opened are dropped,
+  // and so are links to the peers in `superseded` (a process that died
+  // during start-up and was replaced: its successor sets no link up).
+  std::vector<int> Activate(const std::vector<int>& superseded = {});
 
   bool connected(int peer) const override;
 
   // Sends a request to `peer`; returns the link's stream id. UNAVAILABLE if
   // the link is closed or the ring stayed full for send_timeout.
   absl::StatusOr<uint64_t> Send(int peer, Frame frame) override;
+
+  // Closes the link to `peer`, if any (its process was replaced by a new
+  // incarnation, which sets no link up): calls on it fail with `cause`
+  // (OnStreamClosed), and later sends go elsewhere.
+  void Disconnect(int peer, const absl::Status& cause);
 
   // Stops the receiver and closes every link (pending frames are dropped).
   void Close();

@@ -19,6 +19,107 @@ void FillSizes(Frame& frame) {
   for (const auto& b : frame.payload.blobs) frame.header.add_blob_sizes(b.size());
 }
 
+// What a serialized FrameHeader lists, counted without parsing it, so that
+// a header cannot make the receiver allocate for entries that the frame's
+// bytes could never use (each entry of a list costs 1-2 bytes on the wire
+// but 8-100 bytes once parsed).
+struct HeaderCounts {
+  uint64_t payload_size = 0;
+  uint64_t blob_sizes = 0;
+  uint64_t shm_blobs = 0;
+  uint64_t extensions = 0;
+};
+
+bool ReadWireVarint(const uint8_t*& p, const uint8_t* end, uint64_t* out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+    const uint8_t b = *p++;
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if ((b & 0x80) == 0) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// False if the bytes are not a well-formed message at the top level.
+bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(data);
+  const uint8_t* const end = p + n;
+  // Field numbers of FrameHeader (proto/rpc.proto).
+  constexpr uint64_t kPayloadSize = 9, kBlobSizes = 10, kExtensions = 11, kShmBlobs = 12;
+  while (p < end) {
+    uint64_t tag = 0;
+    if (!ReadWireVarint(p, end, &tag)) return false;
+    const uint64_t field = tag >> 3;
+    switch (tag & 7) {
+      case 0: {  // varint
+        uint64_t v = 0;
+        if (!ReadWireVarint(p, end, &v)) return false;
+        if (field == kPayloadSize) c->payload_size = v;
+        if (field == kBlobSizes) ++c->blob_sizes;
+        break;
+      }
+      case 1:  // fixed64
+        if (end - p < 8) return false;
+        p += 8;
+        break;
+      case 5:  // fixed32
+        if (end - p < 4) return false;
+        p += 4;
+        break;
+      case 2: {  // length-delimited
+        uint64_t len = 0;
+        if (!ReadWireVarint(p, end, &len) || len > static_cast<uint64_t>(end - p)) return false;
+        if (field == kBlobSizes) {
+          // Packed: one varint per entry, each ending in a byte below 0x80.
+          for (uint64_t i = 0; i < len; ++i) c->blob_sizes += (p[i] & 0x80) == 0;
+        }
+        if (field == kShmBlobs) ++c->shm_blobs;
+        if (field == kExtensions) ++c->extensions;
+        p += len;
+        break;
+      }
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+// Checks what a header lists against the bytes that came with it, before
+// anything is allocated for it. Every blob is named by a tensor in the
+// payload, whose encoding takes at least kMinTensorBytes (tag, dtype,
+// requires_grad, rank and blob index; rpc/codec.cc), and a shared-memory
+// blob is one of the blobs.
+absl::Status CheckHeaderCounts(const char* data, size_t n, size_t left) {
+  constexpr uint64_t kMinTensorBytes = 5;
+  constexpr uint64_t kMaxExtensions = 64;
+  HeaderCounts c;
+  if (!CountHeader(data, n, &c)) return absl::DataLossError("malformed frame header");
+  if (c.payload_size > left) {
+    return absl::DataLossError(absl::StrCat("frame declares a payload of ", c.payload_size,
+                                            " bytes but the packet has ", left, " left"));
+  }
+  if (c.blob_sizes > c.payload_size / kMinTensorBytes) {
+    return absl::DataLossError(absl::StrCat(
+        "frame header lists ", c.blob_sizes, " blobs, but its payload of ", c.payload_size,
+        " bytes can name at most ", c.payload_size / kMinTensorBytes));
+  }
+  if (c.shm_blobs > c.blob_sizes) {
+    return absl::DataLossError(absl::StrCat("frame header lists ", c.shm_blobs,
+                                            " shared-memory blobs but only ", c.blob_sizes,
+                                            " blobs"));
+  }
+  if (c.extensions > kMaxExtensions) {
+    return absl::DataLossError(absl::StrCat("frame header lists ", c.extensions,
+                                            " extensions; at most ", kMaxExtensions,
+                                            " are allowed"));
+  }
+  return absl::OkStatus();
+}
+
 // Reads across the slices of one packet.
 class SliceReader {
  public:
@@ -147,13 +248,18 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
     }
     Frame frame;
     bool parsed = false;
+    const size_t body_left = reader.left() - header_len;
     if (const char* p = reader.Peek(header_len)) {
+      if (absl::Status s = CheckHeaderCounts(p, header_len, body_left); !s.ok()) return s;
       parsed = frame.header.ParseFromArray(p, static_cast<int>(header_len));
       reader.Advance(header_len);
     } else {
       std::string buf(header_len, '\0');
       if (!reader.Copy(buf.data(), header_len)) {
         return absl::DataLossError("truncated frame header");
+      }
+      if (absl::Status s = CheckHeaderCounts(buf.data(), header_len, body_left); !s.ok()) {
+        return s;
       }
       parsed = frame.header.ParseFromString(buf);
     }
@@ -172,8 +278,11 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
     };
     if (absl::Status s = declare(frame.header.payload_size(), "a payload"); !s.ok()) return s;
     for (int i = 0; i < frame.header.blob_sizes_size(); ++i) {
-      absl::Status s = declare(frame.header.blob_sizes(i), absl::StrCat("blob ", i));
-      if (!s.ok()) return s;
+      const uint64_t size = frame.header.blob_sizes(i);
+      if (size > reader.left() - declared) {
+        return declare(size, absl::StrCat("blob ", i));  // names the blob
+      }
+      declared += size;
     }
     frame.payload.bytes.resize(frame.header.payload_size());
     if (!reader.Copy(frame.payload.bytes.data(), frame.header.payload_size())) {

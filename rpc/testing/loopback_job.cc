@@ -22,11 +22,10 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto registry = std::make_shared<FunctionRegistry>();
-      if (options.install) options.install(r, *registry);
-      AgentCollaborators c;
-      c.network_transport = job->network_->Factory();
-      made[r] = RpcAgent::Create(job->OptionsFor(r), std::move(registry), std::move(c));
+      made[r] = job->StartOne(r, 0, /*rejoin=*/false);
+      for (int start = 1; !made[r].ok() && start <= options.max_restarts; ++start) {
+        made[r] = job->StartOne(r, start, /*rejoin=*/true);
+      }
     });
   }
   for (auto& t : threads) t.join();
@@ -43,6 +42,21 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
     for (int r = 0; r < n; ++r) options.attach(r, *job->agents_[r]);
   }
   return job;
+}
+
+absl::StatusOr<std::unique_ptr<RpcAgent>> LoopbackJob::StartOne(int rank, int start,
+                                                                 bool rejoin) {
+  AgentOptions o = OptionsFor(rank);
+  o.rejoin = rejoin;
+  auto registry = std::make_shared<FunctionRegistry>();
+  if (options_.install) options_.install(rank, *registry);
+  AgentCollaborators c;
+  c.network_transport = network_->Factory();
+  if (options_.rendezvous_observer) {
+    c.rendezvous_observer = [observer = options_.rendezvous_observer, rank,
+                             start](RendezvousStep step) { return observer(rank, start, step); };
+  }
+  return RpcAgent::Create(std::move(o), std::move(registry), std::move(c));
 }
 
 AgentOptions LoopbackJob::OptionsFor(int rank) const {
@@ -70,13 +84,7 @@ absl::Status LoopbackJob::Restart(int rank, bool kill_first) {
   if (kill_first && !killed_[rank]) {
     if (absl::Status s = Kill(rank); !s.ok()) return s;
   }
-  AgentOptions o = OptionsFor(rank);
-  o.rejoin = true;
-  auto registry = std::make_shared<FunctionRegistry>();
-  if (options_.install) options_.install(rank, *registry);
-  AgentCollaborators c;
-  c.network_transport = network_->Factory();
-  auto agent = RpcAgent::Create(std::move(o), std::move(registry), std::move(c));
+  auto agent = StartOne(rank, /*start=*/1, /*rejoin=*/true);
   if (!agent.ok()) return agent.status();
   replaced_.push_back(std::move(agents_[rank]));
   agents_[rank] = *std::move(agent);

@@ -12,7 +12,8 @@
 //   EXPECT_OK(job->ShutdownAll());
 //
 // Contract: Start() returns once every agent finished its rendezvous, or the
-// first error (the agents already made are shut down). ShutdownAll() shuts
+// first error of a worker that had no restart left (the agents already made
+// are shut down). ShutdownAll() shuts
 // the agents down concurrently, as separate processes would; a killed worker
 // shuts down without the agreement, and its errors are not reported. A
 // graceful shutdown waits for every worker, so after a kill pass
@@ -51,6 +52,13 @@ struct LoopbackJobOptions {
   std::function<void(int rank, AgentOptions& options)> configure;
   // Runs once worker `rank`'s agent exists (e.g. RRefService::Attach).
   std::function<void(int rank, RpcAgent& agent)> attach;
+  // Sees each rendezvous step of worker `rank`'s `start`-th start (0: the
+  // first); a non-OK status makes that start fail there, as a process that
+  // died at that step (AgentCollaborators::rendezvous_observer).
+  std::function<absl::Status(int rank, int start, RendezvousStep step)> rendezvous_observer;
+  // A worker whose start fails is started again, up to this many times,
+  // with AgentOptions::rejoin, as baton-run's per-role restart does.
+  int max_restarts = 0;
 };
 
 class LoopbackJob {
@@ -81,7 +89,9 @@ class LoopbackJob {
   LoopbackJob() = default;
   // The options every agent of the job starts with.
   AgentOptions OptionsFor(int rank) const;
-  std::unique_ptr<RpcAgent> MakeAgentOrNull(AgentOptions o, absl::Status* error);
+  // Starts worker `rank` (its `start`-th start), with its registry and
+  // collaborators.
+  absl::StatusOr<std::unique_ptr<RpcAgent>> StartOne(int rank, int start, bool rejoin);
 
   LoopbackJobOptions options_;
 

@@ -25,14 +25,10 @@
 extern char** environ;
 
 namespace baton::launcher::testing {
-namespace {
-
 std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
   return absl::StrCat(dir != nullptr ? dir : ".", "/baton/", path);
 }
-
-}  // namespace
 
 std::string BatonRunPath() { return Runfile("launcher/baton-run"); }
 std::string WorkerScriptPath() { return Runfile("tests/launcher/worker.sh"); }

@@ -18,6 +18,7 @@
 namespace baton::launcher::testing {
 
 // Paths of the binaries under test (from the test's runfiles).
+std::string Runfile(const std::string& path);  // relative to the workspace
 std::string BatonRunPath();
 std::string WorkerScriptPath();
 

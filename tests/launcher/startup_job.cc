@@ -1,0 +1,165 @@
+// A job for tests/launcher/startup_restart_test.cc, run by baton-run with a
+// "head" role of one worker (rank 0) and a "w" role. Every worker starts an
+// agent from baton-run's environment. On its first start
+// (BATON_RESTART_COUNT=0), the worker of rank --victim SIGKILLs itself at
+// the rendezvous step named by --die_at (rpc::RendezvousStepName), so that
+// baton-run restarts it with BATON_REJOIN=1 (P5, docs/peer_failures.md).
+//
+// Once started:
+// - with --all_pairs (restart policy "worker": only the victim restarts),
+//   a victim restarted after the init barrier (the job was running) first
+//   calls every peer, which is how running peers learn of a rejoined
+//   incarnation (P1; before the barrier, the others follow its new
+//   registration at the barrier, P5); then every w worker reports to the
+//   head, which
+//   answers once every w rank reported; then every worker calls every
+//   worker, itself included, and checks the incarnation each reports
+//   (2 for a victim that took a round before it died, 1 otherwise);
+// - without it (restart policy "role": the whole role restarts, survivors
+//   too), every worker calls the head.
+// Then every worker shuts down gracefully, and the head prints RESULT OK.
+// Exit 1 with the reason on any failure.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/agent.h"
+
+namespace baton {
+namespace {
+
+using rpc::CallContext;
+using rpc::CallOptions;
+using rpc::Function;
+
+const Function<int64_t()> whoami_fn("whoami");
+const Function<int64_t(int64_t)> hello_fn("hello");
+// On the head: completes once every w rank reported (async: no thread waits).
+const Function<int64_t(int64_t)> report_fn("report");
+
+int Fail(const std::string& why) {
+  std::fprintf(stderr, "FAIL: %s\n", why.c_str());
+  std::fflush(stderr);
+  return 1;
+}
+
+std::string Flag(int argc, char** argv, const std::string& name) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (absl::StartsWith(argv[i], prefix)) return std::string(argv[i] + prefix.size());
+    if (name == argv[i] + 2 && absl::StartsWith(argv[i], "--")) return "1";
+  }
+  return "";
+}
+
+int Run(int argc, char** argv) {
+  const std::string die_at = Flag(argc, argv, "die_at");
+  int victim = -1;
+  if (!absl::SimpleAtoi(Flag(argc, argv, "victim"), &victim)) return Fail("--victim=RANK");
+  const bool all_pairs = Flag(argc, argv, "all_pairs") == "1";
+  const char* restart_env = std::getenv("BATON_RESTART_COUNT");
+  const bool first_start = restart_env == nullptr || std::string(restart_env) == "0";
+
+  auto options = rpc::AgentOptions::FromEnv("w");
+  if (!options.ok()) return Fail(options.status().ToString());
+  const int rank = options->rank;
+  const int world = options->world_size;
+  options->rpc_timeout = absl::Seconds(20);
+  options->init_timeout = absl::Seconds(60);
+
+  // The head's record of the w ranks that reported, and their replies.
+  absl::Mutex mu;
+  std::set<int64_t> reported;
+  std::vector<rpc::Promise<int64_t>> waiting;
+
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  (void)registry->Register(whoami_fn,
+                           [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+  (void)registry->Register(hello_fn, [](int64_t from) { return from; });
+  (void)registry->Register(report_fn, [&, world](int64_t from) {
+    rpc::Promise<int64_t> p;
+    std::vector<rpc::Promise<int64_t>> release;
+    {
+      absl::MutexLock lock(&mu);
+      reported.insert(from);
+      waiting.push_back(p);
+      if (static_cast<int>(reported.size()) == world - 1) release.swap(waiting);
+    }
+    for (auto& w : release) w.SetValue(static_cast<int64_t>(world - 1));
+    return p.future();
+  });
+
+  rpc::AgentCollaborators collaborators;
+  collaborators.rendezvous_observer = [&](rpc::RendezvousStep step) {
+    if (first_start && rank == victim && die_at == rpc::RendezvousStepName(step)) {
+      std::printf("rank %d: SIGKILL at rendezvous step '%s'\n", rank, die_at.c_str());
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }
+    return absl::OkStatus();
+  };
+  auto agent = rpc::RpcAgent::Create(*options, registry, std::move(collaborators));
+  if (!agent.ok()) return Fail(agent.status().ToString());
+  std::printf("rank %d: started, incarnation %lld\n", rank,
+              static_cast<long long>((*agent)->incarnation()));
+  std::fflush(stdout);
+  const CallOptions opts{absl::Seconds(20)};
+
+  if (all_pairs) {
+    const bool after_barrier =
+        die_at == rpc::RendezvousStepName(rpc::RendezvousStep::kAfterInitBarrier);
+    if (!first_start && after_barrier) {
+      for (int to = 0; to < world; ++to) {
+        auto r = (*agent)->rpc_async(opts, to, hello_fn, int64_t{rank}).result();
+        if (!r.ok()) return Fail(absl::StrCat("hello to rank ", to, ": ", r.status().ToString()));
+      }
+    }
+    if (rank != 0) {
+      auto r = (*agent)->rpc_async(opts, 0, report_fn, int64_t{rank}).result();
+      if (!r.ok()) return Fail(absl::StrCat("report: ", r.status().ToString()));
+    } else {
+      absl::MutexLock lock(&mu);
+      auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return static_cast<int>(reported.size()) == world - 1;
+      };
+      if (!mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60))) {
+        return Fail("not every w rank reported");
+      }
+    }
+    for (int to = 0; to < world; ++to) {
+      auto r = (*agent)->rpc_async(opts, to, whoami_fn).result();
+      if (!r.ok()) {
+        return Fail(absl::StrCat("rank ", rank, " -> ", to, ": ", r.status().ToString()));
+      }
+      const int64_t expected =
+          to == victim && die_at != rpc::RendezvousStepName(rpc::RendezvousStep::kConnectingStore)
+              ? 2
+              : 1;
+      if (*r != expected) {
+        return Fail(absl::StrCat("rank ", to, " reports incarnation ", *r, ", expected ",
+                                 expected));
+      }
+    }
+  } else {
+    auto r = (*agent)->rpc_async(opts, 0, whoami_fn).result();
+    if (!r.ok()) return Fail(absl::StrCat("rank ", rank, " -> 0: ", r.status().ToString()));
+  }
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail(s.ToString());
+  if (rank == 0) std::printf("RESULT OK\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Run(argc, argv); }
