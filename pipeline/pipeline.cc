@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "pipeline/internal/functions.h"
 #include "pipeline/trace.h"
+#include "rpc/executor.h"
 
 namespace baton::pipeline {
 namespace {
@@ -568,6 +569,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const torch::Tensor& inputs,
   while (true) {
     int abort_after = -1;
     {
+      rpc::Executor::BlockingScope blocking;  // on a pool thread: lends its place
       absl::MutexLock lock(&gather->mu);
       gather->mu.Await(absl::Condition(gather.get(), &Gather::Progress));
       if (gather->done == p) {

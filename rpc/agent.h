@@ -125,6 +125,10 @@ struct AgentOptions {
   int64_t max_bytes_in_flight = int64_t{256} << 20;
   int min_threads = 4;
   int max_threads = 256;
+  // User functions running at once, not counting those waiting in a baton
+  // wait (rpc/executor.h, E1-E3); 0: the number of hardware threads, at
+  // least 2.
+  int parallelism = 0;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;

@@ -277,7 +277,7 @@ absl::Status AgentImpl::Rendezvous() {
   if (timer_ == nullptr) timer_ = std::make_unique<DeadlineTimer>();
   if (executor_ == nullptr) {
     executor_ = std::make_unique<Executor>(
-        Executor::Options{options_.min_threads, options_.max_threads});
+        Executor::Options{options_.min_threads, options_.max_threads, options_.parallelism});
   }
   // F2/F3 (flow_control.h): every request from a peer passes the gate, also
   // those that arrive before our rendezvous finished.

@@ -1,12 +1,25 @@
 // Executor: the agent's thread pool for user functions and callbacks.
 //
-// Contract: tasks run in FIFO order of submission on pool threads, never on
-// the caller's thread. The pool starts with `min_threads` and grows by one
-// thread whenever a task is queued while no thread is idle, up to
-// `max_threads`. This is what keeps nested RPCs (A calls B calls A) from
-// deadlocking: a thread blocked in a nested call is busy, so the next request
-// gets a new thread. Past `max_threads` tasks queue; every RPC wait has a
-// deadline, so a saturated pool degrades into timeouts, never a hang.
+// Contract:
+// - Tasks start in FIFO order of submission on pool threads, never on the
+//   caller's thread.
+// - E1 CPU-bound work runs on about as many threads as cores: at most
+//   `parallelism` tasks run at once, not counting threads that wait inside a
+//   BlockingScope (every baton wait on a pool thread is one: futures, room
+//   in a flow-control window, the pipeline's and the store's waits). A flood
+//   of CPU-heavy requests therefore queues instead of time-slicing hundreds
+//   of threads, and a request of another caller starts after a few tasks.
+// - E2 A blocked thread lends its place: entering a BlockingScope lets the
+//   next queued task start, on an idle thread or a new one (up to
+//   `max_threads`). This is what keeps nested RPCs (A calls B calls A) from
+//   deadlocking: a thread waiting for a nested call is not counted.
+// - E3 No starvation by foreign waits: if tasks are queued and none has
+//   started for `starvation_interval` (running tasks block in a wait the
+//   pool cannot see, e.g. a user's own lock or sleep), one more task is
+//   allowed to run, and again after each further interval without a start,
+//   up to `max_threads`; the allowance resets once the queue is empty.
+// - Past `max_threads` tasks queue; every RPC wait has a deadline, so a
+//   saturated pool degrades into timeouts, never a hang.
 //
 // Thread-safety: safe for concurrent use. Close() and Join() may be called
 // from any thread except a pool thread (Join from a pool thread would wait
@@ -14,6 +27,7 @@
 #ifndef BATON_RPC_EXECUTOR_H_
 #define BATON_RPC_EXECUTOR_H_
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -33,6 +47,24 @@ class Executor {
   struct Options {
     int min_threads = 2;
     int max_threads = 256;
+    // Tasks running at once outside a BlockingScope (E1); 0: the number of
+    // hardware threads, at least 2.
+    int parallelism = 0;
+    absl::Duration starvation_interval = absl::Milliseconds(10);  // E3
+  };
+
+  // Marks the calling thread, if it is a pool thread of some Executor, as
+  // waiting (E2) for the scope's lifetime. A no-op on any other thread.
+  // Scopes nest.
+  class BlockingScope {
+   public:
+    BlockingScope();
+    ~BlockingScope();
+    BlockingScope(const BlockingScope&) = delete;
+    BlockingScope& operator=(const BlockingScope&) = delete;
+
+   private:
+    void* state_;  // the pool's State, or null
   };
 
   explicit Executor(Options options);
@@ -45,7 +77,8 @@ class Executor {
   // Queues `task`. Returns false (and drops the task) after Close().
   bool Submit(absl::AnyInvocable<void()> task);
 
-  // Stops accepting tasks. Already queued tasks still run.
+  // Stops accepting tasks. Already queued tasks still run (without the
+  // parallelism limit).
   void Close();
 
   // Waits until the queue is empty and every thread has exited. Threads
@@ -59,30 +92,18 @@ class Executor {
   bool InPool() const;
 
   int num_threads() const;
-  int busy_threads() const;
+  int busy_threads() const;     // running a task, blocked or not
+  int blocked_threads() const;  // inside a BlockingScope
+  int parallelism() const { return parallelism_; }
 
  private:
-  // Everything a pool thread touches. Threads hold it by shared_ptr, so a
-  // thread that Join() detached (its task outlived the timeout) finishes
-  // against this state even after the Executor is destroyed.
-  struct State {
-    mutable absl::Mutex mu;
-    absl::CondVar work;
-    std::deque<absl::AnyInvocable<void()>> queue ABSL_GUARDED_BY(mu);
-    std::vector<std::thread::id> thread_ids ABSL_GUARDED_BY(mu);
-    int idle ABSL_GUARDED_BY(mu) = 0;
-    int running ABSL_GUARDED_BY(mu) = 0;
-    int exited ABSL_GUARDED_BY(mu) = 0;
-    bool closed ABSL_GUARDED_BY(mu) = false;
-  };
+  struct State;
   static void WorkerLoop(std::shared_ptr<State> state);
-  void StartThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
+  static void MonitorLoop(std::shared_ptr<State> state);
 
-  const Options options_;
+  const int parallelism_;
+  // Shared with the threads, which may outlive a Join that timed out.
   const std::shared_ptr<State> state_;
-  // Only the owner's threads (Submit, Join) touch these, under state_->mu.
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(state_->mu);
-  bool joined_ ABSL_GUARDED_BY(state_->mu) = false;
 };
 
 }  // namespace baton::rpc

@@ -63,6 +63,9 @@ struct FutureState {
   }
 
   bool WaitFor(absl::Duration timeout) const {
+    if (ready()) return true;
+    // A pool thread that waits lends its place to the next task (E2).
+    Executor::BlockingScope blocking;
     absl::MutexLock lock(&mu);
     auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       return result.has_value();
@@ -104,6 +107,8 @@ struct FutureState {
   }
 
   const Result& Get() const {
+    std::optional<Executor::BlockingScope> blocking;
+    if (!ready()) blocking.emplace();  // E2, as in WaitFor
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(
         +[](const std::optional<Result>* r) { return r->has_value(); }, &result));

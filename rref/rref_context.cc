@@ -268,6 +268,26 @@ void RRefContext::ForgetUncreated(ForkId fork) {
   if (it != users_.end()) it->second->counted = false;
 }
 
+absl::Status RRefContext::CheckOwner(const RefHandle& handle,
+                                     absl::string_view owner_name) const {
+  if (handle.is_owner()) return absl::OkStatus();
+  const int owner = handle.owner();
+  const int64_t now = incarnation_of_ ? incarnation_of_(owner) : 0;
+  absl::MutexLock lock(&mu_);
+  auto it = users_.find(handle.fork());
+  if (it == users_.end()) return absl::OkStatus();
+  const int64_t made_for = it->second->owner_incarnation;
+  const bool dead = DeadLocked(Holder{owner, made_for});
+  const bool replaced = made_for > 0 && now > made_for;
+  if (!dead && !replaced) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "RRef ", handle.rref().ToString(), ": its owner, worker '", owner_name, "' (id ", owner,
+      made_for > 0 ? absl::StrCat(", incarnation ", made_for) : std::string(), ")",
+      ", died with its value",
+      replaced ? absl::StrCat("; incarnation ", now, " of that rank rejoined the job without it")
+               : std::string()));
+}
+
 void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent, Holder holder) {
   std::shared_ptr<OwnerEntry> freed;
   {

@@ -73,6 +73,12 @@
 //     after its caller gave up is dropped undecoded, and its forks stay
 //     until the caller's worker dies or the job ends; so do the forks a
 //     request's decoder had not reached when it failed part-way.
+// G10 A user of an RRef whose owner died learns so at once. Once the owner
+//     incarnation recorded for the user's fork is reported dead (G7), or a
+//     newer incarnation of the owner's rank is known (it restarted: the
+//     value died with its predecessor), to_here() and method calls through
+//     that fork fail with UNAVAILABLE naming the RRef, the owner and its
+//     incarnations, without a message to the owner (CheckOwner).
 // G9  An RRef in flight from its owner to its owner is counted. While a
 //     message that carries the owner's own RRef from the owner to itself
 //     is in flight, its fork keeps the value alive, even if every other
@@ -256,6 +262,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // G8: the remote() that made user fork `fork` (CreateUserForRemote) never
   // reached the owner; the entry will send no UserDelete. Idempotent.
   void ForgetUncreated(ForkId fork);
+
+  // G10: OK, or UNAVAILABLE if the owner incarnation that `handle`'s fork
+  // was made for died or was replaced. OK on the owner itself.
+  // `owner_name` names the owner in the error.
+  absl::Status CheckOwner(const RefHandle& handle, absl::string_view owner_name) const;
 
   // ---- Incoming control messages ----
   // `holder`: the worker that sent it (the fork's new holder).

@@ -45,6 +45,10 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   if (rpc::Future<void> c = handle_->created(); c.ready() && !c.status().ok()) {
     return rpc::MakeErrorFuture<T>(Annotate(c.status(), absl::StrCat("to_here of ", Describe())));
   }
+  // G10: an owner that died took the value along.
+  if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {
+    return rpc::MakeErrorFuture<T>(Annotate(s, absl::StrCat("to_here of ", Describe())));
+  }
   proto::RRefCall h;
   ToProto(handle_->rref(), h.mutable_rref());
   h.set_type(handle_->type());
@@ -104,6 +108,14 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
     return rpc::MakeErrorFuture<R>(
         Annotate(c.status(), absl::StrCat(m->qualified_name, " on ", Describe())));
   }
+  {
+    auto owner = agent->worker(handle_->owner());
+    if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
+    if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {  // G10
+      return rpc::MakeErrorFuture<R>(
+          Annotate(s, absl::StrCat(m->qualified_name, " on ", Describe())));
+    }
+  }
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
   auto payload = agent->registry().EncodeForSend(
       tuple, rpc::MessageInfo{agent, /*is_request=*/true, handle_->owner(), m->qualified_name});
@@ -161,6 +173,17 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     return RRef<R>(std::move(result), service_);
   }
   auto result = ctx->CreateUserForRemote(handle_->owner(), type);
+  {
+    // G10: a dead owner runs no method; the result is never created.
+    auto owner = agent->worker(handle_->owner());
+    absl::Status s = owner.ok() ? ctx->CheckOwner(*handle_, owner->name) : owner.status();
+    if (!s.ok()) {
+      ctx->ForgetUncreated(result->fork());  // G8: nothing reached the owner
+      result->created_promise().SetError(
+          Annotate(s, absl::StrCat("remote(", m->qualified_name, ") on ", Describe())));
+      return RRef<R>(std::move(result), service_);
+    }
+  }
   proto::RRefCall h;
   ToProto(handle_->rref(), h.mutable_rref());
   ToProto(result->rref(), h.mutable_result_rref());

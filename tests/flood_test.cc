@@ -75,17 +75,18 @@ constexpr absl::Duration kDeafTime = absl::Seconds(10);
 constexpr int64_t kMillion = 1'000'000;
 constexpr int64_t kTensorFloats = 4096;  // 16 KiB per `work` call
 // Bounds. Measured on this 2-core machine (README, "Reliability"): w0's peak
-// grows by 70-125 MiB in a 20 s flood (256 executor threads, each with its
-// stack and malloc arena; +99 MiB after 5 s, +135 MiB after 45 s), by
-// ~20-40 MiB for a million small calls; the caller's by 2-5 MiB. Without
-// flow control w0 would hold every call w1 can send in 20 s: ~60k calls of
-// 16 KiB, about 1 GiB.
+// grows by 1-36 MiB in a 20 s flood (the executor runs `work` on as many
+// threads as cores, rpc/executor.h E1; with a thread per waiting request it
+// grew by 70-125 MiB), by ~20-40 MiB for a million small calls; the
+// caller's by 2-5 MiB. Without flow control w0 would hold every call w1 can
+// send in 20 s: ~60k calls of 16 KiB, about 1 GiB.
 constexpr int64_t kServerRssBound = int64_t{256} << 20;
 constexpr int64_t kCallerRssBound = int64_t{64} << 20;
 constexpr int64_t kDeafRssBound = kServerRssBound + (int64_t{64} << 20);
-constexpr absl::Duration kOtherCallerP99 = absl::Milliseconds(250);
-// Measured p99 44-172 ms, max 115-1109 ms (256 threads share two cores).
-constexpr absl::Duration kOtherCallerMax = absl::Seconds(3);
+// Measured p99 7-8 ms, max 11-13 ms. With a thread per waiting request
+// (256 threads sharing two cores) it was p99 44-172 ms, max 115-1109 ms.
+constexpr absl::Duration kOtherCallerP99 = absl::Milliseconds(50);
+constexpr absl::Duration kOtherCallerMax = absl::Seconds(1);
 
 const Function<int64_t(at::Tensor)> work_fn("work");
 const Function<int64_t(int64_t)> echo_fn("echo");

@@ -1,5 +1,6 @@
 // Futures, the executor and the deadline timer.
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -127,6 +128,86 @@ TEST(Executor, BackToBackSubmitsNeverShareOneIdleThread) {
     ex.Close();
     ASSERT_TRUE(ex.Join(absl::Seconds(5)).ok());
   }
+}
+
+// E1: CPU-bound tasks run `parallelism` at a time, however many are
+// queued: the pool does not grow a thread per waiting task.
+TEST(Executor, E1_CpuBoundTasksRunOnlyParallelismAtOnce) {
+  Executor ex(Executor::Options{/*min_threads=*/1, /*max_threads=*/64, /*parallelism=*/2});
+  std::atomic<int> now{0}, most{0}, done{0};
+  absl::Notification all_done;
+  constexpr int kTasks = 40;
+  for (int i = 0; i < kTasks; ++i) {
+    ASSERT_TRUE(ex.Submit([&] {
+      const int n = now.fetch_add(1) + 1;
+      int m = most.load();
+      while (n > m && !most.compare_exchange_weak(m, n)) {
+      }
+      const absl::Time until = absl::Now() + absl::Milliseconds(2);  // CPU work
+      while (absl::Now() < until) {
+      }
+      now.fetch_sub(1);
+      if (done.fetch_add(1) + 1 == kTasks) all_done.Notify();
+    }));
+  }
+  ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_LE(most.load(), 2);
+  EXPECT_LE(ex.num_threads(), 3);  // never a thread per queued task
+  ex.Close();
+  EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
+}
+
+// E2: a task that waits for a future lends its place at once: the task that
+// completes the future runs though parallelism is 1, without the
+// starvation allowance (E3 is set far beyond the test's deadline).
+TEST(Executor, E2_ATaskWaitingOnAFutureLetsTheNextTaskRun) {
+  Executor ex(Executor::Options{1, 8, /*parallelism=*/1, absl::Seconds(600)});
+  Promise<int> promise(&ex);
+  Future<int> future = promise.future();
+  absl::Notification first_done;
+  std::atomic<int> seen{0};
+  ASSERT_TRUE(ex.Submit([&] {
+    EXPECT_TRUE(future.WaitFor(absl::Seconds(20)));
+    seen = future.value();
+    first_done.Notify();
+  }));
+  ASSERT_TRUE(ex.Submit([&] { promise.SetValue(7); }));
+  ASSERT_TRUE(first_done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(seen.load(), 7);
+  // Nested: each level waits for the next, 5 deep, on a pool of 1.
+  std::function<Future<int>(int)> nest = [&](int depth) -> Future<int> {
+    Promise<int> p(&ex);
+    Future<int> f = p.future();
+    EXPECT_TRUE(ex.Submit([&nest, depth, p]() mutable {
+      if (depth == 0) {
+        p.SetValue(0);
+        return;
+      }
+      auto inner = nest(depth - 1).result();
+      p.SetValue(inner.ok() ? *inner + 1 : -100);
+    }));
+    return f;
+  };
+  auto r = nest(5).result();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 5);
+  ex.Close();
+  EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
+}
+
+// E3: a task blocked in a wait the pool cannot see (here a Notification)
+// does not starve the queue: after the starvation interval without a start,
+// one more task may run.
+TEST(Executor, E3_AForeignWaitDoesNotStarveTheQueue) {
+  Executor ex(Executor::Options{1, 8, /*parallelism=*/1, absl::Milliseconds(20)});
+  absl::Notification second_ran, first_saw;
+  ASSERT_TRUE(ex.Submit([&] {
+    if (second_ran.WaitForNotificationWithTimeout(absl::Seconds(20))) first_saw.Notify();
+  }));
+  ASSERT_TRUE(ex.Submit([&] { second_ran.Notify(); }));
+  ASSERT_TRUE(first_saw.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ex.Close();
+  EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
 }
 
 TEST(Executor, JoinIsBoundedWhenATaskHangs) {

@@ -117,11 +117,11 @@ TEST(Restart, P1_P4_ANewIncarnationThatCallsReplacesItsPredecessor) {
   EXPECT_EQ(f.cause.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(f.cause.message(), "incarnation 2 of its rank rejoined"))
       << f.cause;
-  // Worker 0's calls to rank 2 reach the new incarnation.
-  EXPECT_TRUE(Eventually([&] {
-    auto r = j.agent(0).rpc_async(2, whoami_fn).result();
-    return r.ok() && *r == 2;
-  }));
+  // Worker 0's calls to rank 2 reach the new incarnation, the first one
+  // included (P6: it follows the registration before sending).
+  auto first = j.agent(0).rpc_async(2, whoami_fn).result();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 2);
   // P4: the replaced process can no longer act for its rank.
   auto refused = replaced->rpc_async(0, whoami_fn).result();
   ASSERT_FALSE(refused.ok());
@@ -241,6 +241,30 @@ TEST(Restart, G7_AnOwnerReleasesTheForksOfAKilledWorker) {
   }
   EXPECT_TRUE(j.rrefs[0]->WaitUntilEmpty(absl::Seconds(10)).ok());
   EXPECT_TRUE(j.rrefs[2]->WaitUntilEmpty(absl::Seconds(10)).ok());
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// G10: a user of an RRef whose owner died and was restarted fails at once,
+// naming the owner and both incarnations, instead of asking the new
+// incarnation for a value it never had (which waited until the deadline).
+TEST(Restart, G10_AUserOfARestartedOwnersRRefFailsAtOnceByName) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+  ASSERT_TRUE(r.to_here_async().result().ok());
+  ASSERT_TRUE(j.job->Restart(1).ok());
+  // The new incarnation calls w0, which learns of it (P1).
+  ASSERT_TRUE(j.agent(1).rpc_async(0, whoami_fn).result().ok());
+  EXPECT_EQ(j.agent(0).peer_incarnation(1), 2);
+  const absl::Time start = absl::Now();
+  auto v = r.to_here_async(absl::Seconds(20)).result();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  ASSERT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
+  EXPECT_TRUE(absl::StrContains(v.status().message(),
+                                "its owner, worker 'w1' (id 1, incarnation 1), died with its "
+                                "value; "
+                                "incarnation 2 of that rank rejoined the job without it"))
+      << v.status();
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
 

@@ -1,7 +1,9 @@
 // The same-host bulk channel (rpc/internal/shm_channel.h), tested by its
 // protocol guarantees S1-S5.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "rpc/internal/shm_channel.h"
 
 namespace baton::rpc::internal {
@@ -127,6 +130,61 @@ TEST(ShmChannel, S5_CloseUnlinksAndSweepRemovesDeadProcessesObjects) {
   EXPECT_FALSE(ShmExists(orphan));
   EXPECT_TRUE(ShmExists(foreign));
   shm_unlink(foreign.c_str());
+}
+
+// S5 across PID namespaces: objects of another namespace are swept once
+// their creator's liveness marker is no longer held (the creator died), and
+// kept while it is. A child process plays the creator of another namespace
+// ("/baton.7.<pid>."): it holds a marker, is SIGKILLed, and its objects go.
+TEST(ShmChannel, S5_ObjectsOfAnotherPidNamespaceGoWhenTheirCreatorsMarkerIsReleased) {
+  int ready[2], hold[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    close(hold[1]);
+    auto marker = LivenessMarker::Create(absl::StrCat("/baton.7.", getpid(), "."));
+    const char ok = marker.ok() ? 'y' : 'n';
+    (void)!write(ready[1], &ok, 1);
+    char c;
+    (void)!read(hold[0], &c, 1);  // until the parent kills it
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 'y');
+  const std::string prefix = absl::StrCat("/baton.7.", child, ".");
+  const std::string object = prefix + "s0";
+  const int fd = shm_open(object.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  // Unjudgeable without a marker: another namespace's object stays.
+  const std::string unmarked = "/baton.8.2147480001.s0";
+  const int ufd = shm_open(unmarked.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(ufd, 0);
+  close(ufd);
+
+  ShmChannel::Sweep();
+  EXPECT_TRUE(ShmExists(object));  // its creator lives
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_GE(ShmChannel::Sweep(), 1);
+  EXPECT_FALSE(ShmExists(object));
+  EXPECT_TRUE(ShmExists(unmarked));
+  shm_unlink(unmarked.c_str());
+  close(ready[0]);
+  close(hold[1]);
+  // A live channel's own marker keeps its objects through any sweep.
+  ShmChannel sender;
+  Frame f = FrameWith(kBig);
+  sender.Export(f, absl::Now() + absl::Seconds(10));
+  ShmChannel::Sweep();
+  EXPECT_TRUE(ShmExists(f.header.shm_blobs(0).name()));
 }
 
 TEST(ShmChannel, ImportRejectsForgedEntries) {

@@ -1,5 +1,7 @@
 #include "rpc/internal/flow_control.h"
 
+#include <optional>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,10 +36,13 @@ absl::Status CallWindow::Acquire(int peer, int64_t bytes, absl::Time deadline,
   if (peer < 0 || peer >= static_cast<int>(limits_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no peer ", peer));
   }
+  // Declared before the lock, so it ends after the lock is released.
+  std::optional<Executor::BlockingScope> blocking;
   absl::MutexLock lock(&mu_);
   if (closed_) return absl::CancelledError("the agent is shutting down");
   if (!FitsLocked(peer, bytes)) {
     ++waited_;
+    if (may_wait) blocking.emplace();  // a pool thread lends its place (E2)
     auto room = [this, peer, bytes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return closed_ || FitsLocked(peer, bytes);
     };

@@ -3,11 +3,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -152,7 +154,12 @@ class ShmChannel::BufferCache : public std::enable_shared_from_this<BufferCache>
 };
 
 ShmChannel::ShmChannel()
-    : pid_(static_cast<int>(getpid())), buffers_(std::make_shared<BufferCache>()) {}
+    : pid_(static_cast<int>(getpid())), buffers_(std::make_shared<BufferCache>()) {
+  // S5: marked alive before any object exists (without a marker, a sweep
+  // from another PID namespace leaves this channel's objects alone).
+  auto marker = LivenessMarker::Create(ObjectPrefix(pid_));
+  if (marker.ok()) alive_ = *std::move(marker);
+}
 
 ShmChannel::~ShmChannel() { Close(); }
 
@@ -304,24 +311,83 @@ std::string ShmChannel::ObjectPrefix(int pid) {
   return absl::StrCat("/", kPrefix, PidNamespace(), ".", pid, ".");
 }
 
+absl::StatusOr<std::unique_ptr<LivenessMarker>> LivenessMarker::Create(
+    const std::string& prefix) {
+  static std::atomic<uint64_t> next{0};
+  const std::string suffix = absl::StrCat(getpid(), "-", next.fetch_add(1));
+  // Created under a name Sweep() ignores, locked, then renamed: the marker
+  // is never visible unlocked.
+  const std::string hidden = absl::StrCat("/dev/shm/.baton-alive-", suffix);
+  const std::string name = absl::StrCat(prefix, "alive.", suffix);
+  const int fd = open(hidden.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("open(", hidden, "): ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+      rename(hidden.c_str(), absl::StrCat("/dev/shm", name).c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    unlink(hidden.c_str());
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("liveness marker ", name, ": ", why));
+  }
+  return std::unique_ptr<LivenessMarker>(new LivenessMarker(fd, name));
+}
+
+LivenessMarker::~LivenessMarker() {
+  shm_unlink(name_.c_str());
+  close(fd_);  // drops the lock
+}
+
+namespace {
+
+// Whether the marker `name` (in /dev/shm) is held by a live process.
+bool MarkerHeld(const std::string& name) {
+  const int fd = open(absl::StrCat("/dev/shm/", name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // gone meanwhile: its holder released it
+  const bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  close(fd);
+  return held;
+}
+
+}  // namespace
+
 int ShmChannel::Sweep() {
-  int removed = 0;
+  // baton.<ns>.<pid>.<kind><n>, grouped by creator (<ns>.<pid>).
+  struct Creator {
+    std::vector<std::string> objects;
+    std::vector<std::string> markers;
+  };
+  std::map<std::string, Creator> creators;
   DIR* d = opendir("/dev/shm");
   if (d == nullptr) return 0;
   while (dirent* e = readdir(d)) {
     if (!absl::StartsWith(e->d_name, kPrefix)) continue;
-    // baton.<ns>.<pid>.<kind><n>: only this namespace's pids can be judged.
     std::vector<std::string> parts = absl::StrSplit(e->d_name, '.');
     int pid = 0;
-    if (parts.size() < 4 || parts[1] != PidNamespace() || !absl::SimpleAtoi(parts[2], &pid) ||
-        pid <= 0) {
-      continue;
-    }
-    if (kill(pid, 0) != 0 && errno == ESRCH) {
-      if (shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0) ++removed;
-    }
+    if (parts.size() < 4 || !absl::SimpleAtoi(parts[2], &pid) || pid <= 0) continue;
+    Creator& c = creators[absl::StrCat(parts[1], ".", parts[2])];
+    (parts[3] == "alive" ? c.markers : c.objects).push_back(e->d_name);
   }
   closedir(d);
+  int removed = 0;
+  const std::string ns = PidNamespace();
+  for (const auto& [key, c] : creators) {
+    const std::string creator_ns = key.substr(0, key.find('.'));
+    const int pid = std::atoi(key.c_str() + key.find('.') + 1);
+    bool dead;
+    if (!c.markers.empty()) {
+      dead = std::none_of(c.markers.begin(), c.markers.end(), MarkerHeld);
+    } else if (creator_ns == ns) {
+      dead = kill(pid, 0) != 0 && errno == ESRCH;
+    } else {
+      dead = false;  // another namespace's pid, and no marker: cannot judge
+    }
+    if (!dead) continue;
+    for (const std::string& name : c.objects) {
+      if (shm_unlink(absl::StrCat("/", name).c_str()) == 0) ++removed;
+    }
+    for (const std::string& name : c.markers) shm_unlink(absl::StrCat("/", name).c_str());
+  }
   return removed;
 }
 

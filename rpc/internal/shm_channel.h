@@ -25,9 +25,11 @@
 // S4. A peer is sent segments only if it proved at rendezvous that it can
 //     open an object this worker created (same /dev/shm).
 // S5. Close() unlinks every segment name; Sweep() removes names left by dead
-//     processes: "/baton.<ns>.<pid>.*" of this PID namespace whose pid is
-//     gone. Names from other PID namespaces (containers or sandboxes sharing
-//     /dev/shm) are never touched: their pids cannot be checked from here.
+//     processes: "/baton.<ns>.<pid>.*" whose creator is gone. The creator's
+//     liveness is judged by its LivenessMarker, in any PID namespace that
+//     shares /dev/shm (containers, sandboxes): the group is gone when it has
+//     markers and none is locked. Without a marker, only a pid of this PID
+//     namespace can be judged (kill(pid, 0)); other names stay.
 // Without a free segment and no room to create one (pool limit, or /dev/shm
 // full), the blob stays on the stream.
 //
@@ -58,6 +60,29 @@
 #include "rpc/internal/wire.h"
 
 namespace baton::rpc::internal {
+
+// A process's mark of life in /dev/shm: "/baton.<ns>.<pid>.alive.<k>",
+// held open with an exclusive flock(2) for the marker's lifetime. The kernel
+// drops the lock when the process dies (SIGKILL included), so Sweep() in any
+// PID namespace that shares /dev/shm can tell a live creator from a dead
+// one. The name appears already locked (created under a name Sweep ignores,
+// locked, then renamed). Every creator of baton objects (ShmChannel,
+// ShmTransport) holds one before it creates any; a process that forks
+// without exec keeps the lock in the child until the child exits.
+class LivenessMarker {
+ public:
+  // `prefix`: ObjectPrefix(getpid()) in production; tests pass another.
+  static absl::StatusOr<std::unique_ptr<LivenessMarker>> Create(const std::string& prefix);
+  ~LivenessMarker();  // unlinks and unlocks
+  LivenessMarker(const LivenessMarker&) = delete;
+  LivenessMarker& operator=(const LivenessMarker&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  LivenessMarker(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+  const int fd_;
+  const std::string name_;  // "/baton...."
+};
 
 class ShmChannel {
  public:
@@ -107,6 +132,8 @@ class ShmChannel {
   absl::StatusOr<std::shared_ptr<Mapping>> Map(const std::string& name, uint64_t capacity);
 
   const int pid_;
+  // S5: held while this channel may own objects (null if /dev/shm refused).
+  std::unique_ptr<LivenessMarker> alive_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   size_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;

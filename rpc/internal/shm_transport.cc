@@ -172,6 +172,9 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(ShmTransportO
         options.ring_bytes));
   }
   std::unique_ptr<ShmTransport> t(new ShmTransport(options, rank, world_size, handler));
+  // Marked alive before any object exists (ShmChannel's S5).
+  auto marker = LivenessMarker::Create(ShmChannel::ObjectPrefix(getpid()));
+  if (marker.ok()) t->alive_ = *std::move(marker);
   t->hub_name_ =
       absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "hub.", RandomSuffix());
   std::string error;

@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rpc/internal/shm_channel.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport.h"
 
@@ -124,6 +125,8 @@ class ShmTransport : public ::baton::rpc::Transport {
   const ShmTransportOptions options_;
   const int rank_;
   TransportHandler* const handler_;
+  // Held while this transport owns objects in /dev/shm (ShmChannel's S5).
+  std::unique_ptr<LivenessMarker> alive_;
   std::string hub_name_;
   Hub* hub_ = nullptr;  // mapped
 
