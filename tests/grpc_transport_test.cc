@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/internal/transport.h"
@@ -44,6 +45,46 @@ TEST(GrpcTransport, FirstCallOverALinkSlowerThanTheReconnectBackoffArrives) {
   }
   EXPECT_EQ((*link)->accepted(), 1);
   EXPECT_TRUE((*caller)->CloseStreams(/*cancel=*/false, absl::Seconds(5)).ok());
+  (*caller)->StopServer(absl::ZeroDuration());
+  (*callee)->StopServer(absl::ZeroDuration());
+}
+
+// A stream is bound to the caller id of its first request: a later request
+// on it that claims another caller closes the stream with PERMISSION_DENIED
+// naming both ids, before the handler sees it (flow control counts requests
+// per caller; no stream may use another caller's room).
+TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
+  Recorder caller_side, callee_side;
+  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
+  ASSERT_TRUE(callee.ok()) << callee.status();
+  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  (*caller)->AddPeer(1, (*callee)->address());
+  Frame first = Request(1);
+  first.header.set_caller_id(3);
+  ASSERT_TRUE((*caller)->Send(1, std::move(first)).ok());
+  ASSERT_TRUE(caller_side.WaitResponses(1, absl::Seconds(10)));
+  Frame again = Request(2);
+  again.header.set_caller_id(3);
+  ASSERT_TRUE((*caller)->Send(1, std::move(again)).ok());
+  ASSERT_TRUE(caller_side.WaitResponses(2, absl::Seconds(10)));
+  Frame other = Request(3);
+  other.header.set_caller_id(4);  // another caller's id, same stream
+  ASSERT_TRUE((*caller)->Send(1, std::move(other)).ok());
+  ASSERT_TRUE(caller_side.WaitClosed(absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&caller_side.mu_);
+    ASSERT_EQ(caller_side.closed_.size(), 1u);
+    const absl::Status& cause = caller_side.closed_[0].second;
+    EXPECT_EQ(cause.code(), absl::StatusCode::kPermissionDenied) << cause;
+    EXPECT_TRUE(absl::StrContains(cause.message(),
+                                  "claims caller id 4 on a stream bound to caller id 3"))
+        << cause;
+  }
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    EXPECT_EQ(callee_side.requests_.size(), 2u);  // the third never reached it
+  }
   (*caller)->StopServer(absl::ZeroDuration());
   (*callee)->StopServer(absl::ZeroDuration());
 }

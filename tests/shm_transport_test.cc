@@ -70,6 +70,27 @@ TEST(ShmTransport, T1_FramesArriveWholeOnceAndInOrderWithReplies) {
   }
 }
 
+// A link's requests come from its peer: one that claims another caller id
+// closes the link (PERMISSION_DENIED naming both), and never reaches the
+// handler, so it cannot use another caller's flow-control room.
+TEST(ShmTransport, ARequestClaimingAnotherCallerClosesTheLink) {
+  Pair p;
+  ASSERT_TRUE(p.t0->Send(1, Request(1, 8)).ok());  // caller id 0: its own
+  ASSERT_TRUE(p.h1.WaitRequests(1, absl::Seconds(10)));
+  Frame forged = Request(2, 8);
+  forged.header.set_caller_id(1);
+  ASSERT_TRUE(p.t0->Send(1, std::move(forged)).ok());
+  ASSERT_TRUE(p.h1.WaitClosed(absl::Seconds(10)));
+  absl::MutexLock lock(&p.h1.mu_);
+  EXPECT_EQ(p.h1.requests_.size(), 1u);
+  ASSERT_EQ(p.h1.closed_.size(), 1u);
+  EXPECT_EQ(p.h1.closed_[0].first, 0);
+  EXPECT_EQ(p.h1.closed_[0].second.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(p.h1.closed_[0].second.message(),
+                                "link from worker 0 claims caller id 1"))
+      << p.h1.closed_[0].second;
+}
+
 TEST(ShmTransport, T1_FramesLargerThanTheRingAreCutAndPutBackTogether) {
   ShmTransportOptions o;
   o.ring_bytes = 16 << 10;  // 16 KiB rings, 1 MB frames

@@ -412,6 +412,15 @@ bool ShmTransport::Poll() {
       any = true;
       for (Frame& f : frames) {
         frames_received_.fetch_add(1, std::memory_order_relaxed);
+        // A link joins two ranks: its requests come from its peer, and a
+        // frame that claims another caller breaks the link (flow control
+        // counts requests per caller, so none may borrow another's room).
+        if (f.header.kind() == proto::FrameHeader::REQUEST && f.header.caller_id() != p) {
+          CloseLink(p, absl::PermissionDeniedError(absl::StrCat(
+                           "a request on the shared-memory link from worker ", p,
+                           " claims caller id ", f.header.caller_id(), "; link closed")));
+          break;
+        }
         if (f.header.kind() == proto::FrameHeader::REQUEST) {
           handler_->OnRequest(std::make_shared<Reply>(this, link), std::move(f));
         } else {

@@ -184,8 +184,21 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       outbox_->Close();
       return;
     }
+    // A stream is bound to the caller id its first request claims: flow
+    // control counts requests per caller (F2), so a stream must not spread
+    // its requests over other callers' room.
     for (auto& f : frames) {
-      caller_.store(f.header.caller_id(), std::memory_order_relaxed);
+      int bound = -1;
+      const int claimed = f.header.caller_id();
+      if (!caller_.compare_exchange_strong(bound, claimed, std::memory_order_relaxed) &&
+          bound != claimed) {
+        finish_status_ = grpc::Status(
+            grpc::StatusCode::PERMISSION_DENIED,
+            absl::StrCat("baton: a request claims caller id ", claimed,
+                         " on a stream bound to caller id ", bound, "; stream closed"));
+        outbox_->Close();
+        return;
+      }
       handler_->OnRequest(sink_, std::move(f));
     }
     // A caller that does not read its replies gets no more requests read;
@@ -234,7 +247,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   std::shared_ptr<Sink> sink_;
   Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
-  std::atomic<int> caller_{-1};  // from the frames' caller ids
+  std::atomic<int> caller_{-1};  // bound by the first request's caller id
   // How the stream ends: OK after the caller's half-close, DATA_LOSS
   // naming the problem after a malformed packet.
   grpc::Status finish_status_ = grpc::Status::OK;

@@ -98,6 +98,22 @@ bool WaitForFile(const std::string& path, absl::Duration timeout) {
   return true;
 }
 
+bool WaitForPort(int port, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (up) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
   const std::string needle = absl::StrCat("BATON_TEST_MARKER=", marker);
   std::vector<pid_t> out;

@@ -33,6 +33,8 @@ bool FileExists(const std::string& path);
 std::map<std::string, std::string> ReadEnvFile(const std::string& path);
 // Waits until `path` exists, at most `timeout`.
 bool WaitForFile(const std::string& path, absl::Duration timeout);
+// Waits until 127.0.0.1:`port` accepts a TCP connection, at most `timeout`.
+bool WaitForPort(int port, absl::Duration timeout);
 
 // Pids of live processes whose environment contains BATON_TEST_MARKER=marker
 // (zombies excluded).

@@ -175,9 +175,15 @@ TEST_F(MultiNodeTest, RestartsExhaustedFailEveryNodeWithTheSummary) {
   }
 }
 
+// Node 1 must have arrived when node 0's rendezvous times out, or node 0
+// would name it missing too: node 1 starts once node 0's rendezvous store
+// accepts connections, and the timeout (8 s) leaves it ample time to arrive
+// on a loaded machine (it once was 2 s, which under load sometimes passed
+// before node 1 connected).
 TEST_F(MultiNodeTest, NodeThatNeverArrivesIsNamed) {
-  auto n0 = Node("3", 0, "env", {"--rdzv_timeout", "2"});
-  auto n1 = Node("3", 1, "env", {"--rdzv_timeout", "2"});
+  auto n0 = Node("3", 0, "env", {"--rdzv_timeout", "8"});
+  ASSERT_TRUE(WaitForPort(rdzv_port_, absl::Seconds(30))) << n0->Output();
+  auto n1 = Node("3", 1, "env", {"--rdzv_timeout", "8"});
   EXPECT_EQ(n0->Wait(kJobTimeout), 1);
   EXPECT_EQ(n1->Wait(kJobTimeout), 1);
   for (Launcher* n : {n0.get(), n1.get()}) {

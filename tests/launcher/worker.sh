@@ -50,8 +50,11 @@ case "$mode" in
     exit 0 ;;
   roles)
     if [ "$BATON_ROLE" = ps ]; then
-      # Outlives the trainers' restart, then ends the job.
-      for _ in $(seq 50); do
+      # Outlives the trainers' restart, then ends the job. Its own bound
+      # (50 s) stays under the test's (60 s): a loaded machine may take
+      # longer than a few seconds to restart the role, and that must not
+      # fail the job (it once waited only 10 s).
+      for _ in $(seq 250); do
         [ -e "$out/trainers_restarted" ] && exit 0
         sleep 0.2
       done
@@ -67,7 +70,8 @@ case "$mode" in
     # Observer 0 fails once; observer 1 must keep running through its
     # restart (it waits for the restarted one, then ends the job).
     if [ "$BATON_ROLE" = agent ]; then
-      for _ in $(seq 100); do
+      # Bounded under the test's 60 s, not by a guess of the restart's time.
+      for _ in $(seq 500); do
         [ -e "$out/observer0_back" ] && [ -e "$out/observer1_done" ] && exit 0
         sleep 0.1
       done
@@ -78,7 +82,7 @@ case "$mode" in
       touch "$out/observer0_back"
       exit 0
     fi
-    for _ in $(seq 100); do
+    for _ in $(seq 500); do
       [ -e "$out/observer0_back" ] && { touch "$out/observer1_done"; exit 0; }
       sleep 0.1
     done
