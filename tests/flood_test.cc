@@ -23,12 +23,13 @@
 // Scenario "million" (shared-memory rings): w1 fires 1,000,000 `echo` calls
 // at w0 without waiting for any; all succeed, and both RSS bounds hold.
 //
-// Scenario "deaf" (two workers, gRPC): w1 also opens a raw gRPC stream to
-// w0 with the job token and writes `work` requests on it as fast as gRPC
-// takes them for 10 s, never reading a reply (they claim caller id 0). w0 refuses what exceeds its
-// per-caller limit (RESOURCE_EXHAUSTED replies), stops reading the stream
-// once 64 MiB of replies wait unread, stays within kServerRssBound plus
-// that, and keeps answering w1's agent calls.
+// Scenario "deaf" (two workers, gRPC): w1 also opens four raw gRPC streams
+// to w0 with the job token and writes `work` requests on them as fast as
+// gRPC takes them for 10 s, never reading a reply (they all claim caller id
+// 0). w0 refuses what exceeds its per-caller limit (RESOURCE_EXHAUSTED
+// replies), stops reading the caller's streams once 64 MiB of replies wait
+// unread among them (the bound is per caller, not per stream), stays within
+// kServerRssBound plus that, and keeps answering w1's agent calls.
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -72,6 +73,7 @@ using baton::testing::RunWorkers;
 constexpr char kToken[] = "flood-test-job-token";
 constexpr absl::Duration kFloodTime = absl::Seconds(20);
 constexpr absl::Duration kDeafTime = absl::Seconds(10);
+constexpr int kDeafStreams = 4;
 constexpr int64_t kMillion = 1'000'000;
 constexpr int64_t kTensorFloats = 4096;  // 16 KiB per `work` call
 // Bounds. Measured on this 2-core machine (README, "Reliability"): w0's peak
@@ -446,7 +448,11 @@ int DeafAndCheck(RpcAgent* agent) {
   auto channel = grpc::CreateCustomChannel(agent->worker("w0")->address,
                                            grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
-  auto* deaf = new DeafStream(&stub, WorkPacket());
+  // Several streams claiming the same caller: the unread-reply bound holds
+  // per caller (shared among its streams), not per stream.
+  const std::string packet = WorkPacket();
+  std::vector<DeafStream*> deaf;
+  for (int i = 0; i < kDeafStreams; ++i) deaf.push_back(new DeafStream(&stub, packet));
   // Meanwhile the agent's own calls keep being answered.
   int64_t answered = 0, failed = 0;
   absl::Duration slowest;
@@ -458,11 +464,18 @@ int DeafAndCheck(RpcAgent* agent) {
     (r.ok() ? answered : failed)++;
     absl::SleepFor(absl::Milliseconds(10));
   }
-  const int64_t packets = deaf->packets();
-  const bool ended = deaf->StopAndWait();
-  v.Check(ended, "the deaf stream ended after its cancel");
-  if (ended) delete deaf;
-  std::printf("the deaf stream wrote %lld packets (%lld requests) in %.0f s\n",
+  int64_t packets = 0;
+  int ended = 0;
+  for (DeafStream* d : deaf) {
+    packets += d->packets();
+    if (d->StopAndWait()) {
+      ++ended;
+      delete d;
+    }
+  }
+  v.Check(ended == kDeafStreams, absl::StrFormat("the %d deaf streams ended after their cancel",
+                                                 kDeafStreams));
+  std::printf("the deaf streams wrote %lld packets (%lld requests) in %.0f s\n",
               static_cast<long long>(packets), static_cast<long long>(packets * 64),
               absl::ToDoubleSeconds(kDeafTime));
   v.Check(failed == 0 && answered > 100,

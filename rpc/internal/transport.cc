@@ -1,8 +1,10 @@
 #include "rpc/internal/transport.h"
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
@@ -73,7 +75,7 @@ class Outbox {
       } else {
         BuildLocked();
         start_next = true;
-        if (reads_paused_ && queued_bytes_ <= kMaxQueuedReplyBytes / 2) {
+        if (reads_paused_ && queued_bytes_ <= pause_limit_ / 2) {
           reads_paused_ = false;
           resume = true;
         }
@@ -90,6 +92,7 @@ class Outbox {
     absl::MutexLock lock(&mu_);
     if (closed_ || !writing_ || queued_bytes_ <= limit || resume_reads_ == nullptr) return false;
     reads_paused_ = true;
+    pause_limit_ = limit;
     return true;
   }
 
@@ -132,6 +135,7 @@ class Outbox {
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in queue_, not yet in a write
   bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
+  size_t pause_limit_ ABSL_GUARDED_BY(mu_) = kMaxQueuedReplyBytes;  // of the last pause
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool idle_closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -139,6 +143,33 @@ class Outbox {
 };
 
 namespace {
+
+// The live server streams bound to each caller id. The unread-reply bound
+// (kMaxQueuedReplyBytes) holds per caller: each of a caller's n streams may
+// hold 1/n of it, so opening more streams gains a caller nothing.
+class CallerStreams {
+ public:
+  void Add(int caller) {
+    absl::MutexLock lock(&mu_);
+    ++count_[caller];
+  }
+  void Remove(int caller) {
+    absl::MutexLock lock(&mu_);
+    auto it = count_.find(caller);
+    if (it != count_.end() && --it->second == 0) count_.erase(it);
+  }
+  // What one stream of `caller` may leave unread.
+  size_t ReplyBudget(int caller) const {
+    absl::MutexLock lock(&mu_);
+    auto it = count_.find(caller);
+    const int n = it == count_.end() ? 1 : std::max(1, it->second);
+    return kMaxQueuedReplyBytes / static_cast<size_t>(n);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, int> count_ ABSL_GUARDED_BY(mu_);
+};
 
 // Finishes a stream that failed the token check.
 class RejectReactor : public grpc::ServerGenericBidiReactor {
@@ -151,7 +182,8 @@ class RejectReactor : public grpc::ServerGenericBidiReactor {
 // writes replies through its outbox.
 class ServerStream : public grpc::ServerGenericBidiReactor {
  public:
-  explicit ServerStream(TransportHandler* handler) : handler_(handler) {
+  ServerStream(TransportHandler* handler, std::shared_ptr<CallerStreams> callers)
+      : handler_(handler), callers_(std::move(callers)) {
     sink_ = std::make_shared<Sink>();
     auto outbox = std::make_unique<Outbox>(
         [this](const grpc::ByteBuffer* b) { StartWrite(b); },
@@ -190,8 +222,9 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     for (auto& f : frames) {
       int bound = -1;
       const int claimed = f.header.caller_id();
-      if (!caller_.compare_exchange_strong(bound, claimed, std::memory_order_relaxed) &&
-          bound != claimed) {
+      if (caller_.compare_exchange_strong(bound, claimed, std::memory_order_relaxed)) {
+        callers_->Add(claimed);
+      } else if (bound != claimed) {
         finish_status_ = grpc::Status(
             grpc::StatusCode::PERMISSION_DENIED,
             absl::StrCat("baton: a request claims caller id ", claimed,
@@ -202,8 +235,13 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       handler_->OnRequest(sink_, std::move(f));
     }
     // A caller that does not read its replies gets no more requests read;
-    // the outbox resumes reading once its replies drain.
-    if (outbox_->PauseReadsIfOver(kMaxQueuedReplyBytes)) return;
+    // the outbox resumes reading once its replies drain. The bound holds
+    // per caller, shared among its streams.
+    const int caller = caller_.load(std::memory_order_relaxed);
+    if (outbox_->PauseReadsIfOver(caller >= 0 ? callers_->ReplyBudget(caller)
+                                              : kMaxQueuedReplyBytes)) {
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -220,6 +258,8 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   }
 
   void OnDone() override {
+    const int caller = caller_.load(std::memory_order_relaxed);
+    if (caller >= 0) callers_->Remove(caller);
     sink_->Detach();
     delete this;
   }
@@ -244,6 +284,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   };
 
   TransportHandler* const handler_;
+  const std::shared_ptr<CallerStreams> callers_;
   std::shared_ptr<Sink> sink_;
   Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
@@ -351,12 +392,13 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
                            : "call with a wrong job token"));
       }
     }
-    return new ServerStream(handler_);
+    return new ServerStream(handler_, callers_);
   }
 
  private:
   TransportHandler* const handler_;
   const std::string token_;
+  const std::shared_ptr<CallerStreams> callers_ = std::make_shared<CallerStreams>();
 };
 
 GrpcTransport::GrpcTransport(TransportOptions options, TransportHandler* handler)
