@@ -242,7 +242,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
                                   : absl::Now() + timeout;
   // P6: a restarted peer that we know of is called at its new address.
   // Not on a delivery thread, which must not wait for the store.
-  if (to != rank_ && !t_delivering) FollowNewerIncarnation(to, deadline);
+  if (to != rank_ && !t_delivering) {
+    WaitForSuccessor(to, deadline);  // P7
+    FollowNewerIncarnation(to, deadline);
+  }
   const uint64_t id = next_call_id_.fetch_add(1, std::memory_order_relaxed);
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::REQUEST);
@@ -599,6 +602,7 @@ AgentStats AgentImpl::stats() const {
     s.pending_outgoing = static_cast<int64_t>(pending_.size());
     s.running_incoming = incoming_;
     s.peer_failures = peer_failures_;
+    s.calls_waiting_for_restart = waiting_for_restart_;
   }
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
   s.timers = timer_ ? timer_->pending() : 0;

@@ -125,6 +125,12 @@ struct AgentOptions {
   int64_t max_bytes_in_flight = int64_t{256} << 20;
   int min_threads = 4;
   int max_threads = 256;
+  // P7 (docs/peer_failures.md): a call to a peer whose latest known
+  // incarnation was confirmed dead waits up to this long (within its own
+  // deadline) for the next incarnation of that rank to register, and then
+  // goes to it; zero (the default) fails such calls at once with
+  // UNAVAILABLE. For jobs whose launcher restarts failed workers.
+  absl::Duration restart_wait = absl::ZeroDuration();
   // User functions running at once, not counting those waiting in a baton
   // wait (rpc/executor.h, E1-E3); 0: the number of hardware threads, at
   // least 2.
@@ -236,6 +242,8 @@ struct AgentStats {
   int64_t calls_refused_by_window = 0;
   int64_t requests_refused = 0;
   int64_t requests_queued = 0;
+  // Calls now waiting for a dead peer's next incarnation (P7).
+  int64_t calls_waiting_for_restart = 0;
 };
 
 // One incarnation of a peer found dead (RpcAgent::AddPeerFailureListener).

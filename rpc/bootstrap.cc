@@ -403,6 +403,11 @@ absl::Status AgentImpl::Rendezvous() {
       !s.ok()) {
     return s;
   }
+  // P7: callers waiting for this incarnation of the rank wait on this key.
+  if (absl::Status s = store_->Set(absl::StrCat(ns_, "registered/", rank_, "/", incarnation_), "1");
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = Step(RendezvousStep::kRegistered); !s.ok()) return s;
   if (rejoin_) {
     // P5: higher ranks that read the predecessor's registration during

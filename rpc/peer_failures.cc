@@ -176,4 +176,30 @@ void AgentImpl::FollowNewerIncarnation(int peer, absl::Time deadline) {
   (void)LoadPeerRecord(peer, std::min(left, absl::Seconds(2)));
 }
 
+void AgentImpl::WaitForSuccessor(int peer, absl::Time deadline) {
+  if (options_.restart_wait <= absl::ZeroDuration()) return;
+  int64_t dead;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || peer >= static_cast<int>(peers_.size())) return;
+    const PeerState& p = peers_[peer];
+    if (p.dead < p.incarnation) return;  // alive, as far as we know
+    dead = p.dead;
+    ++waiting_for_restart_;
+  }
+  // Every incarnation announces itself under its own key at registration
+  // (bootstrap.cc), so the wait is for that key, not a poll.
+  const absl::Time until = std::min(deadline, absl::Now() + options_.restart_wait);
+  {
+    Executor::BlockingScope blocking;  // a pool thread lends its place (E2)
+    const absl::Duration left = until - absl::Now();
+    if (left > absl::ZeroDuration() &&
+        store_->Wait({absl::StrCat(ns_, "registered/", peer, "/", dead + 1)}, left).ok()) {
+      (void)LoadPeerRecord(peer, std::max(absl::Milliseconds(1), until - absl::Now()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  --waiting_for_restart_;
+}
+
 }  // namespace baton::rpc::internal

@@ -6,6 +6,7 @@
 // G7 of RRefs. The soak test (tests/soak) runs the same on real processes.
 #include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@ namespace baton {
 namespace {
 
 using rpc::CallContext;
+using rpc::CallOptions;
 using rpc::Function;
 using rpc::FunctionRegistry;
 using rpc::PeerFailure;
@@ -57,15 +59,16 @@ struct Job {
   absl::Mutex mu;
   std::vector<PeerFailure> failures ABSL_GUARDED_BY(mu);
 
-  explicit Job(bool shm = false) {
+  explicit Job(bool shm = false, absl::Duration restart_wait = absl::ZeroDuration()) {
     rrefs.resize(3);
     LoopbackJobOptions o;
     o.world_size = 3;
     o.rpc_timeout = absl::Seconds(10);
     o.shutdown_timeout = absl::Seconds(10);
-    if (shm) {
-      o.configure = [](int, rpc::AgentOptions& a) { a.same_host_shm = true; };
-    }
+    o.configure = [shm, restart_wait](int, rpc::AgentOptions& a) {
+      a.same_host_shm = shm;
+      a.restart_wait = restart_wait;
+    };
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
       rrefs[rank] = RRefService::Install(r);
@@ -265,6 +268,41 @@ TEST(Restart, G10_AUserOfARestartedOwnersRRefFailsAtOnceByName) {
                                 "value; "
                                 "incarnation 2 of that rank rejoined the job without it"))
       << v.status();
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// P7: with AgentOptions::restart_wait, a call to a rank whose incarnation
+// was confirmed dead waits for the rank's next incarnation to register and
+// goes to it, instead of failing at once; a rank that does not come back
+// fails the call by its deadline.
+TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
+  Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30));
+  ASSERT_NE(j.job, nullptr);
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  // The first call is the evidence of the death, which a probe confirms (P2).
+  EXPECT_FALSE(j.agent(0).rpc_async(2, whoami_fn).result().ok());
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
+  absl::StatusOr<int64_t> waited = absl::UnknownError("not run");
+  std::thread caller([&] {
+    waited = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result();
+  });
+  // The call waits for rank 2's successor (the event: the agent counts it).
+  ASSERT_TRUE(Eventually([&] { return j.agent(0).stats().calls_waiting_for_restart == 1; }));
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  caller.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(*waited, 2);  // the new incarnation answered
+  EXPECT_EQ(j.agent(0).stats().calls_waiting_for_restart, 0);
+
+  // Rank 1 dies for good: a call waits until its own deadline, then fails.
+  ASSERT_TRUE(j.job->Kill(1).ok());
+  EXPECT_FALSE(j.agent(0).rpc_async(1, whoami_fn).result().ok());
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 2; }));
+  const absl::Time start = absl::Now();
+  auto lost = j.agent(0).rpc_async(CallOptions{absl::Milliseconds(500)}, 1, whoami_fn).result();
+  EXPECT_FALSE(lost.ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
 

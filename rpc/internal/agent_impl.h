@@ -158,6 +158,10 @@ class AgentImpl : private TransportHandler {
   // (bounded by `deadline`), so the call goes to it and not to its
   // predecessor.
   void FollowNewerIncarnation(int peer, absl::Time deadline);
+  // P7: if `peer`'s latest known incarnation was confirmed dead, waits (at
+  // most options_.restart_wait, within `deadline`) for its successor's
+  // registration and follows it.
+  void WaitForSuccessor(int peer, absl::Time deadline);
 
   // `admitted`: the bytes gate_ admitted the request with, given back with
   // the reply (-1: the request did not go through the gate).
@@ -236,6 +240,7 @@ class AgentImpl : private TransportHandler {
   };
   std::vector<PeerState> peers_ ABSL_GUARDED_BY(mu_);  // sized during Rendezvous
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t waiting_for_restart_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
   // Complete() calls between leaving pending_ and their last use of the
   // timer and the window.
