@@ -108,13 +108,11 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
     return rpc::MakeErrorFuture<R>(
         Annotate(c.status(), absl::StrCat(m->qualified_name, " on ", Describe())));
   }
-  {
-    auto owner = agent->worker(handle_->owner());
-    if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
-    if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {  // G10
-      return rpc::MakeErrorFuture<R>(
-          Annotate(s, absl::StrCat(m->qualified_name, " on ", Describe())));
-    }
+  auto owner = agent->worker(handle_->owner());
+  if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
+  if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {  // G10
+    return rpc::MakeErrorFuture<R>(
+        Annotate(s, absl::StrCat(m->qualified_name, " on ", Describe())));
   }
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
   auto payload = agent->registry().EncodeForSend(
@@ -124,8 +122,6 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   ToProto(handle_->rref(), h.mutable_rref());
   h.set_function(m->qualified_name);
   h.set_signature(m->signature);
-  auto owner = agent->worker(handle_->owner());
-  if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
   rpc::Future<rpc::Payload> raw =
       agent->CallRaw(owner->id, kMethodFn, "", WithHeader(h, *std::move(payload)));
   return agent->template DecodeFuture<R>(std::move(raw), *owner,
