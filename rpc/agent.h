@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/tls.h"
+#include "env/env.h"
 #include "rpc/codec.h"
 #include "rpc/executor.h"
 #include "rpc/function.h"
@@ -168,7 +169,11 @@ struct AgentOptions {
   // The worker's name is BATON_WORKER_NAME if set, else role + role rank
   // for a job with roles (e.g. "trainer3"), else name_prefix + rank.
   // INVALID_ARGUMENT naming the variable if one is missing or malformed.
-  static absl::StatusOr<AgentOptions> FromEnv(const std::string& name_prefix = "worker");
+  // `lookup` (null: the process environment) answers for every variable
+  // read, e.g. a front end's explicit rank and world size in front of the
+  // environment.
+  static absl::StatusOr<AgentOptions> FromEnv(const std::string& name_prefix = "worker",
+                                              baton::EnvLookup lookup = nullptr);
 };
 
 // The agent's collaborators, for tests to replace (production code passes

@@ -112,10 +112,21 @@ absl::Status EnsurePrivateDir(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix) {
+absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefix,
+                                                   EnvLookup lookup) {
+  if (lookup == nullptr) {
+    lookup = [](absl::string_view name) -> std::optional<std::string> {
+      const char* v = std::getenv(std::string(name).c_str());
+      if (v == nullptr) return std::nullopt;
+      return std::string(v);
+    };
+  }
+  auto get = [&lookup](absl::string_view name) -> std::string {
+    std::optional<std::string> v = lookup(name);
+    return v.has_value() ? *v : std::string();
+  };
   AgentOptions o;
-  if (const char* t = std::getenv("BATON_TRANSPORT"); t != nullptr && *t != '\0') {
-    const std::string v = t;
+  if (const std::string v = get("BATON_TRANSPORT"); !v.empty()) {
     if (v == "shm") {
       o.local_transport = LocalTransport::kShm;
     } else if (v == "grpc") {
@@ -125,15 +136,14 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
           absl::StrCat("BATON_TRANSPORT is '", v, "'; use shm or grpc"));
     }
   }
-  if (const char* s = std::getenv("BATON_SHM"); s != nullptr && std::string(s) == "0") {
+  if (get("BATON_SHM") == "0") {
     o.same_host_shm = false;
   }
   // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
   // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
-  const bool launched = baton::is_elastic_launched();
-  auto env = baton::ReadLaunchEnv([launched](absl::string_view name) -> std::optional<std::string> {
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v != nullptr && *v != '\0') return std::string(v);
+  const bool launched = get(baton::kEnvLaunched) == "1";
+  auto env = baton::ReadLaunchEnv([launched, &get](absl::string_view name) -> std::optional<std::string> {
+    if (std::string v = get(name); !v.empty()) return v;
     if (!launched && name == baton::kEnvMasterAddr) return std::string("127.0.0.1");
     if (!launched && name == baton::kEnvMasterPort) return std::string("29500");
     return std::nullopt;
@@ -150,16 +160,13 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   o.master_port = env->master_port;
   o.job_token = env->job_token;
   o.rejoin = env->rejoin;
-  auto env_or_empty = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v == nullptr ? std::string() : std::string(v);
-  };
+  auto env_or_empty = [&get](const char* name) { return get(name); };
   o.tls.ca_file = env_or_empty(baton::kEnvTlsCa);
   o.tls.cert_file = env_or_empty(baton::kEnvTlsCert);
   o.tls.key_file = env_or_empty(baton::kEnvTlsKey);
   o.tls.server_name = env_or_empty(baton::kEnvTlsServerName);
-  const char* n = std::getenv("BATON_WORKER_NAME");
-  o.name = (n != nullptr && *n != '\0') ? std::string(n)
+  const std::string n = get("BATON_WORKER_NAME");
+  o.name = !n.empty() ? n
            : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
                                        : absl::StrCat(name_prefix, o.rank);
   return o;

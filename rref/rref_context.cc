@@ -82,7 +82,13 @@ std::shared_ptr<RefHandle> RRefContext::CreateUserForRemote(int owner, const std
     entry->owner_incarnation = owner_now.incarnation;
     users_[fork] = std::move(entry);
   }
-  return std::make_shared<RefHandle>(shared_from_this(), id, fork, owner, type);
+  auto handle = std::make_shared<RefHandle>(shared_from_this(), id, fork, owner, type);
+  // The owner records this fork when it creates the value.
+  handle->created().OnReady([weak = std::weak_ptr<RefHandle>(handle)](const auto& r) {
+    if (!r.ok()) return;
+    if (auto h = weak.lock()) h->MarkConfirmed();
+  });
+  return handle;
 }
 
 void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::string& type,
@@ -227,7 +233,18 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
   }
   handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, d.fork, d.owner, d.type);
   handle->created_promise().SetValue();
-  if (d.parent != d.owner) Track(sender_->ForkRequest(d.owner, d.rref, d.fork, d.parent));
+  if (d.parent != d.owner) {
+    rpc::Future<void> request = sender_->ForkRequest(d.owner, d.rref, d.fork, d.parent);
+    if (request.valid()) {
+      request.OnReady([weak = std::weak_ptr<RefHandle>(handle)](const auto& r) {
+        if (!r.ok()) return;
+        if (auto h = weak.lock()) h->MarkConfirmed();
+      });
+    }
+    Track(std::move(request));
+  } else {
+    handle->MarkConfirmed();  // the owner forked it and counts it already
+  }
   return handle;
 }
 

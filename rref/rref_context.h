@@ -173,6 +173,14 @@ class RefHandle {
   // Completes when the owner has created the value (remote() finished).
   rpc::Future<void> created() const { return created_.future(); }
   const rpc::Promise<void>& created_promise() const { return created_; }
+  // Whether the owner knows of this reference (torch's confirmed_by_owner):
+  // always for the owner's own; for a user fork once the owner created the
+  // value it made the fork for (remote()), or once the owner answered the
+  // fork's ForkRequest, or at once for a fork the owner itself sent.
+  bool confirmed_by_owner() const {
+    return is_owner() || confirmed_.load(std::memory_order_acquire);
+  }
+  void MarkConfirmed() { confirmed_.store(true, std::memory_order_release); }
 
  private:
   const std::shared_ptr<RRefContext> ctx_;
@@ -181,6 +189,7 @@ class RefHandle {
   const int owner_;
   const std::string type_;
   rpc::Promise<void> created_;
+  std::atomic<bool> confirmed_{false};
 };
 
 struct RRefDebugState {

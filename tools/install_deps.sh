@@ -20,6 +20,10 @@ PACKAGES=(
   # (baton's and the peer's) otherwise runs matmuls on the reference BLAS,
   # 10-20x slower; the OpenMP build follows at::set_num_threads.
   libopenblas0-openmp
+  # The Python front end (python/): pybind11 (Debian's shares torch's
+  # internals version; never vendor another), its tests, and torchvision for
+  # the pytorch/examples compatibility runs.
+  pybind11-dev python3-pytest python3-torchvision python3-venv
 )
 
 missing=()

@@ -1,0 +1,101 @@
+"""How Python values are packed for baton's wire (the Python side of PyObj).
+
+A value is pickled with its tensors and RRefs taken out: tensors travel
+through baton's tensor codec (no copy on the sending side, zero-copy over
+shared memory on one host, views send only what they view) and RRefs as
+forks of baton's RRef protocol. Functions and classes are pickled by
+reference, as torch.distributed.rpc does, so the callee must be able to
+import them (for a job started by baton-run or mp.spawn, __main__ is the same
+script on every worker).
+"""
+import io
+import pickle
+
+import torch
+
+# Filled in by baton.rpc (the RRef class), to keep this module free of cycles.
+RREF_TYPES = ()
+WRAP_RREF = None
+
+_PLAIN, _PARAMETER = 0, 1
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, buffer, tensors, rrefs):
+        super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        self._tensors = tensors
+        self._rrefs = rrefs
+        # id(obj) -> persistent id: an object met twice travels once (pickle
+        # does not memoize persistent ids). The objects stay referenced by
+        # the lists, so their ids are not reused meanwhile.
+        self._seen = {}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor) or (RREF_TYPES and isinstance(obj, RREF_TYPES)):
+            pid = self._seen.get(id(obj))
+            if pid is None:
+                pid = self._new_id(obj)
+                if pid is not None:
+                    self._seen[id(obj)] = pid
+            return pid
+        return None
+
+    def _new_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            kind = type(obj)
+            if kind is torch.nn.Parameter:
+                tag = _PARAMETER
+            elif kind is torch.Tensor:
+                tag = _PLAIN
+            else:
+                return None  # a tensor subclass pickles itself
+            if obj.layout != torch.strided or obj.is_quantized or obj.device.type != "cpu":
+                return None  # sparse, quantized and device tensors pickle themselves
+            self._tensors.append(obj)
+            return ("t", len(self._tensors) - 1, tag, obj.requires_grad and obj.is_leaf)
+        if RREF_TYPES and isinstance(obj, RREF_TYPES):
+            self._rrefs.append(obj._c)
+            return ("r", len(self._rrefs) - 1)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, buffer, tensors, rrefs):
+        super().__init__(buffer)
+        self._tensors = tensors
+        self._rrefs = rrefs
+
+    def persistent_load(self, pid):
+        if pid[0] == "t":
+            _, index, tag, leaf_requires_grad = pid
+            t = self._tensors[index]
+            if t.grad_fn is None:
+                if tag == _PARAMETER:
+                    return torch.nn.Parameter(t, requires_grad=leaf_requires_grad)
+                if leaf_requires_grad and not t.requires_grad:
+                    t.requires_grad_(True)
+            return t
+        if pid[0] == "r":
+            return WRAP_RREF(self._rrefs[pid[1]])
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def dumps(obj):
+    """obj -> (bytes, [Tensor], [baton._C.RRef])."""
+    tensors, rrefs = [], []
+    buffer = io.BytesIO()
+    try:
+        _Pickler(buffer, tensors, rrefs).dump(obj)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise TypeError(f"baton cannot send {_describe(obj)}: {e}") from e
+    return buffer.getvalue(), tensors, rrefs
+
+
+def loads(data, tensors, rrefs):
+    return _Unpickler(io.BytesIO(data), tensors, rrefs).load()
+
+
+def _describe(obj):
+    text = repr(obj)
+    return text if len(text) <= 120 else text[:117] + "..."
+

@@ -1,0 +1,3 @@
+"""baton.distributed: autograd and optim, as torch.distributed.autograd and
+torch.distributed.optim."""
+from baton.distributed import autograd, optim  # noqa: F401

@@ -1,0 +1,97 @@
+"""DistributedOptimizer (torch.distributed.optim's API).
+
+    opt = DistributedOptimizer(torch.optim.SGD, param_rrefs, lr=0.05)
+    with dist_autograd.context() as cid:
+        ...; dist_autograd.backward(cid, [loss]); opt.step(cid)
+
+Each worker that owns parameters keeps one optimizer for them and steps it
+with the context's gradients there. The update rules are baton's functional
+optimizers (dist_optim/functional_optimizer.h), which compute exactly what
+LibTorch's SGD, Adam, AdamW, Adagrad and RMSprop compute; steps on one owner
+are serialized.
+"""
+import threading
+
+import torch
+
+from baton import _C, _errors
+from baton import rpc as _rpc
+
+__all__ = ["DistributedOptimizer"]
+
+_SUPPORTED = {
+    torch.optim.SGD: "SGD",
+    torch.optim.Adam: "Adam",
+    torch.optim.AdamW: "AdamW",
+    torch.optim.Adagrad: "Adagrad",
+    torch.optim.RMSprop: "RMSprop",
+}
+
+
+class _LocalOptimizer:
+    """Lives on a parameter owner (created there by remote())."""
+
+    def __init__(self, kind, kwargs, param_rrefs):
+        self._params = [r.local_value() for r in param_rrefs]
+        try:
+            self._opt = _C.FunctionalOptimizer(kind, kwargs, list(self._params))
+        except _C.StatusError as e:
+            raise _errors.translate(e, None, f"{kind} on this worker") from None
+        self._lock = threading.Lock()
+
+    def step(self, context_id):
+        from baton.distributed import autograd
+        grads = autograd.get_gradients(context_id)
+        ordered = [grads.get(p) for p in self._params]
+        with self._lock:
+            try:
+                self._opt.step(ordered)
+            except _C.StatusError as e:
+                raise _errors.translate(e, None, "optimizer step") from None
+        return True
+
+
+def _step_local(opt_rref, context_id):
+    return opt_rref.local_value().step(context_id)
+
+
+class DistributedOptimizer:
+    """optimizer_class: torch.optim.SGD, Adam, AdamW, Adagrad or RMSprop;
+    params_rref: RRefs of the parameters (on any workers); kwargs: the
+    optimizer's options (lr, momentum, betas, ...)."""
+
+    def __init__(self, optimizer_class, params_rref, *args, **kwargs):
+        kind = _SUPPORTED.get(optimizer_class)
+        if kind is None:
+            names = ", ".join(f"torch.optim.{k}" for k in _SUPPORTED.values())
+            raise ValueError(
+                f"DistributedOptimizer supports {names}; not "
+                f"{getattr(optimizer_class, '__qualname__', optimizer_class)!r}")
+        if args:
+            if "lr" in kwargs or len(args) > 1:
+                raise TypeError("pass the optimizer's options by keyword (lr=..., ...)")
+            kwargs["lr"] = args[0]
+        if "lr" not in kwargs and kind == "SGD":
+            raise TypeError("torch.optim.SGD needs lr")
+        kwargs = dict(kwargs)
+        if "betas" in kwargs:
+            kwargs["betas"] = tuple(float(b) for b in kwargs["betas"])
+        by_owner = {}
+        for r in params_rref:
+            by_owner.setdefault(r.owner().name, []).append(r)
+        if not by_owner:
+            raise ValueError("DistributedOptimizer got no parameters")
+        self._optimizers = [
+            _rpc.remote(owner, _LocalOptimizer, args=(kind, kwargs, rrefs))
+            for owner, rrefs in by_owner.items()]
+        for o in self._optimizers:  # an owner's refusal (bad option, parameter) surfaces here
+            try:
+                o._c.created().wait()
+            except _C.StatusError as e:
+                raise _errors.translate(e, o.owner().name, f"creating {kind} there") from None
+
+    def step(self, context_id):
+        futures = [_rpc.rpc_async(o.owner(), _step_local, args=(o, context_id))
+                   for o in self._optimizers]
+        for f in futures:
+            f.wait()
