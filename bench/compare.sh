@@ -39,7 +39,18 @@ for t in shm grpc tls; do
     "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.$t.jsonl"
 done
 
-/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" "$OUT/baton.tls.jsonl" <<'PY'
+# baton from Python (python/, built by tools/python.sh): the peer's own
+# workload through baton.rpc, metrics prefixed python_.
+if [ "${BATON_SKIP_PYTHON:-0}" != 1 ]; then
+  bash tools/python.sh >/dev/null 2>&1 || bash tools/python.sh
+  echo "== baton from Python: bench/python/rpc_bench.py $QUICK" >&2
+  PYTHONPATH="$PWD/python" MASTER_PORT=$((20000 + RANDOM % 20000)) \
+    /usr/bin/python3 bench/python/rpc_bench.py $QUICK | grep '^{' >"$OUT/baton.python.jsonl" || true
+else
+  : >"$OUT/baton.python.jsonl"
+fi
+
+/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" "$OUT/baton.tls.jsonl" "$OUT/baton.python.jsonl" <<'PY'
 import json, sys
 def load(p):
     out = {}
@@ -70,6 +81,15 @@ for m in list(dict.fromkeys(list(shm) + list(grpc) + list(peer))):
     d, g, p, t = shm.get(m), grpc.get(m), peer.get(m), tls.get(m)
     unit = (d or g or p)["unit"]
     print(f"| {m} | {unit} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(g)} | {ratio(g, p)} | {fmt(t)} | {tls_cost(t, g)} |")
+python = load(sys.argv[5])
+if python:
+    print()
+    print("| metric (from Python) | unit | peer (torch) | baton Python | vs peer | baton C++ (shm) | Python layer cost |")
+    print("| --- | --- | ---: | ---: | --- | ---: | --- |")
+    for m, d in python.items():
+        base = m[len("python_"):]
+        p, c = peer.get(base), shm.get(base)
+        print(f"| {m} | {d['unit']} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(c)} | {tls_cost(d, c)} |")
 floor = shm.get("shm_pingpong_floor_latency_p50")
 noop = shm.get("rpc_sync_noop_latency_p50")
 if floor and noop and floor["value"]:

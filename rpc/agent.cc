@@ -636,6 +636,51 @@ bool AgentImpl::uses_shm(int peer) const {
 }
 
 
+absl::Status AgentImpl::AwaitPeersAtShutdown() {
+  const std::string barrier = ns_ + "shutdown/enter";
+  const absl::Duration wait = options_.shutdown_wait_for_peers == absl::ZeroDuration()
+                                  ? options_.shutdown_timeout
+                                  : options_.shutdown_wait_for_peers;
+  const absl::Time end = absl::Now() + wait;  // InfiniteFuture for an infinite wait
+  // In slices: every few seconds the workers still missing are pinged, and
+  // one whose ping fails with UNAVAILABLE (its process is gone), or that
+  // was confirmed dead meanwhile, ends the wait. A live worker answers the
+  // ping at once however busy it is (the ping is answered inline).
+  absl::Time next_ping = absl::Now() + absl::Seconds(2);
+  for (;;) {
+    const absl::Time slice_end = std::min(end, absl::Now() + absl::Seconds(1));
+    absl::Status s =
+        store::Barrier(*store_, barrier, rank_, options_.world_size, slice_end - absl::Now());
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
+    if (absl::Now() < next_ping) continue;
+    next_ping = absl::Now() + absl::Seconds(3);
+    for (int p = 0; p < options_.world_size; ++p) {
+      if (p == rank_ ||
+          store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
+        continue;
+      }
+      bool confirmed_dead;
+      {
+        absl::MutexLock lock(&mu_);
+        confirmed_dead = p < static_cast<int>(peers_.size()) && peers_[p].dead > 0 &&
+                         peers_[p].dead >= peers_[p].incarnation;
+      }
+      absl::Status ping;
+      if (!confirmed_dead) {
+        CallOptions probe;
+        probe.timeout = absl::Seconds(2);
+        ping = Call(p, kPingFunction, "", Payload(), probe, /*windowed=*/false).status();
+      }
+      if (confirmed_dead || absl::IsUnavailable(ping)) {
+        return absl::UnavailableError(absl::StrCat(
+            "shutdown of worker '", options_.name, "': worker ", p, " (", workers_[p].name,
+            ") died before it reached shutdown",
+            confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")")));
+      }
+    }
+  }
+}
+
 absl::Status AgentImpl::Shutdown(bool graceful) {
   {
     absl::MutexLock lock(&mu_);
@@ -645,16 +690,25 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     return absl::FailedPreconditionError(
         "Shutdown() called from a remote function; call it from the main thread");
   }
-  const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+  absl::Time deadline = absl::Now() + options_.shutdown_timeout;
   absl::Status first;
   auto note = [&first](const absl::Status& s) {
     if (first.ok() && !s.ok()) first = s;
   };
   if (graceful) {
-    const int world = options_.world_size;
     // 1. Everyone stops issuing new top-level calls.
-    note(store::Barrier(*store_, ns_ + "shutdown/enter", rank_, world,
-                        deadline - absl::Now()));
+    const absl::Status entered = AwaitPeersAtShutdown();
+    note(entered);
+    if (options_.shutdown_wait_for_peers != absl::ZeroDuration()) {
+      // The wait for the others had its own bound; the rest has its own.
+      deadline = absl::Now() + options_.shutdown_timeout;
+    }
+    // A worker died before it reached shutdown: no agreement can follow,
+    // so this worker stops as a non-graceful shutdown does.
+    if (absl::IsUnavailable(entered)) graceful = false;
+  }
+  if (graceful) {
+    const int world = options_.world_size;
     std::vector<RpcAgent::ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);

@@ -29,7 +29,9 @@
 //   rpc_async until its future completes.
 // - Shutdown(graceful=true): all workers agree through the store, every
 //   worker drains its outstanding calls (incoming and outgoing), then servers
-//   stop. Each step is bounded by shutdown_timeout, also when a peer died.
+//   stop. Each step is bounded by shutdown_timeout, also when a peer died;
+//   waiting for the others to arrive may be longer
+//   (AgentOptions::shutdown_wait_for_peers).
 //   Afterwards no thread or socket of the agent remains.
 //
 // Thread-safety: safe for concurrent use from any thread, including from
@@ -94,6 +96,14 @@ struct AgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);
   absl::Duration init_timeout = absl::Seconds(60);
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // How long a graceful Shutdown() waits for the other workers to reach
+  // their own Shutdown() (its first step: a worker with nothing left to do
+  // waits there while the others still work). Zero: shutdown_timeout;
+  // absl::InfiniteDuration(): as long as it takes, unless a missing worker
+  // is confirmed dead (UNAVAILABLE naming it), as torch's shutdown() waits.
+  // The later steps are bounded by shutdown_timeout from the moment all
+  // arrived.
+  absl::Duration shutdown_wait_for_peers = absl::ZeroDuration();
   // Largest message (request or reply, tensors included) sent or accepted.
   int64_t max_message_bytes = int64_t{1} << 30;
   // Send large tensors to workers on the same host through shared memory

@@ -190,5 +190,53 @@ TEST(LoopbackAgents, ConcurrentCallsWithRandomDelaysAllComplete) {
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
+// AgentOptions::shutdown_wait_for_peers: a worker done early waits at its
+// Shutdown() for the others past shutdown_timeout, as torch's shutdown()
+// does; a missing worker found dead ends that wait.
+TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
+  LoopbackJobOptions o = Options(2);
+  o.shutdown_timeout = absl::Milliseconds(300);
+  o.configure = [](int, AgentOptions& a) { a.shutdown_wait_for_peers = absl::InfiniteDuration(); };
+  auto job = LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::Status early;
+  absl::Notification early_done;
+  std::thread idle([&] {
+    early = (*job)->agent(1).Shutdown();
+    early_done.Notify();
+  });
+  // Worker 0 still works for longer than shutdown_timeout (a call to the
+  // worker waiting at its shutdown included), then stops too.
+  EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 7), 7);
+  EXPECT_FALSE(early_done.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  EXPECT_TRUE((*job)->agent(0).Shutdown().ok());
+  idle.join();
+  EXPECT_TRUE(early.ok()) << early;
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+TEST(LoopbackAgents, ShutdownWaitingForAPeerThatDiedEndsWithUnavailableNamingIt) {
+  LoopbackJobOptions o = Options(3);
+  o.configure = [](int, AgentOptions& a) { a.shutdown_wait_for_peers = absl::InfiniteDuration(); };
+  auto job = LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::Status waiting[2];
+  std::thread t1([&] { waiting[1] = (*job)->agent(1).Shutdown(); });
+  ASSERT_TRUE((*job)->Kill(2).ok());
+  // Worker 0 learns of the death by calling it, as a worker would.
+  EXPECT_EQ((*job)->agent(0).rpc_async(2, echo_fn, 1).result().status().code(),
+            absl::StatusCode::kUnavailable);
+  const absl::Time start = absl::Now();
+  waiting[0] = (*job)->agent(0).Shutdown();
+  t1.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const absl::Status& s : waiting) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker 2 (w2) died before it reached shutdown"))
+        << s;
+  }
+  EXPECT_TRUE((*job)->ShutdownAll(/*graceful=*/false).ok());
+}
+
 }  // namespace
 }  // namespace baton::rpc

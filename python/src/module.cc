@@ -26,6 +26,7 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/functional_optimizer.h"
 #include "dist_optim/optimizer_options.h"
+#include "python/src/cpp_call.h"
 #include "python/src/py_value.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
@@ -197,6 +198,8 @@ struct AgentConfig {
   std::optional<double> rpc_timeout;
   std::optional<double> init_timeout;
   std::optional<double> shutdown_timeout;
+  // <= 0: no limit while the missing workers live (torch's shutdown()).
+  std::optional<double> shutdown_wait_for_peers;
   std::optional<int> parallelism;
   std::optional<double> restart_wait;
 };
@@ -233,6 +236,10 @@ class PyAgent {
     }
     if (config.shutdown_timeout.has_value()) {
       options->shutdown_timeout = Seconds(config.shutdown_timeout, options->shutdown_timeout);
+    }
+    if (config.shutdown_wait_for_peers.has_value()) {
+      options->shutdown_wait_for_peers =
+          Seconds(config.shutdown_wait_for_peers, absl::InfiniteDuration());
     }
     if (config.parallelism.has_value()) options->parallelism = *config.parallelism;
     if (config.restart_wait.has_value()) {
@@ -297,6 +304,43 @@ class PyAgent {
     } catch (const Error& e) {
       Raise(e.status());
     }
+  }
+
+  // A function registered in C++ (rpc/function.h), called by name with its
+  // signature ("(Tensor,int64)->Tensor"); see python/src/cpp_call.h.
+  std::shared_ptr<PyFuture> CallCpp(const py::object& to, const std::string& function,
+                                    const std::string& signature, const py::object& args,
+                                    std::optional<double> timeout) {
+    rpc::RpcAgent& a = agent();
+    auto sig = Signature::Parse(signature);
+    Check(sig.status());
+    auto worker = a.worker(Ref(to));
+    Check(Annotate(worker.status(), absl::StrCat("call of C++ function '", function, "'")));
+    auto payload = EncodeCall(a, worker->id, function, *sig, args);
+    Check(payload.status());
+    auto shared_sig = std::make_shared<const Signature>(*std::move(sig));
+    rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration())};
+    Future<rpc::Payload> raw;
+    {
+      py::gil_scoped_release nogil;
+      raw = a.CallRaw(worker->id, function, shared_sig->text, *std::move(payload), opts);
+    }
+    rpc::RpcAgent* ap = &a;
+    const int peer = worker->id;
+    Future<PyObj> out = raw.Then(
+        [ap, peer, function, shared_sig](const Future<rpc::Payload>& f) -> absl::StatusOr<PyObj> {
+          const auto& r = f.result();
+          if (!r.ok()) return r.status();
+          DynValue v;
+          std::deque<at::Tensor> tensors;
+          absl::Status s = DecodeResult(*ap, peer, function, *shared_sig, *r, &v, &tensors);
+          if (!s.ok()) return s;
+          py::gil_scoped_acquire gil;
+          PyObj o;
+          o.live = PyRef(ToPython(v, tensors));
+          return o;
+        });
+    return PyFuture::New(std::move(out));
   }
 
   PyRRef MakeOwned(py::object value) {
@@ -546,6 +590,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("rpc_timeout", &AgentConfig::rpc_timeout)
       .def_readwrite("init_timeout", &AgentConfig::init_timeout)
       .def_readwrite("shutdown_timeout", &AgentConfig::shutdown_timeout)
+      .def_readwrite("shutdown_wait_for_peers", &AgentConfig::shutdown_wait_for_peers)
       .def_readwrite("parallelism", &AgentConfig::parallelism)
       .def_readwrite("restart_wait", &AgentConfig::restart_wait);
 
@@ -554,6 +599,7 @@ PYBIND11_MODULE(_C, m) {
       .def("call", &PyAgent::Call)
       .def("remote", &PyAgent::Remote)
       .def("make_owned", &PyAgent::MakeOwned)
+      .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)
       .def("worker", &PyAgent::Worker)
       .def("workers", &PyAgent::Workers)
@@ -621,4 +667,9 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.attr("PYTHON_ERROR_PREFIX") = kPythonErrorPrefix;
+  m.def("canonical_signature", [](const std::string& text) {
+    auto sig = Signature::Parse(text);
+    Check(sig.status());
+    return sig->text;
+  });
 }

@@ -47,9 +47,10 @@ def env_for(extra=None):
 
 
 def run(scenario, world_size, timeout=90, extra_env=None, per_rank_env=None, args=(),
-        expected_exit=None):
+        expected_exit=None, commands=None):
     """Runs the scenario on every rank; returns [Worker] once all exited.
-    expected_exit: {rank: (codes,)} of workers meant to fail."""
+    expected_exit: {rank: (codes,)} of workers meant to fail; commands:
+    {rank: argv} for ranks that run another program (a C++ worker)."""
     expected_exit = expected_exit or {}
     port = str(free_port())
     procs = []
@@ -59,8 +60,9 @@ def run(scenario, world_size, timeout=90, extra_env=None, per_rank_env=None, arg
                            "RANK": str(rank), "WORLD_SIZE": str(world_size)})
             env.update(extra_env or {})
             env.update((per_rank_env or {}).get(rank, {}))
+            argv = (commands or {}).get(rank) or [PYTHON, WORKERS, scenario, *args]
             procs.append(subprocess.Popen(
-                [PYTHON, WORKERS, scenario, *args], env=env, stdout=subprocess.PIPE,
+                argv, env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
         deadline = time.monotonic() + timeout
         outputs = [[] for _ in procs]

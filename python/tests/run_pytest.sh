@@ -14,6 +14,7 @@ cp "$root/python/_C.so" "$pkg/baton/_C.so"
 export BATON_PYTHONPATH="$pkg"
 export PYTHONPATH="$pkg:$root/python/tests"
 export BATON_RUN="$root/launcher/baton-run"
+export BATON_CPP_PEER="$root/python/cpp_peer"
 export PYTHONDONTWRITEBYTECODE=1
 cd "$root/python/tests"
 exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -ra "$@" .

@@ -45,6 +45,13 @@ def test_ten_thousand_rrefs_leave_every_table_empty():
     assert [line.split()[0] for line in empty] == ["0", "1", "2"], workers[0].output
 
 
+def test_python_calls_functions_registered_in_cpp():
+    peer = os.environ.get("BATON_CPP_PEER")
+    if not peer:
+        pytest.skip("BATON_CPP_PEER (python/tests/cpp_peer) is not set")
+    harness.check(harness.run("cpp_interop", 2, commands={1: [peer]}))
+
+
 def test_baton_run_starts_a_python_job_with_roles():
     baton_run = os.environ.get("BATON_RUN")
     if not baton_run:
@@ -56,3 +63,18 @@ def test_baton_run_starts_a_python_job_with_roles():
         env={**env, "RANK": "", "WORLD_SIZE": ""}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PEERS leader0,helper0,helper1" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_remote_layers_example_trains_fashion_mnist_under_baton_run():
+    baton_run = os.environ.get("BATON_RUN")
+    if not baton_run:
+        pytest.skip("BATON_RUN (the baton-run binary) is not set")
+    example = os.path.join(os.path.dirname(harness.HERE), "examples", "train_remote_layers.py")
+    env = harness.env_for()
+    out = subprocess.run(
+        [baton_run, "--standalone", "--role", "trainer:1", "--role", "ps:2",
+         harness.PYTHON, example], env={**env, "RANK": "", "WORLD_SIZE": ""},
+        capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "RESULT OK" in text, text

@@ -521,6 +521,53 @@ def scenario_launched(rank, world_size):
     print("SCENARIO OK")
 
 
+def scenario_cpp_interop(rank, world_size):
+    """Python calls functions a C++ worker (cpp_peer.cc, rank 1) registered."""
+    init(rank, world_size)
+    add = rpc.CppFunction("cpp.add", "(Tensor, Tensor) -> Tensor")
+    a, b = torch.arange(4.0), torch.full((4,), 2.0)
+    assert torch.equal(rpc.rpc_sync("cpp1", add, args=(a, b)), a + b)
+    assert torch.equal(rpc.rpc_async(1, add, args=(a, b)).wait(), a + b)
+    describe = rpc.CppFunction(
+        "cpp.describe",
+        "(vector<int64>,map<string,double>,optional<string>)->tuple<int64,double,string>")
+    assert rpc.rpc_sync("cpp1", describe, args=([1, 2, 3], {"x": 0.5, "y": 2.0}, None)) == \
+        (6, 2.5, "none")
+    assert rpc.rpc_sync("cpp1", describe, args=([], {}, "note")) == (0, 0.0, "note")
+    make = rpc.CppFunction("cpp.make", "(int32,bool)->vector<Tensor>")
+    made = rpc.rpc_sync("cpp1", make, args=(3, True))
+    assert [t.tolist() for t in made] == [[1.0], [1.0, 1.0], [1.0, 1.0, 1.0]]
+
+    def expect(exc_type, *call_args, **kw):
+        try:
+            rpc.rpc_sync(*call_args, **kw)
+        except exc_type as e:
+            return e
+        raise AssertionError(f"{call_args} did not raise {exc_type}")
+
+    fail = rpc.CppFunction("cpp.fail", "(string)->void")
+    e = expect(rpc.RpcError, "cpp1", fail, args=("no",))
+    assert e.code == "FAILED_PRECONDITION" and "cpp_peer refuses: no" in str(e), e
+    # A value that does not fit its type is refused here, naming where.
+    e = expect(rpc.RpcError, "cpp1", describe, args=([1, "two"], {}, None))
+    assert e.code == "INVALID_ARGUMENT" and "argument 0[1]" in str(e), e
+    e = expect(rpc.RpcError, "cpp1", make, args=(2 ** 40, True))
+    assert "int32" in str(e), e
+    # A signature that differs from the registered one: the callee says so.
+    wrong = rpc.CppFunction("cpp.add", "(Tensor)->Tensor")
+    e = expect(rpc.RpcError, "cpp1", wrong, args=(a,))
+    assert e.code == "INVALID_ARGUMENT" and "(Tensor,Tensor)->Tensor" in str(e), e
+    try:
+        rpc.CppFunction("cpp.x", "(MyType)->int64")
+        raise AssertionError("a user type must be refused")
+    except ValueError as e:
+        assert "MyType" in str(e), e
+    e = expect(rpc.RpcError, "cpp1", rpc.CppFunction("cpp.nothing", "()->void"))
+    assert e.code == "NOT_FOUND", e
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
 def _role_name():
     return f"{os.environ.get('BATON_ROLE', 'worker')}{os.environ.get('BATON_ROLE_RANK', '0')}"
 

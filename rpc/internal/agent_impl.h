@@ -97,6 +97,9 @@ class AgentImpl : private TransportHandler {
   int64_t incarnation() const { return incarnation_; }
   int64_t peer_incarnation(int peer) const;
   absl::Status Shutdown(bool graceful);
+  // Shutdown's first step: every worker reached its Shutdown()
+  // (AgentOptions::shutdown_wait_for_peers).
+  absl::Status AwaitPeersAtShutdown();
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
   bool running() const;
   AgentStats stats() const;

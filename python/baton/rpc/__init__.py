@@ -30,6 +30,7 @@ __all__ = [
     "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
     "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
+    "CppFunction",
 ]
 
 UNSET_RPC_TIMEOUT = -1.0
@@ -68,6 +69,9 @@ class RpcBackendOptions:
         self.init_timeout = kwargs.pop("init_timeout", None)
         self.shutdown_timeout = kwargs.pop("shutdown_timeout", None)
         self.restart_wait = kwargs.pop("restart_wait", None)
+        # How long shutdown() waits for the other workers to call theirs:
+        # 0 (torch's behaviour) waits as long as they live.
+        self.shutdown_wait_for_peers = kwargs.pop("shutdown_wait_for_peers", 0)
         if kwargs:
             raise TypeError(f"unknown RPC backend options: {sorted(kwargs)}")
 
@@ -136,18 +140,20 @@ def _parse_init_method(init_method):
     raise ValueError(f"init_method '{init_method}': baton supports env:// and tcp://host:port")
 
 
-def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options=None):
+def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_options=None):
     """Starts this worker's agent and meets the other workers.
 
     rank and world_size default to RANK and WORLD_SIZE (set by baton-run);
     MASTER_ADDR and MASTER_PORT say where rank 0 serves the rendezvous.
+    name None (baton's addition): the name baton-run gives, its role and
+    rank within the role ("trainer0"), else "worker<rank>".
     """
     global _agent
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
     options = rpc_backend_options or RpcBackendOptions()
     config = _C.AgentConfig()
-    config.name = name
+    config.name = name or ""
     if rank is not None and rank >= 0:
         config.rank = int(rank)
     if world_size is not None:
@@ -160,7 +166,7 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
         config.master_addr = "127.0.0.1"
     if options.rpc_timeout is not None:
         config.rpc_timeout = float(options.rpc_timeout)
-    for field in ("init_timeout", "shutdown_timeout", "restart_wait"):
+    for field in ("init_timeout", "shutdown_timeout", "restart_wait", "shutdown_wait_for_peers"):
         value = getattr(options, field, None)
         if value is not None:
             setattr(config, field, float(value))
@@ -181,8 +187,12 @@ def init_rpc(name, backend=None, rank=None, world_size=None, rpc_backend_options
 def shutdown(graceful=True, timeout=0):
     """Stops the agent: graceful waits for every worker to finish its calls.
 
-    timeout is accepted for torch's signature; the agent bounds each step by
-    its shutdown timeout (RpcBackendOptions(shutdown_timeout=...)).
+    A graceful shutdown first waits for every other worker to call shutdown()
+    (as torch's does: without limit while they live, unless
+    RpcBackendOptions(shutdown_wait_for_peers=seconds) says otherwise; a
+    worker found dead ends the wait with WorkerUnavailableError). The steps
+    after that are bounded by RpcBackendOptions(shutdown_timeout=...).
+    timeout is accepted for torch's signature.
     """
     global _agent
     with _lock:
@@ -242,6 +252,8 @@ def _timeout(timeout):
 
 
 def _name_of(func):
+    if isinstance(func, CppFunction):
+        return func.name
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if qualname is None:
@@ -274,7 +286,38 @@ def _value_of(result):
     return _pickle.loads(*payload)
 
 
+class CppFunction:
+    """A function registered in C++ (rpc/function.h) on another worker, named
+    with its signature as C++ spells it:
+
+        add = rpc.CppFunction("cpp.add", "(Tensor,Tensor)->Tensor")
+        c = rpc.rpc_sync("cpp1", add, args=(a, b))
+
+    Arguments are encoded by the signature's types (python/src/cpp_call.h:
+    tensors, bool, int, float, str, lists/tuples for vector/pair/tuple,
+    dicts with str keys for maps, None for an empty optional) and the typed
+    result comes back as Python values. The callee checks the signature."""
+
+    def __init__(self, name, signature):
+        self.name = name
+        try:
+            self.signature = _C.canonical_signature(signature)
+        except _C.StatusError as e:
+            raise ValueError(e.args[1] if len(e.args) == 2 else str(e)) from None
+
+    def __repr__(self):
+        return f"CppFunction({self.name!r}, {self.signature!r})"
+
+
 def _invoke(agent, to, func, args, kwargs, timeout):
+    if isinstance(func, CppFunction):
+        if kwargs:
+            raise TypeError(f"{func!r} takes positional arguments only")
+        try:
+            return agent.call_cpp(to, func.name, func.signature, tuple(args or ()),
+                                  _timeout(timeout))
+        except _C.StatusError as e:
+            raise _errors.translate(e, _describe_to(agent, to), func.name) from None
     data, tensors, rrefs = _pack(func, args, kwargs)
     try:
         return agent.call(to, data, tensors, rrefs, _timeout(timeout))
@@ -323,6 +366,9 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs func on worker `to`, keeps the result there, and returns an RRef to it."""
     agent = _current()
     to = _to(to)
+    if isinstance(func, CppFunction):
+        raise TypeError(f"remote() of {func!r}: a C++ function's result is fetched with "
+                        "rpc_sync/rpc_async (RRefs of C++ values are made by C++ callers)")
     data, tensors, rrefs = _pack(func, args, kwargs)
     try:
         c = agent.remote(to, data, tensors, rrefs, _timeout(timeout))

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Runs pytorch/examples' RPC programs (distributed/rpc/) on baton, changing
+# nothing but their import lines:
+#   torch.distributed.rpc      -> baton.rpc
+#   torch.distributed.autograd -> baton.distributed.autograd
+#   torch.distributed.optim    -> baton.distributed.optim
+#   torch.distributed.nn       -> baton.nn            (RemoteModule)
+# Usage: python/compat/run_examples.sh EXAMPLES_CHECKOUT [PROGRAM...]
+#   EXAMPLES_CHECKOUT: a checkout of github.com/pytorch/examples (not part of
+#   this repository; bring it with any git client).
+#   PROGRAM: rnn rl parameter_server batch_parameter_server batch_reinforce
+#   pipeline ddp_rpc (default: all). Each runs in a fresh temporary copy;
+#   prints one "RESULT <program> PASS|FAIL|NEEDS-GPU <detail>" line each.
+# Environment: BATON_EXAMPLES_TORCH=1 runs the unchanged programs on torch's
+# own RPC instead (the comparison); BATON_EXAMPLES_TIMEOUT (seconds, default
+# 900) bounds each program.
+# What is supplied from outside the programs (python/compat/shims):
+# torch.accelerator for torch 1.13 (CPU-only), a local gymnasium CartPole,
+# and Fashion-MNIST in MNIST's layout where a program downloads MNIST.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+src="${1:?usage: run_examples.sh EXAMPLES_CHECKOUT [PROGRAM...]}/distributed/rpc"
+shift
+programs=("$@")
+[ ${#programs[@]} -eq 0 ] && programs=(rnn rl parameter_server batch_parameter_server
+                                       batch_reinforce pipeline ddp_rpc)
+timeout_s="${BATON_EXAMPLES_TIMEOUT:-900}"
+PY=/usr/bin/python3
+[ -f "$repo/python/baton/_C.so" ] || { echo "run tools/python.sh first" >&2; exit 2; }
+
+work="$(mktemp -d /tmp/baton-examples.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+
+fashion_as_mnist() {  # $1: the data root the program reads (../data)
+  local raw="$1/MNIST/raw" f
+  mkdir -p "$raw"
+  for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte \
+           t10k-labels-idx1-ubyte; do
+    gunzip -c "/usr/share/datasets/fashion-mnist/$f.gz" > "$raw/$f"
+  done
+}
+
+port_free() { ! ss -ltn "( sport = :$1 )" | grep -q ":$1"; }
+
+run_one() {  # $1 program, $2 dir, $3 expected output (regex), then the command
+  local program="$1" dir="$2" expect="$3"; shift 3
+  local copy="$work/$program/$(basename "$dir")" log="$work/$program.log"
+  mkdir -p "$work/$program"
+  cp -r "$src/$dir" "$copy"
+  if [ "${BATON_EXAMPLES_TORCH:-0}" != 1 ]; then
+    sed -i -E \
+      -e 's/^(\s*)import torch\.distributed\.rpc as/\1import baton.rpc as/' \
+      -e 's/^(\s*)from torch\.distributed\.rpc import/\1from baton.rpc import/' \
+      -e 's/^(\s*)import torch\.distributed\.autograd as/\1import baton.distributed.autograd as/' \
+      -e 's/^(\s*)from torch\.distributed\.optim import/\1from baton.distributed.optim import/' \
+      -e 's/^(\s*)from torch\.distributed\.nn import/\1from baton.nn import/' \
+      "$copy"/*.py
+  fi
+  diff -r "$src/$dir" "$copy" > "$work/$program.diff"
+  for port in 29500 29501; do
+    port_free "$port" || { echo "RESULT $program FAIL port $port is busy"; return; }
+  done
+  local start=$SECONDS rc
+  (cd "$copy" && PYTHONPATH="$here/shims:$repo/python" timeout -k 10 "$timeout_s" "$@") \
+    > "$log" 2>&1
+  rc=$?
+  local took=$((SECONDS - start))
+  if [ $rc -eq 0 ] && grep -Eq "$expect" "$log"; then
+    echo "RESULT $program PASS ${took}s"
+  else
+    echo "RESULT $program FAIL rc=$rc after ${took}s; last lines:"
+    tail -n 15 "$log" | sed 's/^/    /'
+  fi
+  cp "$log" "/tmp/baton-example-$program.log"
+  cp "$work/$program.diff" "/tmp/baton-example-$program.diff"
+}
+
+has_gpus() { $PY -c "import torch,sys; sys.exit(0 if torch.cuda.device_count() >= $1 else 1)"; }
+
+for program in "${programs[@]}"; do
+  case "$program" in
+    rnn) run_one rnn rnn "Training epoch 9" $PY main.py ;;
+    rl) run_one rl rl "Solved!" $PY main.py ;;
+    parameter_server)
+      fashion_as_mnist "$work/parameter_server/data"
+      # One command per rank, as its README says: 1 server, 1 trainer. With
+      # two or more trainers the program fails under torch's own RPC as under
+      # baton: one trainer's optimizer step updates in place the weights that
+      # another trainer's backward pass still needs ("modified by an inplace
+      # operation").
+      run_one parameter_server parameter_server "Accuracy" bash -c "
+        $PY rpc_parameter_server.py --world_size=2 --rank=0 & s=\$!
+        $PY rpc_parameter_server.py --world_size=2 --rank=1; c=\$?
+        wait \$s; p=\$?; exit \$((c || p))" ;;
+    batch_parameter_server|batch_reinforce)
+      if has_gpus 1; then
+        file=parameter_server.py; [ "$program" = batch_reinforce ] && file=reinforce.py
+        run_one "$program" batch "." $PY "$file"
+      else
+        echo "RESULT $program NEEDS-GPU it calls .cuda() unconditionally"
+      fi ;;
+    pipeline)
+      if has_gpus 2; then run_one pipeline pipeline "execution time" $PY main.py
+      else echo "RESULT pipeline NEEDS-GPU it places its shards on cuda:0 and cuda:1"; fi ;;
+    ddp_rpc)
+      if has_gpus 2; then run_one ddp_rpc ddp_rpc "completed successfully" $PY main.py
+      else echo "RESULT ddp_rpc NEEDS-GPU it needs 2 GPUs (it exits 0 saying so without them)"; fi ;;
+    *) echo "unknown program $program" >&2; exit 2 ;;
+  esac
+done
