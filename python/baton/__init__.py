@@ -14,7 +14,7 @@ import torch  # noqa: F401  (baton._C needs LibTorch's Python bindings loaded)
 
 from baton import _C  # noqa: F401
 
-__all__ = ["rpc", "distributed", "nn", "futures", "is_elastic_launched",
+__all__ = ["rpc", "distributed", "nn", "ps", "futures", "is_elastic_launched",
            "is_torchelastic_launched"]
 
 
@@ -26,4 +26,4 @@ def is_elastic_launched() -> bool:
 # torch.distributed.elastic's name for the same question.
 is_torchelastic_launched = is_elastic_launched
 
-from baton import futures, rpc, distributed, nn  # noqa: E402,F401
+from baton import futures, rpc, distributed, nn, ps  # noqa: E402,F401

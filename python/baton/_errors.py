@@ -86,7 +86,7 @@ def _rebuild_python_error(type_name, text):
     return exc
 
 
-_WIRE_CALL = re.compile(r"rpc to worker '[^']*' \(id -?\d+\), function '__baton\.py\.call': ")
+_WIRE_CALL = re.compile(r"rpc to worker '[^']*' \(id -?\d+\), function '__baton\.py\.(?:call|remote)': ")
 
 
 def from_status(code, message, worker=None, function=None):

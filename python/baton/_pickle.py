@@ -1,8 +1,8 @@
 """How Python values are packed for baton's wire (the Python side of PyObj).
 
 A value is pickled with its tensors and RRefs taken out: tensors travel
-through baton's tensor codec (no copy on the sending side, zero-copy over
-shared memory on one host, views send only what they view) and RRefs as
+through baton's tensor codec (no copy to hand them to the runtime, shared
+memory for large ones on one host, views send only what they view) and RRefs as
 forks of baton's RRef protocol. Functions and classes are pickled by
 reference, as torch.distributed.rpc does, so the callee must be able to
 import them (for a job started by baton-run or mp.spawn, __main__ is the same
@@ -92,6 +92,8 @@ def dumps(obj):
 
 
 def loads(data, tensors, rrefs):
+    if not tensors and not rrefs:
+        return pickle.loads(data)  # no persistent ids were written
     return _Unpickler(io.BytesIO(data), tensors, rrefs).load()
 
 

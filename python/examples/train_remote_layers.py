@@ -13,30 +13,15 @@ the accuracy on the 10,000 test images and prints RESULT OK if it reaches
 --min_accuracy (default 0.80), else RESULT FAIL and exits 1.
 """
 import argparse
-import gzip
-import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 import baton.distributed.autograd as dist_autograd
 import baton.rpc as rpc
 from baton.distributed.optim import DistributedOptimizer
-
-DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def load(kind):
-    """Fashion-MNIST's IDX files (Debian's dataset-fashion-mnist)."""
-    with gzip.open(os.path.join(DATA, f"{kind}-images-idx3-ubyte.gz")) as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(os.path.join(DATA, f"{kind}-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)
-    x = torch.from_numpy(images.astype(np.float32) / 255.0)
-    return (x - 0.2860) / 0.3530, torch.from_numpy(labels.astype(np.int64))
-
+from fashion_mnist import load
 
 class Layer:
     """A layer held by a server; the trainer calls its methods through an RRef."""

@@ -11,6 +11,8 @@
 //   as Python runs.
 // Errors cross as baton._C.StatusError(code, message), code being the
 // absl::StatusCode number; baton/_errors.py maps them to exception classes.
+#include <sched.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +31,12 @@
 #include "python/src/cpp_call.h"
 #include "python/src/py_value.h"
 #include "rpc/agent.h"
+#include <torch/csrc/Dtype.h>
+
+#include "ps/client.h"
+#include "ps/server.h"
+#include "ps/spec.h"
+#include "rl/cartpole.h"
 #include "rref/rref.h"
 
 namespace baton::python {
@@ -37,14 +45,18 @@ namespace {
 using rpc::Future;
 using rpc::Promise;
 
-// The one remote function every Python call goes through: the pickled
-// (function, args, kwargs) in, the function's result out.
+// The remote functions every Python call goes through: the pickled
+// (function, args, kwargs) in, the function's result out. rpc_sync and
+// rpc_async use kPyCall, whose result is pickled at once, under the GIL the
+// call already holds; remote() uses kPyRemote, whose result stays a live
+// object on its owner (local_value() returns that object).
 const rpc::Function<PyObj(PyObj)> kPyCall("__baton.py.call");
+const rpc::Function<PyObj(PyObj)> kPyRemote("__baton.py.remote");
 
 PyObject* g_status_error = nullptr;  // baton._C.StatusError, set at import
 
 [[noreturn]] void Raise(const absl::Status& s) {
-  py::gil_scoped_acquire gil;
+  AcquireGil gil;
   PyErr_SetObject(g_status_error,
                   py::make_tuple(static_cast<int>(s.code()), std::string(s.message())).ptr());
   throw py::error_already_set();
@@ -118,8 +130,12 @@ class PyFuture {
   // The value; raises StatusError. timeout None or <= 0: no limit of its own
   // (an RPC's future completes by its deadline).
   py::object Wait(std::optional<double> timeout) const {
-    {
+    if (!future_.ready()) {
       py::gil_scoped_release nogil;
+      // A reply on one host often comes within microseconds: look again for
+      // a short while before sleeping (a wake-up costs more than the call).
+      const absl::Time spin_end = absl::Now() + absl::Microseconds(50);
+      while (!future_.ready() && absl::Now() < spin_end) sched_yield();
       if (!future_.WaitFor(Seconds(timeout, absl::InfiniteDuration()))) {
         Raise(absl::DeadlineExceededError(
             absl::StrCat("future not complete after ", *timeout, " s")));
@@ -143,7 +159,7 @@ class PyFuture {
   std::shared_ptr<PyFuture> Then(py::function fn) const {
     PyRef callback(std::move(fn));
     Future<PyObj> next = future_.Then([callback](const Future<PyObj>&) -> absl::StatusOr<PyObj> {
-      py::gil_scoped_acquire gil;
+      AcquireGil gil;
       try {
         PyObj out;
         out.live = PyRef(callback.get()());
@@ -188,7 +204,110 @@ using PyRRef = rref::RRef<PyObj>;
 
 // ---- The agent ----
 
+// Something installed on an agent's registry before the agent starts, and
+// stopped once the agent stopped serving.
+class RegistryInstaller {
+ public:
+  virtual ~RegistryInstaller() = default;
+  virtual absl::Status Install(rpc::FunctionRegistry& registry) = 0;
+  virtual absl::Status Stop() { return absl::OkStatus(); }
+};
+
+// ---- baton.ps: specs from the dicts python/baton/ps.py builds ----
+
+c10::ScalarType DtypeOf(py::handle h) {
+  if (!THPDtype_Check(h.ptr())) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("a dtype is a torch.dtype, not ", std::string(py::repr(h)))));
+  }
+  return reinterpret_cast<THPDtype*>(h.ptr())->scalar_type;
+}
+
+absl::StatusOr<dist_optim::OptimizerOptions> OptionsFrom(const std::string& kind,
+                                                         const py::dict& kw);
+
+ps::PsSpec SpecFrom(const py::dict& d) {
+  ps::PsSpec spec;
+  for (py::handle th : d["tables"].cast<py::list>()) {
+    py::dict t = py::reinterpret_borrow<py::dict>(th);
+    const std::string name = t["name"].cast<std::string>();
+    const std::string kind = t["kind"].cast<std::string>();
+    if (kind == "dense") {
+      py::tuple opt = t["optimizer"].cast<py::tuple>();
+      auto o = OptionsFrom(opt[0].cast<std::string>(), opt[1].cast<py::dict>());
+      if (!o.ok()) Raise(Annotate(o.status(), absl::StrCat("ps table '", name, "'")));
+      spec.tables.push_back(ps::TableSpec::Dense(
+          name, t["shape"].cast<std::vector<int64_t>>(), DtypeOf(t["dtype"]), *o));
+    } else {
+      py::tuple init = t["init"].cast<py::tuple>();
+      const std::string ik = init[0].cast<std::string>();
+      ps::RowInit ri = ik == "uniform"  ? ps::RowInit::Uniform(init[1].cast<double>(),
+                                                                init[2].cast<uint64_t>())
+                       : ik == "normal" ? ps::RowInit::Normal(init[1].cast<double>(),
+                                                              init[2].cast<uint64_t>())
+                                        : ps::RowInit::Zeros();
+      py::tuple opt = t["optimizer"].cast<py::tuple>();
+      const std::string ok = opt[0].cast<std::string>();
+      const double lr = opt[1].cast<double>();
+      ps::RowOptimizer ro = ok == "adagrad"             ? ps::RowOptimizer::Adagrad(lr)
+                            : ok == "rowwise_adagrad" ? ps::RowOptimizer::RowWiseAdagrad(lr)
+                            : ok == "lazy_adam"       ? ps::RowOptimizer::LazyAdam(lr)
+                                                      : ps::RowOptimizer::SGD(lr);
+      spec.tables.push_back(ps::TableSpec::Embedding(name, t["rows"].cast<int64_t>(),
+                                                     t["dim"].cast<int64_t>(), ri, ro,
+                                                     DtypeOf(t["dtype"])));
+    }
+  }
+  py::tuple c = d["consistency"].cast<py::tuple>();
+  const std::string mode = c[0].cast<std::string>();
+  spec.consistency = mode == "sync"    ? ps::Consistency::Sync()
+                     : mode == "async" ? ps::Consistency::Async()
+                                       : ps::Consistency::BoundedStaleness(c[1].cast<int64_t>());
+  spec.num_trainers = d["num_trainers"].cast<int>();
+  spec.trainer_timeout = absl::Seconds(d["trainer_timeout"].cast<double>());
+  spec.straggler_policy = d["straggler_policy"].cast<std::string>() == "fail"
+                              ? ps::StragglerPolicy::kFail
+                              : ps::StragglerPolicy::kDrop;
+  Check(ps::ValidateSpec(spec));
+  return spec;
+}
+
+// A parameter server hosted by this Python worker.
+class PsServerHost : public RegistryInstaller {
+ public:
+  PsServerHost(const py::dict& spec, int server, int num_servers,
+               const std::string& checkpoint_dir, int64_t checkpoint_every_clocks)
+      : spec_(SpecFrom(spec)) {
+    options_.server = server;
+    options_.num_servers = num_servers;
+    options_.checkpoint_dir = checkpoint_dir;
+    options_.checkpoint_every_clocks = checkpoint_every_clocks;
+  }
+  absl::Status Install(rpc::FunctionRegistry& registry) override {
+    if (server_ != nullptr) return absl::FailedPreconditionError("this PsServer already serves");
+    auto server = ps::PsServer::Create(spec_, options_, registry);
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    return absl::OkStatus();
+  }
+  absl::Status Stop() override {
+    return server_ == nullptr ? absl::OkStatus() : server_->Stop();
+  }
+  std::string Stats() {
+    if (server_ == nullptr) Raise(absl::FailedPreconditionError("the PsServer is not serving"));
+    return server_->shard().Stats().DebugString();
+  }
+  int64_t RestoredClock() const { return server_ == nullptr ? -1 : server_->restored_clock(); }
+
+ private:
+  ps::PsSpec spec_;
+  ps::ServerOptions options_;
+  std::unique_ptr<ps::PsServer> server_;
+};
+
 struct AgentConfig {
+  // Installed before the agent starts (a hosted PsServer).
+  std::vector<std::shared_ptr<RegistryInstaller>> installers;
   std::string name;
   // tcp://host:port in init_method, in front of MASTER_ADDR and MASTER_PORT.
   std::optional<std::string> master_addr;
@@ -252,11 +371,17 @@ class PyAgent {
     runtime->dumps = PyRef(std::move(dumps));
     self->registry_->SetExtension(runtime);
     self->rrefs_ = rref::RRefService::Install(*self->registry_);
+    for (const auto& installer : config.installers) Check(installer->Install(*self->registry_));
+    self->installers_ = config.installers;
     Check(dist_autograd::Install(*self->registry_));
     PyRef runner(std::move(run));
     Check(self->registry_->Register(
-        kPyCall, [runner](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
-          return RunPython(runner, ctx, std::move(msg));
+        kPyCall, [runner, runtime](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return RunPython(runner, runtime.get(), ctx, std::move(msg));
+        }));
+    Check(self->registry_->Register(
+        kPyRemote, [runner](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return RunPython(runner, nullptr, ctx, std::move(msg));
         }));
     absl::StatusOr<std::unique_ptr<rpc::RpcAgent>> agent;
     {
@@ -300,7 +425,7 @@ class PyAgent {
     rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration())};
     py::gil_scoped_release nogil;
     try {
-      return rref::remote(a, opts, ref, kPyCall, std::move(msg));
+      return rref::remote(a, opts, ref, kPyRemote, std::move(msg));
     } catch (const Error& e) {
       Raise(e.status());
     }
@@ -335,7 +460,7 @@ class PyAgent {
           std::deque<at::Tensor> tensors;
           absl::Status s = DecodeResult(*ap, peer, function, *shared_sig, *r, &v, &tensors);
           if (!s.ok()) return s;
-          py::gil_scoped_acquire gil;
+          AcquireGil gil;
           PyObj o;
           o.live = PyRef(ToPython(v, tensors));
           return o;
@@ -368,6 +493,10 @@ class PyAgent {
     {
       py::gil_scoped_release nogil;
       s = agent_->Shutdown(graceful);
+      for (const auto& installer : installers_) {
+        absl::Status stopped = installer->Stop();
+        if (s.ok()) s = stopped;
+      }
       agent_.reset();
     }
     Check(s);
@@ -416,12 +545,15 @@ class PyAgent {
   }
   static py::tuple Info(const rpc::WorkerInfo& w) { return py::make_tuple(w.name, w.id); }
 
-  static Future<PyObj> RunPython(const PyRef& runner, const rpc::CallContext& ctx, PyObj msg) {
+  // `pickle_with`: pickle a result at once (kPyCall) with this runtime's
+  // pickler; null: keep it live (kPyRemote).
+  static Future<PyObj> RunPython(const PyRef& runner, const PyRuntime* pickle_with,
+                                 const rpc::CallContext& ctx, PyObj msg) {
     if (!Py_IsInitialized() || _Py_IsFinalizing()) {
       return rpc::MakeErrorFuture<PyObj>(
           absl::UnavailableError("the Python interpreter of this worker is shutting down"));
     }
-    py::gil_scoped_acquire gil;
+    AcquireGil gil;
     try {
       py::object caller = ctx.caller != nullptr ? py::object(py::str(ctx.caller->name))
                                                 : py::object(py::none());
@@ -434,7 +566,14 @@ class PyAgent {
         return out[1].cast<std::shared_ptr<PyFuture>>()->future();
       }
       PyObj v;
-      v.live = PyRef(out[1]);
+      if (pickle_with == nullptr) {
+        v.live = PyRef(out[1]);
+        return rpc::MakeReadyFuture<PyObj>(std::move(v));
+      }
+      py::tuple parts = pickle_with->dumps.get()(out[1]);
+      v.pickle = parts[0].cast<std::string>();
+      for (py::handle t : parts[1].cast<py::list>()) v.tensors.push_back(t.cast<at::Tensor>());
+      for (py::handle r : parts[2].cast<py::list>()) v.rrefs.push_back(r.cast<PyRRef>());
       return rpc::MakeReadyFuture<PyObj>(std::move(v));
     } catch (py::error_already_set& e) {
       return rpc::MakeErrorFuture<PyObj>(StatusFromPython(e, ""));
@@ -444,6 +583,7 @@ class PyAgent {
   }
 
   std::shared_ptr<rpc::FunctionRegistry> registry_;
+  std::vector<std::shared_ptr<RegistryInstaller>> installers_;
   std::shared_ptr<rref::RRefService> rrefs_;
   std::unique_ptr<rpc::RpcAgent> agent_;
 };
@@ -466,8 +606,107 @@ class PyAutogradContext {
   std::unique_ptr<dist_autograd::Context> context_;
 };
 
+// Runs f with the GIL released.
+template <typename F>
+auto ReleasingGil(F f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+// The value (a tensor, a list of tensors, or None) as a live Python
+// object, made on the executor under the GIL.
+template <typename T>
+std::shared_ptr<PyFuture> Wrap(Future<T> f) {
+  return PyFuture::New(f.Then([](const Future<T>& done) -> absl::StatusOr<PyObj> {
+    const auto& r = done.result();
+    if (!r.ok()) return r.status();
+    AcquireGil gil;
+    PyObj o;
+    if constexpr (std::is_void_v<T>) {
+      o.live = PyRef(py::none());
+    } else {
+      o.live = PyRef(py::cast(*r));
+    }
+    return o;
+  }));
+}
+
+// A trainer's client of the parameter servers.
+class PyPsClient {
+ public:
+  PyPsClient(std::shared_ptr<PyAgent> agent, const py::dict& spec, int trainer,
+             std::vector<std::string> servers, double timeout)
+      : agent_(std::move(agent)) {
+    ps::PsClient::Options o;
+    o.trainer = trainer;
+    o.servers = std::move(servers);
+    o.timeout = absl::Seconds(timeout);
+    ps::PsSpec s = SpecFrom(spec);
+    rpc::RpcAgent& a = agent_->agent();
+    absl::StatusOr<std::unique_ptr<ps::PsClient>> client;
+    {
+      py::gil_scoped_release nogil;
+      client = ps::PsClient::Create(a, std::move(s), o);
+    }
+    Check(client.status());
+    client_ = *std::move(client);
+  }
+
+  void InitDense(const std::vector<std::string>& tables, const std::vector<at::Tensor>& values) {
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = client_->InitDense(tables, values);
+    }
+    Check(s);
+  }
+  std::shared_ptr<PyFuture> Pull(const std::string& table) {
+    return Wrap(ReleasingGil([&] { return client_->Pull(table); }));
+  }
+  std::shared_ptr<PyFuture> PullDense(const std::vector<std::string>& tables) {
+    return Wrap(ReleasingGil([&] { return client_->PullDense(tables); }));
+  }
+  std::shared_ptr<PyFuture> PullDenseInto(const std::vector<std::string>& tables,
+                                          std::vector<at::Tensor> into) {
+    return Wrap(ReleasingGil([&] { return client_->PullDenseInto(tables, std::move(into)); }));
+  }
+  std::shared_ptr<PyFuture> PullRows(const std::string& table, const at::Tensor& ids) {
+    return Wrap(ReleasingGil([&] { return client_->PullRows(table, ids); }));
+  }
+  std::shared_ptr<PyFuture> Push(const std::string& table, const at::Tensor& grad,
+                                 bool end_step) {
+    return Wrap(ReleasingGil([&] { return client_->Push(table, grad, end_step); }));
+  }
+  std::shared_ptr<PyFuture> PushDense(const std::vector<std::string>& tables,
+                                      const std::vector<at::Tensor>& grads, bool end_step) {
+    return Wrap(ReleasingGil([&] { return client_->PushDense(tables, grads, end_step); }));
+  }
+  std::shared_ptr<PyFuture> PushRows(const std::string& table, const at::Tensor& ids,
+                                     const at::Tensor& grads, bool end_step) {
+    return Wrap(ReleasingGil([&] { return client_->PushRows(table, ids, grads, end_step); }));
+  }
+  std::shared_ptr<PyFuture> Step() {
+    return Wrap(ReleasingGil([&] { return client_->Step(); }));
+  }
+  int64_t Clock() const { return client_->clock(); }
+  std::vector<std::string> Stats() {
+    absl::StatusOr<std::vector<ps::ShardStats>> st;
+    {
+      py::gil_scoped_release nogil;
+      st = client_->Stats();
+    }
+    Check(st.status());
+    std::vector<std::string> out;
+    for (const auto& x : *st) out.push_back(x.DebugString());
+    return out;
+  }
+
+ private:
+  std::shared_ptr<PyAgent> agent_;  // outlives the client
+  std::unique_ptr<ps::PsClient> client_;
+};
+
 absl::StatusOr<dist_optim::OptimizerOptions> OptionsFrom(const std::string& kind,
-                                                         const py::dict& kw) {
+                                                         const py::dict& kw) {  // NOLINT
   using dist_optim::OptimizerOptions;
   OptimizerOptions o;
   const double lr = kw.contains("lr") ? kw["lr"].cast<double>() : -1;
@@ -583,6 +822,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<AgentConfig>(m, "AgentConfig")
       .def(py::init<>())
       .def_readwrite("name", &AgentConfig::name)
+      .def_readwrite("installers", &AgentConfig::installers)
       .def_readwrite("rank", &AgentConfig::rank)
       .def_readwrite("master_addr", &AgentConfig::master_addr)
       .def_readwrite("master_port", &AgentConfig::master_port)
@@ -665,6 +905,49 @@ PYBIND11_MODULE(_C, m) {
       .def("options", [](const baton::dist_optim::FunctionalOptimizer& o) {
         return o.options().DebugString();
       });
+
+  py::class_<RegistryInstaller, std::shared_ptr<RegistryInstaller>>(m, "RegistryInstaller");
+  py::class_<PsServerHost, RegistryInstaller, std::shared_ptr<PsServerHost>>(m, "PsServerHost")
+      .def(py::init<const py::dict&, int, int, const std::string&, int64_t>())
+      .def("stats", &PsServerHost::Stats)
+      .def("restored_clock", &PsServerHost::RestoredClock);
+  py::class_<PyPsClient, std::shared_ptr<PyPsClient>>(m, "PsClient")
+      .def(py::init<std::shared_ptr<PyAgent>, const py::dict&, int, std::vector<std::string>,
+                    double>())
+      .def("init_dense", &PyPsClient::InitDense)
+      .def("pull", &PyPsClient::Pull)
+      .def("pull_dense", &PyPsClient::PullDense)
+      .def("pull_dense_into", &PyPsClient::PullDenseInto)
+      .def("pull_rows", &PyPsClient::PullRows)
+      .def("push", &PyPsClient::Push)
+      .def("push_dense", &PyPsClient::PushDense)
+      .def("push_rows", &PyPsClient::PushRows)
+      .def("step", &PyPsClient::Step)
+      .def("clock", &PyPsClient::Clock)
+      .def("stats", &PyPsClient::Stats);
+
+  // rl/cartpole.h: CartPole-v1 with gym's exact dynamics, for Python RL
+  // jobs (python/examples/rl_cartpole.py, the gymnasium stand-in).
+  py::class_<baton::rl::CartPole>(m, "CartPole")
+      .def(py::init<uint64_t>(), py::arg("seed"))
+      .def("reset",
+           [](baton::rl::CartPole& env) {
+             auto o = env.Reset();
+             return std::vector<float>(o.begin(), o.end());
+           })
+      .def("step",
+           [](baton::rl::CartPole& env, int action) {
+             auto r = env.Step(action);
+             if (!r.ok()) {
+               throw py::value_error(std::string(r.status().message()));
+             }
+             const auto& o = r->observation;
+             return py::make_tuple(std::vector<float>(o.begin(), o.end()), r->reward,
+                                   r->terminated, r->truncated);
+           })
+      .def_property_readonly("steps", &baton::rl::CartPole::steps)
+      .def_property_readonly_static("max_steps",
+                                    [](py::object) { return baton::rl::CartPole::kMaxSteps; });
 
   m.attr("PYTHON_ERROR_PREFIX") = kPythonErrorPrefix;
   m.def("canonical_signature", [](const std::string& text) {

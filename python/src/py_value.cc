@@ -20,7 +20,7 @@ PyRef::Holder::~Holder() {
     obj.release();
     return;
   }
-  py::gil_scoped_acquire gil;
+  AcquireGil gil;
   obj = py::object();
 }
 
@@ -36,7 +36,7 @@ absl::Status PickleLive(rpc::RpcAgent* agent, const PyObj& live, PyObj* out) {
   if (!Py_IsInitialized() || _Py_IsFinalizing()) {
     return absl::UnavailableError("the Python interpreter is shutting down");
   }
-  py::gil_scoped_acquire gil;
+  AcquireGil gil;
   try {
     py::tuple parts = runtime->dumps.get()(live.live.get());
     out->pickle = parts[0].cast<std::string>();

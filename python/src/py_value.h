@@ -3,8 +3,9 @@
 //
 // A Python value is pickled by the Python layer (baton/_pickle.py) into
 // three parts: the pickle bytes, the tensors taken out of it (which travel
-// through baton's tensor codec: zero-copy over shared memory on one host,
-// every dtype, views sending only what they view), and the RRefs taken out
+// through baton's tensor codec: no copy to hand them over, shared memory
+// for large ones on one host, every dtype, views sending only what they
+// view), and the RRefs taken out
 // of it (which travel as RRef forks, so the RRef protocol's guarantees hold
 // for Python values as for C++ ones). A PyObj holds either those parts
 // (received, not yet unpickled) or a live Python object (on the worker that
@@ -39,6 +40,25 @@
 namespace baton::python {
 
 namespace py = pybind11;
+
+// Takes the GIL on any thread. A runtime thread keeps the Python thread
+// state it gets the first time (pybind11 would otherwise create and delete
+// one for every acquisition, which costs more than the call it serves).
+class AcquireGil {
+ public:
+  AcquireGil() {
+    thread_local bool pinned = false;
+    if (!pinned) {
+      gil_.inc_ref();  // never released: the thread state lives with the thread
+      pinned = true;
+    }
+  }
+  AcquireGil(const AcquireGil&) = delete;
+  AcquireGil& operator=(const AcquireGil&) = delete;
+
+ private:
+  py::gil_scoped_acquire gil_;
+};
 
 // A Python reference that may be copied and dropped on any thread.
 class PyRef {

@@ -24,6 +24,7 @@ const Function<std::tuple<int64_t, double, std::string>(
     kDescribe("cpp.describe");
 const Function<std::vector<torch::Tensor>(int32_t, bool)> kMake("cpp.make");
 const Function<void(std::string)> kFail("cpp.fail");
+const Function<void()> kNoop("cpp.noop");
 
 }  // namespace
 
@@ -49,6 +50,7 @@ int main() {
     for (int32_t i = 0; i < n; ++i) out.push_back(ones ? torch::ones({i + 1}) : torch::zeros({i + 1}));
     return out;
   }));
+  check(registry->Register(kNoop, [] {}));
   check(registry->Register(kFail, [](std::string why) -> absl::Status {
     return absl::FailedPreconditionError("cpp_peer refuses: " + why);
   }));

@@ -52,6 +52,28 @@ def test_python_calls_functions_registered_in_cpp():
     harness.check(harness.run("cpp_interop", 2, commands={1: [peer]}))
 
 
+def test_parameter_server_hosted_and_used_from_python():
+    workers = harness.run("ps", 2)
+    harness.check(workers)
+    assert workers[0].lines("CLOCK") == ["2"], workers[0].output
+    assert "applied pushes 2" in workers[1].output, workers[1].output
+
+
+def test_ps_example_trains_fashion_mnist_under_baton_run():
+    baton_run = os.environ.get("BATON_RUN")
+    if not baton_run:
+        pytest.skip("BATON_RUN (the baton-run binary) is not set")
+    example = os.path.join(os.path.dirname(harness.HERE), "examples", "ps_fashion_mnist.py")
+    env = harness.env_for()
+    out = subprocess.run(
+        [baton_run, "--standalone", "--role", "ps:2", "--role", "trainer:2",
+         harness.PYTHON, example], env={**env, "RANK": "", "WORLD_SIZE": ""},
+        capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "RESULT OK" in text, text
+
+
 def test_baton_run_starts_a_python_job_with_roles():
     baton_run = os.environ.get("BATON_RUN")
     if not baton_run:
@@ -78,3 +100,18 @@ def test_remote_layers_example_trains_fashion_mnist_under_baton_run():
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert "RESULT OK" in text, text
+
+
+def test_rl_example_learns_cartpole_with_batched_async_execution():
+    baton_run = os.environ.get("BATON_RUN")
+    if not baton_run:
+        pytest.skip("BATON_RUN (the baton-run binary) is not set")
+    example = os.path.join(os.path.dirname(harness.HERE), "examples", "rl_cartpole.py")
+    env = harness.env_for()
+    out = subprocess.run(
+        [baton_run, "--standalone", "--role", "agent:1", "--role", "observer:3",
+         harness.PYTHON, example, "--target", "150"], env={**env, "RANK": "", "WORLD_SIZE": ""},
+        capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "RESULT OK" in text and "solved after" in text, text

@@ -23,9 +23,10 @@ def name(rank):
     return f"worker{rank}"
 
 
-def init(rank, world_size, **options):
+def init(rank, world_size, ps_server=None, **options):
     rpc.init_rpc(name(rank), rank=rank, world_size=world_size,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(**options))
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(**options),
+                 ps_server=ps_server)
 
 
 # ---- Functions called remotely ----
@@ -564,6 +565,57 @@ def scenario_cpp_interop(rank, world_size):
         assert "MyType" in str(e), e
     e = expect(rpc.RpcError, "cpp1", rpc.CppFunction("cpp.nothing", "()->void"))
     assert e.code == "NOT_FOUND", e
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+def scenario_ps(rank, world_size):
+    """baton.ps: a server hosted in Python (rank 1), a trainer (rank 0)."""
+    import baton.ps as ps
+    spec = ps.PsSpec([ps.Dense("w", (2, 3), optimizer=torch.optim.SGD, lr=0.5),
+                      ps.Embedding("emb", rows=1000, dim=4, optimizer="sgd", lr=0.1)],
+                     consistency="sync", num_trainers=1)
+    if rank == 1:
+        server = ps.PsServer(spec, server=0, num_servers=1)
+        init(rank, world_size, ps_server=server)
+        rpc.shutdown()
+        print("STATS", server.stats().splitlines()[0])
+        print("SCENARIO OK")
+        return
+    init(rank, world_size)
+    client = ps.PsClient(spec, servers=["worker1"], trainer=0)
+    client.init_dense({"w": torch.ones(2, 3)})
+    assert torch.equal(client.pull("w").wait(), torch.ones(2, 3))
+    client.push("w", torch.full((2, 3), 2.0), end_step=True).wait()
+    assert torch.equal(client.pull("w").wait(), torch.zeros(2, 3))  # 1 - 0.5 * 2
+    ids = torch.tensor([[3, 7], [3, 999]])
+    rows = client.pull_rows("emb", ids).wait()
+    assert rows.shape == (2, 2, 4) and torch.equal(rows, torch.zeros(2, 2, 4))
+    client.push_rows("emb", ids, torch.ones(2, 2, 4), end_step=True).wait()
+    after = client.pull_rows("emb", torch.tensor([3, 7, 999, 5])).wait()
+    # id 3 appeared twice: its gradients were summed (2 * 0.1).
+    assert torch.allclose(after, torch.tensor([[-0.2] * 4, [-0.1] * 4, [-0.1] * 4, [0.0] * 4]))
+    # A module bound to dense tables.
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1)
+    spec2 = ps.PsSpec(ps.ModuleBinding.tables(net, "m", torch.optim.SGD, lr=0.1))
+    try:
+        client.pull("nope").wait()
+        raise AssertionError("an unknown table must fail")
+    except rpc.RpcError as e:
+        assert e.code == "INVALID_ARGUMENT" and "nope" in str(e), e
+    try:
+        ps.PsClient(spec2, servers=["worker1"], trainer=0)
+        raise AssertionError("a client with another spec must be refused")
+    except rpc.RpcError as e:
+        assert e.code == "FAILED_PRECONDITION", e
+    try:
+        ps.PsSpec([ps.Dense("bad", (0, 2))])
+        ps.PsServer(ps.PsSpec([ps.Dense("bad", (-1, 2))]), server=0, num_servers=1)
+        raise AssertionError("a bad spec must be refused")
+    except rpc.RpcError as e:
+        assert e.code == "INVALID_ARGUMENT" and "bad" in str(e), e
+    print("CLOCK", client.clock())
     rpc.shutdown()
     print("SCENARIO OK")
 

@@ -27,6 +27,7 @@ from baton.rpc import functions  # noqa: F401
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
+    "get_worker_infos",
     "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
     "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
@@ -140,13 +141,15 @@ def _parse_init_method(init_method):
     raise ValueError(f"init_method '{init_method}': baton supports env:// and tcp://host:port")
 
 
-def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_options=None):
+def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_options=None,
+             ps_server=None):
     """Starts this worker's agent and meets the other workers.
 
     rank and world_size default to RANK and WORLD_SIZE (set by baton-run);
     MASTER_ADDR and MASTER_PORT say where rank 0 serves the rendezvous.
     name None (baton's addition): the name baton-run gives, its role and
     rank within the role ("trainer0"), else "worker<rank>".
+    ps_server (baton's addition): a baton.ps.PsServer this worker hosts.
     """
     global _agent
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
@@ -154,6 +157,8 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
     options = rpc_backend_options or RpcBackendOptions()
     config = _C.AgentConfig()
     config.name = name or ""
+    if ps_server is not None:
+        config.installers = [ps_server._c]
     if rank is not None and rank >= 0:
         config.rank = int(rank)
     if world_size is not None:
@@ -231,7 +236,8 @@ def get_worker_info(worker_name=None):
     return WorkerInfo(name, wid)
 
 
-def _all_worker_infos():
+def get_worker_infos():
+    """Every worker of the job, by rank (baton's addition)."""
     return [WorkerInfo(n, i) for n, i in _current().workers()]
 
 
