@@ -638,10 +638,11 @@ bool AgentImpl::uses_shm(int peer) const {
 
 absl::Status AgentImpl::AwaitPeersAtShutdown() {
   const std::string barrier = ns_ + "shutdown/enter";
-  const absl::Duration wait = options_.shutdown_wait_for_peers == absl::ZeroDuration()
-                                  ? options_.shutdown_timeout
-                                  : options_.shutdown_wait_for_peers;
-  const absl::Time end = absl::Now() + wait;  // InfiniteFuture for an infinite wait
+  if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
+    return store::Barrier(*store_, barrier, rank_, options_.world_size,
+                          options_.shutdown_timeout);
+  }
+  const absl::Time end = absl::Now() + options_.shutdown_wait_for_peers;  // may be infinite
   // In slices: every few seconds the workers still missing are pinged, and
   // one whose ping fails with UNAVAILABLE (its process is gone), or that
   // was confirmed dead meanwhile, ends the wait. A live worker answers the

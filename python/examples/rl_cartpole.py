@@ -47,6 +47,9 @@ class Observer:
             state, reward, terminated, truncated = self.env.step(action)
             rewards.append(reward)
             if terminated or truncated:
+                # Told before returning, so the agent never waits for this
+                # observer's next state, and never counts it in a later round.
+                agent_rref.rpc_sync().episode_done(index)
                 return rewards
 
 
@@ -76,7 +79,7 @@ class Agent:
             self._answer_if_complete_locked()
         return future.then(lambda f: f.value()[index])
 
-    def _observer_done(self, _):
+    def episode_done(self, index):
         with self.lock:
             self.playing -= 1
             # The observers still playing may all be waiting already.
@@ -97,12 +100,11 @@ class Agent:
         future.set_result({i: int(actions[row]) for row, i in enumerate(indices)})
 
     def run_round(self, agent_rref):
-        self.playing = len(self.observer_rrefs)
+        with self.lock:
+            self.playing = len(self.observer_rrefs)
         futures = []
         for i, ob in enumerate(self.observer_rrefs):
-            f = ob.rpc_async().run_episode(agent_rref, i)
-            f.add_done_callback(self._observer_done)
-            futures.append(f)
+            futures.append(ob.rpc_async().run_episode(agent_rref, i))
         episodes = [f.wait() for f in futures]
         loss = []
         for log_probs, rewards in zip(self.log_probs, episodes):

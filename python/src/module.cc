@@ -1,7 +1,8 @@
 // The extension module baton._C: a thin binding of baton's public C++ API
 // (rpc/agent.h, rref/rref.h, dist_autograd/dist_autograd.h,
-// dist_optim/functional_optimizer.h) for the Python package in
-// python/baton/. Python semantics (torch.distributed.rpc's API, pickling,
+// dist_optim/functional_optimizer.h, ps/client.h and ps/server.h,
+// rl/cartpole.h; calls of C++ functions by signature in cpp_call.h) for the
+// Python package in python/baton/. Python semantics (torch.distributed.rpc's API, pickling,
 // exception classes) live in the Python modules; this file only moves
 // values across and manages the GIL:
 // - every call that may block (a wait, a call that may meet a full flow
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -28,15 +30,13 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/functional_optimizer.h"
 #include "dist_optim/optimizer_options.h"
-#include "python/src/cpp_call.h"
-#include "python/src/py_value.h"
-#include "rpc/agent.h"
-#include <torch/csrc/Dtype.h>
-
 #include "ps/client.h"
 #include "ps/server.h"
 #include "ps/spec.h"
+#include "python/src/cpp_call.h"
+#include "python/src/py_value.h"
 #include "rl/cartpole.h"
+#include "rpc/agent.h"
 #include "rref/rref.h"
 
 namespace baton::python {
@@ -53,7 +53,9 @@ using rpc::Promise;
 const rpc::Function<PyObj(PyObj)> kPyCall("__baton.py.call");
 const rpc::Function<PyObj(PyObj)> kPyRemote("__baton.py.remote");
 
-PyObject* g_status_error = nullptr;  // baton._C.StatusError, set at import
+// baton._C.StatusError, the module's exception type, set once at import
+// (one per interpreter, like every Python exception class).
+PyObject* g_status_error = nullptr;
 
 [[noreturn]] void Raise(const absl::Status& s) {
   AcquireGil gil;

@@ -12,6 +12,25 @@ import pytest
 import harness
 
 
+def run_under_baton_run(roles, program, *args, timeout=300, launcher_args=()):
+    """Runs `program` (a file under python/) with baton-run --standalone and
+    the given roles ("ps:2", ...); returns its combined output, asserting it
+    exited 0."""
+    baton_run = os.environ.get("BATON_RUN")
+    if not baton_run:
+        pytest.skip("BATON_RUN (the baton-run binary) is not set")
+    path = os.path.join(os.path.dirname(harness.HERE), program)
+    argv = [baton_run, "--standalone", *launcher_args]
+    for role in roles:
+        argv += ["--role", role]
+    env = {**harness.env_for(), "RANK": "", "WORLD_SIZE": ""}
+    out = subprocess.run(argv + [harness.PYTHON, path, *args], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    return text
+
+
 def test_every_call_form_future_and_rref_proxy():
     harness.check(harness.run("api", 3))
 
@@ -60,58 +79,29 @@ def test_parameter_server_hosted_and_used_from_python():
 
 
 def test_ps_example_trains_fashion_mnist_under_baton_run():
-    baton_run = os.environ.get("BATON_RUN")
-    if not baton_run:
-        pytest.skip("BATON_RUN (the baton-run binary) is not set")
-    example = os.path.join(os.path.dirname(harness.HERE), "examples", "ps_fashion_mnist.py")
-    env = harness.env_for()
-    out = subprocess.run(
-        [baton_run, "--standalone", "--role", "ps:2", "--role", "trainer:2",
-         harness.PYTHON, example], env={**env, "RANK": "", "WORLD_SIZE": ""},
-        capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text
+    text = run_under_baton_run(["ps:2", "trainer:2"], "examples/ps_fashion_mnist.py")
     assert "RESULT OK" in text, text
 
 
 def test_baton_run_starts_a_python_job_with_roles():
-    baton_run = os.environ.get("BATON_RUN")
-    if not baton_run:
-        pytest.skip("BATON_RUN (the baton-run binary) is not set")
-    env = harness.env_for()
-    out = subprocess.run(
-        [baton_run, "--standalone", "--role", "leader:1", "--role", "helper:2",
-         harness.PYTHON, harness.WORKERS, "launched"],
-        env={**env, "RANK": "", "WORLD_SIZE": ""}, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "PEERS leader0,helper0,helper1" in out.stdout + out.stderr, out.stdout + out.stderr
+    text = run_under_baton_run(["leader:1", "helper:2"], "tests/workers.py", "launched",
+                               timeout=120)
+    assert "PEERS leader0,helper0,helper1" in text, text
+
+
+def test_baton_run_restarts_a_python_worker_that_rejoins_the_running_job():
+    text = run_under_baton_run(["leader:1", "helper:2"], "tests/workers.py", "restarts",
+                               timeout=180, launcher_args=["--max_restarts", "1",
+                                                          "--restart_policy", "helper=worker"])
+    assert "REJOINED incarnation 2" in text, text
 
 
 def test_remote_layers_example_trains_fashion_mnist_under_baton_run():
-    baton_run = os.environ.get("BATON_RUN")
-    if not baton_run:
-        pytest.skip("BATON_RUN (the baton-run binary) is not set")
-    example = os.path.join(os.path.dirname(harness.HERE), "examples", "train_remote_layers.py")
-    env = harness.env_for()
-    out = subprocess.run(
-        [baton_run, "--standalone", "--role", "trainer:1", "--role", "ps:2",
-         harness.PYTHON, example], env={**env, "RANK": "", "WORLD_SIZE": ""},
-        capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text
+    text = run_under_baton_run(["trainer:1", "ps:2"], "examples/train_remote_layers.py")
     assert "RESULT OK" in text, text
 
 
 def test_rl_example_learns_cartpole_with_batched_async_execution():
-    baton_run = os.environ.get("BATON_RUN")
-    if not baton_run:
-        pytest.skip("BATON_RUN (the baton-run binary) is not set")
-    example = os.path.join(os.path.dirname(harness.HERE), "examples", "rl_cartpole.py")
-    env = harness.env_for()
-    out = subprocess.run(
-        [baton_run, "--standalone", "--role", "agent:1", "--role", "observer:3",
-         harness.PYTHON, example, "--target", "150"], env={**env, "RANK": "", "WORLD_SIZE": ""},
-        capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text
+    text = run_under_baton_run(["agent:1", "observer:3"], "examples/rl_cartpole.py",
+                               "--target", "150")
     assert "RESULT OK" in text and "solved after" in text, text

@@ -510,7 +510,7 @@ def scenario_rrefs_10k(rank, world_size):
     print("SCENARIO OK")
 
 
-def scenario_launched(rank, world_size):
+def scenario_launched():
     """Started by baton-run: rank, world size and names come from its environment."""
     assert baton.is_elastic_launched() and baton.is_torchelastic_launched()
     rpc.init_rpc(_role_name())
@@ -620,10 +620,43 @@ def scenario_ps(rank, world_size):
     print("SCENARIO OK")
 
 
+def my_incarnation():
+    return rpc._current().incarnation()
+
+
+def scenario_restarts():
+    """Under baton-run --restart_policy helper=worker: helper1 dies after it
+    joined; its restarted process rejoins the running job, and the leader's
+    calls (with restart_wait) reach the new incarnation."""
+    role, role_rank = os.environ["BATON_ROLE"], int(os.environ["BATON_ROLE_RANK"])
+    restarts = int(os.environ.get("BATON_RESTART_COUNT", "0"))
+    options = rpc.TensorPipeRpcBackendOptions(restart_wait=20, rpc_timeout=30)
+    rpc.init_rpc(_role_name(), rpc_backend_options=options)
+    if role == "helper" and role_rank == 1 and restarts == 0:
+        os._exit(3)  # dies after joining; baton-run starts it again
+    if role == "leader":
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                incarnation = rpc.rpc_sync("helper1", my_incarnation, timeout=25)
+            except (ConnectionError, TimeoutError):
+                incarnation = None
+            if incarnation == 2:
+                break
+            assert time.monotonic() < deadline, f"helper1 never came back ({incarnation})"
+        print("REJOINED incarnation 2")
+        assert rpc.rpc_sync("helper0", my_incarnation) == 1
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
 def _role_name():
     return f"{os.environ.get('BATON_ROLE', 'worker')}{os.environ.get('BATON_ROLE_RANK', '0')}"
 
 
 if __name__ == "__main__":
     scenario = globals()["scenario_" + sys.argv[1]]
-    scenario(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    if sys.argv[1] in ("launched", "restarts"):  # rank and world size from baton-run
+        scenario()
+    else:
+        scenario(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

@@ -91,7 +91,16 @@ class DistributedOptimizer:
                 raise _errors.translate(e, o.owner().name, f"creating {kind} there") from None
 
     def step(self, context_id):
-        futures = [_rpc.rpc_async(o.owner(), _step_local, args=(o, context_id))
-                   for o in self._optimizers]
-        for f in futures:
-            f.wait()
+        """Steps every owner's optimizer with the context's gradients there,
+        all at once; returns when all are done (raising the first error)."""
+        agent = _rpc._current()
+        calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _step_local, (o, context_id), None,
+                                  None)) for o in self._optimizers]
+        first = None
+        for o, call in calls:
+            try:
+                call.wait()
+            except _C.StatusError as e:
+                first = first or _errors.translate(e, o.owner().name, "optimizer step")
+        if first is not None:
+            raise first
