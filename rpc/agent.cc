@@ -608,6 +608,8 @@ AgentStats AgentImpl::stats() const {
   s.timers = timer_ ? timer_->pending() : 0;
   s.live_streams = transport_ ? transport_->live_streams() : 0;
   s.shm_busy_segments = shm_ ? shm_->busy_segments() : 0;
+  s.shm_bulk_bytes_copied_out = shm_ ? shm_->bytes_copied_out() : 0;
+  s.shm_bulk_bytes_copied_in = shm_ ? shm_->bytes_copied_in() : 0;
   if (window_ != nullptr) {
     const CallWindow::Stats w = window_->stats();
     s.calls_waited_for_window = w.calls_waited;

@@ -244,6 +244,11 @@ struct AgentStats {
   size_t timers = 0;
   int live_streams = 0;
   size_t shm_busy_segments = 0;
+  // Tensor bytes copied into shared-memory segments for same-host peers,
+  // and out of segments they sent (rpc/internal/shm_channel.h, S1/S2): the
+  // copies a large tensor costs on one host.
+  int64_t shm_bulk_bytes_copied_out = 0;
+  int64_t shm_bulk_bytes_copied_in = 0;
   // Frames through the same-host shared-memory transport.
   int64_t shm_frames_sent = 0;
   int64_t shm_frames_received = 0;

@@ -62,6 +62,10 @@ TEST(ShmChannel, S1_S2_LargeBlobsTravelThroughSegmentsSmallOnesDoNot) {
   // The received copy is 64-byte aligned, so tensors can alias it.
   EXPECT_EQ(reinterpret_cast<uintptr_t>(f.payload.blobs[0].contiguous()) % 64, 0u);
   EXPECT_EQ(sender.busy_segments(), 0u);  // released on receipt
+  // One copy into the segment, one out of it; the small blob is not counted.
+  EXPECT_EQ(sender.bytes_copied_out(), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(receiver.bytes_copied_in(), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(sender.bytes_copied_in(), 0);
 }
 
 TEST(ShmChannel, S3_ReleasedSegmentIsReusedWarm) {

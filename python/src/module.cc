@@ -530,6 +530,8 @@ class PyAgent {
     d["running_incoming"] = s.running_incoming;
     d["executor_threads"] = s.executor_threads;
     d["shm_frames_sent"] = s.shm_frames_sent;
+    d["shm_bulk_bytes_copied_out"] = s.shm_bulk_bytes_copied_out;
+    d["shm_bulk_bytes_copied_in"] = s.shm_bulk_bytes_copied_in;
     d["peer_failures"] = s.peer_failures;
     return d;
   }

@@ -247,6 +247,10 @@ def describe(t):
             t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else None)
 
 
+def agent_stats():
+    return rpc._current().stats()
+
+
 def storage_bytes(t):
     return t.storage().nbytes()
 
@@ -271,6 +275,22 @@ def scenario_dtypes(rank, world_size):
             # its elements, not the 4 MB base.
             held = rpc.rpc_sync("worker1", storage_bytes, args=(v,))
             assert held == v.numel() * v.element_size(), (label, held)
+        # Copies on one host: a 4 MB tensor crosses through shared memory,
+        # copied once into a segment and once out of it each way, and the
+        # Python layer adds none (the runtime counts the copies).
+        big = torch.randn(1024, 1024)
+        before = rpc._current().stats()
+        callee_before = rpc.rpc_sync("worker1", agent_stats)
+        back = rpc.rpc_sync("worker1", echo, args=(big,))
+        after = rpc._current().stats()
+        callee_after = rpc.rpc_sync("worker1", agent_stats)
+        assert torch.equal(back, big)
+        n = big.numel() * big.element_size()
+        for key, side, was, now in [("out", "caller", before, after), ("in", "caller", before, after),
+                                    ("out", "callee", callee_before, callee_after),
+                                    ("in", "callee", callee_before, callee_after)]:
+            copied = now[f"shm_bulk_bytes_copied_{key}"] - was[f"shm_bulk_bytes_copied_{key}"]
+            assert copied == n, (side, key, copied, n)
         nested = {"a": [torch.ones(2), (torch.zeros(3, dtype=torch.int64), "s")],
                   "b": {"c": torch.eye(3)[1:]}, "n": None, "f": 1.5}
         back = rpc.rpc_sync("worker1", echo, args=(nested,))

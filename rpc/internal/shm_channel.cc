@@ -205,6 +205,7 @@ void ShmChannel::Export(Frame& frame, absl::Time expiry) {
     if (seg == nullptr) continue;  // stays on the stream
     // The segment is ours until released or expired; copy outside the lock.
     blobs[i].CopyTo(seg->data());
+    bytes_out_.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
     proto::ShmBlob* sb = frame.header.add_shm_blobs();
     sb->set_index(static_cast<uint32_t>(i));
@@ -281,6 +282,7 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
     std::shared_ptr<void> buf = buffers_->Get(sb.size());
     if (buf == nullptr) return absl::ResourceExhaustedError("out of memory receiving a blob");
     std::memcpy(buf.get(), src, sb.size());
+    bytes_in_.fetch_add(static_cast<int64_t>(sb.size()), std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (header->write_gen.load(std::memory_order_relaxed) != sb.generation()) return stale();
     header->released_gen.store(sb.generation(), std::memory_order_release);

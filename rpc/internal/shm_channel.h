@@ -117,6 +117,10 @@ class ShmChannel {
 
   // Segments currently held by a receiver.
   size_t busy_segments() const;
+  // Blob bytes copied into segments (S1) and out of them (S2) so far: a
+  // blob that crosses through shared memory is copied once on each side.
+  int64_t bytes_copied_out() const { return bytes_out_.load(std::memory_order_relaxed); }
+  int64_t bytes_copied_in() const { return bytes_in_.load(std::memory_order_relaxed); }
 
   // Receive buffers: large blobs are copied out of segments into buffers
   // that return here (up to kCachedBytes in all) when the tensors using them
@@ -131,6 +135,8 @@ class ShmChannel {
   Segment* Acquire(size_t size, absl::Time expiry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<Mapping>> Map(const std::string& name, uint64_t capacity);
 
+  std::atomic<int64_t> bytes_out_{0};
+  std::atomic<int64_t> bytes_in_{0};
   const int pid_;
   // S5: held while this channel may own objects (null if /dev/shm refused).
   std::unique_ptr<LivenessMarker> alive_;
