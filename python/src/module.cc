@@ -148,14 +148,6 @@ class PyFuture {
     return ToPython(*r);
   }
 
-  // (code, message) of a failed future, None if it succeeded or is pending.
-  py::object Error() const {
-    if (!future_.ready()) return py::none();
-    const auto& r = future_.result();
-    if (r.ok()) return py::none();
-    return py::make_tuple(static_cast<int>(r.status().code()), std::string(r.status().message()));
-  }
-
   // fn() runs under the GIL once the future completes (on the agent's
   // executor for RPC futures); its result completes the returned future.
   std::shared_ptr<PyFuture> Then(py::function fn) const {
@@ -535,7 +527,6 @@ class PyAgent {
     d["peer_failures"] = s.peer_failures;
     return d;
   }
-  bool UsesShm(int peer) const { return agent().uses_shm(peer); }
 
  private:
   PyAgent() = default;
@@ -775,7 +766,6 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&PyFuture::Make))
       .def("done", &PyFuture::done)
       .def("wait", &PyFuture::Wait, py::arg("timeout") = py::none())
-      .def("error", &PyFuture::Error)
       .def("then", &PyFuture::Then)
       .def("set_result", &PyFuture::SetResult)
       .def("set_error", &PyFuture::SetError);
@@ -852,7 +842,6 @@ PYBIND11_MODULE(_C, m) {
       .def("rref_state", &PyAgent::RRefState)
       .def("wait_rrefs_empty", &PyAgent::WaitRRefsEmpty)
       .def("stats", &PyAgent::Stats)
-      .def("uses_shm", &PyAgent::UsesShm)
       .def("autograd_context",
            [](std::shared_ptr<PyAgent> a) {
              return std::shared_ptr<PyAutogradContext>(new PyAutogradContext(std::move(a)),
