@@ -153,6 +153,7 @@ bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
 bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
+std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdentity(peer); }
 
 // ---- AgentImpl ----
 

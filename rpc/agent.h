@@ -379,6 +379,12 @@ class RpcAgent {
   // Whether messages to `peer` go through the same-host shared-memory
   // transport (else the network transport).
   bool uses_shm_transport(int peer) const;
+  // What this worker's network streams to `peer` present as its identity
+  // (docs/flow_control.md, W1): the value of the x-baton-identity metadata,
+  // empty before the rendezvous. For tools that speak baton's wire
+  // protocol themselves (the bad-input test's attacker); it proves this
+  // worker, so treat it like the job token.
+  std::string StreamIdentity(int peer) const;
 
  private:
   explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);

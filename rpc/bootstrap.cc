@@ -351,6 +351,10 @@ absl::Status AgentImpl::Rendezvous() {
     if (!tls.ok()) return tls.status();
     tls_ = *std::move(tls);
   }
+  // W1: this incarnation's key pair, before any stream can arrive.
+  auto identity = WorkerIdentity::Generate();
+  if (!identity.ok()) return identity.status();
+  identity_ = *std::move(identity);
   NetworkTransportOptions network{listen, *token, options_.max_message_bytes, tls_};
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
@@ -400,6 +404,7 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_max_calls_in_flight(options_.max_calls_in_flight);
   mine.set_max_bytes_in_flight(options_.max_bytes_in_flight);
   mine.set_incarnation(incarnation_);
+  mine.set_identity_key(identity_->public_key());
   mine.set_shm_probe(probe_name);
   mine.set_shm_probe_token(probe_token);
   mine.set_boot_id(BootId());
@@ -470,8 +475,8 @@ absl::Status AgentImpl::Rendezvous() {
       peers_[r].address_incarnation = peers_[r].incarnation;
     }
   }
-  for (const auto& w : workers_) {
-    if (w.id != rank_) transport_->AddPeer(w.id, w.address);
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r != rank_) AddNetworkPeer(r, records[r]);
   }
   // S4 of the shared-memory channel: use it toward peers that can open our
   // probe. Everyone probes before anyone removes its probe object.
@@ -549,12 +554,12 @@ absl::Status AgentImpl::Rendezvous() {
       peers_[r].address_incarnation = now.incarnation();
     }
     peer_shm_[r].store(false);
-    transport_->AddPeer(r, now.address());
+    AddNetworkPeer(r, now);
   }
   if (shm_ != nullptr) shm_->RemoveProbe();
   if (shm_transport_ != nullptr) shm_transport_->Activate(superseded);
   // Calls to self go through the loopback server like any other call.
-  transport_->AddPeer(rank_, transport_->address());
+  AddNetworkPeer(rank_, mine);
   {
     absl::MutexLock lock(&mu_);
     running_ = true;

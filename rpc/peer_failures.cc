@@ -157,7 +157,7 @@ bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
     }
   }
   if (!newer) return false;
-  transport_->AddPeer(peer, record.address());
+  AddNetworkPeer(peer, record);
   (void)NoteIncarnation(peer, record.incarnation());
   return true;
 }

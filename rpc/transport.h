@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/tls.h"
 #include "proto/rpc.pb.h"
@@ -68,6 +69,16 @@ class TransportHandler {
   // ended: its incoming stream was cancelled, or its process is gone. Not a
   // verdict: the agent confirms it (RpcAgent::AddPeerFailureListener).
   virtual void OnPeerLost(int peer, const absl::Status& cause) {}
+  // An incoming network stream opened, presenting `identity` (what its
+  // opener's transport was given with AddPeer; empty if none). No frame of
+  // it is read before `done` runs, once, from any thread: with the caller
+  // id the stream is bound to (every request on it must claim that id), -1
+  // to bind it to the id its first request claims, or an error that ends
+  // the stream with it. The default binds to the first request's id.
+  virtual void AuthenticateStream(absl::string_view identity,
+                                  std::function<void(absl::StatusOr<int>)> done) {
+    done(-1);
+  }
 };
 
 class Transport {
@@ -81,9 +92,11 @@ class Transport {
 // The transport a worker registers an address for: it serves incoming
 // streams from the start and reaches peers by the addresses they
 // registered.
-// - AddPeer() precedes sends to a peer; a stream opens on demand. Adding
-//   a peer again with another address (a restarted worker that rejoined)
-//   sends new messages there; a stream to the old address ends on its own.
+// - AddPeer() precedes sends to a peer; a stream opens on demand and
+//   presents `identity` to the peer (TransportHandler::AuthenticateStream
+//   there). Adding a peer again with another address or identity (a
+//   restarted worker that rejoined) sends new messages on a new stream; the
+//   old one ends on its own.
 // - CloseStreams() ends the outgoing streams (half-close, or cancel) and
 //   waits at most `timeout` for them to end; StopServer() stops accepting
 //   and cancels what is left after `grace`. Neither blocks past its bound.
@@ -91,7 +104,7 @@ class NetworkTransport : public Transport {
  public:
   // Where peers reach this worker (e.g. host:port).
   virtual const std::string& address() const = 0;
-  virtual void AddPeer(int id, const std::string& address) = 0;
+  virtual void AddPeer(int id, const std::string& address, const std::string& identity) = 0;
   virtual absl::Status CloseStreams(bool cancel, absl::Duration timeout) = 0;
   virtual void StopServer(absl::Duration grace) = 0;
   virtual int live_streams() const = 0;

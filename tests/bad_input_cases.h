@@ -68,13 +68,34 @@ inline Attack RandomCase(int i) {
   return a;
 }
 
-// 2. A valid frame on a stream with a wrong token, no token, or on a method
-// the server does not serve.
+// 2. A valid frame on a stream with a wrong token, no token, on a method
+// the server does not serve, or with the right token and no worker identity,
+// another worker's identity (w1's, with a forged proof) or a malformed one.
 inline Attack TokenCase(int i) {
   Attack a;
   a.spec.packets = {ValidEchoFrame(i)};
   a.expect.kind = Expect::kStatus;
-  switch (i % 5) {
+  switch (i % 8) {
+    case 5:
+      a.variant = "no worker identity";
+      a.spec.identity = "";
+      a.expect.code = absl::StatusCode::kPermissionDenied;
+      a.expect.needles = {"worker 'w0' refuses a stream without a worker identity",
+                          "x-baton-identity"};
+      break;
+    case 6:
+      a.variant = "another worker's identity, forged";
+      a.spec.identity = absl::StrCat("1/1/", std::string(64, "0123456789abcdef"[i % 16]));
+      a.expect.code = absl::StatusCode::kPermissionDenied;
+      a.expect.needles = {"refuses a stream claiming to come from worker id 1 (incarnation 1)",
+                          "proof does not match"};
+      break;
+    case 7:
+      a.variant = "malformed worker identity";
+      a.spec.identity = absl::StrCat(kAttackerId, "/1/not-hex-", i);
+      a.expect.code = absl::StatusCode::kPermissionDenied;
+      a.expect.needles = {"malformed worker identity", "<rank>/<incarnation>/<64 hex digits>"};
+      break;
     case 0:
     case 1:
       a.variant = "wrong token";
@@ -99,8 +120,8 @@ inline Attack TokenCase(int i) {
   return a;
 }
 
-// 3. Valid frames calling an unknown function (1-3 per packet), from an
-// unknown caller id, or with the wrong signature.
+// 3. Valid frames calling an unknown function (1-3 per packet), claiming
+// another caller id than the stream proved, or with the wrong signature.
 inline Attack UnknownFunctionCase(int i) {
   Attack a;
   a.expect.kind = Expect::kErrorReplies;
@@ -125,13 +146,18 @@ inline Attack UnknownFunctionCase(int i) {
       break;
     }
     case 2: {
-      a.variant = "unknown caller id";
+      // W2: the stream is bound to the attacker's proven id before any
+      // frame is read; a request claiming another worker's (or no
+      // worker's) id ends it.
+      const int claimed = (i / 4) % 2 == 0 ? 1 : 99;
+      a.variant = claimed == 1 ? "a request claiming w1's caller id" : "unknown caller id";
       proto::FrameHeader h = Request(i, "echo", EchoSignature());
-      h.set_caller_id(99);
+      h.set_caller_id(claimed);
       a.spec.packets = {WellFormedFrame(h, args, {blob})};
-      a.expect.code = absl::StatusCode::kInvalidArgument;
-      a.expect.needles_by_id[i] = {"unknown caller id 99"};
-      a.expect.replies = 1;
+      a.expect.kind = Expect::kStatus;
+      a.expect.code = absl::StatusCode::kPermissionDenied;
+      a.expect.needles = {absl::StrCat("a request claims caller id ", claimed,
+                                       " on a stream bound to caller id ", kAttackerId)};
       break;
     }
     default: {

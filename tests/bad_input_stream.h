@@ -118,6 +118,9 @@ inline std::string ValidEchoFrame(uint64_t id) {
 struct Spec {
   std::string method = internal::kStreamMethod;
   std::optional<std::string> token = std::string(kToken);  // nullopt: none sent
+  // The worker identity presented (x-baton-identity): nullopt, the
+  // attacker's own (the Attacker fills it in); "", none.
+  std::optional<std::string> identity;
   std::vector<std::string> packets;                      // one gRPC message each
   // > 0: half-close once this many reply frames arrived; 0: never half-close
   // (the server must end the stream itself).
@@ -148,6 +151,9 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     auto* s = new RawStream(spec, result);
     s->start_ = absl::Now();
     if (spec.token.has_value()) s->ctx_.AddMetadata(kTokenMetadataKey, *spec.token);
+    if (spec.identity.has_value() && !spec.identity->empty()) {
+      s->ctx_.AddMetadata(internal::kIdentityMetadataKey, *spec.identity);
+    }
     s->ctx_.set_deadline(absl::ToChronoTime(s->start_ + kStreamDeadline));
     stub->PrepareBidiStreamingCall(&s->ctx_, spec.method, grpc::StubOptions(), s);
     s->StartRead(&s->in_);

@@ -240,7 +240,12 @@ class Attacker {
     int64_t bytes = 0;
     for (int i = 0; i < n; i += concurrency) {
       std::vector<Attack> batch;
-      for (int j = i; j < std::min(n, i + concurrency); ++j) batch.push_back(make(j));
+      for (int j = i; j < std::min(n, i + concurrency); ++j) {
+        batch.push_back(make(j));
+        if (!batch.back().spec.identity.has_value()) {
+          batch.back().spec.identity = agent_->StreamIdentity(0);
+        }
+      }
       std::vector<std::shared_ptr<StreamResult>> results;
       for (const auto& a : batch) {
         for (const auto& p : a.spec.packets) bytes += p.size();

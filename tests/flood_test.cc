@@ -23,13 +23,15 @@
 // Scenario "million" (shared-memory rings): w1 fires 1,000,000 `echo` calls
 // at w0 without waiting for any; all succeed, and both RSS bounds hold.
 //
-// Scenario "deaf" (two workers, gRPC): w1 also opens four raw gRPC streams
-// to w0 with the job token and writes `work` requests on them as fast as
-// gRPC takes them for 10 s, never reading a reply (they all claim caller id
-// 0). w0 refuses what exceeds its per-caller limit (RESOURCE_EXHAUSTED
-// replies), stops reading the caller's streams once 64 MiB of replies wait
-// unread among them (the bound is per caller, not per stream), stays within
-// kServerRssBound plus that, and keeps answering w1's agent calls.
+// Scenario "deaf" (three workers, gRPC): w1 opens four raw gRPC streams to
+// w0 with the job token and its own worker identity (docs/flow_control.md,
+// W1-W3; a stream can only be its opener's), and writes `work` requests on
+// them as fast as gRPC takes them for 10 s, never reading a reply. w0
+// refuses what exceeds w1's limit (RESOURCE_EXHAUSTED replies), stops
+// reading w1's streams once 64 MiB of replies wait unread among them (the
+// bound is per caller, not per stream), stays within kServerRssBound plus
+// that, and keeps answering w2's agent calls (W3: w1 spends only its own
+// room).
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -58,6 +60,7 @@
 #include "absl/time/time.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
+#include "rpc/internal/transport.h"
 #include "rpc/internal/wire.h"
 #include "store/grpc_options.h"
 #include "tests/multiprocess.h"
@@ -367,8 +370,10 @@ int MillionAndCheck(RpcAgent* agent) {
 // reads: a caller that ignores both its window and its replies.
 class DeafStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  DeafStream(grpc::GenericStub* stub, std::string packet) : packet_(std::move(packet)) {
+  DeafStream(grpc::GenericStub* stub, std::string packet, const std::string& identity)
+      : packet_(std::move(packet)) {
     ctx_.AddMetadata(baton::kTokenMetadataKey, kToken);
+    ctx_.AddMetadata(internal::kIdentityMetadataKey, identity);
     stub->PrepareBidiStreamingCall(&ctx_, internal::kStreamMethod, grpc::StubOptions(), this);
     WriteNext();
     StartCall();
@@ -413,9 +418,8 @@ class DeafStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 };
 
 // 64 requests of `work` in one packet, each with a 16-float tensor, built by
-// the agent's own framing. They claim to come from w0 itself (caller id 0),
-// which calls nobody in this scenario: the limits are per caller id, so the
-// agent's own calls from w1 keep their room.
+// the agent's own framing, from w1 (the only caller id its streams may
+// claim).
 std::string WorkPacket() {
   const at::Tensor small = at::rand({16});
   std::vector<grpc::Slice> slices;
@@ -426,7 +430,7 @@ std::string WorkPacket() {
     f.header.set_id(1'000'000'000 + i);
     f.header.set_function(work_fn.name());
     f.header.set_signature(Function<int64_t(at::Tensor)>::cached_signature());
-    f.header.set_caller_id(0);
+    f.header.set_caller_id(1);
     f.header.set_timeout_us(30'000'000);
     auto payload = registry.EncodeForSend(std::tuple<at::Tensor>(small), MessageInfo{});
     WCHECK_OK(payload.status());
@@ -452,18 +456,12 @@ int DeafAndCheck(RpcAgent* agent) {
   // per caller (shared among its streams), not per stream.
   const std::string packet = WorkPacket();
   std::vector<DeafStream*> deaf;
-  for (int i = 0; i < kDeafStreams; ++i) deaf.push_back(new DeafStream(&stub, packet));
-  // Meanwhile the agent's own calls keep being answered.
-  int64_t answered = 0, failed = 0;
-  absl::Duration slowest;
-  const absl::Time t0 = absl::Now();
-  while (absl::Now() - t0 < kDeafTime) {
-    const absl::Time c0 = absl::Now();
-    auto r = agent->rpc_async(CallOptions{absl::Seconds(10)}, "w0", echo_fn, answered).result();
-    slowest = std::max(slowest, absl::Now() - c0);
-    (r.ok() ? answered : failed)++;
-    absl::SleepFor(absl::Milliseconds(10));
+  const std::string identity = agent->StreamIdentity(0);
+  for (int i = 0; i < kDeafStreams; ++i) {
+    deaf.push_back(new DeafStream(&stub, packet, identity));
   }
+  // Meanwhile w2's agent calls keep being answered (RunOtherCaller).
+  absl::SleepFor(kDeafTime);
   int64_t packets = 0;
   int ended = 0;
   for (DeafStream* d : deaf) {
@@ -478,10 +476,13 @@ int DeafAndCheck(RpcAgent* agent) {
   std::printf("the deaf streams wrote %lld packets (%lld requests) in %.0f s\n",
               static_cast<long long>(packets), static_cast<long long>(packets * 64),
               absl::ToDoubleSeconds(kDeafTime));
-  v.Check(failed == 0 && answered > 100,
-          absl::StrFormat("w1's agent calls meanwhile: %lld ok, %lld failed, slowest %s",
-                          static_cast<long long>(answered), static_cast<long long>(failed),
-                          absl::FormatDuration(slowest)));
+  auto other = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w2", stop_other_fn).result();
+  WCHECK_OK(other.status());
+  const std::vector<int64_t>& o = *other;
+  v.Check(o[1] == 0 && o[0] > 100,
+          absl::StrFormat("w2's agent calls meanwhile: %lld ok, %lld failed, slowest %.2f ms",
+                          static_cast<long long>(o[0]), static_cast<long long>(o[1]),
+                          o[4] / 1000.0));
   CheckServer(agent, server_before, kDeafRssBound, /*expect_refusals=*/true, &v);
   return v.failures;
 }
@@ -530,7 +531,7 @@ TEST(Flood, AMillionCallsWithoutWaitingStayBounded) {
 }
 
 TEST(Flood, ACallerThatNeverReadsItsRepliesIsRefusedAndThenNotRead) {
-  auto results = RunWorkers("deaf", 2, absl::Seconds(240),
+  auto results = RunWorkers("deaf", 3, absl::Seconds(240),
                             {{"BATON_JOB_TOKEN", kToken}, {"BATON_TRANSPORT", "grpc"}});
   std::cout << Describe(results);
   ExpectAllSucceeded(results);

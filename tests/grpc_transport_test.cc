@@ -1,5 +1,6 @@
 // GrpcTransport (rpc/internal/transport.h) between two transports in one
-// process, on loopback: how a stream comes up over a slow link.
+// process, on loopback: how a stream comes up over a slow link, and how an
+// incoming stream is bound to a caller (docs/flow_control.md, W2).
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ TEST(GrpcTransport, FirstCallOverALinkSlowerThanTheReconnectBackoffArrives) {
   ASSERT_TRUE(caller.ok()) << caller.status();
   auto link = testing::SlowLink::Start((*callee)->address(), absl::Milliseconds(1500));
   ASSERT_TRUE(link.ok()) << link.status();
-  (*caller)->AddPeer(1, (*link)->address());
+  (*caller)->AddPeer(1, (*link)->address(), "");
   const absl::Time t0 = absl::Now();
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE((*caller)->Send(1, Request(id)).ok());
   EXPECT_TRUE(caller_side.WaitResponses(3, absl::Seconds(15)));
@@ -59,7 +60,7 @@ TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
   ASSERT_TRUE(callee.ok()) << callee.status();
   auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
   ASSERT_TRUE(caller.ok()) << caller.status();
-  (*caller)->AddPeer(1, (*callee)->address());
+  (*caller)->AddPeer(1, (*callee)->address(), "");
   Frame first = Request(1);
   first.header.set_caller_id(3);
   ASSERT_TRUE((*caller)->Send(1, std::move(first)).ok());
@@ -84,6 +85,111 @@ TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
   {
     absl::MutexLock lock(&callee_side.mu_);
     EXPECT_EQ(callee_side.requests_.size(), 2u);  // the third never reached it
+  }
+  (*caller)->StopServer(absl::ZeroDuration());
+  (*callee)->StopServer(absl::ZeroDuration());
+}
+
+// A handler that answers AuthenticateStream when the test says so.
+class Gatekeeper : public Recorder {
+ public:
+  void AuthenticateStream(absl::string_view identity,
+                          std::function<void(absl::StatusOr<int>)> done) override {
+    absl::MutexLock lock(&mu_);
+    identity_ = std::string(identity);
+    done_ = std::move(done);
+  }
+  bool WaitAsked(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto asked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ != nullptr; };
+    return mu_.AwaitWithTimeout(absl::Condition(&asked), timeout);
+  }
+  // Answers from the test's thread, as an agent answers from its executor.
+  void Answer(absl::StatusOr<int> bound) {
+    std::function<void(absl::StatusOr<int>)> done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = std::move(done_);
+    }
+    done(std::move(bound));
+  }
+  std::string identity_ ABSL_GUARDED_BY(mu_);
+
+ private:
+  std::function<void(absl::StatusOr<int>)> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// W2: an incoming stream presents the identity its opener's peer was added
+// with, and no frame of it is read before the handler answers; the stream
+// is then bound to the id the handler proved, so even its first request
+// cannot claim another.
+TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
+  Recorder caller_side;
+  Gatekeeper callee_side;
+  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
+  ASSERT_TRUE(callee.ok()) << callee.status();
+  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  (*caller)->AddPeer(1, (*callee)->address(), "7/1/proof");
+  Frame first = Request(1);
+  first.header.set_caller_id(7);
+  ASSERT_TRUE((*caller)->Send(1, std::move(first)).ok());
+  ASSERT_TRUE(callee_side.WaitAsked(absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    EXPECT_EQ(callee_side.identity_, "7/1/proof");
+    EXPECT_TRUE(callee_side.requests_.empty());
+  }
+  callee_side.Answer(7);
+  ASSERT_TRUE(caller_side.WaitResponses(1, absl::Seconds(10)));
+  Frame other = Request(2);
+  other.header.set_caller_id(8);
+  ASSERT_TRUE((*caller)->Send(1, std::move(other)).ok());
+  ASSERT_TRUE(caller_side.WaitClosed(absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&caller_side.mu_);
+    const absl::Status& cause = caller_side.closed_[0].second;
+    EXPECT_EQ(cause.code(), absl::StatusCode::kPermissionDenied) << cause;
+    EXPECT_TRUE(absl::StrContains(cause.message(),
+                                  "claims caller id 8 on a stream bound to caller id 7"))
+        << cause;
+  }
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    EXPECT_EQ(callee_side.requests_.size(), 1u);
+  }
+  (*caller)->StopServer(absl::ZeroDuration());
+  (*callee)->StopServer(absl::ZeroDuration());
+}
+
+// W2: a stream whose identity the handler refuses ends with the refusal,
+// and none of its frames reaches the handler.
+TEST(GrpcTransport, W2_AStreamWhoseIdentityIsRefusedEndsWithTheRefusal) {
+  Recorder caller_side;
+  Gatekeeper callee_side;
+  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
+  ASSERT_TRUE(callee.ok()) << callee.status();
+  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  (*caller)->AddPeer(1, (*callee)->address(), "");  // presents none
+  for (uint64_t id = 1; id <= 3; ++id) (void)(*caller)->Send(1, Request(id));
+  ASSERT_TRUE(callee_side.WaitAsked(absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    EXPECT_EQ(callee_side.identity_, "");
+  }
+  callee_side.Answer(absl::PermissionDeniedError("no identity, no entry"));
+  ASSERT_TRUE(caller_side.WaitClosed(absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&caller_side.mu_);
+    const absl::Status& cause = caller_side.closed_[0].second;
+    EXPECT_EQ(cause.code(), absl::StatusCode::kPermissionDenied) << cause;
+    EXPECT_TRUE(absl::StrContains(cause.message(), "no identity, no entry")) << cause;
+    EXPECT_TRUE(caller_side.responses_.empty());
+  }
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    EXPECT_TRUE(callee_side.requests_.empty());
   }
   (*caller)->StopServer(absl::ZeroDuration());
   (*callee)->StopServer(absl::ZeroDuration());

@@ -63,6 +63,64 @@ std::shared_ptr<FunctionRegistry> MakeRegistry() {
   return r;
 }
 
+// What became of a raw gRPC stream (one request) opened by OpenRawStream.
+struct StreamOutcome {
+  bool closed = false;  // the stream ended before the request was answered
+  absl::Status cause;
+  int responses = 0;
+};
+
+// Opens a stream to `address` with `token` and `identity` (x-baton-identity,
+// empty: none) from a bare transport, sends one request of sleep_ms(0)
+// claiming caller id `caller` (incarnation `incarnation`), and waits up to
+// 10 s for its answer or for the stream to end.
+StreamOutcome OpenRawStream(const std::string& token, const std::string& address,
+                            const std::string& identity, int caller, int64_t incarnation) {
+  class Sink : public internal::TransportHandler {
+   public:
+    void OnRequest(std::shared_ptr<internal::ReplyChannel>, internal::Frame) override {}
+    void OnResponse(int, internal::Frame) override {
+      absl::MutexLock l(&mu);
+      ++responses;
+    }
+    void OnStreamClosed(int, uint64_t, const absl::Status& s) override {
+      absl::MutexLock l(&mu);
+      cause = s;
+      closed = true;
+    }
+    absl::Mutex mu;
+    int responses ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+    absl::Status cause ABSL_GUARDED_BY(mu);
+  } sink;
+  auto intruder = internal::GrpcTransport::Start({"127.0.0.1:0", token, 1 << 20}, &sink);
+  WCHECK_OK(intruder.status());
+  (*intruder)->AddPeer(1, address, identity);
+  internal::Frame frame;
+  frame.header.set_kind(proto::FrameHeader::REQUEST);
+  frame.header.set_id(1);
+  frame.header.set_caller_id(caller);
+  frame.header.set_caller_incarnation(incarnation);
+  frame.header.set_function("sleep_ms");
+  frame.header.set_signature(sleep_ms_fn.signature());
+  frame.payload = *EncodeMessage(std::make_tuple(int64_t{0}));
+  // The server may refuse the stream before the frame is even queued, so
+  // the send itself may fail; what matters is how the stream ends.
+  (void)(*intruder)->Send(1, std::move(frame));
+  StreamOutcome out;
+  {
+    absl::MutexLock l(&sink.mu);
+    auto settled = [&sink]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sink.mu) {
+      return sink.closed || sink.responses > 0;
+    };
+    sink.mu.AwaitWithTimeout(absl::Condition(&settled), absl::Seconds(10));
+    out = {sink.closed, sink.cause, sink.responses};
+  }
+  (void)(*intruder)->CloseStreams(/*cancel=*/true, absl::Seconds(5));
+  (*intruder)->StopServer(absl::ZeroDuration());
+  return out;
+}
+
 std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
@@ -217,39 +275,11 @@ BATON_SCENARIO(error_cases) {
     WCHECK(agent->rpc_sync("w1", echo_int_fn, 41) == 41);
     WCHECK(agent->rpc_sync("w1", add_fn, at::ones({3}), at::ones({3})).equal(at::full({3}, 2.0)));
     // A stream with a wrong job token is rejected before any function runs.
-    class Sink : public internal::TransportHandler {
-     public:
-      void OnRequest(std::shared_ptr<internal::ReplyChannel>, internal::Frame) override {}
-      void OnResponse(int, internal::Frame) override { responses++; }
-      void OnStreamClosed(int, uint64_t, const absl::Status& s) override {
-        absl::MutexLock l(&mu);
-        cause = s;
-        closed = true;
-      }
-      std::atomic<int> responses{0};
-      absl::Mutex mu;
-      bool closed = false;
-      absl::Status cause;
-    } sink;
-    auto intruder = internal::GrpcTransport::Start({"127.0.0.1:0", "not-the-token", 1 << 20}, &sink);
-    WCHECK_OK(intruder.status());
-    (*intruder)->AddPeer(1, agent->worker(1)->address);
-    internal::Frame frame;
-    frame.header.set_kind(proto::FrameHeader::REQUEST);
-    frame.header.set_id(1);
-    frame.header.set_function("sleep_ms");
-    frame.payload = *EncodeMessage(std::make_tuple(int64_t{0}));
-    // The server may reject the stream before the frame is even queued, so
-    // the send itself may fail; what matters is how the stream ends.
-    (void)(*intruder)->Send(1, std::move(frame));
-    {
-      absl::MutexLock l(&sink.mu);
-      sink.mu.AwaitWithTimeout(absl::Condition(&sink.closed), absl::Seconds(10));
-      WCHECK(sink.closed);
-      ExpectError(sink.cause, absl::StatusCode::kUnauthenticated, {"wrong job token"});
-    }
-    WCHECK(sink.responses == 0);
-    (*intruder)->StopServer(absl::ZeroDuration());
+    StreamOutcome o = OpenRawStream("not-the-token", agent->worker(1)->address, "", 0,
+                                    agent->incarnation());
+    WCHECK(o.closed);
+    ExpectError(o.cause, absl::StatusCode::kUnauthenticated, {"wrong job token"});
+    WCHECK(o.responses == 0);
   }
   WCHECK_OK(agent->Shutdown());
   return 0;
@@ -257,6 +287,67 @@ BATON_SCENARIO(error_cases) {
 
 TEST_P(RpcMultiProcess, EveryErrorCaseNamesWorkerFunctionAndCause) {
   ExpectAllSucceeded(Run("error_cases", 2, absl::Seconds(120)));
+}
+
+// ---------------------------------------------------------------------------
+// W1-W3 (docs/flow_control.md): every worker holds the job token, so the
+// token alone cannot say which worker opened a stream. w0 opens raw gRPC
+// streams to w1 with the right token, presenting: no identity, w2's
+// identity with a forged proof, its own proof meant for w2, and its own
+// proof for w1 with a request claiming w2's caller id. Each is refused with
+// PERMISSION_DENIED naming why, before any function runs; its own proof
+// with its own id gets an answer.
+constexpr char kIdentityJobToken[] = "stream-identity-test-token";
+
+BATON_SCENARIO(stream_identity) {
+  AgentOptions opts;
+  opts.job_token = kIdentityJobToken;
+  auto agent = InitFromEnv(&opts);
+  if (agent->self().id == 0) {
+    const std::string w1 = agent->worker(1)->address;
+    const int64_t inc = agent->incarnation();
+    StreamOutcome o = OpenRawStream(kIdentityJobToken, w1, "", 0, inc);
+    WCHECK(o.closed && o.responses == 0);
+    ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
+                {"worker 'w1' refuses a stream without a worker identity"});
+
+    const std::string forged = absl::StrCat("2/", agent->peer_incarnation(2), "/",
+                                            std::string(64, 'a'));
+    o = OpenRawStream(kIdentityJobToken, w1, forged, 2, agent->peer_incarnation(2));
+    WCHECK(o.closed && o.responses == 0);
+    ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
+                {"worker 'w1' refuses a stream claiming to come from worker id 2",
+                 "proof does not match"});
+
+    // A genuine proof, but meant for another worker.
+    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(2), 0, inc);
+    WCHECK(o.closed && o.responses == 0);
+    ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
+                {"claiming to come from worker id 0", "proof does not match"});
+
+    // Its own proof; then a request claiming w2's id.
+    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(1), 2,
+                      agent->peer_incarnation(2));
+    WCHECK(o.closed && o.responses == 0);
+    ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
+                {"a request claims caller id 2 on a stream bound to caller id 0"});
+
+    // The control: its own proof and id get the answer.
+    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(1), 0, inc);
+    WCHECK(!o.closed);
+    WCHECK(o.responses == 1);
+
+    // w1 still serves w0 and w2 as before.
+    WCHECK(agent->rpc_sync("w1", echo_int_fn, 5) == 5);
+    WCHECK(agent->rpc_sync("w2", relay_fn, std::string("w1"), at::ones({2}))
+               .equal(at::full({2}, 2.0)));
+  }
+  WCHECK_OK(agent->Shutdown());
+  return 0;
+}
+
+TEST_P(RpcMultiProcess, W2_AStreamClaimingAnotherWorkersIdentityIsRefused) {
+  ExpectAllSucceeded(Run("stream_identity", 3, absl::Seconds(120)));
 }
 
 // ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ PACKAGES=(
   libtorch-dev python3-torch
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
+  # X25519 and HMAC for the workers' stream identities (base/identity.h).
+  libssl-dev
   iproute2 procps
   # zlib reads the gzipped IDX files; Fashion-MNIST (MIT) is the examples' real
   # data, installed under /usr/share/datasets/fashion-mnist/.

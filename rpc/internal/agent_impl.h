@@ -32,7 +32,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/identity.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
 #include "rpc/transport.h"
@@ -105,6 +108,7 @@ class AgentImpl : private TransportHandler {
   AgentStats stats() const;
   bool uses_shm(int peer) const;
   bool uses_shm_transport(int peer) const;
+  std::string StreamIdentity(int peer) const;
 
  private:
   struct PendingCall {
@@ -130,6 +134,22 @@ class AgentImpl : private TransportHandler {
   void OnResponse(int peer, Frame frame) override;
   void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override;
   void OnPeerLost(int peer, const absl::Status& cause) override;
+  // W2: checks what an incoming stream presents (stream_identity.cc).
+  void AuthenticateStream(absl::string_view identity,
+                          std::function<void(absl::StatusOr<int>)> done) override;
+
+  // Stream identities (stream_identity.cc, docs/flow_control.md W1-W3).
+  // What this worker presents on a stream toward `peer_incarnation` of
+  // `peer`, whose registered key is `peer_key` (empty if either has none).
+  std::string IdentityToward(int peer, int64_t peer_incarnation,
+                             const std::string& peer_key) const;
+  // Gives the network transport `peer`'s registered address and the
+  // identity to present there, and keeps its key for checking its streams.
+  void AddNetworkPeer(int peer, const proto::WorkerRecord& record);
+  // `rank` if `proof` proves that incarnation `incarnation` of `rank`,
+  // holding `key`, opened the stream; else PERMISSION_DENIED naming it.
+  absl::StatusOr<int> CheckClaim(int rank, int64_t incarnation, const std::string& proof,
+                                 const std::string& key) const;
 
   // A call; `windowed` false skips flow control (the liveness probe, which
   // must get through to a peer whose window is full).
@@ -198,6 +218,9 @@ class AgentImpl : private TransportHandler {
   bool rejoin_ = false;
   int rank_ = -1;
   int64_t incarnation_ = 0;  // set during Rendezvous
+  // This incarnation's key pair (W1): made in Rendezvous before the
+  // network transport starts, constant afterwards.
+  std::optional<WorkerIdentity> identity_;
   std::string ns_;
   std::string token_;       // set in ConnectStore (not for an injected store)
   std::string token_file_;  // rank 0 wrote the token here (one-host job)
@@ -238,6 +261,9 @@ class AgentImpl : private TransportHandler {
     int64_t dead = 0;         // latest reported dead (0: none)
     // The incarnation whose registered address the transport uses.
     int64_t address_incarnation = 0;
+    // The registered identity key of incarnation key_incarnation (W2).
+    std::string identity_key;
+    int64_t key_incarnation = 0;
     bool refreshing = false;  // a store read in flight
     absl::Time next_refresh = absl::InfinitePast();
   };

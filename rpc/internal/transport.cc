@@ -182,7 +182,8 @@ class RejectReactor : public grpc::ServerGenericBidiReactor {
 // writes replies through its outbox.
 class ServerStream : public grpc::ServerGenericBidiReactor {
  public:
-  ServerStream(TransportHandler* handler, std::shared_ptr<CallerStreams> callers)
+  ServerStream(TransportHandler* handler, std::shared_ptr<CallerStreams> callers,
+               absl::string_view identity)
       : handler_(handler), callers_(std::move(callers)) {
     sink_ = std::make_shared<Sink>();
     auto outbox = std::make_unique<Outbox>(
@@ -192,6 +193,22 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     {
       absl::MutexLock lock(&sink_->mu);
       sink_->outbox = std::move(outbox);
+    }
+    // No operation is started before the answer, so the stream cannot be
+    // done (OnDone) while the handler holds `this`.
+    handler_->AuthenticateStream(identity,
+                                 [this](absl::StatusOr<int> bound) { OnAuthenticated(bound); });
+  }
+
+  void OnAuthenticated(const absl::StatusOr<int>& bound) {
+    if (!bound.ok()) {
+      finish_status_ = ToGrpcStatus(bound.status());
+      outbox_->Close();
+      return;
+    }
+    if (*bound >= 0) {
+      caller_.store(*bound, std::memory_order_relaxed);
+      callers_->Add(*bound);
     }
     StartRead(&in_);
   }
@@ -312,9 +329,10 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
         });
   }
 
-  void Start(grpc::GenericStub* stub, const std::string& token) {
+  void Start(grpc::GenericStub* stub, const std::string& token, const std::string& identity) {
     self_ = shared_from_this();
     if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
+    if (!identity.empty()) ctx_.AddMetadata(kIdentityMetadataKey, identity);
     stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
     AddHold();  // released by the outbox once no write can start
     StartRead(&in_);
@@ -392,7 +410,12 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
                            : "call with a wrong job token"));
       }
     }
-    return new ServerStream(handler_, callers_);
+    const auto& md = ctx->client_metadata();
+    auto id = md.find(kIdentityMetadataKey);
+    return new ServerStream(handler_, callers_,
+                            id == md.end()
+                                ? absl::string_view()
+                                : absl::string_view(id->second.data(), id->second.size()));
   }
 
  private:
@@ -429,15 +452,16 @@ GrpcTransport::~GrpcTransport() {
   StopServer(absl::ZeroDuration());
 }
 
-void GrpcTransport::AddPeer(int id, const std::string& address) {
+void GrpcTransport::AddPeer(int id, const std::string& address, const std::string& identity) {
   absl::MutexLock lock(&mu_);
   Peer& p = peers_[id];
   if (p.stub != nullptr) {
-    if (p.address == address) return;
+    if (p.address == address && p.identity == identity) return;
     retired_.push_back(std::move(p));
     p = Peer();
   }
   p.address = address;
+  p.identity = identity;
   p.channel = grpc::CreateCustomChannel(
       address, BatonChannelCredentials(options_.tls),
       BatonChannelArguments(options_.max_message_bytes + (1 << 20), options_.tls));
@@ -467,7 +491,7 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
             OnClientStreamDone(p, id, s);
           });
       ++live_streams_;
-      it->second.stream->Start(it->second.stub.get(), options_.job_token);
+      it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity);
     }
     stream = it->second.stream;
   }
@@ -491,9 +515,12 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id,
     for (Peer& old : retired_) {
       if (old.stream != nullptr && old.stream->id() == stream_id) old.stream.reset();
     }
-    --live_streams_;
   }
   handler_->OnStreamClosed(peer, stream_id, cause);
+  // Counted down only after the handler returned: CloseStreams (and so the
+  // owner's teardown of the handler) waits for this call to finish.
+  absl::MutexLock lock(&mu_);
+  --live_streams_;
 }
 
 absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {

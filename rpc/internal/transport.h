@@ -8,6 +8,11 @@
 // Contract:
 // - Every incoming stream must carry the job token in its metadata, else it
 //   is finished with UNAUTHENTICATED before any frame is read.
+// - An outgoing stream presents the identity its peer was added with
+//   (metadata kIdentityMetadataKey). An incoming one reads no frame before
+//   the handler's AuthenticateStream answers; an error there finishes the
+//   stream with it, and a request claiming another caller id than the one
+//   the stream is bound to finishes it with PERMISSION_DENIED.
 // - Frames queued while a write is in flight are coalesced into one packet
 //   (at most kCoalesceBytes unless a single frame is larger).
 // - When an outgoing stream ends (peer died, unreachable, rejected token),
@@ -49,6 +54,9 @@ class ClientStream;
 
 using TransportOptions = ::baton::rpc::NetworkTransportOptions;
 
+// The metadata an outgoing stream presents its identity in.
+inline constexpr char kIdentityMetadataKey[] = "x-baton-identity";
+
 class GrpcTransport : public ::baton::rpc::NetworkTransport {
  public:
   static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(
@@ -58,10 +66,11 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   // host:port actually bound.
   const std::string& address() const override { return address_; }
 
-  // Declares where peer `id` listens. Must precede sends to it. Another
-  // address for a known peer retires its stream and channel (kept until
-  // the stream ends, and closed by CloseStreams).
-  void AddPeer(int id, const std::string& address) override;
+  // Declares where peer `id` listens and what its streams present there.
+  // Must precede sends to it. Another address or identity for a known peer
+  // retires its stream and channel (kept until the stream ends, and closed
+  // by CloseStreams).
+  void AddPeer(int id, const std::string& address, const std::string& identity) override;
 
   // Every peer added (a new stream opens on demand).
   bool connected(int peer) const override;
@@ -80,6 +89,7 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   class Service;
   struct Peer {
     std::string address;
+    std::string identity;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<grpc::GenericStub> stub;
     std::shared_ptr<ClientStream> stream;

@@ -56,7 +56,8 @@ class LoopbackTransport : public NetworkTransport {
 
   const std::string& address() const override { return ep_->address; }
 
-  void AddPeer(int id, const std::string& address) override {
+  // Identities are not checked here (workers of one process, one trust).
+  void AddPeer(int id, const std::string& address, const std::string& /*identity*/) override {
     absl::MutexLock lock(&ep_->mu);
     ep_->peers[id] = address;
     if (address == ep_->address) ep_->rank = id;

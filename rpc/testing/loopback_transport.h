@@ -24,7 +24,9 @@
 // - A request that reaches a worker whose server stopped closes the
 //   sender's stream with UNAVAILABLE, as a refused connection does.
 // - Every stream checks the job token of the receiving transport; a wrong
-//   one closes the sender's stream with UNAUTHENTICATED.
+//   one closes the sender's stream with UNAUTHENTICATED. Stream identities
+//   (AddPeer's `identity`) are not checked: the gRPC transport's tests and
+//   the multi-process ones cover them.
 // - Workers are named by rank; a transport learns its rank when the agent
 //   adds itself as a peer (the end of its rendezvous).
 //
