@@ -56,6 +56,11 @@ inline constexpr char kEnvErrorFile[] = "BATON_ERROR_FILE";
 // the other workers kept running, so it rejoins their job instead of
 // rendezvousing anew.
 inline constexpr char kEnvRejoin[] = "BATON_REJOIN";
+// Seconds a call to a worker found dead waits for its restarted successor
+// (rpc::AgentOptions::restart_wait, P7-P8 of docs/peer_failures.md).
+// baton-run sets it for jobs that restart a worker or a role alone
+// (--restart_wait); "0" or unset: such calls fail at once.
+inline constexpr char kEnvRestartWait[] = "BATON_RESTART_WAIT";
 // Set to "1" by baton-run; its presence is what is_elastic_launched() checks.
 inline constexpr char kEnvLaunched[] = "BATON_ELASTIC_LAUNCHED";
 

@@ -92,6 +92,15 @@ int LaunchOptions::local_world_size() const {
   return n;
 }
 
+absl::Duration LaunchOptions::RestartWait() const {
+  if (restart_wait.has_value()) return *restart_wait;
+  if (max_restarts == 0) return absl::ZeroDuration();
+  for (const RoleSpec& r : roles) {
+    if (r.policy != RestartPolicy::kGroup) return kDefaultRestartWait;
+  }
+  return absl::ZeroDuration();
+}
+
 absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
   // The first entry ends at a comma outside brackets.
   size_t end = 0;
@@ -238,6 +247,12 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
       {"heartbeat_timeout",
        set_secs(&o.heartbeat_timeout, "heartbeat_timeout", false)},
       {"stop_timeout", set_secs(&o.stop_timeout, "stop_timeout", true)},
+      {"restart_wait",
+       [&](const std::string& v) -> absl::Status {
+         auto d = ParseSeconds("restart_wait", v, /*zero=*/true);
+         if (d.ok()) o.restart_wait = *d;
+         return d.status();
+       }},
       {"role",
        [&](const std::string& v) -> absl::Status {
          auto role = ParseRole(v);
@@ -478,12 +493,15 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --rdzv_last_call S     elastic: wait for more nodes after MIN (default 5)
   --heartbeat_timeout S  declare a silent node lost after S (default 30)
   --stop_timeout S       grace period before SIGKILL (default 10)
+  --restart_wait S       how long a worker's call to a peer found dead waits
+                         for that peer's restart (default 60 when a role
+                         restarts alone and --max_restarts > 0, else 0)
 
 Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, BATON_RUN_ID,
 BATON_RESTART_COUNT, BATON_MAX_RESTARTS, BATON_JOB_TOKEN, BATON_ROLE,
-BATON_ROLE_RANK, BATON_ROLE_WORLD_SIZE, BATON_ERROR_FILE and
-BATON_ELASTIC_LAUNCHED=1. Exit code: 0 on success, 1 when the job failed,
+BATON_ROLE_RANK, BATON_ROLE_WORLD_SIZE, BATON_ERROR_FILE, BATON_RESTART_WAIT
+and BATON_ELASTIC_LAUNCHED=1. Exit code: 0 on success, 1 when the job failed,
 2 on bad flags, 128+N when stopped by signal N.
 )";
 }

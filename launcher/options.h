@@ -82,6 +82,11 @@ struct LaunchOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(30);
   // Grace period between the stop signal and SIGKILL.
   absl::Duration stop_timeout = absl::Seconds(10);
+  // --restart_wait: how long a worker's call to a peer found dead waits for
+  // the peer's restart (BATON_RESTART_WAIT). Unset: kDefaultRestartWait
+  // when some role restarts alone (policy role or worker) and restarts are
+  // allowed, else zero (RestartWait()).
+  std::optional<absl::Duration> restart_wait;
   std::vector<RoleSpec> roles;
   // True when defaults came from Slurm variables (for the log line).
   bool from_slurm = false;
@@ -89,9 +94,17 @@ struct LaunchOptions {
   bool help = false;
 
   bool elastic() const { return min_nodes != max_nodes; }
+  // What workers get as BATON_RESTART_WAIT (see restart_wait).
+  absl::Duration RestartWait() const;
   // Workers this node starts: the sum of the role counts.
   int local_world_size() const;
 };
+
+// Default of --restart_wait for jobs that restart a worker or a role alone:
+// long enough for baton-run to notice a failure and start the successor,
+// which rejoins without a rendezvous; each call's own deadline still bounds
+// its wait.
+inline constexpr absl::Duration kDefaultRestartWait = absl::Seconds(60);
 
 // Parses `args` (without argv[0]). `env` supplies SLURM_* variables.
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(

@@ -293,6 +293,14 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
                             ? absl::InfiniteFuture()
                             : absl::Now() + timeout + absl::Seconds(5));
   }
+  // P8: a request that is known undelivered may go to the rank's next
+  // incarnation. Not for probes, calls to self, or requests whose tensors
+  // wait in shared-memory segments (Export above) for this incarnation.
+  std::shared_ptr<const Frame> resend;
+  if (options_.restart_wait > absl::ZeroDuration() && windowed && to != rank_ &&
+      frame.header.shm_blobs_size() == 0) {
+    resend = std::make_shared<const Frame>(frame);
+  }
   Promise<Payload> promise(executor_.get());
   {
     absl::MutexLock lock(&mu_);
@@ -306,8 +314,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     call.peer = to;
     call.function = function;
     call.timeout = timeout;
+    call.deadline = deadline;
     call.window_bytes = window_bytes;
     call.undo = std::move(undo);
+    call.resend = std::move(resend);
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
@@ -329,14 +339,18 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   if (!stream.ok()) {
     // Evidence (P2): the probe checks it, or the store names a successor.
     if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
-    Complete(id,
-             Annotate(stream.status(),
-                      absl::StrCat(CallContextText(to, function), ": worker unreachable")),
-             /*undelivered=*/true);
+    // P8: it did not leave; it may go to the rank's next incarnation.
+    if (!absl::IsUnavailable(stream.status()) || !Redeliver(id)) {
+      Complete(id,
+               Annotate(stream.status(),
+                        absl::StrCat(CallContextText(to, function), ": worker unreachable")),
+               /*undelivered=*/true);
+    }
   } else {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(id);
-    if (it != pending_.end()) it->second.stream_id = *stream;
+    // Unless the stream ended meanwhile and the call is queued to go again.
+    if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
   }
   return promise.future();
 }
@@ -396,6 +410,33 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
 void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
   DeliveryScope delivering;
   SuspectPeer(peer, cause);
+}
+
+void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
+  if (!absl::IsUnavailable(cause) || options_.restart_wait <= absl::ZeroDuration()) {
+    OnStreamClosed(peer, stream_id, cause);
+    return;
+  }
+  DeliveryScope delivering;
+  std::vector<std::pair<uint64_t, std::string>> refused;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, call] : pending_) {
+      if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
+        refused.emplace_back(id, call.function);
+      }
+    }
+  }
+  SuspectPeer(peer, cause);
+  // P8: none of them was read; they go again once the rank can take them.
+  for (const auto& [id, function] : refused) {
+    if (Redeliver(id)) continue;
+    Complete(id,
+             Annotate(absl::UnavailableError(absl::StrCat(
+                          "worker is dead or unreachable (stream refused: ", cause.message(), ")")),
+                      CallContextText(peer, function)),
+             /*undelivered=*/true);
+  }
 }
 
 void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {

@@ -165,6 +165,14 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   o.tls.cert_file = env_or_empty(baton::kEnvTlsCert);
   o.tls.key_file = env_or_empty(baton::kEnvTlsKey);
   o.tls.server_name = env_or_empty(baton::kEnvTlsServerName);
+  if (const std::string v = get(baton::kEnvRestartWait); !v.empty()) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(v, &seconds) || !(seconds >= 0) || seconds > 1e9) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          baton::kEnvRestartWait, " is '", v, "'; expected seconds, 0 or more"));
+    }
+    o.restart_wait = absl::Seconds(seconds);
+  }
   const std::string n = get("BATON_WORKER_NAME");
   o.name = !n.empty() ? n
            : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)

@@ -1,13 +1,15 @@
 // Peer failures and incarnations of the RPC agent (internal::AgentImpl):
 // confirming a suspected death with a probe, reporting each incarnation of a
 // peer dead at most once, learning of a restarted incarnation from its
-// requests or its registration, and following its new address
-// (docs/peer_failures.md, P1-P4). Calls and replies are in agent.cc.
+// requests or its registration, following its new address, waiting for a
+// dead rank's successor, and sending requests known undelivered again
+// (docs/peer_failures.md, P1-P8). Calls and replies are in agent.cc.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "proto/rpc.pb.h"
 #include "rpc/internal/agent_impl.h"
 #include "rpc/internal/shm_transport.h"
@@ -185,21 +187,170 @@ void AgentImpl::WaitForSuccessor(int peer, absl::Time deadline) {
     const PeerState& p = peers_[peer];
     if (p.dead < p.incarnation) return;  // alive, as far as we know
     dead = p.dead;
+  }
+  (void)AwaitSuccessor(peer, dead, std::min(deadline, absl::Now() + options_.restart_wait));
+}
+
+bool AgentImpl::AwaitSuccessor(int peer, int64_t dead, absl::Time until) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return false;
     ++waiting_for_restart_;
   }
   // Every incarnation announces itself under its own key at registration
   // (bootstrap.cc), so the wait is for that key, not a poll.
-  const absl::Time until = std::min(deadline, absl::Now() + options_.restart_wait);
+  // In slices of at most a second, so that a shutdown is not held up.
+  bool followed = false;
   {
     Executor::BlockingScope blocking;  // a pool thread lends its place (E2)
-    const absl::Duration left = until - absl::Now();
-    if (left > absl::ZeroDuration() &&
-        store_->Wait({absl::StrCat(ns_, "registered/", peer, "/", dead + 1)}, left).ok()) {
-      (void)LoadPeerRecord(peer, std::max(absl::Milliseconds(1), until - absl::Now()));
+    const std::string key = absl::StrCat(ns_, "registered/", peer, "/", dead + 1);
+    for (;;) {
+      const absl::Duration left = until - absl::Now();
+      if (left <= absl::ZeroDuration() || !running()) break;
+      const absl::Status s = store_->Wait({key}, std::min(left, absl::Seconds(1)));
+      if (s.ok()) {
+        (void)LoadPeerRecord(peer, std::max(absl::Milliseconds(1), until - absl::Now()));
+        followed = true;
+        break;
+      }
+      if (!absl::IsDeadlineExceeded(s)) break;  // the store failed: no wait helps
     }
   }
   absl::MutexLock lock(&mu_);
   --waiting_for_restart_;
+  return followed;
+}
+
+// ---- P8: requests known undelivered go again ----
+
+bool AgentImpl::Redeliver(uint64_t id) {
+  int peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return true;  // completed meanwhile
+    PendingCall& call = it->second;
+    if (!running_ || call.resend == nullptr || call.deliveries >= kMaxDeliveries) return false;
+    call.stream_id = kAwaitingRedelivery;
+    peer = call.peer;
+    redeliver_[peer].push_back(id);
+    if (!redelivering_.insert(peer).second) return true;  // its task takes it
+  }
+  if (executor_->Submit([this, peer] { RedeliverTo(peer); })) return true;
+  // Shutting down: nothing goes again.
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids.swap(redeliver_[peer]);
+    redelivering_.erase(peer);
+  }
+  for (uint64_t other : ids) {
+    if (other != id) {
+      Resend(other, peer, absl::FailedPreconditionError("the agent is shutting down"));
+    }
+  }
+  return false;
+}
+
+void AgentImpl::RedeliverTo(int peer) {
+  for (;;) {
+    std::vector<uint64_t> ids;
+    absl::Time until = absl::InfinitePast();
+    int64_t incarnation;
+    {
+      absl::MutexLock lock(&mu_);
+      ids.swap(redeliver_[peer]);
+      if (ids.empty()) {
+        redelivering_.erase(peer);
+        return;
+      }
+      for (uint64_t id : ids) {
+        auto it = pending_.find(id);
+        if (it != pending_.end()) until = std::max(until, it->second.deadline);
+      }
+      incarnation = peers_[peer].incarnation;
+    }
+    const absl::Status why = AwaitDeliverable(peer, incarnation, until);
+    for (uint64_t id : ids) Resend(id, peer, why);
+  }
+}
+
+absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Time until) {
+  until = std::min(until, absl::Now() + options_.restart_wait);
+  auto left = [&until] { return std::max(absl::Milliseconds(1), until - absl::Now()); };
+  // Its successor registered already: follow it.
+  (void)LoadPeerRecord(peer, std::min(left(), absl::Seconds(2)));
+  bool dead;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::FailedPreconditionError("the agent is shut down");
+    const PeerState& p = peers_[peer];
+    if (p.incarnation > incarnation && p.dead < p.incarnation) return absl::OkStatus();
+    incarnation = p.incarnation;
+    dead = p.dead >= incarnation;
+  }
+  absl::Status probe;
+  if (!dead) {
+    // The refusal may have been passing (the process is alive): a probe
+    // that gets through says so.
+    CallOptions o;
+    o.timeout = std::min(left(), absl::Seconds(2));
+    auto ping = Call(peer, kPingFunction, "", Payload(), o, /*windowed=*/false);
+    probe = ping.Wait(o.timeout + absl::Seconds(1));
+    if (probe.ok()) return absl::OkStatus();
+  }
+  if (AwaitSuccessor(peer, incarnation, until)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
+      ") is dead", probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),
+      " and no successor registered within ", DurationText(options_.restart_wait),
+      " (AgentOptions::restart_wait) or the call's deadline"));
+}
+
+void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
+  std::shared_ptr<const Frame> request;
+  std::string function;
+  absl::Time deadline;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;  // timed out meanwhile
+    request = it->second.resend;
+    function = it->second.function;
+    deadline = it->second.deadline;
+    if (why.ok()) {
+      ++it->second.deliveries;
+      // As in Call: a stream that ends before Send returns concerns it.
+      it->second.stream_id = 0;
+    }
+  }
+  if (!why.ok()) {
+    Complete(id, Annotate(why, CallContextText(peer, function)), /*undelivered=*/true);
+    return;
+  }
+  Frame frame = *request;
+  // A successor has not opened our probe (P3): its reply comes over the
+  // stream.
+  frame.header.set_reply_shm(false);
+  if (deadline != absl::InfiniteFuture()) {
+    frame.header.set_timeout_us(
+        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+  }
+  absl::StatusOr<uint64_t> stream =
+      shm_transport_ != nullptr && shm_transport_->connected(peer)
+          ? shm_transport_->Send(peer, std::move(frame))
+          : transport_->Send(peer, std::move(frame));
+  if (!stream.ok()) {
+    if (absl::IsUnavailable(stream.status()) && Redeliver(id)) return;
+    Complete(id,
+             Annotate(stream.status(),
+                      absl::StrCat(CallContextText(peer, function), ": worker unreachable")),
+             /*undelivered=*/true);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(id);
+  if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
 }
 
 }  // namespace baton::rpc::internal

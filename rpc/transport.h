@@ -20,7 +20,8 @@
 //   their reply must go back on, responses with the peer they came from.
 // - When a stream or link to a peer ends (the peer died, was unreachable, or
 //   refused the token), OnStreamClosed names it and the cause, once; calls
-//   pending on it are the handler's to fail. When a peer's incoming stream
+//   pending on it are the handler's to fail. A network transport that knows
+//   the peer read nothing of the stream says OnStreamRefused instead. When a peer's incoming stream
 //   is cancelled (not closed cleanly), OnPeerLost names the peer.
 // - Frames from one sender thread to one peer arrive in order.
 //
@@ -69,6 +70,13 @@ class TransportHandler {
   // ended: its incoming stream was cancelled, or its process is gone. Not a
   // verdict: the agent confirms it (RpcAgent::AddPeerFailureListener).
   virtual void OnPeerLost(int peer, const absl::Status& cause) {}
+  // An outgoing stream ended before the peer accepted it: the peer read no
+  // frame of it (no process listened, or it refused the stream before
+  // reading), so every request sent on it is known undelivered. The
+  // default treats it as OnStreamClosed.
+  virtual void OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
+    OnStreamClosed(peer, stream_id, cause);
+  }
   // An incoming network stream opened, presenting `identity` (what its
   // opener's transport was given with AddPeer; empty if none). No frame of
   // it is read before `done` runs, once, from any thread: with the caller

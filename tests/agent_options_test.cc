@@ -15,7 +15,7 @@ class FromEnvTest : public ::testing::Test {
   void SetUp() override {
     for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "BATON_JOB_TOKEN",
                           "BATON_TRANSPORT", "BATON_SHM", "BATON_WORKER_NAME", "BATON_ROLE",
-                          "BATON_ELASTIC_LAUNCHED", "BATON_REJOIN"}) {
+                          "BATON_ELASTIC_LAUNCHED", "BATON_REJOIN", "BATON_RESTART_WAIT"}) {
       unsetenv(v);
     }
   }
@@ -48,6 +48,30 @@ TEST_F(FromEnvTest, TransportAndBulkChannelSwitches) {
   auto bad = AgentOptions::FromEnv();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "BATON_TRANSPORT")) << bad.status();
+}
+
+// baton-run's BATON_RESTART_WAIT becomes AgentOptions::restart_wait (P7,
+// P8); unset keeps the default (zero: fail at once).
+TEST_F(FromEnvTest, RestartWaitComesFromBatonRun) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  auto o = AgentOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->restart_wait, absl::ZeroDuration());
+  setenv("BATON_RESTART_WAIT", "60", 1);
+  o = AgentOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->restart_wait, absl::Seconds(60));
+  setenv("BATON_RESTART_WAIT", "0.25", 1);
+  EXPECT_EQ(AgentOptions::FromEnv()->restart_wait, absl::Milliseconds(250));
+  for (const char* bad : {"-1", "soon", "nan"}) {
+    setenv("BATON_RESTART_WAIT", bad, 1);
+    auto b = AgentOptions::FromEnv();
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(b.status().message(),
+                                  absl::StrCat("BATON_RESTART_WAIT is '", bad, "'")))
+        << b.status();
+  }
 }
 
 TEST_F(FromEnvTest, MissingOrInconsistentVariablesNameTheVariable) {

@@ -2,7 +2,7 @@
 // killed (or only taken for dead) and a new incarnation of its rank rejoins
 // the running job (AgentOptions::rejoin through LoopbackJob::Restart), as
 // baton-run restarts a role. Tests are named after the agent's peer-failure
-// guarantees P1-P4 (docs/peer_failures.md), D4 of distributed autograd and
+// guarantees P1-P8 (docs/peer_failures.md), D4 of distributed autograd and
 // G7 of RRefs. The soak test (tests/soak) runs the same on real processes.
 #include <atomic>
 #include <memory>
@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_autograd/internal/container.h"
 #include "rpc/agent.h"
@@ -39,6 +40,11 @@ const Function<at::Tensor(int64_t)> zeros_fn("zeros");
 const Function<at::Tensor(at::Tensor)> echo_fn("echo");
 const Function<at::Tensor(at::Tensor)> make_fn("make");
 const Function<at::Tensor(at::Tensor)> square_fn("square");
+// Counts its runs, says it started, and returns once released.
+const Function<int64_t()> hold_fn("hold");
+std::atomic<int> g_hold_runs{0};
+absl::Notification* g_hold_started = nullptr;
+absl::Notification* g_hold_release = nullptr;
 
 // Waits (bounded) until `done()`; returns its last value.
 template <typename F>
@@ -77,6 +83,14 @@ struct Job {
       (void)r.Register(echo_fn, [](at::Tensor x) { return x; });
       (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
       (void)r.Register(square_fn, [](at::Tensor x) { return x * x; });
+      (void)r.Register(hold_fn, []() -> int64_t {
+        const int run = g_hold_runs.fetch_add(1) + 1;
+        if (g_hold_started != nullptr) g_hold_started->Notify();
+        if (g_hold_release != nullptr) {
+          g_hold_release->WaitForNotificationWithTimeout(absl::Seconds(30));
+        }
+        return run;
+      });
     };
     o.attach = [this](int rank, RpcAgent& agent) {
       rrefs[rank]->Attach(&agent);
@@ -254,6 +268,9 @@ TEST(Restart, G10_AUserOfARestartedOwnersRRefFailsAtOnceByName) {
   Job j;
   ASSERT_NE(j.job, nullptr);
   RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+  // The remote() call itself answered (a to_here() may answer first; the
+  // kill would then fail the creation, and the RRef with its error).
+  ASSERT_TRUE(r.created().Wait(absl::Seconds(10)).ok());
   ASSERT_TRUE(r.to_here_async().result().ok());
   ASSERT_TRUE(j.job->Restart(1).ok());
   // The new incarnation calls w0, which learns of it (P1).
@@ -279,8 +296,10 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
   Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30));
   ASSERT_NE(j.job, nullptr);
   ASSERT_TRUE(j.job->Kill(2).ok());
-  // The first call is the evidence of the death, which a probe confirms (P2).
-  EXPECT_FALSE(j.agent(0).rpc_async(2, whoami_fn).result().ok());
+  // The first call is the evidence of the death, which a probe confirms
+  // (P2); it waits for a successor too (P8), until its short deadline.
+  EXPECT_FALSE(j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 2, whoami_fn)
+                   .result().ok());
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
   absl::StatusOr<int64_t> waited = absl::UnknownError("not run");
   std::thread caller([&] {
@@ -296,7 +315,8 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
 
   // Rank 1 dies for good: a call waits until its own deadline, then fails.
   ASSERT_TRUE(j.job->Kill(1).ok());
-  EXPECT_FALSE(j.agent(0).rpc_async(1, whoami_fn).result().ok());
+  EXPECT_FALSE(j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 1, whoami_fn)
+                   .result().ok());
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 2; }));
   const absl::Time start = absl::Now();
   auto lost = j.agent(0).rpc_async(CallOptions{absl::Milliseconds(500)}, 1, whoami_fn).result();
@@ -304,6 +324,68 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// P8: with restart_wait, a call that reveals a death (its request could not
+// be delivered: the rank's process is gone) is not failed: it goes to the
+// rank's successor once that registers. Before P8 it failed with
+// UNAVAILABLE, as did every call until the death was confirmed.
+TEST(Restart, P8_AnUndeliveredCallThatRevealsADeathGoesToTheSuccessor) {
+  Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30));
+  ASSERT_NE(j.job, nullptr);
+  // Worker 0 has no stream to rank 2 yet (so no stream's end tells it of
+  // the death): its call is the first evidence.
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  absl::StatusOr<int64_t> first = absl::UnknownError("not run");
+  absl::StatusOr<int64_t> second = absl::UnknownError("not run");
+  std::thread caller([&] {
+    first = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result();
+  });
+  ASSERT_TRUE(Eventually([&] { return j.agent(0).stats().calls_waiting_for_restart >= 1; }));
+  std::thread later([&] {
+    second = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result();
+  });
+  ASSERT_TRUE(j.job->Restart(2).ok());
+  caller.join();
+  later.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 2);  // the successor answered
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, 2);
+  EXPECT_EQ(j.agent(0).stats().calls_waiting_for_restart, 0);
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// P8: a request that may have been delivered is never sent again: a call
+// whose function was running when its callee died fails with UNAVAILABLE
+// at once, even with restart_wait, and the successor never runs it.
+TEST(Restart, P8_ACallThatMayHaveBeenDeliveredFailsAndIsNotSentAgain) {
+  absl::Notification started, release;
+  g_hold_runs = 0;
+  g_hold_started = &started;
+  g_hold_release = &release;
+  {
+    Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30));
+    ASSERT_NE(j.job, nullptr);
+    absl::StatusOr<int64_t> held = absl::UnknownError("not run");
+    std::thread caller([&] {
+      held = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, hold_fn).result();
+    });
+    ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    const absl::Time killed = absl::Now();
+    ASSERT_TRUE(j.job->Kill(2).ok());
+    caller.join();
+    EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
+    ASSERT_FALSE(held.ok());
+    EXPECT_EQ(held.status().code(), absl::StatusCode::kUnavailable) << held.status();
+    release.Notify();
+    ASSERT_TRUE(j.job->Restart(2).ok());
+    EXPECT_EQ(j.agent(0).rpc_sync(2, whoami_fn), 2);
+    EXPECT_EQ(g_hold_runs.load(), 1);
+    EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+  }
+  g_hold_started = nullptr;
+  g_hold_release = nullptr;
 }
 
 // P5: a worker that dies at any step of the job's start-up (before it

@@ -122,7 +122,17 @@ class AgentImpl : private TransportHandler {
     // The request's Payload::undo_if_undelivered (G8), run if it is known
     // that the callee never decoded it.
     std::vector<std::function<void()>> undo;
+    absl::Time deadline = absl::InfiniteFuture();
+    // P8: the request, kept (with options_.restart_wait) so that it can go
+    // again to the rank's next incarnation if it is known undelivered.
+    std::shared_ptr<const Frame> resend;
+    int deliveries = 1;  // sends of the request so far
   };
+  // PendingCall::stream_id of a call waiting to be sent again (P8): no
+  // stream's end concerns it.
+  static constexpr uint64_t kAwaitingRedelivery = ~uint64_t{0};
+  // At most this many sends of one request (P8).
+  static constexpr int kMaxDeliveries = 4;
 
   absl::Status ConnectStore();
   // Runs the rendezvous observer (AgentCollaborators) at `step`.
@@ -134,6 +144,8 @@ class AgentImpl : private TransportHandler {
   void OnResponse(int peer, Frame frame) override;
   void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override;
   void OnPeerLost(int peer, const absl::Status& cause) override;
+  // P8: requests on a stream the peer never accepted were not delivered.
+  void OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) override;
   // W2: checks what an incoming stream presents (stream_identity.cc).
   void AuthenticateStream(absl::string_view identity,
                           std::function<void(absl::StatusOr<int>)> done) override;
@@ -185,6 +197,23 @@ class AgentImpl : private TransportHandler {
   // most options_.restart_wait, within `deadline`) for its successor's
   // registration and follows it.
   void WaitForSuccessor(int peer, absl::Time deadline);
+  // Waits until `until` for incarnation `dead` + 1 of `peer` to register
+  // and follows it; counted in calls_waiting_for_restart. True if it did.
+  bool AwaitSuccessor(int peer, int64_t dead, absl::Time until);
+  // P8: queues pending call `id`, known undelivered, to be sent again once
+  // its peer can take it (the incarnation that refused it answers a probe,
+  // or its successor registered). False if it cannot go again (no request
+  // kept, its sends used up, shutting down); the caller then fails it.
+  bool Redeliver(uint64_t id);
+  // The task that sends `peer`'s queued calls again (one per peer at a time).
+  void RedeliverTo(int peer);
+  // Whether `peer` can take requests now, waiting for that until `until`
+  // (bounded by options_.restart_wait): OK once an incarnation newer than
+  // `incarnation` is followed or `incarnation` answers a probe; else
+  // UNAVAILABLE naming the peer.
+  absl::Status AwaitDeliverable(int peer, int64_t incarnation, absl::Time until);
+  // Sends pending call `id` again (or fails it with `why`).
+  void Resend(uint64_t id, int peer, const absl::Status& why);
 
   // `admitted`: the bytes gate_ admitted the request with, given back with
   // the reply (-1: the request did not go through the gate).
@@ -256,6 +285,10 @@ class AgentImpl : private TransportHandler {
   std::vector<RpcAgent::ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
   std::vector<RpcAgent::PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
+  // P8: per peer, the calls waiting to be sent again, and the peers whose
+  // RedeliverTo task runs.
+  absl::flat_hash_map<int, std::vector<uint64_t>> redeliver_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int> redelivering_ ABSL_GUARDED_BY(mu_);
   struct PeerState {
     int64_t incarnation = 0;  // latest known
     int64_t dead = 0;         // latest reported dead (0: none)

@@ -210,6 +210,17 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       caller_.store(*bound, std::memory_order_relaxed);
       callers_->Add(*bound);
     }
+    // The caller learns that the stream was accepted from these metadata
+    // (before them, it knows that nothing it sent was read: P8), so no
+    // frame is read before they left.
+    StartSendInitialMetadata();
+  }
+
+  void OnSendInitialMetadataDone(bool ok) override {
+    if (!ok) {
+      outbox_->Close();
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -317,7 +328,8 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
 class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                      public std::enable_shared_from_this<ClientStream> {
  public:
-  using DoneFn = std::function<void(int, uint64_t, const absl::Status&)>;
+  // (peer, stream id, cause, whether the peer accepted the stream).
+  using DoneFn = std::function<void(int, uint64_t, const absl::Status&, bool)>;
 
   ClientStream(TransportHandler* handler, int peer, uint64_t id, DoneFn done)
       : handler_(handler), peer_(peer), id_(id), done_(std::move(done)) {
@@ -368,10 +380,15 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
 
   void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
 
+  // The server sends its metadata once it accepted the stream, before it
+  // reads any frame.
+  void OnReadInitialMetadataDone(bool ok) override { accepted_ = ok; }
+
   void OnDone(const grpc::Status& status) override {
     absl::Status cause = parse_error_.ok() ? FromGrpcStatus(status) : parse_error_;
     if (cause.ok()) cause = absl::UnavailableError("stream closed");
-    done_(peer_, id_, cause);
+    // Every reaction ran before OnDone: accepted_ is final.
+    done_(peer_, id_, cause, accepted_);
     self_.reset();  // may delete this
   }
 
@@ -384,6 +401,7 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   grpc::ByteBuffer in_;
   std::unique_ptr<Outbox> outbox_;
   absl::Status parse_error_;
+  bool accepted_ = false;
   std::shared_ptr<ClientStream> self_;
 };
 
@@ -487,8 +505,8 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
     if (it->second.stream == nullptr) {
       it->second.stream = std::make_shared<ClientStream>(
           handler_, peer, next_stream_id_++,
-          [this](int p, uint64_t id, const absl::Status& s) {
-            OnClientStreamDone(p, id, s);
+          [this](int p, uint64_t id, const absl::Status& s, bool accepted) {
+            OnClientStreamDone(p, id, s, accepted);
           });
       ++live_streams_;
       it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity);
@@ -503,8 +521,8 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
   return absl::UnavailableError("the stream to the peer closed");
 }
 
-void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id,
-                                   const absl::Status& cause) {
+void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& cause,
+                                       bool accepted) {
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(peer);
@@ -516,7 +534,11 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id,
       if (old.stream != nullptr && old.stream->id() == stream_id) old.stream.reset();
     }
   }
-  handler_->OnStreamClosed(peer, stream_id, cause);
+  if (accepted) {
+    handler_->OnStreamClosed(peer, stream_id, cause);
+  } else {
+    handler_->OnStreamRefused(peer, stream_id, cause);
+  }
   // Counted down only after the handler returned: CloseStreams (and so the
   // owner's teardown of the handler) waits for this call to finish.
   absl::MutexLock lock(&mu_);

@@ -13,6 +13,10 @@
 //   the handler's AuthenticateStream answers; an error there finishes the
 //   stream with it, and a request claiming another caller id than the one
 //   the stream is bound to finishes it with PERMISSION_DENIED.
+// - An accepted incoming stream sends its initial metadata before it reads
+//   a frame; an outgoing stream that ends without having received them
+//   (refused, or its peer not listening) is reported with OnStreamRefused:
+//   the peer read none of its frames.
 // - Frames queued while a write is in flight are coalesced into one packet
 //   (at most kCoalesceBytes unless a single frame is larger).
 // - When an outgoing stream ends (peer died, unreachable, rejected token),
@@ -96,7 +100,7 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   };
 
   GrpcTransport(TransportOptions options, TransportHandler* handler);
-  void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s);
+  void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s, bool accepted);
 
   const TransportOptions options_;
   TransportHandler* const handler_;

@@ -34,6 +34,8 @@ TEST_F(LauncherTest, EveryWorkerGetsItsEnvironment) {
     EXPECT_EQ(env["BATON_RUN_ID"], "envtest");
     EXPECT_EQ(env["BATON_RESTART_COUNT"], "0");
     EXPECT_EQ(env["BATON_MAX_RESTARTS"], "4");
+    // Group restarts only: nobody waits for a single peer's restart.
+    EXPECT_EQ(env["BATON_RESTART_WAIT"], "0");
     EXPECT_EQ(env["BATON_ROLE"], "default");
     EXPECT_EQ(env["BATON_ROLE_RANK"], absl::StrCat(r));
     EXPECT_EQ(env["BATON_ROLE_WORLD_SIZE"], "3");
@@ -217,6 +219,9 @@ TEST_F(LauncherTest, RolesGetRanksRoleByRoleAndRestartOnlyTheirRole) {
   EXPECT_EQ(ps["BATON_ROLE_RANK"], "0");
   EXPECT_EQ(ps["BATON_ROLE_WORLD_SIZE"], "1");
   EXPECT_EQ(ps["WORLD_SIZE"], "3");
+  // The trainers restart alone: every worker's calls to a dead peer wait
+  // for its successor (P7, P8), 60 s unless --restart_wait says otherwise.
+  EXPECT_EQ(ps["BATON_RESTART_WAIT"], "60");
   for (int restart = 0; restart < 2; ++restart) {
     for (int tr = 0; tr < 2; ++tr) {
       auto env = Env(1 + tr, restart);

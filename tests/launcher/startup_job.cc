@@ -19,6 +19,16 @@
 //   too), every worker calls the head.
 // Then every worker shuts down gracefully, and the head prints RESULT OK.
 // Exit 1 with the reason on any failure.
+//
+// With --callee_restart (P7, P8; a head and two w workers, restart policy
+// "worker", BATON_RESTART_WAIT as baton-run sets it): the head checks that
+// rank 1 answers, then calls die() on it, which SIGKILLs rank 1 while the
+// call runs (that call fails: it was delivered). baton-run restarts rank 1.
+// Meanwhile the head asks rank 2, which has never called rank 1 and so
+// knows nothing of its death, to call rank 1: that call's stream is
+// refused by the dead address, so it is known undelivered and waits for
+// the successor (P8); it must answer incarnation 2. The head's own next
+// call must too (P7 or P8, whichever way it learns of the death).
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,12 +36,14 @@
 #include <cstdlib>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "rpc/agent.h"
 
 namespace baton {
@@ -45,6 +57,10 @@ const Function<int64_t()> whoami_fn("whoami");
 const Function<int64_t(int64_t)> hello_fn("hello");
 // On the head: completes once every w rank reported (async: no thread waits).
 const Function<int64_t(int64_t)> report_fn("report");
+// --callee_restart: rank 1 SIGKILLs itself in it; on rank 2, calls whoami
+// on the given rank and returns its answer.
+const Function<int64_t()> die_fn("die");
+const Function<int64_t(int64_t)> ask_fn("ask");
 
 int Fail(const std::string& why) {
   std::fprintf(stderr, "FAIL: %s\n", why.c_str());
@@ -61,7 +77,56 @@ std::string Flag(int argc, char** argv, const std::string& name) {
   return "";
 }
 
+int RunCalleeRestart() {
+  auto options = rpc::AgentOptions::FromEnv("w");
+  if (!options.ok()) return Fail(options.status().ToString());
+  const int rank = options->rank;
+  options->rpc_timeout = absl::Seconds(30);
+  options->init_timeout = absl::Seconds(60);
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  (void)registry->Register(whoami_fn,
+                           [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+  (void)registry->Register(die_fn, [rank]() -> int64_t {
+    std::printf("rank %d: SIGKILL in die()\n", rank);
+    std::fflush(stdout);
+    raise(SIGKILL);
+    return 0;
+  });
+  (void)registry->Register(ask_fn, [](const CallContext& ctx, int64_t to) -> int64_t {
+    auto r = ctx.agent->rpc_async(CallOptions{absl::Seconds(30)}, static_cast<int>(to), whoami_fn)
+                 .result();
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    return *r;
+  });
+  auto agent = rpc::RpcAgent::Create(*options, registry);
+  if (!agent.ok()) return Fail(agent.status().ToString());
+  std::printf("rank %d: started, incarnation %lld, restart_wait %s\n", rank,
+              static_cast<long long>((*agent)->incarnation()),
+              absl::FormatDuration(options->restart_wait).c_str());
+  std::fflush(stdout);
+  if (rank == 0) {
+    const CallOptions opts{absl::Seconds(30)};
+    auto before = (*agent)->rpc_async(opts, 1, whoami_fn).result();
+    if (!before.ok() || *before != 1) return Fail("rank 1 did not answer incarnation 1");
+    auto died = (*agent)->rpc_async(opts, 1, die_fn).result();
+    if (died.ok()) return Fail("die() on rank 1 returned");
+    std::printf("rank 0: die() on rank 1 failed as expected: %s\n",
+                died.status().ToString().c_str());
+    auto asked = (*agent)->rpc_async(CallOptions{absl::Seconds(45)}, 2, ask_fn, int64_t{1}).result();
+    if (!asked.ok()) return Fail(absl::StrCat("rank 2 -> rank 1: ", asked.status().ToString()));
+    if (*asked != 2) return Fail(absl::StrCat("rank 2 reached incarnation ", *asked, " of rank 1"));
+    auto after = (*agent)->rpc_async(opts, 1, whoami_fn).result();
+    if (!after.ok()) return Fail(absl::StrCat("rank 0 -> rank 1: ", after.status().ToString()));
+    if (*after != 2) return Fail(absl::StrCat("rank 0 reached incarnation ", *after));
+  }
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) return Fail(s.ToString());
+  if (rank == 0) std::printf("RESULT OK\n");
+  std::fflush(stdout);
+  return 0;
+}
+
 int Run(int argc, char** argv) {
+  if (Flag(argc, argv, "callee_restart") == "1") return RunCalleeRestart();
   const std::string die_at = Flag(argc, argv, "die_at");
   int victim = -1;
   if (!absl::SimpleAtoi(Flag(argc, argv, "victim"), &victim)) return Fail("--victim=RANK");

@@ -105,6 +105,31 @@ TEST(Options, RolesAndPolicies) {
   EXPECT_FALSE(Parse({"--nproc_per_node", "3", "--role", "a:2", "p"}).ok());
 }
 
+// BATON_RESTART_WAIT: 60 s by default when a role restarts alone and
+// restarts are allowed (calls to a dead peer wait for its successor), zero
+// for group restarts or none; --restart_wait overrides either.
+TEST(Options, RestartWaitFollowsThePolicies) {
+  auto o = Parse({"--role", "ps:1", "--role", "trainer:2", "--restart_policy", "ps=role",
+                  "--max_restarts", "3", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->RestartWait(), kDefaultRestartWait);
+  o = Parse({"--role", "ps:1", "--role", "trainer:2", "--restart_policy", "ps=role", "prog"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->RestartWait(), absl::ZeroDuration());  // no restart allowed
+  o = Parse({"--max_restarts", "3", "prog"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->RestartWait(), absl::ZeroDuration());  // group restarts
+  o = Parse({"--max_restarts", "3", "--restart_wait", "7.5", "prog"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->RestartWait(), absl::Milliseconds(7500));
+  o = Parse({"--role", "a:1", "--role", "o:2", "--restart_policy", "o=worker",
+             "--max_restarts", "1", "--restart_wait", "0", "prog"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->RestartWait(), absl::ZeroDuration());
+  EXPECT_THAT(Parse({"--restart_wait", "-2", "prog"}).status().message(),
+              HasSubstr("--restart_wait"));
+}
+
 TEST(Options, StandaloneUsesFreePorts) {
   auto o = Parse({"--standalone", "prog"});
   ASSERT_TRUE(o.ok());
