@@ -10,7 +10,10 @@ optimizers (dist_optim/functional_optimizer.h), which compute exactly what
 LibTorch's SGD, Adam, AdamW, Adagrad and RMSprop compute; steps on one owner
 are serialized.
 """
+import itertools
+import os
 import threading
+import weakref
 
 import torch
 
@@ -28,16 +31,30 @@ _SUPPORTED = {
 }
 
 
+# The optimizers this worker hosts, by the key their DistributedOptimizer
+# gave them; the RRef that remote() made keeps each alive. Steps name the
+# key, not the RRef: an RRef sent to its owner on every step would cost a
+# protocol message (the owner confirms the sender's fork) per step.
+_HOSTED = weakref.WeakValueDictionary()
+_HOSTED_LOCK = threading.Lock()
+_KEYS = itertools.count(1)
+# Tells this process's keys from those of an earlier incarnation of its rank.
+_PROCESS = os.urandom(8).hex()
+
+
 class _LocalOptimizer:
     """Lives on a parameter owner (created there by remote())."""
 
-    def __init__(self, kind, kwargs, param_rrefs):
+    def __init__(self, kind, kwargs, param_rrefs, key=None):
         self._params = [r.local_value() for r in param_rrefs]
         try:
             self._opt = _C.FunctionalOptimizer(kind, kwargs, list(self._params))
         except _C.StatusError as e:
             raise _errors.translate(e, None, f"{kind} on this worker") from None
         self._lock = threading.Lock()
+        if key is not None:
+            with _HOSTED_LOCK:
+                _HOSTED[key] = self
 
     def step(self, context_id):
         from baton.distributed import autograd
@@ -51,8 +68,13 @@ class _LocalOptimizer:
         return True
 
 
-def _step_local(opt_rref, context_id):
-    return opt_rref.local_value().step(context_id)
+def _step_local(key, context_id):
+    with _HOSTED_LOCK:
+        opt = _HOSTED.get(key)
+    if opt is None:
+        raise RuntimeError(f"no optimizer {key!r} on this worker (its DistributedOptimizer "
+                           "was dropped)")
+    return opt.step(context_id)
 
 
 class DistributedOptimizer:
@@ -81,9 +103,15 @@ class DistributedOptimizer:
             by_owner.setdefault(r.owner().name, []).append(r)
         if not by_owner:
             raise ValueError("DistributedOptimizer got no parameters")
-        self._optimizers = [
-            _rpc.remote(owner, _LocalOptimizer, args=(kind, kwargs, rrefs))
-            for owner, rrefs in by_owner.items()]
+        # Unique per creating process and object.
+        creator = (_rpc.get_worker_info().name, _PROCESS)
+        self._keys = []
+        self._optimizers = []
+        for owner, rrefs in by_owner.items():
+            key = (*creator, next(_KEYS))
+            self._keys.append(key)
+            self._optimizers.append(
+                _rpc.remote(owner, _LocalOptimizer, args=(kind, kwargs, rrefs, key)))
         for o in self._optimizers:  # an owner's refusal (bad option, parameter) surfaces here
             try:
                 o._c.created().wait()
@@ -94,8 +122,8 @@ class DistributedOptimizer:
         """Steps every owner's optimizer with the context's gradients there,
         all at once; returns when all are done (raising the first error)."""
         agent = _rpc._current()
-        calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _step_local, (o, context_id), None,
-                                  None)) for o in self._optimizers]
+        calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _step_local, (key, context_id), None,
+                                  None)) for o, key in zip(self._optimizers, self._keys)]
         first = None
         for o, call in calls:
             try:
