@@ -85,9 +85,21 @@ TEST(CallWindow, F4_AThreadThatMayNotWaitFailsAtOnceAndCloseWakesWaiters) {
   EXPECT_TRUE(absl::StrContains(s.message(), "may not wait")) << s;
 
   absl::Status waited;
-  std::thread waiter([&] { waited = window.Acquire(0, 1, In(absl::Seconds(30)), true); });
-  absl::SleepFor(absl::Milliseconds(50));
+  absl::Notification returned;
+  std::thread waiter([&] {
+    waited = window.Acquire(0, 1, In(absl::Seconds(30)), true);
+    returned.Notify();
+  });
+  // The waiter counts itself under the window's lock, which it gives up
+  // only inside its wait: once counted, it waits (or is about to).
+  const absl::Time until = In(absl::Seconds(10));
+  while (window.stats().calls_waited < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(window.stats().calls_waited, 2);
   window.Close();
+  // Close wakes it: it returns long before its own 30 s deadline.
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(5)));
   waiter.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
   EXPECT_EQ(window.Acquire(1, 1, In(absl::Seconds(1)), true).code(),

@@ -5,11 +5,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_backend.h"
 #include "comm/process_group.h"
@@ -398,10 +400,19 @@ TEST(GlooTcpPath, OneRankWithoutSharedMemoryMakesAllFallBack) {
 }
 #endif
 
+// The CPU build compiles Gloo alone, and a case asking for NCCL is told it
+// is not compiled; the CUDA build (comm/cuda, BATON_TEST_WITH_NCCL) has NCCL,
+// which names the GPUs a world needs.
 TEST(Backends, NcclIsBuiltOnlyInTheCudaBuild) {
-  if (CompiledBackends().size() == 1) {
-    GTEST_SKIP() << "skipped: the NCCL backend is not compiled in this (CPU) "
-                    "build; run comm/cuda/build_and_test.sh on a GPU machine";
+  const std::vector<std::string> backends = CompiledBackends();
+  const bool cuda = std::find(backends.begin(), backends.end(), "nccl") != backends.end();
+  if (!cuda) {
+    EXPECT_EQ(backends, std::vector<std::string>{"gloo"});
+    EXPECT_EQ(WhyUnavailable("nccl", 1), "backend nccl is not compiled in this build");
+    EXPECT_EQ(WhyUnavailable("gloo", 4), "");
+  } else {
+    EXPECT_TRUE(absl::StartsWith(WhyUnavailable("nccl", 4096), "nccl needs 4096 GPUs"))
+        << WhyUnavailable("nccl", 4096);
   }
 }
 
