@@ -418,15 +418,7 @@ void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status
     return;
   }
   DeliveryScope delivering;
-  std::vector<std::pair<uint64_t, std::string>> refused;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, call] : pending_) {
-      if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
-        refused.emplace_back(id, call.function);
-      }
-    }
-  }
+  const auto refused = CallsOnStream(peer, stream_id);
   SuspectPeer(peer, cause);
   // P8: none of them was read; they go again once the rank can take them.
   for (const auto& [id, function] : refused) {
@@ -439,17 +431,22 @@ void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status
   }
 }
 
-void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
-  DeliveryScope delivering;
-  std::vector<std::pair<uint64_t, std::string>> failed;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, call] : pending_) {
-      if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
-        failed.emplace_back(id, call.function);
-      }
+std::vector<std::pair<uint64_t, std::string>> AgentImpl::CallsOnStream(int peer,
+                                                                       uint64_t stream_id) const {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, call] : pending_) {
+    // Stream 0: sent, its stream not recorded yet (it may be this one).
+    if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
+      out.emplace_back(id, call.function);
     }
   }
+  return out;
+}
+
+void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
+  DeliveryScope delivering;
+  const auto failed = CallsOnStream(peer, stream_id);
   if (absl::IsUnavailable(cause)) SuspectPeer(peer, cause);
   for (const auto& [id, function] : failed) {
     const absl::Status s =

@@ -23,21 +23,30 @@ Frame Request(uint64_t id) {
   return f;
 }
 
+// Two transports with one job token: a caller and a callee.
+void StartPair(TransportHandler* caller_side, TransportHandler* callee_side,
+               std::unique_ptr<GrpcTransport>* caller, std::unique_ptr<GrpcTransport>* callee) {
+  auto e = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, callee_side);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto r = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, caller_side);
+  ASSERT_TRUE(r.ok()) << r.status();
+  *callee = *std::move(e);
+  *caller = *std::move(r);
+}
+
 // The first call to a peer whose link delays the handshake well past the
 // reconnect backoff (500 ms at most) waits for the connection instead of
 // failing with UNAVAILABLE ("tcp handshaker shutdown"): gRPC gives each
 // connection attempt GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, once set to 50 ms.
 TEST(GrpcTransport, FirstCallOverALinkSlowerThanTheReconnectBackoffArrives) {
   Recorder caller_side, callee_side;
-  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
-  ASSERT_TRUE(callee.ok()) << callee.status();
-  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
-  ASSERT_TRUE(caller.ok()) << caller.status();
-  auto link = testing::SlowLink::Start((*callee)->address(), absl::Milliseconds(1500));
+  std::unique_ptr<GrpcTransport> caller, callee;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&caller_side, &callee_side, &caller, &callee));
+  auto link = testing::SlowLink::Start(callee->address(), absl::Milliseconds(1500));
   ASSERT_TRUE(link.ok()) << link.status();
-  (*caller)->AddPeer(1, (*link)->address(), "");
+  caller->AddPeer(1, (*link)->address(), "");
   const absl::Time t0 = absl::Now();
-  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE((*caller)->Send(1, Request(id)).ok());
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(caller->Send(1, Request(id)).ok());
   EXPECT_TRUE(caller_side.WaitResponses(3, absl::Seconds(15)));
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(1500));
   {
@@ -45,9 +54,9 @@ TEST(GrpcTransport, FirstCallOverALinkSlowerThanTheReconnectBackoffArrives) {
     EXPECT_TRUE(caller_side.closed_.empty());
   }
   EXPECT_EQ((*link)->accepted(), 1);
-  EXPECT_TRUE((*caller)->CloseStreams(/*cancel=*/false, absl::Seconds(5)).ok());
-  (*caller)->StopServer(absl::ZeroDuration());
-  (*callee)->StopServer(absl::ZeroDuration());
+  EXPECT_TRUE(caller->CloseStreams(/*cancel=*/false, absl::Seconds(5)).ok());
+  caller->StopServer(absl::ZeroDuration());
+  callee->StopServer(absl::ZeroDuration());
 }
 
 // A stream is bound to the caller id of its first request: a later request
@@ -56,22 +65,20 @@ TEST(GrpcTransport, FirstCallOverALinkSlowerThanTheReconnectBackoffArrives) {
 // per caller; no stream may use another caller's room).
 TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
   Recorder caller_side, callee_side;
-  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
-  ASSERT_TRUE(callee.ok()) << callee.status();
-  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
-  ASSERT_TRUE(caller.ok()) << caller.status();
-  (*caller)->AddPeer(1, (*callee)->address(), "");
+  std::unique_ptr<GrpcTransport> caller, callee;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&caller_side, &callee_side, &caller, &callee));
+  caller->AddPeer(1, callee->address(), "");
   Frame first = Request(1);
   first.header.set_caller_id(3);
-  ASSERT_TRUE((*caller)->Send(1, std::move(first)).ok());
+  ASSERT_TRUE(caller->Send(1, std::move(first)).ok());
   ASSERT_TRUE(caller_side.WaitResponses(1, absl::Seconds(10)));
   Frame again = Request(2);
   again.header.set_caller_id(3);
-  ASSERT_TRUE((*caller)->Send(1, std::move(again)).ok());
+  ASSERT_TRUE(caller->Send(1, std::move(again)).ok());
   ASSERT_TRUE(caller_side.WaitResponses(2, absl::Seconds(10)));
   Frame other = Request(3);
   other.header.set_caller_id(4);  // another caller's id, same stream
-  ASSERT_TRUE((*caller)->Send(1, std::move(other)).ok());
+  ASSERT_TRUE(caller->Send(1, std::move(other)).ok());
   ASSERT_TRUE(caller_side.WaitClosed(absl::Seconds(10)));
   {
     absl::MutexLock lock(&caller_side.mu_);
@@ -86,8 +93,8 @@ TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
     absl::MutexLock lock(&callee_side.mu_);
     EXPECT_EQ(callee_side.requests_.size(), 2u);  // the third never reached it
   }
-  (*caller)->StopServer(absl::ZeroDuration());
-  (*callee)->StopServer(absl::ZeroDuration());
+  caller->StopServer(absl::ZeroDuration());
+  callee->StopServer(absl::ZeroDuration());
 }
 
 // A handler that answers AuthenticateStream when the test says so.
@@ -126,14 +133,12 @@ class Gatekeeper : public Recorder {
 TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
   Recorder caller_side;
   Gatekeeper callee_side;
-  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
-  ASSERT_TRUE(callee.ok()) << callee.status();
-  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
-  ASSERT_TRUE(caller.ok()) << caller.status();
-  (*caller)->AddPeer(1, (*callee)->address(), "7/1/proof");
+  std::unique_ptr<GrpcTransport> caller, callee;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&caller_side, &callee_side, &caller, &callee));
+  caller->AddPeer(1, callee->address(), "7/1/proof");
   Frame first = Request(1);
   first.header.set_caller_id(7);
-  ASSERT_TRUE((*caller)->Send(1, std::move(first)).ok());
+  ASSERT_TRUE(caller->Send(1, std::move(first)).ok());
   ASSERT_TRUE(callee_side.WaitAsked(absl::Seconds(10)));
   {
     absl::MutexLock lock(&callee_side.mu_);
@@ -144,7 +149,7 @@ TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
   ASSERT_TRUE(caller_side.WaitResponses(1, absl::Seconds(10)));
   Frame other = Request(2);
   other.header.set_caller_id(8);
-  ASSERT_TRUE((*caller)->Send(1, std::move(other)).ok());
+  ASSERT_TRUE(caller->Send(1, std::move(other)).ok());
   ASSERT_TRUE(caller_side.WaitClosed(absl::Seconds(10)));
   {
     absl::MutexLock lock(&caller_side.mu_);
@@ -158,8 +163,8 @@ TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
     absl::MutexLock lock(&callee_side.mu_);
     EXPECT_EQ(callee_side.requests_.size(), 1u);
   }
-  (*caller)->StopServer(absl::ZeroDuration());
-  (*callee)->StopServer(absl::ZeroDuration());
+  caller->StopServer(absl::ZeroDuration());
+  callee->StopServer(absl::ZeroDuration());
 }
 
 // W2: a stream whose identity the handler refuses ends with the refusal,
@@ -167,12 +172,10 @@ TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
 TEST(GrpcTransport, W2_AStreamWhoseIdentityIsRefusedEndsWithTheRefusal) {
   Recorder caller_side;
   Gatekeeper callee_side;
-  auto callee = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &callee_side);
-  ASSERT_TRUE(callee.ok()) << callee.status();
-  auto caller = GrpcTransport::Start({"127.0.0.1:0", "token", 1 << 20}, &caller_side);
-  ASSERT_TRUE(caller.ok()) << caller.status();
-  (*caller)->AddPeer(1, (*callee)->address(), "");  // presents none
-  for (uint64_t id = 1; id <= 3; ++id) (void)(*caller)->Send(1, Request(id));
+  std::unique_ptr<GrpcTransport> caller, callee;
+  ASSERT_NO_FATAL_FAILURE(StartPair(&caller_side, &callee_side, &caller, &callee));
+  caller->AddPeer(1, callee->address(), "");  // presents none
+  for (uint64_t id = 1; id <= 3; ++id) (void)caller->Send(1, Request(id));
   ASSERT_TRUE(callee_side.WaitAsked(absl::Seconds(10)));
   {
     absl::MutexLock lock(&callee_side.mu_);
@@ -191,8 +194,8 @@ TEST(GrpcTransport, W2_AStreamWhoseIdentityIsRefusedEndsWithTheRefusal) {
     absl::MutexLock lock(&callee_side.mu_);
     EXPECT_TRUE(callee_side.requests_.empty());
   }
-  (*caller)->StopServer(absl::ZeroDuration());
-  (*callee)->StopServer(absl::ZeroDuration());
+  caller->StopServer(absl::ZeroDuration());
+  callee->StopServer(absl::ZeroDuration());
 }
 
 }  // namespace

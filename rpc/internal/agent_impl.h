@@ -230,6 +230,8 @@ class AgentImpl : private TransportHandler {
   }
   void FinishIncoming();
 
+  // The pending calls (id, function) that went to `peer` on `stream_id`.
+  std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
   // Completes and removes pending call `id` (no-op if already gone).
   // `undelivered`: the callee never decoded the request (G8: its undo runs).
   void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false);
