@@ -43,6 +43,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
 #include "rpc/agent.h"
+#include "testing/models.h"
 
 namespace baton {
 namespace {
@@ -51,14 +52,13 @@ constexpr int kWidth = 1024, kBlocks = 4, kClasses = 10;
 constexpr double kLr = 0.2;
 
 torch::nn::Sequential MakeModel() {
-  torch::manual_seed(0);
-  torch::nn::Sequential m;
-  for (int i = 0; i < kBlocks; ++i) {
-    m->push_back(torch::nn::Linear(kWidth, kWidth));
-    m->push_back(torch::nn::ReLU());
-  }
-  m->push_back(torch::nn::Linear(kWidth, kClasses));
-  return m;
+  testing::MlpSpec spec;
+  spec.inputs = kWidth;
+  spec.width = kWidth;
+  spec.blocks = kBlocks;
+  spec.outputs = kClasses;
+  spec.seed = 0;
+  return testing::MakeMlp(spec);
 }
 
 struct Batch {

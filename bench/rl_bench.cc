@@ -45,6 +45,7 @@
 #include "rl/cartpole.h"
 #include "rl/observer.h"
 #include "rpc/agent.h"
+#include "testing/ports.h"
 
 namespace baton {
 namespace {
@@ -180,21 +181,6 @@ absl::Status RunObserverWorker(const Run& run, int k, bench::WorkerChannel& ch) 
 
 // ---- driver --------------------------------------------------------------
 
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 29500;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
-
 double Pct(std::vector<double> xs, double p) {
   if (xs.empty()) return 0;
   std::sort(xs.begin(), xs.end());
@@ -281,7 +267,7 @@ int Main(int argc, char** argv) {
   }
   int port = 0;
   if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') port = std::atoi(p);
-  auto next_port = [&] { return port > 0 ? port++ : FreePort(); };
+  auto next_port = [&] { return port > 0 ? port++ : baton::testing::FreePort(); };
   int failures = 0;
   for (int n : observers) {
     for (bool batched : {false, true}) {

@@ -43,19 +43,6 @@ bool RegisterScenario(const std::string& name, Scenario fn) {
   return true;
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int MaybeRunScenario(int argc, char** argv) {
   const std::string flag = "--baton_scenario=";
   for (int i = 1; i < argc; ++i) {

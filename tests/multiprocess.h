@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "testing/ports.h"  // FreePort
 
 namespace baton::testing {
 
@@ -42,9 +43,6 @@ bool RegisterScenario(const std::string& name, Scenario fn);
   static const bool baton_scenario_registered_##name =                    \
       ::baton::testing::RegisterScenario(#name, &BatonScenario_##name);   \
   static int BatonScenario_##name()
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort();
 
 std::vector<WorkerResult> RunWorkers(
     const std::string& scenario, int world_size, absl::Duration timeout,

@@ -20,6 +20,7 @@
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
+#include "testing/eventually.h"
 
 namespace baton {
 namespace {
@@ -34,6 +35,7 @@ using rpc::testing::LoopbackJob;
 using rpc::testing::LoopbackJobOptions;
 using rref::RRef;
 using rref::RRefService;
+using baton::testing::Eventually;
 
 const Function<int64_t()> whoami_fn("whoami");
 const Function<at::Tensor(int64_t)> zeros_fn("zeros");
@@ -45,17 +47,6 @@ const Function<int64_t()> hold_fn("hold");
 std::atomic<int> g_hold_runs{0};
 absl::Notification* g_hold_started = nullptr;
 absl::Notification* g_hold_release = nullptr;
-
-// Waits (bounded) until `done()`; returns its last value.
-template <typename F>
-bool Eventually(F done, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time until = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > until) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
 
 // Three workers with RRefs, distributed autograd and the test's functions;
 // worker 0 records the peer failures its agent reports.
@@ -168,10 +159,8 @@ TEST(Restart, P2_AKilledWorkerIsReportedOnceAndItsSuccessorNever) {
   ASSERT_TRUE(j.job->Restart(2).ok());
   // The new incarnation has not called worker 0: worker 0 finds it in the
   // store when its calls to the old address fail.
-  EXPECT_TRUE(Eventually([&] {
-    auto r = j.agent(0).rpc_async(2, whoami_fn).result();
-    return r.ok() && *r == 2;
-  }));
+  EXPECT_TRUE(Eventually(
+      [&] { return j.agent(0).rpc_async(2, whoami_fn).result().value_or(0) == 2; }));
   EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(j.Failures().size(), 1u);

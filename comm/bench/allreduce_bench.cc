@@ -33,6 +33,7 @@
 #include "comm/process_group.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
+#include "testing/ports.h"
 
 extern char** environ;
 
@@ -136,22 +137,10 @@ int RunRank(int rank, int world, const std::string& address) {
   return 0;
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Starts `world` ranks and reaps them all, killing the rest if one fails or
 // the whole run exceeds 10 minutes.
 int Launch(int world) {
-  const int port = FreePort();
+  const int port = baton::testing::FreePort();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
     std::vector<std::string> env;

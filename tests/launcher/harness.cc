@@ -33,39 +33,6 @@ std::string Runfile(const std::string& path) {
 std::string BatonRunPath() { return Runfile("launcher/baton-run"); }
 std::string WorkerScriptPath() { return Runfile("tests/launcher/worker.sh"); }
 
-int FreePort() {
-  // The kernel may hand the same free port out twice in a row (a test that
-  // asks for a master and a rendezvous port got one port for both): never
-  // return a port this process was given before.
-  static absl::Mutex mu;
-  static auto* given = new absl::flat_hash_set<int>();
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = 0;
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      socklen_t len = sizeof(addr);
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      port = ntohs(addr.sin_port);
-    }
-    ::close(fd);
-    absl::MutexLock lock(&mu);
-    if (port > 0 && given->insert(port).second) return port;
-  }
-  return -1;
-}
-
-std::string MakeTempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/", name,
-                                  "-XXXXXX");
-  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-  return tmpl;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "testing/ports.h"
+#include "testing/temp_dir.h"
 
 namespace baton::launcher::testing {
 
@@ -22,11 +24,10 @@ std::string Runfile(const std::string& path);  // relative to the workspace
 std::string BatonRunPath();
 std::string WorkerScriptPath();
 
-// A free TCP port on this machine (bound and released).
-int FreePort();
+// From the project's test toolkit (//testing).
+using ::baton::testing::FreePort;
+using ::baton::testing::MakeTempDir;
 
-// A fresh directory under TEST_TMPDIR.
-std::string MakeTempDir(const std::string& name);
 std::string ReadFile(const std::string& path);
 bool FileExists(const std::string& path);
 // "KEY=value" lines -> map.

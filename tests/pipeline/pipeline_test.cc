@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "testing/models.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -28,17 +29,14 @@ using baton::testing::WorkerResult;
 constexpr int kIn = 8, kHidden = 16, kClasses = 4;
 
 torch::nn::Sequential MakeModel() {
-  torch::manual_seed(3);
-  torch::nn::Sequential m;
-  int in = kIn;
-  for (int i = 0; i < 4; ++i) {
-    m->push_back(torch::nn::Linear(in, kHidden));
-    m->push_back(torch::nn::ReLU());
-    in = kHidden;
-  }
-  m->push_back(torch::nn::Linear(kHidden, kClasses));
-  m->to(torch::kFloat64);
-  return m;
+  baton::testing::MlpSpec spec;
+  spec.inputs = kIn;
+  spec.width = kHidden;
+  spec.blocks = 4;
+  spec.outputs = kClasses;
+  spec.seed = 3;
+  spec.dtype = torch::kFloat64;
+  return baton::testing::MakeMlp(spec);
 }
 
 std::pair<torch::Tensor, torch::Tensor> Batch(int k, int64_t rows) {
