@@ -3,7 +3,7 @@
 # TLS, alternating, N rounds (default 3), large tensors on the stream
 # (BATON_SHM=0) as between hosts. Prints, per metric, the median of each
 # side and the TLS cost of every round (the ratio within a round, so that the
-# machine's noise between rounds cancels out), for the README's table.
+# machine's noise between rounds cancels out), for the table in docs/performance.md.
 #   bench/tls_cost.sh [rounds] [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 // NodeAgent: the part of baton-run that runs on each node. It rendezvouses
 // with the other nodes (see rendezvous.h), starts this node's workers with
-// their environment (see env.h), watches them, and on a failure stops the
+// their environment (env/env.h's contract, built in
+// internal/worker_group.cc), watches them, and on a failure stops the
 // group on every node and starts it again, until --max_restarts runs out;
 // then it prints a summary of the first failure and fails.
 //

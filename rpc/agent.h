@@ -13,8 +13,10 @@
 //   and address (bounded by init_timeout). Names must be unique; a duplicate
 //   name or rank fails Create() on the workers involved with ALREADY_EXISTS.
 // - Calls: every call has a deadline (CallOptions::timeout, else
-//   AgentOptions::rpc_timeout), which travels to the callee. A call's future
-//   always completes by then. Errors keep their code end to end and name the
+//   AgentOptions::rpc_timeout), which travels to the callee, and its future
+//   completes by then; only a timeout of absl::InfiniteDuration() (asked for
+//   explicitly) gives a call none, and it then ends with its reply, its
+//   peer's failure or the agent's shutdown. Errors keep their code end to end and name the
 //   callee worker and function:
 //     DEADLINE_EXCEEDED  timeout;             UNAVAILABLE  dead/unreachable peer;
 //     NOT_FOUND          unknown function or worker;

@@ -79,7 +79,7 @@ constexpr absl::Duration kDeafTime = absl::Seconds(10);
 constexpr int kDeafStreams = 4;
 constexpr int64_t kMillion = 1'000'000;
 constexpr int64_t kTensorFloats = 4096;  // 16 KiB per `work` call
-// Bounds. Measured on this 2-core machine (README, "Reliability"): w0's peak
+// Bounds. Measured on this 2-core machine (docs/reliability.md): w0's peak
 // grows by 1-36 MiB in a 20 s flood (the executor runs `work` on as many
 // threads as cores, rpc/executor.h E1; with a thread per waiting request it
 // grew by 70-125 MiB), by ~20-40 MiB for a million small calls; the
