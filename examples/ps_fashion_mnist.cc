@@ -27,7 +27,7 @@
 //   --lr X (0.01)  --batch_size N (64)  --epochs N (2)  --steps N (0: epochs)
 //   --seed N (0)   --log_every N (100)  --min_accuracy X (0.84)
 //   --trainer_timeout S (30): a trainer that keeps a pull waiting this long is
-//       dropped from the clock (P5 in ps/server_shard.h)
+//       dropped from the clock (PS5 in ps/server_shard.h)
 //   --job_timeout S (1800): the longest any worker waits for the trainers
 //   --checkpoint_dir DIR, --checkpoint_every N (clocks): server checkpoints;
 //       a restarted job resumes from them (trainers continue at the clock the

@@ -5,8 +5,8 @@
 #     accuracy (the full 2-epoch run is held to 84%);
 #  2. sync for 300 steps, and sync for 200 steps with server checkpoints, then
 #     a new job resumed from them up to 300: synchronous training is
-#     deterministic (P1, P2 in ps/server_shard.h) and a checkpoint restores
-#     parameters and momentum exactly (P8), so both report the same accuracy.
+#     deterministic (PS1, PS2 in ps/server_shard.h) and a checkpoint restores
+#     parameters and momentum exactly (PS8), so both report the same accuracy.
 set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 CKPT="${TEST_TMPDIR:-$(mktemp -d)}/ckpt"

@@ -12,7 +12,7 @@
 // - Create() validates the spec, then joins every server (bounded by
 //   Options::timeout): a server with another spec fails it with
 //   FAILED_PRECONDITION naming the difference. The client continues from the
-//   clock the servers give it (P6 in ps/server_shard.h).
+//   clock the servers give it (PS6 in ps/server_shard.h).
 // - Every operation returns a Future that completes by Options::timeout;
 //   requests go to all servers concerned at once, one message per server.
 // - Dense tables are split into chunks by ShardPlan; Pull assembles them,

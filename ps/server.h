@@ -14,7 +14,7 @@
 //   starts) and, when checkpoint_dir holds a checkpoint of this server, loads
 //   the newest valid one (an unreadable or corrupt file is logged and the
 //   next older one tried). Requests then see the restored shard.
-// - Checkpoints (P8 in ps/server_shard.h) are written to
+// - Checkpoints (PS8 in ps/server_shard.h) are written to
 //   checkpoint_dir/server<k>-of-<S>/ckpt-<clock>-<seq> atomically: written
 //   to a temporary file, fsync'ed, renamed, and the directory fsync'ed; a
 //   checksum over the bytes rejects torn or corrupt files on load. One is

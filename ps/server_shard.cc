@@ -471,7 +471,7 @@ absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_c
     }
     if (sync_) {
       if (clock < applied_clock_) {
-        ++stale_pushes_;  // P6: that clock is applied already
+        ++stale_pushes_;  // PS6: that clock is applied already
       } else {
         auto& contribs = pending_[clock];
         // One entry per request, even an empty one, so applied_pushes
@@ -605,7 +605,7 @@ void ServerShard::CheckWaits() {
         ++k;
       }
     }
-    // Stragglers (P5).
+    // Stragglers (PS5).
     std::vector<int> drop;
     for (size_t k = 0; k < waiters_.size();) {
       Waiter& w = waiters_[k];

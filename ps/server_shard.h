@@ -4,26 +4,26 @@
 // forwards them here, and tests drive it directly, in one process.
 //
 // Guarantees (tests in tests/ps/ are named after them):
-//   P1 BSP. In kSync, the update of clock c is the mean, over the trainers
+//   PS1 BSP. In kSync, the update of clock c is the mean, over the trainers
 //      that finished clock c while live, of the sum of their pushes for
 //      clock c, applied once with the table's optimizer. A pull at clock c+1
 //      returns the parameters after exactly clocks 0..c: numerically equal
 //      to single-process training on the concatenated batch.
-//   P2 Sharding invariance. For kSync, parameters are bit-identical on any
+//   PS2 Sharding invariance. For kSync, parameters are bit-identical on any
 //      number of servers: gradients are summed in trainer order per element
 //      (per row for embeddings), chunks are cut on ShardPlan::kAlign, and
 //      every update rule is element-wise (row-wise).
-//   P3 No lost update. In kAsync (and kBoundedStaleness), every push that was
+//   PS3 No lost update. In kAsync (and kBoundedStaleness), every push that was
 //      acknowledged OK was applied exactly once, whole: a pull sees each push
 //      entirely or not at all. applied_pushes counts them.
-//   P4 SSP bound. In kBoundedStaleness(s), a pull at clock c returns only
+//   PS4 SSP bound. In kBoundedStaleness(s), a pull at clock c returns only
 //      once every live trainer finished clock c - s - 1 (staleness =
 //      c - min live finished clock <= s); s = 0 is kSync.
-//   P5 Bounded waits. A parked pull completes by its deadline. A trainer that
+//   PS5 Bounded waits. A parked pull completes by its deadline. A trainer that
 //      keeps a pull waiting longer than trainer_timeout is dropped from the
 //      clock with a logged message naming it (kDrop), or the waiting pulls
 //      fail with DEADLINE_EXCEEDED naming it (kFail).
-//   P6 Rejoin. Join() (a restarted or dropped trainer) makes the trainer live
+//   PS6 Rejoin. Join() (a restarted or dropped trainer) makes the trainer live
 //      at the current clock: in kSync the clock being aggregated (its partial
 //      pushes for it are discarded, it redoes that step); otherwise the
 //      slowest live trainer's clock. A push from a dropped trainer rejoins it
@@ -33,12 +33,12 @@
 //      an older session (from an incarnation that died with requests in
 //      flight) fail with ABORTED and change nothing, so a dead incarnation's
 //      late push is never counted for its successor.
-//   P7 Bad input changes nothing. A request with an unknown table, an id out
+//   PS7 Bad input changes nothing. A request with an unknown table, an id out
 //      of range, a row never created (lazy tables: never pulled), a gradient
 //      of the wrong shape or dtype, or an uninitialized dense table fails
 //      whole with INVALID_ARGUMENT (FAILED_PRECONDITION for the last) naming
 //      the table and the offending id or shape, before any state changes.
-//   P8 Checkpoints. Serialize() captures parameters, optimizer state and
+//   PS8 Checkpoints. Serialize() captures parameters, optimizer state and
 //      clocks at one instant (under the lock, between two applied updates);
 //      Restore() of those bytes gives back an identical shard.
 //
@@ -90,10 +90,10 @@ struct ShardStats {
   int64_t min_clock = 0;          // slowest live trainer's finished clock
   int64_t max_clock = 0;          // fastest trainer's finished clock
   int64_t max_staleness = 0;      // largest staleness a pull returned with
-  int64_t applied_pushes = 0;     // push requests applied (P3; kSync: when their clock applied)
+  int64_t applied_pushes = 0;     // push requests applied (PS3; kSync: when their clock applied)
   int64_t stale_pushes = 0;       // kSync pushes for clocks already applied
   int64_t live_trainers = 0;
-  int64_t dropped_trainers = 0;   // drops so far (P5)
+  int64_t dropped_trainers = 0;   // drops so far (PS5)
   int64_t parked_pulls = 0;
   std::string DebugString() const;
 };
@@ -137,7 +137,7 @@ class ServerShard {
   const PsSpec& spec() const { return spec_; }
   const ShardPlan& plan() const { return plan_; }
 
-  // P6. FAILED_PRECONDITION if `fingerprint` is not this job's spec, naming
+  // PS6. FAILED_PRECONDITION if `fingerprint` is not this job's spec, naming
   // the first line that differs; INVALID_ARGUMENT for a bad trainer id.
   // Returns the clock the trainer continues from and its new session.
   absl::StatusOr<JoinReply> Join(int trainer, const std::string& fingerprint);
@@ -147,8 +147,8 @@ class ServerShard {
   // were set by this call.
   absl::StatusOr<int> InitDense(int trainer, const std::vector<TableRequest>& values);
 
-  // Calls `done` once the pull at `clock` may be served (P1, P4), with the
-  // values or an error; at once in kAsync. `deadline` bounds the wait (P5).
+  // Calls `done` once the pull at `clock` may be served (PS1, PS4), with the
+  // values or an error; at once in kAsync. `deadline` bounds the wait (PS5).
   void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
             absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
             int64_t session = kAnySession);
@@ -160,14 +160,14 @@ class ServerShard {
                                std::vector<TableRequest> grads,
                                int64_t session = kAnySession);
 
-  // P5: drops (or fails) trainers that kept a parked pull waiting longer
+  // PS5: drops (or fails) trainers that kept a parked pull waiting longer
   // than trainer_timeout, and fails pulls past their deadline. PsServer calls
   // it periodically; tests call it with a fake clock.
   void CheckWaits();
 
   ShardStats Stats() const;
 
-  // P8.
+  // PS8.
   absl::StatusOr<std::string> Serialize() const;
   // DATA_LOSS for bytes that are not a checkpoint; FAILED_PRECONDITION for a
   // checkpoint of another spec or server. On error nothing changes.
@@ -230,7 +230,7 @@ class ServerShard {
   std::vector<std::unique_ptr<internal::DenseSlot>> dense_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<internal::EmbeddingSlot>> embedding_ ABSL_GUARDED_BY(mu_);
   std::vector<TableStats> stats_ ABSL_GUARDED_BY(mu_);
-  // Clocks (P1, P4-P6). finished_[t]: clocks trainer t finished.
+  // Clocks (PS1, PS4-PS6). finished_[t]: clocks trainer t finished.
   std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per trainer, bumped by Join

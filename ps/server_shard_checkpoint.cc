@@ -1,4 +1,4 @@
-// ServerShard's checkpoints (P8 in ps/server_shard.h): the byte format and
+// ServerShard's checkpoints (PS8 in ps/server_shard.h): the byte format and
 // its parsing, which checks everything before changing anything.
 //
 // Format (little-endian): "BATONPS1" | u64 n, the spec's fingerprint (n

@@ -8,7 +8,7 @@
 //   Cuts fall on multiples of kAlign elements, so every element is updated by
 //   the same vector or scalar code path whatever the number of servers: this
 //   is what makes synchronous training bit-identical on 1, 2 or 3 servers
-//   (guarantee P2 in ps/server_shard.h).
+//   (guarantee PS2 in ps/server_shard.h).
 // - Embedding rows go by id modulo num_servers (owner = id % S, local row =
 //   id / S). Modulo rather than ranges because ids are commonly assigned in
 //   frequency order (id 0 the most frequent): ranges would put every hot row

@@ -225,7 +225,7 @@ int64_t AgentImpl::PeerLimit(int peer) const {
 Future<Payload> AgentImpl::Call(int to, const std::string& function,
                                 const std::string& signature, Payload args,
                                 const CallOptions& opts, bool windowed) {
-  // G8: until the request leaves, a failure takes back what it carried.
+  // RRef G8: until the request leaves, a failure takes back what it carried.
   std::vector<std::function<void()>> undo;
   undo.swap(args.undo_if_undelivered);
   auto fail = [&undo](absl::Status s) {
@@ -587,7 +587,7 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
                               : options_.max_message_bytes;
     const size_t size = internal::FrameSize(frame);
     if (static_cast<int64_t>(size) > limit) {
-      frame.payload.Undeliverable();  // G8
+      frame.payload.Undeliverable();  // RRef G8
       frame.payload = Payload();
       result = absl::ResourceExhaustedError(absl::StrCat(
           "reply of ", size, " bytes exceeds the message size limit of ", limit, " bytes"));
@@ -614,7 +614,7 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
   std::vector<std::function<void()>> undo;
   undo.swap(frame.payload.undo_if_undelivered);
   if (!channel->Send(std::move(frame))) {
-    for (auto& f : undo) f();  // G8: the caller is gone
+    for (auto& f : undo) f();  // RRef G8: the caller is gone
   }
   FinishIncoming();
 }

@@ -119,7 +119,7 @@ class AgentImpl : private TransportHandler {
     DeadlineTimer::Id timer = 0;
     absl::Duration timeout;
     int64_t window_bytes = -1;  // room taken in window_ (-1: none)
-    // The request's Payload::undo_if_undelivered (G8), run if it is known
+    // The request's Payload::undo_if_undelivered (RRef G8), run if it is known
     // that the callee never decoded it.
     std::vector<std::function<void()>> undo;
     absl::Time deadline = absl::InfiniteFuture();
@@ -233,7 +233,7 @@ class AgentImpl : private TransportHandler {
   // The pending calls (id, function) that went to `peer` on `stream_id`.
   std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
   // Completes and removes pending call `id` (no-op if already gone).
-  // `undelivered`: the callee never decoded the request (G8: its undo runs).
+  // `undelivered`: the callee never decoded the request (RRef G8: its undo runs).
   void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false);
   std::string CallContextText(int peer, const std::string& function) const;
   int64_t PeerLimit(int peer) const;

@@ -1,6 +1,6 @@
 // The parameter server's protocol, in one process: ServerShard objects
 // driven directly, as servers, by a small in-test router. Tests are named
-// after the guarantees of ps/server_shard.h (P1-P8).
+// after the guarantees of ps/server_shard.h (PS1-PS8).
 #include "ps/server_shard.h"
 
 #include <atomic>
@@ -219,7 +219,7 @@ void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double tol) {
   EXPECT_LE(diff, tol) << "max abs difference " << diff;
 }
 
-TEST(PsGuarantees, P1_SyncEqualsSingleProcessOnConcatenatedBatch) {
+TEST(PsGuarantees, PS1_SyncEqualsSingleProcessOnConcatenatedBatch) {
   struct Case {
     torch::Dtype dtype;
     OptimizerOptions opt;
@@ -241,7 +241,7 @@ TEST(PsGuarantees, P1_SyncEqualsSingleProcessOnConcatenatedBatch) {
   }
 }
 
-TEST(PsGuarantees, P2_SyncBitIdenticalOn1To3Servers) {
+TEST(PsGuarantees, PS2_SyncBitIdenticalOn1To3Servers) {
   std::vector<torch::Tensor> xs, ys;
   MakeData(torch::kFloat32, 3 * 5, &xs, &ys);
   for (const auto& opt : {OptimizerOptions::Adam(0.01), OptimizerOptions::SGD(0.1)}) {
@@ -254,7 +254,7 @@ TEST(PsGuarantees, P2_SyncBitIdenticalOn1To3Servers) {
   }
 }
 
-TEST(PsGuarantees, P2_EmbeddingSyncBitIdenticalOn1To3Servers) {
+TEST(PsGuarantees, PS2_EmbeddingSyncBitIdenticalOn1To3Servers) {
   auto run = [](int servers) {
     PsSpec spec;
     spec.tables = {TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 7),
@@ -306,7 +306,7 @@ TEST(PsSharding, DenseChunksAreAlignedContiguousAndBalancedByBytes) {
   EXPECT_EQ(ShardPlan::Make(spec, 5).chunks(0).size(), 4u);  // 4 MB of 6.4 MB: 4 of 5 servers
 }
 
-TEST(PsGuarantees, P3_AsyncNoLostUpdateUnderConcurrentTrainers) {
+TEST(PsGuarantees, PS3_AsyncNoLostUpdateUnderConcurrentTrainers) {
   PsSpec spec;
   spec.tables = {TableSpec::Dense("w", {1000}, torch::kFloat64, OptimizerOptions::SGD(1)),
                  TableSpec::Embedding("emb", 100, 4, RowInit::Zeros(), RowOptimizer::SGD(1),
@@ -349,7 +349,7 @@ TEST(PsGuarantees, P3_AsyncNoLostUpdateUnderConcurrentTrainers) {
   EXPECT_EQ(applied, 2 * 2 * 4 * kPushes);  // two push calls per step, each to both servers
 }
 
-TEST(PsGuarantees, P4_SspStalenessNeverExceedsBound) {
+TEST(PsGuarantees, PS4_SspStalenessNeverExceedsBound) {
   constexpr int64_t kS = 2;
   PsSpec spec;
   spec.tables = {TableSpec::Dense("w", {64}, torch::kFloat32, OptimizerOptions::SGD(0.01))};
@@ -383,7 +383,7 @@ TEST(PsGuarantees, P4_SspStalenessNeverExceedsBound) {
   EXPECT_GT(max_seen.load(), 0) << "the fast trainers never ran ahead";
 }
 
-TEST(PsGuarantees, P4_StalenessZeroIsSync) {
+TEST(PsGuarantees, PS4_StalenessZeroIsSync) {
   EXPECT_EQ(Consistency::BoundedStaleness(0).mode, ConsistencyMode::kSync);
 }
 
@@ -408,7 +408,7 @@ PsSpec TwoTrainerSync(StragglerPolicy policy) {
   return spec;
 }
 
-TEST(PsGuarantees, P5_StragglerIsDroppedAfterTimeoutWithItsName) {
+TEST(PsGuarantees, PS5_StragglerIsDroppedAfterTimeoutWithItsName) {
   FakeTime time;
   std::vector<std::string> logs;
   absl::Mutex log_mu;
@@ -443,7 +443,7 @@ TEST(PsGuarantees, P5_StragglerIsDroppedAfterTimeoutWithItsName) {
   EXPECT_TRUE(absl::StrContains(logs.back(), "dropped trainer 1")) << logs.back();
 }
 
-TEST(PsGuarantees, P5_StragglerFailPolicyFailsTheWaitNamingIt) {
+TEST(PsGuarantees, PS5_StragglerFailPolicyFailsTheWaitNamingIt) {
   FakeTime time;
   Cluster cluster(TwoTrainerSync(StragglerPolicy::kFail), 1, [&] { return time.Get(); });
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
@@ -464,7 +464,7 @@ TEST(PsGuarantees, P5_StragglerFailPolicyFailsTheWaitNamingIt) {
   EXPECT_EQ(cluster.shard(0).Stats().dropped_trainers, 0);
 }
 
-TEST(PsGuarantees, P5_ParkedPullFailsAtItsDeadline) {
+TEST(PsGuarantees, PS5_ParkedPullFailsAtItsDeadline) {
   FakeTime time;
   Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
@@ -485,7 +485,7 @@ TEST(PsGuarantees, P5_ParkedPullFailsAtItsDeadline) {
   EXPECT_EQ(cluster.shard(0).Stats().parked_pulls, 0);
 }
 
-TEST(PsGuarantees, P6_DroppedTrainerRejoinsAtTheCurrentClock) {
+TEST(PsGuarantees, PS6_DroppedTrainerRejoinsAtTheCurrentClock) {
   FakeTime time;
   Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
@@ -509,7 +509,7 @@ TEST(PsGuarantees, P6_DroppedTrainerRejoinsAtTheCurrentClock) {
   EXPECT_EQ(cluster.PullDense(0, 2, 0).value()[0][0].item<double>(), -1.0 - 2.0);
 }
 
-TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAnotherSpec) {
+TEST(PsGuarantees, PS6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAnotherSpec) {
   PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
   Cluster cluster(spec, 1);
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
@@ -539,7 +539,7 @@ TEST(PsGuarantees, P6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAnot
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "dense w Double[7,301]")) << bad.status();
 }
 
-TEST(PsGuarantees, P7_BadInputIsRejectedNamingItAndChangesNothing) {
+TEST(PsGuarantees, PS7_BadInputIsRejectedNamingItAndChangesNothing) {
   PsSpec spec;
   spec.tables = {TableSpec::Dense("w", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
                  TableSpec::Dense("fresh", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
@@ -674,7 +674,7 @@ TEST(PsRows, LazyRowsCostOnlyTheIdsSeenAndDoNotDependOnServers) {
   EXPECT_EQ(rows, ids.numel());
 }
 
-TEST(PsGuarantees, P8_CheckpointRestoresParametersOptimizerStateAndClocks) {
+TEST(PsGuarantees, PS8_CheckpointRestoresParametersOptimizerStateAndClocks) {
   PsSpec spec;
   spec.tables = {TableSpec::Dense("w", {200}, torch::kFloat32, OptimizerOptions::Adam(0.01)),
                  TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 1),
@@ -713,7 +713,7 @@ TEST(PsGuarantees, P8_CheckpointRestoresParametersOptimizerStateAndClocks) {
   EXPECT_TRUE(torch::equal(a.PullRows(0, 4, 1, ids).value(), b.PullRows(0, 4, 1, ids).value()));
 }
 
-TEST(PsServerCheckpoints, P8_AtomicFilesNewestValidOneIsLoaded) {
+TEST(PsServerCheckpoints, PS8_AtomicFilesNewestValidOneIsLoaded) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
                                                                  : "/tmp") +
                           "/ps_ckpt_test";
