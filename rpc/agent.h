@@ -348,7 +348,7 @@ class RpcAgent {
   void AddShutdownHook(ShutdownHook hook);
 
   // Runs `listener(failure)` when an incarnation of a peer is found dead
-  // (docs/peer_failures.md, guarantees P1-P4):
+  // (docs/peer_failures.md, guarantees P1-P8):
   // - evidence (one of our streams to it ended, its stream to us was
   //   cancelled, or its process on this host is gone) confirmed by a probe
   //   call to its latest known address that fails with UNAVAILABLE or
