@@ -124,7 +124,7 @@ class RowTable {
   virtual ~RowTable() = default;
   // Untimed preparation of a step's pull and push of `uniq` (the peer splits
   // the ids among the servers before it starts the pull's clock).
-  virtual void Prepare(const at::Tensor& uniq) {}
+  virtual void Prepare(const at::Tensor& /*uniq*/) {}
   // The rows of `uniq` (int64, ascending, distinct): [u, dim].
   // REQUIRES: Prepare(uniq) was called.
   virtual absl::StatusOr<at::Tensor> Pull(const at::Tensor& uniq) = 0;
@@ -195,7 +195,8 @@ class LocalTable : public RowTable {
     return rows;
   }
 
-  rpc::Future<double> Push(const at::Tensor& uniq, const at::Tensor& grad) override {
+  // The split of `uniq` is Prepare's (pos_, part_).
+  rpc::Future<double> Push(const at::Tensor& /*uniq*/, const at::Tensor& grad) override {
     int64_t clock = clock_;
     for (size_t s = 0; s < shards_.size(); ++s) {
       ps::TableRequest req{kTable, part_[s], grad.index_select(0, pos_[s])};

@@ -78,7 +78,7 @@ class CallHook {
                                  const std::vector<at::Tensor*>& tensors,
                                  const std::map<std::string, std::string>& extensions) = 0;
   virtual std::unique_ptr<CallScope> EnterCall(
-      const MessageInfo& request, const std::map<std::string, std::string>& extensions) {
+      const MessageInfo& /*request*/, const std::map<std::string, std::string>& /*extensions*/) {
     return nullptr;
   }
 };

@@ -69,7 +69,7 @@ class TransportHandler {
   // Evidence that `peer` may have died although no stream of ours to it
   // ended: its incoming stream was cancelled, or its process is gone. Not a
   // verdict: the agent confirms it (RpcAgent::AddPeerFailureListener).
-  virtual void OnPeerLost(int peer, const absl::Status& cause) {}
+  virtual void OnPeerLost(int /*peer*/, const absl::Status& /*cause*/) {}
   // An outgoing stream ended before the peer accepted it: the peer read no
   // frame of it (no process listened, or it refused the stream before
   // reading), so every request sent on it is known undelivered. The
@@ -83,7 +83,7 @@ class TransportHandler {
   // id the stream is bound to (every request on it must claim that id), -1
   // to bind it to the id its first request claims, or an error that ends
   // the stream with it. The default binds to the first request's id.
-  virtual void AuthenticateStream(absl::string_view identity,
+  virtual void AuthenticateStream(absl::string_view /*identity*/,
                                   std::function<void(absl::StatusOr<int>)> done) {
     done(-1);
   }

@@ -434,7 +434,7 @@ void RRefService::RegisterHandlers() {
   (void)registry_->RegisterRaw(
       kFetchFn, "",
       WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
-                           const rpc::CallContext& ctx, rpc::Payload args,
+                           const rpc::CallContext& ctx, rpc::Payload /*args*/,
                            rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         auto shared = std::make_shared<rpc::Responder>(std::move(done));

@@ -175,12 +175,9 @@ TEST(LoopbackAgents, ConcurrentCallsWithRandomDelaysAllComplete) {
   for (int from = 0; from < 3; ++from) {
     threads.emplace_back([&, from] {
       for (int64_t i = 0; i < 100; ++i) {
-        auto r = (*job)->agent(from).rpc_async(static_cast<int>(i % 3), echo_fn, i).result();
-        if (!r.ok()) {
-          failures.fetch_add(1);
-        } else if (*r != i) {
-          failures.fetch_add(1);
-        }
+        auto call = (*job)->agent(from).rpc_async(static_cast<int>(i % 3), echo_fn, i);
+        const absl::StatusOr<int64_t>& r = call.result();
+        if (!r.ok() || *r != i) failures.fetch_add(1);
       }
     });
   }

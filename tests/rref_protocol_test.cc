@@ -85,7 +85,7 @@ class Network {
   // remote(): the creator's call message to the owner.
   std::shared_ptr<RefHandle> Remote(int creator, int owner) {
     auto h = ctx_[creator]->CreateUserForRemote(owner, "int");
-    Msg m{Kind::kCreate, owner, h->rref(), h->fork(), creator, {}, creator};
+    Msg m{Kind::kCreate, owner, h->rref(), h->fork(), creator, rpc::Promise<void>(), creator};
     Post(std::move(m));
     return h;
   }
@@ -97,7 +97,7 @@ class Network {
   // Sends `h` from `from` to `dest` in a message that stays in flight until
   // delivered; the adopted handle then appears in arrived().
   ForkDescriptor SendLater(const RefHandle& h, int from, int dest) {
-    Msg m{Kind::kCarry, dest, h.rref(), {}, from, {}, from};
+    Msg m{Kind::kCarry, dest, h.rref(), {}, from, rpc::Promise<void>(), from};
     m.carried = ctx_[from]->Fork(h, dest);
     ForkDescriptor d = m.carried;
     Post(std::move(m));
@@ -205,13 +205,13 @@ class Network {
 };
 
 rpc::Future<void> Sender::ForkRequest(int owner, RRefId r, ForkId f, int parent) {
-  return net_->Post(Msg{Kind::kFork, owner, r, f, parent, {}, self_});
+  return net_->Post(Msg{Kind::kFork, owner, r, f, parent, rpc::Promise<void>(), self_});
 }
 rpc::Future<void> Sender::ChildAccept(int parent, RRefId r, ForkId f) {
-  return net_->Post(Msg{Kind::kAccept, parent, r, f, -1, {}, self_});
+  return net_->Post(Msg{Kind::kAccept, parent, r, f, -1, rpc::Promise<void>(), self_});
 }
 rpc::Future<void> Sender::UserDelete(int owner, RRefId r, ForkId f) {
-  return net_->Post(Msg{Kind::kDelete, owner, r, f, -1, {}, self_});
+  return net_->Post(Msg{Kind::kDelete, owner, r, f, -1, rpc::Promise<void>(), self_});
 }
 
 constexpr int O = 0, U = 1, X = 2, Y = 3;
@@ -686,7 +686,9 @@ TEST(RRefProtocol, RandomOrdersNeverFreeALiveReferenceAndNeverLeak) {
       // Safety: every RRef with a live reference whose creation was delivered
       // is still owned.
       for (auto& [holder, h] : live) {
-        if (net.Count(Kind::kCreate) == 0) EXPECT_TRUE(net.Owns(0, h->rref())) << seed;
+        if (net.Count(Kind::kCreate) == 0) {
+          EXPECT_TRUE(net.Owns(0, h->rref())) << seed;
+        }
       }
     }
     live.clear();

@@ -42,7 +42,9 @@ struct Pair {
     EXPECT_TRUE(link.ok()) << link.status();
     EXPECT_TRUE(t1->OpenLink(0, *link, t0->hub_name(), getpid()).ok());
     EXPECT_EQ(t0->Activate(), std::vector<int>{1});
-    if (activate1) EXPECT_EQ(t1->Activate(), std::vector<int>{0});
+    if (activate1) {
+      EXPECT_EQ(t1->Activate(), std::vector<int>{0});
+    }
   }
 };
 

@@ -33,7 +33,7 @@ class Recorder : public TransportHandler {
     absl::MutexLock lock(&mu_);
     responses_.push_back({peer, std::move(frame)});
   }
-  void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) override {
+  void OnStreamClosed(int peer, uint64_t /*stream_id*/, const absl::Status& cause) override {
     absl::MutexLock lock(&mu_);
     closed_.push_back({peer, cause});
   }

@@ -69,7 +69,12 @@ std::string DoneKey(rpc::RpcAgent& agent, int trainer) {
 
 int Fail(const std::string& who, const absl::Status& s) {
   std::fprintf(stderr, "[%s] error: %s\n", who.c_str(), s.ToString().c_str());
-  WriteErrorFile(ErrorReport{s.ToString(), "absl::Status", ""});
+  // FAILED_PRECONDITION: not launched by baton-run (no BATON_ERROR_FILE).
+  if (absl::Status w = WriteErrorFile(ErrorReport{s.ToString(), "absl::Status", ""});
+      !w.ok() && !absl::IsFailedPrecondition(w)) {
+    std::fprintf(stderr, "[%s] could not write the error file: %s\n", who.c_str(),
+                 w.ToString().c_str());
+  }
   return 1;
 }
 

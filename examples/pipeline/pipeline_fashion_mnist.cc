@@ -1,6 +1,6 @@
 // Pipeline-parallel training of a deep MLP on Fashion-MNIST (pipeline/).
 //
-//   bazel-bin/launcher/baton-run --standalone --role driver:1 --role stage:2 \
+//   bazel-bin/launcher/baton-run --standalone --role driver:1 --role stage:2
 //       bazel-bin/examples/pipeline/pipeline_fashion_mnist --schedule 1f1b --microbatches 8
 //
 // One binary; BATON_ROLE picks the behaviour:

@@ -1,8 +1,8 @@
 // Reinforcement learning with one agent and many observers: REINFORCE on
 // CartPole-v1, the workload of PyTorch's RPC tutorials.
 //
-//   bazel-bin/launcher/baton-run --standalone --role agent:1 --role observer:4 \
-//       --restart_policy observer=worker --max_restarts 10 \
+//   bazel-bin/launcher/baton-run --standalone --role agent:1 --role observer:4
+//       --restart_policy observer=worker --max_restarts 10
 //       bazel-bin/examples/rl/rl_cartpole [flags]
 //
 // One binary; BATON_ROLE (baton-run's --role) picks the behaviour:

@@ -39,6 +39,7 @@ std::vector<std::string> CompiledBackends() {
 
 std::string WhyUnavailable(const std::string& backend, int world) {
   if (backend == "gloo") return "";
+  (void)world;  // used by the CUDA build only
 #ifdef BATON_TEST_WITH_NCCL
   if (backend == "nccl") {
     int count = 0;

@@ -72,7 +72,9 @@ TEST(Schedules, InterleavedIsValidAndItsBubbleShrinksWithChunks) {
         ASSERT_TRUE(sim.ok()) << sim.status();
         // (p - 1) / (v * m + p - 1), exactly, with uniform stages.
         EXPECT_NEAR(sim->bubble_fraction, TheoreticalBubble(*s), 1e-9);
-        if (v == 1) EXPECT_EQ(sim->peak_stashed[0], std::min(p, m));
+        if (v == 1) {
+          EXPECT_EQ(sim->peak_stashed[0], std::min(p, m));
+        }
         if (v > 1 && p > 1) {
           auto plain = Simulate(*OneFOneB({p, m, 1}));
           EXPECT_LT(sim->bubble_fraction, plain->bubble_fraction);

@@ -261,7 +261,9 @@ TEST(PP4_DirectDataPath, OnlyStageZeroGetsInputsAndOnlyTheLastStageTargets) {
   ASSERT_TRUE(pipe.Step(1, b).ok());
   double losses = 0;
   for (const StepReport& rep : pipe.reports()) {
-    if (rep.worker == 0) EXPECT_TRUE(rep.losses.empty());
+    if (rep.worker == 0) {
+      EXPECT_TRUE(rep.losses.empty());
+    }
     for (double l : rep.losses) losses += l;
   }
   EXPECT_GT(losses, 0);

@@ -125,7 +125,7 @@ class AgentTest : public ::testing::Test {
 // same acts on a reference Policy with the same seed: the actions must be the
 // same (R1: the parameters do not change within a round) and, after each
 // update, so must the parameters (R2: the loss and the Adam step).
-void CheckReinforceEquivalence(AgentTest* t, std::shared_ptr<ReinforceAgent> agent, int observers,
+void CheckReinforceEquivalence(AgentTest* /*t*/, std::shared_ptr<ReinforceAgent> agent, int observers,
                                int64_t steps, int rounds, double gamma, double lr, uint64_t seed) {
   Policy ref(seed);
   torch::optim::Adam adam(ref.parameters(), torch::optim::AdamOptions(lr));
