@@ -81,7 +81,7 @@ CXXFLAGS="-std=c++17 -g -O1 $SANITIZE -I. -I$GEN -isystem /usr/include/torch/csr
           -DBATON_HAVE_GLOO -Wno-unused-command-line-argument"
 # The Abseil libraries Bazel links (third_party/system.BUILD), and the rest.
 ABSL_LIBS=$(grep -o '"-labsl_[a-z0-9_]*"' third_party/system.BUILD | tr -d '"' | tr '\n' ' ')
-LIBS="-Wl,--as-needed -ltorch -ltorch_cpu -lc10 -lgrpc++ -lgrpc -lgpr -laddress_sorting
+LIBS="-Wl,--as-needed -ltorch -ltorch_cpu -lc10 -lgrpc++ -lgrpc -lgpr -laddress_sorting -lcrypto
       -lprotobuf $ABSL_LIBS -lrt -lpthread"
 
 OBJ="$FUZZ_BUILD/obj"
