@@ -543,7 +543,12 @@ TEST_P(RpcMultiProcess, DuplicateNameFailsInit) {
 
 // ---------------------------------------------------------------------------
 BATON_SCENARIO(large_tensor) {
-  auto agent = InitFromEnv();
+  // w1 has nothing to do but answer: it waits in Shutdown() for w0 as long
+  // as w0 lives (pinged), not for shutdown_timeout (30 s), which 512 MiB of
+  // echoes under ThreadSanitizer on a loaded machine can exceed.
+  AgentOptions opts;
+  opts.shutdown_wait_for_peers = absl::Seconds(110);
+  auto agent = InitFromEnv(&opts);
   const char* shm = std::getenv("BATON_SHM");
   WCHECK(agent->uses_shm(1 - agent->self().id) == !(shm != nullptr && std::string(shm) == "0"));
   // Every message goes through the shared-memory rings unless gRPC is forced.
