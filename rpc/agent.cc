@@ -332,6 +332,11 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     auto it = pending_.find(id);
     if (it != pending_.end()) it->second.timer = timer;
   }
+  SendRequest(id, to, function, std::move(frame));
+  return promise.future();
+}
+
+void AgentImpl::SendRequest(uint64_t id, int to, const std::string& function, Frame frame) {
   absl::StatusOr<uint64_t> stream =
       shm_transport_ != nullptr && shm_transport_->connected(to)
           ? shm_transport_->Send(to, std::move(frame))
@@ -346,13 +351,12 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
                         absl::StrCat(CallContextText(to, function), ": worker unreachable")),
                /*undelivered=*/true);
     }
-  } else {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    // Unless the stream ended meanwhile and the call is queued to go again.
-    if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
+    return;
   }
-  return promise.future();
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(id);
+  // Unless the stream ended meanwhile and the call is queued to go again.
+  if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
 }
 
 void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered) {
@@ -674,53 +678,6 @@ bool AgentImpl::uses_shm_transport(int peer) const {
 bool AgentImpl::uses_shm(int peer) const {
   return shm_ != nullptr && peer >= 0 && peer < static_cast<int>(peer_shm_.size()) &&
          peer_shm_[peer].load(std::memory_order_relaxed);
-}
-
-
-absl::Status AgentImpl::AwaitPeersAtShutdown() {
-  const std::string barrier = ns_ + "shutdown/enter";
-  if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
-    return store::Barrier(*store_, barrier, rank_, options_.world_size,
-                          options_.shutdown_timeout);
-  }
-  const absl::Time end = absl::Now() + options_.shutdown_wait_for_peers;  // may be infinite
-  // In slices: every few seconds the workers still missing are pinged, and
-  // one whose ping fails with UNAVAILABLE (its process is gone), or that
-  // was confirmed dead meanwhile, ends the wait. A live worker answers the
-  // ping at once however busy it is (the ping is answered inline).
-  absl::Time next_ping = absl::Now() + absl::Seconds(2);
-  for (;;) {
-    const absl::Time slice_end = std::min(end, absl::Now() + absl::Seconds(1));
-    absl::Status s =
-        store::Barrier(*store_, barrier, rank_, options_.world_size, slice_end - absl::Now());
-    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
-    if (absl::Now() < next_ping) continue;
-    next_ping = absl::Now() + absl::Seconds(3);
-    for (int p = 0; p < options_.world_size; ++p) {
-      if (p == rank_ ||
-          store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
-        continue;
-      }
-      bool confirmed_dead;
-      {
-        absl::MutexLock lock(&mu_);
-        confirmed_dead = p < static_cast<int>(peers_.size()) && peers_[p].dead > 0 &&
-                         peers_[p].dead >= peers_[p].incarnation;
-      }
-      absl::Status ping;
-      if (!confirmed_dead) {
-        CallOptions probe;
-        probe.timeout = absl::Seconds(2);
-        ping = Call(p, kPingFunction, "", Payload(), probe, /*windowed=*/false).status();
-      }
-      if (confirmed_dead || absl::IsUnavailable(ping)) {
-        return absl::UnavailableError(absl::StrCat(
-            "shutdown of worker '", options_.name, "': worker ", p, " (", workers_[p].name,
-            ") died before it reached shutdown",
-            confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")")));
-      }
-    }
-  }
 }
 
 absl::Status AgentImpl::Shutdown(bool graceful) {

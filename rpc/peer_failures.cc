@@ -2,8 +2,9 @@
 // confirming a suspected death with a probe, reporting each incarnation of a
 // peer dead at most once, learning of a restarted incarnation from its
 // requests or its registration, following its new address, waiting for a
-// dead rank's successor, and sending requests known undelivered again
-// (docs/peer_failures.md, P1-P8). Calls and replies are in agent.cc.
+// dead rank's successor, sending requests known undelivered again
+// (docs/peer_failures.md, P1-P8), and a shutdown's wait for workers that may
+// have died. Calls and replies are in agent.cc.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "proto/rpc.pb.h"
 #include "rpc/internal/agent_impl.h"
 #include "rpc/internal/shm_transport.h"
+#include "store/store.h"
 
 namespace baton::rpc::internal {
 
@@ -336,21 +338,55 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
     frame.header.set_timeout_us(
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   }
-  absl::StatusOr<uint64_t> stream =
-      shm_transport_ != nullptr && shm_transport_->connected(peer)
-          ? shm_transport_->Send(peer, std::move(frame))
-          : transport_->Send(peer, std::move(frame));
-  if (!stream.ok()) {
-    if (absl::IsUnavailable(stream.status()) && Redeliver(id)) return;
-    Complete(id,
-             Annotate(stream.status(),
-                      absl::StrCat(CallContextText(peer, function), ": worker unreachable")),
-             /*undelivered=*/true);
-    return;
+  SendRequest(id, peer, function, std::move(frame));
+}
+
+// ---- Shutdown with a worker missing ----
+
+absl::Status AgentImpl::AwaitPeersAtShutdown() {
+  const std::string barrier = ns_ + "shutdown/enter";
+  if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
+    return store::Barrier(*store_, barrier, rank_, options_.world_size,
+                          options_.shutdown_timeout);
   }
-  absl::MutexLock lock(&mu_);
-  auto it = pending_.find(id);
-  if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
+  const absl::Time end = absl::Now() + options_.shutdown_wait_for_peers;  // may be infinite
+  // In slices: every few seconds the workers still missing are pinged, and
+  // one whose ping fails with UNAVAILABLE (its process is gone), or that
+  // was confirmed dead meanwhile, ends the wait. A live worker answers the
+  // ping at once however busy it is (the ping is answered inline).
+  absl::Time next_ping = absl::Now() + absl::Seconds(2);
+  for (;;) {
+    const absl::Time slice_end = std::min(end, absl::Now() + absl::Seconds(1));
+    absl::Status s =
+        store::Barrier(*store_, barrier, rank_, options_.world_size, slice_end - absl::Now());
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
+    if (absl::Now() < next_ping) continue;
+    next_ping = absl::Now() + absl::Seconds(3);
+    for (int p = 0; p < options_.world_size; ++p) {
+      if (p == rank_ ||
+          store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
+        continue;
+      }
+      bool confirmed_dead;
+      {
+        absl::MutexLock lock(&mu_);
+        confirmed_dead = p < static_cast<int>(peers_.size()) && peers_[p].dead > 0 &&
+                         peers_[p].dead >= peers_[p].incarnation;
+      }
+      absl::Status ping;
+      if (!confirmed_dead) {
+        CallOptions probe;
+        probe.timeout = absl::Seconds(2);
+        ping = Call(p, kPingFunction, "", Payload(), probe, /*windowed=*/false).status();
+      }
+      if (confirmed_dead || absl::IsUnavailable(ping)) {
+        return absl::UnavailableError(absl::StrCat(
+            "shutdown of worker '", options_.name, "': worker ", p, " (", workers_[p].name,
+            ") died before it reached shutdown",
+            confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")")));
+      }
+    }
+  }
 }
 
 }  // namespace baton::rpc::internal

@@ -163,6 +163,9 @@ class AgentImpl : private TransportHandler {
   absl::StatusOr<int> CheckClaim(int rank, int64_t incarnation, const std::string& proof,
                                  const std::string& key) const;
 
+  // Sends request `id` (pending) to `to`: records its stream, or, if the
+  // transport cannot take it, queues it to go again (P8) or fails it.
+  void SendRequest(uint64_t id, int to, const std::string& function, Frame frame);
   // A call; `windowed` false skips flow control (the liveness probe, which
   // must get through to a peer whose window is full).
   Future<Payload> Call(int to, const std::string& function, const std::string& signature,
