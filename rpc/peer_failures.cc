@@ -148,20 +148,28 @@ bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
   auto v = store_->Get(absl::StrCat(ns_, "worker/", peer), timeout);
   proto::WorkerRecord record;
   const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
-  bool newer = false;
+  // The transport gets the new address before address_incarnation says so:
+  // a concurrent reader that sees the newer incarnation recorded then knows
+  // its calls go there (P6). One update at a time, so an older record read
+  // late cannot overwrite a newer one in the transport.
+  absl::MutexLock update(&peer_update_mu_);
+  bool newer;
   {
     absl::MutexLock lock(&mu_);
     // A newer incarnation than the one whose address the transport has:
     // the transport's address follows it (calls, and the probe, go there).
     newer = parsed && running_ && record.incarnation() > peers_[peer].address_incarnation;
-    if (newer) peers_[peer].address_incarnation = record.incarnation();
-    if (parsed && record.incarnation() <= peers_[peer].address_incarnation) {
+    if (!newer && parsed && record.incarnation() <= peers_[peer].address_incarnation) {
       // Nothing newer to follow: the transport has what the store has.
       address_stale_[peer].store(false, std::memory_order_release);
     }
   }
   if (!newer) return false;
   AddNetworkPeer(peer, record);
+  {
+    absl::MutexLock lock(&mu_);
+    peers_[peer].address_incarnation = record.incarnation();
+  }
   (void)NoteIncarnation(peer, record.incarnation());
   return true;
 }

@@ -285,6 +285,9 @@ class AgentImpl : private TransportHandler {
   // gave up). Requests that arrive earlier wait for it on the executor.
   absl::Notification ready_;
   std::atomic<uint64_t> next_call_id_{1};
+  // Serializes LoadPeerRecord's updates of the transport's peer addresses
+  // (taken before mu_, never while holding it).
+  absl::Mutex peer_update_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<RpcAgent::ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
