@@ -150,11 +150,17 @@ class Reducer {
     }
     // Wait for whatever was launched even on error, so the group stays in
     // step with the other ranks.
+    // GPU buckets: the current stream waits for the all-reduce (the host
+    // does not), so the write-back and the optimizer step queue behind it at
+    // once. CPU buckets: the host waits.
     const absl::Time deadline = absl::Now() + timeout_;
     for (Bucket& b : buckets_) {
       if (!b.work) continue;
-      absl::Status s =
-          b.work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      absl::Status s = status.ok() ? b.work->WaitOnStream()
+                                   : absl::UnimplementedError("error already");
+      if (s.code() == absl::StatusCode::kUnimplemented) {
+        s = b.work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      }
       if (!s.ok() && status.ok()) status = Annotate(s, "DDP gradient bucket");
     }
     if (status.ok()) {

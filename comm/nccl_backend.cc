@@ -23,16 +23,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "comm/internal/nccl_status.h"
 #include "comm/internal/store_exchange.h"
 
 namespace baton::comm {
 namespace {
 
-absl::Status NcclError(ncclResult_t r, absl::string_view what) {
-  if (r == ncclSuccess) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat(what, ": NCCL error ", static_cast<int>(r), " (",
-                   ncclGetErrorString(r), ")"));
+absl::Status NcclError(ncclResult_t r, absl::string_view what,
+                       ncclComm_t comm = nullptr) {
+  return internal::NcclStatus(r, what, comm);
 }
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
@@ -88,19 +87,61 @@ using IssueFn = std::function<ncclResult_t(size_t i, DeviceComm& dc)>;
 // that stream current (copies into or out of scratch buffers).
 using StreamFn = std::function<void()>;
 
+// An op's end events, one per member device; destroyed with the last of
+// the Pending and the Work that hold them.
+struct EndEvents {
+  std::vector<std::pair<c10::DeviceIndex, cudaEvent_t>> events;
+  ~EndEvents() {
+    for (const auto& [device, event] : events) {
+      c10::cuda::CUDAGuard guard(device);
+      cudaEventDestroy(event);
+    }
+  }
+};
+
+// A Work whose caller may make its own stream wait for the op's end events
+// instead of blocking the host (Work::WaitOnStream).
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::string description, std::shared_ptr<const EndEvents> done)
+      : Work(std::move(description)), done_(std::move(done)) {}
+
+  absl::Status WaitOnStream() override {
+    if (IsCompleted()) return status();
+    for (const auto& [device, event] : done_->events) {
+      const cudaError_t e = cudaStreamWaitEvent(
+          c10::cuda::getCurrentCUDAStream(device).stream(), event, 0);
+      if (e != cudaSuccess) {
+        return absl::InternalError(absl::StrCat(
+            description(), ": the current stream cannot wait for the op: ",
+            cudaGetErrorString(e)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::shared_ptr<const EndEvents> done_;
+};
+
+// One op in flight. It stays in `pending_` until its end events have fired,
+// also after an abort, so that its tensors outlive the GPU's use of them;
+// only the completion thread pops it.
 struct Pending {
   OpInfo info;
   WorkPtr work;
   std::shared_ptr<CommSet> comms;
-  std::vector<cudaEvent_t> done;  // one per member
+  std::shared_ptr<EndEvents> done;
   std::vector<at::Tensor> keep_alive;
   absl::Time deadline;
+  bool aborted = false;  // failed by an abort; still waits for its events
 };
 
 class NcclBackend final : public Backend {
  public:
   NcclBackend(BackendContext ctx, NcclOptions options)
       : ctx_(std::move(ctx)), options_(options),
+        completion_([this] { CompleteInOrder(); }),
         watchdog_([this] { Watchdog(); }) {}
 
   ~NcclBackend() override { (void)Shutdown(absl::ZeroDuration()); }
@@ -323,10 +364,17 @@ class NcclBackend final : public Backend {
       }
       stop_ = true;
     }
+    CompleteFailed();
+    // The completion thread leaves once the aborted ops' events fired
+    // (ncclCommAbort ends their kernels); the watchdog at once.
+    if (completion_.joinable()) completion_.join();
     if (watchdog_.joinable()) watchdog_.join();
     absl::MutexLock lock(&mu_);
     for (auto& [key, set] : comms_) {
-      for (DeviceComm& dc : set->members) ncclCommDestroy(dc.comm);
+      for (DeviceComm& dc : set->members) {
+        if (dc.comm != nullptr) ncclCommDestroy(dc.comm);
+        dc.comm = nullptr;
+      }
     }
     comms_.clear();
     return absl::OkStatus();
@@ -405,8 +453,8 @@ class NcclBackend final : public Backend {
     if (!comms.ok()) return Failed(info, comms.status());
     Pending p;
     p.info = info;
-    p.work = std::make_shared<Work>(info.description);
     p.comms = *comms;
+    p.done = std::make_shared<EndEvents>();
     p.deadline = absl::Now() + ctx_.timeout;
     try {
       // The NCCL streams wait for the callers' current streams.
@@ -438,7 +486,7 @@ class NcclBackend final : public Backend {
       }
       const ncclResult_t end = ncclGroupEnd();
       if (r == ncclSuccess) r = end;
-      absl::Status s = NcclError(r, "issuing the op");
+      absl::Status s = NcclError(r, "issuing the op", first.comm);
       if (!s.ok()) return Failed(info, s);
       if (post) {
         c10::cuda::CUDAStreamGuard on_stream(first.stream);
@@ -455,96 +503,155 @@ class NcclBackend final : public Backend {
         cudaEvent_t done;
         s = CudaError(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
                       "event");
-        if (s.ok()) s = CudaError(cudaEventRecord(done, dc.stream.stream()), "event record");
         if (!s.ok()) return Failed(info, s);
-        p.done.push_back(done);
+        p.done->events.push_back({dc.device, done});
+        s = CudaError(cudaEventRecord(done, dc.stream.stream()), "event record");
+        if (!s.ok()) return Failed(info, s);
       }
     } catch (const std::exception& e) {
       return Failed(info, absl::InternalError(e.what()));
     }
     p.keep_alive = std::move(keep_alive);
+    p.work = std::make_shared<NcclWork>(info.description, p.done);
     WorkPtr work = p.work;
     absl::MutexLock lock(&mu_);
     pending_.push_back(std::move(p));
     return work;
   }
 
-  // Aborts every communicator; pending ops fail with `reason`.
+  // Aborts every communicator; every op in flight fails with `reason` (its
+  // Work completes in CompleteFailed, outside the lock). The ops stay in
+  // pending_ until their events fire.
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (abort_reason_.empty()) abort_reason_ = reason;
     for (auto& [key, set] : comms_) {
-      for (DeviceComm& dc : set->members) ncclCommAbort(dc.comm);
+      for (DeviceComm& dc : set->members) {
+        if (dc.comm != nullptr) ncclCommAbort(dc.comm);
+        dc.comm = nullptr;  // every Pending sharing the set sees it gone
+      }
     }
     comms_.clear();
     for (Pending& p : pending_) {
+      if (p.aborted) continue;
+      p.aborted = true;
       failed_.push_back({p.work, absl::FailedPreconditionError(absl::StrCat(
                                      p.info.description, ": aborted: ", reason))});
-      for (cudaEvent_t e : p.done) cudaEventDestroy(e);
     }
-    pending_.clear();
   }
 
-  // Polls the oldest op: its end events, async errors, its deadline.
-  void Watchdog() {
+  // Completes the works failed by an abort, outside the lock.
+  void CompleteFailed() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::pair<WorkPtr, absl::Status>> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      failed.swap(failed_);
+    }
+    for (auto& [work, status] : failed) work->MarkCompleted(status);
+  }
+
+  // The completion thread: waits for the oldest op's end events (NCCL ops
+  // on one communicator finish in issue order) and completes its Work the
+  // moment they fire. cudaEventSynchronize returns as soon as the GPU
+  // passes the event; nothing polls on a timer.
+  void CompleteInOrder() {
     for (;;) {
-      std::vector<std::pair<WorkPtr, absl::Status>> finished;
+      std::shared_ptr<const EndEvents> done;
       {
         absl::MutexLock lock(&mu_);
-        finished.swap(failed_);
-        if (stop_ && pending_.empty() && finished.empty()) return;
-        while (!pending_.empty()) {
-          Pending& p = pending_.front();
-          bool all_done = true;
-          for (size_t i = 0; i < p.done.size(); ++i) {
-            c10::cuda::CUDAGuard guard(p.comms->members[i].device);
-            if (cudaEventQuery(p.done[i]) != cudaSuccess) all_done = false;
-          }
-          if (all_done) {
-            for (cudaEvent_t e : p.done) cudaEventDestroy(e);
-            finished.push_back({p.work, absl::OkStatus()});
-            pending_.pop_front();
-            continue;
-          }
-          ncclResult_t async = ncclSuccess;
-          for (DeviceComm& dc : p.comms->members) {
-            ncclResult_t r = ncclSuccess;
-            ncclCommGetAsyncError(dc.comm, &r);
-            if (r != ncclSuccess) async = r;
-          }
-          if (async != ncclSuccess) {
-            const absl::Status s = NcclError(async, p.info.description);
-            AbortLocked(std::string(s.message()));
-          } else if (absl::Now() > p.deadline) {
-            const OpInfo info = p.info;
-            mu_.Unlock();  // the census talks to the store
-            std::vector<int> missing;
-            if (info.seq >= 0) {
-              missing = internal::MissingRanks(*ctx_.store, ctx_.prefix,
-                                               info.seq, ctx_.rank, ctx_.size,
-                                               std::min(ctx_.timeout, absl::Seconds(3)));
-            }
-            mu_.Lock();
-            const std::string reason = absl::StrCat(
-                info.description, ": timed out after ", DurationText(ctx_.timeout),
-                missing.empty() ? ""
-                                : absl::StrCat("; ranks ",
-                                               internal::RanksText(missing, ctx_.global_ranks),
-                                               " never arrived"));
-            AbortLocked(reason);
-            for (auto& f : failed_) {
-              if (f.first->description() == info.description) {
-                f.second = absl::DeadlineExceededError(reason);
-              }
-            }
-          }
-          break;
-        }
-        finished.insert(finished.end(), failed_.begin(), failed_.end());
-        failed_.clear();
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !pending_.empty() || stop_;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (pending_.empty()) return;  // stop_ and nothing left
+        done = pending_.front().done;
       }
-      for (auto& [work, status] : finished) work->MarkCompleted(status);
-      absl::SleepFor(options_.poll_interval);
+      absl::Status status;
+      for (const auto& [device, event] : done->events) {
+        c10::cuda::CUDAGuard guard(device);
+        const cudaError_t e = cudaEventSynchronize(event);
+        if (e != cudaSuccess && status.ok()) {
+          status = CudaError(e, "waiting for the op's end event");
+        }
+      }
+      Pending p;
+      {
+        absl::MutexLock lock(&mu_);
+        p = std::move(pending_.front());
+        pending_.pop_front();
+      }
+      p.keep_alive.clear();
+      if (!p.aborted) {
+        p.work->MarkCompleted(status.ok() ? status
+                                          : Annotate(status, p.info.description));
+      }
     }
+  }
+
+  // The watchdog: errors and deadlines only. While ops are in flight it
+  // checks every poll_interval for an asynchronous NCCL error and for the
+  // oldest live op's deadline, and aborts the communicators on either.
+  void Watchdog() {
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || LiveLocked() != nullptr;
+        };
+        mu_.Await(absl::Condition(&busy));
+        if (stop_) return;
+        Pending* p = LiveLocked();
+        ncclResult_t async = ncclSuccess;
+        ncclComm_t failing = nullptr;
+        for (DeviceComm& dc : p->comms->members) {
+          if (dc.comm == nullptr) continue;
+          ncclResult_t r = ncclSuccess;
+          ncclCommGetAsyncError(dc.comm, &r);
+          if (r != ncclSuccess && r != ncclInProgress) {
+            async = r;
+            failing = dc.comm;
+          }
+        }
+        if (async != ncclSuccess) {
+          const absl::Status s = NcclError(async, p->info.description, failing);
+          AbortLocked(std::string(s.message()));
+        } else if (absl::Now() > p->deadline) {
+          const OpInfo info = p->info;
+          mu_.Unlock();  // the census talks to the store
+          std::vector<int> missing;
+          if (info.seq >= 0) {
+            missing = internal::MissingRanks(*ctx_.store, ctx_.prefix, info.seq,
+                                             ctx_.rank, ctx_.size,
+                                             std::min(ctx_.timeout, absl::Seconds(3)));
+          }
+          mu_.Lock();
+          const std::string reason = absl::StrCat(
+              info.description, ": timed out after ", DurationText(ctx_.timeout),
+              missing.empty() ? ""
+                              : absl::StrCat("; ranks ",
+                                             internal::RanksText(missing, ctx_.global_ranks),
+                                             " never arrived"));
+          AbortLocked(reason);
+          for (auto& f : failed_) {
+            if (f.first->description() == info.description) {
+              f.second = absl::DeadlineExceededError(reason);
+            }
+          }
+        }
+      }
+      CompleteFailed();
+      // Sleep until the next check, or wake for stop_.
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.poll_interval);
+      if (stop_) return;
+    }
+  }
+
+  // The oldest op in flight that no abort has failed yet, or null.
+  Pending* LiveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (Pending& p : pending_) {
+      if (!p.aborted) return &p;
+    }
+    return nullptr;
   }
 
   const BackendContext ctx_;
@@ -558,7 +665,9 @@ class NcclBackend final : public Backend {
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread watchdog_;  // last: uses everything above
+  // Last: they use everything above.
+  std::thread completion_;
+  std::thread watchdog_;
 };
 
 }  // namespace

@@ -12,12 +12,21 @@
 //    set for the same op.
 //  - Ops run on the backend's own stream per device. Each op first waits (an
 //    event, not the host) for the caller's current stream on that device, so
-//    it sees the inputs; the Work completes when the op's end event has
-//    fired. Tensors are recorded on the NCCL stream for the caching allocator.
-//  - A watchdog thread polls the end events and ncclCommGetAsyncError. An
-//    asynchronous NCCL error or a missed deadline aborts the communicators
-//    (ncclCommAbort), fails the op (naming missing ranks on a timeout) and
-//    every later op.
+//    it sees the inputs. Tensors are recorded on the NCCL stream for the
+//    caching allocator, and the backend holds them until the op's end event
+//    has fired.
+//  - Completion: a completion thread waits on the oldest op's end events
+//    (cudaEventSynchronize) and completes its Work the moment they fire, in
+//    issue order. Nothing polls for completion. While ops are in flight that
+//    thread spins in the CUDA driver (the default scheduling on a host with
+//    more cores than GPUs), as torch.cuda.synchronize() does.
+//  - A watchdog thread handles errors and deadlines only: while ops are in
+//    flight it checks ncclCommGetAsyncError and the oldest op's deadline
+//    every NcclOptions::poll_interval. An asynchronous NCCL error or a missed
+//    deadline aborts the communicators (ncclCommAbort), fails every op in
+//    flight (naming missing ranks on a timeout) and every later op.
+//  - Errors carry NCCL's own text (ncclGetLastError) after the result code:
+//    UNAVAILABLE "issuing the op: NCCL error 4 (invalid argument): ...".
 //  - Reduce ops: sum, product, min, max, avg (float types; ncclAvg). Dtypes:
 //    float16/32/64, bfloat16, int8, uint8, int32, int64, bool (as uint8; sum
 //    and max mean "or"). int16 and complex are rejected.
@@ -36,8 +45,9 @@
 namespace baton::comm {
 
 struct NcclOptions {
-  // How often the watchdog polls pending ops.
-  absl::Duration poll_interval = absl::Microseconds(100);
+  // How often the watchdog checks the ops in flight for asynchronous NCCL
+  // errors and missed deadlines (completion does not wait for it).
+  absl::Duration poll_interval = absl::Milliseconds(1);
 };
 
 BackendFactory NcclBackendFactory(NcclOptions options = {});

@@ -1,5 +1,7 @@
 #include "comm/work.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,17 @@ std::shared_ptr<Work> Work::Completed(std::string description,
 }
 
 absl::Status Work::Wait(absl::Duration timeout) {
+  if (!done_hint_.load(std::memory_order_acquire)) {
+    const auto spin_end =
+        std::chrono::steady_clock::now() +
+        absl::ToChronoNanoseconds(std::min(kWaitSpin, timeout));
+    while (!done_hint_.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < spin_end) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
   absl::MutexLock lock(&mu_);
   const bool done =
       mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
@@ -26,6 +39,11 @@ absl::Status Work::Wait(absl::Duration timeout) {
                      DurationText(timeout)));
   }
   return status_;
+}
+
+absl::Status Work::WaitOnStream() {
+  return absl::UnimplementedError(
+      absl::StrCat(description_, ": has no GPU end event to wait on"));
 }
 
 bool Work::IsCompleted() const {
@@ -58,6 +76,7 @@ void Work::MarkCompleted(absl::Status status) {
     if (done_) return;
     done_ = true;
     status_ = std::move(status);
+    done_hint_.store(true, std::memory_order_release);
     callbacks.swap(callbacks_);
     status = status_;
   }

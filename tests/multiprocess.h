@@ -17,6 +17,8 @@
 #ifndef BATON_TESTS_MULTIPROCESS_H_
 #define BATON_TESTS_MULTIPROCESS_H_
 
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -55,6 +57,14 @@ int MaybeRunScenario(int argc, char** argv);
 // Describes every result, for failure messages.
 std::string Describe(const std::vector<WorkerResult>& results);
 
+// Ends a worker that found a failure with `code`, after flushing stdout and
+// stderr: std::_Exit skips the flush, and a worker's buffered output is what
+// explains the failure.
+[[noreturn]] inline void ExitWorker(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 }  // namespace baton::testing
 
 // Scenario-side assertion: prints the failure and exits the worker with 1.
@@ -63,8 +73,7 @@ std::string Describe(const std::vector<WorkerResult>& results);
     if (!(cond)) {                                                           \
       std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,  \
                    #cond);                                                   \
-      std::fflush(stderr);                                                   \
-      std::_Exit(1);                                                         \
+      ::baton::testing::ExitWorker(1);                                       \
     }                                                                        \
   } while (0)
 
@@ -74,8 +83,7 @@ std::string Describe(const std::vector<WorkerResult>& results);
     if (!_s.ok()) {                                                          \
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__,     \
                    #expr, _s.ToString().c_str());                            \
-      std::fflush(stderr);                                                   \
-      std::_Exit(1);                                                         \
+      ::baton::testing::ExitWorker(1);                                       \
     }                                                                        \
   } while (0)
 

@@ -26,6 +26,9 @@ PACKAGES=(
   # internals version; never vendor another), its tests, and torchvision for
   # the pytorch/examples compatibility runs.
   pybind11-dev python3-pytest python3-torchvision python3-venv
+  # The CMake build (CMakeLists.txt): the same libraries for machines without
+  # Bazel, the GPU machine first; CI builds it in CPU mode (tools/cmake_ci.sh).
+  cmake ninja-build
 )
 
 missing=()

@@ -1,7 +1,9 @@
 // The ProcessGroup suite: every op on every backend this build has, on real
-// processes over loopback; plus the error cases (wrong device, destroyed
-// group, non-member, op mismatch in debug mode, timeouts naming the missing
-// ranks) and subgroups.
+// processes over loopback, at world sizes 1, 2 and 3 (NCCL allows one rank
+// per GPU, so a one-GPU machine runs its world-size-1 cases); plus the error
+// cases (wrong device, destroyed group, non-member, op mismatch in debug
+// mode, timeouts naming the missing ranks) and subgroups. The CUDA build
+// (CMakeLists.txt, BATON_CUDA) adds NCCL and may leave Gloo out.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -13,11 +15,21 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#ifndef BATON_TEST_WITHOUT_GLOO
 #include "comm/gloo_backend.h"
+#endif
 #include "comm/process_group.h"
 #include "store/memory_store.h"
 #include "tests/comm/comm_test_util.h"
 #include "tests/multiprocess.h"
+
+#ifdef BATON_TEST_WITH_NCCL
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nccl.h>
+
+#include "comm/internal/nccl_status.h"
+#endif
 
 namespace baton::comm::testing {
 namespace {
@@ -35,12 +47,16 @@ constexpr absl::Duration kWait = absl::Seconds(60);
       std::fprintf(stderr, "%s:%d: expected %s containing '%s', got %s\n", \
                    __FILE__, __LINE__, #code_, std::string(needle).c_str(), \
                    _st.ToString().c_str());                                \
-      std::_Exit(1);                                                       \
+      ::baton::testing::ExitWorker(1);                                     \
     }                                                                      \
   } while (0)
 
 bool AllEqual(const at::Tensor& t, double v) {
   return t.cpu().to(at::kDouble).eq(v).all().item<bool>();
+}
+
+at::TensorOptions opts_for(const Worker& w, at::ScalarType type) {
+  return at::TensorOptions().device(w.device()).dtype(type);
 }
 
 void CheckReductions(ProcessGroup& pg, const Worker& w) {
@@ -79,13 +95,28 @@ void CheckReductions(ProcessGroup& pg, const Worker& w) {
   at::Tensor i = at::full({3}, r, at::TensorOptions().device(w.device()).dtype(at::kInt));
   WCHECK_CODE(pg.AllReduce({i}, ReduceOp::kAvg)->Wait(kWait),
               absl::StatusCode::kInvalidArgument, "avg is not exact for int32");
+  if (w.backend == "nccl") {
+    // bool travels as uint8: sum and max mean "or", min means "and".
+    const auto bopts = at::TensorOptions().device(w.device()).dtype(at::kBool);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+      at::Tensor b = at::full({4}, r == 0, bopts);
+      WCHECK_OK(pg.AllReduce({b}, op)->Wait(kWait));
+      const bool any_rank = true;           // rank 0 holds true
+      const bool every_rank = n == 1;       // the others hold false
+      WCHECK(b.all().item<bool>() == (op == ReduceOp::kMin ? every_rank : any_rank));
+    }
+    // int16 and complex are refused with the dtype named.
+    WCHECK_CODE(pg.AllReduce({at::ones({2}, opts_for(w, at::kShort))})->Wait(kWait),
+                absl::StatusCode::kInvalidArgument, "cannot reduce dtype Short");
+  }
   if (w.backend == "gloo") {
     at::Tensor b = at::full({4}, r == 0, at::TensorOptions().dtype(at::kBool));
     WCHECK_OK(pg.AllReduce({b}, ReduceOp::kMax)->Wait(kWait));
     WCHECK(b.all().item<bool>());
     b.fill_(r == 0);
     WCHECK_OK(pg.AllReduce({b}, ReduceOp::kMin)->Wait(kWait));
-    WCHECK(!b.any().item<bool>());
+    // "and" over ranks: only rank 0 holds true.
+    WCHECK(b.all().item<bool>() == (n == 1) && b.any().item<bool>() == (n == 1));
     // A list of tensors on one process is reduced too (the multigpu form).
     at::Tensor a = at::full({4}, r + 1.0), c = at::full({4}, 10.0 * (r + 1));
     WCHECK_OK(pg.AllReduce({a, c})->Wait(kWait));
@@ -122,12 +153,14 @@ void CheckDataMovement(ProcessGroup& pg, const Worker& w) {
   for (int i = 0; i < n; ++i) outs.push_back(at::full({2, 3}, -1.0, opts));
   WCHECK_OK(pg.AllGather(outs, at::full({2, 3}, 1.0 * r, opts))->Wait(kWait));
   for (int i = 0; i < n; ++i) WCHECK(AllEqual(outs[i], i));
-  // gather to rank 1
+  // gather to rank 1 (rank 0 in a world of one)
+  const int gather_root = std::min(1, n - 1);
   std::vector<at::Tensor> gathered;
-  if (r == 1) {
+  if (r == gather_root) {
     for (int i = 0; i < n; ++i) gathered.push_back(at::zeros({3}, opts));
   }
-  WCHECK_OK(pg.Gather(gathered, at::full({3}, 10.0 * r, opts), 1)->Wait(kWait));
+  WCHECK_OK(pg.Gather(gathered, at::full({3}, 10.0 * r, opts), gather_root)
+                ->Wait(kWait));
   for (int i = 0; i < static_cast<int>(gathered.size()); ++i) {
     WCHECK(AllEqual(gathered[i], 10 * i));
   }
@@ -164,7 +197,9 @@ void CheckDataMovement(ProcessGroup& pg, const Worker& w) {
     WCHECK(works[k]->IsCompleted());
     WCHECK(AllEqual(many[k], n * k + n * (n - 1) / 2.0));
   }
-  // send/recv around a ring, two tags in flight.
+  // send/recv around a ring, two tags in flight (a world of one has no
+  // peer: sending to itself is refused, see the errors scenario).
+  if (n == 1) return;
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   at::Tensor s1 = at::full({9}, 1.0 * r, opts), s2 = at::full({9}, 50.0 + r, opts);
   at::Tensor r1 = at::zeros({9}, opts), r2 = at::zeros({9}, opts);
@@ -176,6 +211,26 @@ void CheckDataMovement(ProcessGroup& pg, const Worker& w) {
   WCHECK(AllEqual(r1, prev) && AllEqual(r2, 50 + prev));
 }
 
+#ifdef BATON_TEST_WITH_NCCL
+// A producer on a side stream: the collective waits (an event, not the
+// host) for the caller's current stream, so it reduces what the producer
+// wrote, after milliseconds of queued GPU work.
+void CheckSideStreamProducer(ProcessGroup& pg, const Worker& w) {
+  const c10::DeviceIndex device = w.device().index();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  at::Tensor t;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    t = at::zeros({1 << 24}, at::TensorOptions().device(w.device()));
+    for (int k = 0; k < 64; ++k) t.add_(1.0);
+    WorkPtr work = pg.AllReduce({t});
+    WCHECK_OK(work->Wait(kWait));
+  }
+  // Back on the default stream: the op is complete, its result visible.
+  WCHECK(AllEqual(t, 64.0 * w.world));
+}
+#endif
+
 BATON_SCENARIO(collectives) {
   Worker w = StartWorker();
   ProcessGroup pg = w.MakeGroup();
@@ -183,6 +238,9 @@ BATON_SCENARIO(collectives) {
   WCHECK(pg.rank() == w.rank && pg.size() == w.world && pg.is_member());
   CheckReductions(pg, w);
   CheckDataMovement(pg, w);
+#ifdef BATON_TEST_WITH_NCCL
+  if (w.backend == "nccl") CheckSideStreamProducer(pg, w);
+#endif
   WCHECK_OK(pg.Destroy());
   w.Finish();
   return 0;
@@ -217,8 +275,8 @@ BATON_SCENARIO(errors) {
               absl::StatusCode::kInvalidArgument, "root");
   WCHECK_CODE(pg.Send(at::zeros({2}, opts), w.rank)->Wait(kWait),
               absl::StatusCode::kInvalidArgument, "this rank itself");
-  WCHECK_CODE(pg.AllGather({at::zeros({2}, opts)}, at::zeros({2}, opts))
-                  ->Wait(kWait),
+  std::vector<at::Tensor> too_many(w.world + 1, at::zeros({2}, opts));
+  WCHECK_CODE(pg.AllGather(too_many, at::zeros({2}, opts))->Wait(kWait),
               absl::StatusCode::kInvalidArgument, "output tensors");
   WCHECK_CODE(pg.AllReduce({})->Wait(kWait), absl::StatusCode::kInvalidArgument,
               "empty");
@@ -343,8 +401,9 @@ TEST_P(CollectiveSuite, AllOps) {
 }
 
 TEST_P(CollectiveSuite, Errors) {
-  if (std::get<1>(GetParam()) != 2) GTEST_SKIP() << "runs with 2 ranks only";
-  Expect("errors", std::get<0>(GetParam()), 2);
+  const int world = std::get<1>(GetParam());
+  if (world > 2) GTEST_SKIP() << "runs with 1 and 2 ranks only";
+  Expect("errors", std::get<0>(GetParam()), world);
 }
 
 TEST_P(CollectiveSuite, Subgroups) {
@@ -366,7 +425,7 @@ TEST_P(CollectiveSuite, TimeoutNamesMissingRanks) {
 INSTANTIATE_TEST_SUITE_P(
     Backends, CollectiveSuite,
     ::testing::Combine(::testing::ValuesIn(CompiledBackends()),
-                       ::testing::Values(2, 3)),
+                       ::testing::Values(1, 2, 3)),
     [](const auto& info) {
       return absl::StrCat(std::get<0>(info.param), "_world",
                           std::get<1>(info.param));
@@ -413,9 +472,37 @@ TEST(Backends, NcclIsBuiltOnlyInTheCudaBuild) {
   } else {
     EXPECT_TRUE(absl::StartsWith(WhyUnavailable("nccl", 4096), "nccl needs 4096 GPUs"))
         << WhyUnavailable("nccl", 4096);
+#ifdef BATON_TEST_WITHOUT_GLOO
+    // The GPU build leaves Gloo out (the pip LibTorch brings its own).
+    EXPECT_EQ(backends, std::vector<std::string>{"nccl"});
+    EXPECT_EQ(WhyUnavailable("gloo", 2), "backend gloo is not compiled in this build");
+#endif
   }
 }
 
+#ifdef BATON_TEST_WITH_NCCL
+// NCCL's own description of an error travels in the status: a
+// communicator asked for a rank outside its size is refused before any
+// GPU work, and NCCL says which rank.
+TEST(NcclErrors, CarryNcclsDescriptionOfTheLastError) {
+  const std::string why = WhyUnavailable("nccl", 1);
+  if (!why.empty()) GTEST_SKIP() << "skipped: " << why;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, 1, id, 5);
+  ASSERT_NE(r, ncclSuccess);
+  const absl::Status s = internal::NcclStatus(r, "ncclCommInitRank");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  const std::string head = absl::StrCat("ncclCommInitRank: NCCL error ", static_cast<int>(r),
+                                        " (", ncclGetErrorString(r), "): ");
+  EXPECT_TRUE(absl::StartsWith(s.message(), head)) << s;
+  EXPECT_GT(s.message().size(), head.size()) << s;
+  std::printf("NCCL's error, as a status: %s\n", s.ToString().c_str());
+}
+#endif
+
+#ifndef BATON_TEST_WITHOUT_GLOO
 // In-process checks that need no peers.
 TEST(ProcessGroupLocal, SingleRankAndArgumentChecks) {
   auto store = std::make_shared<store::MemoryStore>();
@@ -443,6 +530,7 @@ TEST(ProcessGroupLocal, RendezvousTimeoutNamesMissingRanks) {
   EXPECT_TRUE(absl::StrContains(pg.status().message(), "1")) << pg.status();
   EXPECT_TRUE(absl::StrContains(pg.status().message(), "default")) << pg.status();
 }
+#endif  // BATON_TEST_WITHOUT_GLOO
 
 }  // namespace
 }  // namespace baton::comm::testing

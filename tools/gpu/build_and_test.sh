@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The one command on a GPU machine: unpacks the Debian packages that
+# tools/gpu/fetch_debs.sh fetched into a private prefix (never into /),
+# builds the CUDA configuration of CMakeLists.txt (NCCL backend, no Gloo:
+# the pip LibTorch exports its own gloo:: symbols), runs the comm/ suite
+# with its NCCL world-size-1 cases and DDP over NCCL, then the latency
+# benchmark beside torch's own NCCL group, three rounds each.
+#
+#   bash tools/gpu/build_and_test.sh [build-dir]
+#
+# Expects: python3 with a CUDA PyTorch (its LibTorch and pip NCCL are used),
+# CMake, ninja, g++, the CUDA toolkit; the .debs in .gpu/debs (BATON_DEBS).
+# Then, as time allows (BATON_GPU_BUDGET_S, default 400 s from the start),
+# it builds every other library and test against this LibTorch and runs the
+# CPU tests (ctest). Logs go to <build>/logs, and into $OUT/gpu-logs.tar.gz
+# when OUT is set (the device tool's folder).
+# Exit status: non-zero if the build or any test failed.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="${1:-/tmp/baton-gpu}"
+debs="${BATON_DEBS:-$root/.gpu/debs}"
+prefix="${BATON_DEPS_PREFIX:-/tmp/baton-deps}"
+out="$build/logs"
+py="${PYTHON:-python3}"
+budget="${BATON_GPU_BUDGET_S:-400}"
+orig_ld="${LD_LIBRARY_PATH:-}"
+mkdir -p "$out" "$prefix"
+step() { echo "== $(date +%T) +${SECONDS}s $*"; }
+pack() {
+  if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-logs.tar.gz" -C "$build" logs; fi
+}
+trap pack EXIT
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+step "unpacking $(ls "$debs"/*.deb | wc -l) packages into $prefix"
+for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix" || exit 1; done
+deplib="$prefix/usr/lib/x86_64-linux-gnu"
+
+step "machine"
+nvidia-smi -L || true
+eval "$("$py" - <<'PY'
+import glob, os, torch, torch.utils
+site = os.path.dirname(torch.__file__)
+assert torch.cuda.is_available(), "PyTorch sees no CUDA device"
+# The pip NCCL that this PyTorch loads: its nccl.h and its library together.
+headers = sorted(glob.glob(os.path.join(os.path.dirname(site), "nvidia", "**", "include", "nccl.h"), recursive=True))
+nccl = os.path.dirname(os.path.dirname(headers[0])) if headers else ""
+print(f"torch_prefix={torch.utils.cmake_prefix_path}")
+print(f"torch_site={site}")
+print(f"nccl_root={nccl}")
+print(f"torch_version={torch.__version__}")
+print(f"echo torch {torch.__version__} cuda {torch.version.cuda} nccl {'.'.join(map(str, torch.cuda.nccl.version()))} gpus {torch.cuda.device_count()} {torch.cuda.get_device_name(0)!r}")
+PY
+)" || exit 1
+echo "g++ $(g++ -dumpversion), $(cmake --version | head -1), nproc $(nproc)"
+
+# The C++ standard LibTorch's headers accept (newer LibTorch needs C++20).
+std=17
+echo '#include <ATen/ATen.h>' > /tmp/baton-std.cc
+if ! g++ -std=c++17 -fsyntax-only -I"$torch_site/include" /tmp/baton-std.cc 2>/dev/null; then
+  std=20
+fi
+echo "C++$std"
+
+step "configure"
+cmake -G Ninja -S "$root" -B "$build" -DBATON_CUDA=ON -DBATON_GLOO=OFF \
+  -DBATON_DEPS_PREFIX="$prefix" -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DTORCH_SITE="$torch_site" -DNCCL_ROOT="$nccl_root" \
+  -DCMAKE_CXX_STANDARD="$std" -DCMAKE_CUDA_ARCHITECTURES=90 \
+  >"$out/configure.log" 2>&1
+status=$?
+tail -5 "$out/configure.log"; grep -E "NCCL:|Torch" "$out/configure.log"
+[ $status -eq 0 ] || { cat "$out/configure.log"; exit 1; }
+
+step "build (only what the GPU suite needs)"
+targets=(cm_process_group_test cm_ddp_test nccl_latency_bench)
+if ! ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; then
+  grep -E -B2 -A12 "error|FAILED" "$out/build.log" | head -120
+  exit 1
+fi
+tail -1 "$out/build.log"
+
+export LD_LIBRARY_PATH="$deplib:$torch_site/lib${nccl_root:+:$nccl_root/lib}:${LD_LIBRARY_PATH:-}"
+failed=0
+for t in cm_process_group_test cm_ddp_test; do
+  step "$t"
+  if ! timeout 600 "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED|skipped:|NCCL's error" "$out/$t.log" | head -80
+done
+if [ $failed -ne 0 ]; then
+  step "failures"
+  grep -E -A40 "\[  FAILED  \]|Failure" "$out"/cm_*.log | head -150
+fi
+
+step "latency: baton vs torch, NCCL world size 1, three rounds"
+for round in 1 2 3; do
+  "$build/nccl_latency_bench" >"$out/bench_baton_$round.jsonl" 2>>"$out/bench.err" || failed=1
+  LD_LIBRARY_PATH="$orig_ld" "$py" "$root/comm/bench/nccl_latency_peer.py" \
+    >"$out/bench_torch_$round.jsonl" 2>>"$out/bench.err" || failed=1
+done
+tail -5 "$out/bench.err" 2>/dev/null
+"$py" - "$out" <<'PY'
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+def load(system):
+    rounds = []
+    for path in sorted(glob.glob(os.path.join(out, f"bench_{system}_*.jsonl"))):
+        rows = [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+        rounds.append({r["metric"]: r["value"] for r in rows})
+    return rounds
+ours, theirs = load("baton"), load("torch")
+metrics = ["op_wait_us", "queued_us_per_op", "plain_step_us", "ddp_step_us", "ddp_overhead"]
+print(f"{'metric':18} {'baton (3 rounds)':>26} {'torch (3 rounds)':>26} {'ratio b/t':>18}")
+for m in metrics:
+    b = [r.get(m) for r in ours if m in r]
+    t = [r.get(m) for r in theirs if m in r]
+    ratios = [x / y for x, y in zip(b, t) if y]
+    fmt = lambda v: " ".join(f"{x:.3g}" for x in v)
+    print(f"{m:18} {fmt(b):>26} {fmt(t):>26} {fmt(ratios):>18}")
+PY
+step "CUDA RPC probe: IPC, device-to-device bandwidth, torch.distributed.rpc with a device map"
+LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
+  2>"$out/probe.err" | tee "$out/probe.jsonl"
+tail -3 "$out/probe.err"
+
+left=$((budget - SECONDS))
+if [ $left -gt 60 ]; then
+  step "every library and test against this LibTorch ($left s left)"
+  if timeout $((left - 10)) ninja -C "$build" -j"$(nproc)" >"$out/build_all.log" 2>&1; then
+    tail -1 "$out/build_all.log"
+    left=$((budget - SECONDS))
+    if [ $left -gt 30 ]; then
+      (cd "$build" && timeout $((left - 5)) ctest -j8 --timeout 120 \
+         -E 'cm_process_group_test|cm_ddp_test' >"$out/ctest.log" 2>&1)
+      echo "ctest exit $?"; grep -E "tests passed|\*\*\*|Failed|Timeout" "$out/ctest.log" | head -20
+    fi
+  else
+    echo "build of everything failed or ran out of time:"
+    grep -E -A8 "error|FAILED" "$out/build_all.log" | head -60
+  fi
+else
+  step "no time left for the other libraries ($left s)"
+fi
+step "done (failed=$failed)"
+exit $failed
