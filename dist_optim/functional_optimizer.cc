@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h of LibTorch 2.x)
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 

@@ -128,7 +128,7 @@ tail -3 "$out/probe.err"
 left=$((budget - SECONDS))
 if [ $left -gt 60 ]; then
   step "every library and test against this LibTorch ($left s left)"
-  if timeout $((left - 10)) ninja -C "$build" -j"$(nproc)" >"$out/build_all.log" 2>&1; then
+  if timeout $((left - 10)) ninja -C "$build" -k 0 -j"$(nproc)" >"$out/build_all.log" 2>&1; then
     tail -1 "$out/build_all.log"
     left=$((budget - SECONDS))
     if [ $left -gt 30 ]; then
@@ -138,7 +138,7 @@ if [ $left -gt 60 ]; then
     fi
   else
     echo "build of everything failed or ran out of time:"
-    grep -E -A8 "error|FAILED" "$out/build_all.log" | head -60
+    grep -E "error:|FAILED" "$out/build_all.log" | head -40
   fi
 else
   step "no time left for the other libraries ($left s)"
