@@ -154,6 +154,9 @@ AgentStats RpcAgent::stats() const { return impl_->stats(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
 bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
 std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdentity(peer); }
+absl::StatusOr<int> RpcAgent::DeviceOnPeer(int peer, int device) const {
+  return impl_->DeviceOnPeer(peer, device);
+}
 
 // ---- AgentImpl ----
 

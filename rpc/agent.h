@@ -43,6 +43,7 @@
 #define BATON_RPC_AGENT_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -172,6 +173,17 @@ struct AgentOptions {
   // the job's start-up ended takes its place in the start-up: it registers,
   // publishes what the others wait for, and meets them at the init barrier.
   bool rejoin = false;
+  // CUDA tensors (docs/cuda.md): a CUDA tensor sent to worker W arrives on
+  // the device device_maps[W] names for its device, as with torch's
+  // TensorPipeRpcBackendOptions.set_device_map: {"w1", {{0, 1}}} sends this
+  // worker's cuda:0 tensors to w1's cuda:1. Without a map of its own for W,
+  // a worker uses the inverse of W's map for it, so a callee returns
+  // tensors to the caller's devices when only the caller set a map. Create
+  // fails with INVALID_ARGUMENT for a map naming a worker not in the job, a
+  // device this worker or W does not have, or two devices mapped to one.
+  // A CUDA tensor sent where no map applies fails the call with
+  // INVALID_ARGUMENT naming the device and the worker.
+  std::map<std::string, std::map<int, int>> device_maps;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
   // through env/env.h's parser, which validates them all (without baton-run,
@@ -281,7 +293,7 @@ struct PeerFailure {
 // The public handle of one worker's agent. Its state and protocol live in
 // internal::AgentImpl (rpc/internal/agent_impl.h), which this header does
 // not include: users of the agent compile no transport or gRPC header.
-class RpcAgent {
+class RpcAgent final : public DeviceRouter {
  public:
   static absl::StatusOr<std::unique_ptr<RpcAgent>> Create(
       AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
@@ -387,6 +399,11 @@ class RpcAgent {
   // protocol themselves (the bad-input test's attacker); it proves this
   // worker, so treat it like the job token.
   std::string StreamIdentity(int peer) const;
+  // The CUDA device of `peer` that a tensor on this worker's cuda:`device`
+  // arrives on (AgentOptions::device_maps, or the inverse of the peer's map
+  // for this worker). INVALID_ARGUMENT naming the device and the worker
+  // where no map applies or the map leaves the device out.
+  absl::StatusOr<int> DeviceOnPeer(int peer, int device) const override;
 
  private:
   explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);

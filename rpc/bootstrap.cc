@@ -419,6 +419,7 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_pid_namespace(ShmChannel::ObjectPrefix(0));
   mine.set_pid(getpid());
   if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
+  PublishDeviceMaps(options_, mine);
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
       !s.ok()) {
     return s;
@@ -463,6 +464,7 @@ absl::Status AgentImpl::Rendezvous() {
           "; names must be unique"));
     }
   }
+  if (absl::Status s = ResolveDeviceMaps(records); !s.ok()) return s;
   // F1: our window toward each peer stays within what that peer holds.
   std::vector<FlowLimits> windows(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) {

@@ -2,12 +2,20 @@
 
 #include <ATen/Functions.h>
 #include <c10/core/ScalarType.h>
+#include <torch/cuda.h>
+
+#include "rpc/agent.h"
 
 namespace baton::rpc {
 namespace {
 
 constexpr uint8_t kUndefinedTensor = 0;
 constexpr uint8_t kDenseTensor = 1;
+// A CUDA tensor (docs/cuda.md): the dense layout, then the destination's
+// device index, then how its bytes travel (kHostStaged: a host copy in the
+// blob; the value 1 is reserved for CUDA IPC on one host).
+constexpr uint8_t kCudaTensor = 2;
+constexpr uint8_t kHostStaged = 0;
 constexpr uint64_t kMaxDims = 64;
 // Bounds the product of a tensor's nonzero sizes (and thus its element
 // count and strides): 2^48 elements.
@@ -135,17 +143,33 @@ absl::Status Decoder::ExpectEnd() const {
 }
 
 void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
-  if (const CodecContext* c = enc.context(); c != nullptr && c->sent_tensors != nullptr) {
-    c->sent_tensors->push_back(tensor);
+  const CodecContext* context = enc.context();
+  if (context != nullptr && context->sent_tensors != nullptr) {
+    context->sent_tensors->push_back(tensor);
   }
   if (!tensor.defined()) {
     enc.WritePod<uint8_t>(kUndefinedTensor);
     return;
   }
-  if (!tensor.device().is_cpu()) {
+  int destination_device = -1;
+  if (tensor.device().is_cuda()) {
+    if (context == nullptr || context->agent == nullptr || context->peer < 0) {
+      enc.Fail(absl::InvalidArgumentError(absl::StrCat(
+          "cannot send a tensor on device ", tensor.device().str(),
+          " outside a call: its destination's device comes from the agent's device map")));
+      return;
+    }
+    const DeviceRouter* router = context->agent;  // a virtual call: no link to the agent
+    absl::StatusOr<int> device = router->DeviceOnPeer(context->peer, tensor.device().index());
+    if (!device.ok()) {
+      enc.Fail(device.status());
+      return;
+    }
+    destination_device = *device;
+  } else if (!tensor.device().is_cpu()) {
     enc.Fail(absl::InvalidArgumentError(absl::StrCat(
         "cannot send a tensor on device ", tensor.device().str(),
-        ": this build of baton sends CPU tensors only (move it with .cpu())")));
+        ": baton sends CPU and CUDA tensors only (move it with .cpu())")));
     return;
   }
   if (tensor.layout() != c10::kStrided) {
@@ -159,14 +183,20 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
     return;
   }
   // Only the viewed elements travel: a non-contiguous view is compacted; a
-  // contiguous view sends its own range of the storage.
+  // contiguous view sends its own range of the storage. A CUDA tensor is
+  // copied to the host on the current stream (after the work queued on it).
   at::Tensor c = tensor.detach();
   if (!c.is_contiguous()) c = c.contiguous();
-  enc.WritePod<uint8_t>(kDenseTensor);
+  if (destination_device >= 0) c = c.to(at::kCPU);
+  enc.WritePod<uint8_t>(destination_device >= 0 ? kCudaTensor : kDenseTensor);
   enc.WritePod<int8_t>(static_cast<int8_t>(c.scalar_type()));
   enc.WritePod<uint8_t>(tensor.requires_grad() ? 1 : 0);
   enc.WriteVarint(c.dim());
   for (int64_t d : c.sizes()) enc.WriteVarint(static_cast<uint64_t>(d));
+  if (destination_device >= 0) {
+    enc.WriteVarint(static_cast<uint64_t>(destination_device));
+    enc.WritePod<uint8_t>(kHostStaged);
+  }
   Blob blob;
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
   if (nbytes > 0) {
@@ -187,7 +217,7 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     *out = at::Tensor();
     return absl::OkStatus();
   }
-  if (tag != kDenseTensor) {
+  if (tag != kDenseTensor && tag != kCudaTensor) {
     return absl::DataLossError(absl::StrCat("bad tensor tag ", int{tag}));
   }
   int8_t dtype = 0;
@@ -219,6 +249,23 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     numel *= d;
     extent *= std::max<uint64_t>(d, 1);
   }
+  int64_t cuda_device = -1;
+  if (tag == kCudaTensor) {
+    uint64_t device = 0;
+    uint8_t path = 0;
+    if (!(s = dec.ReadVarint(&device, "tensor device")).ok()) return s;
+    if (!(s = dec.ReadPod(&path, "tensor path")).ok()) return s;
+    if (path != kHostStaged) {
+      return absl::DataLossError(absl::StrCat("bad CUDA tensor path ", int{path}));
+    }
+    const uint64_t devices = torch::cuda::device_count();
+    if (device >= devices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a CUDA tensor arrived for cuda:", device, ", but this worker has ", devices,
+          " CUDA device(s): check the sender's AgentOptions::device_maps"));
+    }
+    cuda_device = static_cast<int64_t>(device);
+  }
   uint64_t blob_index = 0;
   if (!(s = dec.ReadVarint(&blob_index, "tensor blob index")).ok()) return s;
   auto blob = dec.GetBlob(blob_index, "tensor");
@@ -241,6 +288,11 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
   } else {
     *out = at::empty(sizes, options);
     (*blob)->CopyTo(out->data_ptr());
+  }
+  if (cuda_device >= 0) {
+    // Onto the mapped device, on this thread's current stream; the host
+    // waits for the copy, so the received bytes may be released after.
+    *out = out->to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
   }
   if (requires_grad != 0 && (c10::isFloatingType(st) || c10::isComplexType(st))) {
     out->set_requires_grad(true);

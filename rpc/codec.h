@@ -2,7 +2,9 @@
 //
 // Contract:
 // - Codec<T> exists for torch::Tensor (every dtype, any shape; a view or a
-//   non-contiguous tensor sends only the elements it views), bool, every
+//   non-contiguous tensor sends only the elements it views; CPU and CUDA
+//   tensors, a CUDA one arriving on the device the agent's device map names
+//   for it, see docs/cuda.md), bool, every
 //   integer type, float, double, std::string, std::vector, std::map and
 //   std::unordered_map with string keys, std::optional, std::pair,
 //   std::tuple and std::monostate (void).
@@ -56,6 +58,17 @@
 namespace baton::rpc {
 
 class RpcAgent;
+
+// Where a CUDA tensor sent to a peer arrives: the agent answers from
+// AgentOptions::device_maps (RpcAgent::DeviceOnPeer). An interface so that
+// the codec calls it without linking the agent.
+class DeviceRouter {
+ public:
+  virtual absl::StatusOr<int> DeviceOnPeer(int peer, int device) const = 0;
+
+ protected:
+  ~DeviceRouter() = default;
+};
 
 // What a codec may know about the message it encodes or decodes: the agent
 // and the other end (the destination when encoding, the sender when

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,11 @@ class StoreServer;
 }
 
 namespace baton::rpc::internal {
+
+// How many CUDA devices this process sees (0 in a CPU-only LibTorch).
+int LocalCudaDevices();
+// Adds AgentOptions::device_maps and the device count to a registration.
+void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 
 class ShmChannel;
 class ShmTransport;
@@ -109,6 +115,10 @@ class AgentImpl : private TransportHandler {
   bool uses_shm(int peer) const;
   bool uses_shm_transport(int peer) const;
   std::string StreamIdentity(int peer) const;
+  absl::StatusOr<int> DeviceOnPeer(int peer, int device) const;
+  // Checks this worker's device maps against the registrations and fills
+  // device_map_to_ (rpc/device_map.cc).
+  absl::Status ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
 
  private:
   struct PendingCall {
@@ -262,6 +272,10 @@ class AgentImpl : private TransportHandler {
   std::string store_instance_;                     // set during Rendezvous
   std::vector<WorkerInfo> workers_;                // set during Rendezvous
   std::vector<int64_t> peer_limits_;               // set during Rendezvous
+  // Per peer: this worker's CUDA device -> the peer's, and whether any map
+  // applies to the peer (AgentOptions::device_maps); set during Rendezvous.
+  std::vector<std::map<int, int>> device_map_to_;
+  std::vector<bool> has_device_map_to_;
   std::vector<std::atomic<bool>> peer_shm_;        // set during Rendezvous
   // Per peer: a newer incarnation is known than the one whose address the
   // transport has (P6; the call path reads it without the lock).

@@ -23,6 +23,11 @@ prefix="${BATON_DEPS_PREFIX:-/tmp/baton-deps}"
 out="$build/logs"
 py="${PYTHON:-python3}"
 budget="${BATON_GPU_BUDGET_S:-400}"
+# Which steps run after the build: the suites always; then (default: all)
+# nccl_bench, cuda_rpc_bench, probe (torch's figures), all (every other
+# library and test).
+steps=" ${BATON_GPU_STEPS:-nccl_bench cuda_rpc_bench probe all} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 mkdir -p "$out" "$prefix"
 step() { echo "== $(date +%T) +${SECONDS}s $*"; }
@@ -75,7 +80,7 @@ tail -5 "$out/configure.log"; grep -E "NCCL:|Torch" "$out/configure.log"
 [ $status -eq 0 ] || { cat "$out/configure.log"; exit 1; }
 
 step "build (only what the GPU suite needs)"
-targets=(cm_process_group_test cm_ddp_test nccl_latency_bench)
+targets=(cm_process_group_test cm_ddp_test nccl_latency_bench cm_cuda_rpc_test cuda_rpc_bench)
 if ! ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; then
   grep -E -B2 -A12 "error|FAILED" "$out/build.log" | head -120
   exit 1
@@ -84,7 +89,7 @@ tail -1 "$out/build.log"
 
 export LD_LIBRARY_PATH="$deplib:$torch_site/lib${nccl_root:+:$nccl_root/lib}:${LD_LIBRARY_PATH:-}"
 failed=0
-for t in cm_process_group_test cm_ddp_test; do
+for t in cm_process_group_test cm_ddp_test cm_cuda_rpc_test; do
   step "$t"
   if ! timeout 600 "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED|skipped:|NCCL's error" "$out/$t.log" | head -80
@@ -94,6 +99,7 @@ if [ $failed -ne 0 ]; then
   grep -E -A40 "\[  FAILED  \]|Failure" "$out"/cm_*.log | head -150
 fi
 
+if want nccl_bench; then
 step "latency: baton vs torch, NCCL world size 1, three rounds"
 for round in 1 2 3; do
   "$build/nccl_latency_bench" >"$out/bench_baton_$round.jsonl" 2>>"$out/bench.err" || failed=1
@@ -120,20 +126,32 @@ for m in metrics:
     fmt = lambda v: " ".join(f"{x:.3g}" for x in v)
     print(f"{m:18} {fmt(b):>26} {fmt(t):>26} {fmt(ratios):>18}")
 PY
+fi
+
+if want cuda_rpc_bench; then
+step "CUDA tensors through RPC: baton's benchmark"
+timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench.jsonl" | tail -12 || failed=1
+
+fi
+
+if want probe; then
 step "CUDA RPC probe: IPC, device-to-device bandwidth, torch.distributed.rpc with a device map"
 LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
   2>"$out/probe.err" | tee "$out/probe.jsonl"
 tail -3 "$out/probe.err"
+fi
 
 left=$((budget - SECONDS))
-if [ $left -gt 60 ]; then
+if ! want all; then
+  step "skipping the other libraries (BATON_GPU_STEPS)"
+elif [ $left -gt 60 ]; then
   step "every library and test against this LibTorch ($left s left)"
   if timeout $((left - 10)) ninja -C "$build" -k 0 -j"$(nproc)" >"$out/build_all.log" 2>&1; then
     tail -1 "$out/build_all.log"
     left=$((budget - SECONDS))
     if [ $left -gt 30 ]; then
       (cd "$build" && timeout $((left - 5)) ctest -j8 --timeout 120 \
-         -E 'cm_process_group_test|cm_ddp_test' >"$out/ctest.log" 2>&1)
+         -E 'cm_process_group_test|cm_ddp_test|cm_cuda_rpc_test' >"$out/ctest.log" 2>&1)
       echo "ctest exit $?"; grep -E "tests passed|\*\*\*|Failed|Timeout" "$out/ctest.log" | head -20
     fi
   else

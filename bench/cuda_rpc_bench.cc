@@ -1,0 +1,101 @@
+// cuda_rpc_bench: CUDA tensors through RPC between two processes on one GPU
+// (docs/cuda.md), beside the limits measured in the same run. JSON lines:
+//   d2d_copy_64MB_GBps     a 64 MB device-to-device copy in one process
+//                          (bytes copied per second: the bound)
+//   cuda_echo_64MB_GBps    a 64 MB CUDA tensor echoed (w0 -> w1 -> w0, device
+//                          map cuda:0 -> cuda:0): bytes each way per second
+//   small_cuda_call_us     median rpc_sync of a 4-element CUDA tensor
+//   small_cpu_call_us      the same with a CPU tensor
+//   cuda_over_cpu_call     small_cuda_call_us / small_cpu_call_us
+// tools/gpu/probe_cuda_rpc.py measures torch.distributed.rpc's figures.
+//
+//   cuda_rpc_bench            (built by CMakeLists.txt with BATON_CUDA=ON)
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "rpc/agent.h"
+#include "tests/multiprocess.h"
+
+namespace {
+
+using baton::rpc::AgentOptions;
+using baton::rpc::Function;
+using baton::rpc::FunctionRegistry;
+using baton::rpc::RpcAgent;
+
+const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Report(const char* metric, double value) {
+  std::printf("{\"system\": \"baton\", \"metric\": \"%s\", \"value\": %.6g}\n", metric, value);
+  std::fflush(stdout);
+}
+
+double MedianCallUs(RpcAgent& agent, const at::Tensor& t) {
+  std::vector<double> times;
+  for (int i = 0; i < 520; ++i) {
+    const double t0 = NowS();
+    (void)agent.rpc_sync(1, echo_fn, t);
+    if (i >= 20) times.push_back((NowS() - t0) * 1e6);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+BATON_SCENARIO(cuda_rpc_bench) {
+  auto registry = std::make_shared<FunctionRegistry>();
+  (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
+  auto opts = AgentOptions::FromEnv("w");
+  WCHECK_OK(opts.status());
+  if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
+  auto made = RpcAgent::Create(*opts, registry);
+  WCHECK_OK(made.status());
+  RpcAgent& agent = **made;
+  if (agent.self().id == 0) {
+    const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+    at::Tensor src = at::ones({16 << 20}, cuda), dst = at::empty_like(src);
+    for (int i = 0; i < 5; ++i) dst.copy_(src);
+    torch::cuda::synchronize();
+    double t0 = NowS();
+    for (int i = 0; i < 50; ++i) dst.copy_(src);
+    torch::cuda::synchronize();
+    Report("d2d_copy_64MB_GBps", 50 * src.nbytes() / (NowS() - t0) / 1e9);
+    for (int i = 0; i < 3; ++i) (void)agent.rpc_sync(1, echo_fn, src);
+    t0 = NowS();
+    const int reps = 10;
+    for (int i = 0; i < reps; ++i) (void)agent.rpc_sync(1, echo_fn, src);
+    Report("cuda_echo_64MB_GBps", 2.0 * reps * src.nbytes() / (NowS() - t0) / 1e9);
+    const double cuda_us = MedianCallUs(agent, at::ones({4}, cuda));
+    const double cpu_us = MedianCallUs(agent, at::ones({4}));
+    Report("small_cuda_call_us", cuda_us);
+    Report("small_cpu_call_us", cpu_us);
+    Report("cuda_over_cpu_call", cuda_us / cpu_us);
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = baton::testing::MaybeRunScenario(argc, argv);
+  if (code >= 0) return code;
+  auto results = baton::testing::RunWorkers("cuda_rpc_bench", 2, absl::Seconds(300));
+  int status = 0;
+  for (const auto& r : results) {
+    if (r.rank == 0 || r.exit_code != 0 || r.signal != 0 || r.timed_out) {
+      std::fputs(r.output.c_str(), stdout);
+    }
+    if (r.exit_code != 0 || r.signal != 0 || r.timed_out) status = 1;
+  }
+  return status;
+}

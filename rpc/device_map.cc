@@ -1,0 +1,96 @@
+// AgentImpl's CUDA device maps (AgentOptions::device_maps, docs/cuda.md):
+// what a worker publishes, how each peer's map is resolved and checked at
+// the rendezvous, and the lookup the tensor codec makes per CUDA tensor.
+#include <torch/cuda.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/internal/agent_impl.h"
+
+namespace baton::rpc::internal {
+
+int LocalCudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
+
+void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
+  for (const auto& [worker, devices] : options.device_maps) {
+    auto& map = (*mine.mutable_device_maps())[worker];
+    for (const auto& [from, to] : devices) (*map.mutable_devices())[from] = to;
+  }
+  mine.set_cuda_devices(LocalCudaDevices());
+}
+
+absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
+  const int local = LocalCudaDevices();
+  device_map_to_.assign(records.size(), {});
+  has_device_map_to_.assign(records.size(), false);
+  for (const auto& [worker, devices] : options_.device_maps) {
+    const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
+    auto it = by_name_.find(worker);
+    if (it == by_name_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": worker '", worker, "' is not in this job"));
+    }
+    const int peer = it->second;
+    if (peer == rank_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a worker maps no devices to itself"));
+    }
+    const int remote = records[peer].cuda_devices();
+    std::set<int> targets;
+    for (const auto& [from, to] : devices) {
+      if (from < 0 || from >= local) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, ", but worker '",
+                                                       options_.name, "' has ", local,
+                                                       " CUDA device(s)"));
+      }
+      if (to < 0 || to >= remote) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, " to cuda:", to,
+                                                       " of worker '", worker, "', which has ",
+                                                       remote, " CUDA device(s)"));
+      }
+      if (!targets.insert(to).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " maps two devices to cuda:", to, " of worker '", worker,
+            "'; a map must be one-to-one so that replies can come back"));
+      }
+    }
+    device_map_to_[peer] = devices;
+    has_device_map_to_[peer] = true;
+  }
+  // Peers this worker set no map for: the inverse of their map for it.
+  for (size_t peer = 0; peer < records.size(); ++peer) {
+    if (has_device_map_to_[peer] || static_cast<int>(peer) == rank_) continue;
+    auto it = records[peer].device_maps().find(options_.name);
+    if (it == records[peer].device_maps().end()) continue;
+    for (const auto& [from, to] : it->second.devices()) device_map_to_[peer][to] = from;
+    has_device_map_to_[peer] = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device) const {
+  if (peer < 0 || peer >= static_cast<int>(device_map_to_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker with id ", peer));
+  }
+  if (peer == rank_) return device;  // a call to itself stays on the device
+  const std::string& name = workers_[peer].name;
+  if (!has_device_map_to_[peer]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot send a tensor on device cuda:", device, " to worker '", name,
+        "': no device map applies (set AgentOptions::device_maps[\"", name,
+        "\"] on this worker, or a map for this worker on '", name, "')"));
+  }
+  auto it = device_map_to_[peer].find(device);
+  if (it == device_map_to_[peer].end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot send a tensor on device cuda:", device, " to worker '", name,
+        "': the device map for it leaves cuda:", device, " out"));
+  }
+  return it->second;
+}
+
+}  // namespace baton::rpc::internal

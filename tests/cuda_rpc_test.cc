@@ -1,0 +1,333 @@
+// CUDA tensors through RPC (docs/cuda.md): device maps checked at Create
+// (in process, on any machine), and on a GPU, between two worker processes
+// sharing it: an echo of CUDA tensors of several dtypes and views, replies
+// that come back through the inverse of the caller's map, the errors of a
+// missing map, distributed autograd whose gradients come back to the CUDA
+// tensors that were sent, and a remote CUDA layer trained with the
+// distributed optimizer that matches local training on the GPU.
+//
+// The GPU cases skip where this process sees no CUDA device, saying so.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_optim/distributed_optimizer.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_job.h"
+#include "rref/rref.h"
+#include "tests/multiprocess.h"
+#include "tests/multiprocess_gtest.h"
+
+namespace baton::rpc {
+namespace {
+
+using baton::testing::ExpectAllSucceeded;
+using baton::testing::RunWorkers;
+using rref::RRef;
+
+int CudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
+
+#define SKIP_WITHOUT_GPU()                                                    \
+  if (CudaDevices() == 0) GTEST_SKIP() << "skipped: needs a CUDA device, found 0"
+
+// ---- Device maps checked at Create (any machine) ----
+
+absl::Status StartWithMaps(std::function<void(int, AgentOptions&)> configure) {
+  testing::LoopbackJobOptions o;
+  o.world_size = 2;
+  o.init_timeout = absl::Seconds(10);
+  o.configure = std::move(configure);
+  return testing::LoopbackJob::Start(o).status();
+}
+
+TEST(DeviceMaps, AWorkerNotInTheJobIsRefused) {
+  const absl::Status s = StartWithMaps([](int, AgentOptions& o) {
+    o.device_maps["w9"] = {{0, 0}};
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(
+      s.message(), "AgentOptions::device_maps[\"w9\"]: worker 'w9' is not in this job"))
+      << s;
+}
+
+TEST(DeviceMaps, ADeviceThisWorkerDoesNotHaveIsRefused) {
+  const int n = CudaDevices();
+  const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
+    o.device_maps[rank == 0 ? "w1" : "w0"] = {{n, 0}};
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:", n, ", but worker 'w")))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("has ", n, " CUDA device(s)"))) << s;
+}
+
+TEST(DeviceMaps, AMapToItselfIsRefused) {
+  const absl::Status s = StartWithMaps([](int rank, AgentOptions& o) {
+    o.device_maps[absl::StrCat("w", rank)] = {{0, 0}};
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "a worker maps no devices to itself")) << s;
+}
+
+TEST(DeviceMaps, ADeviceThePeerDoesNotHaveIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const int n = CudaDevices();
+  const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
+    o.device_maps[rank == 0 ? "w1" : "w0"] = {{0, n}};
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:0 to cuda:", n, " of worker")))
+      << s;
+}
+
+// Without a GPU, a CUDA tensor never exists here; what the other end may
+// still send is refused with the count of devices this worker has.
+TEST(DeviceMaps, WithoutAMapNothingChangesForCpuTensors) {
+  testing::LoopbackJobOptions o;
+  const Function<at::Tensor(at::Tensor)> echo("echo");
+  o.install = [&echo](int, FunctionRegistry& r) {
+    (void)r.Register(echo, [](at::Tensor t) { return t * 2; });
+  };
+  auto job = testing::LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  at::Tensor back = (*job)->agent(0).rpc_sync(1, echo, at::arange(5.0));
+  EXPECT_TRUE(back.device().is_cpu());
+  EXPECT_TRUE(back.equal(at::arange(5.0) * 2));
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+// ---- Two processes on one GPU ----
+
+const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+const Function<std::string(at::Tensor)> where_fn("where");
+const Function<at::Tensor(int64_t)> make_cuda_fn("make_cuda");
+const Function<at::Tensor(at::Tensor, at::Tensor)> mm_fn("mm");
+
+// Parameters on their owner's GPU, like a remote module's.
+class CudaLayer {
+ public:
+  CudaLayer(int64_t seed, int64_t in, int64_t out) {
+    at::manual_seed(seed);
+    const auto opts = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA, 0);
+    w_ = at::randn({in, out}, opts).requires_grad_(true);
+    b_ = at::randn({out}, opts).requires_grad_(true);
+  }
+  at::Tensor forward(at::Tensor x) { return at::tanh(x.mm(w_) + b_); }
+  std::vector<at::Tensor> values() { return {w_.detach().clone(), b_.detach().clone()}; }
+  std::vector<at::Tensor>& params() { return ps_ = {w_, b_}; }
+
+ private:
+  at::Tensor w_, b_;
+  std::vector<at::Tensor> ps_;
+};
+using Layer = RRef<CudaLayer>;
+const Function<std::vector<RRef<at::Tensor>>(Layer)> params_fn("params");
+
+struct Worker {
+  std::shared_ptr<FunctionRegistry> registry;
+  std::shared_ptr<rref::RRefService> rrefs;
+  std::unique_ptr<RpcAgent> agent;
+};
+
+// w0 maps its cuda:0 to w1's cuda:0 when `map`; w1 sets no map and answers
+// through the inverse of w0's.
+Worker Start(bool map) {
+  Worker w;
+  w.registry = std::make_shared<FunctionRegistry>();
+  auto& r = *w.registry;
+  WCHECK_OK(dist_autograd::Install(r));
+  w.rrefs = rref::RRefService::Install(r);
+  dist_optim::Install(*w.rrefs);
+  rref::RegisterClass<CudaLayer>(*w.rrefs, "CudaLayer")
+      .Constructor<int64_t, int64_t, int64_t>()
+      .Method("forward", &CudaLayer::forward)
+      .Method("values", &CudaLayer::values);
+  (void)r.Register(echo_fn, [](at::Tensor t) { return t; });
+  (void)r.Register(where_fn, [](at::Tensor t) {
+    return absl::StrCat(t.device().str(), " ", c10::toString(t.scalar_type()));
+  });
+  (void)r.Register(make_cuda_fn, [](int64_t n) {
+    return at::arange(n, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, 0));
+  });
+  (void)r.Register(mm_fn, [](at::Tensor a, at::Tensor b) { return a.mm(b); });
+  (void)r.Register(params_fn, [](const CallContext& ctx, Layer l) {
+    std::vector<RRef<at::Tensor>> out;
+    for (const auto& p : l.local_value()->params()) out.push_back(rref::MakeOwned(*ctx.agent, p));
+    return out;
+  });
+  auto opts = AgentOptions::FromEnv("w");
+  WCHECK_OK(opts.status());
+  if (map && opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
+  auto agent = RpcAgent::Create(*opts, w.registry);
+  WCHECK_OK(agent.status());
+  w.agent = *std::move(agent);
+  w.rrefs->Attach(w.agent.get());
+  return w;
+}
+
+void CheckSame(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  const bool ok = got.defined() && got.device() == want.device() &&
+                  got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() &&
+                  got.cpu().equal(want.cpu());
+  if (!ok) {
+    std::fprintf(stderr, "%s: got %s %s%s, want %s %s%s\n", what.c_str(),
+                 got.defined() ? got.device().str().c_str() : "undefined",
+                 got.defined() ? c10::toString(got.scalar_type()) : "",
+                 got.defined() ? c10::str(got.sizes()).c_str() : "", want.device().str().c_str(),
+                 c10::toString(want.scalar_type()), c10::str(want.sizes()).c_str());
+    baton::testing::ExitWorker(1);
+  }
+}
+
+BATON_SCENARIO(cuda_echo) {
+  Worker w = Start(/*map=*/true);
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 0) {
+    const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+    for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong,
+                                at::kInt, at::kByte, at::kBool}) {
+      at::Tensor t = (at::arange(24, cuda.dtype(at::kLong)).reshape({4, 6}) % 7).to(type);
+      const std::string name = c10::toString(type);
+      const std::string arrived = agent.rpc_sync(1, where_fn, t);
+      WCHECK(arrived == absl::StrCat("cuda:0 ", name));
+      CheckSame(agent.rpc_sync(1, echo_fn, t), t, absl::StrCat("echo of ", name));
+    }
+    at::Tensor base = at::randn({6, 8}, cuda);
+    const std::vector<std::pair<std::string, at::Tensor>> views = {
+        {"transposed", base.t()},          {"rows 2-4", base.narrow(0, 2, 3)},
+        {"one row", base[5]},              {"strided columns", base.slice(1, 0, 8, 3)},
+        {"no elements", base.narrow(0, 0, 0)}, {"a scalar", base[1][2]},
+    };
+    for (const auto& [what, v] : views) {
+      at::Tensor back = agent.rpc_sync(1, echo_fn, v);
+      CheckSame(back, v.contiguous(), absl::StrCat("echo of ", what));
+    }
+    // 64 MiB: the bulk path.
+    at::Tensor big = at::randn({16 << 20}, cuda);
+    CheckSame(agent.rpc_sync(1, echo_fn, big), big, "echo of 64 MiB");
+    // CPU tensors are untouched by the map.
+    at::Tensor cpu = at::arange(5.0);
+    WCHECK(agent.rpc_sync(1, where_fn, cpu) == "cpu Float");
+    CheckSame(agent.rpc_sync(1, echo_fn, cpu), cpu, "echo of a CPU tensor");
+    // A tensor the callee makes on its GPU comes back through the inverse
+    // of this worker's map.
+    CheckSame(agent.rpc_sync(1, make_cuda_fn, int64_t{10}),
+              at::arange(10, cuda.dtype(at::kLong)), "a CUDA result");
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
+BATON_SCENARIO(cuda_without_map) {
+  Worker w = Start(/*map=*/false);
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 0) {
+    at::Tensor t = at::ones({3}, at::TensorOptions().device(at::kCUDA, 0));
+    absl::Status s = agent.rpc_async(1, echo_fn, t).Wait(absl::Seconds(30));
+    WCHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    WCHECK(absl::StrContains(s.message(),
+                             "cannot send a tensor on device cuda:0 to worker 'w1': no device map "
+                             "applies"));
+    // The callee cannot answer with a CUDA tensor either; the caller is told why.
+    s = agent.rpc_async(1, make_cuda_fn, int64_t{4}).Wait(absl::Seconds(30));
+    WCHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    WCHECK(absl::StrContains(s.message(), "cannot send a tensor on device cuda:0 to worker 'w0'"));
+    // The agent still works.
+    WCHECK(agent.rpc_sync(1, where_fn, at::ones({1})) == "cpu Float");
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
+void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  WCHECK(got.defined());
+  if (got.device() != want.device()) {
+    std::fprintf(stderr, "%s: on %s, want %s\n", what.c_str(), got.device().str().c_str(),
+                 want.device().str().c_str());
+    baton::testing::ExitWorker(1);
+  }
+  const double tol = want.scalar_type() == at::kDouble ? 1e-12 : 1e-5;
+  const double err = (got - want).abs().max().item<double>();
+  if (!(err <= tol * std::max(1.0, want.abs().max().item<double>()))) {
+    std::fprintf(stderr, "%s: max error %.3g\n", what.c_str(), err);
+    baton::testing::ExitWorker(1);
+  }
+}
+
+BATON_SCENARIO(cuda_autograd) {
+  Worker w = Start(/*map=*/true);
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 0) {
+    const auto cuda = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA, 0);
+    // Gradients come back to the CUDA tensors that were sent.
+    at::manual_seed(3);
+    at::Tensor x = at::randn({3, 4}, cuda).requires_grad_(true);
+    at::Tensor m = at::randn({4, 5}, cuda).requires_grad_(true);
+    {
+      dist_autograd::Context ctx(agent);
+      at::Tensor loss = agent.rpc_sync(1, mm_fn, x, m).tanh().sum();
+      WCHECK_OK(dist_autograd::Backward(agent, ctx.id(), {loss}));
+      auto g = dist_autograd::GetGradients(agent, ctx.id());
+      WCHECK_OK(g.status());
+      auto want = torch::autograd::grad({x.mm(m).tanh().sum()}, {x, m});
+      ExpectClose(g->Get(x), want[0], "gradient of x");
+      ExpectClose(g->Get(m), want[1], "gradient of m");
+    }
+    // A layer on w1's GPU trained by the distributed optimizer, against the
+    // same layer trained here with torch::optim.
+    Layer layer = rref::remote<CudaLayer>(agent, 1, int64_t{7}, int64_t{4}, int64_t{3});
+    std::vector<RRef<at::Tensor>> params = agent.rpc_sync(1, params_fn, layer);
+    auto opt = dist_optim::DistributedOptimizer::Create(
+        agent, dist_optim::OptimizerOptions::SGD(0.1), params);
+    WCHECK_OK(opt.status());
+    std::vector<at::Tensor> ref;
+    for (auto& t : layer.rpc_sync(&CudaLayer::values)) ref.push_back(t.requires_grad_(true));
+    WCHECK(ref[0].device() == at::Device(at::kCUDA, 0));
+    torch::optim::SGD reference(ref, torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor input = at::randn({5, 4}, cuda);
+      {
+        dist_autograd::Context ctx(agent);
+        at::Tensor out = layer.rpc_sync(&CudaLayer::forward, input);
+        WCHECK(out.device() == at::Device(at::kCUDA, 0));
+        WCHECK_OK(dist_autograd::Backward(agent, ctx.id(), {(out * out).sum()}));
+        WCHECK_OK((*opt)->Step(ctx.id()));
+      }
+      reference.zero_grad();
+      at::Tensor out = at::tanh(input.mm(ref[0]) + ref[1]);
+      (out * out).sum().backward();
+      reference.step();
+      std::vector<at::Tensor> got = layer.rpc_sync(&CudaLayer::values);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ExpectClose(got[i], ref[i].detach(), absl::StrCat("step ", step, " param ", i));
+      }
+    }
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
+TEST(CudaRpc, EchoOfDtypesAndViewsArrivesOnTheMappedDevice) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_echo", 2, absl::Seconds(120)));
+}
+
+TEST(CudaRpc, WithoutAMapTheCallFailsNamingTheDeviceAndTheWorker) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_without_map", 2, absl::Seconds(120)));
+}
+
+TEST(CudaRpc, DistributedAutogradAndOptimizerMatchLocalTrainingOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_autograd", 2, absl::Seconds(180)));
+}
+
+}  // namespace
+}  // namespace baton::rpc
