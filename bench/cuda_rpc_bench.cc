@@ -9,16 +9,20 @@
 //   cuda_over_cpu_call     small_cuda_call_us / small_cpu_call_us
 // tools/gpu/probe_cuda_rpc.py measures torch.distributed.rpc's figures.
 //
-//   cuda_rpc_bench            (built by CMakeLists.txt with BATON_CUDA=ON)
+//   cuda_rpc_bench                      host-staged
+//   BATON_BENCH_CUDA_IPC=1 cuda_rpc_bench   through CUDA IPC (rpc/cuda/ipc_channel.h)
+// (built by CMakeLists.txt with BATON_CUDA=ON)
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "rpc/agent.h"
+#include "rpc/cuda/ipc_channel.h"
 #include "tests/multiprocess.h"
 
 namespace {
@@ -36,7 +40,9 @@ double NowS() {
 }
 
 void Report(const char* metric, double value) {
-  std::printf("{\"system\": \"baton\", \"metric\": \"%s\", \"value\": %.6g}\n", metric, value);
+  const char* ipc = std::getenv("BATON_BENCH_CUDA_IPC");
+  std::printf("{\"system\": \"baton\", \"path\": \"%s\", \"metric\": \"%s\", \"value\": %.6g}\n",
+              ipc != nullptr && std::string(ipc) == "1" ? "cuda_ipc" : "host", metric, value);
   std::fflush(stdout);
 }
 
@@ -57,9 +63,18 @@ BATON_SCENARIO(cuda_rpc_bench) {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
   if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
-  auto made = RpcAgent::Create(*opts, registry);
+  const char* ipc_env = std::getenv("BATON_BENCH_CUDA_IPC");
+  const bool ipc = ipc_env != nullptr && std::string(ipc_env) == "1";
+  baton::rpc::AgentCollaborators collaborators;
+  std::shared_ptr<baton::rpc::cuda::CudaIpcChannel> channel;
+  if (ipc) {
+    channel = baton::rpc::cuda::CudaIpcChannel::Install(*registry);
+    collaborators.cuda_channel = channel;
+  }
+  auto made = RpcAgent::Create(*opts, registry, std::move(collaborators));
   WCHECK_OK(made.status());
   RpcAgent& agent = **made;
+  if (channel != nullptr) channel->Attach(&agent);
   if (agent.self().id == 0) {
     const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
     at::Tensor src = at::ones({16 << 20}, cuda), dst = at::empty_like(src);
@@ -79,6 +94,21 @@ BATON_SCENARIO(cuda_rpc_bench) {
     Report("small_cuda_call_us", cuda_us);
     Report("small_cpu_call_us", cpu_us);
     Report("cuda_over_cpu_call", cuda_us / cpu_us);
+    // Where a small host-staged call's time goes: its copies, alone.
+    at::Tensor small = at::ones({4}, cuda), host = at::ones({4});
+    auto median_us = [](auto fn) {
+      std::vector<double> v;
+      for (int i = 0; i < 220; ++i) {
+        const double t0 = NowS();
+        fn();
+        if (i >= 20) v.push_back((NowS() - t0) * 1e6);
+      }
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    Report("small_d2h_copy_us", median_us([&] { (void)small.to(at::kCPU); }));
+    Report("small_h2d_copy_us", median_us([&] { (void)host.to(small.device()); }));
+    Report("device_count_us", median_us([] { (void)torch::cuda::device_count(); }));
   }
   WCHECK_OK(agent.Shutdown());
   return 0;

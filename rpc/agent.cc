@@ -157,6 +157,7 @@ std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdent
 absl::StatusOr<int> RpcAgent::DeviceOnPeer(int peer, int device) const {
   return impl_->DeviceOnPeer(peer, device);
 }
+CudaTensorChannel* RpcAgent::CudaChannelFor(int peer) const { return impl_->CudaChannelFor(peer); }
 
 // ---- AgentImpl ----
 
@@ -169,7 +170,8 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
       network_factory_(std::move(collaborators.network_transport)),
       rendezvous_observer_(std::move(collaborators.rendezvous_observer)),
       timer_(std::move(collaborators.timer)),
-      executor_(std::move(collaborators.executor)) {}
+      executor_(std::move(collaborators.executor)),
+      cuda_channel_(std::move(collaborators.cuda_channel)) {}
 
 AgentImpl::~AgentImpl() = default;
 

@@ -229,6 +229,10 @@ struct AgentCollaborators {
   // process that died at that step leaves (tests of start-up failures).
   // Null: nothing runs.
   std::function<absl::Status(RendezvousStep)> rendezvous_observer;
+  // Moves CUDA tensors to workers on this host (another process, same boot
+  // and PID namespace) through CUDA IPC instead of host memory
+  // (rpc/cuda/ipc_channel.h, CUDA builds). Null: host memory.
+  std::shared_ptr<CudaTensorChannel> cuda_channel;
 };
 
 struct CallOptions {
@@ -404,6 +408,7 @@ class RpcAgent final : public DeviceRouter {
   // for this worker). INVALID_ARGUMENT naming the device and the worker
   // where no map applies or the map leaves the device out.
   absl::StatusOr<int> DeviceOnPeer(int peer, int device) const override;
+  CudaTensorChannel* CudaChannelFor(int peer) const override;
 
  private:
   explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);

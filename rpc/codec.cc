@@ -12,10 +12,11 @@ namespace {
 constexpr uint8_t kUndefinedTensor = 0;
 constexpr uint8_t kDenseTensor = 1;
 // A CUDA tensor (docs/cuda.md): the dense layout, then the destination's
-// device index, then how its bytes travel (kHostStaged: a host copy in the
-// blob; the value 1 is reserved for CUDA IPC on one host).
+// device index, then how its bytes travel: kHostStaged, a host copy in the
+// blob; kCudaIpc, what the CudaTensorChannel exported (same host).
 constexpr uint8_t kCudaTensor = 2;
 constexpr uint8_t kHostStaged = 0;
+constexpr uint8_t kCudaIpc = 1;
 constexpr uint64_t kMaxDims = 64;
 // Bounds the product of a tensor's nonzero sizes (and thus its element
 // count and strides): 2^48 elements.
@@ -187,7 +188,6 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   // copied to the host on the current stream (after the work queued on it).
   at::Tensor c = tensor.detach();
   if (!c.is_contiguous()) c = c.contiguous();
-  if (destination_device >= 0) c = c.to(at::kCPU);
   enc.WritePod<uint8_t>(destination_device >= 0 ? kCudaTensor : kDenseTensor);
   enc.WritePod<int8_t>(static_cast<int8_t>(c.scalar_type()));
   enc.WritePod<uint8_t>(tensor.requires_grad() ? 1 : 0);
@@ -195,7 +195,16 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   for (int64_t d : c.sizes()) enc.WriteVarint(static_cast<uint64_t>(d));
   if (destination_device >= 0) {
     enc.WriteVarint(static_cast<uint64_t>(destination_device));
+    const DeviceRouter* router = context->agent;
+    CudaTensorChannel* channel = router->CudaChannelFor(context->peer);
+    const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
+    if (channel != nullptr && bytes > 0 && channel->Wants(bytes)) {
+      enc.WritePod<uint8_t>(kCudaIpc);
+      if (absl::Status s = channel->Export(c, context->peer, enc); !s.ok()) enc.Fail(s);
+      return;
+    }
     enc.WritePod<uint8_t>(kHostStaged);
+    c = c.to(at::kCPU);
   }
   Blob blob;
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
@@ -255,7 +264,7 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     uint8_t path = 0;
     if (!(s = dec.ReadVarint(&device, "tensor device")).ok()) return s;
     if (!(s = dec.ReadPod(&path, "tensor path")).ok()) return s;
-    if (path != kHostStaged) {
+    if (path != kHostStaged && path != kCudaIpc) {
       return absl::DataLossError(absl::StrCat("bad CUDA tensor path ", int{path}));
     }
     const uint64_t devices = torch::cuda::device_count();
@@ -265,6 +274,26 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
           " CUDA device(s): check the sender's AgentOptions::device_maps"));
     }
     cuda_device = static_cast<int64_t>(device);
+    if (path == kCudaIpc) {
+      const CodecContext* context = dec.context();
+      CudaTensorChannel* channel = nullptr;
+      if (context != nullptr && context->agent != nullptr) {
+        const DeviceRouter* router = context->agent;
+        channel = router->CudaChannelFor(context->peer);
+      }
+      if (channel == nullptr) {
+        return absl::FailedPreconditionError(
+            "a CUDA tensor arrived through CUDA IPC, but this worker has no CUDA IPC channel "
+            "for its sender (AgentCollaborators::cuda_channel)");
+      }
+      auto imported = channel->Import(dec, context->peer, static_cast<int>(device), sizes, st);
+      if (!imported.ok()) return imported.status();
+      *out = *std::move(imported);
+      if (requires_grad != 0 && (c10::isFloatingType(st) || c10::isComplexType(st))) {
+        out->set_requires_grad(true);
+      }
+      return absl::OkStatus();
+    }
   }
   uint64_t blob_index = 0;
   if (!(s = dec.ReadVarint(&blob_index, "tensor blob index")).ok()) return s;

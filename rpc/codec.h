@@ -59,12 +59,38 @@ namespace baton::rpc {
 
 class RpcAgent;
 
+class Encoder;
+class Decoder;
+
+// Moves CUDA tensors between processes of one host without the host: the
+// sender exports its memory, the receiver copies from it on the GPU and
+// releases it (rpc/cuda/ipc_channel.h, CUDA builds; docs/cuda.md).
+class CudaTensorChannel {
+ public:
+  virtual ~CudaTensorChannel() = default;
+  // Whether a tensor of `bytes` should take this channel (else the host).
+  virtual bool Wants(size_t bytes) const = 0;
+  // Writes what `peer` needs to copy `tensor` (contiguous, on a CUDA device)
+  // and keeps its memory alive until `peer` releases it or dies.
+  virtual absl::Status Export(const at::Tensor& tensor, int peer, Encoder& enc) = 0;
+  // Reads what Export wrote (sent by `peer`) and returns a tensor of `sizes`
+  // and `dtype` in memory of its own on cuda:`device`, its values copied on
+  // the GPU; the sender's memory is released.
+  virtual absl::StatusOr<at::Tensor> Import(Decoder& dec, int peer, int device,
+                                            const std::vector<int64_t>& sizes,
+                                            c10::ScalarType dtype) = 0;
+};
+
 // Where a CUDA tensor sent to a peer arrives: the agent answers from
-// AgentOptions::device_maps (RpcAgent::DeviceOnPeer). An interface so that
-// the codec calls it without linking the agent.
+// AgentOptions::device_maps (RpcAgent::DeviceOnPeer), and which channel
+// carries it. An interface so that the codec calls it without linking the
+// agent.
 class DeviceRouter {
  public:
   virtual absl::StatusOr<int> DeviceOnPeer(int peer, int device) const = 0;
+  // The channel that moves CUDA tensors to and from `peer` without the host,
+  // or null (the host carries them).
+  virtual CudaTensorChannel* CudaChannelFor(int peer) const = 0;
 
  protected:
   ~DeviceRouter() = default;

@@ -25,6 +25,15 @@ void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
 
 absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
   const int local = LocalCudaDevices();
+  // CUDA IPC reaches other processes of this host.
+  const proto::WorkerRecord& mine = records[rank_];
+  cuda_channel_peer_.assign(records.size(), false);
+  for (size_t peer = 0; peer < records.size(); ++peer) {
+    cuda_channel_peer_[peer] = static_cast<int>(peer) != rank_ && !mine.boot_id().empty() &&
+                               records[peer].boot_id() == mine.boot_id() &&
+                               records[peer].pid_namespace() == mine.pid_namespace() &&
+                               records[peer].pid() != mine.pid();
+  }
   device_map_to_.assign(records.size(), {});
   has_device_map_to_.assign(records.size(), false);
   for (const auto& [worker, devices] : options_.device_maps) {
@@ -70,6 +79,14 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
     has_device_map_to_[peer] = true;
   }
   return absl::OkStatus();
+}
+
+CudaTensorChannel* AgentImpl::CudaChannelFor(int peer) const {
+  if (cuda_channel_ == nullptr || peer < 0 ||
+      peer >= static_cast<int>(cuda_channel_peer_.size()) || !cuda_channel_peer_[peer]) {
+    return nullptr;
+  }
+  return cuda_channel_.get();
 }
 
 absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device) const {

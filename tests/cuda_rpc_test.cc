@@ -6,7 +6,11 @@
 // tensors that were sent, and a remote CUDA layer trained with the
 // distributed optimizer that matches local training on the GPU.
 //
-// The GPU cases skip where this process sees no CUDA device, saying so.
+// With BATON_TEST_WITH_CUDA_IPC (the CUDA build) the echo and autograd
+// cases run again over CUDA IPC (rpc/cuda/ipc_channel.h, I1-I5), and a
+// receiver killed while the sender holds its export leaves no device memory
+// held on the sender. The GPU cases skip where this process sees no CUDA
+// device, saying so.
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <gtest/gtest.h>
@@ -17,17 +21,29 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
+
+#ifdef BATON_TEST_WITH_CUDA_IPC
+#include <signal.h>
+#include <unistd.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include "rpc/cuda/ipc_channel.h"
+#endif
 
 namespace baton::rpc {
 namespace {
 
+using baton::testing::Describe;
 using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 using rref::RRef;
@@ -130,11 +146,25 @@ class CudaLayer {
 using Layer = RRef<CudaLayer>;
 const Function<std::vector<RRef<at::Tensor>>(Layer)> params_fn("params");
 
+const Function<int64_t()> pid_fn("pid");
+
 struct Worker {
   std::shared_ptr<FunctionRegistry> registry;
   std::shared_ptr<rref::RRefService> rrefs;
   std::unique_ptr<RpcAgent> agent;
+#ifdef BATON_TEST_WITH_CUDA_IPC
+  std::shared_ptr<cuda::CudaIpcChannel> ipc;
+#endif
 };
+
+#ifdef BATON_TEST_WITH_CUDA_IPC
+// Whether this run's scenario moves CUDA tensors through CUDA IPC
+// (BATON_TEST_CUDA_IPC=1 in the workers' environment).
+bool UseIpc() {
+  const char* v = std::getenv("BATON_TEST_CUDA_IPC");
+  return v != nullptr && std::string(v) == "1";
+}
+#endif
 
 // w0 maps its cuda:0 to w1's cuda:0 when `map`; w1 sets no map and answers
 // through the inverse of w0's.
@@ -157,6 +187,7 @@ Worker Start(bool map) {
     return at::arange(n, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, 0));
   });
   (void)r.Register(mm_fn, [](at::Tensor a, at::Tensor b) { return a.mm(b); });
+  (void)r.Register(pid_fn, [] { return static_cast<int64_t>(getpid()); });
   (void)r.Register(params_fn, [](const CallContext& ctx, Layer l) {
     std::vector<RRef<at::Tensor>> out;
     for (const auto& p : l.local_value()->params()) out.push_back(rref::MakeOwned(*ctx.agent, p));
@@ -165,10 +196,20 @@ Worker Start(bool map) {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
   if (map && opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
-  auto agent = RpcAgent::Create(*opts, w.registry);
+  AgentCollaborators collaborators;
+#ifdef BATON_TEST_WITH_CUDA_IPC
+  if (UseIpc()) {
+    w.ipc = cuda::CudaIpcChannel::Install(r);
+    collaborators.cuda_channel = w.ipc;
+  }
+#endif
+  auto agent = RpcAgent::Create(*opts, w.registry, std::move(collaborators));
   WCHECK_OK(agent.status());
   w.agent = *std::move(agent);
   w.rrefs->Attach(w.agent.get());
+#ifdef BATON_TEST_WITH_CUDA_IPC
+  if (w.ipc != nullptr) w.ipc->Attach(w.agent.get());
+#endif
   return w;
 }
 
@@ -221,6 +262,13 @@ BATON_SCENARIO(cuda_echo) {
     CheckSame(agent.rpc_sync(1, make_cuda_fn, int64_t{10}),
               at::arange(10, cuda.dtype(at::kLong)), "a CUDA result");
   }
+#ifdef BATON_TEST_WITH_CUDA_IPC
+  // I3: every export was released by its receiver.
+  if (w.ipc != nullptr) {
+    WCHECK(baton::testing::Eventually([&] { return w.ipc->held() == 0; }));
+    WCHECK(w.ipc->held_bytes() == 0);
+  }
+#endif
   WCHECK_OK(agent.Shutdown());
   return 0;
 }
@@ -328,6 +376,68 @@ TEST(CudaRpc, DistributedAutogradAndOptimizerMatchLocalTrainingOnTheGpu) {
   SKIP_WITHOUT_GPU();
   ExpectAllSucceeded(RunWorkers("cuda_autograd", 2, absl::Seconds(180)));
 }
+
+#ifdef BATON_TEST_WITH_CUDA_IPC
+const std::map<std::string, std::string> kIpc = {{"BATON_TEST_CUDA_IPC", "1"}};
+
+TEST(CudaIpc, I1_I3_EchoOfDtypesAndViewsWithEveryExportReleased) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_echo", 2, absl::Seconds(120), kIpc));
+}
+
+TEST(CudaIpc, I2_DistributedAutogradAndOptimizerMatchLocalTraining) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_autograd", 2, absl::Seconds(180), kIpc));
+}
+
+// Bytes LibTorch's caching allocator holds allocated on cuda:0. Index 0 is
+// StatType::AGGREGATE, whose namespace moved between LibTorch 1.13 and 2.x.
+int64_t AllocatedBytes() {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+}
+
+// I4: w0 exports 256 MiB to w1, which is stopped and cannot release it, then
+// killed. Once w0 finds w1 dead, the export is dropped and the memory is
+// back in w0's allocator: measured with the allocator's own count.
+BATON_SCENARIO(cuda_ipc_receiver_dies) {
+  Worker w = Start(/*map=*/true);
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 1) {
+    // Stopped, then killed, by w0; it never returns from here.
+    absl::Notification never;
+    never.WaitForNotificationWithTimeout(absl::Seconds(120));
+    return 1;
+  }
+  const pid_t victim = static_cast<pid_t>(agent.rpc_sync(1, pid_fn));
+  const int64_t before = AllocatedBytes();
+  {
+    at::Tensor big = at::ones({64 << 20}, at::TensorOptions().device(at::kCUDA, 0));
+    WCHECK(kill(victim, SIGSTOP) == 0);
+    (void)agent.rpc_async(CallOptions{absl::Seconds(60)}, 1, echo_fn, big);
+  }
+  // The export holds the memory: the tensor itself is gone here.
+  WCHECK(w.ipc->held() == 1 && w.ipc->held_bytes() == (int64_t{256} << 20));
+  const int64_t holding = AllocatedBytes();
+  WCHECK(holding - before >= (int64_t{256} << 20));
+  WCHECK(kill(victim, SIGKILL) == 0);
+  WCHECK(baton::testing::Eventually([&] { return w.ipc->held() == 0; }, absl::Seconds(60)));
+  const int64_t after = AllocatedBytes();
+  std::printf("allocated on w0: %ld bytes before, %ld while exported, %ld after w1 died\n",
+              static_cast<long>(before), static_cast<long>(holding), static_cast<long>(after));
+  WCHECK(after == before);
+  WCHECK_OK(agent.Shutdown(/*graceful=*/false));
+  return 0;
+}
+
+TEST(CudaIpc, I4_AKilledReceiverLeavesNoDeviceMemoryHeldOnTheSender) {
+  SKIP_WITHOUT_GPU();
+  const auto results = RunWorkers("cuda_ipc_receiver_dies", 2, absl::Seconds(120), kIpc);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].exit_code == 0 && results[0].signal == 0) << Describe(results);
+  EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
+  std::printf("%s", results[0].output.c_str());
+}
+#endif
 
 }  // namespace
 }  // namespace baton::rpc

@@ -116,6 +116,7 @@ class AgentImpl : private TransportHandler {
   bool uses_shm_transport(int peer) const;
   std::string StreamIdentity(int peer) const;
   absl::StatusOr<int> DeviceOnPeer(int peer, int device) const;
+  CudaTensorChannel* CudaChannelFor(int peer) const;
   // Checks this worker's device maps against the registrations and fills
   // device_map_to_ (rpc/device_map.cc).
   absl::Status ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
@@ -276,6 +277,9 @@ class AgentImpl : private TransportHandler {
   // applies to the peer (AgentOptions::device_maps); set during Rendezvous.
   std::vector<std::map<int, int>> device_map_to_;
   std::vector<bool> has_device_map_to_;
+  // The peers AgentCollaborators::cuda_channel serves: other processes on
+  // this host (same boot id and PID namespace); set during Rendezvous.
+  std::vector<bool> cuda_channel_peer_;
   std::vector<std::atomic<bool>> peer_shm_;        // set during Rendezvous
   // Per peer: a newer incarnation is known than the one whose address the
   // transport has (P6; the call path reads it without the lock).
@@ -287,6 +291,7 @@ class AgentImpl : private TransportHandler {
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;
+  std::shared_ptr<CudaTensorChannel> cuda_channel_;  // AgentCollaborators
   std::unique_ptr<NetworkTransport> transport_;
   std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<ShmTransport> shm_transport_;

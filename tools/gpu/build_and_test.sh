@@ -131,6 +131,7 @@ fi
 if want cuda_rpc_bench; then
 step "CUDA tensors through RPC: baton's benchmark"
 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench.jsonl" | tail -12 || failed=1
+BATON_BENCH_CUDA_IPC=1 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench_ipc.jsonl" | tail -12 || failed=1
 
 fi
 

@@ -1,0 +1,340 @@
+#include "rpc/cuda/ipc_channel.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <list>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace baton::rpc::cuda {
+namespace {
+
+const Function<void(std::vector<int64_t>)> release_fn("baton.cuda_ipc.release");
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view call, int peer) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA IPC with worker ", peer, ": ", call, ": ",
+                                          cudaGetErrorString(e)));
+}
+
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
+}  // namespace
+
+class CudaIpcChannel::Impl {
+ public:
+  explicit Impl(Options options) : options_(options) {}
+
+  ~Impl() {
+    // I5: everything still held goes back; mappings close with their
+    // shared pointers.
+    absl::MutexLock lock(&mu_);
+    for (auto& [token, h] : held_) DestroyEvent(h.device, h.event);
+    for (auto& [device, events] : free_events_) {
+      for (cudaEvent_t e : events) DestroyEvent(device, e);
+    }
+    for (auto& [peer, m] : peers_) {
+      for (auto& [key, ev] : m.events) DestroyEvent(ev.first, ev.second);
+    }
+  }
+
+  absl::Status Export(const at::Tensor& t, int peer, Encoder& enc) {
+    const c10::DeviceIndex device = t.device().index();
+    c10::cuda::CUDAGuard guard(device);
+    size_t base_size = 0;
+    void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(t.data_ptr(), &base_size);
+    if (base == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("CUDA IPC with worker ", peer,
+                       ": the tensor's memory is not from LibTorch's caching allocator"));
+    }
+    cudaIpcMemHandle_t memory;
+    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&memory, base), "cudaIpcGetMemHandle", peer);
+        !s.ok()) {
+      return s;
+    }
+    cudaEvent_t event = TakeEvent(device);
+    if (event == nullptr) {
+      absl::Status s = CudaStatus(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
+          "cudaEventCreateWithFlags", peer);
+      if (!s.ok()) return s;
+    }
+    cudaIpcEventHandle_t event_handle;
+    absl::Status s = CudaStatus(
+        cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device).stream()),
+        "cudaEventRecord", peer);
+    if (s.ok()) {
+      s = CudaStatus(cudaIpcGetEventHandle(&event_handle, event), "cudaIpcGetEventHandle", peer);
+    }
+    if (!s.ok()) {
+      DestroyEvent(device, event);
+      return s;
+    }
+    const size_t offset = static_cast<const char*>(t.data_ptr()) - static_cast<const char*>(base);
+    const int64_t bytes = static_cast<int64_t>(t.numel() * t.element_size());
+    int64_t token;
+    {
+      absl::MutexLock lock(&mu_);
+      token = next_token_++;
+      held_[token] = Held{peer, t, device, event, bytes};
+      held_bytes_ += bytes;
+    }
+    enc.WriteBytes(&memory, sizeof(memory));
+    enc.WriteVarint(offset);
+    enc.WriteVarint(base_size);
+    enc.WriteBytes(&event_handle, sizeof(event_handle));
+    enc.WriteVarint(static_cast<uint64_t>(token));
+    // The message may never reach the peer: then nothing releases the
+    // token but the peer's death or this channel's end (I4, I5). Undo it
+    // when the agent knows the message was not decoded.
+    enc.UndoIfUndelivered([weak = weak_self_, token] {
+      if (auto self = weak.lock()) self->impl_->Release(-1, {token});
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<at::Tensor> Import(Decoder& dec, int peer, int device,
+                                    const std::vector<int64_t>& sizes, c10::ScalarType dtype) {
+    cudaIpcMemHandle_t memory;
+    cudaIpcEventHandle_t event_handle;
+    uint64_t offset = 0, base_size = 0, token = 0;
+    absl::Status s = dec.ReadBytes(&memory, sizeof(memory), "CUDA IPC memory handle");
+    if (s.ok()) s = dec.ReadVarint(&offset, "CUDA IPC offset");
+    if (s.ok()) s = dec.ReadVarint(&base_size, "CUDA IPC allocation size");
+    if (s.ok()) s = dec.ReadBytes(&event_handle, sizeof(event_handle), "CUDA IPC event handle");
+    if (s.ok()) s = dec.ReadVarint(&token, "CUDA IPC token");
+    if (!s.ok()) return s;
+    uint64_t numel = 1;
+    for (int64_t d : sizes) numel *= static_cast<uint64_t>(d);
+    const uint64_t bytes = numel * c10::elementSize(dtype);
+    if (offset > base_size || bytes > base_size - offset) {
+      return absl::DataLossError(absl::StrCat("CUDA IPC from worker ", peer, ": ", bytes,
+                                              " bytes at offset ", offset,
+                                              " lie outside an allocation of ", base_size));
+    }
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    absl::StatusOr<std::shared_ptr<void>> mapping = Map(peer, Bytes(&memory, sizeof(memory)));
+    if (!mapping.ok()) return mapping.status();
+    absl::StatusOr<cudaEvent_t> event =
+        OpenEvent(peer, device, Bytes(&event_handle, sizeof(event_handle)));
+    if (!event.ok()) return event.status();
+    c10::cuda::CUDAStream stream = CopyStream(device);
+    at::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard on_stream(stream);  // the block belongs to it
+      out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
+    }
+    s = CudaStatus(cudaStreamWaitEvent(stream.stream(), *event, 0), "cudaStreamWaitEvent", peer);
+    if (s.ok() && bytes > 0) {
+      s = CudaStatus(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mapping->get()) + offset,
+                                     bytes, cudaMemcpyDeviceToDevice, stream.stream()),
+                     "cudaMemcpyAsync", peer);
+    }
+    if (s.ok()) s = CudaStatus(cudaStreamSynchronize(stream.stream()), "cudaStreamSynchronize", peer);
+    // I3, also after a failed copy: the sender has nothing more to keep.
+    SendRelease(peer, static_cast<int64_t>(token));
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  // Drops `tokens` (I3); `peer` -1: the exporter's own undo.
+  void Release(int peer, const std::vector<int64_t>& tokens) {
+    absl::MutexLock lock(&mu_);
+    for (int64_t token : tokens) {
+      auto it = held_.find(token);
+      if (it == held_.end() || (peer >= 0 && it->second.peer != peer)) continue;
+      free_events_[it->second.device].push_back(it->second.event);
+      held_bytes_ -= it->second.bytes;
+      held_.erase(it);
+    }
+  }
+
+  // I4: the peer's tokens, mappings and events go.
+  void PeerDied(int peer) {
+    std::vector<std::pair<c10::DeviceIndex, cudaEvent_t>> events;
+    PeerState gone;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = held_.begin(); it != held_.end();) {
+        if (it->second.peer == peer) {
+          events.push_back({it->second.device, it->second.event});
+          held_bytes_ -= it->second.bytes;
+          it = held_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      auto p = peers_.find(peer);
+      if (p != peers_.end()) {
+        gone = std::move(p->second);
+        peers_.erase(p);
+      }
+    }
+    // The event the dead peer may still have waited on is not reused.
+    for (auto& [device, e] : events) DestroyEvent(device, e);
+    for (auto& [key, ev] : gone.events) DestroyEvent(ev.first, ev.second);
+  }
+
+  size_t held() const {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+  int64_t held_bytes() const {
+    absl::MutexLock lock(&mu_);
+    return held_bytes_;
+  }
+
+  const Options options_;
+  RpcAgent* agent_ = nullptr;
+  std::weak_ptr<CudaIpcChannel> weak_self_;
+
+ private:
+  struct Held {
+    int peer;
+    at::Tensor tensor;  // keeps the memory out of the caching allocator
+    c10::DeviceIndex device;
+    cudaEvent_t event;
+    int64_t bytes;
+  };
+  struct PeerState {
+    // Mapped allocations, most recently used first.
+    std::list<std::pair<std::string, std::shared_ptr<void>>> mappings;
+    // Opened events of the peer's pool, by handle: (device, event).
+    absl::flat_hash_map<std::string, std::pair<int, cudaEvent_t>> events;
+  };
+
+  static void DestroyEvent(int device, cudaEvent_t event) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaEventDestroy(event);
+  }
+
+  cudaEvent_t TakeEvent(c10::DeviceIndex device) {
+    absl::MutexLock lock(&mu_);
+    auto& pool = free_events_[device];
+    if (pool.empty()) return nullptr;
+    cudaEvent_t e = pool.back();
+    pool.pop_back();
+    return e;
+  }
+
+  absl::StatusOr<std::shared_ptr<void>> Map(int peer, const std::string& handle) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto& list = peers_[peer].mappings;
+      for (auto it = list.begin(); it != list.end(); ++it) {
+        if (it->first == handle) {
+          list.splice(list.begin(), list, it);
+          return list.front().second;
+        }
+      }
+    }
+    std::shared_ptr<void> mapped;
+    try {
+      // LibTorch's own IPC cache: one mapping per allocation per process.
+      mapped = c10::cuda::CUDACachingAllocator::getIpcDevPtr(handle);
+    } catch (const std::exception& e) {
+      return absl::InternalError(
+          absl::StrCat("CUDA IPC with worker ", peer, ": cannot map its memory: ", e.what()));
+    }
+    absl::MutexLock lock(&mu_);
+    auto& list = peers_[peer].mappings;
+    list.emplace_front(handle, mapped);
+    while (list.size() > options_.max_mappings) list.pop_back();
+    return mapped;
+  }
+
+  absl::StatusOr<cudaEvent_t> OpenEvent(int peer, int device, const std::string& handle) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto& events = peers_[peer].events;
+      auto it = events.find(handle);
+      if (it != events.end()) return it->second.second;
+    }
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaEvent_t event;
+    absl::Status s = CudaStatus(cudaIpcOpenEventHandle(&event, h), "cudaIpcOpenEventHandle", peer);
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    peers_[peer].events[handle] = {device, event};
+    return event;
+  }
+
+  c10::cuda::CUDAStream CopyStream(int device) {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(device);
+    if (it == streams_.end()) {
+      it = streams_.emplace(device, c10::cuda::getStreamFromPool(
+                                        false, static_cast<c10::DeviceIndex>(device)))
+               .first;
+    }
+    return it->second;
+  }
+
+  void SendRelease(int peer, int64_t token) {
+    if (agent_ == nullptr) return;
+    // Fire and forget: if it never arrives, the sender releases the token
+    // when it finds this worker dead (I4) or at its end (I5).
+    (void)agent_->rpc_async(peer, release_fn, std::vector<int64_t>{token});
+  }
+
+  mutable absl::Mutex mu_;
+  int64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, std::vector<cudaEvent_t>> free_events_ ABSL_GUARDED_BY(mu_);
+  std::map<int, PeerState> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<int, c10::cuda::CUDAStream> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+CudaIpcChannel::CudaIpcChannel(Options options) : impl_(std::make_unique<Impl>(options)) {}
+CudaIpcChannel::~CudaIpcChannel() = default;
+
+std::shared_ptr<CudaIpcChannel> CudaIpcChannel::Install(FunctionRegistry& registry,
+                                                        Options options) {
+  std::shared_ptr<CudaIpcChannel> channel(new CudaIpcChannel(options));
+  channel->impl_->weak_self_ = channel;
+  std::weak_ptr<CudaIpcChannel> weak = channel;
+  (void)registry.Register(release_fn, [weak](const CallContext& ctx, std::vector<int64_t> tokens) {
+    auto self = weak.lock();
+    if (self == nullptr || ctx.caller == nullptr) return;
+    self->impl_->Release(ctx.caller->id, tokens);
+  });
+  return channel;
+}
+
+void CudaIpcChannel::Attach(RpcAgent* agent) {
+  impl_->agent_ = agent;
+  std::weak_ptr<CudaIpcChannel> weak = impl_->weak_self_;
+  agent->AddPeerFailureListener([weak](const PeerFailure& failure) {
+    if (auto self = weak.lock()) self->impl_->PeerDied(failure.peer);
+  });
+}
+
+bool CudaIpcChannel::Wants(size_t bytes) const { return bytes >= impl_->options_.min_bytes; }
+
+absl::Status CudaIpcChannel::Export(const at::Tensor& tensor, int peer, Encoder& enc) {
+  return impl_->Export(tensor, peer, enc);
+}
+
+absl::StatusOr<at::Tensor> CudaIpcChannel::Import(Decoder& dec, int peer, int device,
+                                                  const std::vector<int64_t>& sizes,
+                                                  c10::ScalarType dtype) {
+  return impl_->Import(dec, peer, device, sizes, dtype);
+}
+
+size_t CudaIpcChannel::held() const { return impl_->held(); }
+int64_t CudaIpcChannel::held_bytes() const { return impl_->held_bytes(); }
+
+}  // namespace baton::rpc::cuda
