@@ -416,7 +416,8 @@ BATON_SCENARIO(cuda_ipc_receiver_dies) {
     (void)agent.rpc_async(CallOptions{absl::Seconds(60)}, 1, echo_fn, big);
   }
   // The export holds the memory: the tensor itself is gone here.
-  WCHECK(w.ipc->held() == 1 && w.ipc->held_bytes() == (int64_t{256} << 20));
+  WCHECK(baton::testing::Eventually([&] { return w.ipc->held() == 1; }));
+  WCHECK(w.ipc->held_bytes() == (int64_t{256} << 20));
   const int64_t holding = AllocatedBytes();
   WCHECK(holding - before >= (int64_t{256} << 20));
   WCHECK(kill(victim, SIGKILL) == 0);

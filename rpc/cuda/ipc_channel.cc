@@ -1,11 +1,12 @@
 #include "rpc/cuda/ipc_channel.h"
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <list>
 #include <map>
 #include <string>
@@ -51,13 +52,20 @@ class CudaIpcChannel::Impl {
   absl::Status Export(const at::Tensor& t, int peer, Encoder& enc) {
     const c10::DeviceIndex device = t.device().index();
     c10::cuda::CUDAGuard guard(device);
+    // The allocation (the caching allocator's cudaMalloc segment) the
+    // tensor lies in: what an IPC handle covers.
+    CUdeviceptr base_address = 0;
     size_t base_size = 0;
-    void* base = c10::cuda::CUDACachingAllocator::getBaseAllocation(t.data_ptr(), &base_size);
-    if (base == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("CUDA IPC with worker ", peer,
-                       ": the tensor's memory is not from LibTorch's caching allocator"));
+    if (const CUresult r = cuMemGetAddressRange(&base_address, &base_size,
+                                                reinterpret_cast<CUdeviceptr>(t.data_ptr()));
+        r != CUDA_SUCCESS) {
+      const char* text = nullptr;
+      cuGetErrorString(r, &text);
+      return absl::InternalError(absl::StrCat("CUDA IPC with worker ", peer,
+                                              ": cuMemGetAddressRange: ",
+                                              text != nullptr ? text : "unknown error"));
     }
+    void* base = reinterpret_cast<void*>(base_address);
     cudaIpcMemHandle_t memory;
     if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&memory, base), "cudaIpcGetMemHandle", peer);
         !s.ok()) {
@@ -239,14 +247,24 @@ class CudaIpcChannel::Impl {
         }
       }
     }
-    std::shared_ptr<void> mapped;
-    try {
-      // LibTorch's own IPC cache: one mapping per allocation per process.
-      mapped = c10::cuda::CUDACachingAllocator::getIpcDevPtr(handle);
-    } catch (const std::exception& e) {
-      return absl::InternalError(
-          absl::StrCat("CUDA IPC with worker ", peer, ": cannot map its memory: ", e.what()));
-    }
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* address = nullptr;
+    absl::Status s = CudaStatus(
+        cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle",
+        peer);
+    if (!s.ok()) return s;
+    // Closed when the last user lets go: the cache below, or an import in
+    // progress when the cache evicts it.
+    const int device = [] {
+      int d = 0;
+      cudaGetDevice(&d);
+      return d;
+    }();
+    std::shared_ptr<void> mapped(address, [device](void* p) {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      cudaIpcCloseMemHandle(p);
+    });
     absl::MutexLock lock(&mu_);
     auto& list = peers_[peer].mappings;
     list.emplace_front(handle, mapped);
@@ -284,9 +302,15 @@ class CudaIpcChannel::Impl {
 
   void SendRelease(int peer, int64_t token) {
     if (agent_ == nullptr) return;
-    // Fire and forget: if it never arrives, the sender releases the token
-    // when it finds this worker dead (I4) or at its end (I5).
-    (void)agent_->rpc_async(peer, release_fn, std::vector<int64_t>{token});
+    // Fire and forget, from the executor: the decode may run on a thread
+    // that must not wait for room in the peer's window. If it never
+    // arrives, the sender releases the token when it finds this worker dead
+    // (I4) or at its end (I5).
+    RpcAgent* agent = agent_;
+    auto send = [agent, peer, token] {
+      (void)agent->rpc_async(peer, release_fn, std::vector<int64_t>{token});
+    };
+    if (agent->executor() == nullptr || !agent->executor()->Submit(send)) send();
   }
 
   mutable absl::Mutex mu_;

@@ -17,9 +17,9 @@
 //     IPC handle of the tensor's allocation, the tensor's offset in it, the
 //     event's IPC handle and a token. It keeps the tensor and the event under
 //     the token: the memory stays out of the caching allocator meanwhile.
-//  I2 Import: the receiver maps the allocation (mappings are cached per
-//     sender, at most Options::max_mappings of them, least recently used
-//     closed first), makes a stream of its own wait for the event, copies the
+//  I2 Import: the receiver maps the allocation (cudaIpcOpenMemHandle;
+//     mappings are cached per sender, at most Options::max_mappings of them,
+//     least recently used closed first), makes a stream of its own wait for the event, copies the
 //     bytes on the GPU into memory of its own, and waits for that copy on the
 //     host before the decode returns: the tensor it hands on owns its memory.
 //  I3 Release: the receiver then sends the token back
