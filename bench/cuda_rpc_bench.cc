@@ -33,6 +33,8 @@ using baton::rpc::FunctionRegistry;
 using baton::rpc::RpcAgent;
 
 const Function<at::Tensor(at::Tensor)> echo_fn("echo");
+const Function<at::Tensor(at::Tensor)> to_cpu_fn("to_cpu");
+const Function<at::Tensor(at::Tensor)> to_cuda_fn("to_cuda");
 
 double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -46,11 +48,12 @@ void Report(const char* metric, double value) {
   std::fflush(stdout);
 }
 
-double MedianCallUs(RpcAgent& agent, const at::Tensor& t) {
+double MedianCallUs(RpcAgent& agent, const at::Tensor& t,
+                    const Function<at::Tensor(at::Tensor)>& fn = echo_fn) {
   std::vector<double> times;
   for (int i = 0; i < 520; ++i) {
     const double t0 = NowS();
-    (void)agent.rpc_sync(1, echo_fn, t);
+    (void)agent.rpc_sync(1, fn, t);
     if (i >= 20) times.push_back((NowS() - t0) * 1e6);
   }
   std::sort(times.begin(), times.end());
@@ -60,6 +63,8 @@ double MedianCallUs(RpcAgent& agent, const at::Tensor& t) {
 BATON_SCENARIO(cuda_rpc_bench) {
   auto registry = std::make_shared<FunctionRegistry>();
   (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
+  (void)registry->Register(to_cpu_fn, [](at::Tensor t) { return t.cpu(); });
+  (void)registry->Register(to_cuda_fn, [](at::Tensor t) { return t.to(at::Device(at::kCUDA, 0)); });
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
   if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
@@ -94,6 +99,9 @@ BATON_SCENARIO(cuda_rpc_bench) {
     Report("small_cuda_call_us", cuda_us);
     Report("small_cpu_call_us", cpu_us);
     Report("cuda_over_cpu_call", cuda_us / cpu_us);
+    // Which direction costs: a CUDA argument with a CPU result, and back.
+    Report("small_cuda_arg_cpu_result_us", MedianCallUs(agent, at::ones({4}, cuda), to_cpu_fn));
+    Report("small_cpu_arg_cuda_result_us", MedianCallUs(agent, at::ones({4}), to_cuda_fn));
     // Where a small host-staged call's time goes: its copies, alone.
     at::Tensor small = at::ones({4}, cuda), host = at::ones({4});
     auto median_us = [](auto fn) {

@@ -409,6 +409,7 @@ BATON_SCENARIO(cuda_ipc_receiver_dies) {
     return 1;
   }
   const pid_t victim = static_cast<pid_t>(agent.rpc_sync(1, pid_fn));
+  (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, 0));  // the allocator starts
   const int64_t before = AllocatedBytes();
   {
     at::Tensor big = at::ones({64 << 20}, at::TensorOptions().device(at::kCUDA, 0));
