@@ -307,6 +307,9 @@ absl::Status AgentImpl::Rendezvous() {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
   }
+  // What a device map says of this worker alone is checked before anything
+  // is published, so a bad map fails here on every worker that has one.
+  if (absl::Status s = CheckLocalDeviceMaps(options_); !s.ok()) return s;
   if (absl::Status s = Step(RendezvousStep::kConnectingStore); !s.ok()) return s;
   if (absl::Status s = ConnectStore(); !s.ok()) return s;
 

@@ -23,8 +23,35 @@ void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
   mine.set_cuda_devices(LocalCudaDevices());
 }
 
-absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
+absl::Status CheckLocalDeviceMaps(const AgentOptions& options) {
   const int local = LocalCudaDevices();
+  for (const auto& [worker, devices] : options.device_maps) {
+    const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
+    if (worker == options.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a worker maps no devices to itself"));
+    }
+    std::set<int> targets;
+    for (const auto& [from, to] : devices) {
+      if (from < 0 || from >= local) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, ", but worker '",
+                                                       options.name, "' has ", local,
+                                                       " CUDA device(s)"));
+      }
+      if (to < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, " to cuda:", to));
+      }
+      if (!targets.insert(to).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " maps two devices to cuda:", to, " of worker '", worker,
+            "'; a map must be one-to-one so that replies can come back"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
   // CUDA IPC reaches other processes of this host.
   const proto::WorkerRecord& mine = records[rank_];
   cuda_channel_peer_.assign(records.size(), false);
@@ -36,6 +63,7 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
   }
   device_map_to_.assign(records.size(), {});
   has_device_map_to_.assign(records.size(), false);
+  // CheckLocalDeviceMaps passed: what is left needs the registrations.
   for (const auto& [worker, devices] : options_.device_maps) {
     const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
     auto it = by_name_.find(worker);
@@ -44,27 +72,12 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
           absl::StrCat(where, ": worker '", worker, "' is not in this job"));
     }
     const int peer = it->second;
-    if (peer == rank_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": a worker maps no devices to itself"));
-    }
     const int remote = records[peer].cuda_devices();
-    std::set<int> targets;
     for (const auto& [from, to] : devices) {
-      if (from < 0 || from >= local) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, ", but worker '",
-                                                       options_.name, "' has ", local,
-                                                       " CUDA device(s)"));
-      }
-      if (to < 0 || to >= remote) {
+      if (to >= remote) {
         return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, " to cuda:", to,
                                                        " of worker '", worker, "', which has ",
                                                        remote, " CUDA device(s)"));
-      }
-      if (!targets.insert(to).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " maps two devices to cuda:", to, " of worker '", worker,
-            "'; a map must be one-to-one so that replies can come back"));
       }
     }
     device_map_to_[peer] = devices;

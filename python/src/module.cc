@@ -315,6 +315,8 @@ struct AgentConfig {
   std::optional<double> shutdown_wait_for_peers;
   std::optional<int> parallelism;
   std::optional<double> restart_wait;
+  // TensorPipeRpcBackendOptions.device_maps, as CUDA device indexes.
+  std::map<std::string, std::map<int, int>> device_maps;
 };
 
 class PyAgent {
@@ -358,6 +360,7 @@ class PyAgent {
     if (config.restart_wait.has_value()) {
       options->restart_wait = absl::Seconds(*config.restart_wait);
     }
+    options->device_maps = config.device_maps;
 
     auto self = std::shared_ptr<PyAgent>(new PyAgent());
     self->registry_ = std::make_shared<rpc::FunctionRegistry>();
@@ -826,7 +829,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("shutdown_timeout", &AgentConfig::shutdown_timeout)
       .def_readwrite("shutdown_wait_for_peers", &AgentConfig::shutdown_wait_for_peers)
       .def_readwrite("parallelism", &AgentConfig::parallelism)
-      .def_readwrite("restart_wait", &AgentConfig::restart_wait);
+      .def_readwrite("restart_wait", &AgentConfig::restart_wait)
+      .def_readwrite("device_maps", &AgentConfig::device_maps);
 
   py::class_<PyAgent, std::shared_ptr<PyAgent>>(m, "Agent")
       .def_static("create", &PyAgent::Create)

@@ -39,6 +39,10 @@ def test_every_dtype_views_and_nested_values_round_trip():
     harness.check(harness.run("dtypes", 2))
 
 
+def test_device_maps_reach_the_agent_and_are_checked_at_init():
+    harness.check(harness.run("device_maps", 2))
+
+
 def test_every_error_class_is_raised_with_its_code_and_worker():
     harness.check(harness.run("errors", 2))
 

@@ -670,6 +670,30 @@ def scenario_restarts():
     print("SCENARIO OK")
 
 
+def scenario_device_maps(rank, world_size):
+    """set_device_map reaches the agent, which checks it at init (docs/cuda.md):
+    a map naming a device this worker does not have fails init_rpc on every
+    worker, naming the device; a map key that is no CUDA device is refused
+    before that."""
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    try:
+        options.set_device_map(name(1 - rank), {"cpu": 0})
+        init(rank, world_size, device_maps=options.device_maps, init_timeout=20)
+        raise AssertionError("a CPU device map key was accepted")
+    except ValueError as e:
+        assert "'cpu' is not a CUDA device with an index" in str(e), e
+    gpus = torch.cuda.device_count()
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map(name(1 - rank), {f"cuda:{gpus}": torch.device("cuda", 0)})
+    try:
+        rpc.init_rpc(name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
+        raise AssertionError("a map of a missing device was accepted")
+    except rpc.RpcError as e:
+        want = f"maps cuda:{gpus}, but worker '{name(rank)}' has {gpus} CUDA device(s)"
+        assert want in str(e), e
+    print("SCENARIO OK")
+
+
 def _role_name():
     return f"{os.environ.get('BATON_ROLE', 'worker')}{os.environ.get('BATON_ROLE_RANK', '0')}"
 

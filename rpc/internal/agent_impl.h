@@ -59,6 +59,9 @@ namespace baton::rpc::internal {
 
 // How many CUDA devices this process sees (0 in a CPU-only LibTorch).
 int LocalCudaDevices();
+// The parts of AgentOptions::device_maps that concern this worker alone:
+// its own devices, a map to itself, two devices mapped to one.
+absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
 // Adds AgentOptions::device_maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 

@@ -56,7 +56,9 @@ class RpcBackendOptions:
     init_method: "env://" (MASTER_ADDR, MASTER_PORT) or "tcp://host:port".
     num_worker_threads: accepted for compatibility; baton's executor sizes
     itself (E1-E3 in docs/threading.md).
-    device_maps, devices, _transports, _channels: accepted; CPU tensors only.
+    device_maps (set_device_map): where CUDA tensors sent to a worker
+    arrive, as in torch (docs/cuda.md); devices, _transports, _channels:
+    accepted and unused.
     """
 
     def __init__(self, num_worker_threads=16, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
@@ -84,6 +86,18 @@ class RpcBackendOptions:
 
 
 TensorPipeRpcBackendOptions = RpcBackendOptions
+
+
+def _cuda_index(device, to):
+    """A device map's key or value as a CUDA device index, as torch accepts
+    them: an int, "cuda:N" or a torch.device of type cuda."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda" or d.index is None:
+        raise ValueError(f"device map for {to!r}: {device!r} is not a CUDA device with an index "
+                         "(use an int, 'cuda:N' or torch.device('cuda', N))")
+    return d.index
 
 
 class WorkerInfo:
@@ -171,6 +185,9 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         config.master_addr = "127.0.0.1"
     if options.rpc_timeout is not None:
         config.rpc_timeout = float(options.rpc_timeout)
+    config.device_maps = {
+        str(to): {_cuda_index(k, to): _cuda_index(v, to) for k, v in dict(m).items()}
+        for to, m in options.device_maps.items()}
     for field in ("init_timeout", "shutdown_timeout", "restart_wait", "shutdown_wait_for_peers"):
         value = getattr(options, field, None)
         if value is not None:
