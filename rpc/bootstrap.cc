@@ -423,6 +423,7 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_pid(getpid());
   if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
   PublishDeviceMaps(options_, mine);
+  mine.set_cuda_ipc(cuda_channel_ != nullptr);
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
       !s.ok()) {
     return s;

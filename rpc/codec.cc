@@ -269,9 +269,10 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     }
     const uint64_t devices = torch::cuda::device_count();
     if (device >= devices) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::DataLossError(absl::StrCat(
           "a CUDA tensor arrived for cuda:", device, ", but this worker has ", devices,
-          " CUDA device(s): check the sender's AgentOptions::device_maps"));
+          " CUDA device(s) (the sender checked its device map against the ones this "
+          "worker published, so the message is corrupt or from another job)"));
     }
     cuda_device = static_cast<int64_t>(device);
     if (path == kCudaIpc) {
@@ -282,9 +283,10 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
         channel = router->CudaChannelFor(context->peer);
       }
       if (channel == nullptr) {
-        return absl::FailedPreconditionError(
+        return absl::DataLossError(
             "a CUDA tensor arrived through CUDA IPC, but this worker has no CUDA IPC channel "
-            "for its sender (AgentCollaborators::cuda_channel)");
+            "for its sender (AgentCollaborators::cuda_channel), and said so in its "
+            "registration");
       }
       auto imported = channel->Import(dec, context->peer, static_cast<int>(device), sizes, st);
       if (!imported.ok()) return imported.status();

@@ -52,11 +52,12 @@ absl::Status CheckLocalDeviceMaps(const AgentOptions& options) {
 }
 
 absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
-  // CUDA IPC reaches other processes of this host.
+  // CUDA IPC reaches other processes of this host that have a channel too.
   const proto::WorkerRecord& mine = records[rank_];
   cuda_channel_peer_.assign(records.size(), false);
   for (size_t peer = 0; peer < records.size(); ++peer) {
     cuda_channel_peer_[peer] = static_cast<int>(peer) != rank_ && !mine.boot_id().empty() &&
+                               mine.cuda_ipc() && records[peer].cuda_ipc() &&
                                records[peer].boot_id() == mine.boot_id() &&
                                records[peer].pid_namespace() == mine.pid_namespace() &&
                                records[peer].pid() != mine.pid();
