@@ -21,7 +21,8 @@
 //     DEADLINE_EXCEEDED  timeout;             UNAVAILABLE  dead/unreachable peer;
 //     NOT_FOUND          unknown function or worker;
 //     INVALID_ARGUMENT   argument type mismatch (signatures differ) or a value
-//                        the codec cannot send;
+//                        the codec cannot send (a CUDA tensor no device map
+//                        applies to, docs/cuda.md);
 //     DATA_LOSS          undecodable payload;  RESOURCE_EXHAUSTED  over the
 //                        message size limit, or no room in the peer's window
 //                        by the deadline (AgentOptions::max_calls_in_flight);

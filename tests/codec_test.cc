@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "absl/strings/match.h"
 #include "rpc/codec.h"
@@ -351,6 +352,42 @@ TEST(Codec, NestingDepthIsBounded) {
   EXPECT_TRUE(absl::StrContains(encoded.status().message(), "at most 64")) << encoded.status();
   auto nested = EncodeMessage(std::vector<std::vector<std::optional<int32_t>>>{{1, std::nullopt}});
   ASSERT_TRUE(nested.ok());
+}
+
+// CUDA tensors (docs/cuda.md): without a GPU, one that arrives is refused
+// naming the device count, and an IPC descriptor needs a channel; a CUDA
+// tensor cannot be encoded outside a call (no device map applies there).
+TEST(Codec, CudaTensorsForMissingDevicesOrWithoutAChannelAreRefused) {
+  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "skipped: this machine has a GPU";
+  for (uint8_t path : {0, 1}) {
+    Encoder enc;
+    enc.WritePod<uint8_t>(2);                                   // CUDA
+    enc.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));
+    enc.WritePod<uint8_t>(0);
+    enc.WriteVarint(1);
+    enc.WriteVarint(1);                                         // one element
+    enc.WriteVarint(0);                                         // for cuda:0
+    enc.WritePod<uint8_t>(path);                                // host / IPC
+    enc.WriteVarint(enc.AddBlob(Blob()));
+    at::Tensor t;
+    const absl::Status s = DecodeMessage(*std::move(enc).Finish(), &t);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(),
+                                  "a CUDA tensor arrived for cuda:0, but this worker has 0 CUDA "
+                                  "device(s)"))
+        << s;
+  }
+  Encoder bad_path;
+  bad_path.WritePod<uint8_t>(2);
+  bad_path.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));
+  bad_path.WritePod<uint8_t>(0);
+  bad_path.WriteVarint(0);
+  bad_path.WriteVarint(0);
+  bad_path.WritePod<uint8_t>(7);
+  at::Tensor t;
+  const absl::Status s = DecodeMessage(*std::move(bad_path).Finish(), &t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "bad CUDA tensor path 7")) << s;
 }
 
 TEST(Codec, DeclaredSizesAreCheckedBeforeAllocating) {
