@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
+#include "testing/eventually.h"
 
 namespace baton::rpc {
 namespace {
@@ -71,7 +72,8 @@ TEST(LoopbackAgents, ReplyDelayedPastTheDeadlineIsDeadlineExceededAndIgnoredLate
   EXPECT_TRUE(absl::StrContains(r.status().message(), "worker 'w1' (id 1), function 'echo'"))
       << r.status();
   // The late reply arrives and finds no call: nothing pends, nothing breaks.
-  absl::SleepFor(absl::Milliseconds(400));
+  // (WaitIdle returns once the delayed reply, queued until its due time,
+  // was delivered.)
   ASSERT_TRUE((*job)->network().WaitIdle(absl::Seconds(5)));
   EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 0);
   EXPECT_EQ((*job)->network().stats().delayed, 1);
@@ -106,11 +108,8 @@ TEST(LoopbackAgents, RepliesDeliveredInReverseOrderReachTheirOwnCalls) {
   });
   std::vector<Future<int64_t>> calls;
   for (int64_t v = 0; v < 8; ++v) calls.push_back((*job)->agent(0).rpc_async(1, echo_fn, v * v));
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while ((*job)->network().stats().held < 8 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ((*job)->network().stats().held, 8);
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->network().stats().held == 8; }))
+      << (*job)->network().stats().held;
   EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 8);
   EXPECT_EQ((*job)->network().ReleaseHeld(/*reverse=*/true), 8u);
   for (int64_t v = 0; v < 8; ++v) {
@@ -128,7 +127,9 @@ TEST(LoopbackAgents, KilledWorkerFailsPendingCallsWithUnavailableNamingIt) {
   CallOptions opts;
   opts.timeout = absl::Seconds(30);
   Future<void> pending = (*job)->agent(0).rpc_async(opts, 2, sleep_ms_fn, 1500);
-  absl::SleepFor(absl::Milliseconds(100));  // the request is running on w2
+  // The request is running on w2.
+  ASSERT_TRUE(baton::testing::Eventually(
+      [&] { return (*job)->agent(2).stats().running_incoming == 1; }));
   const absl::Time kill = absl::Now();
   ASSERT_TRUE((*job)->Kill(2).ok());
   auto r = pending.result();

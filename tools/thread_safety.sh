@@ -14,17 +14,23 @@ GEN="$(bazel info bazel-bin 2>/dev/null)"
 if [ $# -gt 0 ]; then
   FILES=("$@")
 else
-  # The libraries (not tests, benches or examples); the NCCL backend needs CUDA.
+  # The libraries (not tests, benches or examples). The CUDA-only ones
+  # (the NCCL backend, the CUDA IPC channel) are checked against the CUDA 13
+  # headers and the CPU LibTorch's c10/cuda headers (comm/cuda/compat).
   mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' 'rpc/testing/*.cc' \
     'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
     'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' 'pipeline/*.cc' \
     'data/*.cc' 'env/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' |
-    grep -v -e 'comm/nccl_backend.cc' -e '_test.cc$')
+    grep -v -e '/bench/' -e '_test.cc$')
 fi
 check() {
+  local cuda=()
+  case "$1" in
+    comm/nccl_backend.cc|rpc/cuda/*) cuda=(-isystem /usr/local/cuda/include -I comm/cuda/compat) ;;
+  esac
   clang++ -std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety \
     -Wno-unknown-warning-option -I. -I"$GEN" -isystem /usr/include/torch/csrc/api/include \
-    -DBATON_HAVE_GLOO "$1" 2>&1 | grep -v "^$" || true
+    "${cuda[@]}" -DBATON_HAVE_GLOO "$1" 2>&1 | grep -v "^$" || true
 }
 export -f check
 export GEN
