@@ -24,6 +24,11 @@
 //    it, backward throws baton::Error (FAILED_PRECONDITION) naming the
 //    parameters. A failed or timed-out all-reduce also throws baton::Error
 //    from backward(), the one exception type of the user-facing API.
+//  - GPU buckets (NCCL): backward does not wait on the host. The current
+//    stream waits for each bucket's all-reduce (Work::WaitOnStream), so the
+//    averaged gradients and the optimizer step queue behind it, as with
+//    torch's DDP. An all-reduce that fails after that aborts the group, and
+//    the next backward's all-reduce fails at once.
 //  - DDP+RPC hybrid: with DdpOptions::gradient_source set, DDP installs no
 //    autograd hooks; gradients are read and written through the source (for
 //    example a distributed-autograd context instead of .grad), and whoever
