@@ -13,13 +13,13 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/host.h"
 #include "base/status.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/process.h"
@@ -68,16 +68,6 @@ int TryBind(int port) {
   }
   ::close(fd);
   return bound;
-}
-
-std::string RandomHex(int bytes) {
-  std::string raw(static_cast<size_t>(bytes), '\0');
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)!::read(fd, raw.data(), raw.size());
-    ::close(fd);
-  }
-  return absl::BytesToHexString(raw);
 }
 
 std::string HostName() {

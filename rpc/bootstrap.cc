@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/file_io.h"
+#include "base/host.h"
 #include "env/env.h"
 #include "rpc/agent.h"
 #include "rpc/internal/agent_impl.h"
@@ -31,18 +32,6 @@
 
 namespace baton::rpc {
 namespace {
-
-std::string RandomHex(int bytes) {
-  std::random_device rd;
-  std::string out;
-  static const char* kHex = "0123456789abcdef";
-  for (int i = 0; i < bytes; ++i) {
-    const unsigned v = rd() & 0xff;
-    out.push_back(kHex[v >> 4]);
-    out.push_back(kHex[v & 15]);
-  }
-  return out;
-}
 
 bool IsLoopback(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
@@ -77,15 +66,6 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
     return absl::UnavailableError(absl::StrCat("no local address routes to ", host));
   }
   return out;
-}
-
-// This boot of the machine: workers with the same boot id (and PID
-// namespace) share a host and may use the shared-memory transport.
-std::string BootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
 }
 
 // Where rank 0 of a one-host job without a preset token leaves it for the
@@ -418,6 +398,8 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_identity_key(identity_->public_key());
   mine.set_shm_probe(probe_name);
   mine.set_shm_probe_token(probe_token);
+  // Workers with the same boot id (and PID namespace) share a host and may
+  // use the shared-memory transport.
   mine.set_boot_id(BootId());
   mine.set_pid_namespace(ShmChannel::ObjectPrefix(0));
   mine.set_pid(getpid());

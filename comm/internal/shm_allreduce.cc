@@ -10,12 +10,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <fstream>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/host.h"
 #include "base/status.h"
 
 namespace baton::comm::internal {
@@ -50,9 +49,7 @@ inline void CpuRelax() {
 std::string ShmIdentity() {
   const char* env = std::getenv("BATON_COMM_SHM");
   if (env != nullptr && std::string(env) == "0") return "off";
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  std::getline(boot, boot_id);
+  const std::string boot_id = BootId();
   struct stat shm {};
   struct stat mnt {};
   if (boot_id.empty() || stat("/dev/shm", &shm) != 0 || stat("/proc/self/ns/mnt", &mnt) != 0) {
@@ -93,8 +90,7 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Create(const Backend
   const size_t bytes = kHeaderBytes + static_cast<size_t>(ctx.size) * kSlotBytes;
   std::string name;
   if (ctx.rank == 0) {
-    std::random_device rd;
-    name = absl::StrCat("/baton-ar-", getpid(), "-", rd(), rd());
+    name = absl::StrCat("/baton-ar-", getpid(), "-", RandomHex(8));
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     // Reserve the pages now: a /dev/shm too small for them (a container's
     // default 64 MB, say) then means Gloo instead of SIGBUS on first touch.

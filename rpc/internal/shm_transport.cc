@@ -14,9 +14,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/host.h"
 #include "rpc/internal/shm_channel.h"
 
 namespace baton::rpc::internal {
@@ -48,10 +48,7 @@ void FutexWake(std::atomic<uint32_t>* word) {
 
 size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
-std::string RandomSuffix() {
-  std::random_device rd;
-  return absl::StrCat(absl::Hex(rd()), absl::Hex(rd()));
-}
+std::string RandomSuffix() { return RandomHex(8); }
 
 void* MapSegment(const std::string& name, size_t bytes, bool create, std::string* error) {
   const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
