@@ -156,9 +156,9 @@ class Reducer {
     const absl::Time deadline = absl::Now() + timeout_;
     for (Bucket& b : buckets_) {
       if (!b.work) continue;
-      absl::Status s = status.ok() ? b.work->WaitOnStream()
-                                   : absl::UnimplementedError("error already");
-      if (s.code() == absl::StatusCode::kUnimplemented) {
+      absl::Status s;
+      if (status.ok()) s = b.work->WaitOnStream();
+      if (!status.ok() || absl::IsUnimplemented(s)) {
         s = b.work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
       }
       if (!s.ok() && status.ok()) status = Annotate(s, "DDP gradient bucket");

@@ -153,6 +153,7 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
     return;
   }
   int destination_device = -1;
+  const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
   if (tensor.device().is_cuda()) {
     if (context == nullptr || context->agent == nullptr || context->peer < 0) {
       enc.Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -160,7 +161,7 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
           " outside a call: its destination's device comes from the agent's device map")));
       return;
     }
-    const DeviceRouter* router = context->agent;  // a virtual call: no link to the agent
+    router = context->agent;
     absl::StatusOr<int> device = router->DeviceOnPeer(context->peer, tensor.device().index());
     if (!device.ok()) {
       enc.Fail(device.status());
@@ -195,7 +196,6 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   for (int64_t d : c.sizes()) enc.WriteVarint(static_cast<uint64_t>(d));
   if (destination_device >= 0) {
     enc.WriteVarint(static_cast<uint64_t>(destination_device));
-    const DeviceRouter* router = context->agent;
     CudaTensorChannel* channel = router->CudaChannelFor(context->peer);
     const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
     if (channel != nullptr && bytes > 0 && channel->Wants(bytes)) {
