@@ -62,6 +62,21 @@ Decoder::Nested::Nested(Decoder& dec, absl::string_view what) : dec_(dec) {
   }
 }
 
+namespace internal {
+std::string CodecFieldName(const char* names, size_t index) {
+  absl::string_view rest(names);
+  for (size_t i = 0;; ++i) {
+    const size_t comma = rest.find(',');
+    absl::string_view name = rest.substr(0, comma);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    if (i == index) return std::string(name);
+    if (comma == absl::string_view::npos) return absl::StrCat("field ", index);
+    rest.remove_prefix(comma + 1);
+  }
+}
+}  // namespace internal
+
 absl::StatusOr<Payload> Encoder::Finish() && {
   Payload p;
   p.undo_if_undelivered = std::move(undo_);

@@ -12,7 +12,11 @@
 //     static std::string Name();
 //     static void Encode(const T& value, Encoder& enc);
 //     static absl::Status Decode(Decoder& dec, T* out);
-//   built from the codecs of the members.
+//   built from the codecs of the members, or, for a plain struct, by
+//   listing its fields with BATON_CODEC_FIELDS (below): the struct then
+//   travels as its fields in order, its Name() spells every field's type,
+//   and a field that fails to decode is named in the error. Protocol
+//   buffers travel by rpc/proto_codec.h.
 // - Name() spells the type ("vector<Tensor>"); function signatures are made
 //   of these names, and the callee rejects a call whose signature differs
 //   from its own (argument type mismatch).
@@ -539,6 +543,75 @@ struct Codec<std::tuple<Ts...>> {
     return absl::Status(s.code(), absl::StrCat("element ", I, " (",
                                                TypeName<std::tuple_element_t<I, std::tuple<Ts...>>>(),
                                                "): ", s.message()));
+  }
+};
+
+// ---- Structs ----
+// Inside a struct, lists the fields that travel, in wire order:
+//   struct PullRequest {
+//     int32_t trainer = 0;
+//     std::vector<std::string> tables;
+//     BATON_CODEC_FIELDS(PullRequest, trainer, tables);
+//   };
+// Name() is "PullRequest{int32,vector<string>}": a peer whose struct lists
+// other field types is refused as an argument type mismatch. Adding a field
+// changes the name, so both ends must be rebuilt together, as for any
+// signature change.
+#define BATON_CODEC_FIELDS(Type, ...)                              \
+  static constexpr const char* kCodecName = #Type;                 \
+  static constexpr const char* kCodecFieldNames = #__VA_ARGS__;    \
+  auto CodecFields() { return std::tie(__VA_ARGS__); }             \
+  auto CodecFields() const { return std::tie(__VA_ARGS__); }
+
+namespace internal {
+template <typename T, typename = void>
+struct HasCodecFields : std::false_type {};
+template <typename T>
+struct HasCodecFields<T, std::void_t<decltype(std::declval<T&>().CodecFields())>>
+    : std::true_type {};
+// The `index`-th name in a BATON_CODEC_FIELDS list ("a, b, c").
+std::string CodecFieldName(const char* names, size_t index);
+}  // namespace internal
+
+template <typename T>
+struct Codec<T, std::enable_if_t<internal::HasCodecFields<T>::value>> {
+  using Fields = decltype(std::declval<T&>().CodecFields());
+  static constexpr size_t kCount = std::tuple_size_v<Fields>;
+
+  static std::string Name() { return NameOf(std::make_index_sequence<kCount>()); }
+  static void Encode(const T& v, Encoder& enc) {
+    std::apply([&enc](const auto&... f) { (EncodeValue(f, enc), ...); }, v.CodecFields());
+  }
+  static absl::Status Decode(Decoder& dec, T* out) {
+    Fields fields = out->CodecFields();
+    return DecodeFields(dec, fields, std::make_index_sequence<kCount>());
+  }
+
+ private:
+  template <size_t I>
+  using Field = std::decay_t<std::tuple_element_t<I, Fields>>;
+
+  template <size_t... I>
+  static std::string NameOf(std::index_sequence<I...>) {
+    std::string out = absl::StrCat(T::kCodecName, "{");
+    ((out += TypeName<Field<I>>() + ","), ...);
+    if (sizeof...(I) > 0) out.pop_back();
+    return out + "}";
+  }
+  template <size_t... I>
+  static absl::Status DecodeFields(Decoder& dec, [[maybe_unused]] Fields& fields,
+                                   std::index_sequence<I...>) {
+    absl::Status s;
+    ((s.ok() ? (s = FieldStatus<I>(dec, fields), 0) : 0), ...);
+    return s;
+  }
+  template <size_t I>
+  static absl::Status FieldStatus(Decoder& dec, Fields& fields) {
+    absl::Status s = DecodeValue(dec, &std::get<I>(fields));
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(T::kCodecName, ".",
+                                               internal::CodecFieldName(T::kCodecFieldNames, I),
+                                               ": ", s.message()));
   }
 };
 

@@ -9,7 +9,9 @@
 #include <torch/cuda.h>
 
 #include "absl/strings/match.h"
+#include "proto/rref.pb.h"
 #include "rpc/codec.h"
+#include "rpc/proto_codec.h"
 #include "rpc/function.h"
 
 namespace app {
@@ -441,6 +443,87 @@ TEST(Codec, DuplicateMapKeysAreDataLoss) {
   absl::Status s = DecodeMessage(*std::move(enc).Finish(), &m);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(s.message(), "duplicate map key 'k'")) << s;
+}
+
+struct Inner {
+  std::string name;
+  std::vector<at::Tensor> values;
+  BATON_CODEC_FIELDS(Inner, name, values);
+};
+
+struct Outer {
+  int32_t trainer = 0;
+  bool last = false;
+  std::vector<Inner> parts;
+  std::optional<int64_t> clock;
+  BATON_CODEC_FIELDS(Outer, trainer, last, parts, clock);
+};
+
+TEST(Codec, StructsTravelAsTheirListedFields) {
+  EXPECT_EQ(TypeName<Inner>(), "Inner{string,vector<Tensor>}");
+  EXPECT_EQ(TypeName<Outer>(),
+            "Outer{int32,bool,vector<Inner{string,vector<Tensor>}>,optional<int64>}");
+  Outer in;
+  in.trainer = 7;
+  in.last = true;
+  in.parts.push_back(Inner{"w", {at::arange(6).view({2, 3}), at::ones({2})}});
+  in.parts.push_back(Inner{"b", {}});
+  in.clock = 42;
+  absl::StatusOr<Payload> p = EncodeMessage(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Outer out;
+  ASSERT_TRUE(DecodeMessage(*p, &out).ok());
+  EXPECT_EQ(out.trainer, 7);
+  EXPECT_TRUE(out.last);
+  ASSERT_EQ(out.parts.size(), 2u);
+  EXPECT_EQ(out.parts[0].name, "w");
+  ASSERT_EQ(out.parts[0].values.size(), 2u);
+  EXPECT_TRUE(out.parts[0].values[0].equal(at::arange(6).view({2, 3})));
+  EXPECT_TRUE(out.parts[1].values.empty());
+  EXPECT_EQ(out.clock, 42);
+}
+
+TEST(Codec, AStructFieldThatFailsToDecodeIsNamed) {
+  Encoder enc;
+  EncodeValue(int32_t{1}, enc);
+  enc.WritePod<uint8_t>(9);  // not a bool
+  Outer out;
+  absl::Status s = DecodeMessage(*std::move(enc).Finish(), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "Outer.last: bad bool byte 9")) << s;
+  // Truncated inside a nested struct.
+  Encoder enc2;
+  EncodeValue(int32_t{1}, enc2);
+  EncodeValue(false, enc2);
+  enc2.WriteVarint(1);  // one Inner, then nothing
+  s = DecodeMessage(*std::move(enc2).Finish(), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "Outer.parts: ")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "Inner.name: ")) << s;
+}
+
+TEST(Codec, ProtocolBuffersTravelAsTheirBytes) {
+  EXPECT_EQ(TypeName<proto::RRefControl>(), "baton.proto.RRefControl");
+  proto::RRefControl in;
+  in.set_kind(proto::RRefControl::USER_DELETE);
+  in.set_parent(3);
+  in.mutable_rref()->set_local(99);
+  using Msg = std::tuple<proto::RRefControl, at::Tensor>;
+  absl::StatusOr<Payload> p = EncodeMessage(Msg{in, at::ones({3})});
+  ASSERT_TRUE(p.ok()) << p.status();
+  Msg out;
+  ASSERT_TRUE(DecodeMessage(*p, &out).ok());
+  EXPECT_EQ(std::get<0>(out).kind(), proto::RRefControl::USER_DELETE);
+  EXPECT_EQ(std::get<0>(out).parent(), 3);
+  EXPECT_EQ(std::get<0>(out).rref().local(), 99u);
+  EXPECT_TRUE(std::get<1>(out).equal(at::ones({3})));
+  // Bytes that do not parse.
+  Encoder enc;
+  enc.WriteString("\xff\xff\xff");
+  proto::RRefControl bad;
+  absl::Status s = DecodeMessage(*std::move(enc).Finish(), &bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(s.message(), "bad baton.proto.RRefControl")) << s;
 }
 
 }  // namespace
