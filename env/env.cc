@@ -1,17 +1,15 @@
 #include "env/env.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/file_io.h"
 
 namespace baton {
 namespace {
@@ -41,18 +39,6 @@ absl::StatusOr<int> ReadInt(const EnvLookup& lookup, absl::string_view name,
         "environment variable ", name, "='", *v, "' is not an integer"));
   }
   return out;
-}
-
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(std::strerror(errno));
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -187,21 +173,9 @@ absl::Status WriteErrorFile(const std::string& path,
                                              absl::UTCTimeZone())),
                   "}\n");
 
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot write error file ", tmp,
-                                            ": ", std::strerror(errno)));
-  }
-  absl::Status s = WriteAll(fd, json);
-  ::close(fd);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::InternalError(std::strerror(errno));
-  }
+  absl::Status s = WriteFileAtomically(path, {json});
   if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write error file ", path,
-                                            ": ", s.message()));
+    return absl::InternalError(absl::StrCat("cannot write error file ", path, ": ", s.message()));
   }
   return absl::OkStatus();
 }

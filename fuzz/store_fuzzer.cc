@@ -34,7 +34,7 @@
 #include "absl/time/clock.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/store.pb.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 #include "store/store_server.h"
 
 namespace baton::store {

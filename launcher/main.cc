@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/agent.h"
+#include "launcher/node_agent.h"
 #include "env/env.h"
 #include "launcher/options.h"
 

@@ -133,54 +133,74 @@ absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
   return absl::StrCat(first.substr(0, open), range, first.substr(close + 1));
 }
 
-absl::StatusOr<LaunchOptions> ParseLaunchOptions(
-    const std::vector<std::string>& args, const EnvLookup& env) {
-  LaunchOptions o;
-  bool nproc_set = false, nnodes_set = false, addr_set = false,
-       run_id_set = false;
-  std::vector<std::pair<std::string, std::string>> policies;
+namespace {
 
-  using Handler = std::function<absl::Status(const std::string&)>;
-  auto set_int = [](int* out, const char* flag, int min, int max) -> Handler {
-    return [=](const std::string& v) {
-      auto n = ParseInt(flag, v, min, max);
-      if (n.ok()) *out = *n;
-      return n.status();
-    };
+// What the flags said, beyond the options themselves: which defaults they
+// override, and the restart policies to apply once every role is known.
+struct ParseState {
+  LaunchOptions o;
+  bool nproc_set = false;
+  bool nnodes_set = false;
+  bool addr_set = false;
+  bool run_id_set = false;
+  std::vector<std::pair<std::string, std::string>> policies;
+};
+
+using Handler = std::function<absl::Status(const std::string&)>;
+
+Handler SetInt(int* out, const char* flag, int min, int max) {
+  return [=](const std::string& v) {
+    auto n = ParseInt(flag, v, min, max);
+    if (n.ok()) *out = *n;
+    return n.status();
   };
-  // A file path, made absolute (workers may run elsewhere in the tree).
-  auto set_path = [](std::string* out, const char* flag) -> Handler {
-    return [=](const std::string& v) -> absl::Status {
-      if (v.empty()) return FlagError(flag, "is empty");
-      if (v[0] == '/') {
-        *out = v;
-      } else {
-        char cwd[4096];
-        if (::getcwd(cwd, sizeof(cwd)) == nullptr) return FlagError(flag, "cannot resolve the path");
-        *out = absl::StrCat(cwd, "/", v);
-      }
-      return absl::OkStatus();
-    };
+}
+
+// A file path, made absolute (workers may run elsewhere in the tree).
+Handler SetPath(std::string* out, const char* flag) {
+  return [=](const std::string& v) -> absl::Status {
+    if (v.empty()) return FlagError(flag, "is empty");
+    if (v[0] == '/') {
+      *out = v;
+    } else {
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) == nullptr) return FlagError(flag, "cannot resolve the path");
+      *out = absl::StrCat(cwd, "/", v);
+    }
+    return absl::OkStatus();
   };
-  auto set_secs = [](absl::Duration* out, const char* flag,
-                     bool zero) -> Handler {
-    return [=](const std::string& v) {
-      auto d = ParseSeconds(flag, v, zero);
-      if (d.ok()) *out = *d;
-      return d.status();
-    };
+}
+
+Handler SetSeconds(absl::Duration* out, const char* flag, bool zero) {
+  return [=](const std::string& v) {
+    auto d = ParseSeconds(flag, v, zero);
+    if (d.ok()) *out = *d;
+    return d.status();
   };
-  int node_rank = 0;
-  // Flags that take a value ("--flag=v" or "--flag v").
-  const std::map<std::string, Handler> valued = {
+}
+
+// A non-empty string.
+Handler SetString(std::string* out, const char* flag, bool* set = nullptr) {
+  return [=](const std::string& v) -> absl::Status {
+    if (v.empty()) return FlagError(flag, "is empty");
+    *out = v;
+    if (set != nullptr) *set = true;
+    return absl::OkStatus();
+  };
+}
+
+// Flags that take a value ("--flag=v" or "--flag v"), writing into `st`.
+std::map<std::string, Handler> ValuedFlags(ParseState& st) {
+  LaunchOptions& o = st.o;
+  return {
       {"nproc_per_node",
-       [&](const std::string& v) {
-         nproc_set = true;
-         return set_int(&o.nproc_per_node, "nproc_per_node", 1, 4096)(v);
+       [&st](const std::string& v) {
+         st.nproc_set = true;
+         return SetInt(&st.o.nproc_per_node, "nproc_per_node", 1, 4096)(v);
        }},
       {"nnodes",
-       [&](const std::string& v) -> absl::Status {
-         nnodes_set = true;
+       [&st](const std::string& v) -> absl::Status {
+         st.nnodes_set = true;
          std::vector<std::string> mm = absl::StrSplit(v, ':');
          if (mm.size() > 2) return FlagError("nnodes", "expected N or MIN:MAX");
          auto lo = ParseInt("nnodes", mm[0], 1, 65536);
@@ -188,114 +208,84 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
          auto hi = ParseInt("nnodes", mm.back(), 1, 65536);
          if (!hi.ok()) return hi.status();
          if (*lo > *hi) {
-           return FlagError("nnodes", absl::StrCat("MIN ", *lo,
-                                                   " is above MAX ", *hi));
+           return FlagError("nnodes", absl::StrCat("MIN ", *lo, " is above MAX ", *hi));
          }
-         o.min_nodes = *lo;
-         o.max_nodes = *hi;
+         st.o.min_nodes = *lo;
+         st.o.max_nodes = *hi;
          return absl::OkStatus();
        }},
       {"node_rank",
-       [&](const std::string& v) -> absl::Status {
-         absl::Status s = set_int(&node_rank, "node_rank", 0, 65535)(v);
+       [&o](const std::string& v) -> absl::Status {
+         int node_rank = 0;
+         absl::Status s = SetInt(&node_rank, "node_rank", 0, 65535)(v);
          if (s.ok()) o.node_rank = node_rank;
          return s;
        }},
-      {"master_addr",
-       [&](const std::string& v) -> absl::Status {
-         if (v.empty()) return FlagError("master_addr", "is empty");
-         addr_set = true;
-         o.master_addr = v;
-         return absl::OkStatus();
-       }},
-      {"master_port",
-       set_int(&o.master_port, "master_port", 0, 65535)},
-      {"rdzv_port", set_int(&o.rdzv_port, "rdzv_port", 1, 65535)},
-      {"max_restarts", set_int(&o.max_restarts, "max_restarts", 0, 1000000)},
-      {"monitor_interval",
-       set_secs(&o.monitor_interval, "monitor_interval", false)},
-      {"run_id",
-       [&](const std::string& v) -> absl::Status {
-         if (v.empty()) return FlagError("run_id", "is empty");
-         run_id_set = true;
-         o.run_id = v;
-         return absl::OkStatus();
-       }},
-      {"job_token_file",
-       [&](const std::string& v) -> absl::Status {
-         if (v.empty()) return FlagError("job_token_file", "is empty");
-         o.job_token_file = v;
-         return absl::OkStatus();
-       }},
-      {"tls_ca", set_path(&o.tls.ca_file, "tls_ca")},
-      {"tls_cert", set_path(&o.tls.cert_file, "tls_cert")},
-      {"tls_key", set_path(&o.tls.key_file, "tls_key")},
-      {"tls_server_name",
-       [&](const std::string& v) -> absl::Status {
-         if (v.empty()) return FlagError("tls_server_name", "is empty");
-         o.tls.server_name = v;
-         return absl::OkStatus();
-       }},
-      {"log_dir",
-       [&](const std::string& v) -> absl::Status {
-         if (v.empty()) return FlagError("log_dir", "is empty");
-         o.log_dir = v;
-         return absl::OkStatus();
-       }},
-      {"rdzv_timeout", set_secs(&o.rdzv_timeout, "rdzv_timeout", false)},
-      {"rdzv_last_call", set_secs(&o.rdzv_last_call, "rdzv_last_call", true)},
-      {"heartbeat_timeout",
-       set_secs(&o.heartbeat_timeout, "heartbeat_timeout", false)},
-      {"stop_timeout", set_secs(&o.stop_timeout, "stop_timeout", true)},
+      {"master_addr", SetString(&o.master_addr, "master_addr", &st.addr_set)},
+      {"master_port", SetInt(&o.master_port, "master_port", 0, 65535)},
+      {"rdzv_port", SetInt(&o.rdzv_port, "rdzv_port", 1, 65535)},
+      {"max_restarts", SetInt(&o.max_restarts, "max_restarts", 0, 1000000)},
+      {"monitor_interval", SetSeconds(&o.monitor_interval, "monitor_interval", false)},
+      {"run_id", SetString(&o.run_id, "run_id", &st.run_id_set)},
+      {"job_token_file", SetString(&o.job_token_file, "job_token_file")},
+      {"tls_ca", SetPath(&o.tls.ca_file, "tls_ca")},
+      {"tls_cert", SetPath(&o.tls.cert_file, "tls_cert")},
+      {"tls_key", SetPath(&o.tls.key_file, "tls_key")},
+      {"tls_server_name", SetString(&o.tls.server_name, "tls_server_name")},
+      {"log_dir", SetString(&o.log_dir, "log_dir")},
+      {"rdzv_timeout", SetSeconds(&o.rdzv_timeout, "rdzv_timeout", false)},
+      {"rdzv_last_call", SetSeconds(&o.rdzv_last_call, "rdzv_last_call", true)},
+      {"heartbeat_timeout", SetSeconds(&o.heartbeat_timeout, "heartbeat_timeout", false)},
+      {"stop_timeout", SetSeconds(&o.stop_timeout, "stop_timeout", true)},
       {"restart_wait",
-       [&](const std::string& v) -> absl::Status {
+       [&o](const std::string& v) -> absl::Status {
          auto d = ParseSeconds("restart_wait", v, /*zero=*/true);
          if (d.ok()) o.restart_wait = *d;
          return d.status();
        }},
       {"role",
-       [&](const std::string& v) -> absl::Status {
+       [&o](const std::string& v) -> absl::Status {
          auto role = ParseRole(v);
          if (!role.ok()) return role.status();
          for (const RoleSpec& r : o.roles) {
            if (r.name == role->name) {
-             return FlagError("role", absl::StrCat("role '", r.name,
-                                                   "' given twice"));
+             return FlagError("role", absl::StrCat("role '", r.name, "' given twice"));
            }
          }
          o.roles.push_back(*std::move(role));
          return absl::OkStatus();
        }},
       {"restart_policy",
-       [&](const std::string& v) -> absl::Status {
+       [&st](const std::string& v) -> absl::Status {
          std::vector<std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
-         if (kv.size() != 2 ||
-             (kv[1] != "group" && kv[1] != "role" && kv[1] != "worker")) {
-           return FlagError("restart_policy", absl::StrCat(
-               "'", v, "' is not ROLE=group, ROLE=role or ROLE=worker"));
+         if (kv.size() != 2 || (kv[1] != "group" && kv[1] != "role" && kv[1] != "worker")) {
+           return FlagError("restart_policy",
+                            absl::StrCat("'", v,
+                                         "' is not ROLE=group, ROLE=role or ROLE=worker"));
          }
-         policies.emplace_back(kv[0], kv[1]);
+         st.policies.emplace_back(kv[0], kv[1]);
          return absl::OkStatus();
        }},
   };
-  // Boolean flags: "--flag" or "--flag=v".
-  const std::map<std::string, bool*> booleans = {
-      {"standalone", &o.standalone}, {"tee", &o.tee}};
+}
 
+// Step 1: the flags, up to the program. Returns the index of PROGRAM in
+// `args` (args.size() if none); sets o.help and stops at --help.
+absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args, ParseState& st) {
+  const std::map<std::string, Handler> valued = ValuedFlags(st);
+  // Boolean flags: "--flag" or "--flag=v".
+  const std::map<std::string, bool*> booleans = {{"standalone", &st.o.standalone},
+                                                 {"tee", &st.o.tee}};
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
+    if (arg == "--") return i + 1;
     if (!absl::StartsWith(arg, "-") || arg == "-") break;
     if (arg == "-h" || arg == "--help") {
-      o.help = true;
-      return o;
+      st.o.help = true;
+      return args.size();
     }
-    std::string name = std::string(absl::StripPrefix(
-        absl::StripPrefix(arg, "-"), "-"));
+    std::string name = std::string(absl::StripPrefix(absl::StripPrefix(arg, "-"), "-"));
     std::optional<std::string> value;
     if (size_t eq = name.find('='); eq != std::string::npos) {
       value = name.substr(eq + 1);
@@ -315,8 +305,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
     }
     auto h = valued.find(name);
     if (h == valued.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag '", arg, "' (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "' (see --help)"));
     }
     if (!value.has_value()) {
       if (i + 1 >= args.size()) return FlagError(name, "needs a value");
@@ -324,133 +313,169 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
     }
     if (absl::Status s = h->second(*value); !s.ok()) return s;
   }
-  std::vector<std::string> command(args.begin() + i, args.end());
+  return i;
+}
 
-  // Roles: without --role, one "default" role running the command.
+// Step 2: the roles. Without --role, one "default" role runs the command;
+// with roles, each runs its own program or the command, and their counts
+// make --nproc_per_node.
+absl::Status ResolveRoles(const std::vector<std::string>& command, ParseState& st) {
+  LaunchOptions& o = st.o;
   if (o.roles.empty()) {
     if (command.empty()) {
-      return absl::InvalidArgumentError(
-          "missing PROGRAM: baton-run [options] PROGRAM [ARGS...]");
+      return absl::InvalidArgumentError("missing PROGRAM: baton-run [options] PROGRAM [ARGS...]");
     }
-    o.roles.push_back(RoleSpec{"default", o.nproc_per_node, command,
-                               RestartPolicy::kGroup});
-  } else {
-    bool all_have_programs = true;
-    for (RoleSpec& r : o.roles) {
-      if (r.argv.empty()) {
-        all_have_programs = false;
-        if (command.empty()) {
-          return FlagError("role", absl::StrCat(
-              "role '", r.name, "' names no program and no PROGRAM is given"));
-        }
-        r.argv = command;
-      }
-    }
-    if (all_have_programs && !command.empty()) {
-      return FlagError("role", absl::StrCat(
-          "every role names its own program; unexpected PROGRAM '",
-          command[0], "'"));
-    }
-    if (nproc_set && o.nproc_per_node != o.local_world_size()) {
-      return FlagError("nproc_per_node", absl::StrCat(
-          o.nproc_per_node, " does not match the sum of the --role counts (",
-          o.local_world_size(), ")"));
-    }
-    o.nproc_per_node = o.local_world_size();
+    o.roles.push_back(RoleSpec{"default", o.nproc_per_node, command, RestartPolicy::kGroup});
+    return absl::OkStatus();
   }
-  for (const auto& [role, policy] : policies) {
+  bool all_have_programs = true;
+  for (RoleSpec& r : o.roles) {
+    if (r.argv.empty()) {
+      all_have_programs = false;
+      if (command.empty()) {
+        return FlagError("role", absl::StrCat("role '", r.name,
+                                              "' names no program and no PROGRAM is given"));
+      }
+      r.argv = command;
+    }
+  }
+  if (all_have_programs && !command.empty()) {
+    return FlagError("role", absl::StrCat("every role names its own program; unexpected PROGRAM '",
+                                          command[0], "'"));
+  }
+  if (st.nproc_set && o.nproc_per_node != o.local_world_size()) {
+    return FlagError("nproc_per_node",
+                     absl::StrCat(o.nproc_per_node, " does not match the sum of the --role counts (",
+                                  o.local_world_size(), ")"));
+  }
+  o.nproc_per_node = o.local_world_size();
+  return absl::OkStatus();
+}
+
+// Step 3: --restart_policy ROLE=..., now that every role is known.
+absl::Status ApplyRestartPolicies(ParseState& st) {
+  for (const auto& [role, policy] : st.policies) {
     const std::string& wanted = role;  // a structured binding: not capturable in C++17
-    auto it = std::find_if(o.roles.begin(), o.roles.end(),
+    auto it = std::find_if(st.o.roles.begin(), st.o.roles.end(),
                            [&](const RoleSpec& r) { return r.name == wanted; });
-    if (it == o.roles.end()) {
-      return FlagError("restart_policy",
-                       absl::StrCat("no role named '", role, "'"));
+    if (it == st.o.roles.end()) {
+      return FlagError("restart_policy", absl::StrCat("no role named '", role, "'"));
     }
     it->policy = policy == "role"     ? RestartPolicy::kRole
                  : policy == "worker" ? RestartPolicy::kWorker
                                       : RestartPolicy::kGroup;
   }
+  return absl::OkStatus();
+}
 
-  if (o.standalone) {
-    if (nnodes_set && o.max_nodes != 1) {
-      return FlagError("standalone", "runs one node; drop --nnodes");
-    }
-    if (o.node_rank.value_or(0) != 0) {
-      return FlagError("standalone", "runs one node; drop --node_rank");
-    }
-    o.min_nodes = o.max_nodes = 1;
-    o.node_rank = 0;
-    o.master_addr = "127.0.0.1";
-    // Free ports are chosen at start.
-    o.master_port = 0;
-    o.rdzv_port = 0;
-  } else if (env("SLURM_JOB_ID").has_value() &&
-             env("SLURM_NODEID").has_value()) {
-    o.from_slurm = true;
-    auto num = [&](const char* name) -> absl::StatusOr<int> {
-      std::optional<std::string> v = env(name);
-      int n = 0;
-      if (!v.has_value() || !absl::SimpleAtoi(*v, &n) || n < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Slurm variable ", name, "='", v.value_or(""),
-            "' is missing or not a number"));
-      }
-      return n;
-    };
-    if (!nnodes_set) {
-      std::optional<std::string> nn = env("SLURM_JOB_NUM_NODES");
-      auto n = num(nn.has_value() ? "SLURM_JOB_NUM_NODES" : "SLURM_NNODES");
-      if (!n.ok()) return n.status();
-      o.min_nodes = o.max_nodes = std::max(1, *n);
-    }
-    if (!o.node_rank.has_value()) {
-      auto n = num("SLURM_NODEID");
-      if (!n.ok()) return n.status();
-      o.node_rank = *n;
-    }
-    if (!addr_set) {
-      std::optional<std::string> list = env("SLURM_JOB_NODELIST");
-      if (!list.has_value()) list = env("SLURM_NODELIST");
-      if (!list.has_value()) {
-        return absl::InvalidArgumentError(
-            "under Slurm: SLURM_JOB_NODELIST is not set; pass --master_addr");
-      }
-      auto host = FirstSlurmHost(*list);
-      if (!host.ok()) return host.status();
-      o.master_addr = *host;
-    }
-    if (!run_id_set) o.run_id = *env("SLURM_JOB_ID");
+// Step 4a: --standalone is one node on loopback with ports chosen at start.
+absl::Status ApplyStandalone(ParseState& st) {
+  LaunchOptions& o = st.o;
+  if (st.nnodes_set && o.max_nodes != 1) {
+    return FlagError("standalone", "runs one node; drop --nnodes");
   }
+  if (o.node_rank.value_or(0) != 0) {
+    return FlagError("standalone", "runs one node; drop --node_rank");
+  }
+  o.min_nodes = o.max_nodes = 1;
+  o.node_rank = 0;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 0;
+  o.rdzv_port = 0;
+  return absl::OkStatus();
+}
 
+// Step 4b: under Slurm, what the flags left unset comes from the job.
+absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
+  LaunchOptions& o = st.o;
+  o.from_slurm = true;
+  auto num = [&](const char* name) -> absl::StatusOr<int> {
+    std::optional<std::string> v = env(name);
+    int n = 0;
+    if (!v.has_value() || !absl::SimpleAtoi(*v, &n) || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Slurm variable ", name, "='", v.value_or(""), "' is missing or not a number"));
+    }
+    return n;
+  };
+  if (!st.nnodes_set) {
+    std::optional<std::string> nn = env("SLURM_JOB_NUM_NODES");
+    auto n = num(nn.has_value() ? "SLURM_JOB_NUM_NODES" : "SLURM_NNODES");
+    if (!n.ok()) return n.status();
+    o.min_nodes = o.max_nodes = std::max(1, *n);
+  }
+  if (!o.node_rank.has_value()) {
+    auto n = num("SLURM_NODEID");
+    if (!n.ok()) return n.status();
+    o.node_rank = *n;
+  }
+  if (!st.addr_set) {
+    std::optional<std::string> list = env("SLURM_JOB_NODELIST");
+    if (!list.has_value()) list = env("SLURM_NODELIST");
+    if (!list.has_value()) {
+      return absl::InvalidArgumentError(
+          "under Slurm: SLURM_JOB_NODELIST is not set; pass --master_addr");
+    }
+    auto host = FirstSlurmHost(*list);
+    if (!host.ok()) return host.status();
+    o.master_addr = *host;
+  }
+  if (!st.run_id_set) o.run_id = *env("SLURM_JOB_ID");
+  return absl::OkStatus();
+}
+
+// Step 5: this node's rank against the node count.
+absl::Status CheckNodeRank(LaunchOptions& o) {
   if (o.max_nodes > 1 && !o.elastic() && !o.node_rank.has_value()) {
-    return FlagError("node_rank", absl::StrCat(
-        "is required with --nnodes ", o.max_nodes));
+    return FlagError("node_rank", absl::StrCat("is required with --nnodes ", o.max_nodes));
   }
   if (!o.node_rank.has_value() && o.max_nodes == 1) o.node_rank = 0;
-  if (o.node_rank.has_value() && !o.elastic() &&
-      *o.node_rank >= o.max_nodes) {
-    return FlagError("node_rank", absl::StrCat(*o.node_rank,
-                                               " is not below --nnodes ",
-                                               o.max_nodes));
+  if (o.node_rank.has_value() && !o.elastic() && *o.node_rank >= o.max_nodes) {
+    return FlagError("node_rank",
+                     absl::StrCat(*o.node_rank, " is not below --nnodes ", o.max_nodes));
   }
-  if (!o.standalone) {
-    if (o.master_port == 0 && o.max_nodes > 1 && o.rdzv_port == 0) {
+  return absl::OkStatus();
+}
+
+// Step 6: the rendezvous port, by default the workers' store port + 1.
+absl::Status ResolvePorts(LaunchOptions& o) {
+  if (o.standalone) return absl::OkStatus();  // both chosen at start
+  if (o.master_port == 0 && o.max_nodes > 1 && o.rdzv_port == 0) {
+    return FlagError("master_port", "0 (a free port) needs --rdzv_port for a multi-node job");
+  }
+  if (o.rdzv_port == 0 && o.master_port != 0) {
+    if (o.master_port == 65535) {
       return FlagError("master_port",
-                       "0 (a free port) needs --rdzv_port for a multi-node job");
+                       "65535 leaves no room for the rendezvous port; pass --rdzv_port");
     }
-    if (o.rdzv_port == 0 && o.master_port != 0) {
-      if (o.master_port == 65535) {
-        return FlagError("master_port", "65535 leaves no room for the "
-                                        "rendezvous port; pass --rdzv_port");
-      }
-      o.rdzv_port = o.master_port + 1;
-    }
-    if (o.rdzv_port != 0 && o.rdzv_port == o.master_port) {
-      return FlagError("rdzv_port", "must differ from --master_port (the "
-                                    "workers' store uses that one)");
-    }
+    o.rdzv_port = o.master_port + 1;
   }
-  return o;
+  if (o.rdzv_port != 0 && o.rdzv_port == o.master_port) {
+    return FlagError("rdzv_port", "must differ from --master_port (the workers' store uses that one)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env) {
+  ParseState st;
+  absl::StatusOr<size_t> program = ParseFlags(args, st);
+  if (!program.ok()) return program.status();
+  if (st.o.help) return std::move(st.o);
+  const std::vector<std::string> command(args.begin() + *program, args.end());
+  absl::Status s = ResolveRoles(command, st);
+  if (s.ok()) s = ApplyRestartPolicies(st);
+  if (s.ok() && st.o.standalone) {
+    s = ApplyStandalone(st);
+  } else if (s.ok() && env("SLURM_JOB_ID").has_value() && env("SLURM_NODEID").has_value()) {
+    s = ApplySlurm(env, st);
+  }
+  if (s.ok()) s = CheckNodeRank(st.o);
+  if (s.ok()) s = ResolvePorts(st.o);
+  if (!s.ok()) return s;
+  return std::move(st.o);
 }
 
 std::string LaunchUsage() {

@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 
 namespace baton::store {
 namespace {

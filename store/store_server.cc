@@ -6,7 +6,7 @@
 #include "base/grpc_status.h"
 #include "base/status.h"
 #include "proto/store.grpc.pb.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 
 namespace baton::store {
 namespace {

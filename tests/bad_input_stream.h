@@ -29,7 +29,7 @@
 #include "rpc/function.h"
 #include "rpc/internal/transport.h"
 #include "rpc/internal/wire.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 
 namespace baton::rpc::bad_input {
 

@@ -70,7 +70,7 @@
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 #include "rpc/internal/wire.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 #include "tests/bad_input_cases.h"
 #include "tests/bad_input_stream.h"
 #include "tests/multiprocess.h"

@@ -62,7 +62,7 @@
 #include "rpc/agent.h"
 #include "rpc/internal/transport.h"
 #include "rpc/internal/wire.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 

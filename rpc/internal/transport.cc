@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 
 namespace baton::rpc::internal {
 namespace {

@@ -1,4 +1,4 @@
-#include "store/grpc_options.h"
+#include "base/grpc_options.h"
 
 #include <algorithm>
 #include <climits>

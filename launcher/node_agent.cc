@@ -1,4 +1,4 @@
-#include "launcher/agent.h"
+#include "launcher/node_agent.h"
 
 #include <dirent.h>
 #include <fcntl.h>

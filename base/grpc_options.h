@@ -1,8 +1,8 @@
 // Channel and server settings shared by every gRPC endpoint in baton.
 //
 // Thread-safety: stateless.
-#ifndef BATON_STORE_GRPC_OPTIONS_H_
-#define BATON_STORE_GRPC_OPTIONS_H_
+#ifndef BATON_BASE_GRPC_OPTIONS_H_
+#define BATON_BASE_GRPC_OPTIONS_H_
 
 #include <cstdint>
 #include <memory>
@@ -38,4 +38,4 @@ void ApplyBatonServerArguments(grpc::ServerBuilder& builder, int64_t max_message
 
 }  // namespace baton
 
-#endif  // BATON_STORE_GRPC_OPTIONS_H_
+#endif  // BATON_BASE_GRPC_OPTIONS_H_

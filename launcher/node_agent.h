@@ -15,8 +15,8 @@
 //
 // Threading: Run() is called once, from the main thread; RequestStop() may
 // be called from any thread (baton-run calls it from its signal thread).
-#ifndef BATON_LAUNCHER_AGENT_H_
-#define BATON_LAUNCHER_AGENT_H_
+#ifndef BATON_LAUNCHER_NODE_AGENT_H_
+#define BATON_LAUNCHER_NODE_AGENT_H_
 
 #include <atomic>
 #include <memory>
@@ -59,4 +59,4 @@ class NodeAgent {
 
 }  // namespace baton::launcher
 
-#endif  // BATON_LAUNCHER_AGENT_H_
+#endif  // BATON_LAUNCHER_NODE_AGENT_H_
