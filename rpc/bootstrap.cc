@@ -267,8 +267,47 @@ absl::Status AgentImpl::Step(RendezvousStep step) {
                   absl::StrCat("rendezvous step ", RendezvousStepName(step)));
 }
 
+// The rendezvous, step by step: each step below says what it leaves
+// behind for the next. Rendezvous() reads as the list of them.
 absl::Status AgentImpl::Rendezvous() {
   rank_ = options_.rank;
+  if (absl::Status s = PrepareRuntime(); !s.ok()) return s;
+  if (absl::Status s = Step(RendezvousStep::kConnectingStore); !s.ok()) return s;
+  if (absl::Status s = ConnectStore(); !s.ok()) return s;
+  if (absl::Status s = TakeRound(); !s.ok()) return s;
+  auto token = AgreeOnToken();
+  if (!token.ok()) return token.status();
+  if (absl::Status s = StartNetworkTransport(*token); !s.ok()) return s;
+  if (absl::Status s = ClaimRank(); !s.ok()) return s;
+  Registration reg;
+  if (absl::Status s = StartSameHostPaths(reg); !s.ok()) return s;
+  if (absl::Status s = Register(reg); !s.ok()) return s;
+  if (absl::Status s = ReadRegistrations(reg); !s.ok()) return s;
+  if (absl::Status s = ConnectPeers(reg); !s.ok()) return s;
+  if (absl::Status s = Step(RendezvousStep::kBeforeInitBarrier); !s.ok()) return s;
+  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
+                                      options_.world_size, options_.init_timeout);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Step(RendezvousStep::kAfterInitBarrier); !s.ok()) return s;
+  auto superseded = FollowSuccessors(reg);
+  if (!superseded.ok()) return superseded.status();
+  if (shm_ != nullptr) shm_->RemoveProbe();
+  if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
+  // Calls to self go through the loopback server like any other call.
+  AddNetworkPeer(rank_, reg.mine);
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = true;
+  }
+  ready_.Notify();
+  return absl::OkStatus();
+}
+
+// The executor, the timer, the request gate and the ping function; checks
+// that need nothing but the options.
+absl::Status AgentImpl::PrepareRuntime() {
   if (timer_ == nullptr) timer_ = std::make_unique<DeadlineTimer>();
   if (executor_ == nullptr) {
     executor_ = std::make_unique<Executor>(
@@ -290,9 +329,11 @@ absl::Status AgentImpl::Rendezvous() {
   // What a device map says of this worker alone is checked before anything
   // is published, so a bad map fails here on every worker that has one.
   if (absl::Status s = CheckLocalDeviceMaps(options_); !s.ok()) return s;
-  if (absl::Status s = Step(RendezvousStep::kConnectingStore); !s.ok()) return s;
-  if (absl::Status s = ConnectStore(); !s.ok()) return s;
+  return absl::OkStatus();
+}
 
+// ns_ (this round's key prefix), incarnation_, store_instance_.
+absl::Status AgentImpl::TakeRound() {
   // Each init of a rank against a store is a new round with fresh keys, so
   // repeated init/shutdown in one job never sees stale registrations. A
   // rejoining incarnation takes the round its predecessor was in.
@@ -323,10 +364,12 @@ absl::Status AgentImpl::Rendezvous() {
     if (!v.ok()) return v.status();
     store_instance_ = *v;
   }
+  return absl::OkStatus();
+}
 
-  auto token = AgreeOnToken();
-  if (!token.ok()) return token.status();
-
+// tls_, identity_ and transport_, listening on this host's address toward
+// the master (loopback for a job on loopback).
+absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   std::string listen = options_.listen_address;
   if (listen.empty()) {
     std::string host = "127.0.0.1";
@@ -346,7 +389,7 @@ absl::Status AgentImpl::Rendezvous() {
   auto identity = WorkerIdentity::Generate();
   if (!identity.ok()) return identity.status();
   identity_ = *std::move(identity);
-  NetworkTransportOptions network{listen, *token, options_.max_message_bytes, tls_};
+  NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_};
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
     transport = network_factory_(network, this);
@@ -356,7 +399,11 @@ absl::Status AgentImpl::Rendezvous() {
   if (!transport.ok()) return transport.status();
   transport_ = *std::move(transport);
 
-  // Claim the rank, then publish name, address and message limit.
+  return absl::OkStatus();
+}
+
+// The rank is this process's, or ALREADY_EXISTS names it.
+absl::Status AgentImpl::ClaimRank() {
   const std::string nonce = RandomHex(8);
   const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
   if (rejoin_) {
@@ -369,12 +416,18 @@ absl::Status AgentImpl::Rendezvous() {
     return absl::AlreadyExistsError(absl::StrCat(
         "rank ", rank_, " is already taken by another process in this job"));
   }
-  std::string probe_name, probe_token = RandomHex(8);
+  return absl::OkStatus();
+}
+
+// shm_ (the bulk channel, with a probe that peers try to open) and
+// shm_transport_ (this process's hub; links come after registration).
+absl::Status AgentImpl::StartSameHostPaths(Registration& reg) {
+  reg.probe_token = RandomHex(8);
   if (options_.same_host_shm) {
     ShmChannel::Sweep();
     shm_ = std::make_unique<ShmChannel>();
-    auto probe = shm_->CreateProbe(probe_token);
-    if (probe.ok()) probe_name = *probe;
+    auto probe = shm_->CreateProbe(reg.probe_token);
+    if (probe.ok()) reg.probe_name = *probe;
   }
   // The same-host transport: a hub now, links after everyone registered. A
   // rejoining incarnation uses gRPC (its peers set their links up long ago).
@@ -388,7 +441,12 @@ absl::Status AgentImpl::Rendezvous() {
       return Annotate(t.status(), "AgentOptions::shm_ring_bytes");
     }  // else: no /dev/shm room; gRPC it is
   }
-  proto::WorkerRecord mine;
+  return absl::OkStatus();
+}
+
+// Publishes reg.mine, this incarnation's record.
+absl::Status AgentImpl::Register(Registration& reg) {
+  proto::WorkerRecord& mine = reg.mine;
   mine.set_name(options_.name);
   mine.set_address(transport_->address());
   mine.set_max_message_bytes(options_.max_message_bytes);
@@ -396,8 +454,8 @@ absl::Status AgentImpl::Rendezvous() {
   mine.set_max_bytes_in_flight(options_.max_bytes_in_flight);
   mine.set_incarnation(incarnation_);
   mine.set_identity_key(identity_->public_key());
-  mine.set_shm_probe(probe_name);
-  mine.set_shm_probe_token(probe_token);
+  mine.set_shm_probe(reg.probe_name);
+  mine.set_shm_probe_token(reg.probe_token);
   // Workers with the same boot id (and PID namespace) share a host and may
   // use the shared-memory transport.
   mine.set_boot_id(BootId());
@@ -426,14 +484,21 @@ absl::Status AgentImpl::Rendezvous() {
       if (!v.ok()) return v.status();
     }
   }
-  std::vector<std::string> keys;
+  return absl::OkStatus();
+}
+
+// Waits for every rank's record (reg.records), then fills workers_,
+// peer_limits_, by_name_, the device maps, the call windows and peers_.
+absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
+  std::vector<std::string>& keys = reg.keys;
+  std::vector<proto::WorkerRecord>& records = reg.records;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
   if (absl::Status s = store_->Wait(keys, options_.init_timeout); !s.ok()) {
     return Annotate(s, "waiting for every worker to register");
   }
   workers_.resize(options_.world_size);
   peer_limits_.resize(options_.world_size);
-  std::vector<proto::WorkerRecord> records(options_.world_size);
+  records.assign(options_.world_size, proto::WorkerRecord());
   for (int r = 0; r < options_.world_size; ++r) {
     auto v = store_->Get(keys[r], options_.init_timeout);
     if (!v.ok()) return v.status();
@@ -471,6 +536,17 @@ absl::Status AgentImpl::Rendezvous() {
       peers_[r].address_incarnation = peers_[r].incarnation;
     }
   }
+  return absl::OkStatus();
+}
+
+// The network path to every peer, the bulk channel toward peers that opened
+// our probe (S4), and the same-host links: the lower rank of each pair
+// creates the link and publishes its name ("-": none); the higher rank
+// opens it. A link is used once both sides mapped it (checked after the
+// barrier, in Activate()).
+absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
+  const std::vector<proto::WorkerRecord>& records = reg.records;
+  const proto::WorkerRecord& mine = reg.mine;
   for (int r = 0; r < options_.world_size; ++r) {
     if (r != rank_) AddNetworkPeer(r, records[r]);
   }
@@ -493,9 +569,7 @@ absl::Status AgentImpl::Rendezvous() {
     }
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
   }
-  // Same-host links: the lower rank of each pair creates the link and
-  // publishes its name ("-": none); the higher rank opens it. A link is used
-  // once both sides mapped it (checked after the barrier, in Activate()).
+  // Same-host links.
   if (shm_transport_ != nullptr && !rejoin_) {
     auto same_host = [&](int r) {
       return r != rank_ && !records[r].shm_hub().empty() &&
@@ -522,16 +596,16 @@ absl::Status AgentImpl::Rendezvous() {
       }
     }
   }
-  if (absl::Status s = Step(RendezvousStep::kBeforeInitBarrier); !s.ok()) return s;
-  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
-                                      options_.world_size, options_.init_timeout);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Step(RendezvousStep::kAfterInitBarrier); !s.ok()) return s;
-  // P5: a rank that died during start-up after registering was replaced by
-  // a successor that registered again before it reached the barrier; follow
-  // the successor (its address, its incarnation, no link or probe of ours).
+  return absl::OkStatus();
+}
+
+// P5: a rank that died during start-up after registering was replaced by a
+// successor that registered again before it reached the barrier; follow the
+// successor (its address, its incarnation, no link or probe of ours).
+// Returns the ranks superseded so.
+absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration& reg) {
+  const std::vector<proto::WorkerRecord>& records = reg.records;
+  const std::vector<std::string>& keys = reg.keys;
   std::vector<int> superseded;
   for (int r = 0; r < options_.world_size; ++r) {
     if (r == rank_) continue;
@@ -552,16 +626,7 @@ absl::Status AgentImpl::Rendezvous() {
     peer_shm_[r].store(false);
     AddNetworkPeer(r, now);
   }
-  if (shm_ != nullptr) shm_->RemoveProbe();
-  if (shm_transport_ != nullptr) shm_transport_->Activate(superseded);
-  // Calls to self go through the loopback server like any other call.
-  AddNetworkPeer(rank_, mine);
-  {
-    absl::MutexLock lock(&mu_);
-    running_ = true;
-  }
-  ready_.Notify();
-  return absl::OkStatus();
+  return superseded;
 }
 
 }  // namespace internal

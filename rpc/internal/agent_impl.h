@@ -47,6 +47,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/identity.h"
+#include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
 #include "rpc/transport.h"
@@ -148,10 +149,27 @@ class AgentImpl : private TransportHandler {
   // At most this many sends of one request (P8).
   static constexpr int kMaxDeliveries = 4;
 
+  // The rendezvous' steps, in order (bootstrap.cc says what each leaves).
+  struct Registration {
+    std::string probe_name;   // this process's bulk-channel probe, or ""
+    std::string probe_token;  // what opening the probe must find
+    proto::WorkerRecord mine;
+    std::vector<std::string> keys;            // each rank's record key
+    std::vector<proto::WorkerRecord> records;  // as read before the barrier
+  };
+  absl::Status PrepareRuntime();
   absl::Status ConnectStore();
+  absl::Status TakeRound();
+  absl::StatusOr<std::string> AgreeOnToken();
+  absl::Status StartNetworkTransport(const std::string& token);
+  absl::Status ClaimRank();
+  absl::Status StartSameHostPaths(Registration& reg);
+  absl::Status Register(Registration& reg);
+  absl::Status ReadRegistrations(Registration& reg);
+  absl::Status ConnectPeers(const Registration& reg);
+  absl::StatusOr<std::vector<int>> FollowSuccessors(const Registration& reg);
   // Runs the rendezvous observer (AgentCollaborators) at `step`.
   absl::Status Step(RendezvousStep step);
-  absl::StatusOr<std::string> AgreeOnToken();
 
   // TransportHandler.
   void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) override;
