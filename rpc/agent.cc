@@ -650,6 +650,7 @@ AgentStats AgentImpl::stats() const {
     s.pending_outgoing = static_cast<int64_t>(pending_.size());
     s.running_incoming = incoming_;
     s.peer_failures = peer_failures_;
+    s.peer_probes_in_flight = static_cast<int64_t>(suspects_.size());
     s.calls_waiting_for_restart = waiting_for_restart_;
   }
   s.executor_threads = executor_ ? executor_->num_threads() : 0;

@@ -271,8 +271,10 @@ struct AgentStats {
   // Frames through the same-host shared-memory transport.
   int64_t shm_frames_sent = 0;
   int64_t shm_frames_received = 0;
-  // Peers confirmed dead (each confirmation counts).
+  // Peers confirmed dead (each confirmation counts), and suspected deaths
+  // whose probe has not answered yet (a confirmation can only follow one).
   int64_t peer_failures = 0;
+  int64_t peer_probes_in_flight = 0;
   // Flow control (AgentOptions::max_calls_in_flight): our calls that found
   // a peer's window full and waited, those that got RESOURCE_EXHAUSTED at
   // their deadline, requests we refused, and requests admitted but not yet

@@ -19,6 +19,7 @@
 #include "rref/rref.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
+#include "testing/eventually.h"
 
 namespace baton::dist_autograd {
 namespace {
@@ -416,7 +417,8 @@ BATON_SCENARIO(semantics) {
         Context ctx(agent);
         id = ctx.id();
         late = agent.rpc_async(1, slow_fn, x);
-        absl::SleepFor(absl::Milliseconds(50));  // w1 has joined the context
+        // w1 has joined the context (and runs slow_fn for 400 ms).
+        WCHECK(baton::testing::Eventually([&] { return agent.rpc_sync(1, live_fn) == 1; }));
       }
       absl::Status s = late.status();
       WCHECK(s.code() == absl::StatusCode::kFailedPrecondition);
@@ -476,7 +478,7 @@ BATON_SCENARIO(dead_participant) {
       at::Tensor y = agent.rpc_sync(1, nested_fn, x);  // w1 calls w2
       WCHECK(agent.rpc_sync(2, live_fn) == 1);
       kill(w1, SIGKILL);
-      absl::SleepFor(absl::Milliseconds(200));
+      WCHECK(baton::testing::Eventually([&] { return agent.stats().peer_failures >= 1; }));
       // Backward fails within its timeout, naming the dead worker.
       absl::Status s = Backward(agent, ctx.id(), {y.sum()}, false, absl::Seconds(10));
       WCHECK(!s.ok() && absl::StrContains(s.message(), "'w1'"));

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
+#include "testing/eventually.h"
 
 namespace baton::rpc {
 namespace {
@@ -20,6 +21,7 @@ namespace {
 using internal::CallWindow;
 using internal::FlowLimits;
 using internal::RequestGate;
+using ::baton::testing::Eventually;
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
@@ -31,14 +33,18 @@ TEST(CallWindow, F1_CallsBeyondTheWindowWaitForRoom) {
   ASSERT_TRUE(window.Acquire(0, 10, In(absl::Seconds(1)), true).ok());
   // The other peer has its own window.
   ASSERT_TRUE(window.Acquire(1, 10, In(absl::Seconds(1)), true).ok());
+  // The reply comes once the third call waits (it counts itself as waiting
+  // under the window's lock, which it gives up only inside its wait).
+  std::atomic<bool> released{false};
   std::thread replier([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    window.Release(0, 10);
+    if (Eventually([&] { return window.stats().calls_waited == 1; })) {
+      released = true;
+      window.Release(0, 10);
+    }
   });
-  const absl::Time start = absl::Now();
-  EXPECT_TRUE(window.Acquire(0, 10, In(absl::Seconds(5)), true).ok());
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(80));
+  EXPECT_TRUE(window.Acquire(0, 10, In(absl::Seconds(20)), true).ok());
   replier.join();
+  EXPECT_TRUE(released.load()) << "the third call never waited";
   const CallWindow::Stats s = window.stats();
   EXPECT_EQ(s.calls_in_flight, 3);
   EXPECT_EQ(s.bytes_in_flight, 30);
@@ -181,7 +187,11 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
                       order.push_back(i);
                     }).ok());
   }
-  absl::SleepFor(absl::Milliseconds(20));
+  // Some of peer 0's requests have started.
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return !order.empty();
+  }));
   size_t started_before;
   {
     absl::MutexLock lock(&mu);
@@ -239,17 +249,21 @@ TEST(RequestGate, F4_AfterCloseSubmitIsUnavailableAndQueuedRequestsStillRun) {
 
 const Function<void(int64_t)> sleep_ms_fn("sleep_ms");
 const Function<int64_t(int64_t)> echo_fn("echo");
+// Runs until the test opens the job's latch (at most 30 s).
+const Function<void()> held_fn("held");
 
-testing::LoopbackJobOptions Job(int64_t calls_w0, int64_t calls_w1) {
+testing::LoopbackJobOptions Job(int64_t calls_w0, int64_t calls_w1,
+                                std::shared_ptr<Latch> latch = std::make_shared<Latch>()) {
   testing::LoopbackJobOptions o;
   o.world_size = 2;
   o.configure = [calls_w0, calls_w1](int rank, AgentOptions& a) {
     a.max_calls_in_flight = rank == 0 ? calls_w0 : calls_w1;
   };
-  o.install = [](int, FunctionRegistry& r) {
+  o.install = [latch](int, FunctionRegistry& r) {
     ASSERT_TRUE(r.Register(sleep_ms_fn, [](int64_t ms) {
                    absl::SleepFor(absl::Milliseconds(ms));
                  }).ok());
+    ASSERT_TRUE(r.Register(held_fn, [latch] { latch->Wait(); }).ok());
     ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
   };
   return o;
@@ -294,15 +308,16 @@ TEST(FlowControlAgents, F1_AFullWindowFailsTheCallAtItsDeadlineWithResourceExhau
 }
 
 TEST(FlowControlAgents, F2_CallsThatTimedOutStillCountAtTheCalleeWhichRefusesTheExcess) {
-  auto job = testing::LoopbackJob::Start(Job(3, 3));
+  auto latch = std::make_shared<Latch>();
+  auto job = testing::LoopbackJob::Start(Job(3, 3, latch));
   ASSERT_TRUE(job.ok()) << job.status();
   RpcAgent& w0 = (*job)->agent(0);
   CallOptions quick;
   quick.timeout = absl::Milliseconds(50);
   // Three calls time out at the caller (freeing its window) but keep
-  // running at the callee for 800 ms.
+  // running at the callee until the latch opens.
   std::vector<Future<void>> slow;
-  for (int i = 0; i < 3; ++i) slow.push_back(w0.rpc_async(quick, 1, sleep_ms_fn, 800));
+  for (int i = 0; i < 3; ++i) slow.push_back(w0.rpc_async(quick, 1, held_fn));
   for (auto& f : slow) {
     EXPECT_EQ(f.result().status().code(), absl::StatusCode::kDeadlineExceeded);
   }
@@ -311,32 +326,37 @@ TEST(FlowControlAgents, F2_CallsThatTimedOutStillCountAtTheCalleeWhichRefusesThe
   EXPECT_TRUE(absl::StrContains(r.status().message(), "worker 'w1'")) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "already has 3 requests")) << r.status();
   EXPECT_EQ((*job)->agent(1).stats().requests_refused, 1);
+  EXPECT_EQ((*job)->agent(1).stats().running_incoming, 3);
   // Once the callee finished them, calls go through again.
-  absl::SleepFor(absl::Milliseconds(900));
+  latch->Open();
+  ASSERT_TRUE(Eventually([&] { return (*job)->agent(1).stats().running_incoming == 0; }));
   EXPECT_EQ(w0.rpc_sync(1, echo_fn, 6), 6);
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
 TEST(FlowControlAgents, F4_ShutdownWakesACallerWaitingForRoom) {
-  auto job = testing::LoopbackJob::Start(Job(1, 1));
+  auto latch = std::make_shared<Latch>();
+  auto job = testing::LoopbackJob::Start(Job(1, 1, latch));
   ASSERT_TRUE(job.ok()) << job.status();
   RpcAgent& w0 = (*job)->agent(0);
-  auto busy = w0.rpc_async(1, sleep_ms_fn, 300);
+  auto busy = w0.rpc_async(1, held_fn);  // takes the window of 1
   absl::StatusOr<int64_t> waited;
   std::thread caller([&] { waited = w0.rpc_async(0 + 1, echo_fn, 3).result(); });
-  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(Eventually([&] { return w0.stats().calls_waited_for_window == 1; }));
+  // w0's own shutdown (w1 still holds the call) wakes its waiting caller.
   const absl::Time start = absl::Now();
-  EXPECT_TRUE((*job)->ShutdownAll(/*graceful=*/false).ok());
+  EXPECT_TRUE(w0.Shutdown(/*graceful=*/false).ok());
   caller.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  // Either it got room before the shutdown or the shutdown released it.
-  if (!waited.ok()) {
-    EXPECT_TRUE(waited.status().code() == absl::StatusCode::kFailedPrecondition ||
-                waited.status().code() == absl::StatusCode::kCancelled ||
-                waited.status().code() == absl::StatusCode::kUnavailable)
-        << waited.status();
-  }
+  // The window never opened: the shutdown released the caller.
+  ASSERT_FALSE(waited.ok());
+  EXPECT_TRUE(waited.status().code() == absl::StatusCode::kFailedPrecondition ||
+              waited.status().code() == absl::StatusCode::kCancelled ||
+              waited.status().code() == absl::StatusCode::kUnavailable)
+      << waited.status();
+  latch->Open();
   (void)busy.result();
+  (void)(*job)->ShutdownAll(/*graceful=*/false);
 }
 
 TEST(FlowControlAgents, LimitsBelowOneAreRejectedAtCreate) {
