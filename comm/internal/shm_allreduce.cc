@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/host.h"
+#include "base/shm_segment.h"
 #include "base/status.h"
 
 namespace baton::comm::internal {
@@ -89,38 +90,31 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Create(const Backend
   // 2. Rank 0 creates the segment; everyone maps it and says whether it could.
   const size_t bytes = kHeaderBytes + static_cast<size_t>(ctx.size) * kSlotBytes;
   std::string name;
+  ShmSegment segment;
   if (ctx.rank == 0) {
-    name = absl::StrCat("/baton-ar-", getpid(), "-", RandomHex(8));
-    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    // Reserve the pages now: a /dev/shm too small for them (a container's
-    // default 64 MB, say) then means Gloo instead of SIGBUS on first touch.
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-        posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
-      if (fd >= 0) {
-        close(fd);
-        shm_unlink(name.c_str());
-      }
-      name.clear();
-    } else {
-      close(fd);
+    // Created with its pages reserved: a /dev/shm too small for them (a
+    // container's default 64 MB, say) means Gloo, not SIGBUS on first touch.
+    auto created = ShmSegment::Create(absl::StrCat("/baton-ar-", getpid(), "-", RandomHex(8)),
+                                      bytes);
+    if (created.ok()) {
+      segment = *std::move(created);
+      name = segment.name();
     }
     if (absl::Status s = store.Set(absl::StrCat(key, "name"), name); !s.ok()) {
-      if (!name.empty()) shm_unlink(name.c_str());
+      segment.Unlink();
       return Annotate(s, where);
     }
   } else {
     auto v = get(absl::StrCat(key, "name"));
     if (!v.ok()) return Annotate(v.status(), where);
     name = *v;
+    if (!name.empty()) {
+      auto opened = ShmSegment::Open(name, bytes);
+      if (opened.ok()) segment = *std::move(opened);
+    }
   }
   if (name.empty()) return nullptr;  // rank 0 could not create it: Gloo for all
-  void* base = MAP_FAILED;
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd >= 0) {
-    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-  }
-  const bool mapped = base != MAP_FAILED;
+  const bool mapped = segment.mapped();
   absl::Status s = store.Set(absl::StrCat(key, "ok/", ctx.rank), mapped ? "1" : "0");
   bool all = mapped && s.ok();
   for (int k = 0; k < ctx.size && s.ok(); ++k) {
@@ -129,23 +123,20 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Create(const Backend
     all = all && v.ok() && *v == "1";
   }
   // Every rank has mapped it (or given up): nothing needs the name any more.
-  if (ctx.rank == 0) shm_unlink(name.c_str());
-  if (!s.ok() || !all) {
-    if (mapped) munmap(base, bytes);
-    if (!s.ok()) return Annotate(s, where);
-    return nullptr;
-  }
-  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(ctx.rank, ctx.size, base, bytes));
+  if (ctx.rank == 0) segment.Unlink();
+  if (!s.ok()) return Annotate(s, where);
+  if (!all) return nullptr;
+  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(ctx.rank, ctx.size, std::move(segment)));
 }
 
-ShmAllReduce::ShmAllReduce(int rank, int size, void* base, size_t bytes)
+ShmAllReduce::ShmAllReduce(int rank, int size, ShmSegment segment)
     : rank_(rank),
       size_(size),
-      base_(base),
-      bytes_(bytes),
-      header_(static_cast<Header*>(base)) {}
+      segment_(std::move(segment)),
+      base_(segment_.data()),
+      header_(static_cast<Header*>(base_)) {}
 
-ShmAllReduce::~ShmAllReduce() { munmap(base_, bytes_); }
+ShmAllReduce::~ShmAllReduce() = default;
 
 char* ShmAllReduce::slot(int k) const {
   return static_cast<char*>(base_) + kHeaderBytes + static_cast<size_t>(k) * kSlotBytes;

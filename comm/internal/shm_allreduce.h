@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/shm_segment.h"
 #include "comm/backend.h"
 #include "comm/internal/reduce_kernels.h"
 
@@ -70,7 +71,7 @@ class ShmAllReduce {
   void Abort() { aborted_.store(true); }
 
  private:
-  ShmAllReduce(int rank, int size, void* base, size_t bytes);
+  ShmAllReduce(int rank, int size, ShmSegment segment);
   char* slot(int k) const;
   // Waits until counter[k] >= g for every k; false on deadline or abort
   // (then `late` lists the ranks still behind).
@@ -81,8 +82,8 @@ class ShmAllReduce {
 
   const int rank_;
   const int size_;
-  void* const base_;
-  const size_t bytes_;
+  const ShmSegment segment_;
+  void* const base_;  // segment_'s memory
   Header* const header_;
   uint32_t generation_ = 0;
   std::atomic<bool> aborted_{false};

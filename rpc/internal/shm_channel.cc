@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/shm_segment.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -62,48 +63,21 @@ size_t RoundUpPow2(size_t n) {
   return c;
 }
 
-void* MapNamed(const std::string& name, size_t bytes, bool create) {
-  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
-                        : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return nullptr;
-  bool ok = true;
-  if (create) ok = posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
-  if (!create) {
-    struct stat st {};
-    ok = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes;
-  }
-  void* addr = ok ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                         fd, 0)
-                  : MAP_FAILED;
-  close(fd);
-  if (addr == MAP_FAILED) {
-    if (create) shm_unlink(name.c_str());
-    return nullptr;
-  }
-  return addr;
-}
-
 }  // namespace
 
 struct ShmChannel::Segment {
   std::string name;
   size_t capacity = 0;
-  void* base = nullptr;
+  ShmSegment memory;
   uint64_t generation = 0;
   absl::Time busy_until = absl::InfinitePast();
-  SegmentHeader* header() { return static_cast<SegmentHeader*>(base); }
-  char* data() { return static_cast<char*>(base) + kHeaderBytes; }
-  ~Segment() {
-    if (base != nullptr) munmap(base, kHeaderBytes + capacity);
-  }
+  SegmentHeader* header() { return static_cast<SegmentHeader*>(memory.data()); }
+  char* data() { return static_cast<char*>(memory.data()) + kHeaderBytes; }
 };
 
+// A peer's segment, mapped to read from.
 struct ShmChannel::Mapping {
-  void* base = nullptr;
-  size_t bytes = 0;
-  ~Mapping() {
-    if (base != nullptr) munmap(base, bytes);
-  }
+  ShmSegment memory;
 };
 
 class ShmChannel::BufferCache : public std::enable_shared_from_this<BufferCache> {
@@ -178,8 +152,9 @@ ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
     auto seg = std::make_unique<Segment>();
     seg->name = absl::StrCat(ObjectPrefix(pid_), "s", next_object.fetch_add(1));
     seg->capacity = capacity;
-    seg->base = MapNamed(seg->name, kHeaderBytes + capacity, /*create=*/true);
-    if (seg->base == nullptr) return nullptr;
+    auto memory = ShmSegment::Create(seg->name, kHeaderBytes + capacity, /*populate=*/true);
+    if (!memory.ok()) return nullptr;
+    seg->memory = *std::move(memory);
     pool_bytes_ += capacity;
     segments_.push_back(std::move(seg));
     best = segments_.back().get();
@@ -221,15 +196,16 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
     const std::string& name, uint64_t capacity) {
   absl::MutexLock lock(&map_mu_);
   auto it = mappings_.find(name);
-  if (it != mappings_.end() && it->second->bytes >= kHeaderBytes + capacity) return it->second;
-  void* base = MapNamed(name, kHeaderBytes + capacity, /*create=*/false);
-  if (base == nullptr) {
-    return absl::DataLossError(absl::StrCat("cannot map shared-memory segment '", name,
-                                            "': ", std::strerror(errno)));
+  if (it != mappings_.end() && it->second->memory.size() >= kHeaderBytes + capacity) {
+    return it->second;
+  }
+  auto memory = ShmSegment::Open(name, kHeaderBytes + capacity, /*populate=*/true);
+  if (!memory.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("cannot map shared-memory segment: ", memory.status().message()));
   }
   auto m = std::make_shared<Mapping>();
-  m->base = base;
-  m->bytes = kHeaderBytes + capacity;
+  m->memory = *std::move(memory);
   mappings_[name] = m;
   return m;
 }
@@ -271,8 +247,8 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
     }
     auto mapping = Map(sb.name(), sb.capacity());
     if (!mapping.ok()) return mapping.status();
-    auto* header = static_cast<SegmentHeader*>((*mapping)->base);
-    const char* src = static_cast<const char*>((*mapping)->base) + kHeaderBytes;
+    auto* header = static_cast<SegmentHeader*>((*mapping)->memory.data());
+    const char* src = static_cast<const char*>((*mapping)->memory.data()) + kHeaderBytes;
     auto stale = [&] {
       return absl::DataLossError(absl::StrCat(
           "shared-memory segment '", sb.name(), "' was reclaimed by its sender (generation ",
@@ -301,7 +277,7 @@ void ShmChannel::Close() {
     segments.swap(segments_);
     pool_bytes_ = 0;
   }
-  for (auto& s : segments) shm_unlink(s->name.c_str());
+  for (auto& s : segments) s->memory.Unlink();
   {
     absl::MutexLock lock(&map_mu_);
     mappings_.clear();
@@ -395,12 +371,12 @@ int ShmChannel::Sweep() {
 
 absl::StatusOr<std::string> ShmChannel::CreateProbe(const std::string& token) {
   const std::string name = absl::StrCat(ObjectPrefix(pid_), "p", next_object.fetch_add(1));
-  void* addr = MapNamed(name, token.size(), /*create=*/true);
-  if (addr == nullptr) {
-    return absl::UnavailableError("cannot create a shared-memory object in /dev/shm");
+  auto probe = ShmSegment::Create(name, token.size());
+  if (!probe.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot create a shared-memory object in /dev/shm: ",
+                                               probe.status().message()));
   }
-  std::memcpy(addr, token.data(), token.size());
-  munmap(addr, token.size());
+  std::memcpy(probe->data(), token.data(), token.size());
   absl::MutexLock lock(&mu_);
   probe_ = name;
   return name;

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/host.h"
+#include "base/shm_segment.h"
 #include "rpc/internal/shm_channel.h"
 
 namespace baton::rpc::internal {
@@ -50,32 +51,6 @@ size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 std::string RandomSuffix() { return RandomHex(8); }
 
-void* MapSegment(const std::string& name, size_t bytes, bool create, std::string* error) {
-  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
-                        : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    *error = absl::StrCat("shm_open(", name, "): ", std::strerror(errno));
-    return nullptr;
-  }
-  bool ok = true;
-  if (create) {
-    ok = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
-  } else {
-    struct stat st {};
-    ok = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes;
-  }
-  void* addr =
-      ok ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  const int err = errno;
-  close(fd);
-  if (addr == MAP_FAILED) {
-    *error = absl::StrCat("mapping ", name, ": ", ok ? std::strerror(err) : "wrong size");
-    if (create) shm_unlink(name.c_str());
-    return nullptr;
-  }
-  return addr;
-}
-
 }  // namespace
 
 // ---- shared layouts --------------------------------------------------------
@@ -108,10 +83,10 @@ struct ShmTransport::Link {
   int peer = -1;
   bool creator = false;
   std::string name;  // unlinked once both sides mapped it
-  void* base = nullptr;
-  size_t bytes = 0;
+  ShmSegment segment;
   size_t cap = 0;
-  Hub* peer_hub = nullptr;
+  ShmSegment peer_hub_segment;
+  Hub* peer_hub = nullptr;  // in peer_hub_segment
   pid_t peer_pid = 0;
   int pidfd = -1;
   std::atomic<bool> closed{false};
@@ -121,14 +96,15 @@ struct ShmTransport::Link {
   // Incoming ring (the receiver thread only).
   std::string partial;
 
-  LinkHeader* header() const { return static_cast<LinkHeader*>(base); }
+  char* base() const { return static_cast<char*>(segment.data()); }
+  LinkHeader* header() const { return reinterpret_cast<LinkHeader*>(base()); }
   RingHeader& out() const { return header()->rings[creator ? 0 : 1]; }
   RingHeader& in() const { return header()->rings[creator ? 1 : 0]; }
   char* out_data() const {
-    return static_cast<char*>(base) + kHeaderBytes + (creator ? 0 : cap);
+    return base() + kHeaderBytes + (creator ? 0 : cap);
   }
   char* in_data() const {
-    return static_cast<char*>(base) + kHeaderBytes + (creator ? cap : 0);
+    return base() + kHeaderBytes + (creator ? cap : 0);
   }
   void Ring() const {
     peer_hub->doorbell.fetch_add(1, std::memory_order_seq_cst);
@@ -137,8 +113,6 @@ struct ShmTransport::Link {
 
   ~Link() {
     if (pidfd >= 0) close(pidfd);
-    if (base != nullptr) munmap(base, bytes);
-    if (peer_hub != nullptr) munmap(peer_hub, kHeaderBytes);
   }
 };
 
@@ -174,10 +148,10 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(ShmTransportO
   if (marker.ok()) t->alive_ = *std::move(marker);
   t->hub_name_ =
       absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "hub.", RandomSuffix());
-  std::string error;
-  void* hub = MapSegment(t->hub_name_, kHeaderBytes, /*create=*/true, &error);
-  if (hub == nullptr) return absl::UnavailableError(error);
-  t->hub_ = new (hub) Hub();
+  auto hub = ShmSegment::Create(t->hub_name_, kHeaderBytes);
+  if (!hub.ok()) return absl::UnavailableError(hub.status().message());
+  t->hub_segment_ = *std::move(hub);
+  t->hub_ = new (t->hub_segment_.data()) Hub();
   t->hub_->doorbell.store(0);
   t->hub_->sleeping.store(0);
   return t;
@@ -185,10 +159,7 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(ShmTransportO
 
 ShmTransport::~ShmTransport() {
   Close();
-  if (hub_ != nullptr) {
-    shm_unlink(hub_name_.c_str());
-    munmap(hub_, kHeaderBytes);
-  }
+  hub_segment_.Unlink();
 }
 
 absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string& peer_hub,
@@ -197,13 +168,12 @@ absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string
   link->peer = peer;
   link->creator = true;
   link->cap = options_.ring_bytes;
-  link->bytes = kHeaderBytes + 2 * link->cap;
   link->name = absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "l", peer, ".",
                             RandomSuffix());
-  std::string error;
-  link->base = MapSegment(link->name, link->bytes, /*create=*/true, &error);
-  if (link->base == nullptr) return absl::UnavailableError(error);
-  LinkHeader* h = new (link->base) LinkHeader();
+  auto segment = ShmSegment::Create(link->name, kHeaderBytes + 2 * link->cap);
+  if (!segment.ok()) return absl::UnavailableError(segment.status().message());
+  link->segment = *std::move(segment);
+  LinkHeader* h = new (link->segment.data()) LinkHeader();
   h->magic = kMagic;
   h->ring_bytes = link->cap;
   h->opened.store(0);
@@ -213,11 +183,13 @@ absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string
     r.space.store(0);
     r.writer_waiting.store(0);
   }
-  link->peer_hub = static_cast<Hub*>(MapSegment(peer_hub, kHeaderBytes, false, &error));
-  if (link->peer_hub == nullptr) {
-    shm_unlink(link->name.c_str());
-    return absl::UnavailableError(error);
+  auto hub = ShmSegment::Open(peer_hub, kHeaderBytes);
+  if (!hub.ok()) {
+    link->segment.Unlink();
+    return absl::UnavailableError(hub.status().message());
   }
+  link->peer_hub_segment = *std::move(hub);
+  link->peer_hub = static_cast<Hub*>(link->peer_hub_segment.data());
   link->peer_pid = peer_pid;
   link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, peer_pid, 0));
   const std::string name = link->name;
@@ -231,21 +203,22 @@ absl::Status ShmTransport::OpenLink(int peer, const std::string& name,
   link->peer = peer;
   link->creator = false;
   link->cap = options_.ring_bytes;
-  link->bytes = kHeaderBytes + 2 * link->cap;
   link->name = name;
-  std::string error;
-  link->base = MapSegment(name, link->bytes, /*create=*/false, &error);
-  if (link->base == nullptr) return absl::UnavailableError(error);
+  auto segment = ShmSegment::Open(name, kHeaderBytes + 2 * link->cap);
+  if (!segment.ok()) return absl::UnavailableError(segment.status().message());
+  link->segment = *std::move(segment);
   if (link->header()->magic != kMagic || link->header()->ring_bytes != link->cap) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shared-memory link ", name, " has another layout or ring size (ring_bytes ",
         link->header()->ring_bytes, ", ours ", link->cap, ")"));
   }
-  link->peer_hub = static_cast<Hub*>(MapSegment(peer_hub, kHeaderBytes, false, &error));
-  if (link->peer_hub == nullptr) return absl::UnavailableError(error);
+  auto hub = ShmSegment::Open(peer_hub, kHeaderBytes);
+  if (!hub.ok()) return absl::UnavailableError(hub.status().message());
+  link->peer_hub_segment = *std::move(hub);
+  link->peer_hub = static_cast<Hub*>(link->peer_hub_segment.data());
   link->peer_pid = peer_pid;
   link->pidfd = static_cast<int>(syscall(SYS_pidfd_open, peer_pid, 0));
-  shm_unlink(name.c_str());  // both sides hold it now
+  link->segment.Unlink();  // both sides hold it now
   link->header()->opened.store(1, std::memory_order_seq_cst);
   links_[peer] = std::move(link);
   return absl::OkStatus();
@@ -257,12 +230,12 @@ std::vector<int> ShmTransport::Activate(const std::vector<int>& superseded) {
     if (link == nullptr) continue;
     if (std::find(superseded.begin(), superseded.end(), static_cast<int>(p)) !=
         superseded.end()) {
-      if (link->creator) shm_unlink(link->name.c_str());
+      if (link->creator) link->segment.Unlink();
       link.reset();
       continue;
     }
     if (link->creator) {
-      shm_unlink(link->name.c_str());  // the opener did, unless it never opened
+      link->segment.Unlink();  // the opener did, unless it never opened
       if (link->header()->opened.load(std::memory_order_seq_cst) == 0) {
         link.reset();
         continue;
@@ -271,7 +244,7 @@ std::vector<int> ShmTransport::Activate(const std::vector<int>& superseded) {
     active_.push_back(static_cast<int>(p));
   }
   // Every peer mapped our hub before the barrier that precedes this call.
-  shm_unlink(hub_name_.c_str());
+  hub_segment_.Unlink();
   receiver_ = std::thread([this] { ReceiveLoop(); });
   return active_;
 }

@@ -29,7 +29,8 @@
 //     to that peer fail, so the agent uses gRPC for it again (a restarted
 //     incarnation rejoins over gRPC).
 // T4. Memory per pair is 2 * ring_bytes plus 4 KiB of headers, in /dev/shm,
-//     resident as it is touched.
+//     reserved when the link is created (base/shm_segment.h), so a full
+//     /dev/shm means no link (gRPC carries the pair), never a SIGBUS.
 //
 // Thread-safety: Send() and the reply channels are safe from any thread
 // (one mutex per outgoing ring); handler callbacks run on the transport's
@@ -50,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/shm_segment.h"
 #include "rpc/internal/shm_channel.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport.h"
@@ -128,7 +130,8 @@ class ShmTransport : public ::baton::rpc::Transport {
   // Held while this transport owns objects in /dev/shm (ShmChannel's S5).
   std::unique_ptr<LivenessMarker> alive_;
   std::string hub_name_;
-  Hub* hub_ = nullptr;  // mapped
+  ShmSegment hub_segment_;
+  Hub* hub_ = nullptr;  // in hub_segment_
 
   // Fixed after Activate(); a link's `closed` flag changes under its mutex.
   std::vector<std::shared_ptr<Link>> links_;  // by peer id; null when none
