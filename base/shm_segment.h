@@ -23,7 +23,7 @@
 //   was mapped, and readers then fault. Sealing (F_SEAL_SHRINK) would
 //   prevent it, but only memfds can be sealed and a memfd has no name that
 //   a process in another PID namespace sharing /dev/shm could open, which
-//   the same-host paths rely on (rpc/internal/shm_channel.h, S4).
+//   the same-host paths rely on (rpc/channel/shm/shm_channel.h, S4).
 //
 // Thread-safety: a ShmSegment is not synchronized; the memory it maps is
 // shared, and its users bring their own protocol (seqlocks, futexes).

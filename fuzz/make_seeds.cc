@@ -25,7 +25,7 @@
 #include "proto/rref.pb.h"
 #include "proto/store.pb.h"
 #include "rpc/codec.h"
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/wire.h"
 #include "rref/rref_service.h"
 

@@ -1,4 +1,4 @@
-// libFuzzer target: ShmBlob descriptors (rpc/internal/shm_channel.*), the
+// libFuzzer target: ShmBlob descriptors (rpc/channel/shm/shm_channel.*), the
 // entries of FrameHeader.shm_blobs that make a worker read a blob out of a
 // peer's shared-memory segment. A hostile peer controls them all; it must not
 // make the worker map, read or write anything but a segment the peer owns
@@ -37,7 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fuzz/fuzz_input.h"
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 
 namespace baton::rpc::internal {
 namespace {

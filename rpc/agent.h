@@ -111,12 +111,12 @@ struct AgentOptions {
   // Largest message (request or reply, tensors included) sent or accepted.
   int64_t max_message_bytes = int64_t{1} << 30;
   // Send large tensors to workers on the same host through shared memory
-  // (rpc/internal/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
+  // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
   bool same_host_shm = true;
   // How messages travel between workers on the same host (same boot id and
   // PID namespace, and a successful shared-memory handshake): kShm sends
   // every message, small calls included, through shared-memory rings
-  // (rpc/internal/shm_transport.h); kNetwork (also spelt kGrpc) uses the
+  // (rpc/transport/shm/shm_transport.h); kNetwork (also spelt kGrpc) uses the
   // network transport, as between hosts: loopback gRPC, or the transport a
   // test injects (AgentCollaborators). FromEnv reads BATON_TRANSPORT=shm|grpc.
   enum class LocalTransport { kShm, kNetwork, kGrpc = kNetwork };
@@ -217,7 +217,7 @@ const char* RendezvousStepName(RendezvousStep step);
 struct AgentCollaborators {
   // Creates the network transport: the one the worker registers an address
   // for and reaches every peer through that has no same-host link. Null:
-  // gRPC (rpc/internal/transport.h). Tests pass an in-process loopback
+  // gRPC (rpc/transport/grpc/grpc_transport.h). Tests pass an in-process loopback
   // (rpc/testing/loopback_transport.h).
   NetworkTransportFactory network_transport;
   // Null: the agent's own timer thread.
@@ -264,7 +264,7 @@ struct AgentStats {
   int live_streams = 0;
   size_t shm_busy_segments = 0;
   // Tensor bytes copied into shared-memory segments for same-host peers,
-  // and out of segments they sent (rpc/internal/shm_channel.h, S1/S2): the
+  // and out of segments they sent (rpc/channel/shm/shm_channel.h, S1/S2): the
   // copies a large tensor costs on one host.
   int64_t shm_bulk_bytes_copied_out = 0;
   int64_t shm_bulk_bytes_copied_in = 0;

@@ -24,9 +24,9 @@
 #include "env/env.h"
 #include "rpc/agent.h"
 #include "rpc/internal/agent_impl.h"
-#include "rpc/internal/shm_channel.h"
-#include "rpc/internal/shm_transport.h"
-#include "rpc/internal/transport.h"
+#include "rpc/channel/shm/shm_channel.h"
+#include "rpc/transport/shm/shm_transport.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 

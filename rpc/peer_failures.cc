@@ -13,7 +13,7 @@
 #include "base/status.h"
 #include "proto/rpc.pb.h"
 #include "rpc/internal/agent_impl.h"
-#include "rpc/internal/shm_transport.h"
+#include "rpc/transport/shm/shm_transport.h"
 #include "store/store.h"
 
 namespace baton::rpc::internal {

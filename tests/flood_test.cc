@@ -60,7 +60,7 @@
 #include "absl/time/time.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
-#include "rpc/internal/transport.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/internal/wire.h"
 #include "base/grpc_options.h"
 #include "tests/multiprocess.h"

@@ -1,4 +1,4 @@
-// GrpcTransport (rpc/internal/transport.h) between two transports in one
+// GrpcTransport (rpc/transport/grpc/grpc_transport.h) between two transports in one
 // process, on loopback: how a stream comes up over a slow link, and how an
 // incoming stream is bound to a caller (docs/flow_control.md, W2).
 #include <memory>
@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "rpc/internal/transport.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 #include "tests/slow_link.h"
 #include "tests/transport_recorder.h"
 

@@ -15,7 +15,7 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
-#include "rpc/internal/transport.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 

@@ -1,4 +1,4 @@
-// The same-host bulk channel (rpc/internal/shm_channel.h), tested by its
+// The same-host bulk channel (rpc/channel/shm/shm_channel.h), tested by its
 // protocol guarantees S1-S5.
 #include <fcntl.h>
 #include <signal.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 
 namespace baton::rpc::internal {
 namespace {

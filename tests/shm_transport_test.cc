@@ -1,7 +1,7 @@
-// The same-host shared-memory transport (rpc/internal/shm_transport.h) below
+// The same-host shared-memory transport (rpc/transport/shm/shm_transport.h) below
 // the agent: two transports in one process (and a forked peer for T3),
 // frames checked byte for byte, by guarantee.
-#include "rpc/internal/shm_transport.h"
+#include "rpc/transport/shm/shm_transport.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

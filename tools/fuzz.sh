@@ -30,7 +30,7 @@ FUZZ_BUILD=${FUZZ_BUILD:-.fuzz-build}
 declare -A SOURCES=(
   [wire]="@base rpc/internal/wire.cc proto:rpc.pb.cc"
   [codec]="@base rpc/codec.cc rpc/function.cc"
-  [shm]="@base rpc/internal/shm_channel.cc rpc/internal/wire.cc proto:rpc.pb.cc"
+  [shm]="@base rpc/channel/shm/shm_channel.cc rpc/internal/wire.cc proto:rpc.pb.cc"
   [store]="@store"
   [rref]="@rpc rref/rref_context.cc rref/rref_service.cc proto:rref.pb.cc"
   [dist_autograd]="@rpc dist_autograd/container.cc dist_autograd/engine.cc
@@ -105,7 +105,7 @@ expand() {
         printf '%s\n' proto:store.pb.cc proto:store.grpc.pb.cc ;;
       @rpc)
         expand @store
-        for f in rpc/*.cc rpc/internal/*.cc env/*.cc; do
+        for f in rpc/*.cc rpc/internal/*.cc rpc/transport/*/*.cc rpc/channel/*/*.cc env/*.cc; do
           [ "$f" = rpc/default_agent.cc ] || echo "$f"
         done
         echo proto:rpc.pb.cc ;;

@@ -1,4 +1,4 @@
-#include "rpc/internal/transport.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
 #include <deque>

@@ -43,8 +43,8 @@
 // within it, and only as written.
 //
 // Thread-safety: safe for concurrent use.
-#ifndef BATON_RPC_INTERNAL_SHM_CHANNEL_H_
-#define BATON_RPC_INTERNAL_SHM_CHANNEL_H_
+#ifndef BATON_RPC_CHANNEL_SHM_SHM_CHANNEL_H_
+#define BATON_RPC_CHANNEL_SHM_SHM_CHANNEL_H_
 
 #include <atomic>
 #include <memory>
@@ -152,4 +152,4 @@ class ShmChannel {
 
 }  // namespace baton::rpc::internal
 
-#endif  // BATON_RPC_INTERNAL_SHM_CHANNEL_H_
+#endif  // BATON_RPC_CHANNEL_SHM_SHM_CHANNEL_H_

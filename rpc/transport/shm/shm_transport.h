@@ -35,8 +35,8 @@
 // Thread-safety: Send() and the reply channels are safe from any thread
 // (one mutex per outgoing ring); handler callbacks run on the transport's
 // single receiver thread and must not block.
-#ifndef BATON_RPC_INTERNAL_SHM_TRANSPORT_H_
-#define BATON_RPC_INTERNAL_SHM_TRANSPORT_H_
+#ifndef BATON_RPC_TRANSPORT_SHM_SHM_TRANSPORT_H_
+#define BATON_RPC_TRANSPORT_SHM_SHM_TRANSPORT_H_
 
 #include <sys/types.h>
 
@@ -52,7 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/shm_segment.h"
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport.h"
 
@@ -148,4 +148,4 @@ class ShmTransport : public ::baton::rpc::Transport {
 
 }  // namespace baton::rpc::internal
 
-#endif  // BATON_RPC_INTERNAL_SHM_TRANSPORT_H_
+#endif  // BATON_RPC_TRANSPORT_SHM_SHM_TRANSPORT_H_

@@ -1,4 +1,4 @@
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 
 #include <dirent.h>
 #include <fcntl.h>

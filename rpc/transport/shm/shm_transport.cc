@@ -1,4 +1,4 @@
-#include "rpc/internal/shm_transport.h"
+#include "rpc/transport/shm/shm_transport.h"
 
 #include <algorithm>
 
@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/host.h"
 #include "base/shm_segment.h"
-#include "rpc/internal/shm_channel.h"
+#include "rpc/channel/shm/shm_channel.h"
 
 namespace baton::rpc::internal {
 namespace {

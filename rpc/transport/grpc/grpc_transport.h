@@ -28,8 +28,8 @@
 //
 // Threads: handler callbacks run on gRPC's callback threads and must not
 // block. Send* may be called from any thread.
-#ifndef BATON_RPC_INTERNAL_TRANSPORT_H_
-#define BATON_RPC_INTERNAL_TRANSPORT_H_
+#ifndef BATON_RPC_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
+#define BATON_RPC_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -119,4 +119,4 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
 
 }  // namespace baton::rpc::internal
 
-#endif  // BATON_RPC_INTERNAL_TRANSPORT_H_
+#endif  // BATON_RPC_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
