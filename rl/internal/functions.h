@@ -1,5 +1,6 @@
-// The agent/observer protocol's remote functions (rl/agent.h describes the
-// protocol), shared by ReinforceAgent and ObserverClient. Internal to //rl.
+// The agent/observer protocol's remote functions (rl/reinforce_agent.h
+// describes the protocol), shared by ReinforceAgent and ObserverClient.
+// Internal to //rl.
 //
 // Thread-safety: constants.
 #ifndef BATON_RL_INTERNAL_FUNCTIONS_H_

@@ -17,7 +17,7 @@
 // per step; when every member finished its steps (or was dropped), the agent
 // makes one REINFORCE update from the members' steps and round k+1 starts.
 //
-// Guarantees (tested by name in tests/rl/agent_test.cc):
+// Guarantees (tested by name in tests/rl/reinforce_agent_test.cc):
 // R1 Rounds. The policy does not change during a round: every action of
 //    round k comes from the parameters after update k-1. Update k uses
 //    exactly the steps of the members that finished round k, each once.
@@ -58,8 +58,8 @@
 // executor given to Create(); updates run there too, never on a timer
 // thread. `executor` and `timer` must outlive the agent's use (Close()
 // first).
-#ifndef BATON_RL_AGENT_H_
-#define BATON_RL_AGENT_H_
+#ifndef BATON_RL_REINFORCE_AGENT_H_
+#define BATON_RL_REINFORCE_AGENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -179,4 +179,4 @@ class ReinforceAgent {
 
 }  // namespace baton::rl
 
-#endif  // BATON_RL_AGENT_H_
+#endif  // BATON_RL_REINFORCE_AGENT_H_

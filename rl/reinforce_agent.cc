@@ -1,4 +1,4 @@
-#include "rl/agent.h"
+#include "rl/reinforce_agent.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,7 @@
 // rl::ReinforceAgent in one process, observers on threads through
-// ReinforceAgent::LocalLink: the guarantees R1-R7 of rl/agent.h by name,
-// plus the returns and the policy it is built on.
-#include "rl/agent.h"
+// ReinforceAgent::LocalLink: the guarantees R1-R7 of rl/reinforce_agent.h
+// by name, plus the returns and the policy it is built on.
+#include "rl/reinforce_agent.h"
 
 #include <atomic>
 #include <cmath>
