@@ -51,7 +51,7 @@ struct Member {
   std::string Who() const { return absl::StrCat("observer '", name, "' (session ", session, ")"); }
 };
 
-struct ActRequest {
+struct PendingAct {
   std::shared_ptr<Member> member;
   int64_t step = 0;
   std::vector<float> obs;
@@ -71,9 +71,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
   void Start() {
     if (options_.batched) {
       std::weak_ptr<Impl> weak = weak_from_this();
-      batcher_ = rpc::Batcher<ActRequest, int64_t>::Create(
+      batcher_ = rpc::Batcher<PendingAct, int64_t>::Create(
           {/*max_batch=*/1, options_.max_batch_delay},
-          [weak](std::vector<ActRequest> batch) -> absl::StatusOr<std::vector<int64_t>> {
+          [weak](std::vector<PendingAct> batch) -> absl::StatusOr<std::vector<int64_t>> {
             auto self = weak.lock();
             if (self == nullptr) return absl::CancelledError("rl agent: closed");
             return self->RunBatch(batch);
@@ -142,9 +142,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       ++m->next_step;
       m->last_seen = absl::Now();
     }
-    if (batcher_ != nullptr) return batcher_->Submit(ActRequest{m, step, std::move(obs)}, deadline);
-    std::vector<ActRequest> one;
-    one.push_back(ActRequest{m, step, std::move(obs)});
+    if (batcher_ != nullptr) return batcher_->Submit(PendingAct{m, step, std::move(obs)}, deadline);
+    std::vector<PendingAct> one;
+    one.push_back(PendingAct{m, step, std::move(obs)});
     auto actions = RunBatch(one);
     if (!actions.ok()) return rpc::MakeErrorFuture<int64_t>(actions.status());
     return rpc::MakeReadyFuture<int64_t>((*actions)[0]);
@@ -335,7 +335,7 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   // Actions for `batch`, recorded into each member's round.
-  absl::StatusOr<std::vector<int64_t>> RunBatch(const std::vector<ActRequest>& batch) {
+  absl::StatusOr<std::vector<int64_t>> RunBatch(const std::vector<PendingAct>& batch) {
     const int64_t b = static_cast<int64_t>(batch.size());
     at::Tensor states = at::empty({b, Policy::kInputs}, at::kFloat);
     float* sp = states.data_ptr<float>();
@@ -622,7 +622,7 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
   const ReinforceOptions options_;
   rpc::Executor* const executor_;
   rpc::DeadlineTimer* const timer_;
-  std::shared_ptr<rpc::Batcher<ActRequest, int64_t>> batcher_;  // set once in Start()
+  std::shared_ptr<rpc::Batcher<PendingAct, int64_t>> batcher_;  // set once in Start()
 
   absl::Mutex policy_mu_;  // readers act; the update writes
   Policy policy_;          // parameters guarded by policy_mu_
@@ -677,47 +677,70 @@ absl::StatusOr<std::shared_ptr<ReinforceAgent>> ReinforceAgent::Create(Reinforce
 
 ReinforceAgent::~ReinforceAgent() { impl_->Close(); }
 
+namespace {
+
+// `f`'s reply as a wire message, converted inline on the thread that
+// completes `f`: a copy of plain values, so the act path takes no extra hop
+// through the executor.
+template <typename Out, typename In, typename Convert>
+rpc::Future<Out> ToWire(const rpc::Future<In>& f, Convert convert) {
+  rpc::Promise<Out> out;
+  f.OnReady([out, convert](const absl::StatusOr<In>& r) {
+    if (r.ok()) {
+      out.SetValue(convert(*r));
+    } else {
+      out.SetError(r.status());
+    }
+  });
+  return out.future();
+}
+
+}  // namespace
+
 absl::Status ReinforceAgent::Register(rpc::FunctionRegistry& registry) {
+  using internal::ActRequest;
+  using internal::ActResponse;
+  using internal::FinishRequest;
+  using internal::FinishResponse;
+  using internal::JoinRequest;
+  using internal::JoinResponse;
+  using internal::LeaveRequest;
   std::weak_ptr<Impl> weak = impl_;
   const absl::Status closed = absl::UnavailableError("rl agent: closed");
-  using JoinOut = std::tuple<int64_t, int64_t, int64_t, bool>;
   absl::Status s = registry.Register(
-      internal::kJoinFn, [weak, closed](std::string name) -> rpc::Future<JoinOut> {
+      internal::kJoinFn, [weak, closed](JoinRequest req) -> rpc::Future<JoinResponse> {
         auto self = weak.lock();
-        if (self == nullptr) return rpc::MakeErrorFuture<JoinOut>(closed);
-        return self->Join(name).Then([](const rpc::Future<JoinReply>& f) -> absl::StatusOr<JoinOut> {
-          if (!f.result().ok()) return f.result().status();
-          const JoinReply& r = *f.result();
-          return JoinOut{r.session, r.round, r.steps_per_round, r.stop};
+        if (self == nullptr) return rpc::MakeErrorFuture<JoinResponse>(closed);
+        return ToWire<JoinResponse>(self->Join(req.observer), [](const JoinReply& r) {
+          return JoinResponse{r.session, r.round, r.steps_per_round, r.stop};
         });
       });
   if (!s.ok()) return s;
-  s = registry.Register(internal::kActFn,
-                        [weak, closed](const rpc::CallContext& ctx, int64_t session, int64_t round,
-                                       int64_t step, std::vector<float> obs) {
-                          auto self = weak.lock();
-                          if (self == nullptr) return rpc::MakeErrorFuture<int64_t>(closed);
-                          return self->Act(session, round, step, std::move(obs), ctx.deadline);
-                        });
-  if (!s.ok()) return s;
-  using FinishOut = std::tuple<int64_t, bool>;
   s = registry.Register(
-      internal::kFinishFn,
-      [weak, closed](int64_t session, int64_t round, std::vector<float> rewards,
-                     std::vector<int32_t> ends) -> rpc::Future<FinishOut> {
+      internal::kActFn,
+      [weak, closed](const rpc::CallContext& ctx, ActRequest req) -> rpc::Future<ActResponse> {
         auto self = weak.lock();
-        if (self == nullptr) return rpc::MakeErrorFuture<FinishOut>(closed);
-        return self->Finish(session, round, std::move(rewards), std::move(ends))
-            .Then([](const rpc::Future<RoundReply>& f) -> absl::StatusOr<FinishOut> {
-              if (!f.result().ok()) return f.result().status();
-              return FinishOut{f.result()->next_round, f.result()->stop};
-            });
+        if (self == nullptr) return rpc::MakeErrorFuture<ActResponse>(closed);
+        return ToWire<ActResponse>(
+            self->Act(req.session, req.round, req.step, std::move(req.observation),
+                      ctx.deadline),
+            [](int64_t action) { return ActResponse{action}; });
       });
   if (!s.ok()) return s;
-  return registry.Register(internal::kLeaveFn, [weak, closed](int64_t session) -> absl::Status {
+  s = registry.Register(
+      internal::kFinishFn, [weak, closed](FinishRequest req) -> rpc::Future<FinishResponse> {
+        auto self = weak.lock();
+        if (self == nullptr) return rpc::MakeErrorFuture<FinishResponse>(closed);
+        return ToWire<FinishResponse>(
+            self->Finish(req.session, req.round, std::move(req.rewards),
+                         std::move(req.episode_ends)),
+            [](const RoundReply& r) { return FinishResponse{r.next_round, r.stop}; });
+      });
+  if (!s.ok()) return s;
+  return registry.Register(internal::kLeaveFn, [weak, closed](LeaveRequest req) -> absl::Status {
     auto self = weak.lock();
     if (self == nullptr) return closed;
-    return self->Leave(session);
+    return self->Leave(req.session);
   });
 }
 
