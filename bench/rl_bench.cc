@@ -41,7 +41,7 @@
 #include "absl/synchronization/notification.h"
 #include "bench/bench_util.h"
 #include "bench/worker_procs.h"
-#include "rl/agent.h"
+#include "rl/reinforce_agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"
 #include "rpc/agent.h"

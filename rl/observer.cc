@@ -1,7 +1,6 @@
 #include "rl/observer.h"
 
 #include <chrono>
-#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -18,31 +17,40 @@ class RpcLink : public AgentLink {
       : agent_(agent), options_(std::move(options)) {}
 
   absl::StatusOr<JoinReply> Join(const std::string& observer) override {
-    auto r = agent_.rpc_async(Wait(), options_.agent, internal::kJoinFn, observer).result();
+    auto r = agent_
+                 .rpc_async(Wait(), options_.agent, internal::kJoinFn,
+                            internal::JoinRequest{observer})
+                 .result();
     if (!r.ok()) return r.status();
-    const auto& [session, round, steps, stop] = *r;
-    return JoinReply{session, round, steps, stop};
+    return JoinReply{r->session, r->round, r->steps_per_round, r->stop};
   }
   absl::StatusOr<int64_t> Act(int64_t session, int64_t round, int64_t step,
                               const std::vector<float>& observation) override {
     rpc::CallOptions o;
     o.timeout = options_.act_timeout;
-    return agent_.rpc_async(o, options_.agent, internal::kActFn, session, round, step, observation)
-        .result();
+    auto r = agent_
+                 .rpc_async(o, options_.agent, internal::kActFn,
+                            internal::ActRequest{session, round, step, observation})
+                 .result();
+    if (!r.ok()) return r.status();
+    return r->action;
   }
   absl::StatusOr<RoundReply> Finish(int64_t session, int64_t round,
                                     const std::vector<float>& rewards,
                                     const std::vector<int32_t>& episode_ends) override {
-    auto r = agent_.rpc_async(Wait(), options_.agent, internal::kFinishFn, session, round, rewards,
-                              episode_ends)
+    auto r = agent_
+                 .rpc_async(Wait(), options_.agent, internal::kFinishFn,
+                            internal::FinishRequest{session, round, rewards, episode_ends})
                  .result();
     if (!r.ok()) return r.status();
-    return RoundReply{std::get<0>(*r), std::get<1>(*r)};
+    return RoundReply{r->next_round, r->stop};
   }
   absl::Status Leave(int64_t session) override {
     rpc::CallOptions o;
     o.timeout = options_.act_timeout;
-    return agent_.rpc_async(o, options_.agent, internal::kLeaveFn, session).status();
+    return agent_
+        .rpc_async(o, options_.agent, internal::kLeaveFn, internal::LeaveRequest{session})
+        .status();
   }
 
  private:

@@ -1,6 +1,6 @@
 // An observer of an agent/observer reinforcement-learning job: it plays
-// CartPole rounds for the agent (rl/agent.h describes the protocol) and asks
-// it for an action at every step.
+// CartPole rounds for the agent (rl/reinforce_agent.h describes the
+// protocol) and asks it for an action at every step.
 //
 //   auto link = rl::RpcAgentLink(*rpc_agent, {.agent = "agent"});
 //   rl::CartPole env(seed);

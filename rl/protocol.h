@@ -1,8 +1,9 @@
 // The agent/observer protocol as an observer sees it: AgentLink is how an
-// observer reaches the agent (rl/agent.h describes the protocol and its
-// guarantees). Two links exist: over RPC (rl/observer.h, RpcAgentLink) and
-// in process (rl/agent.h, ReinforceAgent::LocalLink), so the same observer
-// loop runs in a job and in a single-process test.
+// observer reaches the agent (rl/reinforce_agent.h describes the protocol
+// and its guarantees). Two links exist: over RPC (rl/observer.h,
+// RpcAgentLink) and in process (rl/reinforce_agent.h,
+// ReinforceAgent::LocalLink), so the same observer loop runs in a job and in
+// a single-process test.
 //
 // Contract of every link: each call returns the agent's reply or its error
 // unchanged (ABORTED: this session was dropped or left; join again), or

@@ -10,8 +10,8 @@
 //   softmax) and trains it with REINFORCE (Adam, lr 1e-2, gamma 0.99, returns
 //   normalized per episode) in rounds: every observer plays --steps_per_round
 //   steps per round, asking for one action per step, then one update
-//   (rl::ReinforceAgent, rl/agent.h). With --batched 1 (the default) one
-//   forward pass answers every observer waiting for an action
+//   (rl::ReinforceAgent, rl/reinforce_agent.h). With --batched 1 (the
+//   default) one forward pass answers every observer waiting for an action
 //   (rpc::Batcher). It prints a progress line every --log_every rounds
 //   (episode, running reward, steps/s, batch size, observers alive) and
 //   `RESULT OK` once the running reward exceeds 475 within --max_episodes
@@ -56,7 +56,7 @@
 #include "base/status.h"
 #include "env/env.h"
 #include "examples/flags.h"
-#include "rl/agent.h"
+#include "rl/reinforce_agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"
 #include "rpc/agent.h"

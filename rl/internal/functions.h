@@ -1,31 +1,76 @@
-// The agent/observer protocol's remote functions (rl/agent.h describes the
-// protocol), shared by ReinforceAgent and ObserverClient. Internal to //rl.
+// The agent/observer protocol's remote functions (rl/reinforce_agent.h
+// describes the protocol), shared by ReinforceAgent and the RPC AgentLink
+// (rl/observer.h). Internal to //rl.
 //
-// Thread-safety: constants.
+// Every request and reply is a struct whose fields travel by name in the
+// order listed (BATON_CODEC_FIELDS, rpc/codec.h): a peer built with other
+// fields is refused as an argument type mismatch, and a field that fails to
+// decode is named in the error. Leave's reply carries nothing.
+//
+// Thread-safety: constants and plain values.
 #ifndef BATON_RL_INTERNAL_FUNCTIONS_H_
 #define BATON_RL_INTERNAL_FUNCTIONS_H_
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "rpc/codec.h"
 #include "rpc/function.h"
 
 namespace baton::rl::internal {
 
-// (observer name) -> (session, round, steps per round, stop).
-inline const rpc::Function<std::tuple<int64_t, int64_t, int64_t, bool>(std::string)> kJoinFn(
-    "baton.rl.join");
-// (session, round, step, observation) -> action.
-inline const rpc::Function<int64_t(int64_t, int64_t, int64_t, std::vector<float>)> kActFn(
-    "baton.rl.act");
-// (session, round, rewards, episode ends) -> (next round, stop).
-inline const rpc::Function<std::tuple<int64_t, bool>(int64_t, int64_t, std::vector<float>,
-                                                     std::vector<int32_t>)>
-    kFinishFn("baton.rl.finish");
-// (session) -> ().
-inline const rpc::Function<void(int64_t)> kLeaveFn("baton.rl.leave");
+struct JoinRequest {
+  std::string observer;  // how the agent's log names it
+  BATON_CODEC_FIELDS(JoinRequest, observer);
+};
+
+// rl::JoinReply on the wire.
+struct JoinResponse {
+  int64_t session = 0;
+  int64_t round = 0;
+  int64_t steps_per_round = 0;
+  bool stop = false;
+  BATON_CODEC_FIELDS(JoinResponse, session, round, steps_per_round, stop);
+};
+
+struct ActRequest {
+  int64_t session = 0;
+  int64_t round = 0;
+  int64_t step = 0;
+  std::vector<float> observation;
+  BATON_CODEC_FIELDS(ActRequest, session, round, step, observation);
+};
+
+struct ActResponse {
+  int64_t action = 0;
+  BATON_CODEC_FIELDS(ActResponse, action);
+};
+
+struct FinishRequest {
+  int64_t session = 0;
+  int64_t round = 0;
+  std::vector<float> rewards;         // one per step of the round
+  std::vector<int32_t> episode_ends;  // the steps on which an episode ended
+  BATON_CODEC_FIELDS(FinishRequest, session, round, rewards, episode_ends);
+};
+
+// rl::RoundReply on the wire.
+struct FinishResponse {
+  int64_t next_round = 0;
+  bool stop = false;
+  BATON_CODEC_FIELDS(FinishResponse, next_round, stop);
+};
+
+struct LeaveRequest {
+  int64_t session = 0;
+  BATON_CODEC_FIELDS(LeaveRequest, session);
+};
+
+inline const rpc::Function<JoinResponse(JoinRequest)> kJoinFn("baton.rl.join");
+inline const rpc::Function<ActResponse(ActRequest)> kActFn("baton.rl.act");
+inline const rpc::Function<FinishResponse(FinishRequest)> kFinishFn("baton.rl.finish");
+inline const rpc::Function<void(LeaveRequest)> kLeaveFn("baton.rl.leave");
 
 }  // namespace baton::rl::internal
 

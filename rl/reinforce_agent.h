@@ -9,7 +9,10 @@
 //   agent->WaitAllLeft(absl::Seconds(30));
 //
 // The observer's side is rl/observer.h; the wire functions are in
-// rl/internal/functions.h.
+// rl/internal/functions.h. The bookkeeping of the protocol (members, rounds,
+// deadlines, counting, stopping) is rl::Rounds (rl/rounds.h), which the
+// agent holds under its lock; the agent itself does the RPC side: replies,
+// batching, the update, and one timer set to Rounds' next deadline.
 //
 // The protocol, in rounds (as in the peer, PyTorch's async-execution
 // tutorial): in round k every member plays exactly steps_per_round steps
@@ -17,7 +20,8 @@
 // per step; when every member finished its steps (or was dropped), the agent
 // makes one REINFORCE update from the members' steps and round k+1 starts.
 //
-// Guarantees (tested by name in tests/rl/agent_test.cc):
+// Guarantees (tested by name in tests/rl/reinforce_agent_test.cc, and the
+// bookkeeping's part on a fake clock in tests/rl/rounds_test.cc):
 // R1 Rounds. The policy does not change during a round: every action of
 //    round k comes from the parameters after update k-1. Update k uses
 //    exactly the steps of the members that finished round k, each once.
@@ -54,12 +58,13 @@
 // order; an episode cut by the end of a round is trained on but not
 // counted.
 //
-// Thread-safety: all methods are safe for concurrent use. Calls run on the
-// executor given to Create(); updates run there too, never on a timer
-// thread. `executor` and `timer` must outlive the agent's use (Close()
-// first).
-#ifndef BATON_RL_AGENT_H_
-#define BATON_RL_AGENT_H_
+// Thread-safety: all methods are safe for concurrent use. Batches of acts
+// and updates run on the executor given to Create(), never on a timer
+// thread. No callback (set_log, set_on_round, a future's continuation) runs
+// under the agent's lock. `executor` and `timer` must outlive the agent's use
+// (Close() first).
+#ifndef BATON_RL_REINFORCE_AGENT_H_
+#define BATON_RL_REINFORCE_AGENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -155,8 +160,12 @@ class ReinforceAgent {
 
   // Called after every update, on the executor, without the agent's lock.
   void set_on_round(std::function<void(const RoundSummary&)> fn);
-  // Log lines (joins, drops, stop); stderr by default. Called under the
-  // agent's lock: it must not call the agent.
+  // Log lines (joins, drops, stop); stderr by default. Called without the
+  // agent's lock, on the thread whose call made the line (a caller, the
+  // executor or the timer thread), so possibly on several threads at once:
+  // it must be thread-safe, and may call the agent. The lines of one event
+  // come in order, and before the replies that reveal the event. Null: no
+  // log.
   void set_log(std::function<void(const std::string&)> fn);
 
   ReinforceStats stats() const;
@@ -179,4 +188,4 @@ class ReinforceAgent {
 
 }  // namespace baton::rl
 
-#endif  // BATON_RL_AGENT_H_
+#endif  // BATON_RL_REINFORCE_AGENT_H_

@@ -1,7 +1,7 @@
 // rl::ReinforceAgent in one process, observers on threads through
-// ReinforceAgent::LocalLink: the guarantees R1-R7 of rl/agent.h by name,
-// plus the returns and the policy it is built on.
-#include "rl/agent.h"
+// ReinforceAgent::LocalLink: the guarantees R1-R7 of rl/reinforce_agent.h
+// by name, plus the returns and the policy it is built on.
+#include "rl/reinforce_agent.h"
 
 #include <atomic>
 #include <cmath>
@@ -509,6 +509,39 @@ TEST_F(AgentTest, ObserversComeAndGoWhileTrainingContinues) {
   EXPECT_GT(s.episodes, before);
   EXPECT_TRUE(Logged("newcomer"));
   EXPECT_TRUE(agent->WaitAllLeft(absl::Seconds(5)));
+}
+
+// The log callback runs without the agent's lock (docs/threading.md): it
+// may call the agent, and sees the event it reports already done.
+TEST_F(AgentTest, LogLinesComeWithoutTheAgentsLockBeforeTheReply) {
+  ReinforceOptions o;
+  o.steps_per_round = 2;
+  o.batched = false;
+  auto agent = Make(o);
+  ReinforceAgent* raw = agent.get();
+  std::vector<std::pair<std::string, int64_t>> lines;  // line, alive then
+  absl::Mutex lines_mu;
+  agent->set_log([&](const std::string& line) {
+    const int64_t alive = raw->stats().alive;  // would deadlock under the lock
+    absl::MutexLock lock(&lines_mu);
+    lines.push_back({line, alive});
+  });
+  auto a = agent->Join("a");
+  // The line is out before the reply that reveals the join.
+  ASSERT_TRUE(a.WaitFor(absl::Seconds(5)));
+  {
+    absl::MutexLock lock(&lines_mu);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].first, "observer 'a' (session 1) joined");
+    EXPECT_EQ(lines[0].second, 1);
+  }
+  ASSERT_TRUE(agent->Leave(a.result()->session).ok());
+  agent->Stop("test over");
+  absl::MutexLock lock(&lines_mu);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1].first, "observer 'a' (session 1) left; its 0 steps of round 0 are discarded");
+  EXPECT_EQ(lines[1].second, 0);
+  EXPECT_EQ(lines[2].first, "training stops: test over");
 }
 
 TEST_F(AgentTest, CreateRefusesBadOptions) {
