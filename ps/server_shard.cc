@@ -68,19 +68,6 @@ void MergeRows(const std::vector<const int64_t*>& id_parts, const std::vector<in
 
 }  // namespace
 
-std::string ShardStats::DebugString() const {
-  std::string out = absl::StrCat("server ", server, ": clock ", applied_clock, " (trainers ",
-                                 min_clock, "..", max_clock, ", live ", live_trainers,
-                                 ", dropped ", dropped_trainers, "), max staleness ",
-                                 max_staleness, ", applied pushes ", applied_pushes);
-  for (const auto& t : tables) {
-    absl::StrAppend(&out, "; ", t.table, ": pulls ", t.pulls, " pushes ", t.pushes, " updates ",
-                    t.applied_updates, " bytes out/in ", t.bytes_pulled, "/", t.bytes_pushed);
-    if (t.rows > 0) absl::StrAppend(&out, " rows ", t.rows);
-  }
-  return out;
-}
-
 ServerShard::ServerShard(PsSpec spec, Options options)
     : spec_(std::move(spec)),
       options_(std::move(options)),

@@ -64,6 +64,7 @@
 #include "absl/time/time.h"
 #include "ps/sharding.h"
 #include "ps/spec.h"
+#include "ps/types.h"
 
 namespace baton::ps {
 
@@ -71,32 +72,6 @@ namespace internal {
 struct DenseSlot;
 struct EmbeddingSlot;
 }  // namespace internal
-
-// Counters of one table on one server.
-struct TableStats {
-  std::string table;
-  int64_t pulls = 0;
-  int64_t pushes = 0;           // push requests that touched this table
-  int64_t bytes_pulled = 0;     // parameter bytes sent to trainers
-  int64_t bytes_pushed = 0;     // gradient bytes received
-  int64_t applied_updates = 0;  // optimizer applications (kSync: one per clock)
-  int64_t rows = 0;             // embedding rows that exist on this server
-};
-
-struct ShardStats {
-  int server = 0;
-  std::vector<TableStats> tables;
-  int64_t applied_clock = 0;      // kSync: clocks fully applied
-  int64_t min_clock = 0;          // slowest live trainer's finished clock
-  int64_t max_clock = 0;          // fastest trainer's finished clock
-  int64_t max_staleness = 0;      // largest staleness a pull returned with
-  int64_t applied_pushes = 0;     // push requests applied (PS3; kSync: when their clock applied)
-  int64_t stale_pushes = 0;       // kSync pushes for clocks already applied
-  int64_t live_trainers = 0;
-  int64_t dropped_trainers = 0;   // drops so far (PS5)
-  int64_t parked_pulls = 0;
-  std::string DebugString() const;
-};
 
 // One table's part of a pull or push request.
 struct TableRequest {
