@@ -92,18 +92,20 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent,
 }
 
 absl::Status PsClient::Join() {
-  std::vector<rpc::Future<std::tuple<int64_t, int64_t>>> futs;
+  internal::JoinRequest req;
+  req.trainer = options_.trainer;
+  req.fingerprint = spec_.Fingerprint();
+  std::vector<rpc::Future<internal::JoinReply>> futs;
   for (int id : server_ids_) {
-    futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, id, internal::kJoinFn,
-                                    static_cast<int32_t>(options_.trainer),
-                                    spec_.Fingerprint()));
+    futs.push_back(
+        agent_.rpc_async(rpc::CallOptions{options_.timeout}, id, internal::kJoinFn, req));
   }
   absl::MutexLock lock(&mu_);
   for (size_t s = 0; s < futs.size(); ++s) {
     const auto& r = futs[s].result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps client: joining server ", s));
-    clock_[s] = std::get<0>(*r);
-    session_[s] = std::get<1>(*r);
+    clock_[s] = r->clock;
+    session_[s] = r->session;
   }
   return absl::OkStatus();
 }
@@ -151,17 +153,22 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
   }
   for (size_t k = 0; k < parts.size(); ++k) {
     Part& p = parts[k];
+    internal::PullRequest req;
+    req.trainer = options_.trainer;
+    req.session = sessions[k];
+    req.clock = clocks[k];
+    req.tables = std::move(p.tables);
+    req.ids = std::move(p.ids);
     auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
-                              internal::kPullFn, static_cast<int32_t>(options_.trainer),
-                              sessions[k], clocks[k], std::move(p.tables), std::move(p.ids));
-    f.OnReady([this, g, k, what](const absl::StatusOr<std::tuple<int64_t, Out>>& r) {
+                              internal::kPullFn, std::move(req));
+    f.OnReady([this, g, k, what](const absl::StatusOr<internal::PullReply>& r) {
       absl::StatusOr<Out> values;
       if (r.ok()) {
         {
           absl::MutexLock lock(&mu_);
-          max_staleness_ = std::max(max_staleness_, std::get<0>(*r));
+          max_staleness_ = std::max(max_staleness_, r->staleness);
         }
-        values = std::get<1>(*r);
+        values = r->values;
       } else {
         values = r.status();
       }
@@ -192,16 +199,26 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
   for (size_t k = 0; k < parts.size(); ++k) {
     Part& p = parts[k];
     const int server = p.server;
+    internal::PushRequest req;
+    req.trainer = options_.trainer;
+    req.session = sessions[k];
+    req.clock = clocks[k];
+    req.end_clock = end_step;
+    req.tables = std::move(p.tables);
+    req.ids = std::move(p.ids);
+    req.gradients = std::move(p.grads);
     auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[server],
-                              internal::kPushFn, static_cast<int32_t>(options_.trainer),
-                              sessions[k], clocks[k], end_step, std::move(p.tables), std::move(p.ids),
-                              std::move(p.grads));
-    f.OnReady([this, g, k, server, done, what](const absl::StatusOr<int64_t>& r) {
+                              internal::kPushFn, std::move(req));
+    f.OnReady([this, g, k, server, done, what](const absl::StatusOr<internal::PushReply>& r) {
+      absl::StatusOr<int64_t> at_clock;
       if (r.ok()) {
         absl::MutexLock lock(&mu_);
-        clock_[server] = std::max(clock_[server], *r);
+        clock_[server] = std::max(clock_[server], r->clock);
+        at_clock = r->clock;
+      } else {
+        at_clock = r.status();
       }
-      g->Put(k, r, [done](std::vector<int64_t>&) { done.SetValue(); }, what);
+      g->Put(k, std::move(at_clock), [done](std::vector<int64_t>&) { done.SetValue(); }, what);
     });
   }
   // Errors reach `done` through the gather's promise.
@@ -234,12 +251,15 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
       parts[c.server].grads.push_back(flat.narrow(0, c.begin, c.size()));
     }
   }
-  std::vector<rpc::Future<int64_t>> futs;
+  std::vector<rpc::Future<internal::InitReply>> futs;
   for (auto& p : parts) {
     if (p.tables.empty()) continue;
+    internal::InitRequest req;
+    req.trainer = options_.trainer;
+    req.tables = std::move(p.tables);
+    req.values = std::move(p.grads);
     futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
-                                    internal::kInitFn, static_cast<int32_t>(options_.trainer),
-                                    std::move(p.tables), std::move(p.grads)));
+                                    internal::kInitFn, std::move(req)));
   }
   return Annotate(rpc::WaitAll(futs, options_.timeout), "ps InitDense");
 }
@@ -498,27 +518,7 @@ absl::StatusOr<std::vector<ShardStats>> PsClient::Stats() {
                               internal::kStatsFn)
                  .result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps stats of server ", s));
-    const auto& [names, v] = *r;
-    constexpr size_t kHead = 10, kPer = 6;
-    if (v.size() != kHead + kPer * names.size()) {
-      return absl::DataLossError(absl::StrCat("ps stats of server ", s, ": malformed reply"));
-    }
-    ShardStats st;
-    st.server = static_cast<int>(v[0]);
-    st.applied_clock = v[1];
-    st.min_clock = v[2];
-    st.max_clock = v[3];
-    st.max_staleness = v[4];
-    st.applied_pushes = v[5];
-    st.stale_pushes = v[6];
-    st.live_trainers = v[7];
-    st.dropped_trainers = v[8];
-    st.parked_pulls = v[9];
-    for (size_t i = 0; i < names.size(); ++i) {
-      const int64_t* q = v.data() + kHead + kPer * i;
-      st.tables.push_back(TableStats{names[i], q[0], q[1], q[2], q[3], q[4], q[5]});
-    }
-    out.push_back(std::move(st));
+    out.push_back(internal::FromProto(*r));
   }
   return out;
 }
@@ -530,7 +530,7 @@ absl::StatusOr<std::vector<std::string>> PsClient::Checkpoint() {
                               internal::kCheckpointFn)
                  .result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps checkpoint of server ", s));
-    out.push_back(*r);
+    out.push_back(r->path);
   }
   return out;
 }

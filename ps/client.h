@@ -43,9 +43,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ps/server_shard.h"
 #include "ps/sharding.h"
 #include "ps/spec.h"
+#include "ps/types.h"
 #include "rpc/future.h"
 
 namespace baton::rpc {

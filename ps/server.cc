@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -74,22 +76,25 @@ absl::StatusOr<std::string> ReadChecked(const std::string& path) {
   return bytes;
 }
 
-std::vector<TableRequest> Requests(const Names& tables, const Tensors& ids,
-                                   const Tensors* grads) {
+std::vector<TableRequest> Requests(Names& tables, Tensors& ids, Tensors* grads) {
   std::vector<TableRequest> out(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
-    out[i].table = tables[i];
-    out[i].ids = ids[i];
-    if (grads != nullptr) out[i].grad = (*grads)[i];
+    out[i].table = std::move(tables[i]);
+    out[i].ids = std::move(ids[i]);
+    if (grads != nullptr) out[i].grad = std::move((*grads)[i]);
   }
   return out;
 }
 
-absl::Status CheckLengths(size_t tables, size_t ids, size_t grads, const char* what) {
-  if (ids != tables || grads != tables) {
-    return absl::InvalidArgumentError(absl::StrCat("ps ", what, ": ", tables, " tables but ",
-                                                   ids, " id tensors and ", grads,
-                                                   " value tensors"));
+// INVALID_ARGUMENT unless a request's parallel lists (one entry per table)
+// have the length of its `tables`.
+absl::Status CheckLengths(const char* request, size_t tables,
+                          std::initializer_list<std::pair<const char*, size_t>> lists) {
+  for (const auto& [name, n] : lists) {
+    if (n != tables) {
+      return absl::InvalidArgumentError(absl::StrCat("ps ", request, ": ", tables,
+                                                     " tables but ", n, " ", name));
+    }
   }
   return absl::OkStatus();
 }
@@ -143,82 +148,84 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
 
   absl::Status s = registry.Register(
       internal::kJoinFn,
-      [shard](int32_t trainer, std::string fp) -> absl::StatusOr<std::tuple<int64_t, int64_t>> {
-        auto r = shard->Join(trainer, fp);
+      [shard](internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+        auto r = shard->Join(req.trainer, req.fingerprint);
         if (!r.ok()) return r.status();
-        return std::tuple<int64_t, int64_t>(r->clock, r->session);
+        internal::JoinReply reply;
+        reply.clock = r->clock;
+        reply.session = r->session;
+        return reply;
       });
   if (s.ok()) {
-    s = registry.Register(internal::kInitFn,
-                          [shard](int32_t trainer, Names tables, Tensors values)
-                              -> absl::StatusOr<int64_t> {
-                            if (absl::Status c = CheckLengths(tables.size(), values.size(),
-                                                              values.size(), "init");
-                                !c.ok()) {
-                              return c;
-                            }
-                            std::vector<TableRequest> reqs(tables.size());
-                            for (size_t i = 0; i < tables.size(); ++i) {
-                              reqs[i].table = tables[i];
-                              reqs[i].grad = values[i];
-                            }
-                            auto n = shard->InitDense(trainer, reqs);
-                            if (!n.ok()) return n.status();
-                            return static_cast<int64_t>(*n);
-                          });
+    s = registry.Register(
+        internal::kInitFn,
+        [shard](internal::InitRequest req) -> absl::StatusOr<internal::InitReply> {
+          if (absl::Status c =
+                  CheckLengths("InitRequest", req.tables.size(), {{"values", req.values.size()}});
+              !c.ok()) {
+            return c;
+          }
+          std::vector<TableRequest> values(req.tables.size());
+          for (size_t i = 0; i < req.tables.size(); ++i) {
+            values[i].table = std::move(req.tables[i]);
+            values[i].grad = std::move(req.values[i]);
+          }
+          auto n = shard->InitDense(req.trainer, values);
+          if (!n.ok()) return n.status();
+          internal::InitReply reply;
+          reply.initialized = *n;
+          return reply;
+        });
   }
   if (s.ok()) {
     s = registry.Register(
         internal::kPullFn,
-        [shard](const rpc::CallContext& ctx, int32_t trainer, int64_t session, int64_t clock,
-                Names tables, Tensors ids) -> rpc::Future<std::tuple<int64_t, Tensors>> {
-          using Reply = std::tuple<int64_t, Tensors>;
-          if (absl::Status c = CheckLengths(tables.size(), ids.size(), ids.size(), "pull");
+        [shard](const rpc::CallContext& ctx,
+                internal::PullRequest req) -> rpc::Future<internal::PullReply> {
+          using Reply = internal::PullReply;
+          if (absl::Status c =
+                  CheckLengths("PullRequest", req.tables.size(), {{"ids", req.ids.size()}});
               !c.ok()) {
             return rpc::MakeErrorFuture<Reply>(c);
           }
           rpc::Promise<Reply> promise;
-          shard->Pull(trainer, clock, Requests(tables, ids, nullptr), ctx.deadline,
+          shard->Pull(req.trainer, req.clock, Requests(req.tables, req.ids, nullptr),
+                      ctx.deadline,
                       [promise](absl::StatusOr<PullResult> r) {
                         if (!r.ok()) {
                           promise.SetError(r.status());
-                        } else {
-                          promise.SetValue(Reply(r->staleness, std::move(r->values)));
+                          return;
                         }
+                        Reply reply;
+                        reply.staleness = r->staleness;
+                        reply.values = std::move(r->values);
+                        promise.SetValue(std::move(reply));
                       },
-                      session);
+                      req.session);
           return promise.future();
         });
   }
   if (s.ok()) {
-    s = registry.Register(internal::kPushFn,
-                          [shard](int32_t trainer, int64_t session, int64_t clock,
-                                  bool end_clock, Names tables, Tensors ids,
-                                  Tensors grads) -> absl::StatusOr<int64_t> {
-                            if (absl::Status c = CheckLengths(tables.size(), ids.size(),
-                                                              grads.size(), "push");
-                                !c.ok()) {
-                              return c;
-                            }
-                            return shard->Push(trainer, clock, end_clock,
-                                               Requests(tables, ids, &grads), session);
-                          });
+    s = registry.Register(
+        internal::kPushFn,
+        [shard](internal::PushRequest req) -> absl::StatusOr<internal::PushReply> {
+          if (absl::Status c = CheckLengths("PushRequest", req.tables.size(),
+                                            {{"ids", req.ids.size()},
+                                             {"gradients", req.gradients.size()}});
+              !c.ok()) {
+            return c;
+          }
+          auto clock = shard->Push(req.trainer, req.clock, req.end_clock,
+                                   Requests(req.tables, req.ids, &req.gradients), req.session);
+          if (!clock.ok()) return clock.status();
+          internal::PushReply reply;
+          reply.clock = *clock;
+          return reply;
+        });
   }
   if (s.ok()) {
-    s = registry.Register(internal::kStatsFn, [shard]() {
-      const ShardStats st = shard->Stats();
-      Names names;
-      std::vector<int64_t> v = {st.server,         st.applied_clock,   st.min_clock,
-                                st.max_clock,      st.max_staleness,   st.applied_pushes,
-                                st.stale_pushes,   st.live_trainers,   st.dropped_trainers,
-                                st.parked_pulls};
-      for (const auto& t : st.tables) {
-        names.push_back(t.table);
-        v.insert(v.end(), {t.pulls, t.pushes, t.bytes_pulled, t.bytes_pushed,
-                           t.applied_updates, t.rows});
-      }
-      return std::tuple<Names, std::vector<int64_t>>(std::move(names), std::move(v));
-    });
+    s = registry.Register(internal::kStatsFn,
+                          [shard]() { return internal::ToProto(shard->Stats()); });
   }
   PsServer* raw = server.get();
   {
@@ -226,14 +233,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     server->handle_->server = raw;
   }
   if (s.ok()) {
-    s = registry.Register(internal::kCheckpointFn,
-                          [handle = server->handle_]() -> absl::StatusOr<std::string> {
-                            absl::MutexLock lock(&handle->mu);
-                            if (handle->server == nullptr) {
-                              return absl::FailedPreconditionError("ps server: destroyed");
-                            }
-                            return handle->server->CheckpointNow();
-                          });
+    s = registry.Register(
+        internal::kCheckpointFn,
+        [handle = server->handle_]() -> absl::StatusOr<internal::CheckpointReply> {
+          absl::MutexLock lock(&handle->mu);
+          if (handle->server == nullptr) {
+            return absl::FailedPreconditionError("ps server: destroyed");
+          }
+          auto path = handle->server->CheckpointNow();
+          if (!path.ok()) return path.status();
+          internal::CheckpointReply reply;
+          reply.path = *std::move(path);
+          return reply;
+        });
   }
   if (!s.ok()) return Annotate(s, "ps server: registering its functions");
   server->thread_ = std::thread([raw] { raw->Maintain(); });

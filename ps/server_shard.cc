@@ -68,19 +68,6 @@ void MergeRows(const std::vector<const int64_t*>& id_parts, const std::vector<in
 
 }  // namespace
 
-std::string ShardStats::DebugString() const {
-  std::string out = absl::StrCat("server ", server, ": clock ", applied_clock, " (trainers ",
-                                 min_clock, "..", max_clock, ", live ", live_trainers,
-                                 ", dropped ", dropped_trainers, "), max staleness ",
-                                 max_staleness, ", applied pushes ", applied_pushes);
-  for (const auto& t : tables) {
-    absl::StrAppend(&out, "; ", t.table, ": pulls ", t.pulls, " pushes ", t.pushes, " updates ",
-                    t.applied_updates, " bytes out/in ", t.bytes_pulled, "/", t.bytes_pushed);
-    if (t.rows > 0) absl::StrAppend(&out, " rows ", t.rows);
-  }
-  return out;
-}
-
 ServerShard::ServerShard(PsSpec spec, Options options)
     : spec_(std::move(spec)),
       options_(std::move(options)),
@@ -143,13 +130,38 @@ absl::Status ServerShard::Init() {
   return absl::OkStatus();
 }
 
-void ServerShard::Log(const std::string& line) const {
-  if (options_.log) {
-    options_.log(line);
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
-    std::fflush(stderr);
+void ServerShard::LogLocked(std::string line, Deferred* after) {
+  log_.push_back(std::move(line));
+  after->logged = true;
+}
+
+void ServerShard::EmitLog() {
+  absl::MutexLock lock(&mu_);
+  // One thread hands lines over at a time, so the callback sees them in the
+  // order they were queued; a thread that finds another one at it leaves its
+  // lines to it (the emitter looks for new lines each time it relocks).
+  if (emitting_) return;
+  emitting_ = true;
+  while (!log_.empty()) {
+    std::vector<std::string> lines;
+    lines.swap(log_);
+    mu_.Unlock();
+    for (const std::string& line : lines) {
+      if (options_.log) {
+        options_.log(line);
+      } else {
+        std::fprintf(stderr, "%s\n", line.c_str());
+        std::fflush(stderr);
+      }
+    }
+    mu_.Lock();
   }
+  emitting_ = false;
+}
+
+void ServerShard::RunDeferred(Deferred after) {
+  if (after.logged) EmitLog();
+  for (auto& [w, r] : after.ready) w.done(std::move(r));
 }
 
 int ServerShard::TableIndex(const std::string& name) const {
@@ -189,12 +201,12 @@ absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fing
         ": trainer has '", i < a.size() ? a[i] : "(nothing)", "', server has '",
         i < b.size() ? b[i] : "(nothing)", "'"));
   }
-  Ready ready;
+  Deferred after;
   JoinReply reply;
   {
     absl::MutexLock lock(&mu_);
     reply.session = ++session_[trainer];
-    RejoinLocked(trainer);
+    RejoinLocked(trainer, &after);
     if (sync_) {
       // It redoes the clock being aggregated: drop what it pushed for it.
       auto it = pending_.find(applied_clock_);
@@ -207,13 +219,13 @@ absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fing
       finished_[trainer] = applied_clock_;
     }
     reply.clock = finished_[trainer];
-    CollectReadyLocked(&ready);
+    CollectReadyLocked(&after.ready);
   }
-  RunReady(std::move(ready));
+  RunDeferred(std::move(after));
   return reply;
 }
 
-void ServerShard::RejoinLocked(int trainer) {
+void ServerShard::RejoinLocked(int trainer, Deferred* after) {
   if (live_[trainer]) return;
   live_[trainer] = true;
   // Join at the slowest live trainer's clock (kSync: the clock being
@@ -229,13 +241,14 @@ void ServerShard::RejoinLocked(int trainer) {
     if (min_other >= 0) clock = std::max(clock, min_other);
   }
   finished_[trainer] = clock;
-  Log(absl::StrCat("ps server ", options_.server, ": trainer ", trainer,
-                   " rejoined the clock at clock ", clock));
+  LogLocked(absl::StrCat("ps server ", options_.server, ": trainer ", trainer,
+                         " rejoined the clock at clock ", clock),
+            after);
 }
 
 absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableRequest>& values) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
-  Ready ready;
+  Deferred after;
   int set = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -262,9 +275,9 @@ absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableR
       slot.initialized = true;
       ++set;
     }
-    CollectReadyLocked(&ready);
+    CollectReadyLocked(&after.ready);
   }
-  RunReady(std::move(ready));
+  RunDeferred(std::move(after));
   return set;
 }
 
@@ -408,7 +421,10 @@ void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tab
                        std::function<void(absl::StatusOr<PullResult>)> done,
                        int64_t session) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return done(s);
+  const absl::Time now = options_.now();  // user code: not under mu_
+  Deferred after;
   absl::StatusOr<PullResult> result;
+  bool parked = false;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckSession(trainer, session); !s.ok()) {
@@ -416,21 +432,23 @@ void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tab
     } else if (absl::Status s = ValidatePull(tables); !s.ok()) {
       result = s;
     } else {
-      RejoinLocked(trainer);
+      RejoinLocked(trainer, &after);
       bool initialized = true;
       for (const auto& r : tables) {
         const int i = TableIndex(r.table);
         if (dense_[i] != nullptr && !dense_[i]->initialized) initialized = false;
       }
       if (!initialized || !PullReadyLocked(clock)) {
-        waiters_.push_back(Waiter{trainer, clock, std::move(tables), options_.now(), deadline,
-                                  std::move(done)});
-        return;
+        waiters_.push_back(
+            Waiter{trainer, clock, std::move(tables), now, deadline, std::move(done)});
+        parked = true;
+      } else {
+        result = ReadLocked(clock, tables);
       }
-      result = ReadLocked(clock, tables);
     }
   }
-  done(std::move(result));
+  RunDeferred(std::move(after));
+  if (!parked) done(std::move(result));
 }
 
 void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor& grad) {
@@ -457,13 +475,13 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
 absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_clock,
                                           std::vector<TableRequest> grads, int64_t session) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
-  Ready ready;
+  Deferred after;
   int64_t at_clock;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckSession(trainer, session); !s.ok()) return s;
     if (absl::Status s = ValidatePush(grads); !s.ok()) return s;
-    RejoinLocked(trainer);
+    RejoinLocked(trainer, &after);
     for (const auto& g : grads) {
       const int i = TableIndex(g.table);
       ++stats_[i].pushes;
@@ -490,9 +508,9 @@ absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_c
       if (end_clock) finished_[trainer] = std::max(finished_[trainer], clock + 1);
       at_clock = finished_[trainer];
     }
-    CollectReadyLocked(&ready);
+    CollectReadyLocked(&after.ready);
   }
-  RunReady(std::move(ready));
+  RunDeferred(std::move(after));
   return at_clock;
 }
 
@@ -582,15 +600,12 @@ void ServerShard::CollectReadyLocked(Ready* ready) {
   }
 }
 
-void ServerShard::RunReady(Ready ready) {
-  for (auto& [w, r] : ready) w.done(std::move(r));
-}
-
 void ServerShard::CheckWaits() {
-  Ready ready;
+  const absl::Time now = options_.now();  // user code: not under mu_
+  Deferred after;
+  Ready& ready = after.ready;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = options_.now();
     // Calls past their deadline.
     for (size_t k = 0; k < waiters_.size();) {
       if (now >= waiters_[k].deadline) {
@@ -637,15 +652,17 @@ void ServerShard::CheckWaits() {
       if (!live_[t]) continue;
       live_[t] = false;
       ++dropped_;
-      Log(absl::StrCat("ps server ", options_.server, ": dropped trainer ", t,
-                       " from the clock at clock ", finished_[t], " (others at ",
-                       applied_clock_, "): no progress for ", DurationText(spec_.trainer_timeout),
-                       "; it rejoins when it calls again"));
+      LogLocked(absl::StrCat("ps server ", options_.server, ": dropped trainer ", t,
+                             " from the clock at clock ", finished_[t], " (others at ",
+                             applied_clock_, "): no progress for ",
+                             DurationText(spec_.trainer_timeout),
+                             "; it rejoins when it calls again"),
+                &after);
     }
     if (!drop.empty() && sync_) AdvanceSyncLocked();
     CollectReadyLocked(&ready);
   }
-  RunReady(std::move(ready));
+  RunDeferred(std::move(after));
 }
 
 ShardStats ServerShard::Stats() const {

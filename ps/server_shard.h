@@ -42,9 +42,13 @@
 //      clocks at one instant (under the lock, between two applied updates);
 //      Restore() of those bytes gives back an identical shard.
 //
-// Thread-safety: safe for concurrent use. One mutex guards the shard;
-// callbacks of parked pulls run after it is released, on the thread that
-// made them ready.
+// Thread-safety: safe for concurrent use. One mutex guards the shard, and
+// no user code runs under it except a custom RowInit (ps/spec.h), which
+// creates rows as a pull reads them: Options::now is read before it is
+// taken; callbacks of parked pulls run after it is released, on the thread
+// that made them ready; log lines are queued under it, in the order of the
+// events they report, and handed to Options::log after it is released, one
+// line at a time and in that order. Either callback may call the shard.
 #ifndef BATON_PS_SERVER_SHARD_H_
 #define BATON_PS_SERVER_SHARD_H_
 
@@ -64,6 +68,7 @@
 #include "absl/time/time.h"
 #include "ps/sharding.h"
 #include "ps/spec.h"
+#include "ps/types.h"
 
 namespace baton::ps {
 
@@ -71,32 +76,6 @@ namespace internal {
 struct DenseSlot;
 struct EmbeddingSlot;
 }  // namespace internal
-
-// Counters of one table on one server.
-struct TableStats {
-  std::string table;
-  int64_t pulls = 0;
-  int64_t pushes = 0;           // push requests that touched this table
-  int64_t bytes_pulled = 0;     // parameter bytes sent to trainers
-  int64_t bytes_pushed = 0;     // gradient bytes received
-  int64_t applied_updates = 0;  // optimizer applications (kSync: one per clock)
-  int64_t rows = 0;             // embedding rows that exist on this server
-};
-
-struct ShardStats {
-  int server = 0;
-  std::vector<TableStats> tables;
-  int64_t applied_clock = 0;      // kSync: clocks fully applied
-  int64_t min_clock = 0;          // slowest live trainer's finished clock
-  int64_t max_clock = 0;          // fastest trainer's finished clock
-  int64_t max_staleness = 0;      // largest staleness a pull returned with
-  int64_t applied_pushes = 0;     // push requests applied (PS3; kSync: when their clock applied)
-  int64_t stale_pushes = 0;       // kSync pushes for clocks already applied
-  int64_t live_trainers = 0;
-  int64_t dropped_trainers = 0;   // drops so far (PS5)
-  int64_t parked_pulls = 0;
-  std::string DebugString() const;
-};
 
 // One table's part of a pull or push request.
 struct TableRequest {
@@ -127,7 +106,9 @@ class ServerShard {
     int server = 0;
     int num_servers = 1;
     Clock now = [] { return absl::Now(); };
-    Logger log;  // null: stderr
+    // Called with no lock held, one line at a time, in event order (see
+    // Thread-safety above). Null: stderr.
+    Logger log;
   };
 
   // INVALID_ARGUMENT for a spec that fails ValidateSpec or a bad server index.
@@ -193,6 +174,12 @@ class ServerShard {
     std::function<void(absl::StatusOr<PullResult>)> done;
   };
   using Ready = std::vector<std::pair<Waiter, absl::StatusOr<PullResult>>>;
+  // What a locked section leaves for after mu_ is released (RunDeferred):
+  // parked pulls that became ready, and whether it queued log lines.
+  struct Deferred {
+    Ready ready;
+    bool logged = false;
+  };
 
   ServerShard(PsSpec spec, Options options);
   absl::Status Init();
@@ -216,10 +203,14 @@ class ServerShard {
   int64_t MinLiveClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Trainers that keep a pull at `clock` from being served.
   std::vector<int> BlockersLocked(int64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RejoinLocked(int trainer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RejoinLocked(int trainer, Deferred* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectReadyLocked(Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Log(const std::string& line) const;
-  static void RunReady(Ready ready);
+  // Queues a line for the log callback.
+  void LogLocked(std::string line, Deferred* after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Emits the queued log lines (unless another thread is emitting them),
+  // then completes the ready pulls.
+  void RunDeferred(Deferred after) ABSL_LOCKS_EXCLUDED(mu_);
+  void EmitLog() ABSL_LOCKS_EXCLUDED(mu_);
 
   const PsSpec spec_;
   const Options options_;
@@ -242,6 +233,10 @@ class ServerShard {
   int64_t applied_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Log lines not yet handed to the callback, oldest first, and whether a
+  // thread is handing them over (it takes lines queued meanwhile too).
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  bool emitting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace baton::ps

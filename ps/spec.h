@@ -82,8 +82,10 @@ struct RowInit {
   double scale = 0;  // kUniform: U(-scale, scale); kNormal: N(0, scale^2)
   uint64_t seed = 0;
   // kCustom: fills out (float32 or float64, [ids.size(), dim]) with the rows'
-  // initial values. Must be deterministic in the ids and thread-safe. It is
-  // not part of the fingerprint: name it in `custom_name`.
+  // initial values. Must be deterministic in the ids and thread-safe. It runs
+  // on the server under its shard's lock, as the rows are created: it must
+  // not call into the parameter server. It is not part of the fingerprint:
+  // name it in `custom_name`.
   std::function<void(absl::Span<const int64_t> ids, at::Tensor& out)> custom;
   std::string custom_name;
 

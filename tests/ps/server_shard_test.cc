@@ -539,6 +539,56 @@ TEST(PsGuarantees, PS6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAno
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "dense w Double[7,301]")) << bad.status();
 }
 
+// docs/threading.md: no user callback runs under the shard's lock. The log
+// callback calls the shard (which would deadlock on its own mutex if it ran
+// under it), even a call that logs again, and still sees the lines one at a
+// time in the order of the events.
+TEST(PsShardThreading, LogCallbackRunsWithoutTheLockMayCallTheShardAndKeepsEventOrder) {
+  FakeTime time;
+  Cluster* cluster_ptr = nullptr;
+  struct Seen {
+    std::string line;
+    int64_t dropped;  // Stats() read from inside the callback
+    int64_t live;
+  };
+  std::vector<Seen> seen;  // the callback's calls are serialized (contract)
+  absl::StatusOr<int64_t> push_from_callback = absl::UnknownError("not called");
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); },
+                  [&](const std::string& l) {
+                    ServerShard& s = cluster_ptr->shard(0);
+                    const ShardStats st = s.Stats();
+                    seen.push_back({l, st.dropped_trainers, st.live_trainers});
+                    if (absl::StrContains(l, "dropped trainer 1")) {
+                      // Trainer 1 comes back from inside the callback: its
+                      // rejoin is logged too, after this line.
+                      push_from_callback = s.Push(
+                          1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
+                    }
+                  });
+  cluster_ptr = &cluster;
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ServerShard& s = cluster.shard(0);
+  ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
+  absl::Notification done;
+  s.Pull(0, 1, {{"w", {}, {}}}, absl::InfiniteFuture(),
+         [&](absl::StatusOr<PullResult>) { done.Notify(); });
+  time.Advance(absl::Seconds(6));
+  s.CheckWaits();  // drops trainer 1; clock 0 applies; the parked pull completes
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(seen[0].line, "dropped trainer 1")) << seen[0].line;
+  EXPECT_EQ(seen[0].dropped, 1);
+  EXPECT_EQ(seen[0].live, 1);
+  EXPECT_TRUE(absl::StrContains(seen[1].line, "trainer 1 rejoined the clock at clock 1"))
+      << seen[1].line;
+  EXPECT_EQ(seen[1].live, 2);
+  // The push made from the callback was for the applied clock 0: stale.
+  ASSERT_TRUE(push_from_callback.ok()) << push_from_callback.status();
+  EXPECT_EQ(*push_from_callback, 1);
+  EXPECT_EQ(s.Stats().stale_pushes, 1);
+}
+
 TEST(PsGuarantees, PS7_BadInputIsRejectedNamingItAndChangesNothing) {
   PsSpec spec;
   spec.tables = {TableSpec::Dense("w", {10}, torch::kFloat32, OptimizerOptions::SGD(1)),
