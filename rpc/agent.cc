@@ -214,15 +214,6 @@ std::string AgentImpl::CallContextText(int peer, const std::string& function) co
                       function, "'");
 }
 
-std::string AgentImpl::ShmPrefix(int peer) const {
-  // A peer without a probed shared-memory path has no segments we accept.
-  if (peer < 0 || peer >= static_cast<int>(peer_shm_prefix_.size()) ||
-      peer_shm_prefix_[peer].empty()) {
-    return "/baton.no-segments-from-this-peer.";
-  }
-  return peer_shm_prefix_[peer];
-}
-
 int64_t AgentImpl::PeerLimit(int peer) const {
   return std::min(options_.max_message_bytes, peer_limits_[peer]);
 }
@@ -260,7 +251,8 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   frame.header.set_signature(signature);
   frame.header.set_caller_id(rank_);
   frame.header.set_caller_incarnation(incarnation_);
-  const bool bulk_shm = shm_ != nullptr && peer_shm_[to].load(std::memory_order_relaxed);
+  const PeerPath& path = *paths_[to];
+  const bool bulk_shm = path.bulk();
   // We opened its probe: it may answer through its segments.
   if (bulk_shm) frame.header.set_reply_shm(true);
   if (timeout != absl::InfiniteDuration()) {
@@ -294,9 +286,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   }
   if (bulk_shm) {
-    shm_->Export(frame, timeout == absl::InfiniteDuration()
-                            ? absl::InfiniteFuture()
-                            : absl::Now() + timeout + absl::Seconds(5));
+    path.ExportBlobs(frame, timeout == absl::InfiniteDuration()
+                                ? absl::InfiniteFuture()
+                                : absl::Now() + timeout + absl::Seconds(5));
   }
   // P8: a request that is known undelivered may go to the rank's next
   // incarnation. Not for probes, calls to self, or requests whose tensors
@@ -342,10 +334,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
 }
 
 void AgentImpl::SendRequest(uint64_t id, int to, const std::string& function, Frame frame) {
-  absl::StatusOr<uint64_t> stream =
-      shm_transport_ != nullptr && shm_transport_->connected(to)
-          ? shm_transport_->Send(to, std::move(frame))
-          : transport_->Send(to, std::move(frame));
+  absl::StatusOr<uint64_t> stream = paths_[to]->Send(std::move(frame));
   if (!stream.ok()) {
     // Evidence (P2): the probe checks it, or the store names a successor.
     if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
@@ -392,8 +381,9 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
   DeliveryScope delivering;
   const uint64_t id = frame.header.id();
   if (frame.header.shm_blobs_size() > 0) {
-    absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(peer))
-                                     : absl::DataLossError("shared-memory blob without a channel");
+    absl::Status s = peer >= 0 && peer < static_cast<int>(paths_.size())
+                         ? paths_[peer]->ImportBlobs(frame)
+                         : absl::DataLossError("shared-memory blob from an unknown peer");
     if (!s.ok() && frame.header.status_code() == 0) {
       frame.header.set_status_code(static_cast<int>(s.code()));
       frame.header.set_error_message(std::string(s.message()));
@@ -535,10 +525,8 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
     return;
   }
   if (frame.header.shm_blobs_size() > 0) {
-    // Only the caller's own segments may be named (a hostile peer must not
-    // make us map another process's memory).
-    absl::Status s = shm_ != nullptr ? shm_->Import(frame, ShmPrefix(caller))
-                                     : absl::DataLossError("shared-memory blob without a channel");
+    // Only the caller's own segments may be named (PeerPath::ImportBlobs).
+    absl::Status s = paths_[caller]->ImportBlobs(frame);
     if (!s.ok()) {
       Refuse(channel, id, caller, Annotate(s, "undecodable request"), admitted);
       return;
@@ -608,14 +596,13 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
     // An error names what was wrong, not a copy of a huge input: a reply
     // must never outgrow the caller's limit (it would end the whole stream).
     frame.header.set_error_message(Clip(result.status().message(), 16 << 10));
-  } else if (reply_shm && shm_ != nullptr && ready_.HasBeenNotified() && caller >= 0 &&
-             caller < static_cast<int>(peer_shm_.size()) &&
-             peer_shm_[caller].load(std::memory_order_relaxed)) {
+  } else if (reply_shm && ready_.HasBeenNotified() && caller >= 0 &&
+             caller < static_cast<int>(paths_.size()) && paths_[caller]->bulk()) {
     // Both ends opened each other's probe: the caller said so for its side
     // (a rejoined caller opened none, and would refuse our segments).
     // The caller releases the segment on receipt; the expiry only covers a
     // caller that died or gave up first.
-    shm_->Export(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
+    paths_[caller]->ExportBlobs(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
   }
   // The gate lets go first: once the reply is out, the caller's window has
   // room again and its next request must find room here too.
@@ -678,12 +665,13 @@ AgentStats AgentImpl::stats() const {
 }
 
 bool AgentImpl::uses_shm_transport(int peer) const {
-  return shm_transport_ != nullptr && shm_transport_->connected(peer);
+  return ready_.HasBeenNotified() && peer >= 0 && peer < static_cast<int>(paths_.size()) &&
+         paths_[peer]->linked();
 }
 
 bool AgentImpl::uses_shm(int peer) const {
-  return shm_ != nullptr && peer >= 0 && peer < static_cast<int>(peer_shm_.size()) &&
-         peer_shm_[peer].load(std::memory_order_relaxed);
+  return ready_.HasBeenNotified() && peer >= 0 && peer < static_cast<int>(paths_.size()) &&
+         paths_[peer]->bulk();
 }
 
 absl::Status AgentImpl::Shutdown(bool graceful) {

@@ -551,22 +551,24 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
     if (r != rank_) AddNetworkPeer(r, records[r]);
   }
   // S4 of the shared-memory channel: use it toward peers that can open our
-  // probe. Everyone probes before anyone removes its probe object.
-  peer_shm_ = std::vector<std::atomic<bool>>(options_.world_size);
+  // probe. Everyone probes before anyone removes its probe object. Each
+  // peer's path (PeerPath) then owns the choice of link, network and bulk
+  // channel.
   address_stale_ = std::vector<std::atomic<bool>>(options_.world_size);
-  peer_shm_prefix_.assign(options_.world_size, "");
+  int usable = 0;
+  paths_.clear();
+  for (int r = 0; r < options_.world_size; ++r) {
+    const bool usable_toward = shm_ != nullptr && !records[r].shm_probe().empty() &&
+                               ShmChannel::CheckProbe(records[r].shm_probe(),
+                                                      records[r].shm_probe_token());
+    usable += usable_toward;
+    // Its probe opened, so it shares our PID namespace: its segments are
+    // named with its pid under our prefix.
+    paths_.push_back(std::make_unique<PeerPath>(
+        r, transport_.get(), shm_transport_.get(), shm_.get(),
+        usable_toward ? ShmChannel::ObjectPrefix(records[r].pid()) : std::string()));
+  }
   if (shm_ != nullptr) {
-    int usable = 0;
-    for (int r = 0; r < options_.world_size; ++r) {
-      const bool usable_toward = !records[r].shm_probe().empty() &&
-                                 ShmChannel::CheckProbe(records[r].shm_probe(),
-                                                        records[r].shm_probe_token());
-      peer_shm_[r].store(usable_toward);
-      // Its probe opened, so it shares our PID namespace: its segments are
-      // named with its pid under our prefix.
-      if (usable_toward) peer_shm_prefix_[r] = ShmChannel::ObjectPrefix(records[r].pid());
-      usable += usable_toward;
-    }
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
   }
   // Same-host links.
@@ -623,7 +625,9 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
       peers_[r].incarnation = now.incarnation();
       peers_[r].address_incarnation = now.incarnation();
     }
-    peer_shm_[r].store(false);
+    paths_[r]->LoseSameHost(absl::UnavailableError(absl::StrCat(
+        "worker '", workers_[r].name, "': incarnation ", now.incarnation(),
+        " replaced the process during start-up")));
     AddNetworkPeer(r, now);
   }
   return superseded;

@@ -103,12 +103,10 @@ bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
   // The new incarnation opened none of our probes (P3), and keeps no
   // same-host link: the one to its predecessor goes now, not when the
   // predecessor's death is noticed (T3).
-  if (peer < static_cast<int>(peer_shm_.size())) peer_shm_[peer].store(false);
-  if (shm_transport_ != nullptr) {
-    shm_transport_->Disconnect(
-        peer, absl::UnavailableError(absl::StrCat("worker '", workers_[peer].name,
-                                                  "': incarnation ", incarnation,
-                                                  " replaced the process linked")));
+  if (peer < static_cast<int>(paths_.size())) {
+    paths_[peer]->LoseSameHost(absl::UnavailableError(absl::StrCat(
+        "worker '", workers_[peer].name, "': incarnation ", incarnation,
+        " replaced the process linked")));
   }
   // P1: a rejoined restart replaces its predecessors (every incarnation
   // before it, also one we never heard of), which are dead.

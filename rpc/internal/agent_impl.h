@@ -22,11 +22,11 @@
 //
 // Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks,
 // the peers' incarnations and the running/torn-down flags. What
-// Rendezvous() fills (workers_, peer_limits_, peer_shm_prefix_, by_name_,
-// the transports) is written before ready_ is notified and only read
+// Rendezvous() fills (workers_, peer_limits_, paths_, by_name_, the
+// transports) is written before ready_ is notified and only read
 // afterwards; requests that arrive earlier wait for ready_ on the executor.
-// peer_shm_ and address_stale_ are atomic: they change when a peer is
-// replaced.
+// address_stale_ and each path's bulk flag are atomic: they change when a
+// peer is replaced.
 #ifndef BATON_RPC_INTERNAL_AGENT_IMPL_H_
 #define BATON_RPC_INTERNAL_AGENT_IMPL_H_
 
@@ -50,6 +50,7 @@
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
+#include "rpc/internal/peer_path.h"
 #include "rpc/transport.h"
 
 namespace baton::store {
@@ -273,7 +274,6 @@ class AgentImpl : private TransportHandler {
   std::string CallContextText(int peer, const std::string& function) const;
   int64_t PeerLimit(int peer) const;
   // The names of `peer`'s shared-memory segments start with this.
-  std::string ShmPrefix(int peer) const;
 
   const AgentOptions options_;
   const std::shared_ptr<FunctionRegistry> registry_;
@@ -301,11 +301,12 @@ class AgentImpl : private TransportHandler {
   // The peers AgentCollaborators::cuda_channel serves: other processes on
   // this host (same boot id and PID namespace); set during Rendezvous.
   std::vector<bool> cuda_channel_peer_;
-  std::vector<std::atomic<bool>> peer_shm_;        // set during Rendezvous
   // Per peer: a newer incarnation is known than the one whose address the
   // transport has (P6; the call path reads it without the lock).
   std::vector<std::atomic<bool>> address_stale_;   // sized during Rendezvous
-  std::vector<std::string> peer_shm_prefix_;       // set during Rendezvous
+  // How messages to each peer travel (link, network, bulk channel); set
+  // during Rendezvous, after the transports it borrows.
+  std::vector<std::unique_ptr<PeerPath>> paths_;
   absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
