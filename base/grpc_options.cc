@@ -35,8 +35,8 @@ grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const Tl
   // store that is not up yet or restarted. Despite its name, gRPC uses
   // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the time each connection attempt
   // (TCP, TLS and HTTP/2 handshakes) may take: it stays at gRPC's 20 s, so
-  // a slow link or a loaded host still connects (tests/store_test.cc,
-  // tests/grpc_transport_test.cc). Calls are bounded by their own deadlines.
+  // a slow link or a loaded host still connects (tests/store/store_test.cc,
+  // tests/rpc/grpc_transport_test.cc). Calls are bounded by their own deadlines.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);

@@ -5,7 +5,7 @@
 // Contract: every code maps to the code of the same meaning, written out
 // case by case (not a cast), and back; a gRPC code absl does not know
 // becomes UNKNOWN with the number in the message. Messages are kept.
-// tests/status_test.cc checks every code both ways.
+// tests/base/status_test.cc checks every code both ways.
 //
 // Thread-safety: stateless.
 #ifndef BATON_BASE_GRPC_STATUS_H_

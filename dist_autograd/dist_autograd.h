@@ -52,7 +52,7 @@
 // one context on one worker are serialized; runs of different contexts are
 // concurrent.
 //
-// ## Guarantees (tested by name in tests/dist_autograd_test.cc)
+// ## Guarantees (tested by name in tests/dist_autograd/dist_autograd_test.cc)
 // D1 Gradients equal single-process LibTorch autograd on the same
 //    computation (up to floating-point summation order).
 // D2 Nothing accumulates into .grad; each context has its own gradients.

@@ -85,7 +85,7 @@ class Executor {
   // still running a task at the deadline are detached and reported in the
   // returned DEADLINE_EXCEEDED status; they finish their task (and whatever
   // is queued) later without touching the Executor object, which may be
-  // destroyed meanwhile (tests/future_test.cc checks this under ASan).
+  // destroyed meanwhile (tests/rpc/future_test.cc checks this under ASan).
   absl::Status Join(absl::Duration timeout);
 
   // True when called from one of this pool's threads.

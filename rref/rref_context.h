@@ -34,7 +34,7 @@
 //   A user entry is deleted (UserDelete sent) once its handle is gone and it
 //     has no pending children.
 //
-// Guarantees (tests in tests/rref_protocol_test.cc are named after them):
+// Guarantees (tests in tests/rref/rref_protocol_test.cc are named after them):
 // G1  The owner learns of every fork's deletion: a user entry sends exactly
 //     one UserDelete, when its handle is gone and no child is pending.
 // G2  A parent is not deleted before the owner has confirmed each child it

@@ -42,7 +42,7 @@ inline constexpr char kRemoteMethodFn[] = "__rref.remote_method";
 class RRefService : public ControlSender, public std::enable_shared_from_this<RRefService> {
  public:
   // Wraps the service's outgoing protocol messages; tests use it to delay or
-  // reorder chosen message kinds (tests/fault_injection.h). Production code
+  // reorder chosen message kinds (tests/rref/fault_injection.h). Production code
   // passes none.
   using SenderWrapper = std::function<std::unique_ptr<ControlSender>(ControlSender* real)>;
 

@@ -8,20 +8,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGETS=(
-  //tests:status_test
-  //tests:codec_test
-  //tests:batcher_test
-  //tests:future_test
-  //tests:store_test
-  //tests:agent_options_test
-  //tests:shm_channel_test
-  //tests:shm_transport_test
-  //tests:rref_protocol_test
-  //tests:flow_control_test
-  //tests:loopback_agent_test
-  //tests:protocols_loopback_test
-  //tests:restart_test
-  //tests:rpc_multiprocess_test
+  //tests/base:status_test
+  //tests/rpc:codec_test
+  //tests/rpc:batcher_test
+  //tests/rpc:future_test
+  //tests/store:store_test
+  //tests/rpc:agent_options_test
+  //tests/rpc:shm_channel_test
+  //tests/rpc:shm_transport_test
+  //tests/rref:rref_protocol_test
+  //tests/rpc:flow_control_test
+  //tests/rpc:loopback_agent_test
+  //tests/rref:protocols_loopback_test
+  //tests/rpc:restart_test
+  //tests/rpc:rpc_multiprocess_test
 )
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
 start=$(date +%s)

@@ -31,21 +31,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IN_PROCESS=(
-  //tests:future_test
-  //tests:batcher_test
-  //tests:shm_channel_test
-  //tests:shm_transport_test
-  //tests:flow_control_test
-  //tests:loopback_agent_test
-  //tests:protocols_loopback_test
-  //tests:restart_test
-  //tests:rref_protocol_test
+  //tests/rpc:future_test
+  //tests/rpc:batcher_test
+  //tests/rpc:shm_channel_test
+  //tests/rpc:shm_transport_test
+  //tests/rpc:flow_control_test
+  //tests/rpc:loopback_agent_test
+  //tests/rref:protocols_loopback_test
+  //tests/rpc:restart_test
+  //tests/rref:rref_protocol_test
 )
 GRPC=(
-  //tests:grpc_transport_test
-  //tests:store_test
-  //tests:rpc_multiprocess_test
-  //tests:rref_multiprocess_test
+  //tests/rpc:grpc_transport_test
+  //tests/store:store_test
+  //tests/rpc:rpc_multiprocess_test
+  //tests/rref:rref_multiprocess_test
 )
 GROUPS_TO_RUN=(in_process grpc)
 EXTRA=()

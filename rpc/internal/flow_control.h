@@ -11,7 +11,7 @@
 //   a few of them at a time in the executor's, so one peer's backlog cannot
 //   push another peer's requests back.
 //
-// Guarantees (tests/flow_control_test.cc names its tests after them):
+// Guarantees (tests/rpc/flow_control_test.cc names its tests after them):
 //   F1 bounded caller: per peer, at most `max_calls` calls and `max_bytes`
 //      request bytes are in flight; a single call larger than `max_bytes`
 //      goes only when nothing else is in flight to that peer. A call that

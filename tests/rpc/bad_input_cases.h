@@ -1,4 +1,4 @@
-// The bad-input test's attack cases (tests/bad_input_test.cc): each builds,
+// The bad-input test's attack cases (tests/rpc/bad_input_test.cc): each builds,
 // for stream i of a case, the packets to send and what the server must
 // answer. Test-only; see the test's header comment for the list.
 //
@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "proto/rpc.pb.h"
-#include "tests/bad_input_stream.h"
+#include "tests/rpc/bad_input_stream.h"
 
 namespace baton::rpc::bad_input {
 

@@ -1,4 +1,4 @@
-// Raw gRPC streams for the bad-input test (tests/bad_input_test.cc): frames
+// Raw gRPC streams for the bad-input test (tests/rpc/bad_input_test.cc): frames
 // crafted byte by byte (valid or not), a client stream that sends them with
 // or without the job token and records how the server answered, and the
 // expectations each case checks. Test-only.

@@ -15,7 +15,7 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rref/rref.h"
-#include "tests/fault_injection.h"
+#include "tests/rref/fault_injection.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 

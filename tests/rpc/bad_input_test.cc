@@ -71,8 +71,8 @@
 #include "rpc/codec.h"
 #include "rpc/internal/wire.h"
 #include "base/grpc_options.h"
-#include "tests/bad_input_cases.h"
-#include "tests/bad_input_stream.h"
+#include "tests/rpc/bad_input_cases.h"
+#include "tests/rpc/bad_input_stream.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
