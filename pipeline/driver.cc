@@ -40,7 +40,7 @@ std::string StagesOf(const ScheduleSpec& spec, int worker) {
   return absl::StrCat(stages.size() > 1 ? "stages " : "stage ", absl::StrJoin(stages, ", "));
 }
 
-// The values of worker `worker`'s step reply that the driver relies on;
+// The values of a step reply that the driver relies on;
 // DATA_LOSS naming the field (PL3: the reply counts as the worker's failure).
 absl::Status CheckReply(const ScheduleSpec& spec, const StepReply& r) {
   auto bad = [](const std::string& what) {
