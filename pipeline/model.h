@@ -29,12 +29,18 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace baton::pipeline {
+
+// Builds the whole model; must give the same architecture and initial
+// values in every process (seed it). The pipeline's driver builds it to
+// compute the split, each stage worker to keep its slices.
+using ModelFactory = std::function<torch::nn::Sequential()>;
 
 struct Split {
   enum class Kind { kLayers, kEachLayer, kParameters, kForwardTime };

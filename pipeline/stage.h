@@ -4,7 +4,7 @@
 // and their gradients with the neighbouring stages through a StageLink,
 // accumulates gradients over the micro-batches and, after the flush, steps
 // each chunk's functional optimizer (dist_optim/functional_optimizer.h).
-// pipeline/pipeline.h puts runners behind RPC; tests also connect runners on
+// pipeline/stage_server.h puts runners behind RPC; tests also connect runners on
 // threads of one process with LocalStageLink.
 //
 // Guarantees (tests/pipeline/stage_test.cc tests each by name):
@@ -35,7 +35,7 @@
 //     backward, the loss or the inputs, or a deadline before that point,
 //     leaves every worker's parameters as they were. (A worker that dies
 //     after its last backward may leave the others stepped; recovery then
-//     goes through a checkpoint, see pipeline/pipeline.h.)
+//     goes through a checkpoint, see pipeline/driver.h.)
 // PP6 Checkpoint: SaveState()/LoadState() carry every chunk's parameters and
 //     optimizer state and the number of steps taken; training resumed from a
 //     saved state continues exactly as if never stopped.
