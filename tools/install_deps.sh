@@ -16,8 +16,9 @@ PACKAGES=(
   # data, installed under /usr/share/datasets/fashion-mnist/.
   zlib1g-dev dataset-fashion-mnist
   # clang checks the lock annotations (tools/thread_safety.sh, in .ci/run);
-  # libFuzzer's runtime is in libclang-rt (tools/fuzz.sh).
-  clang libclang-rt-14-dev
+  # libFuzzer's runtime is in libclang-rt (tools/fuzz.sh); clang-format keeps
+  # the C++ formatted (tools/format.sh, checked in .ci/run).
+  clang clang-format libclang-rt-14-dev
   # An optimized BLAS behind Debian's libblas.so.3 alternative. LibTorch
   # (baton's and the peer's) otherwise runs matmuls on the reference BLAS,
   # 10-20x slower; the OpenMP build follows at::set_num_threads.
