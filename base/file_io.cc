@@ -33,8 +33,7 @@ absl::Status MakeDirs(const std::string& path) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path,
-                                 std::initializer_list<absl::string_view> parts,
-                                 unsigned mode) {
+                                 std::initializer_list<absl::string_view> parts, unsigned mode) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);

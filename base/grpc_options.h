@@ -23,8 +23,7 @@ inline constexpr char kTokenMetadataKey[] = "x-baton-token";
 // to their own hosts), fast reconnect backoff (peers may start late),
 // keepalive to notice a silent peer, and the given message limit. With TLS
 // and a server_name, peers' certificates are checked against that name.
-grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes,
-                                             const TlsConfig& tls = {});
+grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const TlsConfig& tls = {});
 
 // Credentials of every baton endpoint (base/tls.h): plain text without TLS;
 // with it, mutual TLS: a server requires and verifies the client's

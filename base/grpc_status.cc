@@ -37,12 +37,20 @@ bool FromGrpc(grpc::StatusCode code, absl::StatusCode* out) {
     case grpc::StatusCode::CANCELLED: *out = absl::StatusCode::kCancelled; return true;
     case grpc::StatusCode::UNKNOWN: *out = absl::StatusCode::kUnknown; return true;
     case grpc::StatusCode::INVALID_ARGUMENT: *out = absl::StatusCode::kInvalidArgument; return true;
-    case grpc::StatusCode::DEADLINE_EXCEEDED: *out = absl::StatusCode::kDeadlineExceeded; return true;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      *out = absl::StatusCode::kDeadlineExceeded;
+      return true;
     case grpc::StatusCode::NOT_FOUND: *out = absl::StatusCode::kNotFound; return true;
     case grpc::StatusCode::ALREADY_EXISTS: *out = absl::StatusCode::kAlreadyExists; return true;
-    case grpc::StatusCode::PERMISSION_DENIED: *out = absl::StatusCode::kPermissionDenied; return true;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: *out = absl::StatusCode::kResourceExhausted; return true;
-    case grpc::StatusCode::FAILED_PRECONDITION: *out = absl::StatusCode::kFailedPrecondition; return true;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      *out = absl::StatusCode::kPermissionDenied;
+      return true;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      *out = absl::StatusCode::kResourceExhausted;
+      return true;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      *out = absl::StatusCode::kFailedPrecondition;
+      return true;
     case grpc::StatusCode::ABORTED: *out = absl::StatusCode::kAborted; return true;
     case grpc::StatusCode::OUT_OF_RANGE: *out = absl::StatusCode::kOutOfRange; return true;
     case grpc::StatusCode::UNIMPLEMENTED: *out = absl::StatusCode::kUnimplemented; return true;

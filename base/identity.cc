@@ -32,10 +32,11 @@ absl::StatusOr<std::string> SharedSecret(EVP_PKEY* mine, absl::string_view peer_
   size_t len = secret.size();
   // OpenSSL refuses the low-order points (the derived secret would be all
   // zero) in EVP_PKEY_derive.
-  const bool ok = ctx != nullptr && EVP_PKEY_derive_init(ctx) == 1 &&
-                  EVP_PKEY_derive_set_peer(ctx, peer) == 1 &&
-                  EVP_PKEY_derive(ctx, reinterpret_cast<unsigned char*>(secret.data()), &len) == 1 &&
-                  len == secret.size();
+  const bool ok =
+      ctx != nullptr && EVP_PKEY_derive_init(ctx) == 1 &&
+      EVP_PKEY_derive_set_peer(ctx, peer) == 1 &&
+      EVP_PKEY_derive(ctx, reinterpret_cast<unsigned char*>(secret.data()), &len) == 1 &&
+      len == secret.size();
   EVP_PKEY_CTX_free(ctx);
   EVP_PKEY_free(peer);
   if (!ok) return absl::InvalidArgumentError("an identity key that derives no shared secret");
@@ -47,14 +48,14 @@ absl::StatusOr<std::string> SharedSecret(EVP_PKEY* mine, absl::string_view peer_
 absl::StatusOr<WorkerIdentity> WorkerIdentity::Generate() {
   auto key = std::make_shared<Key>();
   EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, nullptr);
-  const bool made = ctx != nullptr && EVP_PKEY_keygen_init(ctx) == 1 &&
-                    EVP_PKEY_keygen(ctx, &key->pkey) == 1;
+  const bool made =
+      ctx != nullptr && EVP_PKEY_keygen_init(ctx) == 1 && EVP_PKEY_keygen(ctx, &key->pkey) == 1;
   EVP_PKEY_CTX_free(ctx);
   if (!made) return absl::InternalError("could not generate an X25519 identity key");
   std::string pub(kKeyBytes, '\0');
   size_t len = pub.size();
-  if (EVP_PKEY_get_raw_public_key(key->pkey, reinterpret_cast<unsigned char*>(pub.data()),
-                                  &len) != 1 ||
+  if (EVP_PKEY_get_raw_public_key(key->pkey, reinterpret_cast<unsigned char*>(pub.data()), &len) !=
+          1 ||
       len != kKeyBytes) {
     return absl::InternalError("could not read an X25519 public key");
   }

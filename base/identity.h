@@ -47,8 +47,7 @@ class WorkerIdentity {
   // The public half (kKeyBytes raw bytes), for the registration.
   const std::string& public_key() const { return public_key_; }
 
-  absl::StatusOr<std::string> Prove(absl::string_view peer_key,
-                                    absl::string_view statement) const;
+  absl::StatusOr<std::string> Prove(absl::string_view peer_key, absl::string_view statement) const;
   absl::Status Verify(absl::string_view peer_key, absl::string_view statement,
                       absl::string_view proof) const;
 

@@ -19,17 +19,13 @@ absl::Status Errno(int err, const std::string& name, absl::string_view what) {
   const std::string msg =
       absl::StrCat("shared-memory object '", name, "': ", what, ": ", std::strerror(err));
   switch (err) {
-    case EEXIST:
-      return absl::AlreadyExistsError(msg);
-    case ENOENT:
-      return absl::NotFoundError(msg);
+    case EEXIST: return absl::AlreadyExistsError(msg);
+    case ENOENT: return absl::NotFoundError(msg);
     case ENOSPC:
     case ENOMEM:
     case EMFILE:
-    case ENFILE:
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
+    case ENFILE: return absl::ResourceExhaustedError(msg);
+    default: return absl::InternalError(msg);
   }
 }
 
@@ -60,8 +56,7 @@ absl::StatusOr<ShmSegment> ShmSegment::Create(const std::string& name, size_t by
   return ShmSegment(name, *addr, bytes);
 }
 
-absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name, size_t bytes,
-                                            bool populate) {
+absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name, size_t bytes, bool populate) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return Errno(errno, name, "open");
   struct stat st {};
@@ -70,8 +65,7 @@ absl::StatusOr<ShmSegment> ShmSegment::Open(const std::string& name, size_t byte
     addr = Errno(errno, name, "fstat");
   } else if (static_cast<size_t>(st.st_size) < bytes) {
     addr = absl::FailedPreconditionError(absl::StrCat("shared-memory object '", name, "' holds ",
-                                                      st.st_size, " bytes, ", bytes,
-                                                      " expected"));
+                                                      st.st_size, " bytes, ", bytes, " expected"));
   } else {
     addr = Map(fd, name, bytes, populate);
   }

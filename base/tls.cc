@@ -20,9 +20,9 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
                {"private key (--tls_key, BATON_TLS_KEY)", &files.key_file, &out.key_pem}};
   for (const Part& p : parts) {
     if (p.path->empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TLS needs a CA certificate, a certificate and a private key; the ", p.what,
-          " is missing"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TLS needs a CA certificate, a certificate and a private key; the ", p.what,
+                       " is missing"));
     }
     auto pem = ReadFile(*p.path);
     if (!pem.ok()) {

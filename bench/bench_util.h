@@ -26,8 +26,7 @@ namespace baton::bench {
 
 // Seconds on a monotonic clock (time.perf_counter()).
 inline double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // numpy.median: the mean of the two middle values for an even count.

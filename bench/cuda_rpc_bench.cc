@@ -15,9 +15,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -37,8 +37,7 @@ const Function<at::Tensor(at::Tensor)> to_cpu_fn("to_cpu");
 const Function<at::Tensor(at::Tensor)> to_cuda_fn("to_cuda");
 
 double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void Report(const char* metric, double value) {

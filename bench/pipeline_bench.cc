@@ -131,11 +131,11 @@ std::pair<double, std::vector<double>> TrainLocal(const Config& c, const std::ve
     } else {
       auto xs = data[i].x.split(c.batch / m), ys = data[i].y.split(c.batch / m);
       for (int k = 0; k < m; ++k) {
-        torch::Tensor part = torch::nn::functional::cross_entropy(
-                                 model->forward(xs[k]), ys[k],
-                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(
-                                     torch::kSum)) /
-                             static_cast<double>(c.batch);
+        torch::Tensor part =
+            torch::nn::functional::cross_entropy(
+                model->forward(xs[k]), ys[k],
+                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+            static_cast<double>(c.batch);
         part.backward();
         loss += part.item<double>();
       }
@@ -165,8 +165,7 @@ absl::Status RunDriver(const Config& c, bench::WorkerChannel& ch) {
         .Print();
   }
   torch::set_num_threads(2);
-  Line(c, "single_process_train_samples_per_s_threads2", TrainLocal(c, data, 1).first,
-       "samples/s")
+  Line(c, "single_process_train_samples_per_s_threads2", TrainLocal(c, data, 1).first, "samples/s")
       .Print();
   torch::set_num_threads(1);
 
@@ -322,10 +321,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
     return 1;
   }
-  absl::Status s = (*group)->Wait(absl::Seconds(1800), absl::Seconds(20),
-                                  [&](int w, const std::string& line) {
-                                    if (w == 0 && line == "done") (*group)->ReleaseAll();
-                                  });
+  absl::Status s =
+      (*group)->Wait(absl::Seconds(1800), absl::Seconds(20), [&](int w, const std::string& line) {
+        if (w == 0 && line == "done") (*group)->ReleaseAll();
+      });
   if (!s.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", s.ToString().c_str());
     return 1;

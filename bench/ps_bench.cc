@@ -103,8 +103,8 @@ class Batches {
 ps::PsSpec MakeSpec(const Config& cfg) {
   torch::nn::Sequential model = MakeModel();
   ps::PsSpec spec;
-  spec.tables = ps::ModuleBinding::Tables(*model, "mlp",
-                                          baton::dist_optim::OptimizerOptions::SGD(kLr));
+  spec.tables =
+      ps::ModuleBinding::Tables(*model, "mlp", baton::dist_optim::OptimizerOptions::SGD(kLr));
   spec.consistency = cfg.mode == "sync" ? ps::Consistency::Sync() : ps::Consistency::Async();
   spec.num_trainers = cfg.trainers;
   // A benchmark must not quietly drop a slow trainer (that changes what the
@@ -276,8 +276,8 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
         });
   }
   if (s.ok() && static_cast<int>(results.size()) != cfg.trainers) {
-    s = absl::InternalError(absl::StrCat(results.size(), " of ", cfg.trainers,
-                                         " trainers sent a result"));
+    s = absl::InternalError(
+        absl::StrCat(results.size(), " of ", cfg.trainers, " trainers sent a result"));
   }
   if (!s.ok()) {
     Report(cfg, "ps_train_failed", 1, "error", s.ToString());
@@ -289,8 +289,9 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
     wall = std::max(wall, r.wall);
     loss += r.loss / results.size();
   }
-  if (pushes >= 0) std::fprintf(stderr, "ps_bench: the server applied %lld pushes\n",
-                                static_cast<long long>(pushes));
+  if (pushes >= 0)
+    std::fprintf(stderr, "ps_bench: the server applied %lld pushes\n",
+                 static_cast<long long>(pushes));
   Report(cfg, absl::StrCat("ps_", cfg.mode, "_train_throughput"), samples / wall, "samples/s");
   Report(cfg, absl::StrCat("ps_", cfg.mode, "_final_loss"), loss, "cross-entropy");
   return 0;

@@ -98,13 +98,13 @@ struct Config {
 
 // The job: one embedding table whose rows start as the workload defines.
 ps::PsSpec MakeSpec(const Config& cfg, const ctr::Workload& wl, int num_trainers) {
-  ps::RowInit init = ps::RowInit::Custom(
-      absl::StrCat("ctr_workload_seed", cfg.seed),
-      [wl](absl::Span<const int64_t> ids, at::Tensor& out) {
-        const at::Tensor t = torch::from_blob(const_cast<int64_t*>(ids.data()),
-                                              {static_cast<int64_t>(ids.size())}, torch::kInt64);
-        out.copy_(wl.InitRows(t));
-      });
+  ps::RowInit init = ps::RowInit::Custom(absl::StrCat("ctr_workload_seed", cfg.seed),
+                                         [wl](absl::Span<const int64_t> ids, at::Tensor& out) {
+                                           const at::Tensor t = torch::from_blob(
+                                               const_cast<int64_t*>(ids.data()),
+                                               {static_cast<int64_t>(ids.size())}, torch::kInt64);
+                                           out.copy_(wl.InitRows(t));
+                                         });
   ps::TableSpec table =
       ps::TableSpec::Embedding(kTable, cfg.rows, cfg.dim, std::move(init),
                                ps::RowOptimizer::RowWiseAdagrad(cfg.emb_lr, kEps));

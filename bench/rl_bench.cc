@@ -20,8 +20,8 @@
 //       [--solve [--seeds 3] [--solve-observers 4] [--solve-seconds 240]
 //        [--max-episodes 10000]]
 // MASTER_PORT (default: a free port) is the first group's port.
-#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -41,9 +41,9 @@
 #include "absl/synchronization/notification.h"
 #include "bench/bench_util.h"
 #include "bench/worker_procs.h"
-#include "rl/reinforce_agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"
+#include "rl/reinforce_agent.h"
 #include "rpc/agent.h"
 #include "testing/ports.h"
 
@@ -130,7 +130,8 @@ absl::Status RunAgent(const Run& run, bench::WorkerChannel& ch) {
     if (run.mode == "tput") {
       if (t_end <= 0) {
         absl::MutexLock log_lock(&log_mu);
-        std::fprintf(stderr, "rl_bench agent: stopped before its timed rounds ended (%lld rounds, "
+        std::fprintf(stderr,
+                     "rl_bench agent: stopped before its timed rounds ended (%lld rounds, "
                      "%lld episodes, %lld dropped, %lld left); its log ends with:\n",
                      static_cast<long long>(st.rounds), static_cast<long long>(st.episodes),
                      static_cast<long long>(st.dropped), static_cast<long long>(st.left));
@@ -166,13 +167,12 @@ absl::Status RunObserverWorker(const Run& run, int k, bench::WorkerChannel& ch) 
   if (!r.ok()) return r.status();
   if (run.mode == "tput") {
     // Leave out the warm-up round.
-    std::vector<double> lat(r->act_latency_us.begin() +
-                                std::min<size_t>(kSteps, r->act_latency_us.size()),
-                            r->act_latency_us.end());
-    ch.Send(absl::StrCat("lat ", absl::StrJoin(lat, " ",
-                                               [](std::string* out, double v) {
-                                                 absl::StrAppend(out, static_cast<int64_t>(v * 100));
-                                               })));
+    std::vector<double> lat(
+        r->act_latency_us.begin() + std::min<size_t>(kSteps, r->act_latency_us.size()),
+        r->act_latency_us.end());
+    ch.Send(absl::StrCat("lat ", absl::StrJoin(lat, " ", [](std::string* out, double v) {
+                           absl::StrAppend(out, static_cast<int64_t>(v * 100));
+                         })));
   }
   ch.Send("done");
   (void)(*agent)->Shutdown(/*graceful=*/false);

@@ -11,9 +11,9 @@
 // is the same with both sides spinning (what two busy cores allow).
 #include <linux/futex.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,9 +64,7 @@ const Function<at::Tensor(LinearRef, at::Tensor)> forward_fn("linear_forward");
 const Function<ParamRefs(LinearRef)> params_fn("linear_params");
 
 double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double Pct(std::vector<double> xs, double p) {
@@ -108,16 +106,14 @@ void PingPongFloor(bool quick, bool spin) {
       w.sleeping.store(1, std::memory_order_seq_cst);
       const uint32_t v = w.value.load(std::memory_order_seq_cst);
       if (v == want) break;
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAIT, v, nullptr, nullptr,
-              0);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAIT, v, nullptr, nullptr, 0);
     }
     w.sleeping.store(0, std::memory_order_relaxed);
   };
   auto post = [](Word& w, uint32_t v) {
     w.value.store(v, std::memory_order_seq_cst);
     if (w.sleeping.load(std::memory_order_seq_cst) != 0) {
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAKE, 1, nullptr, nullptr,
-              0);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.value), FUTEX_WAKE, 1, nullptr, nullptr, 0);
     }
   };
   const int n = quick ? 2000 : 20000;
@@ -180,8 +176,7 @@ void Drive(RpcAgent& agent, bool quick) {
     }
   }
   for (auto& f : futs) f.value();
-  Report("rpc_async_echo_64B_throughput", total / (Now() - t0), "calls/s",
-         ", \"window\": 64");
+  Report("rpc_async_echo_64B_throughput", total / (Now() - t0), "calls/s", ", \"window\": 64");
 
   for (int mb : {1, 16, 64}) {
     const at::Tensor big = at::ones({static_cast<int64_t>(mb) * 1024 * 1024 / 4});
@@ -190,8 +185,8 @@ void Drive(RpcAgent& agent, bool quick) {
     const double b0 = Now();
     for (int i = 0; i < reps; ++i) agent.rpc_sync(peer, echo_fn, big);
     const double dt = Now() - b0;
-    Report(absl::StrCat("rpc_sync_echo_", mb, "MB_bandwidth"), 2.0 * mb * reps / 1024 / dt,
-           "GB/s", ", \"note\": \"bytes sent plus bytes returned\"");
+    Report(absl::StrCat("rpc_sync_echo_", mb, "MB_bandwidth"), 2.0 * mb * reps / 1024 / dt, "GB/s",
+           ", \"note\": \"bytes sent plus bytes returned\"");
   }
 
   // remote() then to_here(), as the peer does.
@@ -241,9 +236,8 @@ int RunRank(int rank, bool quick) {
   if (absl::Status s = baton::dist_autograd::Install(*registry); !s.ok()) return 1;
   baton::dist_optim::Install(*rrefs);
   baton::rref::RegisterClass<Linear>(*rrefs, "Linear").Constructor<int64_t>();
-  (void)registry->Register(forward_fn, [](LinearRef m, at::Tensor x) {
-    return m.local_value()->forward(x);
-  });
+  (void)registry->Register(forward_fn,
+                           [](LinearRef m, at::Tensor x) { return m.local_value()->forward(x); });
   (void)registry->Register(params_fn, [](const baton::rpc::CallContext& ctx, LinearRef m) {
     return ParamRefs{baton::rref::MakeOwned(*ctx.agent, m.local_value()->weight())};
   });

@@ -44,8 +44,9 @@ std::string Describe(int status) {
 // replaced (and baton-run's marker removed, so FromEnv reads these).
 std::vector<std::string> WorkerEnv(const WorkerSpec& spec, int world, int port) {
   static const char* const kOwn[] = {
-      "RANK=",         "WORLD_SIZE=",  "MASTER_ADDR=", "MASTER_PORT=", "BATON_WORKER_NAME=",
-      "BATON_ELASTIC_LAUNCHED=", "BATON_REJOIN=",
+      "RANK=",         "WORLD_SIZE=",        "MASTER_ADDR=",
+      "MASTER_PORT=",  "BATON_WORKER_NAME=", "BATON_ELASTIC_LAUNCHED=",
+      "BATON_REJOIN=",
   };
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -178,8 +179,8 @@ absl::Status WorkerGroup::Wait(absl::Duration timeout, absl::Duration grace,
         w.status = status;
         if (Failed(status)) {
           failed = true;
-          errors.push_back(absl::StrCat("worker '", w.name, "' (pid ", w.pid, "): ",
-                                        Describe(status)));
+          errors.push_back(
+              absl::StrCat("worker '", w.name, "' (pid ", w.pid, "): ", Describe(status)));
         }
       }
     }

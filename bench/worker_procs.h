@@ -83,7 +83,7 @@ class WorkerGroup {
     int release_fd = -1;  // write end of the worker's fd 4
     std::string partial;  // bytes after the last newline
     bool exited = false;
-    int status = 0;       // waitpid status, once exited
+    int status = 0;  // waitpid status, once exited
   };
   WorkerGroup() = default;
   void CloseReleases();

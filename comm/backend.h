@@ -63,36 +63,30 @@ class Backend {
   virtual c10::DeviceType device_type() const = 0;
 
   // In place on every tensor of the list (one per device).
-  virtual WorkPtr AllReduce(const OpInfo& info, std::vector<at::Tensor> tensors,
-                            ReduceOp op) = 0;
+  virtual WorkPtr AllReduce(const OpInfo& info, std::vector<at::Tensor> tensors, ReduceOp op) = 0;
   // tensors[0] of `root` is the source; every tensor of every rank receives.
-  virtual WorkPtr Broadcast(const OpInfo& info, std::vector<at::Tensor> tensors,
-                            int root) = 0;
+  virtual WorkPtr Broadcast(const OpInfo& info, std::vector<at::Tensor> tensors, int root) = 0;
   // The reduction of every tensor of every rank lands in tensors[0] of root.
-  virtual WorkPtr Reduce(const OpInfo& info, std::vector<at::Tensor> tensors,
-                         int root, ReduceOp op) = 0;
+  virtual WorkPtr Reduce(const OpInfo& info, std::vector<at::Tensor> tensors, int root,
+                         ReduceOp op) = 0;
   // outputs.size() == group size.
   virtual WorkPtr AllGather(const OpInfo& info, std::vector<at::Tensor> outputs,
                             at::Tensor input) = 0;
   // outputs.size() == group size on root, empty elsewhere.
-  virtual WorkPtr Gather(const OpInfo& info, std::vector<at::Tensor> outputs,
-                         at::Tensor input, int root) = 0;
+  virtual WorkPtr Gather(const OpInfo& info, std::vector<at::Tensor> outputs, at::Tensor input,
+                         int root) = 0;
   // inputs.size() == group size on root, empty elsewhere.
-  virtual WorkPtr Scatter(const OpInfo& info, at::Tensor output,
-                          std::vector<at::Tensor> inputs, int root) = 0;
+  virtual WorkPtr Scatter(const OpInfo& info, at::Tensor output, std::vector<at::Tensor> inputs,
+                          int root) = 0;
   // inputs.size() == group size; output = reduction of inputs[rank].
   virtual WorkPtr ReduceScatter(const OpInfo& info, at::Tensor output,
-                                std::vector<at::Tensor> inputs,
-                                ReduceOp op) = 0;
+                                std::vector<at::Tensor> inputs, ReduceOp op) = 0;
   // Equal split along dim 0: chunk i of `input` goes to rank i, chunk j of
   // `output` comes from rank j.
-  virtual WorkPtr AllToAll(const OpInfo& info, at::Tensor output,
-                           at::Tensor input) = 0;
+  virtual WorkPtr AllToAll(const OpInfo& info, at::Tensor output, at::Tensor input) = 0;
   virtual WorkPtr Barrier(const OpInfo& info) = 0;
-  virtual WorkPtr Send(const OpInfo& info, at::Tensor tensor, int dst,
-                       uint32_t tag) = 0;
-  virtual WorkPtr Recv(const OpInfo& info, at::Tensor tensor, int src,
-                       uint32_t tag) = 0;
+  virtual WorkPtr Send(const OpInfo& info, at::Tensor tensor, int dst, uint32_t tag) = 0;
+  virtual WorkPtr Recv(const OpInfo& info, at::Tensor tensor, int src, uint32_t tag) = 0;
 
   // Stops taking ops, lets queued ops finish for at most `timeout`, then
   // aborts what is left (those fail with CANCELLED) and joins its threads.
@@ -103,8 +97,7 @@ class Backend {
 // by context.timeout). A factory is how a ProcessGroup picks its backend; it
 // is reused for subgroups.
 using BackendFactory =
-    std::function<absl::StatusOr<std::unique_ptr<Backend>>(
-        const BackendContext& context)>;
+    std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendContext& context)>;
 
 }  // namespace baton::comm
 

@@ -19,12 +19,9 @@
 
 namespace baton::comm {
 
-at::Tensor ParamGradSource::Get(size_t, const at::Tensor& param) {
-  return param.grad();
-}
+at::Tensor ParamGradSource::Get(size_t, const at::Tensor& param) { return param.grad(); }
 
-void ParamGradSource::Set(size_t, const at::Tensor& param,
-                          const at::Tensor& grad) {
+void ParamGradSource::Set(size_t, const at::Tensor& param, const at::Tensor& grad) {
   if (param.grad().defined()) {
     param.mutable_grad().copy_(grad);
   } else {
@@ -44,16 +41,14 @@ class Reducer {
     WorkPtr work;
   };
 
-  Reducer(ProcessGroup group, std::vector<at::Tensor> params,
-          std::vector<std::string> names, const DdpOptions& options,
-          std::shared_ptr<GradientSource> source)
+  Reducer(ProcessGroup group, std::vector<at::Tensor> params, std::vector<std::string> names,
+          const DdpOptions& options, std::shared_ptr<GradientSource> source)
       : group_(std::move(group)),
         params_(std::move(params)),
         names_(std::move(names)),
         source_(std::move(source)),
         find_unused_(options.find_unused_parameters),
-        timeout_(options.timeout > absl::ZeroDuration() ? options.timeout
-                                                        : group_.timeout()) {
+        timeout_(options.timeout > absl::ZeroDuration() ? options.timeout : group_.timeout()) {
     // Backward produces gradients roughly in reverse registration order.
     bucket_of_.assign(params_.size(), 0);
     int64_t bytes = 0;
@@ -61,8 +56,7 @@ class Reducer {
       const at::Tensor& p = params_[k];
       const int64_t nbytes = p.numel() * p.element_size();
       if (buckets_.empty() || bytes + nbytes > options.bucket_cap_bytes ||
-          params_[buckets_.back().params.front()].scalar_type() !=
-              p.scalar_type() ||
+          params_[buckets_.back().params.front()].scalar_type() != p.scalar_type() ||
           params_[buckets_.back().params.front()].device() != p.device()) {
         if (buckets_.empty() || !buckets_.back().params.empty()) {
           buckets_.emplace_back();
@@ -71,10 +65,8 @@ class Reducer {
       }
       Bucket& b = buckets_.back();
       bucket_of_[k] = buckets_.size() - 1;
-      b.offsets.push_back(b.params.empty()
-                              ? 0
-                              : b.offsets.back() +
-                                    params_[b.params.back()].numel());
+      b.offsets.push_back(b.params.empty() ? 0
+                                           : b.offsets.back() + params_[b.params.back()].numel());
       b.params.push_back(k);
       bytes += nbytes;
     }
@@ -142,11 +134,11 @@ class Reducer {
     Launch(launch);
     absl::Status status;
     if (!unused.empty()) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "DDP: parameters [", absl::StrJoin(unused, ", "),
-          "] received no gradient in this backward pass; construct with "
-          "DdpOptions::find_unused_parameters = true if some parameters are "
-          "not used in every iteration"));
+      status = absl::FailedPreconditionError(
+          absl::StrCat("DDP: parameters [", absl::StrJoin(unused, ", "),
+                       "] received no gradient in this backward pass; construct with "
+                       "DdpOptions::find_unused_parameters = true if some parameters are "
+                       "not used in every iteration"));
     }
     // Wait for whatever was launched even on error, so the group stays in
     // step with the other ranks.
@@ -176,8 +168,7 @@ class Reducer {
 
  private:
   at::Tensor Slice(const Bucket& b, size_t index) const {
-    const auto pos = std::find(b.params.begin(), b.params.end(), index) -
-                     b.params.begin();
+    const auto pos = std::find(b.params.begin(), b.params.end(), index) - b.params.begin();
     return b.flat.narrow(0, b.offsets[pos], params_[index].numel());
   }
 
@@ -281,8 +272,7 @@ class ReadyHook final : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-absl::Status BroadcastFromRankZero(ProcessGroup& group,
-                                   const std::vector<at::Tensor>& tensors,
+absl::Status BroadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                                    absl::string_view what) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -298,32 +288,29 @@ absl::Status BroadcastFromRankZero(ProcessGroup& group,
 }  // namespace
 }  // namespace internal
 
-absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
-DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
-                                ProcessGroup group, DdpOptions options) {
+absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Create(
+    std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DdpOptions options) {
   if (module == nullptr) {
     return absl::InvalidArgumentError("DDP: module is null");
   }
   if (!group.is_member()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "DDP: this process is not a member of group '", group.name(), "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("DDP: this process is not a member of group '", group.name(), "'"));
   }
   if (options.bucket_cap_bytes <= 0) {
     return absl::InvalidArgumentError("DDP: bucket_cap_bytes must be > 0");
   }
-  std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel(
-      std::move(module), std::move(group), std::move(options)));
+  std::unique_ptr<DistributedDataParallel> ddp(
+      new DistributedDataParallel(std::move(module), std::move(group), std::move(options)));
   for (const auto& item : ddp->module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     ddp->params_.push_back(item.value());
     ddp->names_.push_back(item.key());
   }
   if (ddp->params_.empty()) {
-    return absl::InvalidArgumentError(
-        "DDP: the module has no parameters that require a gradient");
+    return absl::InvalidArgumentError("DDP: the module has no parameters that require a gradient");
   }
-  absl::Status s = internal::BroadcastFromRankZero(ddp->group_, ddp->params_,
-                                                   "parameter");
+  absl::Status s = internal::BroadcastFromRankZero(ddp->group_, ddp->params_, "parameter");
   if (!s.ok()) return s;
   if (ddp->options_.broadcast_buffers) {
     s = ddp->SyncBuffers();
@@ -331,38 +318,32 @@ DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
   }
   const bool hooks = ddp->options_.gradient_source == nullptr;
   std::shared_ptr<GradientSource> source =
-      hooks ? std::make_shared<ParamGradSource>()
-            : ddp->options_.gradient_source;
-  ddp->reducer_ = std::make_shared<internal::Reducer>(
-      ddp->group_, ddp->params_, ddp->names_, ddp->options_, std::move(source));
+      hooks ? std::make_shared<ParamGradSource>() : ddp->options_.gradient_source;
+  ddp->reducer_ = std::make_shared<internal::Reducer>(ddp->group_, ddp->params_, ddp->names_,
+                                                      ddp->options_, std::move(source));
   ddp->reducer_->InitCounts();
   if (hooks) {
     for (size_t i = 0; i < ddp->params_.size(); ++i) {
       std::shared_ptr<torch::autograd::Node> acc =
           torch::autograd::impl::grad_accumulator(ddp->params_[i]);
       if (acc == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "DDP: parameter '", ddp->names_[i], "' is not a leaf tensor"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("DDP: parameter '", ddp->names_[i], "' is not a leaf tensor"));
       }
-      acc->add_post_hook(
-          std::make_unique<internal::ReadyHook>(ddp->reducer_, i));
+      acc->add_post_hook(std::make_unique<internal::ReadyHook>(ddp->reducer_, i));
       ddp->accumulators_.push_back(std::move(acc));
     }
   }
   return ddp;
 }
 
-DistributedDataParallel::DistributedDataParallel(
-    std::shared_ptr<torch::nn::Module> module, ProcessGroup group,
-    DdpOptions options)
-    : module_(std::move(module)),
-      group_(std::move(group)),
-      options_(std::move(options)) {}
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 ProcessGroup group, DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {}
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
-std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout()
-    const {
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_layout() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& b : reducer_->buckets()) out.push_back(b.params);
   return out;
@@ -373,9 +354,7 @@ DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp)
   ddp_->reducer_->set_no_sync(true);
 }
 
-DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  ddp_->reducer_->set_no_sync(previous_);
-}
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_->reducer_->set_no_sync(previous_); }
 
 absl::Status DistributedDataParallel::SyncBuffers() {
   std::vector<at::Tensor> buffers;
@@ -383,13 +362,9 @@ absl::Status DistributedDataParallel::SyncBuffers() {
   return internal::BroadcastFromRankZero(group_, buffers, "buffer");
 }
 
-void DistributedDataParallel::MarkGradientReady(size_t index) {
-  reducer_->MarkReady(index);
-}
+void DistributedDataParallel::MarkGradientReady(size_t index) { reducer_->MarkReady(index); }
 
-absl::Status DistributedDataParallel::FinishGradients() {
-  return reducer_->Finish();
-}
+absl::Status DistributedDataParallel::FinishGradients() { return reducer_->Finish(); }
 
 absl::Status DistributedDataParallel::SyncGradients() {
   for (size_t i = 0; i < params_.size(); ++i) reducer_->MarkReady(i);

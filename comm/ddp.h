@@ -68,16 +68,14 @@ class GradientSource {
   virtual at::Tensor Get(size_t index, const at::Tensor& param) = 0;
   // Stores the averaged gradient. `grad` is a view of DDP's bucket that is
   // valid only during the call: copy it to keep it.
-  virtual void Set(size_t index, const at::Tensor& param,
-                   const at::Tensor& grad) = 0;
+  virtual void Set(size_t index, const at::Tensor& param, const at::Tensor& grad) = 0;
 };
 
 // The default source: each parameter's .grad.
 class ParamGradSource final : public GradientSource {
  public:
   at::Tensor Get(size_t index, const at::Tensor& param) override;
-  void Set(size_t index, const at::Tensor& param,
-           const at::Tensor& grad) override;
+  void Set(size_t index, const at::Tensor& param, const at::Tensor& grad) override;
 };
 
 struct DdpOptions {
@@ -101,8 +99,7 @@ class DistributedDataParallel {
   // REQUIRES: `group` is a member handle; every parameter is dense,
   // contiguous and on the group backend's device.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
-      std::shared_ptr<torch::nn::Module> module, ProcessGroup group,
-      DdpOptions options = {});
+      std::shared_ptr<torch::nn::Module> module, ProcessGroup group, DdpOptions options = {});
   ~DistributedDataParallel();
 
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -138,8 +135,8 @@ class DistributedDataParallel {
   absl::Status SyncGradients();
 
  private:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          ProcessGroup group, DdpOptions options);
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroup group,
+                          DdpOptions options);
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroup group_;

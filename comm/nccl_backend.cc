@@ -29,15 +29,13 @@
 namespace baton::comm {
 namespace {
 
-absl::Status NcclError(ncclResult_t r, absl::string_view what,
-                       ncclComm_t comm = nullptr) {
+absl::Status NcclError(ncclResult_t r, absl::string_view what, ncclComm_t comm = nullptr) {
   return internal::NcclStatus(r, what, comm);
 }
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorString(e)));
+  return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorString(e)));
 }
 
 absl::StatusOr<ncclDataType_t> NcclType(c10::ScalarType type) {
@@ -52,8 +50,8 @@ absl::StatusOr<ncclDataType_t> NcclType(c10::ScalarType type) {
     case c10::kInt: return ncclInt32;
     case c10::kLong: return ncclInt64;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "backend nccl cannot reduce dtype ", c10::toString(type)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("backend nccl cannot reduce dtype ", c10::toString(type)));
   }
 }
 
@@ -109,12 +107,11 @@ class NcclWork final : public Work {
   absl::Status WaitOnStream() override {
     if (IsCompleted()) return status();
     for (const auto& [device, event] : done_->events) {
-      const cudaError_t e = cudaStreamWaitEvent(
-          c10::cuda::getCurrentCUDAStream(device).stream(), event, 0);
+      const cudaError_t e =
+          cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device).stream(), event, 0);
       if (e != cudaSuccess) {
         return absl::InternalError(absl::StrCat(
-            description(), ": the current stream cannot wait for the op: ",
-            cudaGetErrorString(e)));
+            description(), ": the current stream cannot wait for the op: ", cudaGetErrorString(e)));
       }
     }
     return absl::OkStatus();
@@ -140,7 +137,8 @@ struct Pending {
 class NcclBackend final : public Backend {
  public:
   NcclBackend(BackendContext ctx, NcclOptions options)
-      : ctx_(std::move(ctx)), options_(options),
+      : ctx_(std::move(ctx)),
+        options_(options),
         completion_([this] { CompleteInOrder(); }),
         watchdog_([this] { Watchdog(); }) {}
 
@@ -149,32 +147,30 @@ class NcclBackend final : public Backend {
   std::string name() const override { return "nccl"; }
   c10::DeviceType device_type() const override { return c10::DeviceType::CUDA; }
 
-  WorkPtr AllReduce(const OpInfo& info, std::vector<at::Tensor> tensors,
-                    ReduceOp op) override {
+  WorkPtr AllReduce(const OpInfo& info, std::vector<at::Tensor> tensors, ReduceOp op) override {
     auto type = NcclType(tensors[0].scalar_type());
     if (!type.ok()) return Failed(info, type.status());
     auto rop = NcclOp(op, tensors[0].scalar_type());
     if (!rop.ok()) return Failed(info, rop.status());
-    return Launch(info, tensors, tensors, nullptr,
-                  [&, dt = *type, rop = *rop](size_t i, DeviceComm& dc) {
-                    void* p = tensors[i].data_ptr();
-                    return ncclAllReduce(p, p, tensors[i].numel(), dt, rop,
-                                         dc.comm, dc.stream.stream());
-                  },
-                  nullptr);
+    return Launch(
+        info, tensors, tensors, nullptr,
+        [&, dt = *type, rop = *rop](size_t i, DeviceComm& dc) {
+          void* p = tensors[i].data_ptr();
+          return ncclAllReduce(p, p, tensors[i].numel(), dt, rop, dc.comm, dc.stream.stream());
+        },
+        nullptr);
   }
 
-  WorkPtr Broadcast(const OpInfo& info, std::vector<at::Tensor> tensors,
-                    int root) override {
+  WorkPtr Broadcast(const OpInfo& info, std::vector<at::Tensor> tensors, int root) override {
     const int ndev = static_cast<int>(tensors.size());
-    return Launch(info, tensors, tensors, nullptr,
-                  [&](size_t i, DeviceComm& dc) {
-                    void* p = tensors[i].data_ptr();
-                    return ncclBroadcast(p, p, tensors[i].nbytes(), ncclUint8,
-                                         root * ndev, dc.comm,
-                                         dc.stream.stream());
-                  },
-                  nullptr);
+    return Launch(
+        info, tensors, tensors, nullptr,
+        [&](size_t i, DeviceComm& dc) {
+          void* p = tensors[i].data_ptr();
+          return ncclBroadcast(p, p, tensors[i].nbytes(), ncclUint8, root * ndev, dc.comm,
+                               dc.stream.stream());
+        },
+        nullptr);
   }
 
   WorkPtr Reduce(const OpInfo& info, std::vector<at::Tensor> tensors, int root,
@@ -184,13 +180,14 @@ class NcclBackend final : public Backend {
     auto rop = NcclOp(op, tensors[0].scalar_type());
     if (!rop.ok()) return Failed(info, rop.status());
     const int ndev = static_cast<int>(tensors.size());
-    return Launch(info, tensors, tensors, nullptr,
-                  [&, dt = *type, rop = *rop](size_t i, DeviceComm& dc) {
-                    void* p = tensors[i].data_ptr();
-                    return ncclReduce(p, p, tensors[i].numel(), dt, rop,
-                                      root * ndev, dc.comm, dc.stream.stream());
-                  },
-                  nullptr);
+    return Launch(
+        info, tensors, tensors, nullptr,
+        [&, dt = *type, rop = *rop](size_t i, DeviceComm& dc) {
+          void* p = tensors[i].data_ptr();
+          return ncclReduce(p, p, tensors[i].numel(), dt, rop, root * ndev, dc.comm,
+                            dc.stream.stream());
+        },
+        nullptr);
   }
 
   WorkPtr AllGather(const OpInfo& info, std::vector<at::Tensor> outputs,
@@ -202,20 +199,18 @@ class NcclBackend final : public Backend {
         info, {input}, keep,
         [&] { flat = at::empty({input.numel() * ctx_.size}, input.options()); },
         [&](size_t, DeviceComm& dc) {
-          return ncclAllGather(input.data_ptr(), flat.data_ptr(),
-                               input.nbytes(), ncclUint8, dc.comm,
-                               dc.stream.stream());
+          return ncclAllGather(input.data_ptr(), flat.data_ptr(), input.nbytes(), ncclUint8,
+                               dc.comm, dc.stream.stream());
         },
         [&] {
           for (int r = 0; r < ctx_.size; ++r) {
-            outputs[r].view({-1}).copy_(
-                flat.narrow(0, r * input.numel(), input.numel()));
+            outputs[r].view({-1}).copy_(flat.narrow(0, r * input.numel(), input.numel()));
           }
         });
   }
 
-  WorkPtr Gather(const OpInfo& info, std::vector<at::Tensor> outputs,
-                 at::Tensor input, int root) override {
+  WorkPtr Gather(const OpInfo& info, std::vector<at::Tensor> outputs, at::Tensor input,
+                 int root) override {
     std::vector<at::Tensor> keep = outputs;
     keep.push_back(input);
     const bool is_root = ctx_.rank == root;
@@ -223,14 +218,13 @@ class NcclBackend final : public Backend {
         info, {input}, keep, nullptr,
         [&](size_t, DeviceComm& dc) -> ncclResult_t {
           if (!is_root) {
-            return ncclSend(input.data_ptr(), input.nbytes(), ncclUint8, root,
-                            dc.comm, dc.stream.stream());
+            return ncclSend(input.data_ptr(), input.nbytes(), ncclUint8, root, dc.comm,
+                            dc.stream.stream());
           }
           for (int r = 0; r < ctx_.size; ++r) {
             if (r == root) continue;
-            ncclResult_t res =
-                ncclRecv(outputs[r].data_ptr(), input.nbytes(), ncclUint8, r,
-                         dc.comm, dc.stream.stream());
+            ncclResult_t res = ncclRecv(outputs[r].data_ptr(), input.nbytes(), ncclUint8, r,
+                                        dc.comm, dc.stream.stream());
             if (res != ncclSuccess) return res;
           }
           return ncclSuccess;
@@ -240,8 +234,8 @@ class NcclBackend final : public Backend {
         });
   }
 
-  WorkPtr Scatter(const OpInfo& info, at::Tensor output,
-                  std::vector<at::Tensor> inputs, int root) override {
+  WorkPtr Scatter(const OpInfo& info, at::Tensor output, std::vector<at::Tensor> inputs,
+                  int root) override {
     std::vector<at::Tensor> keep = inputs;
     keep.push_back(output);
     const bool is_root = ctx_.rank == root;
@@ -249,14 +243,13 @@ class NcclBackend final : public Backend {
         info, {output}, keep, nullptr,
         [&](size_t, DeviceComm& dc) -> ncclResult_t {
           if (!is_root) {
-            return ncclRecv(output.data_ptr(), output.nbytes(), ncclUint8,
-                            root, dc.comm, dc.stream.stream());
+            return ncclRecv(output.data_ptr(), output.nbytes(), ncclUint8, root, dc.comm,
+                            dc.stream.stream());
           }
           for (int r = 0; r < ctx_.size; ++r) {
             if (r == root) continue;
-            ncclResult_t res =
-                ncclSend(inputs[r].data_ptr(), output.nbytes(), ncclUint8, r,
-                         dc.comm, dc.stream.stream());
+            ncclResult_t res = ncclSend(inputs[r].data_ptr(), output.nbytes(), ncclUint8, r,
+                                        dc.comm, dc.stream.stream());
             if (res != ncclSuccess) return res;
           }
           return ncclSuccess;
@@ -266,8 +259,8 @@ class NcclBackend final : public Backend {
         });
   }
 
-  WorkPtr ReduceScatter(const OpInfo& info, at::Tensor output,
-                        std::vector<at::Tensor> inputs, ReduceOp op) override {
+  WorkPtr ReduceScatter(const OpInfo& info, at::Tensor output, std::vector<at::Tensor> inputs,
+                        ReduceOp op) override {
     auto type = NcclType(output.scalar_type());
     if (!type.ok()) return Failed(info, type.status());
     auto rop = NcclOp(op, output.scalar_type());
@@ -283,31 +276,26 @@ class NcclBackend final : public Backend {
           flat = at::cat(flats);
         },
         [&, dt = *type, rop = *rop](size_t, DeviceComm& dc) {
-          return ncclReduceScatter(flat.data_ptr(), output.data_ptr(),
-                                   output.numel(), dt, rop, dc.comm,
-                                   dc.stream.stream());
+          return ncclReduceScatter(flat.data_ptr(), output.data_ptr(), output.numel(), dt, rop,
+                                   dc.comm, dc.stream.stream());
         },
         nullptr);
   }
 
-  WorkPtr AllToAll(const OpInfo& info, at::Tensor output,
-                   at::Tensor input) override {
+  WorkPtr AllToAll(const OpInfo& info, at::Tensor output, at::Tensor input) override {
     at::Tensor source;
     const size_t chunk = input.nbytes() / ctx_.size;
     return Launch(
         info, {output}, {output, input},
-        [&] {
-          source = input.data_ptr() == output.data_ptr() ? input.clone() : input;
-        },
+        [&] { source = input.data_ptr() == output.data_ptr() ? input.clone() : input; },
         [&](size_t, DeviceComm& dc) -> ncclResult_t {
           auto* in = static_cast<uint8_t*>(source.data_ptr());
           auto* out = static_cast<uint8_t*>(output.data_ptr());
           for (int r = 0; r < ctx_.size; ++r) {
-            ncclResult_t res = ncclSend(in + r * chunk, chunk, ncclUint8, r,
-                                        dc.comm, dc.stream.stream());
+            ncclResult_t res =
+                ncclSend(in + r * chunk, chunk, ncclUint8, r, dc.comm, dc.stream.stream());
             if (res == ncclSuccess) {
-              res = ncclRecv(out + r * chunk, chunk, ncclUint8, r, dc.comm,
-                             dc.stream.stream());
+              res = ncclRecv(out + r * chunk, chunk, ncclUint8, r, dc.comm, dc.stream.stream());
             }
             if (res != ncclSuccess) return res;
           }
@@ -322,33 +310,29 @@ class NcclBackend final : public Backend {
       return Failed(info, absl::FailedPreconditionError("no CUDA device"));
     }
     at::Tensor one = at::zeros(
-        {1}, at::TensorOptions()
-                 .device(at::Device(at::kCUDA, ctx_.rank % count))
-                 .dtype(at::kInt));
+        {1}, at::TensorOptions().device(at::Device(at::kCUDA, ctx_.rank % count)).dtype(at::kInt));
     WorkPtr work = AllReduce(info, {one}, ReduceOp::kSum);
     return work;
   }
 
-  WorkPtr Send(const OpInfo& info, at::Tensor tensor, int dst,
-               uint32_t) override {
-    return Launch(info, {tensor}, {tensor}, nullptr,
-                  [&](size_t, DeviceComm& dc) {
-                    return ncclSend(tensor.data_ptr(), tensor.nbytes(),
-                                    ncclUint8, dst, dc.comm,
-                                    dc.stream.stream());
-                  },
-                  nullptr);
+  WorkPtr Send(const OpInfo& info, at::Tensor tensor, int dst, uint32_t) override {
+    return Launch(
+        info, {tensor}, {tensor}, nullptr,
+        [&](size_t, DeviceComm& dc) {
+          return ncclSend(tensor.data_ptr(), tensor.nbytes(), ncclUint8, dst, dc.comm,
+                          dc.stream.stream());
+        },
+        nullptr);
   }
 
-  WorkPtr Recv(const OpInfo& info, at::Tensor tensor, int src,
-               uint32_t) override {
-    return Launch(info, {tensor}, {tensor}, nullptr,
-                  [&](size_t, DeviceComm& dc) {
-                    return ncclRecv(tensor.data_ptr(), tensor.nbytes(),
-                                    ncclUint8, src, dc.comm,
-                                    dc.stream.stream());
-                  },
-                  nullptr);
+  WorkPtr Recv(const OpInfo& info, at::Tensor tensor, int src, uint32_t) override {
+    return Launch(
+        info, {tensor}, {tensor}, nullptr,
+        [&](size_t, DeviceComm& dc) {
+          return ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, src, dc.comm,
+                          dc.stream.stream());
+        },
+        nullptr);
   }
 
   absl::Status Shutdown(absl::Duration timeout) override {
@@ -356,9 +340,7 @@ class NcclBackend final : public Backend {
       absl::MutexLock lock(&mu_);
       if (shut_down_) return absl::OkStatus();
       shut_down_ = true;
-      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return pending_.empty();
-      };
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_.empty(); };
       if (!mu_.AwaitWithTimeout(absl::Condition(&drained), timeout)) {
         AbortLocked("the group was destroyed with ops in flight");
       }
@@ -386,8 +368,7 @@ class NcclBackend final : public Backend {
   }
 
   // Finds or creates the communicators of the devices of `tensors`.
-  absl::StatusOr<std::shared_ptr<CommSet>> Comms(
-      const std::vector<at::Tensor>& tensors) {
+  absl::StatusOr<std::shared_ptr<CommSet>> Comms(const std::vector<at::Tensor>& tensors) {
     std::vector<c10::DeviceIndex> devices;
     for (const auto& t : tensors) devices.push_back(t.device().index());
     const std::string key = absl::StrJoin(devices, ",");
@@ -401,8 +382,8 @@ class NcclBackend final : public Backend {
     const int ndev = static_cast<int>(devices.size());
     const std::string id_key = absl::StrCat(ctx_.prefix, "/nccl/", index);
     // Everyone arrives first: ncclCommInitRank blocks without a deadline.
-    absl::Status s = store::Barrier(*ctx_.store, id_key + "/arrive", ctx_.rank,
-                                    ctx_.size, ctx_.timeout);
+    absl::Status s =
+        store::Barrier(*ctx_.store, id_key + "/arrive", ctx_.rank, ctx_.size, ctx_.timeout);
     if (!s.ok()) return Annotate(s, "creating the NCCL communicator");
     ncclUniqueId id;
     if (ctx_.rank == 0) {
@@ -422,8 +403,7 @@ class NcclBackend final : public Backend {
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < ndev && r == ncclSuccess; ++i) {
       c10::cuda::CUDAGuard guard(devices[i]);
-      DeviceComm dc{devices[i], nullptr,
-                    c10::cuda::getStreamFromPool(false, devices[i])};
+      DeviceComm dc{devices[i], nullptr, c10::cuda::getStreamFromPool(false, devices[i])};
       r = ncclCommInitRank(&dc.comm, ctx_.size * ndev, id, ctx_.rank * ndev + i);
       set->members.push_back(dc);
     }
@@ -437,16 +417,16 @@ class NcclBackend final : public Backend {
   }
 
   WorkPtr Launch(const OpInfo& info, const std::vector<at::Tensor>& tensors,
-                 std::vector<at::Tensor> keep_alive, const StreamFn& pre,
-                 const IssueFn& issue, const StreamFn& post) {
+                 std::vector<at::Tensor> keep_alive, const StreamFn& pre, const IssueFn& issue,
+                 const StreamFn& post) {
     {
       absl::MutexLock lock(&mu_);
       if (shut_down_) {
         return Failed(info, absl::FailedPreconditionError("the group was destroyed"));
       }
       if (!abort_reason_.empty()) {
-        return Failed(info, absl::FailedPreconditionError(absl::StrCat(
-                                "the group was aborted earlier: ", abort_reason_)));
+        return Failed(info, absl::FailedPreconditionError(
+                                absl::StrCat("the group was aborted earlier: ", abort_reason_)));
       }
     }
     absl::StatusOr<std::shared_ptr<CommSet>> comms = Comms(tensors);
@@ -461,16 +441,14 @@ class NcclBackend final : public Backend {
       for (DeviceComm& dc : p.comms->members) {
         c10::cuda::CUDAGuard guard(dc.device);
         cudaEvent_t ready;
-        absl::Status s = CudaError(
-            cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
+        absl::Status s =
+            CudaError(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
         if (s.ok()) {
-          s = CudaError(cudaEventRecord(
-                            ready, c10::cuda::getCurrentCUDAStream(dc.device)),
+          s = CudaError(cudaEventRecord(ready, c10::cuda::getCurrentCUDAStream(dc.device)),
                         "event record");
         }
         if (s.ok()) {
-          s = CudaError(cudaStreamWaitEvent(dc.stream.stream(), ready, 0),
-                        "stream wait");
+          s = CudaError(cudaStreamWaitEvent(dc.stream.stream(), ready, 0), "stream wait");
         }
         cudaEventDestroy(ready);
         if (!s.ok()) return Failed(info, s);
@@ -496,13 +474,11 @@ class NcclBackend final : public Backend {
         c10::cuda::CUDAGuard guard(dc.device);
         for (const at::Tensor& t : keep_alive) {
           if (t.defined() && t.device().index() == dc.device) {
-            c10::cuda::CUDACachingAllocator::recordStream(
-                t.storage().data_ptr(), dc.stream);
+            c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), dc.stream);
           }
         }
         cudaEvent_t done;
-        s = CudaError(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
-                      "event");
+        s = CudaError(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
         if (!s.ok()) return Failed(info, s);
         p.done->events.push_back({dc.device, done});
         s = CudaError(cudaEventRecord(done, dc.stream.stream()), "event record");
@@ -534,8 +510,8 @@ class NcclBackend final : public Backend {
     for (Pending& p : pending_) {
       if (p.aborted) continue;
       p.aborted = true;
-      failed_.push_back({p.work, absl::FailedPreconditionError(absl::StrCat(
-                                     p.info.description, ": aborted: ", reason))});
+      failed_.push_back({p.work, absl::FailedPreconditionError(
+                                     absl::StrCat(p.info.description, ": aborted: ", reason))});
     }
   }
 
@@ -558,9 +534,8 @@ class NcclBackend final : public Backend {
       std::shared_ptr<const EndEvents> done;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !pending_.empty() || stop_;
-        };
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !pending_.empty() || stop_; };
         mu_.Await(absl::Condition(&ready));
         if (pending_.empty()) return;  // stop_ and nothing left
         done = pending_.front().done;
@@ -581,8 +556,7 @@ class NcclBackend final : public Backend {
       }
       p.keep_alive.clear();
       if (!p.aborted) {
-        p.work->MarkCompleted(status.ok() ? status
-                                          : Annotate(status, p.info.description));
+        p.work->MarkCompleted(status.ok() ? status : Annotate(status, p.info.description));
       }
     }
   }
@@ -619,17 +593,16 @@ class NcclBackend final : public Backend {
           mu_.Unlock();  // the census talks to the store
           std::vector<int> missing;
           if (info.seq >= 0) {
-            missing = internal::MissingRanks(*ctx_.store, ctx_.prefix, info.seq,
-                                             ctx_.rank, ctx_.size,
-                                             std::min(ctx_.timeout, absl::Seconds(3)));
+            missing = internal::MissingRanks(*ctx_.store, ctx_.prefix, info.seq, ctx_.rank,
+                                             ctx_.size, std::min(ctx_.timeout, absl::Seconds(3)));
           }
           mu_.Lock();
           const std::string reason = absl::StrCat(
               info.description, ": timed out after ", DurationText(ctx_.timeout),
-              missing.empty() ? ""
-                              : absl::StrCat("; ranks ",
-                                             internal::RanksText(missing, ctx_.global_ranks),
-                                             " never arrived"));
+              missing.empty()
+                  ? ""
+                  : absl::StrCat("; ranks ", internal::RanksText(missing, ctx_.global_ranks),
+                                 " never arrived"));
           AbortLocked(reason);
           for (auto& f : failed_) {
             if (f.first->description() == info.description) {
@@ -657,8 +630,7 @@ class NcclBackend final : public Backend {
   const BackendContext ctx_;
   const NcclOptions options_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<CommSet>> comms_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<CommSet>> comms_ ABSL_GUARDED_BY(mu_);
   int64_t next_comm_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<WorkPtr, absl::Status>> failed_ ABSL_GUARDED_BY(mu_);
@@ -673,12 +645,11 @@ class NcclBackend final : public Backend {
 }  // namespace
 
 BackendFactory NcclBackendFactory(NcclOptions options) {
-  return [options](const BackendContext& ctx)
-             -> absl::StatusOr<std::unique_ptr<Backend>> {
+  return [options](const BackendContext& ctx) -> absl::StatusOr<std::unique_ptr<Backend>> {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "backend nccl for group '", ctx.group_name, "': no CUDA device"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("backend nccl for group '", ctx.group_name, "': no CUDA device"));
     }
     return std::unique_ptr<Backend>(std::make_unique<NcclBackend>(ctx, options));
   };

@@ -34,8 +34,7 @@ std::string DtypeName(c10::ScalarType type) {
 
 std::string ShapeText(const at::Tensor& t) {
   if (!t.defined()) return "undefined";
-  return absl::StrCat(DtypeName(t.scalar_type()), "[",
-                      absl::StrJoin(t.sizes(), ","), "]");
+  return absl::StrCat(DtypeName(t.scalar_type()), "[", absl::StrJoin(t.sizes(), ","), "]");
 }
 
 // The shared state behind ProcessGroup handles.
@@ -63,8 +62,7 @@ class GroupState {
         global_ranks_(std::move(init.global_ranks)),
         global_rank_(init.global_rank),
         backend_name_(init.backend ? init.backend->name() : "none"),
-        device_type_(init.backend ? init.backend->device_type()
-                                  : c10::DeviceType::CPU),
+        device_type_(init.backend ? init.backend->device_type() : c10::DeviceType::CPU),
         backend_(std::move(init.backend)) {}
 
   ~GroupState() { (void)Destroy(absl::Seconds(5)); }
@@ -91,32 +89,28 @@ class GroupState {
       backend = backend_;
       if (collective && backend) info.seq = next_seq_;
     }
-    info.description =
-        collective ? absl::StrCat(OpName(kind), " #", info.seq, " on group '",
-                                  name(), "'")
-                   : absl::StrCat(OpName(kind), " on group '", name(), "'");
+    info.description = collective
+                           ? absl::StrCat(OpName(kind), " #", info.seq, " on group '", name(), "'")
+                           : absl::StrCat(OpName(kind), " on group '", name(), "'");
     if (!is_member()) {
-      return Work::Completed(
-          info.description,
-          absl::FailedPreconditionError(absl::StrCat(
-              OpName(kind), " on group '", name(), "': this process (global ",
-              "rank ", global_rank_, ") is not a member of the group (ranks ",
-              RanksText(global_ranks_, {}), ")")));
+      return Work::Completed(info.description,
+                             absl::FailedPreconditionError(absl::StrCat(
+                                 OpName(kind), " on group '", name(), "': this process (global ",
+                                 "rank ", global_rank_, ") is not a member of the group (ranks ",
+                                 RanksText(global_ranks_, {}), ")")));
     }
     if (!backend) {
-      return Work::Completed(
-          info.description,
-          absl::FailedPreconditionError(absl::StrCat(
-              OpName(kind), " on group '", name(),
-              "': the group is not initialised or was destroyed")));
+      return Work::Completed(info.description,
+                             absl::FailedPreconditionError(
+                                 absl::StrCat(OpName(kind), " on group '", name(),
+                                              "': the group is not initialised or was destroyed")));
     }
     std::string fingerprint;
     absl::Status valid = validate(&fingerprint);
     if (!valid.ok()) {
       return Work::Completed(
           info.description,
-          Annotate(valid, absl::StrCat(info.description, " (backend ",
-                                       backend_name_, ", rank ",
+          Annotate(valid, absl::StrCat(info.description, " (backend ", backend_name_, ", rank ",
                                        RankText(rank_, global_ranks_), ")")));
     }
     if (collective) {
@@ -125,20 +119,17 @@ class GroupState {
         ++next_seq_;
       }
       if (options_.check_fingerprints) {
-        absl::Status agreed = ExchangeFingerprint(
-            *store_, prefix_, info.seq, rank_, size_, global_ranks_,
-            fingerprint, options_.timeout);
+        absl::Status agreed = ExchangeFingerprint(*store_, prefix_, info.seq, rank_, size_,
+                                                  global_ranks_, fingerprint, options_.timeout);
         if (!agreed.ok()) {
-          return Work::Completed(info.description,
-                                 Annotate(agreed, info.description));
+          return Work::Completed(info.description, Annotate(agreed, info.description));
         }
       }
     }
     return issue(*backend, info);
   }
 
-  absl::StatusOr<ProcessGroup> NewGroup(std::vector<int> ranks,
-                                        absl::string_view name);
+  absl::StatusOr<ProcessGroup> NewGroup(std::vector<int> ranks, absl::string_view name);
 
   absl::Status Destroy(absl::Duration timeout) {
     std::shared_ptr<Backend> backend;
@@ -147,14 +138,13 @@ class GroupState {
       backend.swap(backend_);
     }
     if (!backend) return absl::OkStatus();
-    return Annotate(backend->Shutdown(timeout),
-                    absl::StrCat("destroying group '", name(), "'"));
+    return Annotate(backend->Shutdown(timeout), absl::StrCat("destroying group '", name(), "'"));
   }
 
   // Validation helpers shared by the ops.
   absl::Status CheckTensor(const at::Tensor& t, absl::string_view what) const;
-  absl::Status CheckList(const std::vector<at::Tensor>& tensors,
-                         absl::string_view what, bool same_shape) const;
+  absl::Status CheckList(const std::vector<at::Tensor>& tensors, absl::string_view what,
+                         bool same_shape) const;
   absl::Status CheckRoot(int root) const;
   absl::Status CheckPeer(int peer) const;
   absl::Status CheckReduce(ReduceOp op, const at::Tensor& t) const;
@@ -180,30 +170,26 @@ class GroupState {
   int64_t subgroups_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-absl::Status GroupState::CheckTensor(const at::Tensor& t,
-                                     absl::string_view what) const {
+absl::Status GroupState::CheckTensor(const at::Tensor& t, absl::string_view what) const {
   if (!t.defined()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " is undefined"));
   }
   if (t.device().type() != device_type_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is on device ", t.device().str(), " but backend ",
-        backend_name_, " takes ", c10::DeviceTypeName(device_type_),
-        " tensors"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is on device ", t.device().str(),
+                                                   " but backend ", backend_name_, " takes ",
+                                                   c10::DeviceTypeName(device_type_), " tensors"));
   }
   if (t.layout() != c10::kStrided) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is not a dense (strided) tensor"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a dense (strided) tensor"));
   }
   if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is not contiguous; call .contiguous() first"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not contiguous; call .contiguous() first"));
   }
   return absl::OkStatus();
 }
 
-absl::Status GroupState::CheckList(const std::vector<at::Tensor>& tensors,
-                                   absl::string_view what,
+absl::Status GroupState::CheckList(const std::vector<at::Tensor>& tensors, absl::string_view what,
                                    bool same_shape) const {
   if (tensors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " list is empty"));
@@ -212,14 +198,14 @@ absl::Status GroupState::CheckList(const std::vector<at::Tensor>& tensors,
     absl::Status s = CheckTensor(tensors[i], absl::StrCat(what, " ", i));
     if (!s.ok()) return s;
     if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", i, " has dtype ", DtypeName(tensors[i].scalar_type()),
-          " but ", what, " 0 has ", DtypeName(tensors[0].scalar_type())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", i, " has dtype ", DtypeName(tensors[i].scalar_type()), " but ",
+                       what, " 0 has ", DtypeName(tensors[0].scalar_type())));
     }
     if (same_shape && tensors[i].sizes() != tensors[0].sizes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " ", i, " has shape ", ShapeText(tensors[i]),
-                       " but ", what, " 0 has ", ShapeText(tensors[0])));
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", i, " has shape ",
+                                                     ShapeText(tensors[i]), " but ", what,
+                                                     " 0 has ", ShapeText(tensors[0])));
     }
   }
   return absl::OkStatus();
@@ -227,37 +213,33 @@ absl::Status GroupState::CheckList(const std::vector<at::Tensor>& tensors,
 
 absl::Status GroupState::CheckRoot(int root) const {
   if (root < 0 || root >= size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "root ", root, " is outside the group (size ", size_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("root ", root, " is outside the group (size ", size_, ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status GroupState::CheckPeer(int peer) const {
   if (peer < 0 || peer >= size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer rank ", peer, " is outside the group (size ", size_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer rank ", peer, " is outside the group (size ", size_, ")"));
   }
   if (peer == rank_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer rank ", peer, " is this rank itself"));
+    return absl::InvalidArgumentError(absl::StrCat("peer rank ", peer, " is this rank itself"));
   }
   return absl::OkStatus();
 }
 
 absl::Status GroupState::CheckReduce(ReduceOp op, const at::Tensor& t) const {
   const c10::ScalarType type = t.scalar_type();
-  if (op == ReduceOp::kAvg && !c10::isFloatingType(type) &&
-      !c10::isComplexType(type)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce op avg is not exact for ", DtypeName(type),
-        " tensors; use sum and divide, or a floating-point tensor"));
-  }
-  if (c10::isComplexType(type) && op != ReduceOp::kSum &&
-      op != ReduceOp::kAvg) {
+  if (op == ReduceOp::kAvg && !c10::isFloatingType(type) && !c10::isComplexType(type)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("reduce op ", ReduceOpName(op),
-                     " is not defined for complex tensors"));
+        absl::StrCat("reduce op avg is not exact for ", DtypeName(type),
+                     " tensors; use sum and divide, or a floating-point tensor"));
+  }
+  if (c10::isComplexType(type) && op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce op ", ReduceOpName(op), " is not defined for complex tensors"));
   }
   if (type == c10::kBool && op == ReduceOp::kAvg) {
     return absl::InvalidArgumentError("reduce op avg on bool tensors");
@@ -265,12 +247,11 @@ absl::Status GroupState::CheckReduce(ReduceOp op, const at::Tensor& t) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks,
-                                                  absl::string_view name) {
+absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks, absl::string_view name) {
   if (!is_member()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "new_group on group '", options_.name,
-        "': this process is not a member of the parent group"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("new_group on group '", options_.name,
+                     "': this process is not a member of the parent group"));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -284,8 +265,7 @@ absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks,
   if (ranks.empty() || std::unique(ranks.begin(), ranks.end()) != ranks.end() ||
       ranks.front() < 0 || ranks.back() >= size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "new_group on group '", options_.name, "': ranks [",
-        absl::StrJoin(ranks, ", "),
+        "new_group on group '", options_.name, "': ranks [", absl::StrJoin(ranks, ", "),
         "] must be unique ranks of the parent group (size ", size_, ")"));
   }
   int64_t index;
@@ -297,9 +277,7 @@ absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks,
   init.store = store_;
   init.factory = factory_;
   init.options = options_;
-  init.options.name = name.empty()
-                          ? absl::StrCat(options_.name, "/sub", index)
-                          : std::string(name);
+  init.options.name = name.empty() ? absl::StrCat(options_.name, "/sub", index) : std::string(name);
   init.prefix = absl::StrCat(prefix_, "/sub", index);
   init.size = static_cast<int>(ranks.size());
   init.global_rank = global_rank_;
@@ -317,8 +295,7 @@ absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks,
     ctx.timeout = init.options.timeout;
     absl::StatusOr<std::unique_ptr<Backend>> backend = factory_(ctx);
     if (!backend.ok()) {
-      return Annotate(backend.status(),
-                      absl::StrCat("new_group '", init.options.name, "'"));
+      return Annotate(backend.status(), absl::StrCat("new_group '", init.options.name, "'"));
     }
     init.backend = std::move(*backend);
   }
@@ -330,28 +307,27 @@ absl::StatusOr<ProcessGroup> GroupState::NewGroup(std::vector<int> ranks,
 using internal::GroupState;
 using internal::ShapeText;
 
-absl::StatusOr<ProcessGroup> ProcessGroup::Create(
-    std::shared_ptr<store::Store> store, int rank, int world_size,
-    BackendFactory backend, GroupOptions options) {
+absl::StatusOr<ProcessGroup> ProcessGroup::Create(std::shared_ptr<store::Store> store, int rank,
+                                                  int world_size, BackendFactory backend,
+                                                  GroupOptions options) {
   const std::string where = absl::StrCat("creating group '", options.name, "'");
   if (store == nullptr || !backend) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": store and backend factory are required"));
   }
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": rank ", rank, " is not in [0, world_size=", world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": rank ", rank, " is not in [0, world_size=", world_size, ")"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": timeout must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": timeout must be positive"));
   }
   if (DebugFromEnv()) options.check_fingerprints = true;
   GroupState::Init init;
   init.prefix = absl::StrCat("comm/", options.name);
   // Every rank arrives before anyone connects, so a missing rank is named.
-  absl::Status joined = store::Barrier(*store, init.prefix + "/join", rank,
-                                       world_size, options.timeout);
+  absl::Status joined =
+      store::Barrier(*store, init.prefix + "/join", rank, world_size, options.timeout);
   if (!joined.ok()) return Annotate(joined, where);
   BackendContext ctx;
   ctx.store = store;
@@ -384,16 +360,13 @@ ProcessGroup::ProcessGroup(const ProcessGroup&) = default;
 ProcessGroup& ProcessGroup::operator=(const ProcessGroup&) = default;
 ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
 ProcessGroup& ProcessGroup::operator=(ProcessGroup&&) noexcept = default;
-ProcessGroup::ProcessGroup(std::shared_ptr<GroupState> state)
-    : state_(std::move(state)) {}
+ProcessGroup::ProcessGroup(std::shared_ptr<GroupState> state) : state_(std::move(state)) {}
 
 bool ProcessGroup::is_member() const { return state_ && state_->is_member(); }
 int ProcessGroup::rank() const { return state_ ? state_->rank() : -1; }
 int ProcessGroup::size() const { return state_ ? state_->size() : -1; }
 std::string ProcessGroup::name() const { return state_ ? state_->name() : ""; }
-std::string ProcessGroup::backend_name() const {
-  return state_ ? state_->backend_name() : "none";
-}
+std::string ProcessGroup::backend_name() const { return state_ ? state_->backend_name() : "none"; }
 absl::Duration ProcessGroup::timeout() const {
   return state_ ? state_->timeout() : absl::ZeroDuration();
 }
@@ -401,12 +374,11 @@ absl::Duration ProcessGroup::timeout() const {
 namespace {
 
 WorkPtr NoGroup(OpKind kind) {
-  return Work::Completed(
-      std::string(OpName(kind)),
-      absl::FailedPreconditionError(absl::StrCat(
-          OpName(kind),
-          ": the process group is not initialised (default-constructed "
-          "handle)")));
+  return Work::Completed(std::string(OpName(kind)),
+                         absl::FailedPreconditionError(absl::StrCat(
+                             OpName(kind),
+                             ": the process group is not initialised (default-constructed "
+                             "handle)")));
 }
 
 }  // namespace
@@ -420,13 +392,10 @@ WorkPtr ProcessGroup::AllReduce(std::vector<at::Tensor> tensors, ReduceOp op) {
         absl::Status s = g.CheckList(tensors, "tensor", /*same_shape=*/true);
         if (s.ok()) s = g.CheckReduce(op, tensors[0]);
         *fp = absl::StrCat("all_reduce(", ReduceOpName(op), ") ",
-                           ShapeText(tensors.empty() ? at::Tensor()
-                                                     : tensors[0]));
+                           ShapeText(tensors.empty() ? at::Tensor() : tensors[0]));
         return s;
       },
-      [&](Backend& b, const OpInfo& info) {
-        return b.AllReduce(info, std::move(tensors), op);
-      });
+      [&](Backend& b, const OpInfo& info) { return b.AllReduce(info, std::move(tensors), op); });
 }
 
 WorkPtr ProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
@@ -438,18 +407,14 @@ WorkPtr ProcessGroup::Broadcast(std::vector<at::Tensor> tensors, int root) {
         absl::Status s = g.CheckList(tensors, "tensor", /*same_shape=*/true);
         if (s.ok()) s = g.CheckRoot(root);
         if (s.ok()) {
-          *fp = absl::StrCat("broadcast(root=", root, ") ",
-                             ShapeText(tensors[0]));
+          *fp = absl::StrCat("broadcast(root=", root, ") ", ShapeText(tensors[0]));
         }
         return s;
       },
-      [&](Backend& b, const OpInfo& info) {
-        return b.Broadcast(info, std::move(tensors), root);
-      });
+      [&](Backend& b, const OpInfo& info) { return b.Broadcast(info, std::move(tensors), root); });
 }
 
-WorkPtr ProcessGroup::Reduce(std::vector<at::Tensor> tensors, int root,
-                             ReduceOp op) {
+WorkPtr ProcessGroup::Reduce(std::vector<at::Tensor> tensors, int root, ReduceOp op) {
   if (!state_) return NoGroup(OpKind::kReduce);
   GroupState& g = *state_;
   return g.Run(
@@ -464,13 +429,10 @@ WorkPtr ProcessGroup::Reduce(std::vector<at::Tensor> tensors, int root,
         }
         return s;
       },
-      [&](Backend& b, const OpInfo& info) {
-        return b.Reduce(info, std::move(tensors), root, op);
-      });
+      [&](Backend& b, const OpInfo& info) { return b.Reduce(info, std::move(tensors), root, op); });
 }
 
-WorkPtr ProcessGroup::AllGather(std::vector<at::Tensor> outputs,
-                                at::Tensor input) {
+WorkPtr ProcessGroup::AllGather(std::vector<at::Tensor> outputs, at::Tensor input) {
   if (!state_) return NoGroup(OpKind::kAllGather);
   GroupState& g = *state_;
   return g.Run(
@@ -480,15 +442,13 @@ WorkPtr ProcessGroup::AllGather(std::vector<at::Tensor> outputs,
         if (!s.ok()) return s;
         if (static_cast<int>(outputs.size()) != g.size()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("expected ", g.size(), " output tensors, got ",
-                           outputs.size()));
+              absl::StrCat("expected ", g.size(), " output tensors, got ", outputs.size()));
         }
         s = g.CheckList(outputs, "output", /*same_shape=*/true);
         if (s.ok() && (outputs[0].sizes() != input.sizes() ||
                        outputs[0].scalar_type() != input.scalar_type())) {
-          s = absl::InvalidArgumentError(
-              absl::StrCat("outputs are ", ShapeText(outputs[0]),
-                           " but the input is ", ShapeText(input)));
+          s = absl::InvalidArgumentError(absl::StrCat("outputs are ", ShapeText(outputs[0]),
+                                                      " but the input is ", ShapeText(input)));
         }
         *fp = absl::StrCat("all_gather ", ShapeText(input));
         return s;
@@ -501,8 +461,7 @@ WorkPtr ProcessGroup::AllGather(std::vector<at::Tensor> outputs,
 // Gather's outputs and Scatter's inputs: the root passes one tensor per
 // rank, each shaped like this rank's own tensor; other ranks pass none.
 absl::Status CheckRootList(GroupState& g, int root, const std::vector<at::Tensor>& list,
-                           const char* list_name, const at::Tensor& own,
-                           const char* own_name) {
+                           const char* list_name, const at::Tensor& own, const char* own_name) {
   if (g.rank() != root) {
     if (!list.empty()) {
       return absl::InvalidArgumentError(
@@ -522,8 +481,7 @@ absl::Status CheckRootList(GroupState& g, int root, const std::vector<at::Tensor
   return s;
 }
 
-WorkPtr ProcessGroup::Gather(std::vector<at::Tensor> outputs, at::Tensor input,
-                             int root) {
+WorkPtr ProcessGroup::Gather(std::vector<at::Tensor> outputs, at::Tensor input, int root) {
   if (!state_) return NoGroup(OpKind::kGather);
   GroupState& g = *state_;
   return g.Run(
@@ -540,8 +498,7 @@ WorkPtr ProcessGroup::Gather(std::vector<at::Tensor> outputs, at::Tensor input,
       });
 }
 
-WorkPtr ProcessGroup::Scatter(at::Tensor output, std::vector<at::Tensor> inputs,
-                              int root) {
+WorkPtr ProcessGroup::Scatter(at::Tensor output, std::vector<at::Tensor> inputs, int root) {
   if (!state_) return NoGroup(OpKind::kScatter);
   GroupState& g = *state_;
   return g.Run(
@@ -558,8 +515,7 @@ WorkPtr ProcessGroup::Scatter(at::Tensor output, std::vector<at::Tensor> inputs,
       });
 }
 
-WorkPtr ProcessGroup::ReduceScatter(at::Tensor output,
-                                    std::vector<at::Tensor> inputs,
+WorkPtr ProcessGroup::ReduceScatter(at::Tensor output, std::vector<at::Tensor> inputs,
                                     ReduceOp op) {
   if (!state_) return NoGroup(OpKind::kReduceScatter);
   GroupState& g = *state_;
@@ -569,18 +525,16 @@ WorkPtr ProcessGroup::ReduceScatter(at::Tensor output,
         absl::Status s = g.CheckTensor(output, "output");
         if (s.ok()) s = g.CheckReduce(op, output);
         if (!s.ok()) return s;
-        *fp = absl::StrCat("reduce_scatter(", ReduceOpName(op), ") ",
-                           ShapeText(output));
+        *fp = absl::StrCat("reduce_scatter(", ReduceOpName(op), ") ", ShapeText(output));
         if (static_cast<int>(inputs.size()) != g.size()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "expected ", g.size(), " input tensors, got ", inputs.size()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("expected ", g.size(), " input tensors, got ", inputs.size()));
         }
         s = g.CheckList(inputs, "input", /*same_shape=*/true);
         if (s.ok() && (inputs[0].sizes() != output.sizes() ||
                        inputs[0].scalar_type() != output.scalar_type())) {
-          s = absl::InvalidArgumentError(
-              absl::StrCat("inputs are ", ShapeText(inputs[0]),
-                           " but the output is ", ShapeText(output)));
+          s = absl::InvalidArgumentError(absl::StrCat("inputs are ", ShapeText(inputs[0]),
+                                                      " but the output is ", ShapeText(output)));
         }
         return s;
       },
@@ -599,17 +553,14 @@ WorkPtr ProcessGroup::AllToAll(at::Tensor output, at::Tensor input) {
         if (s.ok()) s = g.CheckTensor(output, "output");
         if (!s.ok()) return s;
         *fp = absl::StrCat("all_to_all ", ShapeText(input));
-        if (input.sizes() != output.sizes() ||
-            input.scalar_type() != output.scalar_type()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("output is ", ShapeText(output),
-                           " but the input is ", ShapeText(input)));
+        if (input.sizes() != output.sizes() || input.scalar_type() != output.scalar_type()) {
+          return absl::InvalidArgumentError(absl::StrCat("output is ", ShapeText(output),
+                                                         " but the input is ", ShapeText(input)));
         }
         if (input.dim() == 0 || input.size(0) % g.size() != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("input ", ShapeText(input),
-                           " does not split evenly along dim 0 into ",
-                           g.size(), " chunks"));
+          return absl::InvalidArgumentError(absl::StrCat("input ", ShapeText(input),
+                                                         " does not split evenly along dim 0 into ",
+                                                         g.size(), " chunks"));
         }
         return absl::OkStatus();
       },
@@ -639,9 +590,7 @@ WorkPtr ProcessGroup::Send(at::Tensor tensor, int dst, uint32_t tag) {
         if (s.ok()) s = g.CheckPeer(dst);
         return s;
       },
-      [&](Backend& b, const OpInfo& info) {
-        return b.Send(info, std::move(tensor), dst, tag);
-      });
+      [&](Backend& b, const OpInfo& info) { return b.Send(info, std::move(tensor), dst, tag); });
 }
 
 WorkPtr ProcessGroup::Recv(at::Tensor tensor, int src, uint32_t tag) {
@@ -654,16 +603,13 @@ WorkPtr ProcessGroup::Recv(at::Tensor tensor, int src, uint32_t tag) {
         if (s.ok()) s = g.CheckPeer(src);
         return s;
       },
-      [&](Backend& b, const OpInfo& info) {
-        return b.Recv(info, std::move(tensor), src, tag);
-      });
+      [&](Backend& b, const OpInfo& info) { return b.Recv(info, std::move(tensor), src, tag); });
 }
 
 absl::StatusOr<ProcessGroup> ProcessGroup::NewGroup(std::vector<int> ranks,
                                                     absl::string_view name) {
   if (!state_) {
-    return absl::FailedPreconditionError(
-        "new_group: the process group is not initialised");
+    return absl::FailedPreconditionError("new_group: the process group is not initialised");
   }
   return state_->NewGroup(std::move(ranks), name);
 }

@@ -58,9 +58,8 @@ class ProcessGroup {
   // Joins the group `options.name` of `world_size` ranks through `store`
   // (every rank calls this with the same name). Blocks for the rendezvous,
   // at most options.timeout; the error names the ranks that did not join.
-  static absl::StatusOr<ProcessGroup> Create(std::shared_ptr<store::Store> store,
-                                             int rank, int world_size,
-                                             BackendFactory backend,
+  static absl::StatusOr<ProcessGroup> Create(std::shared_ptr<store::Store> store, int rank,
+                                             int world_size, BackendFactory backend,
                                              GroupOptions options = {});
 
   // A handle to no group: every op fails with FAILED_PRECONDITION.
@@ -86,12 +85,10 @@ class ProcessGroup {
   // Collectives. Tensors are modified in place.
   // A list holds one tensor per device (the *_multigpu pattern); Gloo
   // reduces a list of CPU tensors too.
-  WorkPtr AllReduce(std::vector<at::Tensor> tensors,
-                    ReduceOp op = ReduceOp::kSum);
+  WorkPtr AllReduce(std::vector<at::Tensor> tensors, ReduceOp op = ReduceOp::kSum);
   WorkPtr Broadcast(std::vector<at::Tensor> tensors, int root);
   // Result in tensors[0] on `root`; other tensors are left unspecified.
-  WorkPtr Reduce(std::vector<at::Tensor> tensors, int root,
-                 ReduceOp op = ReduceOp::kSum);
+  WorkPtr Reduce(std::vector<at::Tensor> tensors, int root, ReduceOp op = ReduceOp::kSum);
   // outputs: `size()` tensors shaped like `input`.
   WorkPtr AllGather(std::vector<at::Tensor> outputs, at::Tensor input);
   // outputs: `size()` tensors on root, empty on the others.
@@ -113,8 +110,7 @@ class ProcessGroup {
   // rank of this group must call it, in the same order relative to other
   // NewGroup calls; ranks outside `ranks` get a handle with is_member() ==
   // false whose ops fail with FAILED_PRECONDITION.
-  absl::StatusOr<ProcessGroup> NewGroup(std::vector<int> ranks,
-                                        absl::string_view name = "");
+  absl::StatusOr<ProcessGroup> NewGroup(std::vector<int> ranks, absl::string_view name = "");
 
   // Finishes queued ops (at most `timeout`), aborts the rest, and releases the
   // backend. Later ops on any copy of this handle fail with

@@ -7,25 +7,22 @@
 
 namespace baton::comm {
 
-absl::StatusOr<DistributedSampler> DistributedSampler::Create(
-    int64_t size, int replicas, int rank, SamplerOptions options) {
+absl::StatusOr<DistributedSampler> DistributedSampler::Create(int64_t size, int replicas, int rank,
+                                                              SamplerOptions options) {
   if (size < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DistributedSampler: dataset size ", size, " < 0"));
   }
   if (replicas < 1 || rank < 0 || rank >= replicas) {
     return absl::InvalidArgumentError(
-        absl::StrCat("DistributedSampler: rank ", rank,
-                     " is not in [0, replicas=", replicas, ")"));
+        absl::StrCat("DistributedSampler: rank ", rank, " is not in [0, replicas=", replicas, ")"));
   }
   return DistributedSampler(size, replicas, rank, options);
 }
 
-DistributedSampler::DistributedSampler(int64_t size, int replicas, int rank,
-                                       SamplerOptions options)
+DistributedSampler::DistributedSampler(int64_t size, int replicas, int rank, SamplerOptions options)
     : size_(size), replicas_(replicas), rank_(rank), options_(options) {
-  num_samples_ = options_.drop_last ? size_ / replicas_
-                                    : (size_ + replicas_ - 1) / replicas_;
+  num_samples_ = options_.drop_last ? size_ / replicas_ : (size_ + replicas_ - 1) / replicas_;
 }
 
 std::vector<int64_t> DistributedSampler::Indices() const {

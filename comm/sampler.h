@@ -31,8 +31,7 @@ struct SamplerOptions {
 class DistributedSampler {
  public:
   // INVALID_ARGUMENT unless size >= 0, replicas >= 1, 0 <= rank < replicas.
-  static absl::StatusOr<DistributedSampler> Create(int64_t size, int replicas,
-                                                   int rank,
+  static absl::StatusOr<DistributedSampler> Create(int64_t size, int replicas, int rank,
                                                    SamplerOptions options = {});
 
   void SetEpoch(uint64_t epoch) { epoch_ = epoch; }
@@ -44,8 +43,7 @@ class DistributedSampler {
   int64_t num_samples() const { return num_samples_; }
 
  private:
-  DistributedSampler(int64_t size, int replicas, int rank,
-                     SamplerOptions options);
+  DistributedSampler(int64_t size, int replicas, int rank, SamplerOptions options);
 
   int64_t size_;
   int replicas_;

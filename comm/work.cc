@@ -11,8 +11,7 @@ namespace baton::comm {
 
 Work::Work(std::string description) : description_(std::move(description)) {}
 
-std::shared_ptr<Work> Work::Completed(std::string description,
-                                      absl::Status status) {
+std::shared_ptr<Work> Work::Completed(std::string description, absl::Status status) {
   auto work = std::make_shared<Work>(std::move(description));
   work->MarkCompleted(std::move(status));
   return work;
@@ -21,8 +20,7 @@ std::shared_ptr<Work> Work::Completed(std::string description,
 absl::Status Work::Wait(absl::Duration timeout) {
   if (!done_hint_.load(std::memory_order_acquire)) {
     const auto spin_end =
-        std::chrono::steady_clock::now() +
-        absl::ToChronoNanoseconds(std::min(kWaitSpin, timeout));
+        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(std::min(kWaitSpin, timeout));
     while (!done_hint_.load(std::memory_order_acquire) &&
            std::chrono::steady_clock::now() < spin_end) {
 #if defined(__x86_64__)
@@ -31,19 +29,16 @@ absl::Status Work::Wait(absl::Duration timeout) {
     }
   }
   absl::MutexLock lock(&mu_);
-  const bool done =
-      mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
+  const bool done = mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
   if (!done) {
     return absl::DeadlineExceededError(
-        absl::StrCat(description_, ": not complete after waiting ",
-                     DurationText(timeout)));
+        absl::StrCat(description_, ": not complete after waiting ", DurationText(timeout)));
   }
   return status_;
 }
 
 absl::Status Work::WaitOnStream() {
-  return absl::UnimplementedError(
-      absl::StrCat(description_, ": has no GPU end event to wait on"));
+  return absl::UnimplementedError(absl::StrCat(description_, ": has no GPU end event to wait on"));
 }
 
 bool Work::IsCompleted() const {

@@ -5,9 +5,9 @@
 // timeout; a timed-out Wait does not cancel the op (the op has its own
 // deadline, the group's timeout). Wait first spins for up to kWaitSpin on
 // the completion flag before it sleeps, so a short op (a GPU all-reduce of
-// tens of microseconds) is not charged a thread wake-up. Callbacks added with OnComplete run exactly
-// once, on the thread that completes the work (or inline if already done);
-// they must not block.
+// tens of microseconds) is not charged a thread wake-up. Callbacks added with OnComplete run
+// exactly once, on the thread that completes the work (or inline if already done); they must not
+// block.
 //
 // Thread-safety: safe for concurrent use. Backends call MarkCompleted.
 #ifndef BATON_COMM_WORK_H_
@@ -38,8 +38,7 @@ class Work {
   Work& operator=(const Work&) = delete;
 
   // A Work that is already complete with `status`.
-  static std::shared_ptr<Work> Completed(std::string description,
-                                         absl::Status status);
+  static std::shared_ptr<Work> Completed(std::string description, absl::Status status);
 
   // Waits for completion, at most `timeout`. Returns the op's status, or
   // DEADLINE_EXCEEDED naming the op if it is still running.
@@ -69,8 +68,7 @@ class Work {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> done_hint_{false};  // set after done_, read without mu_
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(const absl::Status&)>> callbacks_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(const absl::Status&)>> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 using WorkPtr = std::shared_ptr<Work>;

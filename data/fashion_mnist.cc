@@ -24,11 +24,10 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
   image_options.noun = "images";
   absl::StatusOr<IdxArray> images = ReadIdxUint8(images_path, 3, image_options);
   if (!images.ok()) return images.status();
-  if (images->dims[1] != kFashionMnistRows ||
-      images->dims[2] != kFashionMnistCols) {
-    return absl::DataLossError(absl::StrCat(
-        images_path, ": images are ", images->dims[1], "x", images->dims[2],
-        " pixels, expected ", kFashionMnistRows, "x", kFashionMnistCols));
+  if (images->dims[1] != kFashionMnistRows || images->dims[2] != kFashionMnistCols) {
+    return absl::DataLossError(absl::StrCat(images_path, ": images are ", images->dims[1], "x",
+                                            images->dims[2], " pixels, expected ",
+                                            kFashionMnistRows, "x", kFashionMnistCols));
   }
 
   IdxReadOptions label_options;
@@ -38,16 +37,15 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
 
   const int64_t n = images->dims[0];
   if (labels->dims[0] != images->dims[0]) {
-    return absl::DataLossError(absl::StrCat(
-        "count mismatch: ", images_path, " holds ", images->dims[0],
-        " images but ", labels_path, " holds ", labels->dims[0], " labels"));
+    return absl::DataLossError(absl::StrCat("count mismatch: ", images_path, " holds ",
+                                            images->dims[0], " images but ", labels_path, " holds ",
+                                            labels->dims[0], " labels"));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (labels->values[static_cast<size_t>(i)] >= kFashionMnistClasses) {
-      return absl::DataLossError(
-          absl::StrCat(labels_path, ": label ", i, " is ",
-                       int{labels->values[static_cast<size_t>(i)]},
-                       ", outside 0..", kFashionMnistClasses - 1));
+      return absl::DataLossError(absl::StrCat(labels_path, ": label ", i, " is ",
+                                              int{labels->values[static_cast<size_t>(i)]},
+                                              ", outside 0..", kFashionMnistClasses - 1));
     }
   }
 
@@ -55,21 +53,18 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
   try {
     const int64_t pixels = int64_t{kFashionMnistRows} * kFashionMnistCols;
     Split split;
-    split.images =
-        torch::from_blob(images->values.data(), {n, pixels}, torch::kUInt8)
-            .to(torch::kFloat32)
-            .div_(255.0)
-            .sub_(kFashionMnistMean)
-            .div_(kFashionMnistStd);
-    split.labels = torch::from_blob(labels->values.data(), {n}, torch::kUInt8)
-                       .to(torch::kInt64);
+    split.images = torch::from_blob(images->values.data(), {n, pixels}, torch::kUInt8)
+                       .to(torch::kFloat32)
+                       .div_(255.0)
+                       .sub_(kFashionMnistMean)
+                       .div_(kFashionMnistStd);
+    split.labels = torch::from_blob(labels->values.data(), {n}, torch::kUInt8).to(torch::kInt64);
     return split;
   } catch (const std::bad_alloc& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        images_path, ": out of memory building the tensors: ", e.what()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(images_path, ": out of memory building the tensors: ", e.what()));
   } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat(images_path, ": cannot build the tensors: ", e.what()));
+    return absl::InternalError(absl::StrCat(images_path, ": cannot build the tensors: ", e.what()));
   }
 }
 

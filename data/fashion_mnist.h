@@ -22,8 +22,7 @@
 
 namespace baton::data {
 
-inline constexpr char kDefaultFashionMnistDir[] =
-    "/usr/share/datasets/fashion-mnist";
+inline constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 
 // Per-pixel statistics of the training images scaled to [0, 1].
 inline constexpr double kFashionMnistMean = 0.2860;

@@ -119,8 +119,8 @@ std::shared_ptr<ContextState> Container::Find(int64_t id) const {
   return it == contexts_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
-    int64_t id, rpc::RpcAgent* agent) {
+absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(int64_t id,
+                                                                     rpc::RpcAgent* agent) {
   // A participant releases the contexts of a creator that dies (D4): listen
   // to this agent's peer failures from the first context it brings.
   bool watch = false;
@@ -138,15 +138,15 @@ absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(
   auto it = contexts_.find(id);
   if (it != contexts_.end()) return it->second;
   if (released_.contains(id)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("distributed autograd context ", id, " was already released on worker '",
-                     WorkerName(agent), "'"));
+    return absl::FailedPreconditionError(absl::StrCat("distributed autograd context ", id,
+                                                      " was already released on worker '",
+                                                      WorkerName(agent), "'"));
   }
   if (contexts_.size() >= kMaxLiveContexts) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "worker '", WorkerName(agent), "' already holds ", contexts_.size(),
-        " distributed autograd contexts, the most it keeps; context ", id,
-        " was refused (contexts end when their dist_autograd::Context does)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("worker '", WorkerName(agent), "' already holds ", contexts_.size(),
+                     " distributed autograd contexts, the most it keeps; context ", id,
+                     " was refused (contexts end when their dist_autograd::Context does)"));
   }
   auto state = std::make_shared<ContextState>(id);
   contexts_[id] = state;
@@ -320,8 +320,7 @@ absl::Status AutogradHook::OnReceive(const rpc::MessageInfo& message,
   if (!state.ok()) return state.status();
   (*state)->AddParticipant(message.peer);
   if (tag->grad_indices_size() == 0) return absl::OkStatus();
-  auto node = std::make_shared<RecvRpcBackward>(tag->context_id(), message.peer,
-                                                tag->message_id());
+  auto node = std::make_shared<RecvRpcBackward>(tag->context_id(), message.peer, tag->message_id());
   for (uint32_t index : tag->grad_indices()) {
     if (index >= tensors.size() || !tensors[index]->defined() ||
         !(tensors[index]->is_floating_point() || tensors[index]->is_complex())) {
@@ -473,9 +472,10 @@ absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Ten
   if (!state.ok()) return state.status();
   if (!leaf.defined() || !grad.defined() || grad.sizes() != leaf.sizes() ||
       grad.scalar_type() != leaf.scalar_type()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SetGradient in context ", context_id, ": the gradient must match its tensor's shape and "
-        "dtype"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetGradient in context ", context_id,
+                     ": the gradient must match its tensor's shape and "
+                     "dtype"));
   }
   (*state)->SetGradient(leaf, std::move(grad));
   return absl::OkStatus();

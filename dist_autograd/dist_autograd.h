@@ -116,7 +116,7 @@ namespace baton::dist_autograd {
 namespace internal {
 class Container;
 struct AgentLink;
-}
+}  // namespace internal
 
 // Installs distributed autograd on a worker's registry: the call hook and the
 // handlers for gradient and release messages. Call once per registry, on

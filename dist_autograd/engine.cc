@@ -23,7 +23,8 @@ using torch::autograd::edge_list;
 using torch::autograd::Node;
 
 bool IsOutputNode(Node* n) {
-  return dynamic_cast<AccumulateGrad*>(n) != nullptr || dynamic_cast<RecvRpcBackward*>(n) != nullptr;
+  return dynamic_cast<AccumulateGrad*>(n) != nullptr ||
+         dynamic_cast<RecvRpcBackward*>(n) != nullptr;
 }
 
 // The engine's outputs for a run from `roots`: every leaf accumulator and
@@ -64,8 +65,8 @@ struct RecvGrads {
 absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, const edge_list& roots,
                                                const std::vector<at::Tensor>& grads) {
   if (roots.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("expected ", roots.size(),
-                                                   " gradients, got ", grads.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", roots.size(), " gradients, got ", grads.size()));
   }
   absl::MutexLock exec(&ctx.exec_mu());
   // Root edges that point straight at an output are captured here; the
@@ -113,9 +114,9 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, const edge_lis
     }
     auto* recv = static_cast<RecvRpcBackward*>(n);
     if (recv->context_id() != ctx.id()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "backward of distributed autograd context ", ctx.id(),
-          " reached a tensor received in context ", recv->context_id()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("backward of distributed autograd context ", ctx.id(),
+                       " reached a tensor received in context ", recv->context_id()));
     }
     auto [it, inserted] = recv_index.emplace(n, recvs.size());
     if (inserted) recvs.push_back({edge.function, std::vector<at::Tensor>(n->num_inputs())});
@@ -195,21 +196,21 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
         auto state = c->Find(context_id);
         if (state == nullptr) {
           return rpc::MakeErrorFuture<bool>(absl::FailedPreconditionError(
-              absl::StrCat("distributed autograd context ", context_id, " is not known on ",
-                           where, " (released, or never reached it)")));
+              absl::StrCat("distributed autograd context ", context_id, " is not known on ", where,
+                           " (released, or never reached it)")));
         }
         auto edges = state->SendEdges(message_id);
         if (!edges.ok()) return rpc::MakeErrorFuture<bool>(Annotate(edges.status(), where));
         if (edges->size() != grads.size()) {
-          return rpc::MakeErrorFuture<bool>(absl::InvalidArgumentError(absl::StrCat(
-              where, ": send function ", message_id, " has ", edges->size(),
-              " tensors but got ", grads.size(), " gradients")));
+          return rpc::MakeErrorFuture<bool>(absl::InvalidArgumentError(
+              absl::StrCat(where, ": send function ", message_id, " has ", edges->size(),
+                           " tensors but got ", grads.size(), " gradients")));
         }
         auto outgoing = RunLocal(*state, *edges, grads);
         if (!outgoing.ok()) {
-          return rpc::MakeErrorFuture<bool>(Annotate(
-              outgoing.status(),
-              absl::StrCat("distributed autograd context ", context_id, " on ", where)));
+          return rpc::MakeErrorFuture<bool>(
+              Annotate(outgoing.status(),
+                       absl::StrCat("distributed autograd context ", context_id, " on ", where)));
         }
         return SendGradients(*call.agent, *std::move(outgoing), call.deadline);
       });
@@ -244,12 +245,12 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
   for (size_t i = 0; i < roots.size(); ++i) {
     const at::Tensor& r = roots[i];
     if (!r.defined() || !r.requires_grad() || r.numel() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": root ", i, " must be a one-element tensor that requires grad (got ",
-          !r.defined() ? std::string("an undefined tensor")
-                       : absl::StrCat(r.numel(), " elements, requires_grad=",
-                                      r.requires_grad() ? "true" : "false"),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": root ", i, " must be a one-element tensor that requires grad (got ",
+                       !r.defined() ? std::string("an undefined tensor")
+                                    : absl::StrCat(r.numel(), " elements, requires_grad=",
+                                                   r.requires_grad() ? "true" : "false"),
+                       ")"));
     }
     edges.push_back(torch::autograd::impl::gradient_edge(r));
     grads.push_back(at::ones_like(r, at::MemoryFormat::Preserve));

@@ -157,7 +157,8 @@ absl::Status DistributedOptimizer::Step(int64_t context_id) {
 
 absl::StatusOr<std::map<std::string, std::string>> DistributedOptimizer::SaveState() {
   std::vector<rpc::Future<std::string>> saves;
-  for (const Owner& o : owners_) saves.push_back(o.optimizer.rpc_async(&LocalOptimizer::save_state));
+  for (const Owner& o : owners_)
+    saves.push_back(o.optimizer.rpc_async(&LocalOptimizer::save_state));
   if (absl::Status s = WaitEach(saves, owners_, timeout_, "DistributedOptimizer: saving the state");
       !s.ok()) {
     return s;
@@ -175,9 +176,9 @@ absl::Status DistributedOptimizer::LoadState(const std::map<std::string, std::st
     }
   }
   if (state.size() != owners_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributedOptimizer: the saved state has ", state.size(), " owners, this optimizer ",
-        owners_.size()));
+    return absl::InvalidArgumentError(absl::StrCat("DistributedOptimizer: the saved state has ",
+                                                   state.size(), " owners, this optimizer ",
+                                                   owners_.size()));
   }
   std::vector<rpc::Future<bool>> loads;
   for (const Owner& o : owners_) {

@@ -259,21 +259,11 @@ absl::Status FunctionalOptimizer::Step(const std::vector<at::Tensor>& grads) {
       at::Tensor p = params_[i];
       ParamState& s = *state_[i];
       switch (options_.kind) {
-        case OptimizerKind::kSGD:
-          StepSGD(options_, p, grads[i], s);
-          break;
-        case OptimizerKind::kAdam:
-          StepAdam(options_, /*decoupled=*/false, p, grads[i], s);
-          break;
-        case OptimizerKind::kAdamW:
-          StepAdam(options_, /*decoupled=*/true, p, grads[i], s);
-          break;
-        case OptimizerKind::kAdagrad:
-          StepAdagrad(options_, p, grads[i], s);
-          break;
-        case OptimizerKind::kRMSprop:
-          StepRMSprop(options_, p, grads[i], s);
-          break;
+        case OptimizerKind::kSGD: StepSGD(options_, p, grads[i], s); break;
+        case OptimizerKind::kAdam: StepAdam(options_, /*decoupled=*/false, p, grads[i], s); break;
+        case OptimizerKind::kAdamW: StepAdam(options_, /*decoupled=*/true, p, grads[i], s); break;
+        case OptimizerKind::kAdagrad: StepAdagrad(options_, p, grads[i], s); break;
+        case OptimizerKind::kRMSprop: StepRMSprop(options_, p, grads[i], s); break;
       }
     }
   } catch (const std::exception& e) {

@@ -23,8 +23,7 @@ bool KnownKind(OptimizerKind kind) {
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdagrad:
-    case OptimizerKind::kRMSprop:
-      return true;
+    case OptimizerKind::kRMSprop: return true;
   }
   return false;
 }
@@ -51,16 +50,11 @@ absl::Status Check(bool ok, const OptimizerOptions& o, const char* field, double
 
 const char* KindName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSGD:
-      return "SGD";
-    case OptimizerKind::kAdam:
-      return "Adam";
-    case OptimizerKind::kAdamW:
-      return "AdamW";
-    case OptimizerKind::kAdagrad:
-      return "Adagrad";
-    case OptimizerKind::kRMSprop:
-      return "RMSprop";
+    case OptimizerKind::kSGD: return "SGD";
+    case OptimizerKind::kAdam: return "Adam";
+    case OptimizerKind::kAdamW: return "AdamW";
+    case OptimizerKind::kAdagrad: return "Adagrad";
+    case OptimizerKind::kRMSprop: return "RMSprop";
   }
   return "Unknown";
 }

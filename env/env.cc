@@ -22,21 +22,21 @@ std::optional<std::string> ProcessLookup(absl::string_view name) {
 
 // Reads an integer variable. `required`: NOT_FOUND when unset; otherwise
 // `fallback` is used.
-absl::StatusOr<int> ReadInt(const EnvLookup& lookup, absl::string_view name,
-                            bool required, int fallback) {
+absl::StatusOr<int> ReadInt(const EnvLookup& lookup, absl::string_view name, bool required,
+                            int fallback) {
   std::optional<std::string> v = lookup(name);
   if (!v.has_value()) {
     if (required) {
-      return absl::NotFoundError(absl::StrCat(
-          "environment variable ", name,
-          " is not set (start the program with baton-run, or set it)"));
+      return absl::NotFoundError(
+          absl::StrCat("environment variable ", name,
+                       " is not set (start the program with baton-run, or set it)"));
     }
     return fallback;
   }
   int out = 0;
   if (!absl::SimpleAtoi(*v, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable ", name, "='", *v, "' is not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", *v, "' is not an integer"));
   }
   return out;
 }
@@ -50,11 +50,11 @@ bool is_elastic_launched() {
 
 absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
   LaunchEnv env;
-#define BATON_READ_INT(field, name, required, fallback)      \
-  do {                                                       \
-    auto v = ReadInt(lookup, name, required, fallback);      \
-    if (!v.ok()) return v.status();                          \
-    env.field = *v;                                          \
+#define BATON_READ_INT(field, name, required, fallback) \
+  do {                                                  \
+    auto v = ReadInt(lookup, name, required, fallback); \
+    if (!v.ok()) return v.status();                     \
+    env.field = *v;                                     \
   } while (0)
   BATON_READ_INT(rank, kEnvRank, true, 0);
   BATON_READ_INT(world_size, kEnvWorldSize, true, 1);
@@ -71,9 +71,9 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
 
   std::optional<std::string> addr = lookup(kEnvMasterAddr);
   if (!addr.has_value() || addr->empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "environment variable ", kEnvMasterAddr,
-        " is not set (start the program with baton-run, or set it)"));
+    return absl::NotFoundError(
+        absl::StrCat("environment variable ", kEnvMasterAddr,
+                     " is not set (start the program with baton-run, or set it)"));
   }
   env.master_addr = *addr;
   env.run_id = lookup(kEnvRunId).value_or("");
@@ -86,44 +86,33 @@ absl::StatusOr<LaunchEnv> ReadLaunchEnv(const EnvLookup& lookup) {
     return absl::StrCat(a, "=", av, " and ", b, "=", bv);
   };
   const std::pair<bool, std::string> checks[] = {
-      {env.world_size >= 1,
-       absl::StrCat(kEnvWorldSize, "=", env.world_size, " is below 1")},
+      {env.world_size >= 1, absl::StrCat(kEnvWorldSize, "=", env.world_size, " is below 1")},
       {env.rank >= 0 && env.rank < env.world_size,
        pair(kEnvRank, env.rank, kEnvWorldSize, env.world_size)},
       {env.local_world_size >= 1 && env.local_world_size <= env.world_size,
-       pair(kEnvLocalWorldSize, env.local_world_size, kEnvWorldSize,
-            env.world_size)},
+       pair(kEnvLocalWorldSize, env.local_world_size, kEnvWorldSize, env.world_size)},
       {env.local_rank >= 0 && env.local_rank < env.local_world_size,
-       pair(kEnvLocalRank, env.local_rank, kEnvLocalWorldSize,
-            env.local_world_size)},
-      {env.group_world_size >= 1 && env.group_rank >= 0 &&
-           env.group_rank < env.group_world_size,
-       pair(kEnvGroupRank, env.group_rank, kEnvGroupWorldSize,
-            env.group_world_size)},
-      {env.role_world_size >= 1 && env.role_world_size <= env.world_size &&
-           env.role_rank >= 0 && env.role_rank < env.role_world_size,
-       pair(kEnvRoleRank, env.role_rank, kEnvRoleWorldSize,
-            env.role_world_size)},
+       pair(kEnvLocalRank, env.local_rank, kEnvLocalWorldSize, env.local_world_size)},
+      {env.group_world_size >= 1 && env.group_rank >= 0 && env.group_rank < env.group_world_size,
+       pair(kEnvGroupRank, env.group_rank, kEnvGroupWorldSize, env.group_world_size)},
+      {env.role_world_size >= 1 && env.role_world_size <= env.world_size && env.role_rank >= 0 &&
+           env.role_rank < env.role_world_size,
+       pair(kEnvRoleRank, env.role_rank, kEnvRoleWorldSize, env.role_world_size)},
       {env.master_port >= 1 && env.master_port <= 65535,
-       absl::StrCat(kEnvMasterPort, "=", env.master_port,
-                    " is not a TCP port")},
+       absl::StrCat(kEnvMasterPort, "=", env.master_port, " is not a TCP port")},
       {env.restart_count >= 0 && env.max_restarts >= 0,
-       pair(kEnvRestartCount, env.restart_count, kEnvMaxRestarts,
-            env.max_restarts)},
+       pair(kEnvRestartCount, env.restart_count, kEnvMaxRestarts, env.max_restarts)},
       {!env.role.empty(), absl::StrCat(kEnvRole, " is empty")},
   };
   for (const auto& [ok, what] : checks) {
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("inconsistent launcher environment: ", what));
+      return absl::InvalidArgumentError(absl::StrCat("inconsistent launcher environment: ", what));
     }
   }
   return env;
 }
 
-absl::StatusOr<LaunchEnv> ReadLaunchEnv() {
-  return ReadLaunchEnv(ProcessLookup);
-}
+absl::StatusOr<LaunchEnv> ReadLaunchEnv() { return ReadLaunchEnv(ProcessLookup); }
 
 std::string JsonQuote(absl::string_view s) {
   std::string out = "\"";
@@ -148,8 +137,7 @@ std::string JsonQuote(absl::string_view s) {
   return out;
 }
 
-absl::Status WriteErrorFile(const std::string& path,
-                            const ErrorReport& report) {
+absl::Status WriteErrorFile(const std::string& path, const ErrorReport& report) {
   std::string json = absl::StrCat("{\"message\": ", JsonQuote(report.message));
   if (!report.error_type.empty()) {
     absl::StrAppend(&json, ", \"error_type\": ", JsonQuote(report.error_type));
@@ -161,16 +149,14 @@ absl::Status WriteErrorFile(const std::string& path,
     std::optional<std::string> v = ProcessLookup(name);
     int n = 0;
     if (v.has_value() && absl::SimpleAtoi(*v, &n)) {
-      absl::StrAppend(&json, ", \"", name == kEnvRank ? "rank" : "role_rank",
-                      "\": ", n);
+      absl::StrAppend(&json, ", \"", name == kEnvRank ? "rank" : "role_rank", "\": ", n);
     }
   }
   if (std::optional<std::string> role = ProcessLookup(kEnvRole)) {
     absl::StrAppend(&json, ", \"role\": ", JsonQuote(*role));
   }
   absl::StrAppend(&json, ", \"pid\": ", ::getpid(), ", \"timestamp\": ",
-                  JsonQuote(absl::FormatTime(absl::RFC3339_sec, absl::Now(),
-                                             absl::UTCTimeZone())),
+                  JsonQuote(absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())),
                   "}\n");
 
   absl::Status s = WriteFileAtomically(path, {json});

@@ -120,8 +120,7 @@ struct ErrorReport {
 //   {"message": ..., "error_type": ..., "details": ..., "rank": 3,
 //    "role": "trainer", "pid": 1234, "timestamp": "2024-...Z"}
 // Fails with the path and errno text if the file cannot be written.
-absl::Status WriteErrorFile(const std::string& path,
-                            const ErrorReport& report);
+absl::Status WriteErrorFile(const std::string& path, const ErrorReport& report);
 // Writes to $BATON_ERROR_FILE; FAILED_PRECONDITION when it is not set.
 absl::Status WriteErrorFile(const ErrorReport& report);
 

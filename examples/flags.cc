@@ -52,12 +52,14 @@ absl::Status FlagSet::Parse(int argc, char** argv) {
       } else if (value == "false" || value == "0") {
         **b = false;
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("--", arg, ": '", value, "' is not a boolean"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", arg, ": '", value, "' is not a boolean"));
       }
       continue;
     }
     if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", arg, " needs a value"));
+      if (i + 1 >= argc)
+        return absl::InvalidArgumentError(absl::StrCat("--", arg, " needs a value"));
       value = argv[++i];
     }
     bool ok = true;

@@ -54,8 +54,8 @@
 #include "base/status.h"
 #include "comm/sampler.h"
 #include "data/fashion_mnist.h"
-#include "examples/flags.h"
 #include "env/env.h"
+#include "examples/flags.h"
 #include "ps/client.h"
 #include "ps/module_binding.h"
 #include "ps/server.h"
@@ -223,8 +223,7 @@ double Evaluate(torch::nn::Sequential& model, const data::Split& split) {
 absl::StatusOr<std::pair<int64_t, double>> Train(const Flags& flags, const std::string& who,
                                                  int rank, int num_trainers,
                                                  const data::Split& train,
-                                                 torch::nn::Sequential& model,
-                                                 ps::PsClient& client,
+                                                 torch::nn::Sequential& model, ps::PsClient& client,
                                                  ps::ModuleBinding& binding) {
   comm::SamplerOptions so;
   so.seed = 1000;  // shuffle: a new permutation every epoch, the same on every trainer
@@ -263,8 +262,8 @@ absl::StatusOr<std::pair<int64_t, double>> Train(const Flags& flags, const std::
     ++window_steps;
     if ((step + 1) % flags.log_every == 0 || step + 1 == total) {
       const absl::Time now = absl::Now();
-      std::printf("[%s] step %lld loss %.3f acc %.2f samples/s %.0f staleness %lld\n",
-                  who.c_str(), static_cast<long long>(step + 1), window_loss / window_steps,
+      std::printf("[%s] step %lld loss %.3f acc %.2f samples/s %.0f staleness %lld\n", who.c_str(),
+                  static_cast<long long>(step + 1), window_loss / window_steps,
                   static_cast<double>(window_correct) / window_samples,
                   window_samples / absl::ToDoubleSeconds(now - window_begin),
                   static_cast<long long>(client.max_staleness()));
@@ -286,8 +285,9 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
     return Fail(who, "starting", absl::InvalidArgumentError("the job has no ps role workers"));
   }
   const std::string dir = data::FashionMnistDir();
-  const std::string hint = " (install Debian's dataset-fashion-mnist, or set "
-                           "BATON_FASHION_MNIST_DIR to a directory with the four .gz files)";
+  const std::string hint =
+      " (install Debian's dataset-fashion-mnist, or set "
+      "BATON_FASHION_MNIST_DIR to a directory with the four .gz files)";
   auto train = data::LoadFashionMnist(dir, /*train=*/true);
   if (!train.ok()) return Fail(who, "loading the training split" + hint, train.status());
   absl::StatusOr<data::Split> test;
@@ -311,8 +311,8 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
   auto binding = ps::ModuleBinding::Create(**client, *model, "mlp");
   if (!binding.ok()) return Fail(who, "binding the model to the servers", binding.status());
   std::printf("[%s] %lld training images, %d trainers, %d servers, %s, lr %g, batch %lld\n",
-              who.c_str(), static_cast<long long>(train->labels.size(0)), num_trainers,
-              num_servers, spec->consistency.DebugString().c_str(), flags.lr,
+              who.c_str(), static_cast<long long>(train->labels.size(0)), num_trainers, num_servers,
+              spec->consistency.DebugString().c_str(), flags.lr,
               static_cast<long long>(flags.batch_size));
 
   auto trained = Train(flags, who, rank, num_trainers, *train, model, **client, *binding);
@@ -338,10 +338,11 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
     for (const ps::ShardStats& st : *stats) {
       std::printf("[%s] %s\n", who.c_str(), st.DebugString().c_str());
     }
-    std::printf("[%s] test accuracy %.4f on %lld images; %.0f samples/s over all trainers; "
-                "max staleness %lld\n",
-                who.c_str(), accuracy, static_cast<long long>(test->labels.size(0)), job_rate,
-                static_cast<long long>((*client)->max_staleness()));
+    std::printf(
+        "[%s] test accuracy %.4f on %lld images; %.0f samples/s over all trainers; "
+        "max staleness %lld\n",
+        who.c_str(), accuracy, static_cast<long long>(test->labels.size(0)), job_rate,
+        static_cast<long long>((*client)->max_staleness()));
     if (accuracy >= flags.min_accuracy) {
       std::printf("RESULT OK: test accuracy %.4f >= %.4f\n", accuracy, flags.min_accuracy);
     } else {
@@ -367,16 +368,15 @@ int main(int argc, char** argv) {
       " [flags]\n(the flags are described at the top of examples/ps_fashion_mnist.cc)");
   auto flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n%s\n", std::string(flags.status().message()).c_str(),
-                 usage.c_str());
+    std::fprintf(stderr, "%s\n%s\n", std::string(flags.status().message()).c_str(), usage.c_str());
     return 2;
   }
   auto env = ReadLaunchEnv();
   auto options = rpc::AgentOptions::FromEnv();
   absl::Status bad = !env.ok() ? env.status() : options.status();
   if (bad.ok() && env->role != "ps" && env->role != "trainer") {
-    bad = absl::InvalidArgumentError(absl::StrCat("BATON_ROLE is '", env->role,
-                                                  "'; the job's roles are ps and trainer"));
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("BATON_ROLE is '", env->role, "'; the job's roles are ps and trainer"));
   }
   if (!bad.ok()) {
     std::fprintf(stderr, "%s\n%s\n", bad.ToString().c_str(), usage.c_str());
@@ -388,7 +388,6 @@ int main(int argc, char** argv) {
     return env->role == "ps" ? RunServer(*flags, *env, *options)
                              : RunTrainer(*flags, *env, *options);
   } catch (const std::exception& e) {  // LibTorch errors, baton::Error
-    return Fail(options->name, "unexpected exception",
-                absl::InternalError(e.what()));
+    return Fail(options->name, "unexpected exception", absl::InternalError(e.what()));
   }
 }

@@ -89,9 +89,10 @@ int Coordinator(RpcAgent& agent, int steps) {
   auto [true_w, true_b] = TrueModel();
   const double w_err = (w - true_w).abs().max().item<double>();
   const double b_err = (b - true_b).abs().max().item<double>();
-  std::printf("trained on %d shards of %lld samples: loss %.6f -> %.6f, max |w - w*| = %.2e, "
-              "|b - b*| = %.2e\n",
-              world - 1, static_cast<long long>(kSamplesPerShard), first_loss, loss, w_err, b_err);
+  std::printf(
+      "trained on %d shards of %lld samples: loss %.6f -> %.6f, max |w - w*| = %.2e, "
+      "|b - b*| = %.2e\n",
+      world - 1, static_cast<long long>(kSamplesPerShard), first_loss, loss, w_err, b_err);
   const bool ok = loss < first_loss * 1e-2 && loss < 1e-3 && w_err < 5e-3 && b_err < 5e-3;
   std::printf("%s\n", ok ? "RESULT OK: the model recovered the generating weights"
                          : "RESULT FAILED: training did not converge");
@@ -126,8 +127,7 @@ int main(int argc, char** argv) {
     (void)registry->Register(grad_fn, [shard](at::Tensor w, at::Tensor b) -> GradResult {
       at::Tensor err = at::matmul(shard->x, w) + b - shard->y;  // [n, 1]
       const double loss = err.pow(2).sum().item<double>();
-      return {2.0 * at::matmul(shard->x.t(), err), 2.0 * err.sum({0}), loss,
-              shard->x.size(0)};
+      return {2.0 * at::matmul(shard->x.t(), err), 2.0 * err.sum({0}), loss, shard->x.size(0)};
     });
   }
   auto agent = RpcAgent::Create(*options, registry);

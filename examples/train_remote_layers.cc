@@ -52,7 +52,7 @@ namespace dist_optim = baton::dist_optim;
 namespace rref = baton::rref;
 
 constexpr int64_t kSamples = 512, kBatch = 64, kHidden = 32;
-constexpr double kNoise = 0.05;        // noise floor of the MSE: 0.0025
+constexpr double kNoise = 0.05;         // noise floor of the MSE: 0.0025
 constexpr double kMaxFinalLoss = 0.05;  // the data's variance is about 0.6
 
 // A linear layer with an optional tanh, held by its owner as a remote object.
@@ -92,17 +92,19 @@ absl::Status Setup(baton::rpc::FunctionRegistry& registry,
   rref::RegisterClass<RemoteLayer>(**rrefs, "RemoteLayer")
       .Constructor<int64_t, int64_t, bool, int64_t>()
       .Method("forward", &RemoteLayer::forward);
-  s = registry.Register(param_rrefs_fn, [](const CallContext& ctx, RRef<RemoteLayer> layer)
-                                            -> absl::StatusOr<std::vector<RRef<at::Tensor>>> {
-    if (!layer.is_owner()) {
-      return absl::FailedPreconditionError("parameter_rrefs must run on the layer's owner");
-    }
-    std::vector<RRef<at::Tensor>> out;
-    for (const at::Tensor& p : layer.local_value()->parameters()) {
-      out.push_back(rref::MakeOwned(*ctx.agent, p));  // the same tensor, shared
-    }
-    return out;
-  });
+  s = registry.Register(
+      param_rrefs_fn,
+      [](const CallContext& ctx,
+         RRef<RemoteLayer> layer) -> absl::StatusOr<std::vector<RRef<at::Tensor>>> {
+        if (!layer.is_owner()) {
+          return absl::FailedPreconditionError("parameter_rrefs must run on the layer's owner");
+        }
+        std::vector<RRef<at::Tensor>> out;
+        for (const at::Tensor& p : layer.local_value()->parameters()) {
+          out.push_back(rref::MakeOwned(*ctx.agent, p));  // the same tensor, shared
+        }
+        return out;
+      });
   if (!s.ok()) return s;
   return registry.Register(live_contexts_fn, [](const CallContext& ctx) {
     return static_cast<int64_t>(dist_autograd::LiveContexts(*ctx.agent).size());
@@ -147,8 +149,8 @@ int Train(RpcAgent& agent, const Flags& flags) {
     return 1;
   }
   std::printf("training %lld parameter tensors on %s with %s\n",
-              static_cast<long long>(params.size()),
-              absl::StrJoin((*opt)->owners(), ", ").c_str(), options.DebugString().c_str());
+              static_cast<long long>(params.size()), absl::StrJoin((*opt)->owners(), ", ").c_str(),
+              options.DebugString().c_str());
 
   const double initial_loss = Evaluate(l1, l2, x, y);
   std::printf("initial loss (full data set) %.5f\n", initial_loss);
@@ -237,8 +239,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options->world_size != 3) {
-    std::fprintf(stderr, "train_remote_layers needs exactly 3 processes (trainer, 2 layers), "
-                         "got %d\n", options->world_size);
+    std::fprintf(stderr,
+                 "train_remote_layers needs exactly 3 processes (trainer, 2 layers), "
+                 "got %d\n",
+                 options->world_size);
     return 2;
   }
   // The layer owners enter Shutdown() at once and wait there for the trainer.

@@ -207,8 +207,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case kBoolVector: Run<std::vector<bool>>(p, hook, true); break;
     case kOptionalStrings: Run<std::optional<std::vector<std::string>>>(p, hook, true); break;
     case kScalars:
-      Run<std::tuple<bool, uint8_t, int16_t, uint32_t, float, double, std::string>>(p, hook,
-                                                                                    true);
+      Run<std::tuple<bool, uint8_t, int16_t, uint32_t, float, double, std::string>>(p, hook, true);
       break;
     case kTree: Run<app::Tree>(p, hook, true); break;
     case kPoints: Run<std::vector<app::Point>>(p, hook, true); break;

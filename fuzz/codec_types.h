@@ -51,8 +51,8 @@ struct Codec<app::Point> {
     EncodeValue(p.features, enc);
   }
   static absl::Status Decode(Decoder& dec, app::Point* p) {
-    for (absl::Status s : {DecodeValue(dec, &p->x), DecodeValue(dec, &p->label),
-                           DecodeValue(dec, &p->features)}) {
+    for (absl::Status s :
+         {DecodeValue(dec, &p->x), DecodeValue(dec, &p->label), DecodeValue(dec, &p->features)}) {
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -63,18 +63,18 @@ struct Codec<app::Point> {
 namespace baton::fuzz {
 // The message types codec_fuzzer decodes, by the input's first byte.
 enum CodecCase : uint8_t {
-  kTensor = 0,           // at::Tensor
-  kTensorVector,         // vector<Tensor>
-  kPropagateArgs,        // tuple<int64, int64, vector<Tensor>> (dist_autograd)
-  kOptionalTensorMap,    // map<string, optional<Tensor>>
-  kNestedUnorderedMap,   // unordered_map<string, vector<pair<string, Tensor>>>
-  kIntCube,              // vector<vector<vector<int32>>>
-  kBoolVector,           // vector<bool>
-  kOptionalStrings,      // optional<vector<string>>
-  kScalars,              // tuple<bool, uint8, int16, uint32, float, double, string>
-  kTree,                 // app::Tree
-  kPoints,               // vector<app::Point>
-  kMixed,                // pair<map<string, Tree>, vector<optional<Point>>>
+  kTensor = 0,          // at::Tensor
+  kTensorVector,        // vector<Tensor>
+  kPropagateArgs,       // tuple<int64, int64, vector<Tensor>> (dist_autograd)
+  kOptionalTensorMap,   // map<string, optional<Tensor>>
+  kNestedUnorderedMap,  // unordered_map<string, vector<pair<string, Tensor>>>
+  kIntCube,             // vector<vector<vector<int32>>>
+  kBoolVector,          // vector<bool>
+  kOptionalStrings,     // optional<vector<string>>
+  kScalars,             // tuple<bool, uint8, int16, uint32, float, double, string>
+  kTree,                // app::Tree
+  kPoints,              // vector<app::Point>
+  kMixed,               // pair<map<string, Tree>, vector<optional<Point>>>
   kNumCodecCases,
 };
 }  // namespace baton::fuzz

@@ -92,8 +92,8 @@ bool HasRecvFunction(const at::Tensor& t) {
 // `ordered`: the value's tensors can be listed in codec order (not so for a
 // map, whose wire order is the sender's).
 template <typename T>
-void Receive(rpc::FunctionRegistry& registry, const Payload& payload, bool is_request,
-             int peer, bool ordered = true) {
+void Receive(rpc::FunctionRegistry& registry, const Payload& payload, bool is_request, int peer,
+             bool ordered = true) {
   const rpc::MessageInfo m{nullptr, is_request, peer, "fuzz"};
   T value{};
   absl::Status s = registry.DecodeReceived(payload, &value, m);
@@ -136,8 +136,8 @@ void Step(rpc::FunctionRegistry& registry, fuzz::FuzzReader& in) {
       p.extensions[internal::kExtension] = tag;
       switch (type % 4) {
         case 0:
-          Receive<std::tuple<int64_t, int64_t, std::vector<at::Tensor>>>(registry, p,
-                                                                         is_request, peer);
+          Receive<std::tuple<int64_t, int64_t, std::vector<at::Tensor>>>(registry, p, is_request,
+                                                                         peer);
           break;
         case 1: Receive<std::vector<at::Tensor>>(registry, p, is_request, peer); break;
         case 2: Receive<at::Tensor>(registry, p, is_request, peer); break;

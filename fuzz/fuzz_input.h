@@ -20,13 +20,12 @@
 
 // Aborts (a crash libFuzzer reports and saves) when a target's invariant
 // does not hold.
-#define FUZZ_CHECK(cond)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "%s:%d: fuzz invariant violated: %s\n", __FILE__,   \
-                   __LINE__, #cond);                                            \
-      std::abort();                                                             \
-    }                                                                           \
+#define FUZZ_CHECK(cond)                                                                       \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::fprintf(stderr, "%s:%d: fuzz invariant violated: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                            \
+    }                                                                                          \
   } while (0)
 
 namespace baton::fuzz {

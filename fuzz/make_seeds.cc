@@ -24,8 +24,8 @@
 #include "proto/dist_autograd.pb.h"
 #include "proto/rref.pb.h"
 #include "proto/store.pb.h"
-#include "rpc/codec.h"
 #include "rpc/channel/shm/shm_channel.h"
+#include "rpc/codec.h"
 #include "rpc/internal/wire.h"
 #include "rref/rref_service.h"
 
@@ -89,8 +89,7 @@ rpc::internal::Frame Request(uint64_t id, const std::string& function, Payload p
 
 void WireSeeds() {
   const Payload args = Encode(std::make_tuple(at::arange(6, at::kFloat), int64_t{3}));
-  Write("wire", "request",
-        FuzzWriter().U8(0).U8(0).Bytes(Packet({Request(1, "add", args)})).str());
+  Write("wire", "request", FuzzWriter().U8(0).U8(0).Bytes(Packet({Request(1, "add", args)})).str());
   Write("wire", "request_in_7_byte_slices",
         FuzzWriter().U8(7).U8(0).Bytes(Packet({Request(1, "add", args)})).str());
 
@@ -99,8 +98,7 @@ void WireSeeds() {
   error.header.set_id(9);
   error.header.set_status_code(5);
   error.header.set_error_message("function 'sub' is not registered");
-  Write("wire", "error_response",
-        FuzzWriter().U8(0).U8(0).Bytes(Packet({std::move(error)})).str());
+  Write("wire", "error_response", FuzzWriter().U8(0).U8(0).Bytes(Packet({std::move(error)})).str());
 
   proto::AutogradTag tag;
   tag.set_context_id((int64_t{1} << 48) | 1);
@@ -120,7 +118,9 @@ void WireSeeds() {
   sb->set_capacity(1 << 20);
   shm.payload.blobs.emplace_back();
   Write("wire", "three_frames",
-        FuzzWriter().U8(3).U8(0)
+        FuzzWriter()
+            .U8(3)
+            .U8(0)
             .Bytes(Packet({Request(1, "f", args), std::move(reply), std::move(shm)}))
             .str());
   Write("wire", "empty_frame",
@@ -129,10 +129,25 @@ void WireSeeds() {
   // blobs of 4 and 0 bytes, the second also listed as a shared-memory blob;
   // then a response with none.
   Write("wire", "fields",
-        FuzzWriter().U8(0).U8(1)
-            .U8(0).U64(10).U8(2).U64(4).U64(0).U8(1).U32(1).U64(40000).Chunk("tag")
+        FuzzWriter()
+            .U8(0)
+            .U8(1)
+            .U8(0)
+            .U64(10)
+            .U8(2)
+            .U64(4)
+            .U64(0)
+            .U8(1)
+            .U32(1)
+            .U64(40000)
+            .Chunk("tag")
             .Chunk("payload!!!blob")
-            .U8(1).U64(0).U8(0).U8(0).Chunk("").Chunk("")
+            .U8(1)
+            .U64(0)
+            .U8(0)
+            .U8(0)
+            .Chunk("")
+            .Chunk("")
             .str());
   // A header that lists far more blob sizes (packed zeros) than its payload
   // of one small tensor can name: refused before anything is allocated for
@@ -198,9 +213,9 @@ void CodecSeeds() {
             std::make_tuple(true, uint8_t{200}, int16_t{-3}, uint32_t{70000}, 1.5f, -2.25,
                             std::string("name")));
   CodecSeed("tree", kTree, MakeTree(3));
-  CodecSeed("points", kPoints,
-            std::vector<app::Point>{{1.0, "p", at::ones({3}, at::kBFloat16)},
-                                    {-2.0, "q", Tensor()}});
+  CodecSeed(
+      "points", kPoints,
+      std::vector<app::Point>{{1.0, "p", at::ones({3}, at::kBFloat16)}, {-2.0, "q", Tensor()}});
   CodecSeed("mixed", kMixed,
             std::make_pair(std::map<std::string, app::Tree>{{"t", MakeTree(2)}},
                            std::vector<std::optional<app::Point>>{
@@ -260,23 +275,50 @@ void StoreSeeds() {
   proto::AddRequest big = add;
   big.set_delta(INT64_MAX - 10);
   Write("store", "add_twice",
-        FuzzWriter().U8(2).U8(0).Chunk(big.SerializeAsString())
-            .U8(2).U8(0).Chunk(add.SerializeAsString()).str());
+        FuzzWriter()
+            .U8(2)
+            .U8(0)
+            .Chunk(big.SerializeAsString())
+            .U8(2)
+            .U8(0)
+            .Chunk(add.SerializeAsString())
+            .str());
   Write("store", "add_to_text",
-        FuzzWriter().U8(0).U8(0).Chunk(set.SerializeAsString())
-            .U8(2).U8(0).Chunk([] {
+        FuzzWriter()
+            .U8(0)
+            .U8(0)
+            .Chunk(set.SerializeAsString())
+            .U8(2)
+            .U8(0)
+            .Chunk([] {
               proto::AddRequest a;
               a.set_key("rank/0");
               a.set_delta(1);
               return a.SerializeAsString();
-            }()).str());
+            }())
+            .str());
   Write("store", "get_missing", FuzzWriter().U8(1).U8(0).Chunk(get.SerializeAsString()).str());
   // From fields (token mode bit 7): Set k1, Add 7 to k0 twice, Wait for both.
   Write("store", "fields",
-        FuzzWriter().U8(0).U8(0x80).U8(1).Chunk("v")
-            .U8(2).U8(0x80).U8(0).U64(7)
-            .U8(2).U8(0x80).U8(0).U64(7)
-            .U8(4).U8(0x80).U8(2).U8(0).U8(1).U64(1)
+        FuzzWriter()
+            .U8(0)
+            .U8(0x80)
+            .U8(1)
+            .Chunk("v")
+            .U8(2)
+            .U8(0x80)
+            .U8(0)
+            .U64(7)
+            .U8(2)
+            .U8(0x80)
+            .U8(0)
+            .U64(7)
+            .U8(4)
+            .U8(0x80)
+            .U8(2)
+            .U8(0)
+            .U8(1)
+            .U64(1)
             .str());
 }
 
@@ -328,14 +370,27 @@ void RRefSeeds() {
   call.set_signature("(int64)->int64");
   call.set_type("l");
   const std::string header = rref::WithHeader(call, Encode(std::make_tuple(int64_t{5}))).bytes;
-  Write("rref", "remote_then_fetch", FuzzWriter().U8(2).Chunk(header).U8(0)
-                                         .U8(2).Chunk(header).U8(1).str());
+  Write("rref", "remote_then_fetch",
+        FuzzWriter().U8(2).Chunk(header).U8(0).U8(2).Chunk(header).U8(1).str());
   // A user reference: created by remote(), forked to a third worker,
   // accepted, dropped.
   // Ids of op 1 are packed: worker = b % 4 - 1, local = (b >> 2) % 8.
   Write("rref", "user_fork_accept",
-        FuzzWriter().U8(6).U8(0).U8(7).U8(0).U8(2).U8(1)
-            .U8(1).U8(1).U8(5).U8(13).U8(0).U8(8).U8(0).str());
+        FuzzWriter()
+            .U8(6)
+            .U8(0)
+            .U8(7)
+            .U8(0)
+            .U8(2)
+            .U8(1)
+            .U8(1)
+            .U8(1)
+            .U8(5)
+            .U8(13)
+            .U8(0)
+            .U8(8)
+            .U8(0)
+            .str());
   Write("rref", "rref_in_payload", FuzzWriter().U8(3).Chunk(RRefPayload("l")).str());
   Write("rref", "adopt_descriptor", FuzzWriter().U8(4).U8(5).U8(9).U8(1).U8(2).U8(8).U8(0).str());
 }

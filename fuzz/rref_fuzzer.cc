@@ -64,17 +64,10 @@ absl::Status HandleControl(RRefContext& ctx, const std::string& bytes, Holder fr
   const RRefId rref = FromProto(m.rref());
   const ForkId fork = FromProto(m.fork());
   switch (m.kind()) {
-    case proto::RRefControl::FORK_REQUEST:
-      ctx.OnForkRequest(rref, fork, m.parent(), from);
-      break;
-    case proto::RRefControl::CHILD_ACCEPT:
-      ctx.OnChildAccept(rref, fork);
-      break;
-    case proto::RRefControl::USER_DELETE:
-      ctx.OnUserDelete(rref, fork);
-      break;
-    default:
-      return absl::DataLossError("unknown RRef control message");
+    case proto::RRefControl::FORK_REQUEST: ctx.OnForkRequest(rref, fork, m.parent(), from); break;
+    case proto::RRefControl::CHILD_ACCEPT: ctx.OnChildAccept(rref, fork); break;
+    case proto::RRefControl::USER_DELETE: ctx.OnUserDelete(rref, fork); break;
+    default: return absl::DataLossError("unknown RRef control message");
   }
   return absl::OkStatus();
 }
@@ -143,12 +136,8 @@ void Step(World& w, fuzz::FuzzReader& in) {
       w.handles.push_back(ctx.Adopt(d));
       break;
     }
-    case 5:
-      w.handles.push_back(ctx.CreateOwned("l"));
-      break;
-    case 6:
-      w.handles.push_back(ctx.CreateUserForRemote(1 + in.U8() % 3, "l"));
-      break;
+    case 5: w.handles.push_back(ctx.CreateOwned("l")); break;
+    case 6: w.handles.push_back(ctx.CreateUserForRemote(1 + in.U8() % 3, "l")); break;
     case 7: {  // this worker sends one of its references
       if (w.handles.empty()) break;
       const auto& h = w.handles[in.U8() % w.handles.size()];
@@ -159,9 +148,7 @@ void Step(World& w, fuzz::FuzzReader& in) {
     case 8:
       if (!w.handles.empty()) w.handles.erase(w.handles.begin() + in.U8() % w.handles.size());
       break;
-    case 9:
-      ctx.SetValue(SmallId(in), rpc::AnyValue::Of(std::make_shared<int64_t>(2)));
-      break;
+    case 9: ctx.SetValue(SmallId(in), rpc::AnyValue::Of(std::make_shared<int64_t>(2))); break;
     case 10: {  // the agent reports a peer incarnation dead
       const Holder dead = sender();
       (void)ctx.OnPeerFailure(dead.worker, dead.incarnation);

@@ -197,8 +197,8 @@ int FuzzOne(const uint8_t* data, size_t size) {
   Frame frame;
   for (int i = 0; i < blobs; ++i) {
     const uint16_t spec = in.U16();
-    const size_t n = (spec & 0x8000) != 0 ? ShmChannel::kMinBytes + 64 * (spec & 0xff)
-                                          : (spec & 0xff);
+    const size_t n =
+        (spec & 0x8000) != 0 ? ShmChannel::kMinBytes + 64 * (spec & 0xff) : (spec & 0xff);
     std::string bytes(n, '\0');
     for (size_t k = 0; k < n; k += 512) bytes[k] = static_cast<char>(++counter);
     frame.payload.blobs.push_back(BlobOf(std::move(bytes)));

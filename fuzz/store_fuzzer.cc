@@ -20,9 +20,9 @@
 // OUT_OF_RANGE, DEADLINE_EXCEEDED, and INTERNAL for bytes that do not parse).
 #include <unistd.h>
 
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <google/protobuf/stubs/logging.h>
 
 #include <cstdint>
 #include <memory>
@@ -32,9 +32,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/grpc_options.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/store.pb.h"
-#include "base/grpc_options.h"
 #include "store/store_server.h"
 
 namespace baton::store {
@@ -110,8 +110,7 @@ std::string Build(int method, fuzz::FuzzReader& in) {
       r.set_key(key());
       return r.SerializeAsString();
     }
-    default:
-      return std::string();
+    default: return std::string();
   }
 }
 
@@ -141,7 +140,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace baton::store;
-  static const char* const kMethods[] = {"Set", "Get", "Add", "CompareSet",
+  static const char* const kMethods[] = {"Set",  "Get",    "Add",    "CompareSet",
                                          "Wait", "Delete", "NumKeys"};
   baton::fuzz::FuzzReader in(data, size);
   std::set<std::string> keys;
@@ -175,8 +174,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     grpc::Status status;
     absl::Notification done;
     state->stub->UnaryCall(&ctx, absl::StrCat("/baton.proto.Store/", kMethods[method]),
-                           grpc::StubOptions(), &request, &response,
-                           [&](grpc::Status s) {
+                           grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
                              status = std::move(s);
                              done.Notify();
                            });
@@ -187,8 +185,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case grpc::StatusCode::INVALID_ARGUMENT:
       case grpc::StatusCode::OUT_OF_RANGE:
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-      case grpc::StatusCode::INTERNAL:
-        break;
+      case grpc::StatusCode::INTERNAL: break;
       default:
         std::fprintf(stderr, "store_fuzzer: %s failed with code %d: %s\n", kMethods[method],
                      static_cast<int>(status.error_code()), status.error_message().c_str());

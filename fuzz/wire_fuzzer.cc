@@ -16,9 +16,9 @@
 // blobs than the payload can name (5 bytes a tensor); framing
 // those frames again (AppendFrame) produces FrameSize bytes that parse back
 // to the same frames.
-#include <grpc/grpc.h>
 #include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/message_differencer.h>
+#include <grpc/grpc.h>
 #include <grpcpp/impl/grpc_library.h>
 
 #include <cstdint>

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/node_agent.h"
 #include "env/env.h"
+#include "launcher/node_agent.h"
 #include "launcher/options.h"
 
 int main(int argc, char** argv) {
@@ -28,8 +28,7 @@ int main(int argc, char** argv) {
       });
   if (!options.ok()) {
     std::fprintf(stderr, "baton-run: error: %s\n\n%s",
-                 std::string(options.status().message()).c_str(),
-                 LaunchUsage().c_str());
+                 std::string(options.status().message()).c_str(), LaunchUsage().c_str());
     return baton::launcher::kExitUsage;
   }
   if (options->help) {

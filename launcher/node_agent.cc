@@ -82,8 +82,8 @@ absl::Status MakeDirs(const std::string& path) {
     absl::StrAppend(&prefix, part, "/");
     if (part.empty()) continue;
     if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(absl::StrCat("cannot create directory ",
-                                              prefix, ": ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot create directory ", prefix, ": ", std::strerror(errno)));
     }
   }
   return absl::OkStatus();
@@ -94,9 +94,7 @@ std::string Indent(absl::string_view text) {
   return absl::StrCat("    ", absl::StrJoin(absl::StrSplit(text, '\n'), "\n    "));
 }
 
-bool IsMissingKey(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kDeadlineExceeded;
-}
+bool IsMissingKey(const absl::Status& s) { return s.code() == absl::StatusCode::kDeadlineExceeded; }
 
 }  // namespace
 
@@ -151,9 +149,7 @@ class NodeAgent::Impl {
   // Sleeps for `d` or until a stop is requested.
   void Tick(absl::Duration d) {
     absl::MutexLock lock(&mu_);
-    auto requested = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_signal_ != 0;
-    };
+    auto requested = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_signal_ != 0; };
     mu_.AwaitWithTimeout(absl::Condition(&requested), d);
   }
 
@@ -164,13 +160,12 @@ class NodeAgent::Impl {
   absl::Status ReportFailure(const RoundInfo& round, int worker);
   Record FailureRecord(const RoundInfo& round, int worker);
   // Role-policy failures: propose and, when seen, carry out a role restart.
-  absl::Status ReportRoleFailure(const RoundInfo& round, int role, int gen,
-                                 int worker);
+  absl::Status ReportRoleFailure(const RoundInfo& round, int role, int gen, int worker);
   // --restart_policy ROLE=worker: restarts worker `i` alone, or ends the
   // round with its failure when no restart is left.
   absl::Status RestartWorker(const RoundInfo& round, int i);
-  absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role,
-                                        int* gen, bool* reported_done);
+  absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role, int* gen,
+                                        bool* reported_done);
   absl::Status HostChecks(const RoundInfo& round);
   absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
   void FinishAsHost(int64_t round, int others);
@@ -214,8 +209,7 @@ absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
     }
     if (o_.master_port != 0) {
       Log(absl::StrCat("--master_port ", o_.master_port,
-                       " is busy on the master node; workers get MASTER_PORT=",
-                       port));
+                       " is busy on the master node; workers get MASTER_PORT=", port));
     }
   }
   last_master_port_ = port;
@@ -227,12 +221,10 @@ absl::Status NodeAgent::Impl::Setup() {
   if (!o_.log_dir.empty()) {
     if (absl::Status s = MakeDirs(o_.log_dir); !s.ok()) return s;
   }
-  std::string tmpl = absl::StrCat(
-      ::getenv("TMPDIR") != nullptr ? ::getenv("TMPDIR") : "/tmp",
-      "/baton-run-XXXXXX");
+  std::string tmpl = absl::StrCat(::getenv("TMPDIR") != nullptr ? ::getenv("TMPDIR") : "/tmp",
+                                  "/baton-run-XXXXXX");
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ",
-                                            std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", std::strerror(errno)));
   }
   temp_dir_ = tmpl;
 
@@ -243,18 +235,16 @@ absl::Status NodeAgent::Impl::Setup() {
     own_store_ = std::make_unique<store::MemoryStore>();
     store_ = own_store_.get();
   } else if (host) {
-    auto server = store::StoreServer::Start(
-        {absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, *tls});
+    auto server =
+        store::StoreServer::Start({absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, *tls});
     if (!server.ok()) {
-      return Annotate(server.status(),
-                      "starting the rendezvous store (--rdzv_port)");
+      return Annotate(server.status(), "starting the rendezvous store (--rdzv_port)");
     }
     server_ = *std::move(server);
     store_ = &server_->store();
   } else {
     own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
-        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_,
-        o_.heartbeat_timeout, *tls});
+        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, o_.heartbeat_timeout, *tls});
     store_ = own_store_.get();
   }
 
@@ -316,8 +306,7 @@ int NodeAgent::Impl::Run() {
   }
   while (true) {
     if (int sig = PendingSignal(); sig != 0) {
-      Log(absl::StrCat("stopped by ", internal::SignalName(sig),
-                       " before the workers started"));
+      Log(absl::StrCat("stopped by ", internal::SignalName(sig), " before the workers started"));
       return 128 + sig;
     }
     auto round = rdzv_->Join(next_round);
@@ -327,24 +316,21 @@ int NodeAgent::Impl::Run() {
       // is theirs too); the host gives them a moment to read it.
       if (host) {
         auto arrived = store_->Add(Rendezvous::Key(next_round, "count"), 0);
-        FinishAsHost(next_round,
-                     arrived.ok() ? static_cast<int>(*arrived) - 1 : 0);
+        FinishAsHost(next_round, arrived.ok() ? static_cast<int>(*arrived) - 1 : 0);
       } else {
         (void)store_->Add(Rendezvous::Key(next_round, "exit_acks"), 1);
       }
       return kExitFailure;
     }
-    Log(absl::StrCat("run ", run_id_, " round ", round->round, ": node ",
-                     round->group_rank, " of ", round->group_world_size,
-                     ", world size ",
-                     o_.local_world_size() * round->group_world_size,
-                     ", MASTER_PORT ", round->master_port, ", restart ",
-                     round->restart_count, "/", o_.max_restarts));
+    Log(absl::StrCat("run ", run_id_, " round ", round->round, ": node ", round->group_rank, " of ",
+                     round->group_world_size, ", world size ",
+                     o_.local_world_size() * round->group_world_size, ", MASTER_PORT ",
+                     round->master_port, ", restart ", round->restart_count, "/", o_.max_restarts));
     RoundOutcome out = RunRound(*round);
     const std::string& kind = out.kind;
     // Outcomes that end the job on every node.
-    const bool job_over = kind == "success" || kind == "shutdown" ||
-                          (kind == "failure" && out.final);
+    const bool job_over =
+        kind == "success" || kind == "shutdown" || (kind == "failure" && out.final);
     const bool last = job_over || kind == "error" || out.local_signal != 0;
     // Tell the master node this node has read the outcome before spending
     // the grace period on stopping workers: it keeps the store up for that.
@@ -352,14 +338,12 @@ int NodeAgent::Impl::Run() {
       (void)store_->Add(Rendezvous::Key(round->round, "exit_acks"), 1);
     }
     if (group_->AnyRunning()) {
-      group_->Stop(-1, out.local_signal != 0 ? out.local_signal : SIGTERM,
-                   o_.stop_timeout);
+      group_->Stop(-1, out.local_signal != 0 ? out.local_signal : SIGTERM, o_.stop_timeout);
     }
     if (!last) {
       Log(absl::StrCat("round ", round->round, " ended (", kind,
                        kind == "failure"
-                           ? absl::StrCat(": rank ", out.record["rank"], " ",
-                                          out.record["reason"])
+                           ? absl::StrCat(": rank ", out.record["rank"], " ", out.record["reason"])
                            : "",
                        "); rendezvous again"));
       next_round = round->round + 1;
@@ -379,9 +363,8 @@ int NodeAgent::Impl::Run() {
       return kExitFailure;
     }
     if (kind == "shutdown") {
-      Log(absl::StrCat("job stopped: node rank ", out.record["node_rank"],
-                       " (", out.record["host"], ") received ",
-                       out.record["signal"]));
+      Log(absl::StrCat("job stopped: node rank ", out.record["node_rank"], " (", out.record["host"],
+                       ") received ", out.record["signal"]));
       return kExitFailure;
     }
     PrintSummary(out);
@@ -412,8 +395,7 @@ Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
           {"host", host_name_},
           {"pid", absl::StrCat(w.pid)},
           {"reason", w.exit.Describe()},
-          {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time,
-                                    absl::LocalTimeZone())},
+          {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time, absl::LocalTimeZone())},
           {"error_file", w.error_file},
           {"error_content", group_->ErrorFileContent(i)},
           {"log", w.log_path},
@@ -428,14 +410,12 @@ absl::Status NodeAgent::Impl::ReportFailure(const RoundInfo& round, int i) {
   if (*won != record) return absl::OkStatus();  // Someone else was first.
   auto n = store_->Add("rdzv/restarts", 1);
   if (!n.ok()) return n.status();
-  return store_->Set(Rendezvous::Key(round.round, "end_restart"),
-                     absl::StrCat(*n));
+  return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
 }
 
-absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round,
-                                                int role, int gen, int i) {
-  const std::string base = Rendezvous::Key(
-      round.round, absl::StrCat("role/", o_.roles[role].name, "/", gen, "/"));
+absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round, int role, int gen, int i) {
+  const std::string base =
+      Rendezvous::Key(round.round, absl::StrCat("role/", o_.roles[role].name, "/", gen, "/"));
   const std::string record = EncodeRecord(FailureRecord(round, i));
   auto won = store_->CompareSet(base + "end", "", record);
   if (!won.ok()) return won.status();
@@ -444,12 +424,10 @@ absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round,
   if (!n.ok()) return n.status();
   if (*n > o_.max_restarts) {
     // Out of restarts: the failure ends the whole round.
-    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "",
-                                  record);
+    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "", record);
     if (!end.ok()) return end.status();
     if (*end == record) {
-      absl::Status s = store_->Set(
-          Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
+      absl::Status s = store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
       if (!s.ok()) return s;
     }
   }
@@ -471,16 +449,15 @@ absl::Status NodeAgent::Impl::RestartWorker(const RoundInfo& round, int i) {
   }
   const Worker& w = group_->worker(i);
   Log(absl::StrCat("role ", o_.roles[w.role_index].name, ": rank ", w.rank, " ",
-                   record.at("reason"), "; restarting that worker alone (restart ", *n,
-                   "/", o_.max_restarts, ")"));
+                   record.at("reason"), "; restarting that worker alone (restart ", *n, "/",
+                   o_.max_restarts, ")"));
   return group_->StartWorker(i, static_cast<int>(*n));
 }
 
-absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round,
-                                                       int role, int* gen,
+absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, int role, int* gen,
                                                        bool* reported_done) {
-  const std::string base = Rendezvous::Key(
-      round.round, absl::StrCat("role/", o_.roles[role].name, "/", *gen, "/"));
+  const std::string base =
+      Rendezvous::Key(round.round, absl::StrCat("role/", o_.roles[role].name, "/", *gen, "/"));
   auto end = store_->Get(base + "end", absl::ZeroDuration());
   if (!end.ok()) {
     if (IsMissingKey(end.status())) return false;
@@ -492,15 +469,13 @@ absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round,
   (void)absl::SimpleAtoi(*n_text, &n);
   if (n > o_.max_restarts) return false;  // The round end carries it.
   auto rec = DecodeRecord(*end);
-  Log(absl::StrCat("role ", o_.roles[role].name, ": rank ",
-                   rec.ok() ? (*rec)["rank"] : "?", " ",
+  Log(absl::StrCat("role ", o_.roles[role].name, ": rank ", rec.ok() ? (*rec)["rank"] : "?", " ",
                    rec.ok() ? (*rec)["reason"] : "failed",
-                   "; restarting the role's workers (restart ", n, "/",
-                   o_.max_restarts, ")"));
+                   "; restarting the role's workers (restart ", n, "/", o_.max_restarts, ")"));
   group_->Stop(role, SIGTERM, o_.stop_timeout);
   if (*reported_done) {
-    auto del = store_->Delete(
-        Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)));
+    auto del =
+        store_->Delete(Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)));
     if (!del.ok()) return del.status();
     *reported_done = false;
   }
@@ -522,8 +497,7 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
     done.push_back(Rendezvous::Key(round.round, absl::StrCat("done/", g)));
   }
   if (store_->Wait(done, absl::ZeroDuration()).ok()) {
-    return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "success"}}))
-        .status();
+    return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "success"}})).status();
   }
   const absl::Time now = absl::Now();
   // Heartbeats of the other nodes.
@@ -531,8 +505,7 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
     heartbeats_.assign(k, {-1, now});
   }
   for (int g = 1; g < k; ++g) {
-    auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)),
-                          0);
+    auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)), 0);
     if (!hb.ok()) return hb.status();
     if (*hb != heartbeats_[g].first) {
       heartbeats_[g] = {*hb, now};
@@ -541,8 +514,7 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
           ->CompareSet(end_key, "",
                        EncodeRecord({{"kind", "node_lost"},
                                      {"group_rank", absl::StrCat(g)},
-                                     {"node_rank",
-                                      absl::StrCat(round.node_ranks[g])},
+                                     {"node_rank", absl::StrCat(round.node_ranks[g])},
                                      {"host", round.hosts[g]}}))
           .status();
     }
@@ -552,17 +524,14 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
     auto waiting = store_->Add(Rendezvous::Key(round.round + 1, "count"), 0);
     if (!waiting.ok()) return waiting.status();
     if (*waiting > 0) {
-      return store_
-          ->CompareSet(end_key, "", EncodeRecord({{"kind", "node_joined"}}))
-          .status();
+      return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "node_joined"}})).status();
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RoundOutcome> NodeAgent::Impl::ReadEnd(const RoundInfo& round) {
-  auto text = store_->Get(Rendezvous::Key(round.round, "end"),
-                          absl::ZeroDuration());
+  auto text = store_->Get(Rendezvous::Key(round.round, "end"), absl::ZeroDuration());
   if (!text.ok()) return text.status();
   auto rec = DecodeRecord(*text);
   if (!rec.ok()) return rec.status();
@@ -570,8 +539,7 @@ absl::StatusOr<RoundOutcome> NodeAgent::Impl::ReadEnd(const RoundInfo& round) {
   out.record = *std::move(rec);
   out.kind = out.record["kind"];
   if (out.kind == "failure") {
-    auto n = store_->Get(Rendezvous::Key(round.round, "end_restart"),
-                         kFollowUpTimeout);
+    auto n = store_->Get(Rendezvous::Key(round.round, "end_restart"), kFollowUpTimeout);
     if (!n.ok()) return n.status();
     (void)absl::SimpleAtoi(*n, &out.restart);
     out.final = out.restart > o_.max_restarts;
@@ -596,30 +564,26 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
                              {"host", host_name_},
                              {"rank", "?"},
                              {"reason", std::string(s.message())}});
-    if (auto won = store_->CompareSet(end_key, "", rec);
-        won.ok() && *won == rec) {
+    if (auto won = store_->CompareSet(end_key, "", rec); won.ok() && *won == rec) {
       auto n = store_->Add("rdzv/restarts", 1);
       if (n.ok()) {
-        (void)store_->Set(Rendezvous::Key(round.round, "end_restart"),
-                          absl::StrCat(*n));
+        (void)store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
       }
     }
   }
   const absl::Duration heartbeat_period =
-      std::max(o_.monitor_interval,
-               std::min(absl::Seconds(1), o_.heartbeat_timeout / 5));
+      std::max(o_.monitor_interval, std::min(absl::Seconds(1), o_.heartbeat_timeout / 5));
   std::vector<int> role_gen(o_.roles.size(), 0);
   bool reported_done = false;
   while (true) {
     if (int sig = PendingSignal(); sig != 0) {
       const bool leave = o_.elastic() && !rdzv_->is_host();
-      (void)store_->CompareSet(
-          end_key, "",
-          EncodeRecord({{"kind", leave ? "node_left" : "shutdown"},
-                        {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
-                        {"group_rank", absl::StrCat(round.group_rank)},
-                        {"host", host_name_},
-                        {"signal", internal::SignalName(sig)}}));
+      (void)store_->CompareSet(end_key, "",
+                               EncodeRecord({{"kind", leave ? "node_left" : "shutdown"},
+                                             {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+                                             {"group_rank", absl::StrCat(round.group_rank)},
+                                             {"host", host_name_},
+                                             {"signal", internal::SignalName(sig)}}));
       RoundOutcome out;
       out.kind = leave ? "node_left" : "shutdown";
       out.local_signal = sig;
@@ -631,38 +595,28 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       const int role = w.role_index;
       absl::Status s;
       switch (o_.roles[role].policy) {
-        case RestartPolicy::kRole:
-          s = ReportRoleFailure(round, role, role_gen[role], i);
-          break;
-        case RestartPolicy::kWorker:
-          s = RestartWorker(round, i);
-          break;
-        case RestartPolicy::kGroup:
-          s = ReportFailure(round, i);
-          break;
+        case RestartPolicy::kRole: s = ReportRoleFailure(round, role, role_gen[role], i); break;
+        case RestartPolicy::kWorker: s = RestartWorker(round, i); break;
+        case RestartPolicy::kGroup: s = ReportFailure(round, i); break;
       }
       if (!s.ok()) return fail(Annotate(s, "reporting a worker failure"));
     }
     for (int role = 0; role < static_cast<int>(o_.roles.size()); ++role) {
       if (o_.roles[role].policy != RestartPolicy::kRole) continue;
-      auto restarted = MaybeRestartRole(round, role, &role_gen[role],
-                                        &reported_done);
+      auto restarted = MaybeRestartRole(round, role, &role_gen[role], &reported_done);
       if (!restarted.ok()) {
         return fail(Annotate(restarted.status(), "restarting a role"));
       }
     }
     if (!reported_done && group_->AllSucceeded()) {
-      absl::Status s = store_->Set(
-          Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)),
-          "1");
+      absl::Status s =
+          store_->Set(Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)), "1");
       if (!s.ok()) return fail(s);
       reported_done = true;
     }
     const absl::Time now = absl::Now();
     if (!rdzv_->is_host() && now - last_heartbeat_sent_ >= heartbeat_period) {
-      auto hb = store_->Add(
-          Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)),
-          1);
+      auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)), 1);
       if (!hb.ok()) return fail(Annotate(hb.status(), "heartbeat"));
       last_heartbeat_sent_ = now;
     }
@@ -682,25 +636,20 @@ void NodeAgent::Impl::PrintSummary(const RoundOutcome& out) {
   Record r = out.record;
   std::string text = absl::StrCat(
       "\n==================== baton-run: job failed ====================\n",
-      "run id:        ", run_id_, "\n",
-      "restarts:      ", out.restart - 1, " of --max_restarts ",
-      o_.max_restarts, " used; no restart left\n",
-      "first failure: rank ", r["rank"], " (role ", r["role"], ", role rank ",
-      r["role_rank"], ", local rank ", r["local_rank"], ") on node rank ",
-      r["node_rank"], " (", r["host"], "), pid ", r["pid"], "\n",
-      "reason:        ", r["reason"], "\n",
-      "time:          ", r["time"], "\n");
+      "run id:        ", run_id_, "\n", "restarts:      ", out.restart - 1, " of --max_restarts ",
+      o_.max_restarts, " used; no restart left\n", "first failure: rank ", r["rank"], " (role ",
+      r["role"], ", role rank ", r["role_rank"], ", local rank ", r["local_rank"],
+      ") on node rank ", r["node_rank"], " (", r["host"], "), pid ", r["pid"], "\n",
+      "reason:        ", r["reason"], "\n", "time:          ", r["time"], "\n");
   if (!r["error_content"].empty()) {
-    absl::StrAppend(&text, "error file:    ", r["error_file"], "\n",
-                    Indent(r["error_content"]), "\n");
+    absl::StrAppend(&text, "error file:    ", r["error_file"], "\n", Indent(r["error_content"]),
+                    "\n");
   } else {
-    absl::StrAppend(&text, "error file:    none written (",
-                    kEnvErrorFile, ")\n");
+    absl::StrAppend(&text, "error file:    none written (", kEnvErrorFile, ")\n");
   }
-  absl::StrAppend(&text, "last output",
-                  r["log"].empty() ? "" : absl::StrCat(" (log ", r["log"], ")"),
-                  ":\n", Indent(r["tail"]), "\n",
-                  "===============================================================\n");
+  absl::StrAppend(
+      &text, "last output", r["log"].empty() ? "" : absl::StrCat(" (log ", r["log"], ")"), ":\n",
+      Indent(r["tail"]), "\n", "===============================================================\n");
   (void)!::write(STDERR_FILENO, text.data(), text.size());
 }
 

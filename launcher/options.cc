@@ -7,8 +7,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -24,34 +24,29 @@ absl::Status FlagError(absl::string_view flag, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
 }
 
-absl::StatusOr<int> ParseInt(absl::string_view flag, absl::string_view value,
-                             int min, int max) {
+absl::StatusOr<int> ParseInt(absl::string_view flag, absl::string_view value, int min, int max) {
   int v = 0;
   if (!absl::SimpleAtoi(value, &v)) {
     return FlagError(flag, absl::StrCat("'", value, "' is not an integer"));
   }
   if (v < min || v > max) {
-    return FlagError(flag, absl::StrCat(v, " is out of range [", min, ", ",
-                                        max, "]"));
+    return FlagError(flag, absl::StrCat(v, " is out of range [", min, ", ", max, "]"));
   }
   return v;
 }
 
 // Seconds as a decimal number ("0.5", "30").
-absl::StatusOr<absl::Duration> ParseSeconds(absl::string_view flag,
-                                            absl::string_view value,
+absl::StatusOr<absl::Duration> ParseSeconds(absl::string_view flag, absl::string_view value,
                                             bool allow_zero) {
   double s = 0;
   if (!absl::SimpleAtod(value, &s) || !(s >= 0) || s > 1e7) {
-    return FlagError(flag, absl::StrCat("'", value,
-                                        "' is not a number of seconds"));
+    return FlagError(flag, absl::StrCat("'", value, "' is not a number of seconds"));
   }
   if (s == 0 && !allow_zero) return FlagError(flag, "must be positive");
   return absl::Seconds(s);
 }
 
-absl::StatusOr<bool> ParseBool(absl::string_view flag,
-                               absl::string_view value) {
+absl::StatusOr<bool> ParseBool(absl::string_view flag, absl::string_view value) {
   std::string v = absl::AsciiStrToLower(value);
   if (v == "1" || v == "true" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "no") return false;
@@ -62,24 +57,20 @@ absl::StatusOr<bool> ParseBool(absl::string_view flag,
 absl::StatusOr<RoleSpec> ParseRole(absl::string_view value) {
   std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 2));
   if (parts.size() < 2) {
-    return FlagError("role", absl::StrCat("'", value,
-                                          "' is not NAME:COUNT[:PROGRAM]"));
+    return FlagError("role", absl::StrCat("'", value, "' is not NAME:COUNT[:PROGRAM]"));
   }
   RoleSpec role;
   role.name = parts[0];
-  if (role.name.empty() ||
-      !std::all_of(role.name.begin(), role.name.end(), [](char c) {
+  if (role.name.empty() || !std::all_of(role.name.begin(), role.name.end(), [](char c) {
         return absl::ascii_isalnum(c) || c == '_' || c == '-';
       })) {
-    return FlagError("role", absl::StrCat("role name '", role.name,
-                                          "' must be [A-Za-z0-9_-]+"));
+    return FlagError("role", absl::StrCat("role name '", role.name, "' must be [A-Za-z0-9_-]+"));
   }
   auto count = ParseInt("role", parts[1], 1, 4096);
   if (!count.ok()) return count.status();
   role.count = *count;
   if (parts.size() == 3) {
-    role.argv = absl::StrSplit(parts[2], absl::ByAnyChar(" \t"),
-                               absl::SkipEmpty());
+    role.argv = absl::StrSplit(parts[2], absl::ByAnyChar(" \t"), absl::SkipEmpty());
   }
   return role;
 }
@@ -121,14 +112,12 @@ absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
   }
   size_t close = first.find(']', open);
   if (close == absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed Slurm node list '", nodelist, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed Slurm node list '", nodelist, "'"));
   }
   absl::string_view range = first.substr(open + 1, close - open - 1);
   range = range.substr(0, range.find_first_of(",-"));
   if (range.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed Slurm node list '", nodelist, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed Slurm node list '", nodelist, "'"));
   }
   return absl::StrCat(first.substr(0, open), range, first.substr(close + 1));
 }
@@ -260,8 +249,7 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
          std::vector<std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
          if (kv.size() != 2 || (kv[1] != "group" && kv[1] != "role" && kv[1] != "worker")) {
            return FlagError("restart_policy",
-                            absl::StrCat("'", v,
-                                         "' is not ROLE=group, ROLE=role or ROLE=worker"));
+                            absl::StrCat("'", v, "' is not ROLE=group, ROLE=role or ROLE=worker"));
          }
          st.policies.emplace_back(kv[0], kv[1]);
          return absl::OkStatus();
@@ -333,8 +321,8 @@ absl::Status ResolveRoles(const std::vector<std::string>& command, ParseState& s
     if (r.argv.empty()) {
       all_have_programs = false;
       if (command.empty()) {
-        return FlagError("role", absl::StrCat("role '", r.name,
-                                              "' names no program and no PROGRAM is given"));
+        return FlagError(
+            "role", absl::StrCat("role '", r.name, "' names no program and no PROGRAM is given"));
       }
       r.argv = command;
     }
@@ -344,9 +332,10 @@ absl::Status ResolveRoles(const std::vector<std::string>& command, ParseState& s
                                           command[0], "'"));
   }
   if (st.nproc_set && o.nproc_per_node != o.local_world_size()) {
-    return FlagError("nproc_per_node",
-                     absl::StrCat(o.nproc_per_node, " does not match the sum of the --role counts (",
-                                  o.local_world_size(), ")"));
+    return FlagError(
+        "nproc_per_node",
+        absl::StrCat(o.nproc_per_node, " does not match the sum of the --role counts (",
+                     o.local_world_size(), ")"));
   }
   o.nproc_per_node = o.local_world_size();
   return absl::OkStatus();
@@ -393,8 +382,8 @@ absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
     std::optional<std::string> v = env(name);
     int n = 0;
     if (!v.has_value() || !absl::SimpleAtoi(*v, &n) || n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Slurm variable ", name, "='", v.value_or(""), "' is missing or not a number"));
+      return absl::InvalidArgumentError(absl::StrCat("Slurm variable ", name, "='", v.value_or(""),
+                                                     "' is missing or not a number"));
     }
     return n;
   };
@@ -451,7 +440,8 @@ absl::Status ResolvePorts(LaunchOptions& o) {
     o.rdzv_port = o.master_port + 1;
   }
   if (o.rdzv_port != 0 && o.rdzv_port == o.master_port) {
-    return FlagError("rdzv_port", "must differ from --master_port (the workers' store uses that one)");
+    return FlagError("rdzv_port",
+                     "must differ from --master_port (the workers' store uses that one)");
   }
   return absl::OkStatus();
 }
@@ -531,8 +521,7 @@ and BATON_ELASTIC_LAUNCHED=1. Exit code: 0 on success, 1 when the job failed,
 )";
 }
 
-absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
-                                            const char* env_token) {
+absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options, const char* env_token) {
   const std::string from_env = env_token == nullptr ? "" : env_token;
   std::string token = from_env;
   if (!options.job_token_file.empty()) {
@@ -540,9 +529,9 @@ absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
       const int err = errno;
-      return absl::Status(err == EACCES ? absl::StatusCode::kPermissionDenied
-                                        : absl::StatusCode::kNotFound,
-                          absl::StrCat("--job_token_file ", path, ": ", std::strerror(err)));
+      return absl::Status(
+          err == EACCES ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound,
+          absl::StrCat("--job_token_file ", path, ": ", std::strerror(err)));
     }
     if (!S_ISREG(st.st_mode)) {
       return absl::InvalidArgumentError(
@@ -551,9 +540,9 @@ absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
     if ((st.st_mode & 077) != 0) {
       char mode[8];
       std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--job_token_file ", path, " is readable by group or others (mode ", mode,
-          "); a secret must not be: chmod 600 ", path));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--job_token_file ", path, " is readable by group or others (mode ", mode,
+                       "); a secret must not be: chmod 600 ", path));
     }
     std::ifstream in(path);
     if (!in) {
@@ -567,15 +556,15 @@ absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
       return absl::InvalidArgumentError(absl::StrCat("--job_token_file ", path, " is empty"));
     }
     if (!from_env.empty() && from_env != token) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "BATON_JOB_TOKEN and --job_token_file ", path,
-          " hold different tokens; give only one"));
+      return absl::InvalidArgumentError(absl::StrCat("BATON_JOB_TOKEN and --job_token_file ", path,
+                                                     " hold different tokens; give only one"));
     }
   }
   if (options.max_nodes > 1) {
     if (token.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "this job spans nodes (--nnodes ", options.min_nodes == options.max_nodes
+          "this job spans nodes (--nnodes ",
+          options.min_nodes == options.max_nodes
               ? absl::StrCat(options.max_nodes)
               : absl::StrCat(options.min_nodes, ":", options.max_nodes),
           "), so every node needs the same job token from outside the job: it is what "
@@ -585,10 +574,10 @@ absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
           "(mode 600) on every node"));
     }
     if (token.size() < 16) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the job token has ", token.size(),
-          " characters; a job that spans nodes needs at least 16 random characters "
-          "(e.g. `openssl rand -hex 16`)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job token has ", token.size(),
+                       " characters; a job that spans nodes needs at least 16 random characters "
+                       "(e.g. `openssl rand -hex 16`)"));
     }
   }
   return token;

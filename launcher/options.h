@@ -107,8 +107,8 @@ struct LaunchOptions {
 inline constexpr absl::Duration kDefaultRestartWait = absl::Seconds(60);
 
 // Parses `args` (without argv[0]). `env` supplies SLURM_* variables.
-absl::StatusOr<LaunchOptions> ParseLaunchOptions(
-    const std::vector<std::string>& args, const EnvLookup& env);
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env);
 
 // The --help text.
 std::string LaunchUsage();
@@ -124,8 +124,7 @@ std::string LaunchUsage();
 // Errors: the file missing or unreadable (NOT_FOUND / PERMISSION_DENIED),
 // readable by group or others (FAILED_PRECONDITION, "chmod 600"), empty, or
 // different from a BATON_JOB_TOKEN that is also set (INVALID_ARGUMENT).
-absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options,
-                                            const char* env_token);
+absl::StatusOr<std::string> ResolveJobToken(const LaunchOptions& options, const char* env_token);
 
 // First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03".
 absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);

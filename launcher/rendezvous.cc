@@ -58,10 +58,8 @@ absl::StatusOr<Record> DecodeRecord(absl::string_view text) {
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     size_t eq = line.find('=');
     std::string value;
-    if (eq == absl::string_view::npos ||
-        !absl::CUnescape(line.substr(eq + 1), &value)) {
-      return absl::DataLossError(
-          absl::StrCat("malformed rendezvous record line '", line, "'"));
+    if (eq == absl::string_view::npos || !absl::CUnescape(line.substr(eq + 1), &value)) {
+      return absl::DataLossError(absl::StrCat("malformed rendezvous record line '", line, "'"));
     }
     r[std::string(line.substr(0, eq))] = std::move(value);
   }
@@ -93,9 +91,9 @@ absl::StatusOr<Record> Rendezvous::FetchJob(const Record& expected) {
   for (const auto& [k, v] : expected) {
     auto it = job->find(k);
     if (it != job->end() && it->second != v) {
-      absl::Status error = absl::InvalidArgumentError(absl::StrCat(
-          "this node's ", k, " '", v, "' differs from the master node's '",
-          it->second, "': every node must be started with the same ", k));
+      absl::Status error = absl::InvalidArgumentError(
+          absl::StrCat("this node's ", k, " '", v, "' differs from the master node's '", it->second,
+                       "': every node must be started with the same ", k));
       // Let the master (and through it every node) fail now, with the cause,
       // instead of waiting for this node until the rendezvous times out.
       (void)store_->CompareSet(
@@ -118,16 +116,14 @@ absl::StatusOr<int64_t> Rendezvous::CurrentRound() {
 }
 
 absl::StatusOr<RoundInfo> Rendezvous::Join(int64_t round) {
-  const absl::Time deadline = absl::Now() + config_.timeout +
-                              config_.last_call;
+  const absl::Time deadline = absl::Now() + config_.timeout + config_.last_call;
   for (int64_t r = round;; ++r) {
     auto n = store_->Add(Key(r, "count"), 1);
     if (!n.ok()) return Annotate(n.status(), absl::StrCat("joining round ", r));
     const int slot = static_cast<int>(*n - 1);
-    absl::Status s = store_->Set(
-        Key(r, absl::StrCat("member/", slot)),
-        EncodeRecord({{"node_rank", absl::StrCat(config_.node_rank)},
-                      {"host", config_.host_name}}));
+    absl::Status s = store_->Set(Key(r, absl::StrCat("member/", slot)),
+                                 EncodeRecord({{"node_rank", absl::StrCat(config_.node_rank)},
+                                               {"host", config_.host_name}}));
     if (!s.ok()) return Annotate(s, absl::StrCat("joining round ", r));
     if (is_host()) {
       s = store_->Set(kCurrentKey, absl::StrCat(r));
@@ -144,10 +140,9 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
   const std::string closed_key = Key(round, "closed");
   auto fail = [&](absl::Status error) -> absl::Status {
     // Every waiting node learns the reason (G1).
-    (void)store_->Set(closed_key,
-                      EncodeRecord({{"status", "error"},
-                                    {"code", absl::StrCat(error.raw_code())},
-                                    {"message", std::string(error.message())}}));
+    (void)store_->Set(closed_key, EncodeRecord({{"status", "error"},
+                                                {"code", absl::StrCat(error.raw_code())},
+                                                {"message", std::string(error.message())}}));
     return error;
   };
   struct Member {
@@ -160,8 +155,7 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
     if (!n.ok()) return n.status();
     std::vector<Member> members;
     for (int slot = 0; slot < *n; ++slot) {
-      auto text = store_->Get(Key(round, absl::StrCat("member/", slot)),
-                              kMemberKeyTimeout);
+      auto text = store_->Get(Key(round, absl::StrCat("member/", slot)), kMemberKeyTimeout);
       if (!text.ok()) continue;  // A node that died right after arriving.
       auto rec = DecodeRecord(*text);
       if (!rec.ok()) return rec.status();
@@ -176,9 +170,9 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
   const absl::Time arrival_deadline = absl::Now() + config_.timeout;
   absl::Status s;
   while (true) {
-    s = store_->Wait({Key(round, absl::StrCat("member/", min - 1))},
-                     std::min(absl::Seconds(1), std::max(absl::ZeroDuration(),
-                                                         arrival_deadline - absl::Now())));
+    s = store_->Wait(
+        {Key(round, absl::StrCat("member/", min - 1))},
+        std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), arrival_deadline - absl::Now())));
     if (s.ok() || s.code() != absl::StatusCode::kDeadlineExceeded) break;
     auto aborted = store_->Get(kAbortKey, absl::ZeroDuration());
     if (aborted.ok()) {
@@ -202,39 +196,34 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
     std::vector<std::string> seen;
     for (int r : present) seen.push_back(r < 0 ? "(unranked)" : absl::StrCat(r));
     return fail(absl::DeadlineExceededError(absl::StrCat(
-        "rendezvous round ", round, " timed out after ",
-        DurationText(config_.timeout), ": ", members->size(), " of ", min,
-        " required nodes arrived (node ranks ", absl::StrJoin(seen, ", "), ")",
+        "rendezvous round ", round, " timed out after ", DurationText(config_.timeout), ": ",
+        members->size(), " of ", min, " required nodes arrived (node ranks ",
+        absl::StrJoin(seen, ", "), ")",
         missing.empty() ? ""
-                        : absl::StrCat("; missing node rank",
-                                       missing.size() == 1 ? " " : "s ",
+                        : absl::StrCat("; missing node rank", missing.size() == 1 ? " " : "s ",
                                        absl::StrJoin(missing, ", ")))));
   }
   if (max > min) {
     // Last call: give more nodes a chance to arrive, up to MAX.
-    (void)store_->Wait({Key(round, absl::StrCat("member/", max - 1))},
-                       config_.last_call);
+    (void)store_->Wait({Key(round, absl::StrCat("member/", max - 1))}, config_.last_call);
   }
   auto members = read_members();
   if (!members.ok()) return fail(members.status());
-  std::stable_sort(members->begin(), members->end(),
-                   [](const Member& a, const Member& b) {
-                     auto key = [](const Member& m) {
-                       return m.node_rank < 0 ? INT_MAX : m.node_rank;
-                     };
-                     return key(a) < key(b);
-                   });
+  std::stable_sort(members->begin(), members->end(), [](const Member& a, const Member& b) {
+    auto key = [](const Member& m) { return m.node_rank < 0 ? INT_MAX : m.node_rank; };
+    return key(a) < key(b);
+  });
   std::set<int> ranks;
   for (const Member& m : *members) {
     if (m.node_rank >= 0 && !ranks.insert(m.node_rank).second) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "two nodes joined round ", round, " with node rank ", m.node_rank,
-          " (one on host ", m.host, "): every node needs its own --node_rank")));
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("two nodes joined round ", round, " with node rank ", m.node_rank,
+                       " (one on host ", m.host, "): every node needs its own --node_rank")));
     }
     if (min == max && (m.node_rank < 0 || m.node_rank >= max)) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "node on host ", m.host, " joined with node rank ", m.node_rank,
-          ", which is not below --nnodes ", max)));
+      return fail(absl::InvalidArgumentError(absl::StrCat("node on host ", m.host,
+                                                          " joined with node rank ", m.node_rank,
+                                                          ", which is not below --nnodes ", max)));
     }
   }
   if (static_cast<int>(members->size()) > max) members->resize(max);
@@ -255,39 +244,37 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
     info.hosts.push_back(m.host);
   }
   info.group_rank = 0;  // The host sorts first.
-  s = store_->Set(closed_key,
-                  EncodeRecord({{"status", "ok"},
-                                {"slots", absl::StrJoin(slots, ",")},
-                                {"node_ranks", absl::StrJoin(info.node_ranks, ",")},
-                                {"hosts", absl::StrJoin(info.hosts, ",")},
-                                {"master_port", absl::StrCat(*port)},
-                                {"restarts", absl::StrCat(*restarts)}}));
+  s = store_->Set(closed_key, EncodeRecord({{"status", "ok"},
+                                            {"slots", absl::StrJoin(slots, ",")},
+                                            {"node_ranks", absl::StrJoin(info.node_ranks, ",")},
+                                            {"hosts", absl::StrJoin(info.hosts, ",")},
+                                            {"master_port", absl::StrCat(*port)},
+                                            {"restarts", absl::StrCat(*restarts)}}));
   if (!s.ok()) return Annotate(s, absl::StrCat("closing round ", round));
   return info;
 }
 
-absl::StatusOr<RoundInfo> Rendezvous::ReadClosed(int64_t round, int slot,
-                                                 absl::Time deadline,
+absl::StatusOr<RoundInfo> Rendezvous::ReadClosed(int64_t round, int slot, absl::Time deadline,
                                                  bool* excluded) {
   *excluded = false;
   auto text = store_->Get(Key(round, "closed"), Left(deadline));
   if (!text.ok()) {
     if (text.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous round ", round, " was not completed within ",
-          DurationText(config_.timeout + config_.last_call),
-          " (the master node, node rank 0, closes it once enough nodes "
-          "arrived; is it running, and is the job already at its maximum "
-          "node count?): ", text.status().message()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous round ", round, " was not completed within ",
+                       DurationText(config_.timeout + config_.last_call),
+                       " (the master node, node rank 0, closes it once enough nodes "
+                       "arrived; is it running, and is the job already at its maximum "
+                       "node count?): ",
+                       text.status().message()));
     }
     return Annotate(text.status(), absl::StrCat("rendezvous round ", round));
   }
   auto rec = DecodeRecord(*text);
   if (!rec.ok()) return rec.status();
   if ((*rec)["status"] != "ok") {
-    return absl::Status(
-        static_cast<absl::StatusCode>(ToInt(*rec, "code", 2)),
-        absl::StrCat("master node: ", (*rec)["message"]));
+    return absl::Status(static_cast<absl::StatusCode>(ToInt(*rec, "code", 2)),
+                        absl::StrCat("master node: ", (*rec)["message"]));
   }
   std::vector<int> slots = ToInts((*rec)["slots"]);
   auto it = std::find(slots.begin(), slots.end(), slot);

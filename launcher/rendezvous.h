@@ -106,8 +106,8 @@ class Rendezvous {
 
  private:
   absl::StatusOr<RoundInfo> CloseAsHost(int64_t round);
-  absl::StatusOr<RoundInfo> ReadClosed(int64_t round, int slot,
-                                       absl::Time deadline, bool* excluded);
+  absl::StatusOr<RoundInfo> ReadClosed(int64_t round, int slot, absl::Time deadline,
+                                       bool* excluded);
 
   store::Store* const store_;  // set at construction
   const RendezvousConfig config_;

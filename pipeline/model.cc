@@ -115,8 +115,8 @@ absl::StatusOr<std::vector<int>> ComputeCuts(const torch::nn::SequentialImpl& mo
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
           }
         } catch (const std::exception& e) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "split ByForwardTime: layer ", i, " fails on the sample: ", e.what()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("split ByForwardTime: layer ", i, " fails on the sample: ", e.what()));
         }
         std::sort(runs.begin(), runs.end());
         costs.push_back(runs[kRuns / 2]);

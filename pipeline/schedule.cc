@@ -12,9 +12,9 @@ namespace {
 
 absl::Status CheckSpec(const ScheduleSpec& s, const char* name) {
   if (s.workers < 1 || s.microbatches < 1 || s.chunks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": workers, microbatches and chunks must be at least 1; got workers ", s.workers,
-        ", microbatches ", s.microbatches, ", chunks ", s.chunks));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": workers, microbatches and chunks must be at least 1; got workers ",
+                     s.workers, ", microbatches ", s.microbatches, ", chunks ", s.chunks));
   }
   return absl::OkStatus();
 }
@@ -71,8 +71,8 @@ absl::StatusOr<Schedule> GPipe(ScheduleSpec spec) {
 absl::StatusOr<Schedule> OneFOneB(ScheduleSpec spec) {
   if (absl::Status s = CheckSpec(spec, "1F1B"); !s.ok()) return s;
   if (spec.chunks != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1F1B runs one chunk per worker; got chunks ", spec.chunks, " (use Interleaved1F1B)"));
+    return absl::InvalidArgumentError(absl::StrCat("1F1B runs one chunk per worker; got chunks ",
+                                                   spec.chunks, " (use Interleaved1F1B)"));
   }
   const int p = spec.workers, m = spec.microbatches;
   Schedule out{"1f1b", spec, std::vector<std::vector<Action>>(p)};
@@ -106,12 +106,9 @@ absl::StatusOr<Schedule> Interleaved1F1B(ScheduleSpec spec) {
   for (int w = 0; w < p; ++w) {
     auto& a = out.per_worker[w];
     auto forward = [&](int k) { AddForward(spec, mb_of(k), ((k / p) % v) * p + w, a); };
-    auto backward = [&](int k) {
-      AddBackward(spec, mb_of(k), (v - 1 - (k / p) % v) * p + w, a);
-    };
+    auto backward = [&](int k) { AddBackward(spec, mb_of(k), (v - 1 - (k / p) % v) * p + w, a); };
     // Megatron's warm-up; with one chunk it is plain 1F1B's.
-    const int warmup =
-        std::min(v == 1 ? p - w - 1 : (p - w - 1) * 2 + (v - 1) * p, total);
+    const int warmup = std::min(v == 1 ? p - w - 1 : (p - w - 1) * 2 + (v - 1) * p, total);
     for (int k = 0; k < warmup; ++k) forward(k);
     int next_b = 0;
     for (int k = warmup; k < total; ++k) {
@@ -128,8 +125,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
   if (absl::Status s = CheckSpec(spec, schedule.name.c_str()); !s.ok()) return s;
   const int p = spec.workers, m = spec.microbatches, n = spec.stages();
   if (static_cast<int>(schedule.per_worker.size()) != p) {
-    return absl::InvalidArgumentError(absl::StrCat(schedule.name, ": ",
-                                                   schedule.per_worker.size(),
+    return absl::InvalidArgumentError(absl::StrCat(schedule.name, ": ", schedule.per_worker.size(),
                                                    " action lists for ", p, " workers"));
   }
   // A chunk is 1/v of a worker's share of the model.
@@ -143,9 +139,8 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
   sim.busy.assign(p, 0.0);
   std::vector<int> stashed(p, 0);
   auto fail = [&](int w, const Action& a, const std::string& why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(schedule.name, ": worker ", w, ", action ", pc[w], " (", ToString(a), "): ",
-                     why));
+    return absl::FailedPreconditionError(absl::StrCat(schedule.name, ": worker ", w, ", action ",
+                                                      pc[w], " (", ToString(a), "): ", why));
   };
   bool progress = true;
   while (progress) {
@@ -158,8 +153,8 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
           return fail(w, a, "micro-batch or stage out of range");
         }
         if (spec.worker_of(a.stage) != w) {
-          return fail(w, a, absl::StrCat("stage ", a.stage, " lives on worker ",
-                                         spec.worker_of(a.stage)));
+          return fail(
+              w, a, absl::StrCat("stage ", a.stage, " lives on worker ", spec.worker_of(a.stage)));
         }
         double ready = clock[w];
         switch (a.kind) {
@@ -225,25 +220,25 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
   std::vector<std::string> stuck;
   for (int w = 0; w < p; ++w) {
     if (pc[w] < schedule.per_worker[w].size()) {
-      stuck.push_back(absl::StrCat("worker ", w, " waits at ",
-                                   ToString(schedule.per_worker[w][pc[w]])));
+      stuck.push_back(
+          absl::StrCat("worker ", w, " waits at ", ToString(schedule.per_worker[w][pc[w]])));
     }
   }
   if (!stuck.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        schedule.name, ": deadlock: ", absl::StrJoin(stuck, "; ")));
+    return absl::FailedPreconditionError(
+        absl::StrCat(schedule.name, ": deadlock: ", absl::StrJoin(stuck, "; ")));
   }
   for (int i = 0; i < m; ++i) {
     for (int s = 0; s < n; ++s) {
       if (!fwd.count({i, s}) || !bwd.count({i, s})) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            schedule.name, ": micro-batch ", i, " is never ",
-            fwd.count({i, s}) ? "backwarded" : "forwarded", " at stage ", s));
+        return absl::FailedPreconditionError(
+            absl::StrCat(schedule.name, ": micro-batch ", i, " is never ",
+                         fwd.count({i, s}) ? "backwarded" : "forwarded", " at stage ", s));
       }
       if ((s < n - 1 && !act_recv.count({i, s + 1})) || (s > 0 && !grad_recv.count({i, s - 1}))) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            schedule.name, ": a message of micro-batch ", i, " from stage ", s,
-            " is sent but never received"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(schedule.name, ": a message of micro-batch ", i, " from stage ", s,
+                         " is sent but never received"));
       }
     }
   }

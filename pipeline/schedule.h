@@ -82,7 +82,7 @@ absl::StatusOr<Schedule> Interleaved1F1B(ScheduleSpec spec);
 absl::Status Validate(const Schedule& schedule);
 
 struct Costs {
-  double forward = 1.0;   // per micro-batch, for one stage
+  double forward = 1.0;  // per micro-batch, for one stage
   double backward = 2.0;
 };
 
@@ -98,9 +98,9 @@ struct TimelineEvent {
 struct Simulation {
   std::vector<TimelineEvent> events;  // in execution order per worker
   double makespan = 0;
-  double bubble_fraction = 0;          // idle share of workers * makespan
-  std::vector<int> peak_stashed;       // per worker: most micro-batch activations held at once
-  std::vector<double> busy;            // per worker
+  double bubble_fraction = 0;     // idle share of workers * makespan
+  std::vector<int> peak_stashed;  // per worker: most micro-batch activations held at once
+  std::vector<double> busy;       // per worker
 };
 
 // Runs the lists with the given costs (sends and receives take no time) and

@@ -19,10 +19,9 @@
 
 int main(int argc, char** argv) {
   using namespace baton::pipeline;  // NOLINT: a small tool
-  std::map<std::string, std::string> flags = {{"schedule", "1f1b"}, {"workers", "4"},
-                                              {"microbatches", "8"}, {"chunks", "1"},
-                                              {"forward", "1"},      {"backward", "2"},
-                                              {"trace", ""},         {"svg", ""}};
+  std::map<std::string, std::string> flags = {
+      {"schedule", "1f1b"}, {"workers", "4"},  {"microbatches", "8"}, {"chunks", "1"},
+      {"forward", "1"},     {"backward", "2"}, {"trace", ""},         {"svg", ""}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -50,12 +49,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string& kind = flags["schedule"];
-  absl::StatusOr<Schedule> s = kind == "gpipe"         ? GPipe(spec)
-                               : kind == "1f1b"        ? OneFOneB(spec)
-                               : kind == "interleaved" ? Interleaved1F1B(spec)
-                                                       : absl::InvalidArgumentError(absl::StrCat(
-                                                             "--schedule '", kind,
-                                                             "': gpipe, 1f1b or interleaved"));
+  absl::StatusOr<Schedule> s = kind == "gpipe"  ? GPipe(spec)
+                               : kind == "1f1b" ? OneFOneB(spec)
+                               : kind == "interleaved"
+                                   ? Interleaved1F1B(spec)
+                                   : absl::InvalidArgumentError(absl::StrCat(
+                                         "--schedule '", kind, "': gpipe, 1f1b or interleaved"));
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
     return 2;
@@ -65,11 +64,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", sim.status().ToString().c_str());
     return 1;
   }
-  std::printf("schedule %s p=%d m=%d v=%d: step %.2f, bubble %.4f (theoretical %.4f), "
-              "peak stashed micro-batches per worker [%s]\n",
-              s->name.c_str(), spec.workers, spec.microbatches, spec.chunks, sim->makespan,
-              sim->bubble_fraction, TheoreticalBubble(*s),
-              absl::StrJoin(sim->peak_stashed, ", ").c_str());
+  std::printf(
+      "schedule %s p=%d m=%d v=%d: step %.2f, bubble %.4f (theoretical %.4f), "
+      "peak stashed micro-batches per worker [%s]\n",
+      s->name.c_str(), spec.workers, spec.microbatches, spec.chunks, sim->makespan,
+      sim->bubble_fraction, TheoreticalBubble(*s), absl::StrJoin(sim->peak_stashed, ", ").c_str());
   if (!flags["trace"].empty()) {
     if (auto st = WriteChromeTrace(flags["trace"], *s, sim->events, 1000); !st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());

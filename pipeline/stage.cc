@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
   const ScheduleSpec& spec = config.spec;
   if (spec.workers < 1 || spec.microbatches < 1 || spec.chunks < 1 || config.worker < 0 ||
       config.worker >= spec.workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage config: worker ", config.worker, " of ", spec.workers, " workers, ",
-                     spec.microbatches, " micro-batches, ", spec.chunks, " chunks"));
+    return absl::InvalidArgumentError(absl::StrCat("stage config: worker ", config.worker, " of ",
+                                                   spec.workers, " workers, ", spec.microbatches,
+                                                   " micro-batches, ", spec.chunks, " chunks"));
   }
   if (config.batch_size < 1 || config.batch_size % spec.microbatches != 0) {
     return absl::InvalidArgumentError(absl::StrCat("stage config: batch ", config.batch_size,
@@ -44,17 +44,16 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
                                                    spec.microbatches, " micro-batches"));
   }
   if (static_cast<int>(modules.size()) != spec.chunks) {
-    return absl::InvalidArgumentError(absl::StrCat("stage config: worker ", config.worker,
-                                                   " got ", modules.size(), " modules for ",
-                                                   spec.chunks, " chunks"));
+    return absl::InvalidArgumentError(absl::StrCat("stage config: worker ", config.worker, " got ",
+                                                   modules.size(), " modules for ", spec.chunks,
+                                                   " chunks"));
   }
   for (size_t i = 0; i < config.actions.size(); ++i) {
     const Action& a = config.actions[i];
     if (a.stage < 0 || a.stage >= spec.stages() || spec.worker_of(a.stage) != config.worker ||
         a.microbatch < 0 || a.microbatch >= spec.microbatches) {
-      return absl::InvalidArgumentError(absl::StrCat("stage config: action ", i, " (",
-                                                     ToString(a), ") is not for worker ",
-                                                     config.worker));
+      return absl::InvalidArgumentError(absl::StrCat("stage config: action ", i, " (", ToString(a),
+                                                     ") is not for worker ", config.worker));
     }
   }
   if (!loss) return absl::InvalidArgumentError("stage config: no loss function");
@@ -64,8 +63,8 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
     chunk.stage = c * spec.workers + config.worker;
     chunk.module = std::move(modules[c]);
     if (chunk.module.is_empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("stage config: no module for stage ",
-                                                     chunk.stage));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage config: no module for stage ", chunk.stage));
     }
     chunk.params = chunk.module->parameters();
     auto opt = dist_optim::FunctionalOptimizer::Create(config.optimizer, chunk.params);
@@ -97,8 +96,8 @@ absl::Status StageRunner::Deliver(StageMessage message) {
   }
   if (message.stage < 0 || message.stage >= spec.stages() ||
       spec.worker_of(message.stage) != config_.worker) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": pipeline worker ", config_.worker,
-                                                   " does not own that stage"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": pipeline worker ", config_.worker, " does not own that stage"));
   }
   if (message.microbatch < 0 || message.microbatch >= spec.microbatches) {
     return absl::InvalidArgumentError(
@@ -106,9 +105,8 @@ absl::Status StageRunner::Deliver(StageMessage message) {
   }
   if ((message.kind == MessageKind::kActivation && message.stage == 0) ||
       (message.kind == MessageKind::kGradient && message.stage == spec.stages() - 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": stage ", message.stage,
-                                                   " never receives a ",
-                                                   MessageName(message.kind)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": stage ", message.stage, " never receives a ", MessageName(message.kind)));
   }
   if (!message.tensor.defined()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": no tensor"));
@@ -119,8 +117,8 @@ absl::Status StageRunner::Deliver(StageMessage message) {
         what, ": step ", message.step, " already ended on pipeline worker ", config_.worker));
   }
   if (inbox_.size() >= static_cast<size_t>(2 * spec.stages() * spec.microbatches)) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", inbox_.size(),
-                                                     " messages already pending"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": ", inbox_.size(), " messages already pending"));
   }
   Key key{message.step, kind, message.stage, message.microbatch};
   if (!inbox_.emplace(key, std::move(message.tensor)).second) {
@@ -224,10 +222,10 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
   const bool has_last = spec.worker_of(last) == config_.worker;
   auto check_batch = [&](const torch::Tensor& t, const char* what) -> absl::Status {
     if (!t.defined() || t.dim() < 1 || t.size(0) != config_.batch_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline worker ", config_.worker, " step ", in.step, ": the batch's ", what,
-          " must have ", config_.batch_size, " rows; got ",
-          t.defined() ? absl::StrCat(t.dim() ? t.size(0) : 0, " rows") : "none"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline worker ", config_.worker, " step ", in.step, ": the batch's ",
+                       what, " must have ", config_.batch_size, " rows; got ",
+                       t.defined() ? absl::StrCat(t.dim() ? t.size(0) : 0, " rows") : "none"));
     }
     return absl::OkStatus();
   };
@@ -261,9 +259,8 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
       absl::MutexLock lock(&mu_);
       ++pending_sends_;
     }
-    const std::string what =
-        absl::StrCat(Where(a), ": sending the ", MessageName(kind), " to stage ", to_stage,
-                     " on ", link.Describe(to));
+    const std::string what = absl::StrCat(Where(a), ": sending the ", MessageName(kind),
+                                          " to stage ", to_stage, " on ", link.Describe(to));
     link.Send(to, std::move(msg), [this, what](absl::Status s) {
       absl::MutexLock lock(&mu_);
       --pending_sends_;
@@ -282,13 +279,13 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
       case ActionKind::kRecvGradient: {
         const bool act = a.kind == ActionKind::kRecvActivation;
         const int from = act ? a.stage - 1 : a.stage + 1;
-        auto t = Receive(in.step, act ? MessageKind::kActivation : MessageKind::kGradient,
-                         a.stage, a.microbatch, in.deadline);
+        auto t = Receive(in.step, act ? MessageKind::kActivation : MessageKind::kGradient, a.stage,
+                         a.microbatch, in.deadline);
         if (!t.ok()) {
-          return Annotate(t.status(),
-                          absl::StrCat(Where(a), ": waiting for the ", act ? "activation" : "gradient",
-                                       " from stage ", from, " on ",
-                                       link.Describe(spec.worker_of(from))));
+          return Annotate(
+              t.status(),
+              absl::StrCat(Where(a), ": waiting for the ", act ? "activation" : "gradient",
+                           " from stage ", from, " on ", link.Describe(spec.worker_of(from))));
         }
         sl.received = std::move(*t);
         break;
@@ -313,8 +310,7 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
           sl.input = std::move(x);
           sl.output = std::move(y);
         } catch (const std::exception& e) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(Where(a), ": forward failed: ", e.what()));
+          return absl::InvalidArgumentError(absl::StrCat(Where(a), ": forward failed: ", e.what()));
         }
         report.peak_stashed = std::max(report.peak_stashed, ++stashed);
         break;
@@ -333,9 +329,9 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
             torch::Tensor g = std::move(sl.received);
             if (!g.defined() || g.sizes() != sl.output.sizes() ||
                 g.scalar_type() != sl.output.scalar_type()) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  Where(a), ": the gradient received does not match the output ",
-                  c10::str(sl.output.sizes(), " ", sl.output.scalar_type())));
+              return absl::InvalidArgumentError(
+                  absl::StrCat(Where(a), ": the gradient received does not match the output ",
+                               c10::str(sl.output.sizes(), " ", sl.output.scalar_type())));
             }
             torch::autograd::backward({sl.output}, {g});
           }
@@ -413,8 +409,7 @@ absl::StatusOr<std::string> StageRunner::SaveState() const {
 absl::Status StageRunner::LoadState(const std::string& bytes) {
   ByteReader r(bytes);
   auto bad = [&](const std::string& why) {
-    return absl::DataLossError(
-        absl::StrCat("pipeline worker ", config_.worker, " state: ", why));
+    return absl::DataLossError(absl::StrCat("pipeline worker ", config_.worker, " state: ", why));
   };
   absl::string_view magic;
   if (!r.Raw(sizeof(kStateMagic), &magic) ||
@@ -438,10 +433,10 @@ absl::Status StageRunner::LoadState(const std::string& bytes) {
     int64_t stage = 0, n = 0;
     if (!r.I64(&stage) || !r.I64(&n)) return bad("truncated chunk header");
     if (stage != chunks_[c].stage || n != static_cast<int64_t>(chunks_[c].params.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline worker ", config_.worker, " state: chunk ", c, " is stage ", stage, " with ",
-          n, " parameters; this worker's is stage ", chunks_[c].stage, " with ",
-          chunks_[c].params.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline worker ", config_.worker, " state: chunk ", c, " is stage ", stage,
+                       " with ", n, " parameters; this worker's is stage ", chunks_[c].stage,
+                       " with ", chunks_[c].params.size()));
     }
     for (int64_t i = 0; i < n; ++i) {
       const torch::Tensor& p = chunks_[c].params[i];
@@ -451,10 +446,10 @@ absl::Status StageRunner::LoadState(const std::string& bytes) {
       if (!r.U8(&dtype) || !r.I64(&numel) || !r.I64(&nbytes)) return bad("truncated parameter");
       if (dtype != static_cast<uint8_t>(p.scalar_type()) || numel != p.numel() ||
           nbytes != static_cast<int64_t>(p.nbytes())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pipeline worker ", config_.worker, " state: stage ", stage, " parameter ", i,
-            " has ", numel, " elements of dtype ", static_cast<int>(dtype), "; the model's has ",
-            p.numel(), " of ", p.scalar_type()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("pipeline worker ", config_.worker, " state: stage ", stage, " parameter ",
+                         i, " has ", numel, " elements of dtype ", static_cast<int>(dtype),
+                         "; the model's has ", p.numel(), " of ", p.scalar_type()));
       }
       if (!r.Raw(static_cast<size_t>(nbytes), &data)) return bad("truncated parameter data");
       parsed[c].params.push_back(data);
@@ -482,8 +477,8 @@ absl::Status StageRunner::LoadState(const std::string& bytes) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     for (size_t i = 0; i < chunks_[c].params.size(); ++i) {
       torch::Tensor& p = chunks_[c].params[i];
-      torch::Tensor src = torch::from_blob(const_cast<char*>(parsed[c].params[i].data()),
-                                           p.sizes(), p.options().requires_grad(false));
+      torch::Tensor src = torch::from_blob(const_cast<char*>(parsed[c].params[i].data()), p.sizes(),
+                                           p.options().requires_grad(false));
       p.copy_(src);
     }
     chunks_[c].optimizer = std::move(fresh[c]);

@@ -78,7 +78,8 @@
 namespace baton::pipeline {
 
 // The SUM of the per-example losses of one micro-batch (a scalar tensor).
-using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+using LossFn =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
 // Cross-entropy over class logits, summed (the default).
 torch::Tensor SumCrossEntropy(const torch::Tensor& output, const torch::Tensor& target);

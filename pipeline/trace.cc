@@ -30,10 +30,10 @@ std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEven
   for (int w = 0; w < spec.workers; ++w) {
     std::vector<int> stages;
     for (int c = 0; c < spec.chunks; ++c) stages.push_back(c * spec.workers + w);
-    out.push_back(absl::StrFormat(
-        "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
-        "\"args\": {\"name\": \"worker %d (stage%s %s)\"}}",
-        w, w, stages.size() > 1 ? "s" : "", absl::StrJoin(stages, ", ")));
+    out.push_back(
+        absl::StrFormat("{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+                        "\"args\": {\"name\": \"worker %d (stage%s %s)\"}}",
+                        w, w, stages.size() > 1 ? "s" : "", absl::StrJoin(stages, ", ")));
   }
   double end = 0;
   for (const auto& e : events) end = std::max(end, e.end);
@@ -46,7 +46,8 @@ std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEven
     });
     double t = 0;
     for (const TimelineEvent* e : list) {
-      if (e->start > t + 1e-12) out.push_back(Span("idle", "idle", w, t, e->start, us_per_unit, ""));
+      if (e->start > t + 1e-12)
+        out.push_back(Span("idle", "idle", w, t, e->start, us_per_unit, ""));
       const Action& a = e->action;
       const std::string args =
           absl::StrCat("\"microbatch\": ", a.microbatch, ", \"stage\": ", a.stage);
@@ -72,8 +73,8 @@ std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEven
     if (end > t + 1e-12) out.push_back(Span("idle", "idle", w, t, end, us_per_unit, ""));
   }
   return absl::StrCat("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"schedule\": \"",
-                      schedule.name, "\", \"workers\": ", spec.workers, ", \"microbatches\": ",
-                      spec.microbatches, ", \"chunks\": ", spec.chunks,
+                      schedule.name, "\", \"workers\": ", spec.workers,
+                      ", \"microbatches\": ", spec.microbatches, ", \"chunks\": ", spec.chunks,
                       "}, \"traceEvents\": [\n", absl::StrJoin(out, ",\n"), "\n]}\n");
 }
 
@@ -92,8 +93,7 @@ std::string TimelineSvg(const Schedule& schedule, const std::vector<TimelineEven
       width, h, schedule.name, spec.workers, spec.microbatches,
       spec.chunks > 1 ? absl::StrCat(", ", spec.chunks, " chunks") : std::string());
   for (int w = 0; w < spec.workers; ++w) {
-    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%d\">worker %d</text>\n",
-                          top + w * row + 17, w);
+    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%d\">worker %d</text>\n", top + w * row + 17, w);
   }
   for (const auto& e : events) {
     const char* fill = e.action.kind == ActionKind::kForward    ? "#4a7fd4"

@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent,
   if (options.servers.empty()) return absl::InvalidArgumentError("ps client: no servers given");
   if (options.trainer < 0 || options.trainer >= spec.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat("ps client: trainer id ", options.trainer,
-                                                   " out of range; the job has ",
-                                                   spec.num_trainers, " trainers"));
+                                                   " out of range; the job has ", spec.num_trainers,
+                                                   " trainers"));
   }
   std::unique_ptr<PsClient> c(new PsClient(agent, std::move(spec), std::move(options)));
   for (const std::string& name : c->options_.servers) {
@@ -124,10 +124,10 @@ absl::StatusOr<int> PsClient::TableIndex(const std::string& table, TableKind kin
   for (size_t i = 0; i < spec_.tables.size(); ++i) {
     if (spec_.tables[i].name != table) continue;
     if (spec_.tables[i].kind != kind) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ps table '", table, "': ",
-          kind == TableKind::kDense ? "an embedding table, use PullRows/PushRows"
-                                    : "a dense table, use Pull/Push"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps table '", table, "': ",
+                       kind == TableKind::kDense ? "an embedding table, use PullRows/PushRows"
+                                                 : "a dense table, use Pull/Push"));
     }
     return static_cast<int>(i);
   }
@@ -172,8 +172,9 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
       } else {
         values = r.status();
       }
-      g->Put(k, std::move(values), [g](std::vector<Out>& all) { g->promise.SetValue(std::move(all)); },
-             what);
+      g->Put(
+          k, std::move(values), [g](std::vector<Out>& all) { g->promise.SetValue(std::move(all)); },
+          what);
     });
   }
   return fut;
@@ -218,7 +219,8 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
       } else {
         at_clock = r.status();
       }
-      g->Put(k, std::move(at_clock), [done](std::vector<int64_t>&) { done.SetValue(); }, what);
+      g->Put(
+          k, std::move(at_clock), [done](std::vector<int64_t>&) { done.SetValue(); }, what);
     });
   }
   // Errors reach `done` through the gather's promise.
@@ -240,10 +242,10 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
     if (!idx.ok()) return idx.status();
     const TableSpec& t = spec_.tables[*idx];
     if (values[i].numel() != t.numel() || values[i].scalar_type() != t.dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ps table '", t.name, "': initial value has ", values[i].numel(), " elements of ",
-          c10::toString(values[i].scalar_type()), ", the table ", t.numel(), " of ",
-          c10::toString(t.dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps table '", t.name, "': initial value has ", values[i].numel(),
+                       " elements of ", c10::toString(values[i].scalar_type()), ", the table ",
+                       t.numel(), " of ", c10::toString(t.dtype)));
     }
     at::Tensor flat = values[i].reshape(-1).contiguous();
     for (const auto& c : plan_.chunks(*idx)) {
@@ -268,8 +270,8 @@ rpc::Future<std::vector<at::Tensor>> PsClient::PullDense(const std::vector<std::
   return PullDenseInto(tables, {});
 }
 
-rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(
-    const std::vector<std::string>& tables, std::vector<at::Tensor> into) {
+rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(const std::vector<std::string>& tables,
+                                                             std::vector<at::Tensor> into) {
   using Out = std::vector<at::Tensor>;
   std::vector<int> idx;
   for (const auto& name : tables) {
@@ -285,10 +287,10 @@ rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(
     const TableSpec& t = spec_.tables[idx[j]];
     if (!into[j].defined() || into[j].sizes() != c10::IntArrayRef(t.shape) ||
         into[j].scalar_type() != t.dtype || !into[j].is_contiguous() || into[j].requires_grad()) {
-      return rpc::MakeErrorFuture<Out>(absl::InvalidArgumentError(absl::StrCat(
-          "ps table '", t.name, "': a pull destination must be a contiguous ",
-          c10::toString(t.dtype), "[", absl::StrJoin(t.shape, ","),
-          "] tensor that does not require grad")));
+      return rpc::MakeErrorFuture<Out>(absl::InvalidArgumentError(
+          absl::StrCat("ps table '", t.name, "': a pull destination must be a contiguous ",
+                       c10::toString(t.dtype), "[", absl::StrJoin(t.shape, ","),
+                       "] tensor that does not require grad")));
     }
   }
   std::vector<Part> parts(server_ids_.size());
@@ -391,8 +393,8 @@ rpc::Future<at::Tensor> PsClient::PullRows(const std::string& table, const at::T
   std::vector<int64_t> out_shape(ids.sizes().begin(), ids.sizes().end());
   out_shape.push_back(dim);
   return SendPulls(std::move(parts), absl::StrCat("ps pull of table '", table, "'"))
-      .Then([u, dim, dtype, used_pos, inverse, out_shape](
-                const rpc::Future<std::vector<std::vector<at::Tensor>>>& f)
+      .Then([u, dim, dtype, used_pos, inverse,
+             out_shape](const rpc::Future<std::vector<std::vector<at::Tensor>>>& f)
                 -> absl::StatusOr<at::Tensor> {
         const auto& r = f.result();
         if (!r.ok()) return r.status();
@@ -428,13 +430,13 @@ rpc::Future<void> PsClient::PushDense(const std::vector<std::string>& tables,
     const TableSpec& t = spec_.tables[*i];
     const at::Tensor& g = grads[j];
     if (!g.defined() || g.sizes() != c10::IntArrayRef(t.shape) || g.scalar_type() != t.dtype) {
-      return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(absl::StrCat(
-          "ps table '", t.name, "': gradient ",
-          g.defined() ? absl::StrCat(c10::toString(g.scalar_type()), "[",
-                                     absl::StrJoin(g.sizes(), ","), "]")
-                      : "undefined",
-          " does not match the table's ", c10::toString(t.dtype), "[",
-          absl::StrJoin(t.shape, ","), "]")));
+      return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(
+          absl::StrCat("ps table '", t.name, "': gradient ",
+                       g.defined() ? absl::StrCat(c10::toString(g.scalar_type()), "[",
+                                                  absl::StrJoin(g.sizes(), ","), "]")
+                                   : "undefined",
+                       " does not match the table's ", c10::toString(t.dtype), "[",
+                       absl::StrJoin(t.shape, ","), "]")));
     }
     at::Tensor flat = g.reshape(-1).contiguous();
     for (const auto& c : plan_.chunks(*i)) {
@@ -462,9 +464,9 @@ rpc::Future<void> PsClient::PushRows(const std::string& table, const at::Tensor&
   if (!ids.defined() || ids.scalar_type() != at::kLong || !grads.defined() ||
       grads.scalar_type() != t.dtype || grads.numel() != ids.numel() * t.dim ||
       (grads.dim() > 0 && grads.size(-1) != t.dim)) {
-    return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(absl::StrCat(
-        "ps table '", table, "': PushRows needs int64 ids and ", c10::toString(t.dtype),
-        " gradients of shape ids.shape + [", t.dim, "]")));
+    return rpc::MakeErrorFuture<void>(absl::InvalidArgumentError(
+        absl::StrCat("ps table '", table, "': PushRows needs int64 ids and ",
+                     c10::toString(t.dtype), " gradients of shape ids.shape + [", t.dim, "]")));
   }
   at::Tensor flat = ids.reshape(-1).contiguous();
   at::Tensor g = grads.reshape({flat.numel(), t.dim}).contiguous();
@@ -514,9 +516,9 @@ rpc::Future<void> PsClient::Step() {
 absl::StatusOr<std::vector<ShardStats>> PsClient::Stats() {
   std::vector<ShardStats> out;
   for (size_t s = 0; s < server_ids_.size(); ++s) {
-    auto r = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s],
-                              internal::kStatsFn)
-                 .result();
+    auto r =
+        agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s], internal::kStatsFn)
+            .result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps stats of server ", s));
     out.push_back(internal::FromProto(*r));
   }
@@ -526,9 +528,10 @@ absl::StatusOr<std::vector<ShardStats>> PsClient::Stats() {
 absl::StatusOr<std::vector<std::string>> PsClient::Checkpoint() {
   std::vector<std::string> out;
   for (size_t s = 0; s < server_ids_.size(); ++s) {
-    auto r = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s],
-                              internal::kCheckpointFn)
-                 .result();
+    auto r =
+        agent_
+            .rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s], internal::kCheckpointFn)
+            .result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps checkpoint of server ", s));
     out.push_back(r->path);
   }

@@ -29,7 +29,8 @@ absl::StatusOr<ModuleBinding> ModuleBinding::Create(PsClient& client, torch::nn:
     params.push_back(item.value());
     values.push_back(item.value().detach());
   }
-  if (tables.empty()) return absl::InvalidArgumentError("ps ModuleBinding: module has no parameters");
+  if (tables.empty())
+    return absl::InvalidArgumentError("ps ModuleBinding: module has no parameters");
   if (absl::Status s = client.InitDense(tables, values); !s.ok()) {
     return Annotate(s, absl::StrCat("ps ModuleBinding '", prefix, "'"));
   }

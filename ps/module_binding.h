@@ -51,8 +51,7 @@ class ModuleBinding {
   const std::vector<std::string>& tables() const { return tables_; }
 
  private:
-  ModuleBinding(PsClient& client, std::vector<std::string> tables,
-                std::vector<at::Tensor> params)
+  ModuleBinding(PsClient& client, std::vector<std::string> tables, std::vector<at::Tensor> params)
       : client_(&client), tables_(std::move(tables)), params_(std::move(params)) {}
 
   PsClient* client_;

@@ -11,9 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/byte_io.h"
 #include "base/file_io.h"
 #include "base/status.h"
@@ -92,8 +92,8 @@ absl::Status CheckLengths(const char* request, size_t tables,
                           std::initializer_list<std::pair<const char*, size_t>> lists) {
   for (const auto& [name, n] : lists) {
     if (n != tables) {
-      return absl::InvalidArgumentError(absl::StrCat("ps ", request, ": ", tables,
-                                                     " tables but ", n, " ", name));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps ", request, ": ", tables, " tables but ", n, " ", name));
     }
   }
   return absl::OkStatus();
@@ -147,8 +147,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   }
 
   absl::Status s = registry.Register(
-      internal::kJoinFn,
-      [shard](internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+      internal::kJoinFn, [shard](internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
         auto r = shard->Join(req.trainer, req.fingerprint);
         if (!r.ok()) return r.status();
         internal::JoinReply reply;
@@ -189,19 +188,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
             return rpc::MakeErrorFuture<Reply>(c);
           }
           rpc::Promise<Reply> promise;
-          shard->Pull(req.trainer, req.clock, Requests(req.tables, req.ids, nullptr),
-                      ctx.deadline,
-                      [promise](absl::StatusOr<PullResult> r) {
-                        if (!r.ok()) {
-                          promise.SetError(r.status());
-                          return;
-                        }
-                        Reply reply;
-                        reply.staleness = r->staleness;
-                        reply.values = std::move(r->values);
-                        promise.SetValue(std::move(reply));
-                      },
-                      req.session);
+          shard->Pull(
+              req.trainer, req.clock, Requests(req.tables, req.ids, nullptr), ctx.deadline,
+              [promise](absl::StatusOr<PullResult> r) {
+                if (!r.ok()) {
+                  promise.SetError(r.status());
+                  return;
+                }
+                Reply reply;
+                reply.staleness = r->staleness;
+                reply.values = std::move(r->values);
+                promise.SetValue(std::move(reply));
+              },
+              req.session);
           return promise.future();
         });
   }
@@ -209,9 +208,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     s = registry.Register(
         internal::kPushFn,
         [shard](internal::PushRequest req) -> absl::StatusOr<internal::PushReply> {
-          if (absl::Status c = CheckLengths("PushRequest", req.tables.size(),
-                                            {{"ids", req.ids.size()},
-                                             {"gradients", req.gradients.size()}});
+          if (absl::Status c =
+                  CheckLengths("PushRequest", req.tables.size(),
+                               {{"ids", req.ids.size()}, {"gradients", req.gradients.size()}});
               !c.ok()) {
             return c;
           }
@@ -263,7 +262,7 @@ PsServer::~PsServer() {
 int64_t PsServer::ProgressClock() const {
   const ShardStats st = shard_->Stats();
   return shard_->spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock
-                                                                    : st.min_clock;
+                                                                   : st.min_clock;
 }
 
 void PsServer::Maintain() {
@@ -301,8 +300,7 @@ absl::StatusOr<std::string> PsServer::CheckpointNow() {
   auto bytes = shard_->Serialize();
   if (!bytes.ok()) return bytes.status();
   const int64_t clock = ProgressClock();
-  const std::string dir =
-      ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers);
+  const std::string dir = ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers);
   if (absl::Status s = MakeDirs(dir); !s.ok()) return Annotate(s, "ps checkpoint");
   int64_t seq;
   {

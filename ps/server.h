@@ -50,7 +50,7 @@ struct ServerOptions {
   int num_servers = 1;
   // Empty: no checkpoints.
   std::string checkpoint_dir;
-  int64_t checkpoint_every_clocks = 0;  // 0: not by clocks
+  int64_t checkpoint_every_clocks = 0;                     // 0: not by clocks
   absl::Duration checkpoint_every = absl::ZeroDuration();  // zero: not by time
   absl::Duration check_interval = absl::Milliseconds(100);
   ServerShard::Logger log;  // null: stderr

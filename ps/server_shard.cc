@@ -88,9 +88,8 @@ ServerShard::~ServerShard() {
 absl::StatusOr<std::unique_ptr<ServerShard>> ServerShard::Create(PsSpec spec, Options options) {
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
   if (options.num_servers < 1 || options.server < 0 || options.server >= options.num_servers) {
-    return absl::InvalidArgumentError(absl::StrCat("ps server index ", options.server,
-                                                   " out of range for ", options.num_servers,
-                                                   " servers"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ps server index ", options.server, " out of range for ", options.num_servers, " servers"));
   }
   std::unique_ptr<ServerShard> shard(new ServerShard(std::move(spec), std::move(options)));
   if (absl::Status s = shard->Init(); !s.ok()) return s;
@@ -182,10 +181,10 @@ absl::Status ServerShard::CheckTrainer(int trainer) const {
 
 absl::Status ServerShard::CheckSession(int trainer, int64_t session) const {
   if (session == kAnySession || session == session_[trainer]) return absl::OkStatus();
-  return absl::AbortedError(absl::StrCat(
-      "ps server ", options_.server, ": request from a superseded incarnation of trainer ",
-      trainer, " (session ", session, "; the current one is ", session_[trainer],
-      "): a restarted trainer joined since"));
+  return absl::AbortedError(absl::StrCat("ps server ", options_.server,
+                                         ": request from a superseded incarnation of trainer ",
+                                         trainer, " (session ", session, "; the current one is ",
+                                         session_[trainer], "): a restarted trainer joined since"));
 }
 
 absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fingerprint) {
@@ -196,10 +195,10 @@ absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fing
     std::vector<std::string> b = absl::StrSplit(mine, '\n');
     size_t i = 0;
     while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ps: trainer ", trainer, " declares another job than server ", options_.server,
-        ": trainer has '", i < a.size() ? a[i] : "(nothing)", "', server has '",
-        i < b.size() ? b[i] : "(nothing)", "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps: trainer ", trainer, " declares another job than server ", options_.server,
+                     ": trainer has '", i < a.size() ? a[i] : "(nothing)", "', server has '",
+                     i < b.size() ? b[i] : "(nothing)", "'"));
   }
   Deferred after;
   JoinReply reply;
@@ -263,8 +262,7 @@ absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableR
         return Bad(v.table, absl::StrCat("initial value chunk must be ",
                                          c10::toString(spec_.tables[i].dtype), "[",
                                          slot.chunk.size(), "] on server ", options_.server,
-                                         " (got ", v.grad.defined() ? Shape(v.grad) : "none",
-                                         ")"));
+                                         " (got ", v.grad.defined() ? Shape(v.grad) : "none", ")"));
       }
     }
     for (const auto& v : values) {
@@ -319,8 +317,7 @@ absl::Status ServerShard::ValidatePush(const std::vector<TableRequest>& grads) c
     if (t.kind == TableKind::kDense) {
       const auto& slot = *dense_[i];
       if (slot.opt == nullptr) {
-        return Bad(r.table, absl::StrCat("a ", c10::toString(t.dtype),
-                                         " table is not trainable"));
+        return Bad(r.table, absl::StrCat("a ", c10::toString(t.dtype), " table is not trainable"));
       }
       if (r.grad.dim() != 1 || r.grad.numel() != slot.chunk.size()) {
         return Bad(r.table, absl::StrCat("gradient chunk ", Shape(r.grad), " does not match ",
@@ -359,10 +356,8 @@ int64_t ServerShard::MinLiveClockLocked() const {
 
 bool ServerShard::PullReadyLocked(int64_t clock) const {
   switch (spec_.consistency.mode) {
-    case ConsistencyMode::kAsync:
-      return true;
-    case ConsistencyMode::kSync:
-      return applied_clock_ >= clock;
+    case ConsistencyMode::kAsync: return true;
+    case ConsistencyMode::kSync: return applied_clock_ >= clock;
     case ConsistencyMode::kBoundedStaleness:
       return MinLiveClockLocked() >= clock - spec_.consistency.staleness;
   }
@@ -371,8 +366,8 @@ bool ServerShard::PullReadyLocked(int64_t clock) const {
 
 std::vector<int> ServerShard::BlockersLocked(int64_t clock) const {
   std::vector<int> out;
-  const int64_t need = sync_ ? std::min(clock, applied_clock_ + 1)
-                             : clock - spec_.consistency.staleness;
+  const int64_t need =
+      sync_ ? std::min(clock, applied_clock_ + 1) : clock - spec_.consistency.staleness;
   for (int t = 0; t < spec_.num_trainers; ++t) {
     if (live_[t] && finished_[t] < need) out.push_back(t);
   }
@@ -417,8 +412,7 @@ PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest
 }
 
 void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
-                       absl::Time deadline,
-                       std::function<void(absl::StatusOr<PullResult>)> done,
+                       absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
                        int64_t session) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return done(s);
   const absl::Time now = options_.now();  // user code: not under mu_
@@ -544,8 +538,9 @@ void ServerShard::ApplySyncClockLocked(int64_t clock) {
       ++n;
     }
   }
-  std::stable_sort(contribs.begin(), contribs.end(),
-                   [](const Contribution& a, const Contribution& b) { return a.trainer < b.trainer; });
+  std::stable_sort(
+      contribs.begin(), contribs.end(),
+      [](const Contribution& a, const Contribution& b) { return a.trainer < b.trainer; });
   applied_pushes_ += static_cast<int64_t>(
       std::count_if(contribs.begin(), contribs.end(),
                     [&](const Contribution& c) { return c.table < 0 && counted[c.trainer]; }));
@@ -611,8 +606,8 @@ void ServerShard::CheckWaits() {
       if (now >= waiters_[k].deadline) {
         ready.emplace_back(std::move(waiters_[k]),
                            absl::DeadlineExceededError(absl::StrCat(
-                               "ps server ", options_.server, ": pull at clock ",
-                               waiters_[k].clock, " by trainer ", waiters_[k].trainer,
+                               "ps server ", options_.server, ": pull at clock ", waiters_[k].clock,
+                               " by trainer ", waiters_[k].trainer,
                                " reached its deadline while waiting for trainers ",
                                absl::StrJoin(BlockersLocked(waiters_[k].clock), ", "))));
         waiters_.erase(waiters_.begin() + k);
@@ -634,12 +629,12 @@ void ServerShard::CheckWaits() {
         for (int t : blockers) {
           names.push_back(absl::StrCat("trainer ", t, " (at clock ", finished_[t], ")"));
         }
-        ready.emplace_back(std::move(w), absl::DeadlineExceededError(absl::StrCat(
-                                             "ps server ", options_.server, ": ",
-                                             absl::StrJoin(names, ", "),
-                                             " kept the pull at clock ", w.clock,
-                                             " waiting longer than the trainer timeout of ",
-                                             DurationText(spec_.trainer_timeout))));
+        ready.emplace_back(
+            std::move(w),
+            absl::DeadlineExceededError(absl::StrCat(
+                "ps server ", options_.server, ": ", absl::StrJoin(names, ", "),
+                " kept the pull at clock ", w.clock, " waiting longer than the trainer timeout of ",
+                DurationText(spec_.trainer_timeout))));
         waiters_.erase(waiters_.begin() + k);
         continue;
       }
@@ -652,12 +647,12 @@ void ServerShard::CheckWaits() {
       if (!live_[t]) continue;
       live_[t] = false;
       ++dropped_;
-      LogLocked(absl::StrCat("ps server ", options_.server, ": dropped trainer ", t,
-                             " from the clock at clock ", finished_[t], " (others at ",
-                             applied_clock_, "): no progress for ",
-                             DurationText(spec_.trainer_timeout),
-                             "; it rejoins when it calls again"),
-                &after);
+      LogLocked(
+          absl::StrCat("ps server ", options_.server, ": dropped trainer ", t,
+                       " from the clock at clock ", finished_[t], " (others at ", applied_clock_,
+                       "): no progress for ", DurationText(spec_.trainer_timeout),
+                       "; it rejoins when it calls again"),
+          &after);
     }
     if (!drop.empty() && sync_) AdvanceSyncLocked();
     CollectReadyLocked(&ready);

@@ -130,16 +130,14 @@ class ServerShard {
 
   // Calls `done` once the pull at `clock` may be served (PS1, PS4), with the
   // values or an error; at once in kAsync. `deadline` bounds the wait (PS5).
-  void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
-            absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
-            int64_t session = kAnySession);
+  void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables, absl::Time deadline,
+            std::function<void(absl::StatusOr<PullResult>)> done, int64_t session = kAnySession);
 
   // Applies (kAsync, SSP) or records (kSync) the gradients of `clock`;
   // `end_clock` marks the trainer's last push of that clock. Returns the
   // clock the trainer is at afterwards.
   absl::StatusOr<int64_t> Push(int trainer, int64_t clock, bool end_clock,
-                               std::vector<TableRequest> grads,
-                               int64_t session = kAnySession);
+                               std::vector<TableRequest> grads, int64_t session = kAnySession);
 
   // PS5: drops (or fails) trainers that kept a parked pull waiting longer
   // than trainer_timeout, and fails pulls past their deadline. PsServer calls
@@ -186,8 +184,7 @@ class ServerShard {
 
   int TableIndex(const std::string& name) const;
   absl::Status CheckTrainer(int trainer) const;
-  absl::Status CheckSession(int trainer, int64_t session) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckSession(int trainer, int64_t session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePull(const std::vector<TableRequest>& tables) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const std::vector<TableRequest>& grads) const

@@ -81,9 +81,9 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
   int64_t server = 0, servers = 0, applied = 0, applied_pushes = 0;
   if (!r.I64(&server) || !r.I64(&servers) || !r.I64(&applied)) return corrupt("truncated header");
   if (server != options_.server || servers != options_.num_servers) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ps checkpoint: written by server ", server, " of ", servers, ", not server ",
-        options_.server, " of ", options_.num_servers));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ps checkpoint: written by server ", server, " of ", servers, ", not server ",
+                     options_.server, " of ", options_.num_servers));
   }
   std::vector<int64_t> finished(spec_.num_trainers);
   std::vector<bool> live(spec_.num_trainers);
@@ -132,7 +132,8 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
       }
       if (id < 0 || id >= t.rows ||
           ShardPlan::RowOwner(id, options_.num_servers) != options_.server) {
-        return corrupt(absl::StrCat("row id ", id, " of table '", t.name, "' is not this server's"));
+        return corrupt(
+            absl::StrCat("row id ", id, " of table '", t.name, "' is not this server's"));
       }
       rows[i].ids.push_back(id);
       rows[i].rows.push_back(row);
@@ -143,8 +144,8 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
   for (size_t i = 0; i < spec_.tables.size(); ++i) {
     if (dense_[i] != nullptr && dense_[i]->opt != nullptr) {
       // Validate the optimizer state before touching anything.
-      auto probe = dist_optim::FunctionalOptimizer::Create(
-          spec_.tables[i].optimizer, {dense_[i]->value.clone()});
+      auto probe = dist_optim::FunctionalOptimizer::Create(spec_.tables[i].optimizer,
+                                                           {dense_[i]->value.clone()});
       if (!probe.ok()) return probe.status();
       if (absl::Status s = (*probe)->LoadState(dense[i].state); !s.ok()) {
         return Annotate(s, absl::StrCat("ps checkpoint: table '", spec_.tables[i].name, "'"));
@@ -178,6 +179,5 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
   pending_.clear();
   return absl::OkStatus();
 }
-
 
 }  // namespace baton::ps

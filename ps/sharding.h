@@ -50,9 +50,7 @@ class ShardPlan {
   // The chunk of `table` held by `server` (size 0 if none).
   DenseChunk ChunkOf(int table, int server) const;
 
-  static int RowOwner(int64_t id, int num_servers) {
-    return static_cast<int>(id % num_servers);
-  }
+  static int RowOwner(int64_t id, int num_servers) { return static_cast<int>(id % num_servers); }
   static int64_t LocalRow(int64_t id, int num_servers) { return id / num_servers; }
   // How many of ids 0..rows-1 server `server` owns.
   static int64_t LocalRows(int64_t rows, int num_servers, int server) {

@@ -40,22 +40,17 @@ RowOptimizer RowOptimizer::LazyAdam(double lr) {
 
 int64_t RowOptimizer::StateWidth(int64_t dim) const {
   switch (kind) {
-    case RowOptimizerKind::kSGD:
-      return 0;
-    case RowOptimizerKind::kAdagrad:
-      return dim;
-    case RowOptimizerKind::kRowWiseAdagrad:
-      return 1;
-    case RowOptimizerKind::kLazyAdam:
-      return 2 * dim + 1;  // exp_avg, exp_avg_sq, step
+    case RowOptimizerKind::kSGD: return 0;
+    case RowOptimizerKind::kAdagrad: return dim;
+    case RowOptimizerKind::kRowWiseAdagrad: return 1;
+    case RowOptimizerKind::kLazyAdam: return 2 * dim + 1;  // exp_avg, exp_avg_sq, step
   }
   return 0;
 }
 
 std::string RowOptimizer::DebugString() const {
   switch (kind) {
-    case RowOptimizerKind::kSGD:
-      return absl::StrCat("SGD{lr=", lr, "}");
+    case RowOptimizerKind::kSGD: return absl::StrCat("SGD{lr=", lr, "}");
     case RowOptimizerKind::kAdagrad:
       return absl::StrCat("Adagrad{lr=", lr, ", eps=", eps,
                           ", initial_accumulator_value=", initial_accumulator_value, "}");
@@ -63,8 +58,8 @@ std::string RowOptimizer::DebugString() const {
       return absl::StrCat("RowWiseAdagrad{lr=", lr, ", eps=", eps,
                           ", initial_accumulator_value=", initial_accumulator_value, "}");
     case RowOptimizerKind::kLazyAdam:
-      return absl::StrCat("LazyAdam{lr=", lr, ", beta1=", beta1, ", beta2=", beta2,
-                          ", eps=", eps, "}");
+      return absl::StrCat("LazyAdam{lr=", lr, ", beta1=", beta1, ", beta2=", beta2, ", eps=", eps,
+                          "}");
   }
   return "Unknown";
 }
@@ -94,8 +89,8 @@ RowInit RowInit::Custom(std::string name,
   return r;
 }
 
-TableSpec TableSpec::Dense(std::string name, std::vector<int64_t> shape,
-                           c10::ScalarType dtype, dist_optim::OptimizerOptions optimizer) {
+TableSpec TableSpec::Dense(std::string name, std::vector<int64_t> shape, c10::ScalarType dtype,
+                           dist_optim::OptimizerOptions optimizer) {
   TableSpec t;
   t.name = std::move(name);
   t.kind = TableKind::kDense;
@@ -127,10 +122,8 @@ int64_t TableSpec::numel() const {
 
 std::string Consistency::DebugString() const {
   switch (mode) {
-    case ConsistencyMode::kSync:
-      return "sync";
-    case ConsistencyMode::kAsync:
-      return "async";
+    case ConsistencyMode::kSync: return "sync";
+    case ConsistencyMode::kAsync: return "async";
     case ConsistencyMode::kBoundedStaleness:
       return absl::StrCat("bounded_staleness(", staleness, ")");
   }
@@ -148,14 +141,10 @@ namespace {
 
 std::string InitText(const RowInit& init) {
   switch (init.kind) {
-    case RowInit::Kind::kZeros:
-      return "zeros";
-    case RowInit::Kind::kUniform:
-      return absl::StrCat("uniform(", init.scale, ",", init.seed, ")");
-    case RowInit::Kind::kNormal:
-      return absl::StrCat("normal(", init.scale, ",", init.seed, ")");
-    case RowInit::Kind::kCustom:
-      return absl::StrCat("custom(", init.custom_name, ")");
+    case RowInit::Kind::kZeros: return "zeros";
+    case RowInit::Kind::kUniform: return absl::StrCat("uniform(", init.scale, ",", init.seed, ")");
+    case RowInit::Kind::kNormal: return absl::StrCat("normal(", init.scale, ",", init.seed, ")");
+    case RowInit::Kind::kCustom: return absl::StrCat("custom(", init.custom_name, ")");
   }
   return "?";
 }
@@ -164,17 +153,16 @@ std::string InitText(const RowInit& init) {
 
 std::string PsSpec::Fingerprint() const {
   std::vector<std::string> parts;
-  parts.push_back(absl::StrCat("consistency=", consistency.DebugString(),
-                               ";trainers=", num_trainers));
+  parts.push_back(
+      absl::StrCat("consistency=", consistency.DebugString(), ";trainers=", num_trainers));
   for (const auto& t : tables) {
     if (t.kind == TableKind::kDense) {
       parts.push_back(absl::StrCat("dense ", t.name, " ", c10::toString(t.dtype), "[",
-                                   absl::StrJoin(t.shape, ","), "] ",
-                                   t.optimizer.DebugString()));
+                                   absl::StrJoin(t.shape, ","), "] ", t.optimizer.DebugString()));
     } else {
-      parts.push_back(absl::StrCat("embedding ", t.name, " ", c10::toString(t.dtype), "[",
-                                   t.rows, "x", t.dim, "] lazy=", t.lazy_rows, " ",
-                                   InitText(t.init), " ", t.row_optimizer.DebugString()));
+      parts.push_back(absl::StrCat("embedding ", t.name, " ", c10::toString(t.dtype), "[", t.rows,
+                                   "x", t.dim, "] lazy=", t.lazy_rows, " ", InitText(t.init), " ",
+                                   t.row_optimizer.DebugString()));
     }
   }
   return absl::StrJoin(parts, "\n");
@@ -187,8 +175,8 @@ absl::Status ValidateSpec(const PsSpec& spec) {
   }
   if (spec.consistency.mode == ConsistencyMode::kBoundedStaleness &&
       spec.consistency.staleness < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ps spec: staleness must be >= 0 (got ", spec.consistency.staleness, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ps spec: staleness must be >= 0 (got ", spec.consistency.staleness, ")"));
   }
   if (spec.trainer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ps spec: trainer_timeout must be positive");

@@ -110,10 +110,10 @@ struct TableSpec {
   RowInit init;
   RowOptimizer row_optimizer;
 
-  static TableSpec Dense(std::string name, std::vector<int64_t> shape,
-                         c10::ScalarType dtype, dist_optim::OptimizerOptions optimizer);
-  static TableSpec Embedding(std::string name, int64_t rows, int64_t dim,
-                             RowInit init, RowOptimizer optimizer,
+  static TableSpec Dense(std::string name, std::vector<int64_t> shape, c10::ScalarType dtype,
+                         dist_optim::OptimizerOptions optimizer);
+  static TableSpec Embedding(std::string name, int64_t rows, int64_t dim, RowInit init,
+                             RowOptimizer optimizer,
                              c10::ScalarType dtype = c10::ScalarType::Float);
   int64_t numel() const;  // dense: product of shape; embedding: rows * dim
 };

@@ -5,10 +5,10 @@
 namespace baton::ps {
 
 std::string ShardStats::DebugString() const {
-  std::string out = absl::StrCat("server ", server, ": clock ", applied_clock, " (trainers ",
-                                 min_clock, "..", max_clock, ", live ", live_trainers,
-                                 ", dropped ", dropped_trainers, "), max staleness ",
-                                 max_staleness, ", applied pushes ", applied_pushes);
+  std::string out =
+      absl::StrCat("server ", server, ": clock ", applied_clock, " (trainers ", min_clock, "..",
+                   max_clock, ", live ", live_trainers, ", dropped ", dropped_trainers,
+                   "), max staleness ", max_staleness, ", applied pushes ", applied_pushes);
   for (const auto& t : tables) {
     absl::StrAppend(&out, "; ", t.table, ": pulls ", t.pulls, " pushes ", t.pushes, " updates ",
                     t.applied_updates, " bytes out/in ", t.bytes_pulled, "/", t.bytes_pushed);

@@ -24,8 +24,7 @@ CartPole::CartPole(uint64_t seed) : rng_state_(seed) {}
 
 double CartPole::UniformResetValue() {
   // The top 53 bits as a multiple of 2^-53: exact, uniform in [0, 1).
-  const double u =
-      static_cast<double>(SplitMix64Next(rng_state_) >> 11) * 0x1.0p-53;
+  const double u = static_cast<double>(SplitMix64Next(rng_state_) >> 11) * 0x1.0p-53;
   const double value = -kResetBound + (2 * kResetBound) * u;
   // 0.1 * u may round up to 0.1 for u close to 1; keep the interval open.
   return value < kResetBound ? value : std::nextafter(kResetBound, 0.0);
@@ -43,22 +42,19 @@ CartPoleObservation CartPole::Reset() {
 
 CartPoleObservation CartPole::observation() const {
   return {static_cast<float>(state_.x), static_cast<float>(state_.x_dot),
-          static_cast<float>(state_.theta),
-          static_cast<float>(state_.theta_dot)};
+          static_cast<float>(state_.theta), static_cast<float>(state_.theta_dot)};
 }
 
 absl::StatusOr<StepResult> CartPole::Step(int action) {
   if (action != 0 && action != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CartPole::Step: action must be 0 (push left) or 1 (push right), got ",
-        action));
+        "CartPole::Step: action must be 0 (push left) or 1 (push right), got ", action));
   }
   if (done_) {
     return absl::InvalidArgumentError(
-        steps_ == 0
-            ? "CartPole::Step: no episode in progress; call Reset() first"
-            : absl::StrCat("CartPole::Step: the episode is over after ", steps_,
-                           " steps; call Reset() to start a new one"));
+        steps_ == 0 ? "CartPole::Step: no episode in progress; call Reset() first"
+                    : absl::StrCat("CartPole::Step: the episode is over after ", steps_,
+                                   " steps; call Reset() to start a new one"));
   }
 
   // gym's CartPoleEnv.step, operation for operation.
@@ -69,13 +65,9 @@ absl::StatusOr<StepResult> CartPole::Step(int action) {
   const double force = action == 1 ? kForceMag : -kForceMag;
   const double costheta = std::cos(theta);
   const double sintheta = std::sin(theta);
-  const double temp =
-      (force + kPoleMassLength * (theta_dot * theta_dot) * sintheta) /
-      kTotalMass;
-  const double thetaacc =
-      (kGravity * sintheta - costheta * temp) /
-      (kLength *
-       (4.0 / 3.0 - kMassPole * (costheta * costheta) / kTotalMass));
+  const double temp = (force + kPoleMassLength * (theta_dot * theta_dot) * sintheta) / kTotalMass;
+  const double thetaacc = (kGravity * sintheta - costheta * temp) /
+                          (kLength * (4.0 / 3.0 - kMassPole * (costheta * costheta) / kTotalMass));
   const double xacc = temp - kPoleMassLength * thetaacc * costheta / kTotalMass;
   state_.x = x + kTau * x_dot;
   state_.x_dot = x_dot + kTau * xacc;

@@ -17,10 +17,9 @@ class RpcLink : public AgentLink {
       : agent_(agent), options_(std::move(options)) {}
 
   absl::StatusOr<JoinReply> Join(const std::string& observer) override {
-    auto r = agent_
-                 .rpc_async(Wait(), options_.agent, internal::kJoinFn,
-                            internal::JoinRequest{observer})
-                 .result();
+    auto r =
+        agent_.rpc_async(Wait(), options_.agent, internal::kJoinFn, internal::JoinRequest{observer})
+            .result();
     if (!r.ok()) return r.status();
     return JoinReply{r->session, r->round, r->steps_per_round, r->stop};
   }
@@ -48,8 +47,7 @@ class RpcLink : public AgentLink {
   absl::Status Leave(int64_t session) override {
     rpc::CallOptions o;
     o.timeout = options_.act_timeout;
-    return agent_
-        .rpc_async(o, options_.agent, internal::kLeaveFn, internal::LeaveRequest{session})
+    return agent_.rpc_async(o, options_.agent, internal::kLeaveFn, internal::LeaveRequest{session})
         .status();
   }
 

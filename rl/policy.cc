@@ -73,8 +73,8 @@ absl::StatusOr<at::Tensor> Policy::Probs(const at::Tensor& states, const at::Ten
   if (absl::Status s = CheckMatrix(states, "states", kInputs); !s.ok()) return s;
   if (absl::Status s = CheckMatrix(masks, "masks", kHidden); !s.ok()) return s;
   if (masks.size(0) != states.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("policy: ", masks.size(0), " masks for ",
-                                                   states.size(0), " states"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy: ", masks.size(0), " masks for ", states.size(0), " states"));
   }
   at::NoGradGuard no_grad;
   return at::softmax(Logits(states, masks), 1);
@@ -88,8 +88,8 @@ absl::StatusOr<at::Tensor> Policy::LogProbs(const at::Tensor& states, const at::
   if (masks.size(0) != b || !actions.defined() || actions.dim() != 1 || actions.size(0) != b ||
       actions.scalar_type() != at::kLong) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "policy: LogProbs needs masks [", b, ", ", kHidden, "] and int64 actions [", b,
-        "] for ", b, " states; got masks ", Describe(masks), " and actions ", Describe(actions)));
+        "policy: LogProbs needs masks [", b, ", ", kHidden, "] and int64 actions [", b, "] for ", b,
+        " states; got masks ", Describe(masks), " and actions ", Describe(actions)));
   }
   if (actions.lt(0).any().item<bool>() || actions.ge(kActions).any().item<bool>()) {
     return absl::InvalidArgumentError("policy: an action is not 0 or 1");

@@ -184,9 +184,8 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
 
   bool WaitStopped(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closed_ || rounds_->stopped();
-    };
+    auto stopped = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || rounds_->stopped(); };
     return mu_.AwaitWithTimeout(absl::Condition(&stopped), timeout);
   }
 
@@ -414,7 +413,8 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       masks.push_back(steps[i]->masks);
       actions.push_back(steps[i]->actions);
     }
-    at::Tensor g = at::from_blob(returns.data(), {static_cast<int64_t>(returns.size())}, at::kFloat);
+    at::Tensor g =
+        at::from_blob(returns.data(), {static_cast<int64_t>(returns.size())}, at::kFloat);
     absl::WriterMutexLock lock(&policy_mu_);
     auto logp = policy_.LogProbs(at::cat(states), at::cat(masks), at::cat(actions));
     if (!logp.ok()) return logp.status();
@@ -451,8 +451,8 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
 };
 
 absl::StatusOr<std::shared_ptr<ReinforceAgent>> ReinforceAgent::Create(ReinforceOptions options,
-                                                                        rpc::Executor* executor,
-                                                                        rpc::DeadlineTimer* timer) {
+                                                                       rpc::Executor* executor,
+                                                                       rpc::DeadlineTimer* timer) {
   if (options.steps_per_round < 1 || !(options.gamma > 0 && options.gamma <= 1) ||
       !(options.lr > 0) || options.min_observers < 1 ||
       options.observer_timeout <= absl::ZeroDuration() ||
@@ -526,8 +526,7 @@ absl::Status ReinforceAgent::Register(rpc::FunctionRegistry& registry) {
         auto self = weak.lock();
         if (self == nullptr) return rpc::MakeErrorFuture<ActResponse>(closed);
         return ToWire<ActResponse>(
-            self->Act(req.session, req.round, req.step, std::move(req.observation),
-                      ctx.deadline),
+            self->Act(req.session, req.round, req.step, std::move(req.observation), ctx.deadline),
             [](int64_t action) { return ActResponse{action}; });
       });
   if (!s.ok()) return s;
@@ -535,10 +534,11 @@ absl::Status ReinforceAgent::Register(rpc::FunctionRegistry& registry) {
       internal::kFinishFn, [weak, closed](FinishRequest req) -> rpc::Future<FinishResponse> {
         auto self = weak.lock();
         if (self == nullptr) return rpc::MakeErrorFuture<FinishResponse>(closed);
-        return ToWire<FinishResponse>(
-            self->Finish(req.session, req.round, std::move(req.rewards),
-                         std::move(req.episode_ends)),
-            [](const RoundReply& r) { return FinishResponse{r.next_round, r.stop}; });
+        return ToWire<FinishResponse>(self->Finish(req.session, req.round, std::move(req.rewards),
+                                                   std::move(req.episode_ends)),
+                                      [](const RoundReply& r) {
+                                        return FinishResponse{r.next_round, r.stop};
+                                      });
       });
   if (!s.ok()) return s;
   return registry.Register(internal::kLeaveFn, [weak, closed](LeaveRequest req) -> absl::Status {
@@ -579,8 +579,8 @@ namespace {
 template <typename T>
 absl::StatusOr<T> Await(const rpc::Future<T>& f, absl::Duration timeout, const char* what) {
   if (!f.WaitFor(timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("rl: no reply to ", what, " within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rl: no reply to ", what, " within ", absl::FormatDuration(timeout)));
   }
   return f.result();
 }
@@ -594,8 +594,8 @@ class LocalAgentLink : public AgentLink {
   }
   absl::StatusOr<int64_t> Act(int64_t session, int64_t round, int64_t step,
                               const std::vector<float>& observation) override {
-    return Await(agent_->Act(session, round, step, observation, absl::Now() + timeout_),
-                 timeout_, "act");
+    return Await(agent_->Act(session, round, step, observation, absl::Now() + timeout_), timeout_,
+                 "act");
   }
   absl::StatusOr<RoundReply> Finish(int64_t session, int64_t round,
                                     const std::vector<float>& rewards,

@@ -78,11 +78,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rl/protocol.h"
 #include "rpc/executor.h"
 #include "rpc/function.h"
 #include "rpc/future.h"
 #include "rpc/timer.h"
-#include "rl/protocol.h"
 
 namespace baton::rl {
 
@@ -103,12 +103,12 @@ struct ReinforceOptions {
 // One line of progress, after each update.
 struct RoundSummary {
   int64_t round = 0;
-  int64_t members = 0;          // observers whose steps went into the update
-  int64_t episodes = 0;         // counted so far
+  int64_t members = 0;   // observers whose steps went into the update
+  int64_t episodes = 0;  // counted so far
   double running_reward = 0;
-  double seconds = 0;           // since the first round began
-  double steps_per_s = 0;       // all observers, since the first round began
-  double mean_batch = 0;        // requests per forward pass, this round
+  double seconds = 0;      // since the first round began
+  double steps_per_s = 0;  // all observers, since the first round began
+  double mean_batch = 0;   // requests per forward pass, this round
   double update_ms = 0;
   int64_t observers_alive = 0;  // members and waiting joiners
   int64_t dropped = 0;          // so far

@@ -13,9 +13,9 @@ absl::Status CheckEnds(size_t steps, const std::vector<int32_t>& ends) {
   int64_t last = -1;
   for (size_t i = 0; i < ends.size(); ++i) {
     if (ends[i] <= last || ends[i] >= static_cast<int64_t>(steps)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "episode_ends[", i, "] = ", ends[i], ": episode ends must be ascending step indices in [0, ",
-          steps, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("episode_ends[", i, "] = ", ends[i],
+                       ": episode ends must be ascending step indices in [0, ", steps, ")"));
     }
     last = ends[i];
   }

@@ -56,15 +56,14 @@ absl::Status Rounds::Act(int64_t session, int64_t round, int64_t step,
   if (!found.ok()) return found.status();
   Member& m = **found;
   if (m.state != State::kPlaying || m.round != round || step != m.next_step) {
-    return absl::FailedPreconditionError(absl::StrCat("rl agent: act from ", m.Who(),
-                                                      " for round ", round, " step ", step,
+    return absl::FailedPreconditionError(absl::StrCat("rl agent: act from ", m.Who(), " for round ",
+                                                      round, " step ", step,
                                                       " does not follow: it ", Describe(m)));
   }
   absl::Status bad;
   if (static_cast<int64_t>(observation.size()) != options_.observation_size) {
-    bad = absl::InvalidArgumentError(absl::StrCat("an observation has ",
-                                                  options_.observation_size, " values; got ",
-                                                  observation.size()));
+    bad = absl::InvalidArgumentError(absl::StrCat("an observation has ", options_.observation_size,
+                                                  " values; got ", observation.size()));
   } else {
     for (size_t i = 0; i < observation.size() && bad.ok(); ++i) {
       if (!std::isfinite(observation[i])) {
@@ -95,9 +94,9 @@ absl::Status Rounds::Finish(int64_t session, int64_t round, std::vector<float> r
   Member& m = **found;
   const int64_t t = options_.steps_per_round;
   if (m.state != State::kPlaying || m.round != round || m.next_step != t || m.answered != t) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rl agent: finish from ", m.Who(), " for round ", round, " before its ", t,
-        " steps were answered: it ", Describe(m)));
+    return absl::FailedPreconditionError(absl::StrCat("rl agent: finish from ", m.Who(),
+                                                      " for round ", round, " before its ", t,
+                                                      " steps were answered: it ", Describe(m)));
   }
   absl::Status bad;
   if (static_cast<int64_t>(rewards.size()) != t) {
@@ -110,8 +109,8 @@ absl::Status Rounds::Finish(int64_t session, int64_t round, std::vector<float> r
     bad = absl::InvalidArgumentError("a reward is not finite");
   }
   if (!bad.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("rl agent: finish from ", m.Who(), " round ",
-                                                   round, ": ", bad.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rl agent: finish from ", m.Who(), " round ", round, ": ", bad.message()));
   }
   m.rewards = std::move(rewards);
   m.ends = std::move(episode_ends);
@@ -131,9 +130,7 @@ absl::Status Rounds::Leave(int64_t session, Effects* out) {
   return absl::OkStatus();
 }
 
-void Rounds::Stop(const std::string& reason, Effects* out) {
-  StopAt(reason, options_.now(), out);
-}
+void Rounds::Stop(const std::string& reason, Effects* out) { StopAt(reason, options_.now(), out); }
 
 // ---- deadlines -------------------------------------------------------------
 
@@ -248,9 +245,7 @@ Rounds::RoundEnd Rounds::EndUpdate(const absl::Status& update, Effects* out) {
 
 // ---- state -----------------------------------------------------------------
 
-int64_t Rounds::playing() const {
-  return phase_ == Phase::kPlaying ? Count(State::kPlaying) : 0;
-}
+int64_t Rounds::playing() const { return phase_ == Phase::kPlaying ? Count(State::kPlaying) : 0; }
 
 Rounds::Stats Rounds::stats() const {
   Stats s;
@@ -281,15 +276,13 @@ absl::StatusOr<Rounds::Member*> Rounds::Find(int64_t session, const char* what) 
 
 std::string Rounds::Describe(const Member& m) const {
   switch (m.state) {
-    case State::kJoining:
-      return absl::StrCat("waits for round ", round_, " to start");
+    case State::kJoining: return absl::StrCat("waits for round ", round_, " to start");
     case State::kPlaying:
       return absl::StrCat("plays round ", m.round, ", next step ", m.next_step, " of ",
                           options_.steps_per_round, " (", m.answered, " answered)");
     case State::kFinished:
       return absl::StrCat("finished round ", m.round, " and waits for the update");
-    case State::kStopped:
-      return "was told that training is over";
+    case State::kStopped: return "was told that training is over";
   }
   return "?";
 }

@@ -96,10 +96,10 @@ class Rounds {
   struct Effects {
     std::vector<std::pair<int64_t, absl::StatusOr<JoinReply>>> join_replies;
     std::vector<std::pair<int64_t, absl::StatusOr<RoundReply>>> finish_replies;
-    std::vector<int64_t> gone;      // sessions that left or were dropped
+    std::vector<int64_t> gone;  // sessions that left or were dropped
     std::vector<std::string> log;
     bool round_started = false;
-    bool round_ended = false;       // BeginUpdate(), update, EndUpdate()
+    bool round_ended = false;  // BeginUpdate(), update, EndUpdate()
   };
 
   // One finished member's round, for the update.
@@ -111,28 +111,28 @@ class Rounds {
 
   // What EndUpdate() counted.
   struct RoundEnd {
-    int64_t round = 0;           // the round that ended
-    int64_t members = 0;         // whose steps went into the update
-    int64_t episodes = 0;        // counted so far
+    int64_t round = 0;     // the round that ended
+    int64_t members = 0;   // whose steps went into the update
+    int64_t episodes = 0;  // counted so far
     double running_reward = 0;
-    double seconds = 0;          // since the first round began
-    int64_t steps = 0;           // counted so far, all members and rounds
-    int64_t alive = 0;           // sessions alive after it
-    int64_t dropped = 0;         // so far
+    double seconds = 0;   // since the first round began
+    int64_t steps = 0;    // counted so far, all members and rounds
+    int64_t alive = 0;    // sessions alive after it
+    int64_t dropped = 0;  // so far
     int64_t solved_at = -1;
   };
 
   struct Stats {
-    int64_t rounds = 0;          // ended
+    int64_t rounds = 0;  // ended
     int64_t episodes = 0;
     double running_reward = RunningReward::kStart;
-    int64_t solved_at = -1;      // the episode at which it was solved
+    int64_t solved_at = -1;  // the episode at which it was solved
     int64_t steps = 0;
     int64_t joined = 0;
     int64_t dropped = 0;
     int64_t left = 0;
-    int64_t alive = 0;           // sessions not ended
-    double seconds = 0;          // since the first round began
+    int64_t alive = 0;   // sessions not ended
+    double seconds = 0;  // since the first round began
     std::vector<std::pair<int64_t, int64_t>> episodes_by_session;
   };
 
@@ -228,10 +228,10 @@ class Rounds {
   void StopAt(const std::string& reason, absl::Time now, Effects* out);
 
   const Options options_;
-  std::map<int64_t, Member> members_;   // alive, by session
+  std::map<int64_t, Member> members_;    // alive, by session
   std::map<int64_t, std::string> gone_;  // ended sessions: why
   std::map<int64_t, int64_t> episodes_by_session_;
-  std::vector<Played> updating_;         // BeginUpdate() to EndUpdate()
+  std::vector<Played> updating_;  // BeginUpdate() to EndUpdate()
   Phase phase_ = Phase::kIdle;
   int64_t round_ = 0;
   int64_t rounds_done_ = 0;

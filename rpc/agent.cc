@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "rpc/internal/agent_impl.h"
 #include "rpc/channel/shm/shm_channel.h"
-#include "rpc/transport/shm/shm_transport.h"
-#include "rpc/transport/grpc/grpc_transport.h"
+#include "rpc/internal/agent_impl.h"
 #include "rpc/internal/wire.h"
+#include "rpc/transport/grpc/grpc_transport.h"
+#include "rpc/transport/shm/shm_transport.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
@@ -29,14 +29,14 @@ std::string Clip(absl::string_view s, size_t max) {
 
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker name '", name, "' must have 1 to 128 characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker name '", name, "' must have 1 to 128 characters"));
   }
   for (char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
-          c == '.' || c == ':')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker name '", name, "' may contain only letters, digits and _-.:"));
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+          c == ':')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker name '", name, "' may contain only letters, digits and _-.:"));
     }
   }
   return absl::OkStatus();
@@ -71,16 +71,11 @@ int64_t RequestBytes(const Frame& frame, int64_t max_message_bytes) {
 
 const char* RendezvousStepName(RendezvousStep step) {
   switch (step) {
-    case RendezvousStep::kConnectingStore:
-      return "connecting to the store";
-    case RendezvousStep::kRoundTaken:
-      return "init round taken";
-    case RendezvousStep::kRegistered:
-      return "registered";
-    case RendezvousStep::kBeforeInitBarrier:
-      return "before the init barrier";
-    case RendezvousStep::kAfterInitBarrier:
-      return "after the init barrier";
+    case RendezvousStep::kConnectingStore: return "connecting to the store";
+    case RendezvousStep::kRoundTaken: return "init round taken";
+    case RendezvousStep::kRegistered: return "registered";
+    case RendezvousStep::kBeforeInitBarrier: return "before the init barrier";
+    case RendezvousStep::kAfterInitBarrier: return "after the init barrier";
   }
   return "unknown";
 }
@@ -95,12 +90,12 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
     AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
     AgentCollaborators collaborators) {
   if (options.world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size must be at least 1, got ", options.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be at least 1, got ", options.world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", options.rank, " is outside [0, ", options.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
   if (absl::Status s = CheckName(options.name); !s.ok()) return s;
   if (options.max_message_bytes < 1024) {
@@ -137,9 +132,8 @@ Executor* RpcAgent::executor() { return impl_->executor(); }
 DeadlineTimer* RpcAgent::timer() { return impl_->timer(); }
 store::Store& RpcAgent::store() { return impl_->store(); }
 const std::string& RpcAgent::store_namespace() const { return impl_->store_namespace(); }
-Future<Payload> RpcAgent::CallRaw(int to, const std::string& function,
-                                  const std::string& signature, Payload args,
-                                  const CallOptions& opts) {
+Future<Payload> RpcAgent::CallRaw(int to, const std::string& function, const std::string& signature,
+                                  Payload args, const CallOptions& opts) {
   return impl_->CallRaw(to, function, signature, std::move(args), opts);
 }
 void RpcAgent::AddShutdownHook(ShutdownHook hook) { impl_->AddShutdownHook(std::move(hook)); }
@@ -193,34 +187,31 @@ absl::StatusOr<WorkerInfo> AgentImpl::worker(const WorkerRef& ref) const {
     if (ref.id() >= 0 && ref.id() < static_cast<int>(workers_.size())) {
       return workers_[ref.id()];
     }
-    return absl::NotFoundError(absl::StrCat("no worker with id ", ref.id(),
-                                            "; ids are 0..", workers_.size() - 1));
+    return absl::NotFoundError(
+        absl::StrCat("no worker with id ", ref.id(), "; ids are 0..", workers_.size() - 1));
   }
   auto it = by_name_.find(ref.name());
   if (it == by_name_.end()) {
     std::vector<std::string> names;
     for (const auto& w : workers_) names.push_back(w.name);
-    return absl::NotFoundError(absl::StrCat("no worker named '", ref.name(),
-                                            "'; workers are ", absl::StrJoin(names, ", ")));
+    return absl::NotFoundError(absl::StrCat("no worker named '", ref.name(), "'; workers are ",
+                                            absl::StrJoin(names, ", ")));
   }
   return workers_[it->second];
 }
 
 std::string AgentImpl::CallContextText(int peer, const std::string& function) const {
-  const std::string name = peer >= 0 && peer < static_cast<int>(workers_.size())
-                               ? workers_[peer].name
-                               : "?";
-  return absl::StrCat("rpc to worker '", name, "' (id ", peer, "), function '",
-                      function, "'");
+  const std::string name =
+      peer >= 0 && peer < static_cast<int>(workers_.size()) ? workers_[peer].name : "?";
+  return absl::StrCat("rpc to worker '", name, "' (id ", peer, "), function '", function, "'");
 }
 
 int64_t AgentImpl::PeerLimit(int peer) const {
   return std::min(options_.max_message_bytes, peer_limits_[peer]);
 }
 
-Future<Payload> AgentImpl::Call(int to, const std::string& function,
-                                const std::string& signature, Payload args,
-                                const CallOptions& opts, bool windowed) {
+Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::string& signature,
+                                Payload args, const CallOptions& opts, bool windowed) {
   // RRef G8: until the request leaves, a failure takes back what it carried.
   std::vector<std::function<void()>> undo;
   undo.swap(args.undo_if_undelivered);
@@ -234,9 +225,8 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   }
   const absl::Duration timeout =
       opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
-  const absl::Time deadline = timeout == absl::InfiniteDuration()
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + timeout;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   // P6: a restarted peer that we know of is called at its new address.
   // Not on a delivery thread, which must not wait for the store.
   if (to != rank_ && !t_delivering) {
@@ -261,10 +251,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   frame.payload = std::move(args);
   const size_t size = internal::FrameSize(frame);
   if (static_cast<int64_t>(size) > PeerLimit(to)) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        CallContextText(to, function), ": request of ", size,
-        " bytes exceeds the message size limit of ", PeerLimit(to),
-        " bytes (AgentOptions::max_message_bytes)")));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat(CallContextText(to, function), ": request of ", size,
+                     " bytes exceeds the message size limit of ", PeerLimit(to),
+                     " bytes (AgentOptions::max_message_bytes)")));
   }
   // F1: wait for room in the peer's window; the wait counts against the
   // call's deadline.
@@ -272,11 +262,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
   if (windowed) {
     if (absl::Status room = window_->Acquire(to, window_bytes, deadline, !t_delivering);
         !room.ok()) {
-      return fail(
-          absl::IsCancelled(room)
-              ? absl::FailedPreconditionError(
-                    absl::StrCat(CallContextText(to, function), ": the agent is shut down"))
-              : Annotate(room, CallContextText(to, function)));
+      return fail(absl::IsCancelled(room)
+                      ? absl::FailedPreconditionError(
+                            absl::StrCat(CallContextText(to, function), ": the agent is shut down"))
+                      : Annotate(room, CallContextText(to, function)));
     }
   }
   if (timeout != absl::InfiniteDuration() && window_bytes >= 0) {
@@ -303,8 +292,8 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
     absl::MutexLock lock(&mu_);
     if (!running_) {
       if (windowed) window_->Release(to, window_bytes);
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          CallContextText(to, function), ": the agent is shut down")));
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat(CallContextText(to, function), ": the agent is shut down")));
     }
     PendingCall& call = pending_[id];
     call.promise = promise;
@@ -320,9 +309,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function,
       timeout == absl::InfiniteDuration()
           ? 0
           : timer_->Schedule(deadline, [this, id, to, function, timeout] {
-              Complete(id, absl::DeadlineExceededError(absl::StrCat(
-                               CallContextText(to, function), ": timed out after ",
-                               DurationText(timeout))));
+              Complete(id, absl::DeadlineExceededError(absl::StrCat(CallContextText(to, function),
+                                                                    ": timed out after ",
+                                                                    DurationText(timeout))));
             });
   {
     absl::MutexLock lock(&mu_);
@@ -459,10 +448,9 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
 
 void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   DeliveryScope delivering;
-  const absl::Time deadline =
-      frame.header.timeout_us() > 0
-          ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
-          : absl::InfiniteFuture();
+  const absl::Time deadline = frame.header.timeout_us() > 0
+                                  ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
+                                  : absl::InfiniteFuture();
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
   const int64_t caller_incarnation = frame.header.caller_incarnation();
@@ -477,11 +465,11 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   // P1, P4: a newer incarnation replaces its predecessor here at once; an
   // older one is a replaced process.
   if (other_incarnation && !NoteIncarnation(caller, caller_incarnation)) {
-    Refuse(channel, id, caller,
-              absl::UnavailableError(absl::StrCat(
-                  "worker '", options_.name, "' refuses a request from incarnation ",
-                  caller_incarnation, " of worker id ", caller,
-                  ": a newer incarnation of that rank rejoined the job")));
+    Refuse(
+        channel, id, caller,
+        absl::UnavailableError(absl::StrCat(
+            "worker '", options_.name, "' refuses a request from incarnation ", caller_incarnation,
+            " of worker id ", caller, ": a newer incarnation of that rank rejoined the job")));
     return;
   }
   if (ready_.HasBeenNotified()) {
@@ -499,29 +487,29 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   };
   if (absl::Status s = gate_->Submit(caller, bytes, std::move(task)); !s.ok()) {
     Refuse(channel, id, caller,
-              absl::IsUnavailable(s)
-                  ? absl::UnavailableError(
-                        absl::StrCat("worker '", options_.name, "' is shutting down"))
-                  : Annotate(s, absl::StrCat("worker '", options_.name, "'")));
+           absl::IsUnavailable(s) ? absl::UnavailableError(absl::StrCat("worker '", options_.name,
+                                                                        "' is shutting down"))
+                                  : Annotate(s, absl::StrCat("worker '", options_.name, "'")));
   }
 }
 
-void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
-                        Frame frame, absl::Time deadline, int64_t admitted) {
+void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame,
+                         absl::Time deadline, int64_t admitted) {
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
   const std::string& fname = frame.header.function();
   // A peer that finished rendezvous first may call before we have.
   if (!ready_.WaitForNotificationWithDeadline(deadline) ||
       workers_.size() != static_cast<size_t>(options_.world_size)) {
-    Refuse(channel, id, caller,
-              absl::UnavailableError(absl::StrCat("worker '", options_.name,
-                                                  "' has not finished init")), admitted);
+    Refuse(
+        channel, id, caller,
+        absl::UnavailableError(absl::StrCat("worker '", options_.name, "' has not finished init")),
+        admitted);
     return;
   }
   if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
     Refuse(channel, id, caller,
-              absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)), admitted);
+           absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)), admitted);
     return;
   }
   if (frame.header.shm_blobs_size() > 0) {
@@ -534,25 +522,25 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
   }
   if (absl::Now() > deadline) {
     Refuse(channel, id, caller,
-              absl::DeadlineExceededError(
-                  "the call's deadline passed before the function started"), admitted);
+           absl::DeadlineExceededError("the call's deadline passed before the function started"),
+           admitted);
     return;
   }
   std::shared_ptr<const FunctionRegistry::Entry> entry = registry_->Find(fname);
   if (entry == nullptr) {
     Refuse(channel, id, caller,
-              absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
-                                               "' (not registered on worker '",
-                                               self().name, "')")), admitted);
+           absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
+                                            "' (not registered on worker '", self().name, "')")),
+           admitted);
     return;
   }
   if (!frame.header.signature().empty() && !entry->signature.empty() &&
       frame.header.signature() != entry->signature) {
     Refuse(channel, id, caller,
-              absl::InvalidArgumentError(absl::StrCat(
-                  "argument type mismatch: the caller sends ", frame.header.signature(),
-                  " but worker '", self().name, "' registered '", fname, "' as ",
-                  entry->signature)), admitted);
+           absl::InvalidArgumentError(absl::StrCat(
+               "argument type mismatch: the caller sends ", frame.header.signature(),
+               " but worker '", self().name, "' registered '", fname, "' as ", entry->signature)),
+           admitted);
     return;
   }
   CallContext ctx;
@@ -570,18 +558,18 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel,
                  });
 }
 
-void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel,
-                         uint64_t id, int caller, absl::StatusOr<Payload> result,
-                         int64_t admitted, bool reply_shm, bool not_run) {
+void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
+                          absl::StatusOr<Payload> result, int64_t admitted, bool reply_shm,
+                          bool not_run) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
   frame.header.set_id(id);
   if (result.ok()) {
     frame.payload = *std::move(result);
-    const int64_t limit = ready_.HasBeenNotified() && caller >= 0 &&
-                                  caller < static_cast<int>(peer_limits_.size())
-                              ? PeerLimit(caller)
-                              : options_.max_message_bytes;
+    const int64_t limit =
+        ready_.HasBeenNotified() && caller >= 0 && caller < static_cast<int>(peer_limits_.size())
+            ? PeerLimit(caller)
+            : options_.max_message_bytes;
     const size_t size = internal::FrameSize(frame);
     if (static_cast<int64_t>(size) > limit) {
       frame.payload.Undeliverable();  // RRef G8
@@ -717,14 +705,13 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
         return pending_.empty() && completing_ == 0 && incoming_ == 0;
       };
       if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-        note(absl::DeadlineExceededError(absl::StrCat(
-            "shutdown: ", pending_.size(), " outgoing and ", incoming_,
-            " incoming call(s) still running at the deadline")));
+        note(absl::DeadlineExceededError(
+            absl::StrCat("shutdown: ", pending_.size(), " outgoing and ", incoming_,
+                         " incoming call(s) still running at the deadline")));
       }
     }
     // 3. Everyone is drained; nobody will call anyone again.
-    note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world,
-                        deadline - absl::Now()));
+    note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world, deadline - absl::Now()));
   }
   {
     absl::MutexLock lock(&mu_);

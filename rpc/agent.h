@@ -244,10 +244,10 @@ struct CallOptions {
 // A worker named by name, id or WorkerInfo.
 class WorkerRef {
  public:
-  WorkerRef(const char* name) : name_(name) {}          // NOLINT
+  WorkerRef(const char* name) : name_(name) {}             // NOLINT
   WorkerRef(std::string name) : name_(std::move(name)) {}  // NOLINT
-  WorkerRef(int id) : id_(id) {}                          // NOLINT
-  WorkerRef(const WorkerInfo& w) : id_(w.id) {}           // NOLINT
+  WorkerRef(int id) : id_(id) {}                           // NOLINT
+  WorkerRef(const WorkerInfo& w) : id_(w.id) {}            // NOLINT
   const std::string& name() const { return name_; }
   int id() const { return id_; }
 
@@ -326,29 +326,26 @@ class RpcAgent final : public DeviceRouter {
   // Typed calls. Arguments convert to the Function's parameter types at
   // compile time. rpc_sync throws baton::Error on failure.
   template <typename R, typename... Args, typename... CallArgs>
-  Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to,
-                      const Function<R(Args...)>& fn, CallArgs&&... args);
+  Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to, const Function<R(Args...)>& fn,
+                      CallArgs&&... args);
   template <typename R, typename... Args, typename... CallArgs>
-  Future<R> rpc_async(const WorkerRef& to, const Function<R(Args...)>& fn,
-                      CallArgs&&... args) {
+  Future<R> rpc_async(const WorkerRef& to, const Function<R(Args...)>& fn, CallArgs&&... args) {
     return rpc_async(CallOptions{}, to, fn, std::forward<CallArgs>(args)...);
   }
   template <typename R, typename... Args, typename... CallArgs>
-  R rpc_sync(const CallOptions& opts, const WorkerRef& to,
-             const Function<R(Args...)>& fn, CallArgs&&... args) {
+  R rpc_sync(const CallOptions& opts, const WorkerRef& to, const Function<R(Args...)>& fn,
+             CallArgs&&... args) {
     return rpc_async(opts, to, fn, std::forward<CallArgs>(args)...).value();
   }
   template <typename R, typename... Args, typename... CallArgs>
-  R rpc_sync(const WorkerRef& to, const Function<R(Args...)>& fn,
-             CallArgs&&... args) {
+  R rpc_sync(const WorkerRef& to, const Function<R(Args...)>& fn, CallArgs&&... args) {
     return rpc_async(CallOptions{}, to, fn, std::forward<CallArgs>(args)...).value();
   }
 
   // Untyped call: sends `args` as they are. An empty `signature` skips the
   // callee's type check. Used by the typed calls and by protocol layers.
-  Future<Payload> CallRaw(int to, const std::string& function,
-                          const std::string& signature, Payload args,
-                          const CallOptions& opts = {});
+  Future<Payload> CallRaw(int to, const std::string& function, const std::string& signature,
+                          Payload args, const CallOptions& opts = {});
 
   // Decodes a raw reply from `from` into R; errors name `what`.
   template <typename R>
@@ -423,26 +420,23 @@ class RpcAgent final : public DeviceRouter {
 
 template <typename R, typename... Args, typename... CallArgs>
 Future<R> RpcAgent::rpc_async(const CallOptions& opts, const WorkerRef& to,
-                              const Function<R(Args...)>& fn,
-                              CallArgs&&... args) {
+                              const Function<R(Args...)>& fn, CallArgs&&... args) {
   static_assert(sizeof...(CallArgs) == sizeof...(Args),
                 "wrong number of arguments for this Function");
   auto worker = this->worker(to);
   if (!worker.ok()) {
-    return MakeErrorFuture<R>(Annotate(
-        worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
+    return MakeErrorFuture<R>(
+        Annotate(worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
   }
   typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
   absl::StatusOr<Payload> payload = registry().EncodeForSend(
       tuple, MessageInfo{this, /*is_request=*/true, worker->id, fn.name()});
   if (!payload.ok()) {
     return MakeErrorFuture<R>(Annotate(
-        payload.status(),
-        absl::StrCat("rpc to worker '", worker->name, "' (id ", worker->id,
-                     "), function '", fn.name(), "': cannot encode arguments")));
+        payload.status(), absl::StrCat("rpc to worker '", worker->name, "' (id ", worker->id,
+                                       "), function '", fn.name(), "': cannot encode arguments")));
   }
-  Future<Payload> raw = CallRaw(worker->id, fn.name(),
-                                Function<R(Args...)>::cached_signature(),
+  Future<Payload> raw = CallRaw(worker->id, fn.name(), Function<R(Args...)>::cached_signature(),
                                 *std::move(payload), opts);
   return DecodeFuture<R>(std::move(raw), *worker, fn.name());
 }
@@ -458,13 +452,13 @@ Future<R> RpcAgent::DecodeFuture(Future<Payload> raw, const WorkerInfo& from,
       return;
     }
     internal::Stored<R> value{};
-    absl::Status s = registry().DecodeReceived(
-        *r, &value, MessageInfo{this, /*is_request=*/false, id, fname});
+    absl::Status s =
+        registry().DecodeReceived(*r, &value, MessageInfo{this, /*is_request=*/false, id, fname});
     if (!s.ok()) {
       typed.SetError(absl::Status(
           s.code() == absl::StatusCode::kDataLoss ? absl::StatusCode::kDataLoss : s.code(),
-          absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '", fname, "': ",
-                       s.code() == absl::StatusCode::kDataLoss ? "undecodable result: " : "",
+          absl::StrCat("rpc to worker '", name, "' (id ", id, "), function '", fname,
+                       "': ", s.code() == absl::StatusCode::kDataLoss ? "undecodable result: " : "",
                        s.message())));
       return;
     }

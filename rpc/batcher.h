@@ -230,9 +230,9 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       queue_.erase(it);
       ++stats_.expired;
     }
-    promise.SetError(absl::DeadlineExceededError(absl::StrCat(
-        "batcher: the request's deadline passed after ", absl::FormatDuration(waited),
-        " in the queue, before a batch took it")));
+    promise.SetError(absl::DeadlineExceededError(
+        absl::StrCat("batcher: the request's deadline passed after ", absl::FormatDuration(waited),
+                     " in the queue, before a batch took it")));
   }
 
   void Dispatch(std::vector<Pending> batch) {
@@ -263,9 +263,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       outs = absl::UnknownError("batcher: the batch function threw a non-std exception");
     }
     if (outs.ok() && outs->size() != batch.size()) {
-      outs = absl::InternalError(absl::StrCat("batcher: the batch function returned ",
-                                              outs->size(), " results for ", batch.size(),
-                                              " requests"));
+      outs = absl::InternalError(absl::StrCat("batcher: the batch function returned ", outs->size(),
+                                              " results for ", batch.size(), " requests"));
     }
     for (size_t i = 0; i < batch.size(); ++i) {
       if (!outs.ok()) {

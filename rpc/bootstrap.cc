@@ -23,10 +23,10 @@
 #include "base/host.h"
 #include "env/env.h"
 #include "rpc/agent.h"
-#include "rpc/internal/agent_impl.h"
 #include "rpc/channel/shm/shm_channel.h"
-#include "rpc/transport/shm/shm_transport.h"
+#include "rpc/internal/agent_impl.h"
 #include "rpc/transport/grpc/grpc_transport.h"
+#include "rpc/transport/shm/shm_transport.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
@@ -83,9 +83,9 @@ absl::Status EnsurePrivateDir(const std::string& dir) {
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() ||
       (st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, " must be a directory of mode 0700 owned by this user (uid ", ::getuid(),
-        ") to hold the job token; remove it, or set BATON_JOB_TOKEN on every worker"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " must be a directory of mode 0700 owned by this user (uid ", ::getuid(),
+                     ") to hold the job token; remove it, or set BATON_JOB_TOKEN on every worker"));
   }
   return absl::OkStatus();
 }
@@ -122,17 +122,18 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
   // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
   const bool launched = get(baton::kEnvLaunched) == "1";
-  auto env = baton::ReadLaunchEnv([launched, &get](absl::string_view name) -> std::optional<std::string> {
-    if (std::string v = get(name); !v.empty()) return v;
-    if (!launched && name == baton::kEnvMasterAddr) return std::string("127.0.0.1");
-    if (!launched && name == baton::kEnvMasterPort) return std::string("29500");
-    return std::nullopt;
-  });
+  auto env =
+      baton::ReadLaunchEnv([launched, &get](absl::string_view name) -> std::optional<std::string> {
+        if (std::string v = get(name); !v.empty()) return v;
+        if (!launched && name == baton::kEnvMasterAddr) return std::string("127.0.0.1");
+        if (!launched && name == baton::kEnvMasterPort) return std::string("29500");
+        return std::nullopt;
+      });
   if (!env.ok()) {
     absl::Status s = env.status();
     if (absl::IsNotFound(s)) s = absl::InvalidArgumentError(s.message());
-    return Annotate(s, launched ? "reading the environment baton-run set"
-                                : "reading the environment");
+    return Annotate(s,
+                    launched ? "reading the environment baton-run set" : "reading the environment");
   }
   o.rank = env->rank;
   o.world_size = env->world_size;
@@ -148,15 +149,15 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (const std::string v = get(baton::kEnvRestartWait); !v.empty()) {
     double seconds = 0;
     if (!absl::SimpleAtod(v, &seconds) || !(seconds >= 0) || seconds > 1e9) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          baton::kEnvRestartWait, " is '", v, "'; expected seconds, 0 or more"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(baton::kEnvRestartWait, " is '", v, "'; expected seconds, 0 or more"));
     }
     o.restart_wait = absl::Seconds(seconds);
   }
   const std::string n = get("BATON_WORKER_NAME");
-  o.name = !n.empty() ? n
-           : env->role != "default"    ? absl::StrCat(env->role, env->role_rank)
-                                       : absl::StrCat(name_prefix, o.rank);
+  o.name = !n.empty()               ? n
+           : env->role != "default" ? absl::StrCat(env->role, env->role_rank)
+                                    : absl::StrCat(name_prefix, o.rank);
   return o;
 }
 
@@ -169,8 +170,7 @@ absl::Status AgentImpl::ConnectStore() {
     store_ = options_.store;
     return absl::OkStatus();
   }
-  const std::string master =
-      absl::StrCat(options_.master_addr, ":", options_.master_port);
+  const std::string master = absl::StrCat(options_.master_addr, ":", options_.master_port);
   token_ = options_.job_token;
   auto tls = LoadTls(options_.tls);
   if (!tls.ok()) return tls.status();
@@ -181,8 +181,8 @@ absl::Status AgentImpl::ConnectStore() {
         ", so this job may span hosts, and it needs a job token from outside the job: set "
         "BATON_JOB_TOKEN (AgentOptions::job_token) to the same secret on every worker, e.g. "
         "from your scheduler's secret store (baton-run passes its own token to its workers). "
-        "Without one, anyone who can reach ", master,
-        " could read the rendezvous store and call every worker"));
+        "Without one, anyone who can reach ",
+        master, " could read the rendezvous store and call every worker"));
   }
   if (options_.rank == 0) {
     if (token_.empty()) {
@@ -198,15 +198,13 @@ absl::Status AgentImpl::ConnectStore() {
     }
     auto server = store::StoreServer::Start({master, token_, tls_});
     if (!server.ok()) {
-      return Annotate(server.status(),
-                      absl::StrCat("rank 0 serves the rendezvous store at ", master,
-                                   " (MASTER_ADDR:MASTER_PORT)"));
+      return Annotate(server.status(), absl::StrCat("rank 0 serves the rendezvous store at ",
+                                                    master, " (MASTER_ADDR:MASTER_PORT)"));
     }
     store_server_ = *std::move(server);
     // Rank 0 uses the served store directly; the server outlives the agent's
     // use of it (see Teardown).
-    store_ = std::shared_ptr<store::Store>(std::shared_ptr<void>(),
-                                           &store_server_->store());
+    store_ = std::shared_ptr<store::Store>(std::shared_ptr<void>(), &store_server_->store());
     return absl::OkStatus();
   }
   if (!token_.empty()) {
@@ -229,7 +227,8 @@ absl::Status AgentImpl::ConnectStore() {
     if (token.ok() && !token->empty()) {
       auto client = std::make_shared<store::StoreClient>(
           store::StoreClientOptions{master, *token, options_.init_timeout, tls_});
-      absl::Status s = client->WaitForServer(std::max(absl::Milliseconds(1), deadline - absl::Now()));
+      absl::Status s =
+          client->WaitForServer(std::max(absl::Milliseconds(1), deadline - absl::Now()));
       if (s.ok()) {
         token_ = *token;
         store_ = std::move(client);
@@ -239,10 +238,12 @@ absl::Status AgentImpl::ConnectStore() {
       last = s;
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no job token from rank 0 within ", DurationText(options_.init_timeout), " (", path,
-          ": ", last.message(), "); set BATON_JOB_TOKEN on every worker, or check that no "
-          "other job uses MASTER_PORT ", options_.master_port));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no job token from rank 0 within ", DurationText(options_.init_timeout),
+                       " (", path, ": ", last.message(),
+                       "); set BATON_JOB_TOKEN on every worker, or check that no "
+                       "other job uses MASTER_PORT ",
+                       options_.master_port));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -285,8 +286,8 @@ absl::Status AgentImpl::Rendezvous() {
   if (absl::Status s = ReadRegistrations(reg); !s.ok()) return s;
   if (absl::Status s = ConnectPeers(reg); !s.ok()) return s;
   if (absl::Status s = Step(RendezvousStep::kBeforeInitBarrier); !s.ok()) return s;
-  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_,
-                                      options_.world_size, options_.init_timeout);
+  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_, options_.world_size,
+                                      options_.init_timeout);
       !s.ok()) {
     return s;
   }
@@ -316,8 +317,8 @@ absl::Status AgentImpl::PrepareRuntime() {
   // F2/F3 (flow_control.h): every request from a peer passes the gate, also
   // those that arrive before our rendezvous finished.
   gate_ = std::make_unique<RequestGate>(
-      options_.world_size,
-      FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight}, executor_.get());
+      options_.world_size, FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight},
+      executor_.get());
   // The probe that confirms a suspected peer death (SuspectPeer). A registry
   // shared by several agents has it already.
   (void)registry_->RegisterInternalInline(
@@ -413,8 +414,8 @@ absl::Status AgentImpl::ClaimRank() {
   auto claim = store_->CompareSet(claim_key, "", nonce);
   if (!claim.ok()) return claim.status();
   if (*claim != nonce) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "rank ", rank_, " is already taken by another process in this job"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank_, " is already taken by another process in this job"));
   }
   return absl::OkStatus();
 }
@@ -510,9 +511,9 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
     workers_[r] = WorkerInfo{records[r].name(), r, records[r].address()};
     auto [it, inserted] = by_name_.emplace(records[r].name(), r);
     if (!inserted) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker name '", records[r].name(), "' is used by ranks ", it->second, " and ", r,
-          "; names must be unique"));
+      return absl::AlreadyExistsError(absl::StrCat("worker name '", records[r].name(),
+                                                   "' is used by ranks ", it->second, " and ", r,
+                                                   "; names must be unique"));
     }
   }
   if (absl::Status s = ResolveDeviceMaps(records); !s.ok()) return s;
@@ -522,8 +523,9 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
     auto smaller = [](int64_t mine, int64_t theirs) {
       return theirs > 0 ? std::min(mine, theirs) : mine;
     };
-    windows[r] = FlowLimits{smaller(options_.max_calls_in_flight, records[r].max_calls_in_flight()),
-                            smaller(options_.max_bytes_in_flight, records[r].max_bytes_in_flight())};
+    windows[r] =
+        FlowLimits{smaller(options_.max_calls_in_flight, records[r].max_calls_in_flight()),
+                   smaller(options_.max_bytes_in_flight, records[r].max_bytes_in_flight())};
   }
   window_ = std::make_unique<CallWindow>(std::move(windows));
   {
@@ -558,9 +560,9 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
   int usable = 0;
   paths_.clear();
   for (int r = 0; r < options_.world_size; ++r) {
-    const bool usable_toward = shm_ != nullptr && !records[r].shm_probe().empty() &&
-                               ShmChannel::CheckProbe(records[r].shm_probe(),
-                                                      records[r].shm_probe_token());
+    const bool usable_toward =
+        shm_ != nullptr && !records[r].shm_probe().empty() &&
+        ShmChannel::CheckProbe(records[r].shm_probe(), records[r].shm_probe_token());
     usable += usable_toward;
     // Its probe opened, so it shares our PID namespace: its segments are
     // named with its pid under our prefix.
@@ -580,10 +582,10 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
     };
     for (int r = rank_ + 1; r < options_.world_size; ++r) {
       if (!same_host(r)) continue;
-      auto link = shm_transport_->CreateLink(r, records[r].shm_hub(),
-                                             static_cast<pid_t>(records[r].pid()));
-      if (absl::Status s = store_->Set(absl::StrCat(ns_, "shm_link/", rank_, "/", r),
-                                       link.ok() ? *link : "-");
+      auto link =
+          shm_transport_->CreateLink(r, records[r].shm_hub(), static_cast<pid_t>(records[r].pid()));
+      if (absl::Status s =
+              store_->Set(absl::StrCat(ns_, "shm_link/", rank_, "/", r), link.ok() ? *link : "-");
           !s.ok()) {
         return s;
       }
@@ -625,9 +627,9 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
       peers_[r].incarnation = now.incarnation();
       peers_[r].address_incarnation = now.incarnation();
     }
-    paths_[r]->LoseSameHost(absl::UnavailableError(absl::StrCat(
-        "worker '", workers_[r].name, "': incarnation ", now.incarnation(),
-        " replaced the process during start-up")));
+    paths_[r]->LoseSameHost(absl::UnavailableError(
+        absl::StrCat("worker '", workers_[r].name, "': incarnation ", now.incarnation(),
+                     " replaced the process during start-up")));
     AddNetworkPeer(r, now);
   }
   return superseded;

@@ -49,16 +49,16 @@ void Encoder::WriteVarint(uint64_t v) {
 Encoder::Nested::Nested(Encoder& enc, absl::string_view what)
     : enc_(enc), ok_(++enc.depth_ <= kMaxNesting) {
   if (!ok_) {
-    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
-        "cannot send a value nested ", enc.depth_, " containers deep (at a ", what,
-        "): a receiver accepts at most ", kMaxNesting)));
+    enc.Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot send a value nested ", enc.depth_, " containers deep (at a ", what,
+                     "): a receiver accepts at most ", kMaxNesting)));
   }
 }
 
 Decoder::Nested::Nested(Decoder& dec, absl::string_view what) : dec_(dec) {
   if (++dec.depth_ > kMaxNesting) {
-    status_ = absl::DataLossError(absl::StrCat("nesting depth ", dec.depth_, " exceeds ",
-                                               kMaxNesting, " reading ", what));
+    status_ = absl::DataLossError(
+        absl::StrCat("nesting depth ", dec.depth_, " exceeds ", kMaxNesting, " reading ", what));
   }
 }
 
@@ -91,9 +91,8 @@ absl::StatusOr<Payload> Encoder::Finish() && {
 
 absl::Status Decoder::ReadBytes(void* out, size_t n, absl::string_view what) {
   if (remaining() < n) {
-    return absl::DataLossError(absl::StrCat("truncated payload reading ", what,
-                                            ": need ", n, " bytes, ",
-                                            remaining(), " left"));
+    return absl::DataLossError(absl::StrCat("truncated payload reading ", what, ": need ", n,
+                                            " bytes, ", remaining(), " left"));
   }
   if (n > 0) std::memcpy(out, payload_.bytes.data() + pos_, n);
   pos_ += n;
@@ -116,17 +115,14 @@ absl::Status Decoder::ReadVarint(uint64_t* out, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("malformed varint reading ", what));
 }
 
-absl::Status Decoder::ReadLength(uint64_t* out, size_t min_element_bytes,
-                                 absl::string_view what) {
+absl::Status Decoder::ReadLength(uint64_t* out, size_t min_element_bytes, absl::string_view what) {
   absl::Status s = ReadVarint(out, what);
   if (!s.ok()) return s;
   // Elements of zero encoded bytes (e.g. void) are bounded by a generous cap.
-  const uint64_t cap = min_element_bytes == 0
-                           ? std::max<uint64_t>(remaining(), 1) * 64 + (1 << 20)
-                           : remaining() / min_element_bytes;
+  const uint64_t cap = min_element_bytes == 0 ? std::max<uint64_t>(remaining(), 1) * 64 + (1 << 20)
+                                              : remaining() / min_element_bytes;
   if (*out > cap) {
-    return absl::DataLossError(absl::StrCat(what, " ", *out,
-                                            " is larger than the payload allows"));
+    return absl::DataLossError(absl::StrCat(what, " ", *out, " is larger than the payload allows"));
   }
   return absl::OkStatus();
 }
@@ -140,20 +136,17 @@ absl::Status Decoder::ReadString(std::string* out, absl::string_view what) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const Blob*> Decoder::GetBlob(uint64_t index,
-                                            absl::string_view what) {
+absl::StatusOr<const Blob*> Decoder::GetBlob(uint64_t index, absl::string_view what) {
   if (index >= payload_.blobs.size()) {
     return absl::DataLossError(absl::StrCat(what, " refers to blob ", index,
-                                            " but the message has ",
-                                            payload_.blobs.size()));
+                                            " but the message has ", payload_.blobs.size()));
   }
   return &payload_.blobs[index];
 }
 
 absl::Status Decoder::ExpectEnd() const {
   if (remaining() != 0) {
-    return absl::DataLossError(absl::StrCat(remaining(),
-                                            " unexpected trailing bytes in payload"));
+    return absl::DataLossError(absl::StrCat(remaining(), " unexpected trailing bytes in payload"));
   }
   return absl::OkStatus();
 }
@@ -184,9 +177,9 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
     }
     destination_device = *device;
   } else if (!tensor.device().is_cpu()) {
-    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
-        "cannot send a tensor on device ", tensor.device().str(),
-        ": baton sends CPU and CUDA tensors only (move it with .cpu())")));
+    enc.Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot send a tensor on device ", tensor.device().str(),
+                     ": baton sends CPU and CUDA tensors only (move it with .cpu())")));
     return;
   }
   if (tensor.layout() != c10::kStrided) {
@@ -195,8 +188,8 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
     return;
   }
   if (!IsSupportedDtype(static_cast<int>(tensor.scalar_type()))) {
-    enc.Fail(absl::InvalidArgumentError(absl::StrCat(
-        "cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
+    enc.Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
     return;
   }
   // Only the viewed elements travel: a non-contiguous view is compacted; a
@@ -284,10 +277,10 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     }
     const uint64_t devices = torch::cuda::device_count();
     if (device >= devices) {
-      return absl::DataLossError(absl::StrCat(
-          "a CUDA tensor arrived for cuda:", device, ", but this worker has ", devices,
-          " CUDA device(s) (the sender checked its device map against the ones this "
-          "worker published, so the message is corrupt or from another job)"));
+      return absl::DataLossError(
+          absl::StrCat("a CUDA tensor arrived for cuda:", device, ", but this worker has ", devices,
+                       " CUDA device(s) (the sender checked its device map against the ones this "
+                       "worker published, so the message is corrupt or from another job)"));
     }
     cuda_device = static_cast<int64_t>(device);
     if (path == kCudaIpc) {
@@ -318,19 +311,18 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
   if (!blob.ok()) return blob.status();
   const size_t nbytes = numel * c10::elementSize(st);
   if ((*blob)->size() != nbytes) {
-    return absl::DataLossError(absl::StrCat(
-        "tensor of shape with ", numel, " elements of ", c10::toString(st),
-        " needs ", nbytes, " bytes but its blob has ", (*blob)->size()));
+    return absl::DataLossError(absl::StrCat("tensor of shape with ", numel, " elements of ",
+                                            c10::toString(st), " needs ", nbytes,
+                                            " bytes but its blob has ", (*blob)->size()));
   }
   const auto options = at::TensorOptions().dtype(st);
   const char* data = (*blob)->contiguous();
   if (nbytes == 0) {
     *out = at::empty(sizes, options);
-  } else if (data != nullptr &&
-             reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
+  } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
     std::shared_ptr<const void> owner = (*blob)->owner;
-    *out = at::from_blob(const_cast<char*>(data), sizes,
-                         [owner](void*) mutable { owner.reset(); }, options);
+    *out = at::from_blob(
+        const_cast<char*>(data), sizes, [owner](void*) mutable { owner.reset(); }, options);
   } else {
     *out = at::empty(sizes, options);
     (*blob)->CopyTo(out->data_ptr());

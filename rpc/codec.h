@@ -120,9 +120,7 @@ class Encoder {
  public:
   explicit Encoder(const CodecContext* context = nullptr) : context_(context) {}
   const CodecContext* context() const { return context_; }
-  void WriteBytes(const void* data, size_t n) {
-    bytes_.append(static_cast<const char*>(data), n);
-  }
+  void WriteBytes(const void* data, size_t n) { bytes_.append(static_cast<const char*>(data), n); }
   template <typename T>
   void WritePod(T v) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -189,8 +187,7 @@ class Decoder {
   // A length prefix for `what`, checked against the bytes left (each element
   // takes at least `min_element_bytes`), so corrupt lengths cannot make the
   // decoder allocate without bound.
-  absl::Status ReadLength(uint64_t* out, size_t min_element_bytes,
-                          absl::string_view what);
+  absl::Status ReadLength(uint64_t* out, size_t min_element_bytes, absl::string_view what);
   absl::StatusOr<const Blob*> GetBlob(uint64_t index, absl::string_view what);
   // DATA_LOSS unless every byte was consumed.
   absl::Status ExpectEnd() const;
@@ -240,8 +237,7 @@ absl::StatusOr<Payload> EncodeMessage(const T& v, const CodecContext* context = 
   return std::move(enc).Finish();
 }
 template <typename T>
-absl::Status DecodeMessage(const Payload& payload, T* out,
-                           const CodecContext* context = nullptr) {
+absl::Status DecodeMessage(const Payload& payload, T* out, const CodecContext* context = nullptr) {
   Decoder dec(payload, context);
   absl::Status s = Codec<T>::Decode(dec, out);
   if (!s.ok()) return s;
@@ -294,9 +290,7 @@ template <>
 struct Codec<at::Tensor> {
   static std::string Name() { return "Tensor"; }
   static void Encode(const at::Tensor& t, Encoder& enc) { EncodeTensor(t, enc); }
-  static absl::Status Decode(Decoder& dec, at::Tensor* out) {
-    return DecodeTensor(dec, out);
-  }
+  static absl::Status Decode(Decoder& dec, at::Tensor* out) { return DecodeTensor(dec, out); }
 };
 
 // ---- Scalars ----
@@ -465,9 +459,7 @@ struct Codec<std::map<std::string, V, C, A>>
 template <typename V, typename H, typename E, typename A>
 struct Codec<std::unordered_map<std::string, V, H, E, A>>
     : internal::StringMapCodec<std::unordered_map<std::string, V, H, E, A>> {
-  static std::string Name() {
-    return absl::StrCat("unordered_map<string,", TypeName<V>(), ">");
-  }
+  static std::string Name() { return absl::StrCat("unordered_map<string,", TypeName<V>(), ">"); }
 };
 
 template <typename T>
@@ -540,9 +532,10 @@ struct Codec<std::tuple<Ts...>> {
   static absl::Status ElementStatus(Decoder& dec, std::tuple<Ts...>* out) {
     absl::Status s = DecodeValue(dec, &std::get<I>(*out));
     if (s.ok()) return s;
-    return absl::Status(s.code(), absl::StrCat("element ", I, " (",
-                                               TypeName<std::tuple_element_t<I, std::tuple<Ts...>>>(),
-                                               "): ", s.message()));
+    return absl::Status(
+        s.code(),
+        absl::StrCat("element ", I, " (", TypeName<std::tuple_element_t<I, std::tuple<Ts...>>>(),
+                     "): ", s.message()));
   }
 };
 
@@ -557,18 +550,18 @@ struct Codec<std::tuple<Ts...>> {
 // other field types is refused as an argument type mismatch. Adding a field
 // changes the name, so both ends must be rebuilt together, as for any
 // signature change.
-#define BATON_CODEC_FIELDS(Type, ...)                              \
-  static constexpr const char* kCodecName = #Type;                 \
-  static constexpr const char* kCodecFieldNames = #__VA_ARGS__;    \
-  auto CodecFields() { return std::tie(__VA_ARGS__); }             \
+#define BATON_CODEC_FIELDS(Type, ...)                           \
+  static constexpr const char* kCodecName = #Type;              \
+  static constexpr const char* kCodecFieldNames = #__VA_ARGS__; \
+  auto CodecFields() { return std::tie(__VA_ARGS__); }          \
   auto CodecFields() const { return std::tie(__VA_ARGS__); }
 
 namespace internal {
 template <typename T, typename = void>
 struct HasCodecFields : std::false_type {};
 template <typename T>
-struct HasCodecFields<T, std::void_t<decltype(std::declval<T&>().CodecFields())>>
-    : std::true_type {};
+struct HasCodecFields<T, std::void_t<decltype(std::declval<T&>().CodecFields())>> : std::true_type {
+};
 // The `index`-th name in a BATON_CODEC_FIELDS list ("a, b, c").
 std::string CodecFieldName(const char* names, size_t index);
 }  // namespace internal
@@ -609,9 +602,9 @@ struct Codec<T, std::enable_if_t<internal::HasCodecFields<T>::value>> {
   static absl::Status FieldStatus(Decoder& dec, Fields& fields) {
     absl::Status s = DecodeValue(dec, &std::get<I>(fields));
     if (s.ok()) return s;
-    return absl::Status(s.code(), absl::StrCat(T::kCodecName, ".",
-                                               internal::CodecFieldName(T::kCodecFieldNames, I),
-                                               ": ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat(T::kCodecName, ".", internal::CodecFieldName(T::kCodecFieldNames, I),
+                               ": ", s.message()));
   }
 };
 

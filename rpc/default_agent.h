@@ -48,8 +48,8 @@ R rpc_sync(const CallOptions& opts, const WorkerRef& to, const Function<R(Args..
   return default_agent().rpc_sync(opts, to, fn, std::forward<CallArgs>(args)...);
 }
 template <typename R, typename... Args, typename... CallArgs>
-Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to,
-                    const Function<R(Args...)>& fn, CallArgs&&... args) {
+Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to, const Function<R(Args...)>& fn,
+                    CallArgs&&... args) {
   return default_agent().rpc_async(opts, to, fn, std::forward<CallArgs>(args)...);
 }
 

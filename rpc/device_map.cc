@@ -39,12 +39,13 @@ absl::Status CheckLocalDeviceMaps(const AgentOptions& options) {
                                                        " CUDA device(s)"));
       }
       if (to < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " maps cuda:", from, " to cuda:", to));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " maps cuda:", from, " to cuda:", to));
       }
       if (!targets.insert(to).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " maps two devices to cuda:", to, " of worker '", worker,
-            "'; a map must be one-to-one so that replies can come back"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " maps two devices to cuda:", to, " of worker '", worker,
+                         "'; a map must be one-to-one so that replies can come back"));
       }
     }
   }
@@ -56,11 +57,10 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
   const proto::WorkerRecord& mine = records[rank_];
   cuda_channel_peer_.assign(records.size(), false);
   for (size_t peer = 0; peer < records.size(); ++peer) {
-    cuda_channel_peer_[peer] = static_cast<int>(peer) != rank_ && !mine.boot_id().empty() &&
-                               mine.cuda_ipc() && records[peer].cuda_ipc() &&
-                               records[peer].boot_id() == mine.boot_id() &&
-                               records[peer].pid_namespace() == mine.pid_namespace() &&
-                               records[peer].pid() != mine.pid();
+    cuda_channel_peer_[peer] =
+        static_cast<int>(peer) != rank_ && !mine.boot_id().empty() && mine.cuda_ipc() &&
+        records[peer].cuda_ipc() && records[peer].boot_id() == mine.boot_id() &&
+        records[peer].pid_namespace() == mine.pid_namespace() && records[peer].pid() != mine.pid();
   }
   device_map_to_.assign(records.size(), {});
   has_device_map_to_.assign(records.size(), false);
@@ -96,8 +96,8 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
 }
 
 CudaTensorChannel* AgentImpl::CudaChannelFor(int peer) const {
-  if (cuda_channel_ == nullptr || peer < 0 ||
-      peer >= static_cast<int>(cuda_channel_peer_.size()) || !cuda_channel_peer_[peer]) {
+  if (cuda_channel_ == nullptr || peer < 0 || peer >= static_cast<int>(cuda_channel_peer_.size()) ||
+      !cuda_channel_peer_[peer]) {
     return nullptr;
   }
   return cuda_channel_.get();
@@ -110,16 +110,16 @@ absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device) const {
   if (peer == rank_) return device;  // a call to itself stays on the device
   const std::string& name = workers_[peer].name;
   if (!has_device_map_to_[peer]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot send a tensor on device cuda:", device, " to worker '", name,
-        "': no device map applies (set AgentOptions::device_maps[\"", name,
-        "\"] on this worker, or a map for this worker on '", name, "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name,
+                     "': no device map applies (set AgentOptions::device_maps[\"", name,
+                     "\"] on this worker, or a map for this worker on '", name, "')"));
   }
   auto it = device_map_to_[peer].find(device);
   if (it == device_map_to_[peer].end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot send a tensor on device cuda:", device, " to worker '", name,
-        "': the device map for it leaves cuda:", device, " out"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name,
+                     "': the device map for it leaves cuda:", device, " out"));
   }
   return it->second;
 }

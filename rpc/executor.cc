@@ -27,8 +27,8 @@ struct Executor::State : std::enable_shared_from_this<State> {
   std::thread monitor ABSL_GUARDED_BY(mu);
   int idle ABSL_GUARDED_BY(mu) = 0;
   int starting ABSL_GUARDED_BY(mu) = 0;  // started, not yet in their loop
-  int running ABSL_GUARDED_BY(mu) = 0;  // tasks started and not finished
-  int blocked ABSL_GUARDED_BY(mu) = 0;  // of those, inside a BlockingScope
+  int running ABSL_GUARDED_BY(mu) = 0;   // tasks started and not finished
+  int blocked ABSL_GUARDED_BY(mu) = 0;   // of those, inside a BlockingScope
   int exited ABSL_GUARDED_BY(mu) = 0;
   int extra ABSL_GUARDED_BY(mu) = 0;  // E3's allowance above parallelism
   uint64_t started ABSL_GUARDED_BY(mu) = 0;
@@ -49,8 +49,7 @@ struct Executor::State : std::enable_shared_from_this<State> {
   void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int startable = StartableLocked();
     if (startable == 0) return;
-    if (startable > idle + starting && static_cast<int>(threads.size()) < max_threads &&
-        !joined) {
+    if (startable > idle + starting && static_cast<int>(threads.size()) < max_threads && !joined) {
       StartThreadLocked();
     } else {
       work.Signal();
@@ -148,9 +147,8 @@ void Executor::WorkerLoop(std::shared_ptr<State> state) {
 void Executor::MonitorLoop(std::shared_ptr<State> state) {
   State& s = *state;
   absl::MutexLock lock(&s.mu);
-  auto pending = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-    return s.closed || !s.queue.empty();
-  };
+  auto pending = [&s]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.closed || !s.queue.empty(); };
   while (true) {
     s.mu.Await(absl::Condition(&pending));
     if (s.closed) return;
@@ -218,9 +216,9 @@ absl::Status Executor::Join(absl::Duration timeout) {
     // They hold the shared state; nothing of this object is touched again.
     for (auto& t : threads) t.detach();
     if (monitor.joinable()) monitor.detach();
-    return absl::DeadlineExceededError(
-        absl::StrCat("executor: ", stuck, " thread(s) still running a task after ",
-                     absl::FormatDuration(timeout), "; detached"));
+    return absl::DeadlineExceededError(absl::StrCat("executor: ", stuck,
+                                                    " thread(s) still running a task after ",
+                                                    absl::FormatDuration(timeout), "; detached"));
   }
   for (auto& t : threads) t.join();
   if (monitor.joinable()) monitor.join();

@@ -4,10 +4,8 @@
 
 namespace baton::rpc {
 
-absl::Status FunctionRegistry::RegisterRaw(std::string name,
-                                           std::string signature,
-                                           RawHandler handler,
-                                           ValueHandler value_handler) {
+absl::Status FunctionRegistry::RegisterRaw(std::string name, std::string signature,
+                                           RawHandler handler, ValueHandler value_handler) {
   if (name.empty()) return absl::InvalidArgumentError("function name is empty");
   auto entry = std::make_shared<Entry>();
   entry->signature = std::move(signature);
@@ -16,8 +14,7 @@ absl::Status FunctionRegistry::RegisterRaw(std::string name,
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = entries_.emplace(name, std::move(entry));
   if (!inserted) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("function '", name, "' is already registered"));
+    return absl::AlreadyExistsError(absl::StrCat("function '", name, "' is already registered"));
   }
   return absl::OkStatus();
 }
@@ -96,8 +93,7 @@ absl::Status StatusFromCurrentException() {
   } catch (const Error& e) {
     return e.status();
   } catch (const c10::Error& e) {
-    return absl::UnknownError(
-        absl::StrCat("remote exception: ", e.what_without_backtrace()));
+    return absl::UnknownError(absl::StrCat("remote exception: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::UnknownError(absl::StrCat("remote exception: ", e.what()));
   } catch (...) {

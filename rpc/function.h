@@ -72,8 +72,7 @@ struct CallContext {
   // The request's extensions (set only while call hooks exist).
   std::map<std::string, std::string> extensions;
   absl::Duration time_left() const {
-    return deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
-                                              : deadline - absl::Now();
+    return deadline == absl::InfiniteFuture() ? absl::InfiniteDuration() : deadline - absl::Now();
   }
 };
 
@@ -104,8 +103,7 @@ class Function<R(Args...)> {
 };
 
 using Responder = absl::AnyInvocable<void(absl::StatusOr<Payload>)>;
-using RawHandler =
-    std::function<void(const CallContext& ctx, Payload args, Responder done)>;
+using RawHandler = std::function<void(const CallContext& ctx, Payload args, Responder done)>;
 
 // A typed value held by the runtime without knowing its type statically,
 // e.g. the value of an RRef on its owner.
@@ -140,8 +138,7 @@ struct AnyValue {
 using ValueDone = absl::AnyInvocable<void(absl::StatusOr<AnyValue>)>;
 // Runs the function like a call, but keeps its result as a value instead of
 // encoding a reply (used by remote(), which stores the result on the callee).
-using ValueHandler =
-    std::function<void(const CallContext& ctx, Payload args, ValueDone done)>;
+using ValueHandler = std::function<void(const CallContext& ctx, Payload args, ValueDone done)>;
 
 class FunctionRegistry {
  public:
@@ -156,8 +153,8 @@ class FunctionRegistry {
   };
 
   // ALREADY_EXISTS if the name is taken.
-  absl::Status RegisterRaw(std::string name, std::string signature,
-                           RawHandler handler, ValueHandler value_handler = nullptr);
+  absl::Status RegisterRaw(std::string name, std::string signature, RawHandler handler,
+                           ValueHandler value_handler = nullptr);
   // A protocol handler that never blocks and never runs user code: it is
   // dispatched on the transport thread, saving a thread hand-off.
   absl::Status RegisterInternalInline(std::string name, RawHandler handler);
@@ -212,8 +209,7 @@ class FunctionRegistry {
 
  private:
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
   using Hooks = std::vector<std::shared_ptr<CallHook>>;
   // Copy-on-write: a call takes the current list with one reference count.
@@ -280,7 +276,6 @@ struct IsInvocableWithContext;
 template <typename F, typename... Ts>
 struct IsInvocableWithContext<F, std::tuple<Ts...>>
     : std::is_invocable<F&, const CallContext&, Ts...> {};
-
 
 template <typename R>
 using TypedDone = absl::AnyInvocable<void(absl::StatusOr<Stored<R>>)>;
@@ -370,8 +365,8 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
                 "the implementation cannot be called with the Function's arguments");
   auto shared_impl = std::make_shared<F>(std::move(impl));
   RawHandler handler = [shared_impl](const CallContext& ctx, Payload args, Responder done) {
-    MessageInfo reply{ctx.agent, /*is_request=*/false,
-                      ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
+    MessageInfo reply{ctx.agent, /*is_request=*/false, ctx.caller != nullptr ? ctx.caller->id : -1,
+                      ctx.function};
     internal::InvokeTyped<R, Tuple>(
         *shared_impl, ctx, std::move(args),
         [done = std::move(done), reply, registry = ctx.registry, request_ext = ctx.extensions,
@@ -386,8 +381,7 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
           done(EncodeMessage<internal::Stored<R>>(*r, &cc));
         });
   };
-  ValueHandler value_handler = [shared_impl](const CallContext& ctx, Payload args,
-                                             ValueDone done) {
+  ValueHandler value_handler = [shared_impl](const CallContext& ctx, Payload args, ValueDone done) {
     internal::InvokeTyped<R, Tuple>(
         *shared_impl, ctx, std::move(args),
         [done = std::move(done)](absl::StatusOr<internal::Stored<R>> r) mutable {

@@ -67,9 +67,7 @@ struct FutureState {
     // A pool thread that waits lends its place to the next task (E2).
     Executor::BlockingScope blocking;
     absl::MutexLock lock(&mu);
-    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return result.has_value();
-    };
+    auto has = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return result.has_value(); };
     if (timeout == absl::InfiniteDuration()) {
       mu.Await(absl::Condition(&has));
       return true;
@@ -117,8 +115,7 @@ struct FutureState {
 
   mutable absl::Mutex mu;
   std::optional<Result> result ABSL_GUARDED_BY(mu);
-  std::vector<absl::AnyInvocable<void(const Result&)>> callbacks
-      ABSL_GUARDED_BY(mu);
+  std::vector<absl::AnyInvocable<void(const Result&)>> callbacks ABSL_GUARDED_BY(mu);
   Executor* const executor;
 };
 
@@ -151,8 +148,8 @@ class Future {
   // after `timeout`.
   absl::Status Wait(absl::Duration timeout) const {
     if (!state_->WaitFor(timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "future not complete after ", DurationText(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("future not complete after ", DurationText(timeout)));
     }
     return state_->Get().status();
   }
@@ -168,9 +165,7 @@ class Future {
     if constexpr (!std::is_void_v<T>) return *r;
   }
 
-  void OnReady(absl::AnyInvocable<void(const Result&)> cb) const {
-    state_->OnReady(std::move(cb));
-  }
+  void OnReady(absl::AnyInvocable<void(const Result&)> cb) const { state_->OnReady(std::move(cb)); }
 
   // f: (const Future<T>&) -> U, absl::StatusOr<U> or void.
   template <typename F>
@@ -191,8 +186,8 @@ class Future {
             promise.Set(f(self));
           }
         } catch (const std::exception& e) {
-          promise.SetError(absl::UnknownError(
-              absl::StrCat("exception in Then callback: ", e.what())));
+          promise.SetError(
+              absl::UnknownError(absl::StrCat("exception in Then callback: ", e.what())));
         } catch (...) {
           promise.SetError(absl::UnknownError("unknown exception in Then callback"));
         }
@@ -206,8 +201,7 @@ class Future {
 
  private:
   friend class Promise<T>;
-  explicit Future(std::shared_ptr<internal::FutureState<T>> s)
-      : state_(std::move(s)) {}
+  explicit Future(std::shared_ptr<internal::FutureState<T>> s) : state_(std::move(s)) {}
   std::shared_ptr<internal::FutureState<T>> state_;
 };
 
@@ -257,21 +251,19 @@ Future<T> MakeErrorFuture(absl::Status status) {
 // Waits for every future within one `timeout`. Returns the first error in
 // order, or DEADLINE_EXCEEDED naming how many were still pending.
 template <typename T>
-absl::Status WaitAll(const std::vector<Future<T>>& futures,
-                     absl::Duration timeout) {
+absl::Status WaitAll(const std::vector<Future<T>>& futures, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   int pending = 0;
   for (const auto& f : futures) {
     const absl::Duration left = timeout == absl::InfiniteDuration()
                                     ? absl::InfiniteDuration()
-                                    : std::max(absl::ZeroDuration(),
-                                               deadline - absl::Now());
+                                    : std::max(absl::ZeroDuration(), deadline - absl::Now());
     if (!f.WaitFor(left)) ++pending;
   }
   if (pending > 0) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("WaitAll: ", pending, " of ", futures.size(),
-                     " futures not complete after ", DurationText(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat("WaitAll: ", pending, " of ", futures.size(),
+                                                    " futures not complete after ",
+                                                    DurationText(timeout)));
   }
   for (const auto& f : futures) {
     if (!f.status().ok()) return f.status();

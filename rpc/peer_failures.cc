@@ -53,18 +53,18 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
   Call(peer, kPingFunction, "", Payload(), probe, /*windowed=*/false)
       .OnReady([this, peer, incarnation, cause](const absl::StatusOr<Payload>& r) {
-        const bool dead = !r.ok() && (absl::IsUnavailable(r.status()) ||
-                                      absl::IsDeadlineExceeded(r.status()));
+        const bool dead =
+            !r.ok() && (absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()));
         {
           absl::MutexLock lock(&mu_);
           suspects_.erase(peer);
         }
         if (!dead) return;
         ReportDead(peer, incarnation,
-                   absl::UnavailableError(absl::StrCat(
-                       "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ",
-                       incarnation, ") is dead: ", cause.message(),
-                       "; a probe call then failed: ", r.status().message())));
+                   absl::UnavailableError(
+                       absl::StrCat("worker '", workers_[peer].name, "' (id ", peer,
+                                    ", incarnation ", incarnation, ") is dead: ", cause.message(),
+                                    "; a probe call then failed: ", r.status().message())));
         // Its successor may have registered already (P1).
         RefreshPeer(peer);
       });
@@ -74,8 +74,7 @@ void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& ca
   std::vector<RpcAgent::PeerFailureListener> listeners;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_ || peer >= static_cast<int>(peers_.size()) ||
-        peers_[peer].dead >= incarnation) {
+    if (!running_ || peer >= static_cast<int>(peers_.size()) || peers_[peer].dead >= incarnation) {
       return;  // P2
     }
     peers_[peer].dead = incarnation;
@@ -104,9 +103,9 @@ bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
   // same-host link: the one to its predecessor goes now, not when the
   // predecessor's death is noticed (T3).
   if (peer < static_cast<int>(paths_.size())) {
-    paths_[peer]->LoseSameHost(absl::UnavailableError(absl::StrCat(
-        "worker '", workers_[peer].name, "': incarnation ", incarnation,
-        " replaced the process linked")));
+    paths_[peer]->LoseSameHost(
+        absl::UnavailableError(absl::StrCat("worker '", workers_[peer].name, "': incarnation ",
+                                            incarnation, " replaced the process linked")));
   }
   // P1: a rejoined restart replaces its predecessors (every incarnation
   // before it, also one we never heard of), which are dead.
@@ -309,8 +308,8 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
   }
   if (AwaitSuccessor(peer, incarnation, until)) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
-      "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
-      ") is dead", probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),
+      "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
+      probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),
       " and no successor registered within ", DurationText(options_.restart_wait),
       " (AgentOptions::restart_wait) or the call's deadline"));
 }
@@ -352,8 +351,7 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
 absl::Status AgentImpl::AwaitPeersAtShutdown() {
   const std::string barrier = ns_ + "shutdown/enter";
   if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
-    return store::Barrier(*store_, barrier, rank_, options_.world_size,
-                          options_.shutdown_timeout);
+    return store::Barrier(*store_, barrier, rank_, options_.world_size, options_.shutdown_timeout);
   }
   const absl::Time end = absl::Now() + options_.shutdown_wait_for_peers;  // may be infinite
   // In slices: every few seconds the workers still missing are pinged, and

@@ -69,7 +69,8 @@ std::string AgentImpl::IdentityToward(int peer, int64_t peer_incarnation,
 }
 
 void AgentImpl::AddNetworkPeer(int peer, const proto::WorkerRecord& record) {
-  const int64_t incarnation = peer == rank_ ? incarnation_ : std::max<int64_t>(1, record.incarnation());
+  const int64_t incarnation =
+      peer == rank_ ? incarnation_ : std::max<int64_t>(1, record.incarnation());
   {
     absl::MutexLock lock(&mu_);
     if (peer < static_cast<int>(peers_.size())) {
@@ -93,11 +94,10 @@ std::string AgentImpl::StreamIdentity(int peer) const {
   return IdentityToward(peer, incarnation, key);
 }
 
-absl::StatusOr<int> AgentImpl::CheckClaim(int rank, int64_t incarnation,
-                                          const std::string& proof,
+absl::StatusOr<int> AgentImpl::CheckClaim(int rank, int64_t incarnation, const std::string& proof,
                                           const std::string& key) const {
-  absl::Status s = identity_->Verify(
-      key, StreamStatement(rank, incarnation, rank_, incarnation_), proof);
+  absl::Status s =
+      identity_->Verify(key, StreamStatement(rank, incarnation, rank_, incarnation_), proof);
   if (!s.ok()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "worker '", options_.name, "' refuses a stream claiming to come from worker id ", rank,
@@ -147,19 +147,17 @@ void AgentImpl::AuthenticateStream(absl::string_view identity,
     proto::WorkerRecord record;
     if (!v.ok() || !record.ParseFromString(*v)) {
       done(absl::UnavailableError(absl::StrCat(
-          "worker '", options_.name, "' could not read the registration of worker id ",
-          claim.rank, " to check its stream: ",
-          v.ok() ? "malformed registration" : v.status().ToString())));
+          "worker '", options_.name, "' could not read the registration of worker id ", claim.rank,
+          " to check its stream: ", v.ok() ? "malformed registration" : v.status().ToString())));
     } else if (record.incarnation() > claim.incarnation) {
-      done(absl::UnavailableError(absl::StrCat(
-          "worker '", options_.name, "' refuses a stream from incarnation ", claim.incarnation,
-          " of worker id ", claim.rank, ": incarnation ", record.incarnation(),
-          " of that rank rejoined the job")));
+      done(absl::UnavailableError(
+          absl::StrCat("worker '", options_.name, "' refuses a stream from incarnation ",
+                       claim.incarnation, " of worker id ", claim.rank, ": incarnation ",
+                       record.incarnation(), " of that rank rejoined the job")));
     } else if (record.incarnation() < claim.incarnation) {
       done(absl::PermissionDeniedError(absl::StrCat(
-          "worker '", options_.name, "' refuses a stream claiming incarnation ",
-          claim.incarnation, " of worker id ", claim.rank, ": the latest registered is ",
-          record.incarnation())));
+          "worker '", options_.name, "' refuses a stream claiming incarnation ", claim.incarnation,
+          " of worker id ", claim.rank, ": the latest registered is ", record.incarnation())));
     } else {
       done(CheckClaim(claim.rank, claim.incarnation, claim.proof, record.identity_key()));
     }

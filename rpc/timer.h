@@ -48,8 +48,7 @@ class DeadlineTimer {
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  std::map<std::pair<absl::Time, Id>, absl::AnyInvocable<void()>> queue_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<absl::Time, Id>, absl::AnyInvocable<void()>> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Id, absl::Time> deadlines_ ABSL_GUARDED_BY(mu_);
   Id next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

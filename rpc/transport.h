@@ -122,7 +122,7 @@ struct NetworkTransportOptions {
   std::string listen_address;  // host:port; port 0 picks one
   std::string job_token;       // every incoming stream must carry it
   int64_t max_message_bytes = 0;
-  TlsConfig tls;               // mutual TLS (base/tls.h); empty: plain text
+  TlsConfig tls;  // mutual TLS (base/tls.h); empty: plain text
 };
 
 // Starts a network transport that delivers to `handler` (the agent).

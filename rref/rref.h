@@ -104,9 +104,9 @@ rpc::AnyValue MakeValue(std::shared_ptr<R> v) {
 // worker (the function then runs on this agent's executor), else a user
 // fork whose created() completes with the remote call.
 std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
-                                        const std::string& function,
-                                        const std::string& signature, const std::string& type,
-                                        rpc::Payload args, const rpc::CallOptions& opts);
+                                        const std::string& function, const std::string& signature,
+                                        const std::string& type, rpc::Payload args,
+                                        const rpc::CallOptions& opts);
 
 inline std::shared_ptr<RRefService> ServiceOf(rpc::RpcAgent& agent) {
   auto svc = RRefService::Of(agent);
@@ -154,8 +154,7 @@ class RRef {
   auto rpc_async(M method, CallArgs&&... args) const
       -> rpc::Future<typename internal::MethodTraits<M>::Result>;
   template <typename M, typename... CallArgs>
-  auto rpc_sync(M method, CallArgs&&... args) const
-      -> typename internal::MethodTraits<M>::Result {
+  auto rpc_sync(M method, CallArgs&&... args) const -> typename internal::MethodTraits<M>::Result {
     return rpc_async(method, std::forward<CallArgs>(args)...).value();
   }
   // Runs the method on the owner and keeps its result there, as a new RRef.
@@ -205,8 +204,8 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::Wo
 }
 
 template <typename R, typename... Args, typename... CallArgs>
-RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to,
-               const rpc::Function<R(Args...)>& fn, CallArgs&&... args) {
+RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, const rpc::Function<R(Args...)>& fn,
+               CallArgs&&... args) {
   return remote(agent, rpc::CallOptions{}, to, fn, std::forward<CallArgs>(args)...);
 }
 
@@ -244,7 +243,8 @@ class ClassBuilder {
       std::tuple<std::decay_t<A>...> decoded;
       const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
       absl::Status s = rpc::DecodeMessage(args, &decoded, &cc);
-      if (!s.ok()) return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
+      if (!s.ok())
+        return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
       try {
         auto obj = std::apply([](auto&&... a) { return std::make_shared<C>(std::move(a)...); },
                               std::move(decoded));

@@ -132,8 +132,7 @@ void RRefContext::SetValue(RRefId rref, absl::StatusOr<rpc::AnyValue> value) {
   promise.Set(std::move(value));
 }
 
-absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref,
-                                                                    bool* waits_early) {
+absl::StatusOr<rpc::Future<rpc::AnyValue>> RRefContext::OwnedValue(RRefId rref, bool* waits_early) {
   if (waits_early != nullptr) *waits_early = false;
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(rref);
@@ -285,8 +284,7 @@ void RRefContext::ForgetUncreated(ForkId fork) {
   if (it != users_.end()) it->second->counted = false;
 }
 
-absl::Status RRefContext::CheckOwner(const RefHandle& handle,
-                                     absl::string_view owner_name) const {
+absl::Status RRefContext::CheckOwner(const RefHandle& handle, absl::string_view owner_name) const {
   if (handle.is_owner()) return absl::OkStatus();
   const int owner = handle.owner();
   const int64_t now = incarnation_of_ ? incarnation_of_(owner) : 0;
@@ -407,7 +405,7 @@ bool RRefContext::MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner) {
   *owner = it->second->owner;
   const bool owner_dead =
       DeadLocked(Holder{it->second->owner, it->second->owner_incarnation});  // G7
-  const bool counted = it->second->counted;  // G8
+  const bool counted = it->second->counted;                                  // G8
   users_.erase(it);
   return counted && !owner_dead;
 }
@@ -526,10 +524,10 @@ absl::Status RRefContext::Settle(absl::Time deadline) {
     return users_.empty() && unanswered_ == 0;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "RRefs on worker ", self_, " did not settle: ", users_.size(),
-        " user reference(s) still waiting for confirmation of their forks, ", unanswered_,
-        " protocol message(s) unanswered"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("RRefs on worker ", self_, " did not settle: ", users_.size(),
+                     " user reference(s) still waiting for confirmation of their forks, ",
+                     unanswered_, " protocol message(s) unanswered"));
   }
   return absl::OkStatus();
 }
@@ -575,17 +573,15 @@ RRefDebugState RRefContext::DebugState() const {
 }
 
 std::string RRefDebugState::ToString() const {
-  std::string out = absl::StrCat(owned.size(), " owned, ", held.size(), " held, ",
-                                 early_entries, " early, ", unanswered_messages,
-                                 " unanswered");
+  std::string out = absl::StrCat(owned.size(), " owned, ", held.size(), " held, ", early_entries,
+                                 " early, ", unanswered_messages, " unanswered");
   auto ids = [](const std::vector<GlobalId>& v) {
-    return absl::StrJoin(v, ",", [](std::string* o, const GlobalId& g) {
-      absl::StrAppend(o, g.ToString());
-    });
+    return absl::StrJoin(
+        v, ",", [](std::string* o, const GlobalId& g) { absl::StrAppend(o, g.ToString()); });
   };
   for (const auto& o : owned) {
-    absl::StrAppend(&out, "\n  owns ", o.rref.ToString(), " forks [", ids(o.forks),
-                    "] local_refs ", o.local_refs, o.created ? "" : " (not created)");
+    absl::StrAppend(&out, "\n  owns ", o.rref.ToString(), " forks [", ids(o.forks), "] local_refs ",
+                    o.local_refs, o.created ? "" : " (not created)");
   }
   for (const auto& h : held) {
     absl::StrAppend(&out, "\n  holds ", h.rref.ToString(), " fork ", h.fork.ToString(),

@@ -253,8 +253,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // id cannot be owned here. `*waits_early` (if given) says whether the
   // future waits in an early entry; such a caller that stops waiting (its
   // deadline passed) calls StopWaitingEarly once.
-  absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref,
-                                                        bool* waits_early = nullptr);
+  absl::StatusOr<rpc::Future<rpc::AnyValue>> OwnedValue(RRefId rref, bool* waits_early = nullptr);
   // A caller of OwnedValue that waited in an early entry gave up. When no
   // other caller waits and no message references the id, the early entry
   // goes, so an unknown id leaves nothing behind (G3).

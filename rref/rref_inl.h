@@ -58,10 +58,11 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
     // context, so the owner records the value it sends back).
     absl::Status s = agent->registry().RunSendHooks(
         rpc::MessageInfo{agent, /*is_request=*/true, owner->id, kFetchFn}, {}, request.extensions);
-    if (!s.ok()) return rpc::MakeErrorFuture<T>(Annotate(s, absl::StrCat("to_here of ", Describe())));
+    if (!s.ok())
+      return rpc::MakeErrorFuture<T>(Annotate(s, absl::StrCat("to_here of ", Describe())));
   }
-  rpc::Future<rpc::Payload> raw = agent->CallRaw(owner->id, kFetchFn, "", std::move(request),
-                                                 rpc::CallOptions{timeout});
+  rpc::Future<rpc::Payload> raw =
+      agent->CallRaw(owner->id, kFetchFn, "", std::move(request), rpc::CallOptions{timeout});
   return agent->template DecodeFuture<T>(std::move(raw), *owner,
                                          absl::StrCat("to_here of ", Describe()));
 }
@@ -95,9 +96,9 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
   auto m = service_->FindMethodByPointer(internal::PointerKey(method));
   if (m == nullptr) {
-    return rpc::MakeErrorFuture<R>(absl::NotFoundError(absl::StrCat(
-        "method of ", internal::Demangle(typeid(T).name()),
-        " is not registered (RegisterClass(...).Method(...))")));
+    return rpc::MakeErrorFuture<R>(
+        absl::NotFoundError(absl::StrCat("method of ", internal::Demangle(typeid(T).name()),
+                                         " is not registered (RegisterClass(...).Method(...))")));
   }
   rpc::RpcAgent* agent = service_->agent();
   if (agent == nullptr) {
@@ -137,8 +138,8 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
   static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
   auto m = service_->FindMethodByPointer(internal::PointerKey(method));
   if (m == nullptr) {
-    throw Error(absl::NotFoundError(absl::StrCat(
-        "method of ", internal::Demangle(typeid(T).name()), " is not registered")));
+    throw Error(absl::NotFoundError(
+        absl::StrCat("method of ", internal::Demangle(typeid(T).name()), " is not registered")));
   }
   rpc::RpcAgent* agent = Agent();
   auto ctx = service_->context();
@@ -155,8 +156,7 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     call.registry = &agent->registry();
     call.caller = &agent->workers()[agent->self().id];
     call.function = m->qualified_name;
-    service_->RunMethod(call, handle_->rref(), m->qualified_name, m->signature,
-                        *std::move(payload),
+    service_->RunMethod(call, handle_->rref(), m->qualified_name, m->signature, *std::move(payload),
                         [ctx, rref = result->rref(), created](absl::StatusOr<rpc::AnyValue> v) {
                           absl::Status s = v.status();
                           ctx->SetValue(rref, std::move(v));
@@ -217,10 +217,9 @@ RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... arg
   const std::string ctor = absl::StrCat(cls, ".__init__");
   // The types actually sent: the owner rejects them with INVALID_ARGUMENT
   // naming both signatures if they differ from the registered constructor.
-  const std::string signature =
-      rpc::Function<void(std::decay_t<CallArgs>...)>::cached_signature();
-  return RRef<C>(internal::RemoteCreate(agent, *svc, worker->id, ctor, signature,
-                                        typeid(C).name(), *std::move(payload), {}),
+  const std::string signature = rpc::Function<void(std::decay_t<CallArgs>...)>::cached_signature();
+  return RRef<C>(internal::RemoteCreate(agent, *svc, worker->id, ctor, signature, typeid(C).name(),
+                                        *std::move(payload), {}),
                  svc);
 }
 
@@ -280,9 +279,9 @@ struct Codec<rref::RRef<T>> {
     d.rref.local = rl;
     d.fork.local = fl;
     if (d.type != typeid(T).name()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "received an RRef of ", rref::internal::Demangle(d.type.c_str()), " where RRef<",
-          rref::internal::ValueTypeName<T>(), "> was expected"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("received an RRef of ", rref::internal::Demangle(d.type.c_str()),
+                       " where RRef<", rref::internal::ValueTypeName<T>(), "> was expected"));
     }
     const CodecContext* cc = dec.context();
     if (cc == nullptr || cc->agent == nullptr) {

@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "rref/rref.h"
 #include "base/status.h"
+#include "rref/rref.h"
 
 namespace baton::rref {
 namespace {
@@ -53,17 +53,16 @@ void AwaitOwnedValue(const std::shared_ptr<RRefContext>& rctx, RRefId rref,
   const std::string function(ctx.function);
   const int self = rctx->self();
   std::weak_ptr<RRefContext> weak = rctx;
-  timer->Schedule(
-      ctx.deadline, [race, weak, rref, waits_early, function, self] {
-        if (race->decided.exchange(true)) return;
-        if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
-        race->on_error(absl::DeadlineExceededError(absl::StrCat(
-            function, " on RRef ", rref.ToString(), ": worker ", self,
-            waits_early ? " has not created the RRef's value (the remote() that creates it has "
-                          "not arrived, or the id is unknown)"
-                        : " has not finished creating the RRef's value",
-            " by the call's deadline")));
-      });
+  timer->Schedule(ctx.deadline, [race, weak, rref, waits_early, function, self] {
+    if (race->decided.exchange(true)) return;
+    if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
+    race->on_error(absl::DeadlineExceededError(absl::StrCat(
+        function, " on RRef ", rref.ToString(), ": worker ", self,
+        waits_early ? " has not created the RRef's value (the remote() that creates it has "
+                      "not arrived, or the id is unknown)"
+                    : " has not finished creating the RRef's value",
+        " by the call's deadline")));
+  });
   // The timer's entry is not cancelled when the value comes first: it only
   // holds `race` until the deadline and then does nothing.
   value->OnReady([race](const absl::StatusOr<rpc::AnyValue>& v) {
@@ -307,8 +306,7 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
   if (!signature.empty() && signature != method->signature) {
     return done(absl::InvalidArgumentError(absl::StrCat("argument type mismatch: the caller sends ",
                                                         signature, " but '", qualified,
-                                                        "' is registered as ",
-                                                        method->signature)));
+                                                        "' is registered as ", method->signature)));
   }
   // The object may still be under construction: continue when it is ready,
   // on the executor, with a context that outlives this call; or fail at the
@@ -326,18 +324,19 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
   pending->args = std::move(args);
   pending->done = std::move(done);
   rpc::Executor* ex = ctx.agent != nullptr ? ctx.agent->executor() : nullptr;
-  AwaitOwnedValue(rctx, target, ctx,
-                  [method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
-    if (!v.ok()) {
-      return pending->done(Annotate(v.status(), "the remote object failed to construct"));
-    }
-    std::shared_ptr<void> object = v->ptr;
-    auto run = [method, pending, object]() mutable {
-      method->invoke(object, pending->ctx, std::move(pending->args), std::move(pending->done));
-    };
-    if (ex == nullptr || !ex->Submit(run)) run();
-  },
-                  [pending](absl::Status s) { pending->done(std::move(s)); });
+  AwaitOwnedValue(
+      rctx, target, ctx,
+      [method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
+        if (!v.ok()) {
+          return pending->done(Annotate(v.status(), "the remote object failed to construct"));
+        }
+        std::shared_ptr<void> object = v->ptr;
+        auto run = [method, pending, object]() mutable {
+          method->invoke(object, pending->ctx, std::move(pending->args), std::move(pending->done));
+        };
+        if (ex == nullptr || !ex->Submit(run)) run();
+      },
+      [pending](absl::Status s) { pending->done(std::move(s)); });
 }
 
 namespace {
@@ -366,8 +365,7 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
 // call header, then run `body`.
 template <typename SelfOf, typename Body>
 rpc::RawHandler WithCall(SelfOf self_of, Body body) {
-  return [self_of, body](const rpc::CallContext& ctx, rpc::Payload args,
-                         rpc::Responder done) {
+  return [self_of, body](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
     auto self = self_of();
     proto::RRefCall h;
     if (self == nullptr) return done(absl::UnavailableError("RRef service is gone"));
@@ -383,8 +381,7 @@ void RRefService::RegisterHandlers() {
   auto self_of = [weak]() { return weak.lock(); };
 
   (void)registry_->RegisterInternalInline(
-      kControlFn,
-      [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
+      kControlFn, [self_of](const rpc::CallContext& ctx, rpc::Payload args, rpc::Responder done) {
         auto self = self_of();
         proto::RRefControl m;
         if (self == nullptr || !m.ParseFromString(args.bytes)) {
@@ -395,27 +392,21 @@ void RRefService::RegisterHandlers() {
         const ForkId fork = FromProto(m.fork());
         switch (m.kind()) {
           case proto::RRefControl::FORK_REQUEST:
-            rctx->OnForkRequest(rref, fork, m.parent(),
-                                Holder{ctx.caller != nullptr ? ctx.caller->id : -1,
-                                       ctx.caller_incarnation});
+            rctx->OnForkRequest(
+                rref, fork, m.parent(),
+                Holder{ctx.caller != nullptr ? ctx.caller->id : -1, ctx.caller_incarnation});
             break;
-          case proto::RRefControl::CHILD_ACCEPT:
-            rctx->OnChildAccept(rref, fork);
-            break;
-          case proto::RRefControl::USER_DELETE:
-            rctx->OnUserDelete(rref, fork);
-            break;
-          default:
-            return done(absl::DataLossError("unknown RRef control message"));
+          case proto::RRefControl::CHILD_ACCEPT: rctx->OnChildAccept(rref, fork); break;
+          case proto::RRefControl::USER_DELETE: rctx->OnUserDelete(rref, fork); break;
+          default: return done(absl::DataLossError("unknown RRef control message"));
         }
         done(rpc::Payload());
       });
 
   (void)registry_->RegisterRaw(
       kRemoteFn, "",
-      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
-                           const rpc::CallContext& ctx, rpc::Payload args,
-                           rpc::Responder done) {
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
+                           rpc::Payload args, rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId rref = FromProto(h.rref());
         rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type(),
@@ -433,35 +424,34 @@ void RRefService::RegisterHandlers() {
 
   (void)registry_->RegisterRaw(
       kFetchFn, "",
-      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
-                           const rpc::CallContext& ctx, rpc::Payload /*args*/,
-                           rpc::Responder done) {
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
+                           rpc::Payload /*args*/, rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         rpc::CallContext reply_ctx = ctx;
         reply_ctx.function = kFetchFn;
-        AwaitOwnedValue(rctx, FromProto(h.rref()), ctx,
-                        [shared, reply_ctx, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
-          if (!v.ok()) return (*shared)(v.status());
-          if (!type.empty() && type != v->type) {
-            return (*shared)(absl::InvalidArgumentError(
-                "the RRef's value has a different type than the caller expects"));
-          }
-          if (!v->encode) {
-            return (*shared)(absl::FailedPreconditionError(
-                "the RRef holds a remote object, which stays on its owner: call its methods "
-                "instead of to_here()"));
-          }
-          (*shared)(EncodeValueForReply(*v, reply_ctx));
-        },
-                        [shared](absl::Status s) { (*shared)(std::move(s)); });
+        AwaitOwnedValue(
+            rctx, FromProto(h.rref()), ctx,
+            [shared, reply_ctx, type = h.type()](const absl::StatusOr<rpc::AnyValue>& v) {
+              if (!v.ok()) return (*shared)(v.status());
+              if (!type.empty() && type != v->type) {
+                return (*shared)(absl::InvalidArgumentError(
+                    "the RRef's value has a different type than the caller expects"));
+              }
+              if (!v->encode) {
+                return (*shared)(absl::FailedPreconditionError(
+                    "the RRef holds a remote object, which stays on its owner: call its methods "
+                    "instead of to_here()"));
+              }
+              (*shared)(EncodeValueForReply(*v, reply_ctx));
+            },
+            [shared](absl::Status s) { (*shared)(std::move(s)); });
       }));
 
   (void)registry_->RegisterRaw(
       kMethodFn, "",
-      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
-                           const rpc::CallContext& ctx, rpc::Payload args,
-                           rpc::Responder done) {
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
+                           rpc::Payload args, rpc::Responder done) {
         self->EnsureAttached(ctx.agent);
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         rpc::CallContext reply_ctx = ctx;
@@ -479,9 +469,8 @@ void RRefService::RegisterHandlers() {
 
   (void)registry_->RegisterRaw(
       kRemoteMethodFn, "",
-      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h,
-                           const rpc::CallContext& ctx, rpc::Payload args,
-                           rpc::Responder done) {
+      WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
+                           rpc::Payload args, rpc::Responder done) {
         auto rctx = self->EnsureAttached(ctx.agent);
         const RRefId result = FromProto(h.result_rref());
         rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type(),
@@ -503,9 +492,9 @@ void RRefService::RegisterHandlers() {
 namespace internal {
 
 std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
-                                        const std::string& function,
-                                        const std::string& signature, const std::string& type,
-                                        rpc::Payload args, const rpc::CallOptions& opts) {
+                                        const std::string& function, const std::string& signature,
+                                        const std::string& type, rpc::Payload args,
+                                        const rpc::CallOptions& opts) {
   auto ctx = svc.context();
   auto settle = [](rpc::Promise<void> created, const std::string& what) {
     return [created, what](absl::Status s) {
@@ -524,8 +513,7 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, 
     call.registry = &agent.registry();
     call.caller = &agent.workers()[agent.self().id];
     auto task = [svc = svc.shared_from_this(), call, function, signature, rref = handle->rref(),
-                 done = settle(handle->created_promise(), what),
-                 p = std::move(args)]() mutable {
+                 done = settle(handle->created_promise(), what), p = std::move(args)]() mutable {
       call.function = function;
       svc->RunForValue(call, function, signature, rref, std::move(p), std::move(done));
     };

@@ -63,9 +63,9 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
   rpc::FunctionRegistry& registry() const { return *registry_; }
 
   // ---- Remote-object classes (see rref/rref.h, RegisterClass) ----
-  using MethodInvoker = std::function<void(std::shared_ptr<void> object,
-                                           const rpc::CallContext& ctx, rpc::Payload args,
-                                           rpc::ValueDone done)>;
+  using MethodInvoker =
+      std::function<void(std::shared_ptr<void> object, const rpc::CallContext& ctx,
+                         rpc::Payload args, rpc::ValueDone done)>;
   struct Method {
     std::string qualified_name;  // "Class.method"
     std::string signature;
@@ -112,8 +112,7 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
   rpc::RpcAgent* agent_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<RRefContext> context_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Method>> methods_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<const Method>> by_pointer_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const Method>> by_pointer_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> class_names_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -14,8 +14,7 @@ absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
   return absl::OkStatus();
 }
 
-absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys,
-                                     absl::Duration timeout) {
+absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     if (closed_) return absl::UnavailableError("store is closed");
@@ -34,17 +33,14 @@ absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys,
       if (missing.empty()) return absl::OkStatus();
       return absl::DeadlineExceededError(absl::StrCat(
           "timed out after ", DurationText(timeout), " waiting for ",
-          missing.size() == 1 ? "key '" : "keys '",
-          absl::StrJoin(missing, "', '"), "'",
-          keys.size() > 1 ? absl::StrCat(" (", missing.size(), " of ",
-                                         keys.size(), " missing)")
+          missing.size() == 1 ? "key '" : "keys '", absl::StrJoin(missing, "', '"), "'",
+          keys.size() > 1 ? absl::StrCat(" (", missing.size(), " of ", keys.size(), " missing)")
                           : ""));
     }
   }
 }
 
-absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key,
-                                             absl::Duration timeout) {
+absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   absl::Status s = WaitLocked({std::string(key)}, timeout);
   if (!s.ok()) return s;
@@ -56,8 +52,8 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
   int64_t value = 0;
   auto it = data_.find(key);
   if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "store key '", key, "' holds a non-integer value; Add needs a counter"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("store key '", key, "' holds a non-integer value; Add needs a counter"));
   }
   int64_t sum = 0;
   if (__builtin_add_overflow(value, delta, &sum)) {
@@ -88,8 +84,7 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
   return it->second;
 }
 
-absl::Status MemoryStore::Wait(const std::vector<std::string>& keys,
-                               absl::Duration timeout) {
+absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return WaitLocked(keys, timeout);
 }
@@ -110,8 +105,8 @@ void MemoryStore::Close() {
   changed_.SignalAll();
 }
 
-absl::Status Barrier(Store& store, absl::string_view name, int rank,
-                     int world_size, absl::Duration timeout) {
+absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
+                     absl::Duration timeout) {
   const std::string prefix = absl::StrCat(name, "/arrived/");
   absl::Status s = store.Set(absl::StrCat(prefix, rank), "1");
   if (!s.ok()) return Annotate(s, absl::StrCat("barrier '", name, "'"));
@@ -128,11 +123,11 @@ absl::Status Barrier(Store& store, absl::string_view name, int rank,
   for (int r = 0; r < world_size; ++r) {
     if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "barrier '", name, "' timed out after ", DurationText(timeout),
-      " on rank ", rank, ": ", world_size - static_cast<int>(missing.size()),
-      " of ", world_size, " ranks arrived; missing rank",
-      missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", ")));
+  return absl::DeadlineExceededError(
+      absl::StrCat("barrier '", name, "' timed out after ", DurationText(timeout), " on rank ",
+                   rank, ": ", world_size - static_cast<int>(missing.size()), " of ", world_size,
+                   " ranks arrived; missing rank", missing.size() == 1 ? " " : "s ",
+                   absl::StrJoin(missing, ", ")));
 }
 
 }  // namespace baton::store

@@ -21,15 +21,12 @@ class MemoryStore final : public Store {
   MemoryStore() = default;
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   // OUT_OF_RANGE, leaving the counter as it is, if the sum overflows int64.
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(absl::string_view key,
-                                         absl::string_view expected,
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                          absl::string_view desired) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
 
@@ -38,8 +35,7 @@ class MemoryStore final : public Store {
 
  private:
   // Waits until all `keys` exist, the deadline passes, or Close().
-  absl::Status WaitLocked(const std::vector<std::string>& keys,
-                          absl::Duration timeout)
+  absl::Status WaitLocked(const std::vector<std::string>& keys, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;

@@ -29,20 +29,17 @@ class Store {
 
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
   // Blocks until `key` exists, at most `timeout`.
-  virtual absl::StatusOr<std::string> Get(absl::string_view key,
-                                          absl::Duration timeout) = 0;
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
   // Adds `delta` to the counter at `key` (a missing key counts as 0) and
   // returns the new value. INVALID_ARGUMENT if the value is not an integer;
   // OUT_OF_RANGE, leaving the counter unchanged, if the sum overflows int64.
   virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
   // Sets `desired` if the current value equals `expected` (a missing key
   // matches an empty `expected`). Returns the value after the operation.
-  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key,
-                                                 absl::string_view expected,
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                                  absl::string_view desired) = 0;
   // Blocks until every key exists, at most `timeout`.
-  virtual absl::Status Wait(const std::vector<std::string>& keys,
-                            absl::Duration timeout) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
   // Returns whether the key existed.
   virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
   virtual absl::StatusOr<int64_t> NumKeys() = 0;
@@ -51,8 +48,8 @@ class Store {
 // Every rank in [0, world_size) calls this with the same `name`; it returns
 // once all have arrived, or fails after `timeout` with DEADLINE_EXCEEDED
 // naming the ranks that did not arrive. A name must be used once per store.
-absl::Status Barrier(Store& store, absl::string_view name, int rank,
-                     int world_size, absl::Duration timeout);
+absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
+                     absl::Duration timeout);
 
 }  // namespace baton::store
 

@@ -2,11 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
-#include "base/grpc_options.h"
 
 namespace baton::store {
 namespace {
@@ -22,18 +22,15 @@ int64_t ToMillis(absl::Duration d) {
 
 }  // namespace
 
-StoreClient::StoreClient(StoreClientOptions options)
-    : options_(std::move(options)) {
-  channel_ = grpc::CreateCustomChannel(options_.address,
-                                       BatonChannelCredentials(options_.tls),
+StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)) {
+  channel_ = grpc::CreateCustomChannel(options_.address, BatonChannelCredentials(options_.tls),
                                        BatonChannelArguments(64 << 20, options_.tls));
   stub_ = proto::Store::NewStub(channel_);
 }
 
 StoreClient::~StoreClient() = default;
 
-void StoreClient::Prepare(grpc::ClientContext* ctx,
-                          absl::Duration timeout) const {
+void StoreClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
   ctx->set_wait_for_ready(true);
   if (timeout != absl::InfiniteDuration()) {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -43,16 +40,16 @@ void StoreClient::Prepare(grpc::ClientContext* ctx,
   }
 }
 
-absl::Status StoreClient::Fail(const char* op, absl::string_view key,
-                               const absl::Status& s) const {
+absl::Status StoreClient::Fail(const char* op, absl::string_view key, const absl::Status& s) const {
   std::string what = absl::StrCat("store ", options_.address, ": ", op);
   if (!key.empty()) absl::StrAppend(&what, " '", key, "'");
   if (s.code() == absl::StatusCode::kDeadlineExceeded &&
       absl::StrContains(s.message(), "Deadline Exceeded")) {
     // gRPC's own deadline: the server never answered.
     return absl::DeadlineExceededError(
-        absl::StrCat(what, ": no answer from the store server (is rank 0 / "
-                           "the store running at ",
+        absl::StrCat(what,
+                     ": no answer from the store server (is rank 0 / "
+                     "the store running at ",
                      options_.address, "?)"));
   }
   return Annotate(s, what);
@@ -69,8 +66,7 @@ absl::Status StoreClient::Set(absl::string_view key, absl::string_view value) {
   return s.ok() ? s : Fail("set", key, s);
 }
 
-absl::StatusOr<std::string> StoreClient::Get(absl::string_view key,
-                                             absl::Duration timeout) {
+absl::StatusOr<std::string> StoreClient::Get(absl::string_view key, absl::Duration timeout) {
   grpc::ClientContext ctx;
   Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
   proto::GetRequest req;
@@ -109,8 +105,7 @@ absl::StatusOr<std::string> StoreClient::CompareSet(absl::string_view key,
   return std::move(*resp.mutable_value());
 }
 
-absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
-                               absl::Duration timeout) {
+absl::Status StoreClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   grpc::ClientContext ctx;
   Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
   proto::WaitRequest req;
@@ -136,14 +131,12 @@ absl::StatusOr<int64_t> StoreClient::NumKeys() {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.call_timeout);
   proto::NumKeysResponse resp;
-  absl::Status s =
-      FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
+  absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
   if (!s.ok()) return Fail("num_keys", "", s);
   return resp.count();
 }
 
-absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key,
-                                                absl::Duration deadline) {
+absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(false);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
@@ -167,8 +160,8 @@ absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
     if (s.ok()) return s;
     // A server that is shutting down (a previous round's) cancels calls;
     // keep trying until the deadline, the next one may be starting.
-    const bool transient = s.code() == absl::StatusCode::kCancelled ||
-                           s.code() == absl::StatusCode::kUnavailable;
+    const bool transient =
+        s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kUnavailable;
     if (!transient || absl::Now() >= deadline) return Fail("connect", "", s);
     absl::SleepFor(absl::Milliseconds(20));
   }

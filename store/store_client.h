@@ -13,15 +13,14 @@
 #include <memory>
 #include <string>
 
-#include "base/tls.h"
 #include <vector>
+#include "base/tls.h"
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 
 #include "proto/store.grpc.pb.h"
 #include "store/store.h"
-
 
 namespace baton::store {
 
@@ -41,14 +40,11 @@ class StoreClient final : public Store {
   ~StoreClient() override;
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(absl::string_view key,
-                                         absl::string_view expected,
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                          absl::string_view desired) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
 
@@ -64,8 +60,7 @@ class StoreClient final : public Store {
 
  private:
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
-  absl::Status Fail(const char* op, absl::string_view key,
-                    const absl::Status& s) const;
+  absl::Status Fail(const char* op, absl::string_view key, const absl::Status& s) const;
 
   const StoreClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -3,20 +3,18 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
 #include "proto/store.grpc.pb.h"
-#include "base/grpc_options.h"
 
 namespace baton::store {
 namespace {
 
 absl::Duration TimeoutFor(grpc::ServerContext* ctx, int64_t timeout_ms) {
-  absl::Duration t = timeout_ms < 0 ? absl::ZeroDuration()
-                                    : absl::Milliseconds(timeout_ms);
+  absl::Duration t = timeout_ms < 0 ? absl::ZeroDuration() : absl::Milliseconds(timeout_ms);
   // Never wait past the caller's own deadline.
-  const absl::Duration left =
-      absl::FromChrono(ctx->deadline()) - absl::Now();
+  const absl::Duration left = absl::FromChrono(ctx->deadline()) - absl::Now();
   return std::max(absl::ZeroDuration(), std::min(t, left));
 }
 
@@ -24,8 +22,7 @@ absl::Duration TimeoutFor(grpc::ServerContext* ctx, int64_t timeout_ms) {
 
 class StoreServer::Service final : public proto::Store::Service {
  public:
-  Service(MemoryStore* store, std::string token)
-      : store_(store), token_(std::move(token)) {}
+  Service(MemoryStore* store, std::string token) : store_(store), token_(std::move(token)) {}
 
   grpc::Status Set(grpc::ServerContext* ctx, const proto::SetRequest* req,
                    proto::SetResponse*) override {
@@ -48,8 +45,7 @@ class StoreServer::Service final : public proto::Store::Service {
     resp->set_value(*v);
     return grpc::Status::OK;
   }
-  grpc::Status CompareSet(grpc::ServerContext* ctx,
-                          const proto::CompareSetRequest* req,
+  grpc::Status CompareSet(grpc::ServerContext* ctx, const proto::CompareSetRequest* req,
                           proto::CompareSetResponse* resp) override {
     if (auto s = CheckToken(ctx); !s.ok()) return s;
     auto v = store_->CompareSet(req->key(), req->expected(), req->desired());
@@ -90,8 +86,7 @@ class StoreServer::Service final : public proto::Store::Service {
                           "store call without a job token (x-baton-token)");
     }
     if (absl::string_view(it->second.data(), it->second.size()) != token_) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "store call with a wrong job token");
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "store call with a wrong job token");
     }
     return grpc::Status::OK;
   }
@@ -100,26 +95,21 @@ class StoreServer::Service final : public proto::Store::Service {
   const std::string token_;
 };
 
-absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(
-    StoreServerOptions options) {
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> server(new StoreServer());
   server->store_ = std::make_unique<MemoryStore>();
-  server->service_ =
-      std::make_unique<Service>(server->store_.get(), options.job_token);
+  server->service_ = std::make_unique<Service>(server->store_.get(), options.job_token);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, BatonServerCredentials(options.tls),
-                           &server->port_);
+  builder.AddListeningPort(options.address, BatonServerCredentials(options.tls), &server->port_);
   builder.RegisterService(server->service_.get());
   ApplyBatonServerArguments(builder, 64 << 20);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "store server could not listen on ", options.address,
-        " (address in use or not local?)"));
+    return absl::UnavailableError(absl::StrCat("store server could not listen on ", options.address,
+                                               " (address in use or not local?)"));
   }
   const auto colon = options.address.rfind(':');
-  server->address_ =
-      absl::StrCat(options.address.substr(0, colon), ":", server->port_);
+  server->address_ = absl::StrCat(options.address.substr(0, colon), ":", server->port_);
   return server;
 }
 

@@ -38,8 +38,7 @@ class StoreServer {
  public:
   // Starts listening. Fails with UNAVAILABLE naming the address if it cannot
   // bind (e.g. the port is taken).
-  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(
-      StoreServerOptions options);
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(StoreServerOptions options);
   ~StoreServer();
 
   StoreServer(const StoreServer&) = delete;

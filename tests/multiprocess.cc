@@ -15,8 +15,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -94,16 +94,15 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
     logs[rank] = absl::StrCat(dir, "/", scenario, ".", getpid(), ".", rank, ".log");
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, logs[rank].c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, logs[rank].c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     std::string self = "/proc/self/exe";
     std::string arg = "--baton_scenario=" + scenario;
     char* argv[] = {self.data(), arg.data(), nullptr};
-    if (posix_spawn(&pids[rank], "/proc/self/exe", &actions, &attr, argv,
-                    envp.data()) != 0) {
+    if (posix_spawn(&pids[rank], "/proc/self/exe", &actions, &attr, argv, envp.data()) != 0) {
       pids[rank] = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -169,8 +168,8 @@ std::vector<WorkerResult> RunWorkers(const std::string& scenario, int world_size
 std::string Describe(const std::vector<WorkerResult>& results) {
   std::string out;
   for (const auto& r : results) {
-    absl::StrAppend(&out, "---- rank ", r.rank, ": exit ", r.exit_code, " signal ",
-                    r.signal, r.timed_out ? " TIMED OUT" : "", "\n", r.output, "\n");
+    absl::StrAppend(&out, "---- rank ", r.rank, ": exit ", r.exit_code, " signal ", r.signal,
+                    r.timed_out ? " TIMED OUT" : "", "\n", r.output, "\n");
   }
   return out;
 }

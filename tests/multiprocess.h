@@ -31,8 +31,8 @@ namespace baton::testing {
 
 struct WorkerResult {
   int rank = -1;
-  int exit_code = -1;    // valid when signal == 0
-  int signal = 0;        // terminating signal, or 0
+  int exit_code = -1;  // valid when signal == 0
+  int signal = 0;      // terminating signal, or 0
   bool timed_out = false;
   std::string output;
 };
@@ -40,15 +40,15 @@ struct WorkerResult {
 using Scenario = std::function<int()>;
 bool RegisterScenario(const std::string& name, Scenario fn);
 
-#define BATON_SCENARIO(name)                                              \
-  static int BatonScenario_##name();                                      \
-  static const bool baton_scenario_registered_##name =                    \
-      ::baton::testing::RegisterScenario(#name, &BatonScenario_##name);   \
+#define BATON_SCENARIO(name)                                            \
+  static int BatonScenario_##name();                                    \
+  static const bool baton_scenario_registered_##name =                  \
+      ::baton::testing::RegisterScenario(#name, &BatonScenario_##name); \
   static int BatonScenario_##name()
 
-std::vector<WorkerResult> RunWorkers(
-    const std::string& scenario, int world_size, absl::Duration timeout,
-    const std::map<std::string, std::string>& extra_env = {});
+std::vector<WorkerResult> RunWorkers(const std::string& scenario, int world_size,
+                                     absl::Duration timeout,
+                                     const std::map<std::string, std::string>& extra_env = {});
 
 // Runs the scenario named by --baton_scenario=NAME if present; returns the
 // exit code to use, or -1 to run the tests normally.
@@ -68,23 +68,22 @@ std::string Describe(const std::vector<WorkerResult>& results);
 }  // namespace baton::testing
 
 // Scenario-side assertion: prints the failure and exits the worker with 1.
-#define WCHECK(cond)                                                         \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,  \
-                   #cond);                                                   \
-      ::baton::testing::ExitWorker(1);                                       \
-    }                                                                        \
+#define WCHECK(cond)                                                                \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ::baton::testing::ExitWorker(1);                                              \
+    }                                                                               \
   } while (0)
 
-#define WCHECK_OK(expr)                                                      \
-  do {                                                                       \
-    const auto& _s = (expr);                                                 \
-    if (!_s.ok()) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__,     \
-                   #expr, _s.ToString().c_str());                            \
-      ::baton::testing::ExitWorker(1);                                       \
-    }                                                                        \
+#define WCHECK_OK(expr)                                                         \
+  do {                                                                          \
+    const auto& _s = (expr);                                                    \
+    if (!_s.ok()) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
+                   _s.ToString().c_str());                                      \
+      ::baton::testing::ExitWorker(1);                                          \
+    }                                                                           \
   } while (0)
 
 #endif  // BATON_TESTS_MULTIPROCESS_H_

@@ -29,8 +29,7 @@ inline void ExpectAllSucceeded(const std::vector<WorkerResult>& results) {
 // and call Run() instead of RunWorkers() in TEST_P(MySuite, ...).
 class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
-  std::vector<WorkerResult> Run(const std::string& scenario, int world_size,
-                                absl::Duration timeout,
+  std::vector<WorkerResult> Run(const std::string& scenario, int world_size, absl::Duration timeout,
                                 std::map<std::string, std::string> env = {}) {
     env["BATON_TRANSPORT"] = GetParam();
     return RunWorkers(scenario, world_size, timeout, env);
@@ -39,10 +38,9 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
 
 }  // namespace baton::testing
 
-#define BATON_INSTANTIATE_TRANSPORTS(suite)                                         \
-  INSTANTIATE_TEST_SUITE_P(Transports, suite, ::testing::Values("shm", "grpc"),     \
-                           [](const ::testing::TestParamInfo<std::string>& info) { \
-                             return info.param;                                     \
-                           })
+#define BATON_INSTANTIATE_TRANSPORTS(suite)                \
+  INSTANTIATE_TEST_SUITE_P(                                \
+      Transports, suite, ::testing::Values("shm", "grpc"), \
+      [](const ::testing::TestParamInfo<std::string>& info) { return info.param; })
 
 #endif  // BATON_TESTS_MULTIPROCESS_GTEST_H_

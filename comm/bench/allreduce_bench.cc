@@ -43,8 +43,7 @@ using baton::comm::DistributedDataParallel;
 using baton::comm::ProcessGroup;
 
 void Fail(const std::string& what, const absl::Status& s) {
-  std::fprintf(stderr, "allreduce_bench: %s: %s\n", what.c_str(),
-               s.ToString().c_str());
+  std::fprintf(stderr, "allreduce_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
   std::exit(1);
 }
 
@@ -58,9 +57,7 @@ void Report(const std::string& metric, double value, const std::string& unit,
 }
 
 double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 int RunRank(int rank, int world, const std::string& address) {
@@ -74,12 +71,11 @@ int RunRank(int rank, int world, const std::string& address) {
   baton::store::StoreClientOptions so;
   so.address = address;
   auto store = std::make_shared<baton::store::StoreClient>(so);
-  auto pg = ProcessGroup::Create(store, rank, world,
-                                 baton::comm::GlooBackendFactory());
+  auto pg = ProcessGroup::Create(store, rank, world, baton::comm::GlooBackendFactory());
   if (!pg.ok()) Fail("process group", pg.status());
   const absl::Duration wait = absl::Minutes(2);
-  for (int64_t nbytes : {int64_t{4} << 10, int64_t{1} << 20, int64_t{16} << 20,
-                         int64_t{64} << 20}) {
+  for (int64_t nbytes :
+       {int64_t{4} << 10, int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
     at::Tensor t = at::ones({nbytes / 4});
     const int reps = static_cast<int>(
         std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / nbytes)));
@@ -93,17 +89,14 @@ int RunRank(int rank, int world, const std::string& address) {
     }
     const double dt = (Now() - t0) / reps;
     if (rank == 0) {
-      Report(absl::StrCat("allreduce_", nbytes >> 10, "KB_algbw"),
-             nbytes / dt / 1e9, "GB/s",
-             absl::StrFormat(", \"ranks\": %d, \"latency_us\": %.6g", world,
-                             dt * 1e6));
+      Report(absl::StrCat("allreduce_", nbytes >> 10, "KB_algbw"), nbytes / dt / 1e9, "GB/s",
+             absl::StrFormat(", \"ranks\": %d, \"latency_us\": %.6g", world, dt * 1e6));
     }
   }
   torch::manual_seed(0);
   auto model = std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(784, 1024), torch::nn::ReLU(),
-      torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
-      torch::nn::Linear(1024, 10));
+      torch::nn::Linear(784, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
+      torch::nn::ReLU(), torch::nn::Linear(1024, 10));
   auto ddp = DistributedDataParallel::Create(model, *pg);
   if (!ddp.ok()) Fail("ddp", ddp.status());
   torch::optim::SGD opt(model->parameters(), 0.01);
@@ -118,14 +111,12 @@ int RunRank(int rank, int world, const std::string& address) {
     opt.step();
   }
   if (rank == 0) {
-    Report("ddp_step_mlp_784_1024_1024_10", (Now() - t0) / steps * 1e6,
-           "us/step",
+    Report("ddp_step_mlp_784_1024_1024_10", (Now() - t0) / steps * 1e6, "us/step",
            absl::StrFormat(", \"ranks\": %d, \"batch_per_rank\": 64", world));
   }
   (void)pg->Destroy();
   // Rank 0 serves the store: leave only after everyone is done with it.
-  absl::Status done = baton::store::Barrier(*store, "bench/done", rank, world,
-                                            absl::Minutes(1));
+  absl::Status done = baton::store::Barrier(*store, "bench/done", rank, world, absl::Minutes(1));
   if (!done.ok()) Fail("final barrier", done);
   if (rank != 0) {
     (void)store->Set(absl::StrCat("bench/left/", rank), "1");
@@ -155,8 +146,7 @@ int Launch(int world) {
     std::string self = "/proc/self/exe";
     char* argv[] = {self.data(), nullptr};
     pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv,
-                    envp.data()) != 0) {
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) {
       std::fprintf(stderr, "allreduce_bench: cannot start rank %d\n", rank);
       for (pid_t p : pids) kill(p, SIGKILL);
       for (pid_t p : pids) waitpid(p, nullptr, 0);
@@ -208,10 +198,10 @@ int main(int argc, char** argv) {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
   if (world == nullptr || addr == nullptr || port == nullptr) {
-    std::fprintf(stderr, "allreduce_bench: RANK needs WORLD_SIZE, MASTER_ADDR "
-                         "and MASTER_PORT\n");
+    std::fprintf(stderr,
+                 "allreduce_bench: RANK needs WORLD_SIZE, MASTER_ADDR "
+                 "and MASTER_PORT\n");
     return 2;
   }
-  return RunRank(std::atoi(rank), std::atoi(world),
-                 absl::StrCat(addr, ":", port));
+  return RunRank(std::atoi(rank), std::atoi(world), absl::StrCat(addr, ":", port));
 }

@@ -6,8 +6,7 @@
 
 namespace baton::comm::internal {
 
-GlooStore::GlooStore(store::Store& store, std::string prefix,
-                     absl::Duration timeout)
+GlooStore::GlooStore(store::Store& store, std::string prefix, absl::Duration timeout)
     : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
 
 std::string GlooStore::Key(const std::string& key) const {

@@ -20,11 +20,10 @@ namespace baton::comm::internal {
 // OK for ncclSuccess; otherwise UNAVAILABLE
 //   "<what>: NCCL error <code> (<ncclGetErrorString>): <ncclGetLastError>"
 // (the last part only when NCCL recorded one).
-inline absl::Status NcclStatus(ncclResult_t r, absl::string_view what,
-                               ncclComm_t comm = nullptr) {
+inline absl::Status NcclStatus(ncclResult_t r, absl::string_view what, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(what, ": NCCL error ", static_cast<int>(r),
-                                     " (", ncclGetErrorString(r), ")");
+  std::string message =
+      absl::StrCat(what, ": NCCL error ", static_cast<int>(r), " (", ncclGetErrorString(r), ")");
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, ": ", last);
   return absl::UnavailableError(message);

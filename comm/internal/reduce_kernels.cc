@@ -13,19 +13,27 @@ namespace {
 
 struct Sum {
   template <typename T>
-  T operator()(T a, T b) const { return a + b; }
+  T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Product {
   template <typename T>
-  T operator()(T a, T b) const { return a * b; }
+  T operator()(T a, T b) const {
+    return a * b;
+  }
 };
 struct Min {
   template <typename T>
-  T operator()(T a, T b) const { return b < a ? b : a; }
+  T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <typename T>
-  T operator()(T a, T b) const { return a < b ? b : a; }
+  T operator()(T a, T b) const {
+    return a < b ? b : a;
+  }
 };
 struct Or {
   uint8_t operator()(uint8_t a, uint8_t b) const { return (a | b) != 0; }
@@ -49,14 +57,10 @@ template <typename T, size_t Lanes = 1>
 ReduceFn ForOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return &Apply<T, Sum, Lanes>;
-    case ReduceOp::kProduct:
-      return &Apply<T, Product, Lanes>;
-    case ReduceOp::kMin:
-      return &Apply<T, Min, Lanes>;
-    case ReduceOp::kMax:
-      return &Apply<T, Max, Lanes>;
+    case ReduceOp::kAvg: return &Apply<T, Sum, Lanes>;
+    case ReduceOp::kProduct: return &Apply<T, Product, Lanes>;
+    case ReduceOp::kMin: return &Apply<T, Min, Lanes>;
+    case ReduceOp::kMax: return &Apply<T, Max, Lanes>;
   }
   return nullptr;
 }
@@ -92,12 +96,10 @@ absl::StatusOr<ReduceFn> GetReduceFn(c10::ScalarType type, ReduceOp op) {
         return ReduceFn(&Apply<double, Sum, 2>);
       }
       break;
-    default:
-      break;
+    default: break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("reduce op ", ReduceOpName(op), " does not support dtype ",
-                   c10::toString(type)));
+  return absl::InvalidArgumentError(absl::StrCat("reduce op ", ReduceOpName(op),
+                                                 " does not support dtype ", c10::toString(type)));
 }
 
 }  // namespace baton::comm::internal

@@ -21,9 +21,8 @@ bool SerialExecutor::Submit(Task task) {
 bool SerialExecutor::Drain(absl::Duration drain) {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && !running_task_;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_task_; };
   const bool drained = mu_.AwaitWithTimeout(absl::Condition(&idle), drain);
   if (!drained) cancel_rest_ = true;
   return drained;
@@ -39,9 +38,8 @@ void SerialExecutor::Loop() {
     bool cancelled;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || stopping_;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());

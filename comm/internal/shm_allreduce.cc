@@ -27,7 +27,7 @@ struct alignas(64) PaddedCounter {
 };
 
 constexpr size_t kHeaderBytes = 4096;  // slots start page-aligned
-constexpr int kSpins = 1000;  // ~50 us of pause before sleeping on the futex
+constexpr int kSpins = 1000;           // ~50 us of pause before sleeping on the futex
 
 bool AtLeast(uint32_t v, uint32_t g) { return static_cast<int32_t>(v - g) >= 0; }
 
@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::Create(const Backend
   if (ctx.rank == 0) {
     // Created with its pages reserved: a /dev/shm too small for them (a
     // container's default 64 MB, say) means Gloo, not SIGBUS on first touch.
-    auto created = ShmSegment::Create(absl::StrCat("/baton-ar-", getpid(), "-", RandomHex(8)),
-                                      bytes);
+    auto created =
+        ShmSegment::Create(absl::StrCat("/baton-ar-", getpid(), "-", RandomHex(8)), bytes);
     if (created.ok()) {
       segment = *std::move(created);
       name = segment.name();
@@ -142,8 +142,8 @@ char* ShmAllReduce::slot(int k) const {
   return static_cast<char*>(base_) + kHeaderBytes + static_cast<size_t>(k) * kSlotBytes;
 }
 
-bool ShmAllReduce::WaitAll(std::atomic<uint32_t>* const* counters, uint32_t g,
-                           absl::Time deadline, std::string* late) {
+bool ShmAllReduce::WaitAll(std::atomic<uint32_t>* const* counters, uint32_t g, absl::Time deadline,
+                           std::string* late) {
   for (int k = 0; k < size_; ++k) {
     std::atomic<uint32_t>* c = counters[k];
     int spins = 0;
@@ -176,8 +176,8 @@ absl::Status ShmAllReduce::Fail(const std::string& late, const char* what) {
   if (late.empty()) {
     return absl::CancelledError("the shared-memory all-reduce was aborted");
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "shared-memory all-reduce timed out: ranks ", late, " did not ", what, " in time"));
+  return absl::DeadlineExceededError(absl::StrCat("shared-memory all-reduce timed out: ranks ",
+                                                  late, " did not ", what, " in time"));
 }
 
 absl::Status ShmAllReduce::Run(const at::Tensor& t, const ReduceFn& fn, absl::Time deadline) {

@@ -174,8 +174,7 @@ class Container : public std::enable_shared_from_this<Container> {
   // Agents this container listens to for peer failures (once each).
   absl::flat_hash_set<const rpc::RpcAgent*> watched_ ABSL_GUARDED_BY(mu_);
   // Links of running agents; a link leaves when its agent tears down.
-  absl::flat_hash_map<const rpc::RpcAgent*, std::shared_ptr<AgentLink>> links_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const rpc::RpcAgent*, std::shared_ptr<AgentLink>> links_ ABSL_GUARDED_BY(mu_);
 };
 
 // The call hook: tags messages sent in a context and records send/recv

@@ -29,8 +29,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "examples/ctr/workload.h"
 #include "env/env.h"
+#include "examples/ctr/workload.h"
 #include "ps/client.h"
 #include "ps/server.h"
 #include "rpc/agent.h"
@@ -125,12 +125,12 @@ int Train(const Flags& f, const LaunchEnv& env, rpc::RpcAgent& agent, const ps::
     if ((k + 1) % f.log_every == 0 || k + 1 == f.steps) {
       const size_t n = losses.size();
       const double secs = absl::ToDoubleSeconds(absl::Now() - window);
-      std::printf("[%s] step %lld loss %.4f samples/s %.0f pull p50 %.0fus push p50 %.0fus "
-                  "staleness %lld\n",
-                  me.c_str(), static_cast<long long>(k + 1),
-                  Mean(losses, n - std::min<size_t>(n, 20), n),
-                  f.log_every * f.batch / std::max(secs, 1e-9), Median(pull_us),
-                  Median(push_us), static_cast<long long>((*client)->max_staleness()));
+      std::printf(
+          "[%s] step %lld loss %.4f samples/s %.0f pull p50 %.0fus push p50 %.0fus "
+          "staleness %lld\n",
+          me.c_str(), static_cast<long long>(k + 1), Mean(losses, n - std::min<size_t>(n, 20), n),
+          f.log_every * f.batch / std::max(secs, 1e-9), Median(pull_us), Median(push_us),
+          static_cast<long long>((*client)->max_staleness()));
       std::fflush(stdout);
       window = absl::Now();
     }
@@ -209,16 +209,25 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const size_t eq = a.find('=');
-    const std::string name = a.substr(0, eq), value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    const std::string name = a.substr(0, eq),
+                      value = eq == std::string::npos ? "" : a.substr(eq + 1);
     bool ok = eq != std::string::npos;
-    if (name == "--steps") ok = ok && absl::SimpleAtoi(value, &f.steps);
-    else if (name == "--rows") ok = ok && absl::SimpleAtoi(value, &f.rows);
-    else if (name == "--dim") ok = ok && absl::SimpleAtoi(value, &f.dim);
-    else if (name == "--batch") ok = ok && absl::SimpleAtoi(value, &f.batch);
-    else if (name == "--log_every") ok = ok && absl::SimpleAtoi(value, &f.log_every);
-    else if (name == "--max_loss_ratio") ok = ok && absl::SimpleAtod(value, &f.max_loss_ratio);
-    else if (name == "--job_timeout") ok = ok && absl::SimpleAtod(value, &f.job_timeout);
-    else ok = false;
+    if (name == "--steps")
+      ok = ok && absl::SimpleAtoi(value, &f.steps);
+    else if (name == "--rows")
+      ok = ok && absl::SimpleAtoi(value, &f.rows);
+    else if (name == "--dim")
+      ok = ok && absl::SimpleAtoi(value, &f.dim);
+    else if (name == "--batch")
+      ok = ok && absl::SimpleAtoi(value, &f.batch);
+    else if (name == "--log_every")
+      ok = ok && absl::SimpleAtoi(value, &f.log_every);
+    else if (name == "--max_loss_ratio")
+      ok = ok && absl::SimpleAtod(value, &f.max_loss_ratio);
+    else if (name == "--job_timeout")
+      ok = ok && absl::SimpleAtod(value, &f.job_timeout);
+    else
+      ok = false;
     if (!ok || f.steps <= 0 || f.log_every <= 0) {
       std::fprintf(stderr, "ps_ctr: bad flag '%s' (flags are --name=value; see the file header)\n",
                    argv[i]);

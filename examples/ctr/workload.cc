@@ -25,21 +25,21 @@ constexpr int64_t kMaxRows = std::numeric_limits<int64_t>::max() / kIdMult;
 absl::Status CheckConfig(const WorkloadConfig& c) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   if (c.rows < kFields || c.rows > kMaxRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "WorkloadConfig.rows must be in [", kFields, ", ", kMaxRows,
-        "] (one table row per field at least), got ", c.rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkloadConfig.rows must be in [", kFields, ", ", kMaxRows,
+                     "] (one table row per field at least), got ", c.rows));
   }
   if (c.dim <= 0 || c.dim > (kMax - kDense) / kFields) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "WorkloadConfig.dim must be positive and small enough for the "
-        "tower's input width 26*dim+13 to fit in int64, got ",
-        c.dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkloadConfig.dim must be positive and small enough for the "
+                     "tower's input width 26*dim+13 to fit in int64, got ",
+                     c.dim));
   }
   if (c.batch <= 0 || c.batch > kMax / kFields) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "WorkloadConfig.batch must be positive and batch*26 must fit in "
-        "int64, got ",
-        c.batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorkloadConfig.batch must be positive and batch*26 must fit in "
+                     "int64, got ",
+                     c.batch));
   }
   return absl::OkStatus();
 }
@@ -92,28 +92,22 @@ uint64_t Key(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b) {
 }
 
 double Uniform(uint64_t k, uint64_t i) {
-  return static_cast<double>(Mix64(k + (i + 1) * kGolden) >> 11) *
-         kTwoPowMinus53;
+  return static_cast<double>(Mix64(k + (i + 1) * kGolden) >> 11) * kTwoPowMinus53;
 }
 
 absl::StatusOr<Workload> Workload::Create(const WorkloadConfig& config) {
   if (absl::Status s = CheckConfig(config); !s.ok()) return s;
   try {
-    auto cdf =
-        std::make_shared<const std::vector<double>>(ZipfCdf(config.rows));
+    auto cdf = std::make_shared<const std::vector<double>>(ZipfCdf(config.rows));
     return Workload(config, std::move(cdf));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("Workload::Create: cannot allocate the Zipf CDF for ",
-                     config.rows, " rows"));
+        absl::StrCat("Workload::Create: cannot allocate the Zipf CDF for ", config.rows, " rows"));
   }
 }
 
-Workload::Workload(const WorkloadConfig& config,
-                   std::shared_ptr<const std::vector<double>> cdf)
-    : config_(config),
-      cdf_(std::move(cdf)),
-      hidden_key_(Key(config.seed, kTagHidden, 0)) {
+Workload::Workload(const WorkloadConfig& config, std::shared_ptr<const std::vector<double>> cdf)
+    : config_(config), cdf_(std::move(cdf)), hidden_key_(Key(config.seed, kTagHidden, 0)) {
   const uint64_t vk = Key(config.seed, kTagHidden, 1);
   for (int j = 0; j < kDense; ++j) v_[j] = Signed(vk, j);
 }
@@ -140,9 +134,7 @@ Batch Workload::MakeBatch(int trainer, int64_t step) const {
     for (int f = 0; f < kFields; ++f) {
       const uint64_t n = static_cast<uint64_t>(i * kFields + f);
       // rank = number of m with CDF[m] <= u (numpy searchsorted side=right).
-      const int64_t r =
-          std::upper_bound(cdf.begin(), cdf.end(), Uniform(ids_key, n)) -
-          cdf.begin();
+      const int64_t r = std::upper_bound(cdf.begin(), cdf.end(), Uniform(ids_key, n)) - cdf.begin();
       const int64_t id = (r * kIdMult + f * field_offset) % rows;
       ids[n] = id;
       z += Signed(hidden_key_, static_cast<uint64_t>(id));
@@ -158,8 +150,7 @@ Batch Workload::MakeBatch(int trainer, int64_t step) const {
 }
 
 torch::Tensor Workload::InitRows(const torch::Tensor& ids) const {
-  const torch::Tensor flat =
-      ids.to(torch::kCPU, torch::kInt64).contiguous().reshape({-1});
+  const torch::Tensor flat = ids.to(torch::kCPU, torch::kInt64).contiguous().reshape({-1});
   const int64_t n = flat.numel(), dim = config_.dim;
   torch::Tensor out = torch::empty({n, dim}, torch::kFloat32);
   const int64_t* in = flat.data_ptr<int64_t>();

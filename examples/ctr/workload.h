@@ -90,8 +90,7 @@ class Workload {
   const WorkloadConfig& config() const { return config_; }
 
  private:
-  Workload(const WorkloadConfig& config,
-           std::shared_ptr<const std::vector<double>> cdf);
+  Workload(const WorkloadConfig& config, std::shared_ptr<const std::vector<double>> cdf);
 
   // Set at construction, never changed.
   WorkloadConfig config_;

@@ -172,12 +172,12 @@ int RunDriver(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions option
   pipeline::ScheduleSpec spec{stages, static_cast<int>(flags.microbatches),
                               static_cast<int>(flags.chunks)};
   absl::StatusOr<pipeline::Schedule> schedule =
-      flags.schedule == "gpipe"         ? pipeline::GPipe(spec)
-      : flags.schedule == "1f1b"        ? pipeline::OneFOneB(spec)
-      : flags.schedule == "interleaved" ? pipeline::Interleaved1F1B(spec)
-                                        : absl::InvalidArgumentError(absl::StrCat(
-                                              "--schedule '", flags.schedule,
-                                              "': gpipe, 1f1b or interleaved"));
+      flags.schedule == "gpipe"  ? pipeline::GPipe(spec)
+      : flags.schedule == "1f1b" ? pipeline::OneFOneB(spec)
+      : flags.schedule == "interleaved"
+          ? pipeline::Interleaved1F1B(spec)
+          : absl::InvalidArgumentError(
+                absl::StrCat("--schedule '", flags.schedule, "': gpipe, 1f1b or interleaved"));
   if (!schedule.ok()) return Fail(who, "building the schedule", schedule.status());
   pipeline::PipelineOptions po;
   for (int k = 0; k < stages; ++k) po.stage_workers.push_back(absl::StrCat("stage", k));
@@ -192,21 +192,17 @@ int RunDriver(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions option
   if (!pipe.ok()) return Fail(who, "creating the pipeline", pipe.status());
 
   Batches batches(*std::move(train), flags.batch_size, flags.seed);
-  const int64_t total =
-      flags.steps > 0 ? flags.steps : flags.epochs * batches.steps_per_epoch();
+  const int64_t total = flags.steps > 0 ? flags.steps : flags.epochs * batches.steps_per_epoch();
   const int64_t trace_step = flags.trace_step >= 0 ? flags.trace_step : total - 1;
-  std::printf("[%s] %s on %d stage workers, %lld micro-batches of %lld, cuts %s, %lld steps, "
-              "SGD lr %g momentum 0.9%s\n",
-              who.c_str(), schedule->name.c_str(), stages,
-              static_cast<long long>(flags.microbatches),
-              static_cast<long long>(flags.batch_size / flags.microbatches),
-              absl::StrJoin((*pipe)->cuts(), ",").c_str(), static_cast<long long>(total),
-              flags.lr,
-              (*pipe)->restored_step() >= 0
-                  ? absl::StrCat(", resumed from the checkpoint of step ",
-                                 (*pipe)->restored_step())
-                        .c_str()
-                  : "");
+  std::printf(
+      "[%s] %s on %d stage workers, %lld micro-batches of %lld, cuts %s, %lld steps, "
+      "SGD lr %g momentum 0.9%s\n",
+      who.c_str(), schedule->name.c_str(), stages, static_cast<long long>(flags.microbatches),
+      static_cast<long long>(flags.batch_size / flags.microbatches),
+      absl::StrJoin((*pipe)->cuts(), ",").c_str(), static_cast<long long>(total), flags.lr,
+      (*pipe)->restored_step() >= 0
+          ? absl::StrCat(", resumed from the checkpoint of step ", (*pipe)->restored_step()).c_str()
+          : "");
   torch::nn::Sequential eval_model = MakeModel(flags);
   double window_loss = 0, window_bubble = 0, window_s = 0;
   int window = 0;
@@ -239,11 +235,12 @@ int RunDriver(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions option
     if ((step + 1) % flags.log_every == 0 || step + 1 == total) {
       absl::Status s = LoadParameters(**pipe, eval_model);
       if (!s.ok()) return Fail(who, "reading the parameters", s);
-      std::printf("[%s] step %lld loss %.4f test accuracy %.3f (1000 images) samples/s %.0f "
-                  "bubble %.3f measured / %.3f theoretical\n",
-                  who.c_str(), static_cast<long long>(step + 1), window_loss / window,
-                  Accuracy(eval_model, *test, 1000), window * flags.batch_size / window_s,
-                  window_bubble / window, r->theoretical_bubble);
+      std::printf(
+          "[%s] step %lld loss %.4f test accuracy %.3f (1000 images) samples/s %.0f "
+          "bubble %.3f measured / %.3f theoretical\n",
+          who.c_str(), static_cast<long long>(step + 1), window_loss / window,
+          Accuracy(eval_model, *test, 1000), window * flags.batch_size / window_s,
+          window_bubble / window, r->theoretical_bubble);
       window_loss = window_bubble = window_s = 0;
       window = 0;
     }
@@ -295,10 +292,10 @@ int main(int argc, char** argv) {
   flags.Double("step_timeout", &f.step_timeout, "seconds before a step fails");
   flags.Double("job_timeout", &f.job_timeout, "seconds a stage waits for the driver");
   absl::Status parsed = flags.Parse(argc, argv);
-  if (parsed.ok() && (f.microbatches < 1 || f.batch_size % f.microbatches != 0 ||
-                      f.chunks < 1 || f.width < 1 || f.hidden_layers < 1 || f.lr <= 0 ||
-                      f.log_every < 1 || f.step_timeout <= 0 || f.job_timeout <= 0 ||
-                      f.checkpoint_every < 0 || (f.checkpoint_every > 0 && f.checkpoint_dir.empty()))) {
+  if (parsed.ok() && (f.microbatches < 1 || f.batch_size % f.microbatches != 0 || f.chunks < 1 ||
+                      f.width < 1 || f.hidden_layers < 1 || f.lr <= 0 || f.log_every < 1 ||
+                      f.step_timeout <= 0 || f.job_timeout <= 0 || f.checkpoint_every < 0 ||
+                      (f.checkpoint_every > 0 && f.checkpoint_dir.empty()))) {
     parsed = absl::InvalidArgumentError(
         "--batch_size must be a multiple of --microbatches; --chunks, --width, --hidden_layers, "
         "--lr, --log_every and the timeouts must be positive; --checkpoint_every needs "

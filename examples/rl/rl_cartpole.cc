@@ -56,9 +56,9 @@
 #include "base/status.h"
 #include "env/env.h"
 #include "examples/flags.h"
-#include "rl/reinforce_agent.h"
 #include "rl/cartpole.h"
 #include "rl/observer.h"
+#include "rl/reinforce_agent.h"
 #include "rpc/agent.h"
 #include "rpc/executor.h"
 #include "rpc/timer.h"
@@ -141,9 +141,8 @@ int RunAgent(const Flags& flags, const LaunchEnv& env, const rpc::AgentOptions& 
   auto rl_agent = rl::ReinforceAgent::Create(ro, &executor, &timer);
   if (!rl_agent.ok()) return Fail(who, "creating the agent", rl_agent.status());
   rl::ReinforceAgent& learner = **rl_agent;
-  learner.set_log([who](const std::string& line) {
-    std::printf("[%s] %s\n", who.c_str(), line.c_str());
-  });
+  learner.set_log(
+      [who](const std::string& line) { std::printf("[%s] %s\n", who.c_str(), line.c_str()); });
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   if (absl::Status s = learner.Register(*registry); !s.ok()) {
     return Fail(who, "registering the protocol", s);
@@ -151,19 +150,20 @@ int RunAgent(const Flags& flags, const LaunchEnv& env, const rpc::AgentOptions& 
   auto agent = rpc::RpcAgent::Create(options, registry);
   if (!agent.ok()) return Fail(who, "starting the RPC agent", agent.status());
   rpc::RpcAgent& rpc_agent = **agent;
-  std::printf("[%s] REINFORCE on CartPole-v1, %s, %lld steps per round, waiting for %d "
-              "observers\n",
-              who.c_str(), ro.batched ? "batched" : "unbatched",
-              static_cast<long long>(ro.steps_per_round), ro.min_observers);
+  std::printf(
+      "[%s] REINFORCE on CartPole-v1, %s, %lld steps per round, waiting for %d "
+      "observers\n",
+      who.c_str(), ro.batched ? "batched" : "unbatched", static_cast<long long>(ro.steps_per_round),
+      ro.min_observers);
   learner.set_on_round([&, who](const rl::RoundSummary& r) {
     (void)rpc_agent.store().Set(EpisodesKey(rpc_agent), absl::StrCat(r.episodes));
     if ((r.round + 1) % flags.log_every == 0 || r.solved_at >= 0) {
-      std::printf("[%s] round %lld episode %lld running reward %.1f steps/s %.0f batch %.1f "
-                  "observers %lld dropped %lld update %.1f ms\n",
-                  who.c_str(), static_cast<long long>(r.round + 1),
-                  static_cast<long long>(r.episodes), r.running_reward, r.steps_per_s,
-                  r.mean_batch, static_cast<long long>(r.observers_alive),
-                  static_cast<long long>(r.dropped), r.update_ms);
+      std::printf(
+          "[%s] round %lld episode %lld running reward %.1f steps/s %.0f batch %.1f "
+          "observers %lld dropped %lld update %.1f ms\n",
+          who.c_str(), static_cast<long long>(r.round + 1), static_cast<long long>(r.episodes),
+          r.running_reward, r.steps_per_s, r.mean_batch, static_cast<long long>(r.observers_alive),
+          static_cast<long long>(r.dropped), r.update_ms);
     }
   });
   const bool stopped = learner.WaitStopped(absl::Seconds(flags.job_timeout));
@@ -173,22 +173,23 @@ int RunAgent(const Flags& flags, const LaunchEnv& env, const rpc::AgentOptions& 
   for (const auto& [session, n] : st.episodes_by_session) {
     absl::StrAppend(&by_session, " ", session, ":", n);
   }
-  std::printf("[%s] %lld rounds, %lld episodes, %lld steps in %.1f s (%.0f steps/s), %lld "
-              "forward passes, %lld joins, %lld dropped; episodes by session:%s\n",
-              who.c_str(), static_cast<long long>(st.rounds), static_cast<long long>(st.episodes),
-              static_cast<long long>(st.steps), st.seconds,
-              st.seconds > 0 ? st.steps / st.seconds : 0.0, static_cast<long long>(st.forwards),
-              static_cast<long long>(st.joined), static_cast<long long>(st.dropped),
-              by_session.c_str());
+  std::printf(
+      "[%s] %lld rounds, %lld episodes, %lld steps in %.1f s (%.0f steps/s), %lld "
+      "forward passes, %lld joins, %lld dropped; episodes by session:%s\n",
+      who.c_str(), static_cast<long long>(st.rounds), static_cast<long long>(st.episodes),
+      static_cast<long long>(st.steps), st.seconds, st.seconds > 0 ? st.steps / st.seconds : 0.0,
+      static_cast<long long>(st.forwards), static_cast<long long>(st.joined),
+      static_cast<long long>(st.dropped), by_session.c_str());
   int code = 0;
   if (st.solved_at >= 0) {
     std::printf("RESULT OK: solved at episode %lld (running reward %.1f > 475) in %.1f s\n",
                 static_cast<long long>(st.solved_at), st.running_reward, st.seconds);
   } else {
-    std::printf("RESULT FAILED: not solved after %lld episodes (running reward %.1f; "
-                "--max_episodes %lld)\n",
-                static_cast<long long>(st.episodes), st.running_reward,
-                static_cast<long long>(flags.max_episodes));
+    std::printf(
+        "RESULT FAILED: not solved after %lld episodes (running reward %.1f; "
+        "--max_episodes %lld)\n",
+        static_cast<long long>(st.episodes), st.running_reward,
+        static_cast<long long>(flags.max_episodes));
     code = 1;
   }
   // The observers leave once told to stop; a dead one is dropped.
@@ -248,8 +249,7 @@ int main(int argc, char** argv) {
       argv[0], " [flags]\n(the flags are described at the top of examples/rl/rl_cartpole.cc)");
   auto flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n%s\n", std::string(flags.status().message()).c_str(),
-                 usage.c_str());
+    std::fprintf(stderr, "%s\n%s\n", std::string(flags.status().message()).c_str(), usage.c_str());
     return 2;
   }
   auto env = ReadLaunchEnv();
@@ -258,8 +258,8 @@ int main(int argc, char** argv) {
   const bool is_agent = bad.ok() && env->role == "agent";
   const bool is_observer = bad.ok() && absl::StrContains(env->role, "observer");
   if (bad.ok() && !is_agent && !is_observer) {
-    bad = absl::InvalidArgumentError(absl::StrCat(
-        "BATON_ROLE is '", env->role, "'; the job's roles are agent and observer"));
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("BATON_ROLE is '", env->role, "'; the job's roles are agent and observer"));
   }
   if (bad.ok() && is_agent && env->rank != 0) {
     bad = absl::InvalidArgumentError("the agent must be rank 0 (give --role agent:1 first)");

@@ -28,8 +28,8 @@ void WriteFully(int fd, absl::string_view data) {
 }  // namespace
 
 struct OutputPump::Stream {
-  int fds[2] = {-1, -1};     // stdout, stderr read ends; -1 once at EOF
-  std::string partial[2];    // bytes after the last newline
+  int fds[2] = {-1, -1};   // stdout, stderr read ends; -1 once at EOF
+  std::string partial[2];  // bytes after the last newline
   OutputSink sink;
   std::deque<std::string> tail;
 };
@@ -109,8 +109,7 @@ void OutputPump::HandleReadable(int64_t id, int which) {
     std::string& p = s.partial[which];
     p.append(buf, static_cast<size_t>(n));
     size_t start = 0;
-    for (size_t nl; (nl = p.find('\n', start)) != std::string::npos;
-         start = nl + 1) {
+    for (size_t nl; (nl = p.find('\n', start)) != std::string::npos; start = nl + 1) {
       EmitLine(s, which, absl::string_view(p).substr(start, nl + 1 - start));
     }
     p.erase(0, start);
@@ -163,8 +162,7 @@ bool OutputPump::WaitDrained(int64_t id, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto drained = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = streams_.find(id);
-    return it == streams_.end() ||
-           (it->second->fds[0] < 0 && it->second->fds[1] < 0);
+    return it == streams_.end() || (it->second->fds[0] < 0 && it->second->fds[1] < 0);
   };
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }

@@ -57,8 +57,7 @@ class OutputPump {
   struct Stream;
   void Run();
   void HandleReadable(int64_t id, int which) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitLine(Stream& s, int which, absl::string_view line)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitLine(Stream& s, int which, absl::string_view line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Wake();
 
   int wake_read_ = -1;   // set at construction

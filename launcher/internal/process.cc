@@ -19,8 +19,7 @@ namespace {
 
 bool IsExecutable(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
 absl::StatusOr<std::string> Resolve(const std::string& program,
@@ -28,8 +27,8 @@ absl::StatusOr<std::string> Resolve(const std::string& program,
   if (program.empty()) return absl::InvalidArgumentError("empty program name");
   if (absl::StrContains(program, "/")) {
     if (IsExecutable(program)) return program;
-    return absl::NotFoundError(absl::StrCat(
-        "program '", program, "' does not exist or is not executable"));
+    return absl::NotFoundError(
+        absl::StrCat("program '", program, "' does not exist or is not executable"));
   }
   std::string path = "/usr/local/bin:/usr/bin:/bin";
   for (const std::string& kv : env) {
@@ -39,8 +38,7 @@ absl::StatusOr<std::string> Resolve(const std::string& program,
     std::string candidate = absl::StrCat(dir, "/", program);
     if (IsExecutable(candidate)) return candidate;
   }
-  return absl::NotFoundError(
-      absl::StrCat("program '", program, "' not found in PATH"));
+  return absl::NotFoundError(absl::StrCat("program '", program, "' not found in PATH"));
 }
 
 }  // namespace
@@ -74,8 +72,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   if (pid < 0) {
     int e = errno;
     for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("fork: ", std::strerror(e)));
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(e)));
   }
   if (pid == 0) {
     // Child. Own process group, so a stop signal reaches its descendants and
@@ -107,8 +104,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
 
 std::string SignalName(int signal) {
   const char* abbrev = ::sigabbrev_np(signal);
-  return abbrev == nullptr ? absl::StrCat("signal ", signal)
-                           : absl::StrCat("SIG", abbrev);
+  return abbrev == nullptr ? absl::StrCat("signal ", signal) : absl::StrCat("SIG", abbrev);
 }
 
 std::string ExitInfo::Describe() const {

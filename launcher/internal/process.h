@@ -42,7 +42,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request);
 
 // How a process ended.
 struct ExitInfo {
-  bool exited = false;   // false: killed by `signal`
+  bool exited = false;  // false: killed by `signal`
   int exit_code = 0;
   int signal = 0;
   absl::Time time;

@@ -58,11 +58,9 @@ void WorkerGroup::Configure(const RoundInfo& round) {
       w.role_rank = round.group_rank * roles[r].count + j;
       w.rank = offset + w.role_rank;
       if (!config_.options->log_dir.empty()) {
-        w.log_path =
-            absl::StrCat(config_.options->log_dir, "/rank_", w.rank, ".log");
+        w.log_path = absl::StrCat(config_.options->log_dir, "/rank_", w.rank, ".log");
       }
-      w.error_file =
-          absl::StrCat(config_.error_dir, "/error_rank_", w.rank, ".json");
+      w.error_file = absl::StrCat(config_.error_dir, "/error_rank_", w.rank, ".json");
       workers_.push_back(std::move(w));
     }
     offset += roles[r].count * nodes;
@@ -74,8 +72,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
   const std::vector<std::pair<const char*, std::string>> vars = {
       {kEnvRank, absl::StrCat(w.rank)},
       {kEnvLocalRank, absl::StrCat(w.local_rank)},
-      {kEnvWorldSize,
-       absl::StrCat(o.local_world_size() * round_.group_world_size)},
+      {kEnvWorldSize, absl::StrCat(o.local_world_size() * round_.group_world_size)},
       {kEnvLocalWorldSize, absl::StrCat(o.local_world_size())},
       {kEnvGroupRank, absl::StrCat(round_.group_rank)},
       {kEnvGroupWorldSize, absl::StrCat(round_.group_world_size)},
@@ -95,9 +92,9 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
   };
   std::vector<std::pair<const char*, std::string>> all = vars;
   if (o.tls.enabled()) {
-    all.insert(all.end(), {{kEnvTlsCa, o.tls.ca_file},
-                           {kEnvTlsCert, o.tls.cert_file},
-                           {kEnvTlsKey, o.tls.key_file}});
+    all.insert(
+        all.end(),
+        {{kEnvTlsCa, o.tls.ca_file}, {kEnvTlsCert, o.tls.cert_file}, {kEnvTlsKey, o.tls.key_file}});
     if (!o.tls.server_name.empty()) all.emplace_back(kEnvTlsServerName, o.tls.server_name);
   }
   std::set<std::string> ours;
@@ -142,9 +139,9 @@ absl::Status WorkerGroup::StartOne(int i, int restart_count, bool rejoin) {
       return absl::InternalError(
           absl::StrCat("cannot open log file ", w.log_path, ": ", std::strerror(errno)));
     }
-    const std::string header = absl::StrCat("=== baton-run: run ", config_.run_id, ", rank ",
-                                            w.rank, ", restart ", restart_count, ", round ",
-                                            round_.round, " ===\n");
+    const std::string header =
+        absl::StrCat("=== baton-run: run ", config_.run_id, ", rank ", w.rank, ", restart ",
+                     restart_count, ", round ", round_.round, " ===\n");
     (void)!::write(sink.log_fd, header.data(), header.size());
   }
   // Without --log_dir output goes to the terminal; --tee adds it there even
@@ -216,9 +213,8 @@ void WorkerGroup::Stop(int role, int signal, absl::Duration grace) {
     for (Worker* w : targets) {
       if (w->running) {
         // Uninterruptible sleep in the kernel; nothing more can be done.
-        std::fprintf(stderr,
-                     "baton-run: rank %d (pid %d) did not die after SIGKILL\n",
-                     w->rank, static_cast<int>(w->pid));
+        std::fprintf(stderr, "baton-run: rank %d (pid %d) did not die after SIGKILL\n", w->rank,
+                     static_cast<int>(w->pid));
       }
     }
   }

@@ -34,9 +34,7 @@ void FillBuiltIn(const TableSpec& spec, absl::Span<const int64_t> ids, T* out) {
     for (int64_t d = 0; d < dim; ++d) {
       switch (init.kind) {
         case RowInit::Kind::kZeros:
-        case RowInit::Kind::kCustom:
-          row[d] = 0;
-          break;
+        case RowInit::Kind::kCustom: row[d] = 0; break;
         case RowInit::Kind::kUniform:
           row[d] = static_cast<T>(init.scale * (2 * Unit(init.seed, base + d) - 1));
           break;
@@ -44,8 +42,8 @@ void FillBuiltIn(const TableSpec& spec, absl::Span<const int64_t> ids, T* out) {
           // Box-Muller on two independent counters per element.
           const double u1 = 1.0 - Unit(init.seed, 2 * (base + d));
           const double u2 = Unit(init.seed, 2 * (base + d) + 1);
-          row[d] = static_cast<T>(init.scale * std::sqrt(-2.0 * std::log(u1)) *
-                                  std::cos(2 * M_PI * u2));
+          row[d] =
+              static_cast<T>(init.scale * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
           break;
         }
       }
@@ -184,8 +182,7 @@ char* RowStore::Row(int64_t slot) {
 const char* RowStore::Row(int64_t slot) const {
   const int64_t block = lazy_ ? slot / kBlockRows : 0;
   const int64_t within = lazy_ ? slot % kBlockRows : slot;
-  return static_cast<const char*>(value_blocks_[block].data_ptr()) +
-         within * dim_ * element_size_;
+  return static_cast<const char*>(value_blocks_[block].data_ptr()) + within * dim_ * element_size_;
 }
 
 char* RowStore::State(int64_t slot) {
@@ -217,8 +214,8 @@ void RowStore::Clear() {
 void ApplyRowUpdate(const RowOptimizer& opt, c10::ScalarType dtype, int64_t dim, char* row,
                     char* state, const char* g) {
   if (dtype == c10::ScalarType::Double) {
-    UpdateRow<double>(opt, dim, reinterpret_cast<double*>(row),
-                      reinterpret_cast<double*>(state), reinterpret_cast<const double*>(g));
+    UpdateRow<double>(opt, dim, reinterpret_cast<double*>(row), reinterpret_cast<double*>(state),
+                      reinterpret_cast<const double*>(g));
   } else {
     UpdateRow<float>(opt, dim, reinterpret_cast<float*>(row), reinterpret_cast<float*>(state),
                      reinterpret_cast<const float*>(g));
@@ -226,10 +223,10 @@ void ApplyRowUpdate(const RowOptimizer& opt, c10::ScalarType dtype, int64_t dim,
 }
 
 void InitRowState(const RowOptimizer& opt, c10::ScalarType dtype, int64_t width, char* state) {
-  const double v = (opt.kind == RowOptimizerKind::kAdagrad ||
-                    opt.kind == RowOptimizerKind::kRowWiseAdagrad)
-                       ? opt.initial_accumulator_value
-                       : 0.0;
+  const double v =
+      (opt.kind == RowOptimizerKind::kAdagrad || opt.kind == RowOptimizerKind::kRowWiseAdagrad)
+          ? opt.initial_accumulator_value
+          : 0.0;
   for (int64_t i = 0; i < width; ++i) {
     if (dtype == c10::ScalarType::Double) {
       reinterpret_cast<double*>(state)[i] = v;

@@ -19,7 +19,7 @@ namespace internal {
 
 struct DenseSlot {
   DenseChunk chunk;
-  at::Tensor value;  // flat [chunk.size()]
+  at::Tensor value;                                      // flat [chunk.size()]
   std::unique_ptr<dist_optim::FunctionalOptimizer> opt;  // null: not trainable
   bool initialized = false;
   // An immutable copy of `value` that pull replies share (sent without a

@@ -16,9 +16,8 @@ namespace {
 
 namespace py = pybind11;
 
-const char* const kScalars[] = {"Tensor", "bool",   "int8",   "int16",  "int32", "int64",
-                                "uint8",  "uint16", "uint32", "uint64", "float", "double",
-                                "string", "void"};
+const char* const kScalars[] = {"Tensor", "bool",   "int8",   "int16", "int32",  "int64",  "uint8",
+                                "uint16", "uint32", "uint64", "float", "double", "string", "void"};
 
 bool IsScalar(const std::string& n) {
   return std::find(std::begin(kScalars), std::end(kScalars), n) != std::end(kScalars);
@@ -29,8 +28,8 @@ class Parser {
   explicit Parser(const std::string& s) : s_(s) {}
   absl::StatusOr<TypeNode> Type() {
     TypeNode node;
-    while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) ||
-                                s_[pos_] == '_')) {
+    while (pos_ < s_.size() &&
+           (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) {
       node.name.push_back(s_[pos_++]);
     }
     if (node.name.empty()) return Error("a type name");
@@ -64,16 +63,16 @@ class Parser {
   }
   bool AtEnd() const { return pos_ == s_.size(); }
   absl::Status Error(const std::string& wanted) const {
-    return absl::InvalidArgumentError(absl::StrCat("signature '", s_, "': expected ", wanted,
-                                                   " at position ", pos_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("signature '", s_, "': expected ", wanted, " at position ", pos_));
   }
 
  private:
   absl::Status Check(const TypeNode& n) const {
     auto want = [&](size_t k) -> absl::Status {
       if (n.args.size() == k) return absl::OkStatus();
-      return absl::InvalidArgumentError(absl::StrCat("signature '", s_, "': ", n.name, " takes ",
-                                                     k, " type argument(s)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("signature '", s_, "': ", n.name, " takes ", k, " type argument(s)"));
     };
     if (IsScalar(n.name)) return want(0);
     if (n.name == "vector" || n.name == "optional") return want(1);
@@ -82,8 +81,7 @@ class Parser {
     if (n.name == "map" || n.name == "unordered_map") {
       absl::Status s = want(2);
       if (s.ok() && n.args[0].name != "string") {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("signature '", s_, "': map keys are strings"));
+        s = absl::InvalidArgumentError(absl::StrCat("signature '", s_, "': map keys are strings"));
       }
       return s;
     }
@@ -137,9 +135,9 @@ bool FitInt(py::handle h, I* out) {
 }
 
 absl::Status Mismatch(const TypeNode& t, py::handle h, const std::string& path) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": a ", std::string(py::str(h.get_type().attr("__name__"))), " (",
-      std::string(py::repr(h)).substr(0, 60), ") is not a ", t.Spell()));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": a ", std::string(py::str(h.get_type().attr("__name__"))), " (",
+                   std::string(py::repr(h)).substr(0, 60), ") is not a ", t.Spell()));
 }
 
 absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const std::string& path) {
@@ -201,8 +199,8 @@ absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const st
     }
     py::sequence seq = py::reinterpret_borrow<py::sequence>(h);
     if (expected != SIZE_MAX && seq.size() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.Spell(), " needs ", expected,
-                                                     " elements, got ", seq.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", t.Spell(), " needs ", expected, " elements, got ", seq.size()));
     }
     return seq;
   };
@@ -239,8 +237,8 @@ absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const st
     std::vector<std::pair<std::string, py::handle>> items;
     for (auto item : d) {
       if (!py::isinstance<py::str>(item.first)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": map keys must be str, not ",
-                                                       std::string(py::repr(item.first))));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": map keys must be str, not ", std::string(py::repr(item.first))));
       }
       items.emplace_back(item.first.cast<std::string>(), item.second);
     }
@@ -395,14 +393,12 @@ absl::StatusOr<Signature> Signature::Parse(const std::string& text) {
   return sig;
 }
 
-absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer,
-                                        const std::string& function, const Signature& sig,
-                                        py::handle args) {
+absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer, const std::string& function,
+                                        const Signature& sig, py::handle args) {
   py::sequence seq = py::reinterpret_borrow<py::sequence>(args);
   if (seq.size() != sig.args.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(function, sig.text, " takes ",
-                                                   sig.args.size(), " argument(s), got ",
-                                                   seq.size()));
+    return absl::InvalidArgumentError(absl::StrCat(function, sig.text, " takes ", sig.args.size(),
+                                                   " argument(s), got ", seq.size()));
   }
   std::vector<at::Tensor> sent;
   const bool hooks = agent.registry().has_call_hooks();
@@ -431,8 +427,8 @@ absl::Status DecodeResult(rpc::RpcAgent& agent, int peer, const std::string& fun
   absl::Status s = Decode(sig.result, dec, out, tensors);
   if (s.ok()) s = dec.ExpectEnd();
   if (!s.ok()) {
-    return absl::DataLossError(absl::StrCat("result of ", function, sig.text,
-                                            " does not decode: ", s.message()));
+    return absl::DataLossError(
+        absl::StrCat("result of ", function, sig.text, " does not decode: ", s.message()));
   }
   if (!agent.registry().has_call_hooks()) return absl::OkStatus();
   std::vector<at::Tensor*> received;
@@ -444,20 +440,13 @@ absl::Status DecodeResult(rpc::RpcAgent& agent, int peer, const std::string& fun
 py::object ToPython(const DynValue& v, const std::deque<at::Tensor>& tensors) {
   using Kind = DynValue::Kind;
   switch (v.kind) {
-    case Kind::kNone:
-      return py::none();
-    case Kind::kBool:
-      return py::bool_(v.i != 0);
-    case Kind::kInt:
-      return py::int_(v.i);
-    case Kind::kUInt:
-      return py::int_(v.u);
-    case Kind::kFloat:
-      return py::float_(v.f);
-    case Kind::kString:
-      return py::str(v.s);
-    case Kind::kTensor:
-      return py::cast(tensors[v.tensor]);
+    case Kind::kNone: return py::none();
+    case Kind::kBool: return py::bool_(v.i != 0);
+    case Kind::kInt: return py::int_(v.i);
+    case Kind::kUInt: return py::int_(v.u);
+    case Kind::kFloat: return py::float_(v.f);
+    case Kind::kString: return py::str(v.s);
+    case Kind::kTensor: return py::cast(tensors[v.tensor]);
     case Kind::kList: {
       py::list l;
       for (const DynValue& e : v.items) l.append(ToPython(e, tensors));
@@ -470,7 +459,8 @@ py::object ToPython(const DynValue& v, const std::deque<at::Tensor>& tensors) {
     }
     case Kind::kDict: {
       py::dict d;
-      for (size_t i = 0; i < v.items.size(); ++i) d[py::str(v.keys[i])] = ToPython(v.items[i], tensors);
+      for (size_t i = 0; i < v.items.size(); ++i)
+        d[py::str(v.keys[i])] = ToPython(v.items[i], tensors);
       return std::move(d);
     }
   }

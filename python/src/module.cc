@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
-#include <torch/csrc/Dtype.h>
-#include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -184,8 +184,9 @@ class PyFuture {
   void CheckPromise(const char* what) const {
     if (!promise_.has_value()) {
       Raise(absl::FailedPreconditionError(
-          absl::StrCat(what, "() on a future returned by an RPC: only a Future() made by the "
-                             "user can be completed by hand")));
+          absl::StrCat(what,
+                       "() on a future returned by an RPC: only a Future() made by the "
+                       "user can be completed by hand")));
     }
   }
   Future<PyObj> future_;
@@ -230,26 +231,24 @@ ps::PsSpec SpecFrom(const py::dict& d) {
       py::tuple opt = t["optimizer"].cast<py::tuple>();
       auto o = OptionsFrom(opt[0].cast<std::string>(), opt[1].cast<py::dict>());
       if (!o.ok()) Raise(Annotate(o.status(), absl::StrCat("ps table '", name, "'")));
-      spec.tables.push_back(ps::TableSpec::Dense(
-          name, t["shape"].cast<std::vector<int64_t>>(), DtypeOf(t["dtype"]), *o));
+      spec.tables.push_back(ps::TableSpec::Dense(name, t["shape"].cast<std::vector<int64_t>>(),
+                                                 DtypeOf(t["dtype"]), *o));
     } else {
       py::tuple init = t["init"].cast<py::tuple>();
       const std::string ik = init[0].cast<std::string>();
-      ps::RowInit ri = ik == "uniform"  ? ps::RowInit::Uniform(init[1].cast<double>(),
-                                                                init[2].cast<uint64_t>())
-                       : ik == "normal" ? ps::RowInit::Normal(init[1].cast<double>(),
-                                                              init[2].cast<uint64_t>())
-                                        : ps::RowInit::Zeros();
+      ps::RowInit ri =
+          ik == "uniform"  ? ps::RowInit::Uniform(init[1].cast<double>(), init[2].cast<uint64_t>())
+          : ik == "normal" ? ps::RowInit::Normal(init[1].cast<double>(), init[2].cast<uint64_t>())
+                           : ps::RowInit::Zeros();
       py::tuple opt = t["optimizer"].cast<py::tuple>();
       const std::string ok = opt[0].cast<std::string>();
       const double lr = opt[1].cast<double>();
-      ps::RowOptimizer ro = ok == "adagrad"             ? ps::RowOptimizer::Adagrad(lr)
+      ps::RowOptimizer ro = ok == "adagrad"           ? ps::RowOptimizer::Adagrad(lr)
                             : ok == "rowwise_adagrad" ? ps::RowOptimizer::RowWiseAdagrad(lr)
                             : ok == "lazy_adam"       ? ps::RowOptimizer::LazyAdam(lr)
                                                       : ps::RowOptimizer::SGD(lr);
-      spec.tables.push_back(ps::TableSpec::Embedding(name, t["rows"].cast<int64_t>(),
-                                                     t["dim"].cast<int64_t>(), ri, ro,
-                                                     DtypeOf(t["dtype"])));
+      spec.tables.push_back(ps::TableSpec::Embedding(
+          name, t["rows"].cast<int64_t>(), t["dim"].cast<int64_t>(), ri, ro, DtypeOf(t["dtype"])));
     }
   }
   py::tuple c = d["consistency"].cast<py::tuple>();
@@ -269,8 +268,8 @@ ps::PsSpec SpecFrom(const py::dict& d) {
 // A parameter server hosted by this Python worker.
 class PsServerHost : public RegistryInstaller {
  public:
-  PsServerHost(const py::dict& spec, int server, int num_servers,
-               const std::string& checkpoint_dir, int64_t checkpoint_every_clocks)
+  PsServerHost(const py::dict& spec, int server, int num_servers, const std::string& checkpoint_dir,
+               int64_t checkpoint_every_clocks)
       : spec_(SpecFrom(spec)) {
     options_.server = server;
     options_.num_servers = num_servers;
@@ -284,9 +283,7 @@ class PsServerHost : public RegistryInstaller {
     server_ = *std::move(server);
     return absl::OkStatus();
   }
-  absl::Status Stop() override {
-    return server_ == nullptr ? absl::OkStatus() : server_->Stop();
-  }
+  absl::Status Stop() override { return server_ == nullptr ? absl::OkStatus() : server_->Stop(); }
   std::string Stats() {
     if (server_ == nullptr) Raise(absl::FailedPreconditionError("the PsServer is not serving"));
     return server_->shard().Stats().DebugString();
@@ -404,8 +401,7 @@ class PyAgent {
 
   std::shared_ptr<PyFuture> Call(const py::object& to, py::bytes pickle,
                                  const std::vector<at::Tensor>& tensors,
-                                 const std::vector<PyRRef>& rrefs,
-                                 std::optional<double> timeout) {
+                                 const std::vector<PyRRef>& rrefs, std::optional<double> timeout) {
     rpc::RpcAgent& a = agent();
     const rpc::WorkerRef ref = Ref(to);
     PyObj msg = FromParts(pickle, tensors, rrefs);
@@ -553,8 +549,8 @@ class PyAgent {
     }
     AcquireGil gil;
     try {
-      py::object caller = ctx.caller != nullptr ? py::object(py::str(ctx.caller->name))
-                                                : py::object(py::none());
+      py::object caller =
+          ctx.caller != nullptr ? py::object(py::str(ctx.caller->name)) : py::object(py::none());
       py::list tensors;
       for (at::Tensor& t : msg.tensors) tensors.append(py::cast(std::move(t)));
       py::list rrefs;
@@ -670,8 +666,7 @@ class PyPsClient {
   std::shared_ptr<PyFuture> PullRows(const std::string& table, const at::Tensor& ids) {
     return Wrap(ReleasingGil([&] { return client_->PullRows(table, ids); }));
   }
-  std::shared_ptr<PyFuture> Push(const std::string& table, const at::Tensor& grad,
-                                 bool end_step) {
+  std::shared_ptr<PyFuture> Push(const std::string& table, const at::Tensor& grad, bool end_step) {
     return Wrap(ReleasingGil([&] { return client_->Push(table, grad, end_step); }));
   }
   std::shared_ptr<PyFuture> PushDense(const std::vector<std::string>& tables,
@@ -726,20 +721,30 @@ absl::StatusOr<dist_optim::OptimizerOptions> OptionsFrom(const std::string& kind
     const std::string key = py::str(item.first);
     py::handle v = item.second;
     if (key == "lr") continue;
-    if (key == "momentum") o.momentum = v.cast<double>();
-    else if (key == "dampening") o.dampening = v.cast<double>();
-    else if (key == "nesterov") o.nesterov = v.cast<bool>();
-    else if (key == "weight_decay") o.weight_decay = v.cast<double>();
+    if (key == "momentum")
+      o.momentum = v.cast<double>();
+    else if (key == "dampening")
+      o.dampening = v.cast<double>();
+    else if (key == "nesterov")
+      o.nesterov = v.cast<bool>();
+    else if (key == "weight_decay")
+      o.weight_decay = v.cast<double>();
     else if (key == "betas") {
       auto b = v.cast<std::pair<double, double>>();
       o.beta1 = b.first;
       o.beta2 = b.second;
-    } else if (key == "eps") o.eps = v.cast<double>();
-    else if (key == "amsgrad") o.amsgrad = v.cast<bool>();
-    else if (key == "lr_decay") o.lr_decay = v.cast<double>();
-    else if (key == "initial_accumulator_value") o.initial_accumulator_value = v.cast<double>();
-    else if (key == "alpha") o.alpha = v.cast<double>();
-    else if (key == "centered") o.centered = v.cast<bool>();
+    } else if (key == "eps")
+      o.eps = v.cast<double>();
+    else if (key == "amsgrad")
+      o.amsgrad = v.cast<bool>();
+    else if (key == "lr_decay")
+      o.lr_decay = v.cast<double>();
+    else if (key == "initial_accumulator_value")
+      o.initial_accumulator_value = v.cast<double>();
+    else if (key == "alpha")
+      o.alpha = v.cast<double>();
+    else if (key == "centered")
+      o.centered = v.cast<bool>();
     else if ((key == "maximize" || key == "foreach" || key == "capturable" ||
               key == "differentiable" || key == "fused") &&
              (v.is_none() || !v.cast<bool>())) {
@@ -777,8 +782,7 @@ PYBIND11_MODULE(_C, m) {
       .def("is_owner", &PyRRef::is_owner)
       .def("owner_id", &PyRRef::owner_id)
       .def("id", &PyRRef::id)
-      .def("confirmed_by_owner",
-           [](const PyRRef& r) { return r.handle()->confirmed_by_owner(); })
+      .def("confirmed_by_owner", [](const PyRRef& r) { return r.handle()->confirmed_by_owner(); })
       .def("created",
            [](const PyRRef& r) {
              // Future<void> as a PyFuture whose value is None.
@@ -792,17 +796,17 @@ PYBIND11_MODULE(_C, m) {
              });
              return PyFuture::New(p.future());
            })
-      .def("to_here",
-           [](const PyRRef& r, std::optional<double> timeout) {
-             py::gil_scoped_release nogil;
-             try {
-               return PyFuture::New(
-                   r.to_here_async(Seconds(timeout, absl::ZeroDuration())));
-             } catch (const baton::Error& e) {
-               Raise(e.status());
-             }
-           },
-           py::arg("timeout") = py::none())
+      .def(
+          "to_here",
+          [](const PyRRef& r, std::optional<double> timeout) {
+            py::gil_scoped_release nogil;
+            try {
+              return PyFuture::New(r.to_here_async(Seconds(timeout, absl::ZeroDuration())));
+            } catch (const baton::Error& e) {
+              Raise(e.status());
+            }
+          },
+          py::arg("timeout") = py::none())
       .def("local_value", [](const PyRRef& r) {
         std::shared_ptr<PyObj> v;
         {
@@ -877,14 +881,14 @@ PYBIND11_MODULE(_C, m) {
       .def("release", &PyAutogradContext::Release);
 
   py::class_<baton::dist_optim::FunctionalOptimizer>(m, "FunctionalOptimizer")
-      .def(py::init([](const std::string& kind, const py::dict& kwargs,
-                       std::vector<at::Tensor> params) {
-        auto o = OptionsFrom(kind, kwargs);
-        Check(o.status());
-        auto opt = baton::dist_optim::FunctionalOptimizer::Create(*o, std::move(params));
-        Check(opt.status());
-        return *std::move(opt);
-      }))
+      .def(py::init(
+          [](const std::string& kind, const py::dict& kwargs, std::vector<at::Tensor> params) {
+            auto o = OptionsFrom(kind, kwargs);
+            Check(o.status());
+            auto opt = baton::dist_optim::FunctionalOptimizer::Create(*o, std::move(params));
+            Check(opt.status());
+            return *std::move(opt);
+          }))
       .def("step",
            [](baton::dist_optim::FunctionalOptimizer& o,
               const std::vector<std::optional<at::Tensor>>& maybe_grads) {
@@ -939,8 +943,8 @@ PYBIND11_MODULE(_C, m) {
                throw py::value_error(std::string(r.status().message()));
              }
              const auto& o = r->observation;
-             return py::make_tuple(std::vector<float>(o.begin(), o.end()), r->reward,
-                                   r->terminated, r->truncated);
+             return py::make_tuple(std::vector<float>(o.begin(), o.end()), r->reward, r->terminated,
+                                   r->truncated);
            })
       .def_property_readonly("steps", &baton::rl::CartPole::steps)
       .def_property_readonly_static("max_steps",

@@ -51,8 +51,7 @@ absl::Status PickleLive(rpc::RpcAgent* agent, const PyObj& live, PyObj* out) {
     absl::Status s = StatusFromPython(e, "pickling a value to send");
     return absl::InvalidArgumentError(s.message());
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pickling a value to send: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("pickling a value to send: ", e.what()));
   }
 }
 
@@ -65,8 +64,8 @@ absl::Status StatusFromPython(py::error_already_set& e, const std::string& where
     const std::string qualname = py::str(t.attr("__qualname__"));
     type = absl::StrCat(module, ".", qualname);
     text = py::str(e.value());
-    py::object tb = py::module_::import("traceback")
-                        .attr("format_exception")(e.type(), e.value(), e.trace());
+    py::object tb =
+        py::module_::import("traceback").attr("format_exception")(e.type(), e.value(), e.trace());
     text += "\n";
     text += py::str("").attr("join")(tb).cast<std::string>();
   } catch (...) {
@@ -84,8 +83,8 @@ void Codec<python::PyObj>::Encode(const python::PyObj& v, Encoder& enc) {
   const python::PyObj* src = &v;
   python::PyObj pickled;
   if (v.live.valid()) {
-    absl::Status s = python::PickleLive(
-        enc.context() != nullptr ? enc.context()->agent : nullptr, v, &pickled);
+    absl::Status s =
+        python::PickleLive(enc.context() != nullptr ? enc.context()->agent : nullptr, v, &pickled);
     if (!s.ok()) {
       enc.Fail(std::move(s));
       return;

@@ -47,7 +47,8 @@ int main() {
   }));
   check(registry->Register(kMake, [](int32_t n, bool ones) {
     std::vector<torch::Tensor> out;
-    for (int32_t i = 0; i < n; ++i) out.push_back(ones ? torch::ones({i + 1}) : torch::zeros({i + 1}));
+    for (int32_t i = 0; i < n; ++i)
+      out.push_back(ones ? torch::ones({i + 1}) : torch::zeros({i + 1}));
     return out;
   }));
   check(registry->Register(kNoop, [] {}));

@@ -24,8 +24,8 @@ const Function<void(std::vector<int64_t>)> release_fn("baton.cuda_ipc.release");
 
 absl::Status CudaStatus(cudaError_t e, absl::string_view call, int peer) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA IPC with worker ", peer, ": ", call, ": ",
-                                          cudaGetErrorString(e)));
+  return absl::InternalError(
+      absl::StrCat("CUDA IPC with worker ", peer, ": ", call, ": ", cudaGetErrorString(e)));
 }
 
 std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
@@ -61,13 +61,14 @@ class CudaIpcChannel::Impl {
         r != CUDA_SUCCESS) {
       const char* text = nullptr;
       cuGetErrorString(r, &text);
-      return absl::InternalError(absl::StrCat("CUDA IPC with worker ", peer,
-                                              ": cuMemGetAddressRange: ",
-                                              text != nullptr ? text : "unknown error"));
+      return absl::InternalError(
+          absl::StrCat("CUDA IPC with worker ", peer,
+                       ": cuMemGetAddressRange: ", text != nullptr ? text : "unknown error"));
     }
     void* base = reinterpret_cast<void*>(base_address);
     cudaIpcMemHandle_t memory;
-    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&memory, base), "cudaIpcGetMemHandle", peer);
+    if (absl::Status s =
+            CudaStatus(cudaIpcGetMemHandle(&memory, base), "cudaIpcGetMemHandle", peer);
         !s.ok()) {
       return s;
     }
@@ -79,9 +80,9 @@ class CudaIpcChannel::Impl {
       if (!s.ok()) return s;
     }
     cudaIpcEventHandle_t event_handle;
-    absl::Status s = CudaStatus(
-        cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device).stream()),
-        "cudaEventRecord", peer);
+    absl::Status s =
+        CudaStatus(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device).stream()),
+                   "cudaEventRecord", peer);
     if (s.ok()) {
       s = CudaStatus(cudaIpcGetEventHandle(&event_handle, event), "cudaIpcGetEventHandle", peer);
     }
@@ -149,7 +150,8 @@ class CudaIpcChannel::Impl {
                                      bytes, cudaMemcpyDeviceToDevice, stream.stream()),
                      "cudaMemcpyAsync", peer);
     }
-    if (s.ok()) s = CudaStatus(cudaStreamSynchronize(stream.stream()), "cudaStreamSynchronize", peer);
+    if (s.ok())
+      s = CudaStatus(cudaStreamSynchronize(stream.stream()), "cudaStreamSynchronize", peer);
     // I3, also after a failed copy: the sender has nothing more to keep.
     SendRelease(peer, static_cast<int64_t>(token));
     if (!s.ok()) return s;
@@ -250,9 +252,8 @@ class CudaIpcChannel::Impl {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* address = nullptr;
-    absl::Status s = CudaStatus(
-        cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle",
-        peer);
+    absl::Status s = CudaStatus(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess),
+                                "cudaIpcOpenMemHandle", peer);
     if (!s.ok()) return s;
     // Closed when the last user lets go: the cache below, or an import in
     // progress when the cache evicts it.
@@ -293,8 +294,9 @@ class CudaIpcChannel::Impl {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(device);
     if (it == streams_.end()) {
-      it = streams_.emplace(device, c10::cuda::getStreamFromPool(
-                                        false, static_cast<c10::DeviceIndex>(device)))
+      it = streams_
+               .emplace(device,
+                        c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)))
                .first;
     }
     return it->second;

@@ -155,7 +155,7 @@ class AgentImpl : private TransportHandler {
     std::string probe_name;   // this process's bulk-channel probe, or ""
     std::string probe_token;  // what opening the probe must find
     proto::WorkerRecord mine;
-    std::vector<std::string> keys;            // each rank's record key
+    std::vector<std::string> keys;             // each rank's record key
     std::vector<proto::WorkerRecord> records;  // as read before the barrier
   };
   absl::Status PrepareRuntime();
@@ -186,8 +186,7 @@ class AgentImpl : private TransportHandler {
   // Stream identities (stream_identity.cc, docs/flow_control.md W1-W3).
   // What this worker presents on a stream toward `peer_incarnation` of
   // `peer`, whose registered key is `peer_key` (empty if either has none).
-  std::string IdentityToward(int peer, int64_t peer_incarnation,
-                             const std::string& peer_key) const;
+  std::string IdentityToward(int peer, int64_t peer_incarnation, const std::string& peer_key) const;
   // Gives the network transport `peer`'s registered address and the
   // identity to present there, and keeps its key for checking its streams.
   void AddNetworkPeer(int peer, const proto::WorkerRecord& record);
@@ -256,8 +255,8 @@ class AgentImpl : private TransportHandler {
   void Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame, absl::Time deadline,
                 int64_t admitted);
   void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
-                 absl::StatusOr<Payload> result, int64_t admitted = -1,
-                 bool reply_shm = false, bool not_run = false);
+                 absl::StatusOr<Payload> result, int64_t admitted = -1, bool reply_shm = false,
+                 bool not_run = false);
   // A reply refusing the request before its function ran: nothing in its
   // payload was decoded (FrameHeader.not_run).
   void Refuse(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
@@ -278,7 +277,7 @@ class AgentImpl : private TransportHandler {
   const AgentOptions options_;
   const std::shared_ptr<FunctionRegistry> registry_;
   RpcAgent* handle_ = nullptr;
-  NetworkTransportFactory network_factory_;  // null: gRPC
+  NetworkTransportFactory network_factory_;                          // null: gRPC
   std::function<absl::Status(RendezvousStep)> rendezvous_observer_;  // null: none
   // options_.rejoin, unless the rank never joined (P5): set in Rendezvous.
   bool rejoin_ = false;
@@ -288,12 +287,12 @@ class AgentImpl : private TransportHandler {
   // network transport starts, constant afterwards.
   std::optional<WorkerIdentity> identity_;
   std::string ns_;
-  std::string token_;       // set in ConnectStore (not for an injected store)
-  std::string token_file_;  // rank 0 wrote the token here (one-host job)
-  TlsConfig tls_;           // loaded from options_.tls in ConnectStore
-  std::string store_instance_;                     // set during Rendezvous
-  std::vector<WorkerInfo> workers_;                // set during Rendezvous
-  std::vector<int64_t> peer_limits_;               // set during Rendezvous
+  std::string token_;                 // set in ConnectStore (not for an injected store)
+  std::string token_file_;            // rank 0 wrote the token here (one-host job)
+  TlsConfig tls_;                     // loaded from options_.tls in ConnectStore
+  std::string store_instance_;        // set during Rendezvous
+  std::vector<WorkerInfo> workers_;   // set during Rendezvous
+  std::vector<int64_t> peer_limits_;  // set during Rendezvous
   // Per peer: this worker's CUDA device -> the peer's, and whether any map
   // applies to the peer (AgentOptions::device_maps); set during Rendezvous.
   std::vector<std::map<int, int>> device_map_to_;
@@ -303,7 +302,7 @@ class AgentImpl : private TransportHandler {
   std::vector<bool> cuda_channel_peer_;
   // Per peer: a newer incarnation is known than the one whose address the
   // transport has (P6; the call path reads it without the lock).
-  std::vector<std::atomic<bool>> address_stale_;   // sized during Rendezvous
+  std::vector<std::atomic<bool>> address_stale_;  // sized during Rendezvous
   // How messages to each peer travel (link, network, bulk channel); set
   // during Rendezvous, after the transports it borrows.
   std::vector<std::unique_ptr<PeerPath>> paths_;

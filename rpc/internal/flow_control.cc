@@ -13,8 +13,7 @@ namespace {
 bool Over(int64_t value, int64_t limit) { return limit > 0 && value > limit; }
 
 std::string LimitsText(const FlowLimits& l) {
-  return absl::StrCat("max_calls_in_flight=", l.max_calls,
-                      ", max_bytes_in_flight=", l.max_bytes);
+  return absl::StrCat("max_calls_in_flight=", l.max_calls, ", max_bytes_in_flight=", l.max_bytes);
 }
 
 }  // namespace
@@ -31,8 +30,7 @@ bool CallWindow::FitsLocked(int peer, int64_t bytes) const {
   return !Over(s.calls + 1, l.max_calls) && !Over(s.bytes + bytes, l.max_bytes);
 }
 
-absl::Status CallWindow::Acquire(int peer, int64_t bytes, absl::Time deadline,
-                                 bool may_wait) {
+absl::Status CallWindow::Acquire(int peer, int64_t bytes, absl::Time deadline, bool may_wait) {
   if (peer < 0 || peer >= static_cast<int>(limits_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no peer ", peer));
   }
@@ -104,10 +102,10 @@ absl::Status RequestGate::Submit(int peer, int64_t bytes, absl::AnyInvocable<voi
   if (p.calls > 0 &&
       (Over(p.calls + 1, st.limits.max_calls) || Over(p.bytes + bytes, st.limits.max_bytes))) {
     ++st.refused;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the caller already has ", p.calls, " requests (", p.bytes,
-        " bytes) queued or running here, the most this worker holds for one caller (",
-        LimitsText(st.limits), "); the caller sends more than its window allows"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the caller already has ", p.calls, " requests (", p.bytes,
+                     " bytes) queued or running here, the most this worker holds for one caller (",
+                     LimitsText(st.limits), "); the caller sends more than its window allows"));
   }
   p.queue.push_back(std::move(task));
   if (p.scheduled < st.fanout) {

@@ -112,8 +112,7 @@ class RequestGate {
 
   // `executor` must outlive every task this gate submitted (the agent joins
   // it before the gate goes).
-  RequestGate(int peers, FlowLimits limits, Executor* executor,
-              int fanout = kDefaultFanout);
+  RequestGate(int peers, FlowLimits limits, Executor* executor, int fanout = kDefaultFanout);
 
   RequestGate(const RequestGate&) = delete;
   RequestGate& operator=(const RequestGate&) = delete;

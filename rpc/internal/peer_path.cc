@@ -28,8 +28,8 @@ absl::Status PeerPath::ImportBlobs(Frame& frame) const {
   // Only the peer's own segments may be named (a hostile peer must not make
   // us map another process's memory); a peer without a probed path has
   // none we accept.
-  return bulk_->Import(frame, bulk_prefix_.empty() ? "/baton.no-segments-from-this-peer."
-                                                   : bulk_prefix_);
+  return bulk_->Import(frame,
+                       bulk_prefix_.empty() ? "/baton.no-segments-from-this-peer." : bulk_prefix_);
 }
 
 void PeerPath::LoseSameHost(const absl::Status& cause) {

@@ -8,9 +8,7 @@
 namespace baton::rpc::internal {
 namespace {
 
-void ReleaseOwner(void* user_data) {
-  delete static_cast<std::shared_ptr<const void>*>(user_data);
-}
+void ReleaseOwner(void* user_data) { delete static_cast<std::shared_ptr<const void>*>(user_data); }
 
 void FillSizes(Frame& frame) {
   for (const auto& [k, v] : frame.payload.extensions) (*frame.header.mutable_extensions())[k] = v;
@@ -81,8 +79,7 @@ bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
         p += len;
         break;
       }
-      default:
-        return false;
+      default: return false;
     }
   }
   return true;
@@ -103,9 +100,9 @@ absl::Status CheckHeaderCounts(const char* data, size_t n, size_t left) {
                                             " bytes but the packet has ", left, " left"));
   }
   if (c.blob_sizes > c.payload_size / kMinTensorBytes) {
-    return absl::DataLossError(absl::StrCat(
-        "frame header lists ", c.blob_sizes, " blobs, but its payload of ", c.payload_size,
-        " bytes can name at most ", c.payload_size / kMinTensorBytes));
+    return absl::DataLossError(
+        absl::StrCat("frame header lists ", c.blob_sizes, " blobs, but its payload of ",
+                     c.payload_size, " bytes can name at most ", c.payload_size / kMinTensorBytes));
   }
   if (c.shm_blobs > c.blob_sizes) {
     return absl::DataLossError(absl::StrCat("frame header lists ", c.shm_blobs,
@@ -209,8 +206,7 @@ size_t AppendFrame(Frame frame, std::vector<grpc::Slice>* out) {
   std::string head;
   head.resize(4 + header_len + frame.payload.bytes.size());
   std::memcpy(head.data(), &header_len, 4);
-  frame.header.SerializeWithCachedSizesToArray(
-      reinterpret_cast<uint8_t*>(head.data() + 4));
+  frame.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(head.data() + 4));
   if (!frame.payload.bytes.empty()) {
     std::memcpy(head.data() + 4 + header_len, frame.payload.bytes.data(),
                 frame.payload.bytes.size());
@@ -221,8 +217,8 @@ size_t AppendFrame(Frame frame, std::vector<grpc::Slice>* out) {
     for (const auto& piece : blob.pieces) {
       if (piece.empty()) continue;
       total += piece.size();
-      out->emplace_back(const_cast<char*>(piece.data()), piece.size(),
-                        &ReleaseOwner, new std::shared_ptr<const void>(blob.owner));
+      out->emplace_back(const_cast<char*>(piece.data()), piece.size(), &ReleaseOwner,
+                        new std::shared_ptr<const void>(blob.owner));
     }
   }
   return total;
@@ -232,8 +228,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   grpc::Status dumped = packet->Dump(slices.get());
   if (!dumped.ok()) {
-    return absl::DataLossError(absl::StrCat("unreadable packet: ",
-                                            dumped.error_message()));
+    return absl::DataLossError(absl::StrCat("unreadable packet: ", dumped.error_message()));
   }
   SliceReader reader(slices);
   while (!reader.done()) {
@@ -243,8 +238,8 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
     }
     if (header_len > reader.left()) return absl::DataLossError("truncated frame header");
     if (header_len > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
-      return absl::DataLossError(absl::StrCat("frame header of ", header_len,
-                                              " bytes exceeds 2 GiB"));
+      return absl::DataLossError(
+          absl::StrCat("frame header of ", header_len, " bytes exceeds 2 GiB"));
     }
     Frame frame;
     bool parsed = false;

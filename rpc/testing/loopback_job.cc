@@ -44,8 +44,7 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
   return job;
 }
 
-absl::StatusOr<std::unique_ptr<RpcAgent>> LoopbackJob::StartOne(int rank, int start,
-                                                                 bool rejoin) {
+absl::StatusOr<std::unique_ptr<RpcAgent>> LoopbackJob::StartOne(int rank, int start, bool rejoin) {
   AgentOptions o = OptionsFor(rank);
   o.rejoin = rejoin;
   auto registry = std::make_shared<FunctionRegistry>();

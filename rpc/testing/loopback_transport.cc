@@ -144,8 +144,8 @@ absl::StatusOr<uint64_t> LoopbackTransport::Send(int peer, Frame frame) {
   {
     absl::MutexLock lock(&ep_->mu);
     if (ep_->closed || ep_->killed) {
-      return absl::UnavailableError(absl::StrCat("loopback transport of ", ep_->address,
-                                                 " is closed"));
+      return absl::UnavailableError(
+          absl::StrCat("loopback transport of ", ep_->address, " is closed"));
     }
     auto it = ep_->peers.find(peer);
     if (it == ep_->peers.end()) {
@@ -239,9 +239,7 @@ void LoopbackNetwork::Submit(Pending p, const FrameInfo& info) {
   {
     absl::MutexLock lock(&mu_);
     switch (fate.action) {
-      case Fate::kDrop:
-        ++stats_.dropped;
-        return;
+      case Fate::kDrop: ++stats_.dropped; return;
       case Fate::kHold:
         held_.push_back(std::move(p));
         stats_.held = static_cast<int64_t>(held_.size());
@@ -318,8 +316,8 @@ absl::Status LoopbackNetwork::Kill(int rank) {
     stats_.dropped += static_cast<int64_t>(before - held_.size());
     stats_.held = static_cast<int64_t>(held_.size());
   }
-  const absl::Status cause = absl::UnavailableError(
-      absl::StrCat("worker ", rank, " at ", victim->address, " was killed"));
+  const absl::Status cause =
+      absl::UnavailableError(absl::StrCat("worker ", rank, " at ", victim->address, " was killed"));
   // Every stream to the victim ends, and so does each of its own. Workers
   // that only served the victim see its incoming stream cancelled.
   for (const auto& ep : others) {
@@ -354,9 +352,9 @@ absl::Status LoopbackNetwork::Kill(int rank) {
     for (const auto& [peer, stream] : victim->streams) own.emplace_back(peer, stream);
   }
   for (const auto& [peer, stream] : own) {
-    CloseStream(victim, peer, stream,
-                absl::UnavailableError(absl::StrCat("this worker (", victim->address,
-                                                    ") was killed")));
+    CloseStream(
+        victim, peer, stream,
+        absl::UnavailableError(absl::StrCat("this worker (", victim->address, ") was killed")));
   }
   return absl::OkStatus();
 }
@@ -393,9 +391,8 @@ LoopbackStats LoopbackNetwork::stats() const {
 
 bool LoopbackNetwork::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && !delivering_;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !delivering_; };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
@@ -466,8 +463,8 @@ void LoopbackNetwork::Deliver(Pending p) {
     }
     if (p.to->token != p.from->token) {
       CloseStream(p.from, p.to_rank, p.stream_id,
-                  absl::UnauthenticatedError(absl::StrCat(
-                      "worker at ", p.to->address, " rejected the job token")));
+                  absl::UnauthenticatedError(
+                      absl::StrCat("worker at ", p.to->address, " rejected the job token")));
       return;
     }
     {

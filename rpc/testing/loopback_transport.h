@@ -55,11 +55,11 @@ namespace baton::rpc::testing {
 
 // What a rule sees of one frame.
 struct FrameInfo {
-  int from = -1;             // sender's rank
-  int to = -1;               // receiver's rank
-  bool request = true;       // else a response
-  std::string function;      // the request's function (a response: its request's)
-  uint64_t call_id = 0;      // the caller's id of the call
+  int from = -1;                 // sender's rank
+  int to = -1;                   // receiver's rank
+  bool request = true;           // else a response
+  std::string function;          // the request's function (a response: its request's)
+  uint64_t call_id = 0;          // the caller's id of the call
   const Frame* frame = nullptr;  // valid during the rule only
 };
 
@@ -80,9 +80,9 @@ using FrameRule = std::function<Fate(const FrameInfo&)>;
 
 struct LoopbackStats {
   int64_t delivered = 0;
-  int64_t dropped = 0;   // by a rule, or lost with a killed worker
+  int64_t dropped = 0;  // by a rule, or lost with a killed worker
   int64_t delayed = 0;
-  int64_t held = 0;      // parked right now
+  int64_t held = 0;  // parked right now
 };
 
 class LoopbackTransport;
@@ -125,15 +125,15 @@ class LoopbackNetwork {
     int kind = 0;  // request, response or stream closed (loopback_transport.cc)
     std::shared_ptr<Endpoint> from;
     std::shared_ptr<Endpoint> to;  // null for a closed stream
-    int from_rank = -1;  // the sender, as the receiver knows it
-    int to_rank = -1;    // the receiver, as the sender knows it
+    int from_rank = -1;            // the sender, as the receiver knows it
+    int to_rank = -1;              // the receiver, as the sender knows it
     uint64_t stream_id = 0;
     Frame frame;
     absl::Status cause;  // closed stream
   };
 
   absl::StatusOr<std::unique_ptr<NetworkTransport>> Start(const NetworkTransportOptions& options,
-                                                         TransportHandler* handler);
+                                                          TransportHandler* handler);
   std::shared_ptr<Endpoint> EndpointAt(const std::string& address) const;
   // Queues `p` under the rule's fate.
   void Submit(Pending p, const FrameInfo& info);

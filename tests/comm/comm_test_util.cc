@@ -47,8 +47,7 @@ std::string WhyUnavailable(const std::string& backend, int world) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
     if (count < world) {
-      return absl::StrCat("nccl needs ", world, " GPUs (one per rank), found ",
-                          count);
+      return absl::StrCat("nccl needs ", world, " GPUs (one per rank), found ", count);
     }
     return "";
   }
@@ -81,8 +80,7 @@ ProcessGroup Worker::MakeGroup(GroupOptions options) const {
 }
 
 void Worker::Finish() {
-  WCHECK_OK(store::Barrier(*store, "test/finish", rank, world,
-                           absl::Seconds(60)));
+  WCHECK_OK(store::Barrier(*store, "test/finish", rank, world, absl::Seconds(60)));
   // Rank 0 serves the store: it leaves last, once everyone has seen the
   // barrier complete.
   if (rank != 0) {
@@ -100,10 +98,8 @@ Worker StartWorker() {
   w.rank = EnvInt("RANK", 0);
   w.world = EnvInt("WORLD_SIZE", 1);
   if (const char* b = std::getenv("BATON_TEST_BACKEND")) w.backend = b;
-  const std::string host =
-      std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "127.0.0.1";
-  const std::string address =
-      absl::StrCat(host, ":", EnvInt("MASTER_PORT", 29500));
+  const std::string host = std::getenv("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "127.0.0.1";
+  const std::string address = absl::StrCat(host, ":", EnvInt("MASTER_PORT", 29500));
   if (w.rank == 0) {
     auto server = store::StoreServer::Start({address, ""});
     WCHECK_OK(server.status());

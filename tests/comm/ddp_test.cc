@@ -44,16 +44,13 @@ std::shared_ptr<Net> MakeNet(uint64_t seed) {
 
 // Batch k of the whole job (world * kBatch rows), identical on every rank,
 // on `device`.
-std::pair<torch::Tensor, torch::Tensor> Batch(int k, int world,
-                                              at::Device device = at::kCPU) {
+std::pair<torch::Tensor, torch::Tensor> Batch(int k, int world, at::Device device = at::kCPU) {
   torch::manual_seed(1000 + k);
   return {torch::randn({world * kBatch, 8}).to(device),
           torch::randn({world * kBatch, 4}).to(device)};
 }
 
-torch::Tensor Shard(const torch::Tensor& t, int rank) {
-  return t.narrow(0, rank * kBatch, kBatch);
-}
+torch::Tensor Shard(const torch::Tensor& t, int rank) { return t.narrow(0, rank * kBatch, kBatch); }
 
 double MaxDiff(Net& a, Net& b) {
   double worst = 0;
@@ -91,13 +88,11 @@ void TrainAndCompare(const Worker& w, bool use_fc3, bool find_unused) {
       auto [x2, y2] = Batch(50 + step, w.world, w.device());
       {
         auto guard = (*ddp)->NoSync();
-        torch::mse_loss(model->forward(Shard(x2, w.rank), use_fc3),
-                        Shard(y2, w.rank)).backward();
+        torch::mse_loss(model->forward(Shard(x2, w.rank), use_fc3), Shard(y2, w.rank)).backward();
       }
       torch::mse_loss(ref->forward(x2, use_fc3), y2).backward();
     }
-    torch::mse_loss(model->forward(Shard(x, w.rank), use_fc3),
-                    Shard(y, w.rank)).backward();
+    torch::mse_loss(model->forward(Shard(x, w.rank), use_fc3), Shard(y, w.rank)).backward();
     torch::mse_loss(ref->forward(x, use_fc3), y).backward();
     opt.step();
     ref_opt.step();
@@ -106,8 +101,7 @@ void TrainAndCompare(const Worker& w, bool use_fc3, bool find_unused) {
   // One rank averages over itself: the same bits as plain training.
   const double tolerance = w.world == 1 ? 0 : 1e-5;
   if (!(diff <= tolerance)) {
-    std::fprintf(stderr, "parameters differ from single-process training by %g\n",
-                 diff);
+    std::fprintf(stderr, "parameters differ from single-process training by %g\n", diff);
     ::baton::testing::ExitWorker(1);
   }
 }
@@ -131,8 +125,7 @@ BATON_SCENARIO(ddp_unused_parameters) {
     auto [x, y] = Batch(0, w.world, w.device());
     bool threw = false;
     try {
-      torch::mse_loss(model->forward(Shard(x, w.rank), false), Shard(y, w.rank))
-          .backward();
+      torch::mse_loss(model->forward(Shard(x, w.rank), false), Shard(y, w.rank)).backward();
     } catch (const std::exception& e) {
       threw = true;
       const std::string what = e.what();
@@ -142,8 +135,7 @@ BATON_SCENARIO(ddp_unused_parameters) {
     }
     WCHECK(threw);
     // The same DDP keeps working once every parameter is used again.
-    torch::mse_loss(model->forward(Shard(x, w.rank), true), Shard(y, w.rank))
-        .backward();
+    torch::mse_loss(model->forward(Shard(x, w.rank), true), Shard(y, w.rank)).backward();
   }
   // With it: unused parameters count as zero and training matches.
   TrainAndCompare(w, /*use_fc3=*/false, /*find_unused=*/true);
@@ -199,15 +191,13 @@ BATON_SCENARIO(ddp_gradient_source) {
   return 0;
 }
 
-void Expect(const std::string& scenario, int world,
-            const std::string& backend = "gloo") {
+void Expect(const std::string& scenario, int world, const std::string& backend = "gloo") {
   const std::string why = WhyUnavailable(backend, world);
   if (!why.empty()) GTEST_SKIP() << "skipped: " << why;
   const std::vector<WorkerResult> results =
       RunWorkers(scenario, world, absl::Seconds(180), BackendEnv(backend));
   for (const WorkerResult& r : results) {
-    ASSERT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out)
-        << Describe(results);
+    ASSERT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
   }
 }
 
@@ -219,12 +209,8 @@ TEST(Ddp, MatchesSingleProcessOneRank) { Expect("ddp_matches_single_process", 1)
 
 // DDP over NCCL on GPU tensors: bit-identical to plain training on one GPU
 // (world size 1; more ranks need a GPU each).
-TEST(DdpNccl, MatchesSingleProcessOneRank) {
-  Expect("ddp_matches_single_process", 1, "nccl");
-}
-TEST(DdpNccl, MatchesSingleProcessTwoRanks) {
-  Expect("ddp_matches_single_process", 2, "nccl");
-}
+TEST(DdpNccl, MatchesSingleProcessOneRank) { Expect("ddp_matches_single_process", 1, "nccl"); }
+TEST(DdpNccl, MatchesSingleProcessTwoRanks) { Expect("ddp_matches_single_process", 2, "nccl"); }
 TEST(DdpNccl, UnusedParameters) { Expect("ddp_unused_parameters", 1, "nccl"); }
 
 TEST(Ddp, RejectsBadArguments) {
@@ -256,16 +242,17 @@ TEST(DistributedSampler, ShardsPadsAndShufflesIdenticallyOnEveryRank) {
     }
     EXPECT_EQ(seen.size(), 12u);
     for (int64_t i = 0; i < 10; ++i) EXPECT_GE(seen.count(i), 1u) << i;
-    if (epoch == 0) epoch0 = order;
-    else EXPECT_NE(order, epoch0) << "epochs must shuffle differently";
+    if (epoch == 0)
+      epoch0 = order;
+    else
+      EXPECT_NE(order, epoch0) << "epochs must shuffle differently";
   }
   // Same seed and epoch, built anew: the same indices.
   auto again = DistributedSampler::Create(10, replicas, 1, {.seed = 42});
   again->SetEpoch(1);
   EXPECT_EQ(again->Indices(), samplers[1].Indices());
   // No shuffle, drop_last.
-  auto plain = DistributedSampler::Create(
-      10, replicas, 2, {.shuffle = false, .drop_last = true});
+  auto plain = DistributedSampler::Create(10, replicas, 2, {.shuffle = false, .drop_last = true});
   EXPECT_EQ(plain->Indices(), (std::vector<int64_t>{2, 5, 8}));
   EXPECT_FALSE(DistributedSampler::Create(10, 2, 2).ok());
   EXPECT_FALSE(DistributedSampler::Create(-1, 2, 0).ok());

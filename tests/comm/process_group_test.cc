@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #ifndef BATON_TEST_WITHOUT_GLOO
 #include "comm/gloo_backend.h"
 #endif
@@ -40,15 +40,14 @@ using ::baton::testing::WorkerResult;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
 
-#define WCHECK_CODE(status, code_, needle)                                 \
-  do {                                                                     \
-    const absl::Status _st = (status);                                     \
-    if (_st.code() != (code_) || !absl::StrContains(_st.message(), needle)) { \
-      std::fprintf(stderr, "%s:%d: expected %s containing '%s', got %s\n", \
-                   __FILE__, __LINE__, #code_, std::string(needle).c_str(), \
-                   _st.ToString().c_str());                                \
-      ::baton::testing::ExitWorker(1);                                     \
-    }                                                                      \
+#define WCHECK_CODE(status, code_, needle)                                                     \
+  do {                                                                                         \
+    const absl::Status _st = (status);                                                         \
+    if (_st.code() != (code_) || !absl::StrContains(_st.message(), needle)) {                  \
+      std::fprintf(stderr, "%s:%d: expected %s containing '%s', got %s\n", __FILE__, __LINE__, \
+                   #code_, std::string(needle).c_str(), _st.ToString().c_str());               \
+      ::baton::testing::ExitWorker(1);                                                         \
+    }                                                                                          \
   } while (0)
 
 bool AllEqual(const at::Tensor& t, double v) {
@@ -63,9 +62,8 @@ void CheckReductions(ProcessGroup& pg, const Worker& w) {
   const int n = w.world, r = w.rank;
   double factorial = 1;
   for (int i = 2; i <= n; ++i) factorial *= i;
-  std::vector<at::ScalarType> types = {at::kFloat, at::kDouble, at::kHalf,
-                                       at::kBFloat16, at::kChar, at::kByte,
-                                       at::kInt, at::kLong};
+  std::vector<at::ScalarType> types = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                       at::kChar,  at::kByte,   at::kInt,  at::kLong};
   if (w.backend == "gloo") types.push_back(at::kShort);
   for (at::ScalarType type : types) {
     const auto opts = at::TensorOptions().device(w.device()).dtype(type);
@@ -81,8 +79,7 @@ void CheckReductions(ProcessGroup& pg, const Worker& w) {
       WCHECK_OK(pg.AllReduce({t}, c.op)->Wait(kWait));
       if (!AllEqual(t, c.expected)) {
         std::fprintf(stderr, "all_reduce %s %s: got %f, expected %f\n",
-                     std::string(ReduceOpName(c.op)).c_str(),
-                     c10::toString(type),
+                     std::string(ReduceOpName(c.op)).c_str(), c10::toString(type),
                      t.cpu().to(at::kDouble)[0].item<double>(), c.expected);
         WCHECK(false);
       }
@@ -93,16 +90,16 @@ void CheckReductions(ProcessGroup& pg, const Worker& w) {
   WCHECK_OK(pg.AllReduce({f}, ReduceOp::kAvg)->Wait(kWait));
   WCHECK(AllEqual(f, (n + 1) / 2.0));
   at::Tensor i = at::full({3}, r, at::TensorOptions().device(w.device()).dtype(at::kInt));
-  WCHECK_CODE(pg.AllReduce({i}, ReduceOp::kAvg)->Wait(kWait),
-              absl::StatusCode::kInvalidArgument, "avg is not exact for int32");
+  WCHECK_CODE(pg.AllReduce({i}, ReduceOp::kAvg)->Wait(kWait), absl::StatusCode::kInvalidArgument,
+              "avg is not exact for int32");
   if (w.backend == "nccl") {
     // bool travels as uint8: sum and max mean "or", min means "and".
     const auto bopts = at::TensorOptions().device(w.device()).dtype(at::kBool);
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
       at::Tensor b = at::full({4}, r == 0, bopts);
       WCHECK_OK(pg.AllReduce({b}, op)->Wait(kWait));
-      const bool any_rank = true;           // rank 0 holds true
-      const bool every_rank = n == 1;       // the others hold false
+      const bool any_rank = true;      // rank 0 holds true
+      const bool every_rank = n == 1;  // the others hold false
       WCHECK(b.all().item<bool>() == (op == ReduceOp::kMin ? every_rank : any_rank));
     }
     // int16 and complex are refused with the dtype named.
@@ -128,8 +125,7 @@ void CheckReductions(ProcessGroup& pg, const Worker& w) {
     WCHECK(at::imag(z).eq(n).all().item<bool>());
   }
   // Large enough for several gloo segments, odd element count.
-  at::Tensor big = at::full({3 * 1024 * 1024 + 7}, r + 1.0,
-                            at::TensorOptions().device(w.device()));
+  at::Tensor big = at::full({3 * 1024 * 1024 + 7}, r + 1.0, at::TensorOptions().device(w.device()));
   WCHECK_OK(pg.AllReduce({big})->Wait(kWait));
   WCHECK(AllEqual(big, n * (n + 1) / 2.0));
 }
@@ -159,8 +155,7 @@ void CheckDataMovement(ProcessGroup& pg, const Worker& w) {
   if (r == gather_root) {
     for (int i = 0; i < n; ++i) gathered.push_back(at::zeros({3}, opts));
   }
-  WCHECK_OK(pg.Gather(gathered, at::full({3}, 10.0 * r, opts), gather_root)
-                ->Wait(kWait));
+  WCHECK_OK(pg.Gather(gathered, at::full({3}, 10.0 * r, opts), gather_root)->Wait(kWait));
   for (int i = 0; i < static_cast<int>(gathered.size()); ++i) {
     WCHECK(AllEqual(gathered[i], 10 * i));
   }
@@ -252,25 +247,20 @@ BATON_SCENARIO(errors) {
   ProcessGroup pg = w.MakeGroup();
   const auto opts = at::TensorOptions().device(w.device());
   // A tensor on the wrong device for the backend.
-  at::Tensor wrong = w.backend == "gloo"
-                         ? at::empty({4}, at::TensorOptions().device(at::kMeta))
-                         : at::zeros({4});
+  at::Tensor wrong =
+      w.backend == "gloo" ? at::empty({4}, at::TensorOptions().device(at::kMeta)) : at::zeros({4});
   const std::string wrong_dev = wrong.device().str();
-  WCHECK_CODE(pg.AllReduce({wrong})->Wait(kWait),
-              absl::StatusCode::kInvalidArgument,
-              absl::StrCat("all_reduce #0 on group 'default' (backend ",
-                           w.backend));
-  WCHECK_CODE(pg.Broadcast({wrong}, 0)->Wait(kWait),
-              absl::StatusCode::kInvalidArgument,
-              absl::StrCat("is on device ", wrong_dev, " but backend ",
-                           w.backend));
+  WCHECK_CODE(pg.AllReduce({wrong})->Wait(kWait), absl::StatusCode::kInvalidArgument,
+              absl::StrCat("all_reduce #0 on group 'default' (backend ", w.backend));
+  WCHECK_CODE(pg.Broadcast({wrong}, 0)->Wait(kWait), absl::StatusCode::kInvalidArgument,
+              absl::StrCat("is on device ", wrong_dev, " but backend ", w.backend));
   // Non-contiguous, mismatched list, bad roots and peers, wrong counts.
   at::Tensor nc = at::zeros({4, 4}, opts).t();
-  WCHECK_CODE(pg.AllReduce({nc})->Wait(kWait),
-              absl::StatusCode::kInvalidArgument, "not contiguous");
-  WCHECK_CODE(pg.AllReduce({at::zeros({2}, opts),
-                            at::zeros({2}, opts.dtype(at::kInt))})->Wait(kWait),
-              absl::StatusCode::kInvalidArgument, "dtype");
+  WCHECK_CODE(pg.AllReduce({nc})->Wait(kWait), absl::StatusCode::kInvalidArgument,
+              "not contiguous");
+  WCHECK_CODE(
+      pg.AllReduce({at::zeros({2}, opts), at::zeros({2}, opts.dtype(at::kInt))})->Wait(kWait),
+      absl::StatusCode::kInvalidArgument, "dtype");
   WCHECK_CODE(pg.Broadcast({at::zeros({2}, opts)}, w.world)->Wait(kWait),
               absl::StatusCode::kInvalidArgument, "root");
   WCHECK_CODE(pg.Send(at::zeros({2}, opts), w.rank)->Wait(kWait),
@@ -278,8 +268,7 @@ BATON_SCENARIO(errors) {
   std::vector<at::Tensor> too_many(w.world + 1, at::zeros({2}, opts));
   WCHECK_CODE(pg.AllGather(too_many, at::zeros({2}, opts))->Wait(kWait),
               absl::StatusCode::kInvalidArgument, "output tensors");
-  WCHECK_CODE(pg.AllReduce({})->Wait(kWait), absl::StatusCode::kInvalidArgument,
-              "empty");
+  WCHECK_CODE(pg.AllReduce({})->Wait(kWait), absl::StatusCode::kInvalidArgument, "empty");
   // Still usable after rejected calls (no sequence number was consumed).
   at::Tensor ok = at::ones({3}, opts);
   WCHECK_OK(pg.AllReduce({ok})->Wait(kWait));
@@ -287,8 +276,7 @@ BATON_SCENARIO(errors) {
   // Destroyed group, and a handle to no group.
   WCHECK_OK(pg.Destroy());
   WCHECK_OK(pg.Destroy());  // idempotent
-  WCHECK_CODE(pg.AllReduce({ok})->Wait(kWait),
-              absl::StatusCode::kFailedPrecondition, "destroyed");
+  WCHECK_CODE(pg.AllReduce({ok})->Wait(kWait), absl::StatusCode::kFailedPrecondition, "destroyed");
   ProcessGroup none;
   WCHECK_CODE(none.Barrier()->Wait(kWait), absl::StatusCode::kFailedPrecondition,
               "not initialised");
@@ -311,8 +299,7 @@ BATON_SCENARIO(subgroups) {
   at::Tensor t = at::full({4}, w.rank + 1.0, opts);
   if (w.rank == 1) {
     WCHECK(!even->is_member() && even->rank() == -1);
-    WCHECK_CODE(even->AllReduce({t})->Wait(kWait),
-                absl::StatusCode::kFailedPrecondition,
+    WCHECK_CODE(even->AllReduce({t})->Wait(kWait), absl::StatusCode::kFailedPrecondition,
                 "is not a member of the group (ranks [0, 2])");
     WCHECK(odd->is_member() && odd->size() == 1);
     WCHECK_OK(odd->AllReduce({t})->Wait(kWait));
@@ -323,8 +310,7 @@ BATON_SCENARIO(subgroups) {
     WCHECK_OK(even->AllReduce({t})->Wait(kWait));
     WCHECK(AllEqual(t, 4));
     WCHECK_OK(even->Broadcast({t}, 1)->Wait(kWait));  // group rank 1 = global 2
-    WCHECK_CODE(odd->Barrier()->Wait(kWait), absl::StatusCode::kFailedPrecondition,
-                "not a member");
+    WCHECK_CODE(odd->Barrier()->Wait(kWait), absl::StatusCode::kFailedPrecondition, "not a member");
   }
   // The world group still works alongside.
   at::Tensor all = at::ones({2}, opts);
@@ -343,8 +329,7 @@ BATON_SCENARIO(fingerprint_mismatch) {
   const auto opts = at::TensorOptions().device(w.device());
   at::Tensor t = at::ones({4}, opts);
   WCHECK_OK(pg.AllReduce({t})->Wait(kWait));  // agreement passes
-  absl::Status s = w.rank == 0 ? pg.AllReduce({t})->Wait(kWait)
-                               : pg.Broadcast({t}, 0)->Wait(kWait);
+  absl::Status s = w.rank == 0 ? pg.AllReduce({t})->Wait(kWait) : pg.Broadcast({t}, 0)->Wait(kWait);
   WCHECK_CODE(s, absl::StatusCode::kFailedPrecondition, "ranks disagree");
   WCHECK(absl::StrContains(s.message(), "called broadcast(root=0) float32[4]"));
   WCHECK(absl::StrContains(s.message(), "called all_reduce(sum) float32[4]"));
@@ -368,31 +353,27 @@ BATON_SCENARIO(timeout_names_missing) {
   WCHECK_OK(pg.AllReduce({t})->Wait(kWait));
   if (w.rank != 2) {
     absl::Status s = pg.AllReduce({t})->Wait(kWait);
-    WCHECK_CODE(s, absl::StatusCode::kDeadlineExceeded,
-                "all_reduce #1 on group 'default'");
+    WCHECK_CODE(s, absl::StatusCode::kDeadlineExceeded, "all_reduce #1 on group 'default'");
     WCHECK(absl::StrContains(s.message(), "ranks [2] never arrived"));
     // The group is aborted now: fail fast.
-    WCHECK_CODE(pg.Barrier()->Wait(absl::Seconds(5)),
-                absl::StatusCode::kFailedPrecondition, "aborted");
+    WCHECK_CODE(pg.Barrier()->Wait(absl::Seconds(5)), absl::StatusCode::kFailedPrecondition,
+                "aborted");
   }
   // Work::Wait itself is bounded too.
   w.Finish();
   return 0;
 }
 
-class CollectiveSuite
-    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class CollectiveSuite : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 void Expect(const std::string& scenario, const std::string& backend, int world,
             std::map<std::string, std::string> env = {}) {
   const std::string why = WhyUnavailable(backend, world);
   if (!why.empty()) GTEST_SKIP() << "skipped: " << why;
   for (const auto& [k, v] : BackendEnv(backend)) env[k] = v;
-  const std::vector<WorkerResult> results =
-      RunWorkers(scenario, world, absl::Seconds(120), env);
+  const std::vector<WorkerResult> results = RunWorkers(scenario, world, absl::Seconds(120), env);
   for (const WorkerResult& r : results) {
-    ASSERT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out)
-        << Describe(results);
+    ASSERT_TRUE(r.exit_code == 0 && r.signal == 0 && !r.timed_out) << Describe(results);
   }
 }
 
@@ -413,8 +394,7 @@ TEST_P(CollectiveSuite, Subgroups) {
 
 TEST_P(CollectiveSuite, DebugFingerprintReportsMismatch) {
   if (std::get<1>(GetParam()) != 2) GTEST_SKIP() << "runs with 2 ranks only";
-  Expect("fingerprint_mismatch", std::get<0>(GetParam()), 2,
-         {{"BATON_COMM_DEBUG", "1"}});
+  Expect("fingerprint_mismatch", std::get<0>(GetParam()), 2, {{"BATON_COMM_DEBUG", "1"}});
 }
 
 TEST_P(CollectiveSuite, TimeoutNamesMissingRanks) {
@@ -422,14 +402,13 @@ TEST_P(CollectiveSuite, TimeoutNamesMissingRanks) {
   Expect("timeout_names_missing", std::get<0>(GetParam()), 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, CollectiveSuite,
-    ::testing::Combine(::testing::ValuesIn(CompiledBackends()),
-                       ::testing::Values(1, 2, 3)),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param), "_world",
-                          std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveSuite,
+                         ::testing::Combine(::testing::ValuesIn(CompiledBackends()),
+                                            ::testing::Values(1, 2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_world",
+                                               std::get<1>(info.param));
+                         });
 
 #ifndef BATON_TEST_WITHOUT_GLOO
 // Ranks on one host all-reduce through shared memory
@@ -494,8 +473,8 @@ TEST(NcclErrors, CarryNcclsDescriptionOfTheLastError) {
   ASSERT_NE(r, ncclSuccess);
   const absl::Status s = internal::NcclStatus(r, "ncclCommInitRank");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  const std::string head = absl::StrCat("ncclCommInitRank: NCCL error ", static_cast<int>(r),
-                                        " (", ncclGetErrorString(r), "): ");
+  const std::string head = absl::StrCat("ncclCommInitRank: NCCL error ", static_cast<int>(r), " (",
+                                        ncclGetErrorString(r), "): ");
   EXPECT_TRUE(absl::StartsWith(s.message(), head)) << s;
   EXPECT_GT(s.message().size(), head.size()) << s;
   std::printf("NCCL's error, as a status: %s\n", s.ToString().c_str());
@@ -510,8 +489,7 @@ TEST(ProcessGroupLocal, SingleRankAndArgumentChecks) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ProcessGroup::Create(nullptr, 0, 1, GlooBackendFactory()).status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<ProcessGroup> pg =
-      ProcessGroup::Create(store, 0, 1, GlooBackendFactory());
+  absl::StatusOr<ProcessGroup> pg = ProcessGroup::Create(store, 0, 1, GlooBackendFactory());
   ASSERT_TRUE(pg.ok()) << pg.status();
   at::Tensor t = at::full({3}, 2.0);
   ASSERT_TRUE(pg->AllReduce({t}, ReduceOp::kProduct)->Wait(kWait).ok());

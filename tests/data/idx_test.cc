@@ -32,17 +32,15 @@ using Bytes = std::vector<uint8_t>;
 // A fresh directory for the running test under $TEST_TMPDIR.
 std::string TestDir() {
   const char* root = std::getenv("TEST_TMPDIR");
-  const testing::TestInfo* info =
-      testing::UnitTest::GetInstance()->current_test_info();
-  std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" +
-                    info->test_suite_name() + "." + info->name();
+  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + info->test_suite_name() +
+                    "." + info->name();
   ::mkdir(dir.c_str(), 0755);
   return dir;
 }
 
 // The IDX encoding: magic 00 00 <type> <rank>, big-endian dims, then data.
-Bytes Idx(const std::vector<uint32_t>& dims, const Bytes& data,
-          uint8_t type = kIdxTypeUint8) {
+Bytes Idx(const std::vector<uint32_t>& dims, const Bytes& data, uint8_t type = kIdxTypeUint8) {
   Bytes out = {0, 0, type, static_cast<uint8_t>(dims.size())};
   for (uint32_t d : dims) {
     out.push_back(static_cast<uint8_t>(d >> 24));
@@ -78,11 +76,10 @@ void WritePlain(const std::string& path, const Bytes& bytes) {
 }
 
 // Expects `status` to have `code` and a message naming `path` and `what`.
-void ExpectError(const absl::Status& status, absl::StatusCode code,
-                 const std::string& path, const std::string& what) {
+void ExpectError(const absl::Status& status, absl::StatusCode code, const std::string& path,
+                 const std::string& what) {
   EXPECT_EQ(status.code(), code) << status;
-  EXPECT_THAT(std::string(status.message()),
-              AllOf(HasSubstr(path), HasSubstr(what)));
+  EXPECT_THAT(std::string(status.message()), AllOf(HasSubstr(path), HasSubstr(what)));
 }
 
 // Peak resident memory of this process, in bytes.
@@ -145,29 +142,25 @@ TEST(IdxReader, EmptyArrayIsValid) {
 
 TEST(IdxReader, MissingFileIsNotFound) {
   const std::string path = TestDir() + "/no-such-file.gz";
-  ExpectError(ReadIdxUint8(path, 1).status(), absl::StatusCode::kNotFound, path,
-              "cannot open");
+  ExpectError(ReadIdxUint8(path, 1).status(), absl::StatusCode::kNotFound, path, "cannot open");
 }
 
 TEST(IdxReader, DirectoryIsInvalidArgument) {
   const std::string dir = TestDir();
-  ExpectError(ReadIdxUint8(dir, 1).status(), absl::StatusCode::kInvalidArgument,
-              dir, "is a directory");
+  ExpectError(ReadIdxUint8(dir, 1).status(), absl::StatusCode::kInvalidArgument, dir,
+              "is a directory");
 }
 
 TEST(IdxReader, BadArgumentsAreInvalidArgument) {
   const std::string path = TestDir() + "/labels.gz";
   WriteGz(path, Idx({1}, {0}));
-  EXPECT_EQ(ReadIdxUint8("", 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  ExpectError(ReadIdxUint8(path, 0).status(),
-              absl::StatusCode::kInvalidArgument, path, "rank");
-  ExpectError(ReadIdxUint8(path, 256).status(),
-              absl::StatusCode::kInvalidArgument, path, "rank");
+  EXPECT_EQ(ReadIdxUint8("", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  ExpectError(ReadIdxUint8(path, 0).status(), absl::StatusCode::kInvalidArgument, path, "rank");
+  ExpectError(ReadIdxUint8(path, 256).status(), absl::StatusCode::kInvalidArgument, path, "rank");
   IdxReadOptions options;
   options.max_bytes = 0;
-  ExpectError(ReadIdxUint8(path, 1, options).status(),
-              absl::StatusCode::kInvalidArgument, path, "max_bytes");
+  ExpectError(ReadIdxUint8(path, 1, options).status(), absl::StatusCode::kInvalidArgument, path,
+              "max_bytes");
 }
 
 TEST(IdxReader, EmptyFileIsTruncatedHeader) {
@@ -199,8 +192,7 @@ TEST(IdxReader, TruncatedData) {
   WriteGz(path, Idx({60000, 28, 28}, Iota(1200)));
   IdxReadOptions options;
   options.noun = "images";
-  ExpectError(ReadIdxUint8(path, 3, options).status(),
-              absl::StatusCode::kDataLoss, path,
+  ExpectError(ReadIdxUint8(path, 3, options).status(), absl::StatusCode::kDataLoss, path,
               "truncated: header declares 60000x28x28 images (47040000 "
               "bytes) but the file holds only 1200 bytes");
 }
@@ -295,8 +287,7 @@ TEST(IdxReader, EnormousDeclaredSizeIsRejectedWithoutAllocating) {
   options.max_bytes = 8;
   const std::string small = dir + "/small.gz";
   WriteGz(small, Idx({3, 3}, Iota(9)));
-  ExpectError(ReadIdxUint8(small, 2, options).status(),
-              absl::StatusCode::kDataLoss, small,
+  ExpectError(ReadIdxUint8(small, 2, options).status(), absl::StatusCode::kDataLoss, small,
               "(9 bytes), above the limit of 8 bytes");
 
   EXPECT_LT(PeakRssBytes() - peak_before, int64_t{64} << 20);
@@ -306,10 +297,8 @@ TEST(IdxReader, EnormousDeclaredSizeIsRejectedWithoutAllocating) {
 
 // Writes one split's two files into `dir` (`prefix` is "train" or "t10k").
 void WriteSplit(const std::string& dir, const std::string& prefix,
-                const std::vector<uint32_t>& image_dims, const Bytes& pixels,
-                const Bytes& labels) {
-  WriteGz(dir + "/" + prefix + "-images-idx3-ubyte.gz",
-          Idx(image_dims, pixels));
+                const std::vector<uint32_t>& image_dims, const Bytes& pixels, const Bytes& labels) {
+  WriteGz(dir + "/" + prefix + "-images-idx3-ubyte.gz", Idx(image_dims, pixels));
   WriteGz(dir + "/" + prefix + "-labels-idx1-ubyte.gz",
           Idx({static_cast<uint32_t>(labels.size())}, labels));
 }
@@ -323,13 +312,11 @@ TEST(FashionMnist, LoadsSmallSplitNormalized) {
   ASSERT_EQ(split->images.sizes(), (std::vector<int64_t>{3, 784}));
   ASSERT_EQ(split->images.scalar_type(), torch::kFloat32);
   ASSERT_EQ(split->labels.scalar_type(), torch::kInt64);
-  EXPECT_TRUE(
-      torch::equal(split->labels, torch::tensor({9, 0, 4}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(split->labels, torch::tensor({9, 0, 4}, torch::kInt64)));
   auto images = split->images.accessor<float, 2>();
   for (int64_t i = 0; i < 3; ++i) {
     for (int64_t j = 0; j < 784; ++j) {
-      const double expected =
-          (pixels[i * 784 + j] / 255.0 - kFashionMnistMean) / kFashionMnistStd;
+      const double expected = (pixels[i * 784 + j] / 255.0 - kFashionMnistMean) / kFashionMnistStd;
       ASSERT_NEAR(images[i][j], expected, 1e-5) << i << "," << j;
     }
   }
@@ -342,9 +329,8 @@ TEST(FashionMnist, TestSplitReadsT10kFiles) {
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(split->images.size(0), 2);
   // No train files were written.
-  ExpectError(LoadFashionMnist(dir, /*train=*/true).status(),
-              absl::StatusCode::kNotFound, dir + "/train-images-idx3-ubyte.gz",
-              "cannot open");
+  ExpectError(LoadFashionMnist(dir, /*train=*/true).status(), absl::StatusCode::kNotFound,
+              dir + "/train-images-idx3-ubyte.gz", "cannot open");
 }
 
 TEST(FashionMnist, CountMismatchNamesBothFiles) {
@@ -352,31 +338,27 @@ TEST(FashionMnist, CountMismatchNamesBothFiles) {
   WriteSplit(dir, "train", {3, 28, 28}, Iota(3 * 784), {1, 2});
   const absl::Status status = LoadFashionMnist(dir, true).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_THAT(
-      std::string(status.message()),
-      AllOf(HasSubstr(dir + "/train-images-idx3-ubyte.gz holds 3 images"),
-            HasSubstr(dir + "/train-labels-idx1-ubyte.gz holds 2 labels")));
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr(dir + "/train-images-idx3-ubyte.gz holds 3 images"),
+                    HasSubstr(dir + "/train-labels-idx1-ubyte.gz holds 2 labels")));
 }
 
 TEST(FashionMnist, WrongImageSizeIsDataLoss) {
   const std::string dir = TestDir();
   WriteSplit(dir, "train", {2, 27, 28}, Iota(2 * 27 * 28), {1, 2});
   ExpectError(LoadFashionMnist(dir, true).status(), absl::StatusCode::kDataLoss,
-              dir + "/train-images-idx3-ubyte.gz",
-              "images are 27x28 pixels, expected 28x28");
+              dir + "/train-images-idx3-ubyte.gz", "images are 27x28 pixels, expected 28x28");
 }
 
 TEST(FashionMnist, LabelOutOfRangeIsDataLoss) {
   const std::string dir = TestDir();
   WriteSplit(dir, "train", {2, 28, 28}, Iota(2 * 784), {1, 10});
   ExpectError(LoadFashionMnist(dir, true).status(), absl::StatusCode::kDataLoss,
-              dir + "/train-labels-idx1-ubyte.gz",
-              "label 1 is 10, outside 0..9");
+              dir + "/train-labels-idx1-ubyte.gz", "label 1 is 10, outside 0..9");
 }
 
 TEST(FashionMnist, EmptyDirIsInvalidArgument) {
-  EXPECT_EQ(LoadFashionMnist("", true).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadFashionMnist("", true).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FashionMnist, DirComesFromEnvironment) {

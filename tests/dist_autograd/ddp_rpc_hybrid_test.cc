@@ -124,9 +124,8 @@ BATON_SCENARIO(hybrid) {
       params = agent.rpc_sync(2, layer_params_fn, layer);
     }
     for (const auto& p : head->parameters()) params.push_back(rref::MakeOwned(agent, p));
-    auto opt = dist_optim::DistributedOptimizer::Create(agent,
-                                                        dist_optim::OptimizerOptions::SGD(kLr),
-                                                        params);
+    auto opt = dist_optim::DistributedOptimizer::Create(
+        agent, dist_optim::OptimizerOptions::SGD(kLr), params);
     WCHECK_OK(opt.status());
     for (int k = 0; k < kSteps; ++k) {
       auto [x, y] = Batch(k, rank);
@@ -145,8 +144,8 @@ BATON_SCENARIO(hybrid) {
       for (size_t i = 0; i < mine.size(); ++i) {
         std::vector<at::Tensor> all = {torch::empty_like(mine[i]), torch::empty_like(mine[i])};
         WCHECK_OK(pg->AllGather(all, mine[i])->Wait(absl::Seconds(30)));
-        const at::Tensor avg = dist_autograd::GetGradient(agent, ctx.id(),
-                                                          head->parameters()[i]).value();
+        const at::Tensor avg =
+            dist_autograd::GetGradient(agent, ctx.id(), head->parameters()[i]).value();
         WCHECK(MaxDiff(avg, (all[0] + all[1]) / 2) < 1e-12);
       }
       // Both trainers computed with the same remote weights; now both step.

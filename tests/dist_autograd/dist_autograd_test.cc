@@ -17,21 +17,21 @@
 #include "dist_autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
-#include "testing/eventually.h"
 
 namespace baton::dist_autograd {
 namespace {
 
+using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
+using baton::testing::RunWorkers;
 using rpc::CallContext;
 using rpc::Function;
 using rpc::FunctionRegistry;
 using rpc::RpcAgent;
 using rref::RRef;
-using baton::testing::Describe;
-using baton::testing::ExpectAllSucceeded;
-using baton::testing::RunWorkers;
 
 // ---- The computations, each usable locally (reference) and remotely ----
 
@@ -59,9 +59,9 @@ class RemoteLinear {
 RpcAgent* g_agent = nullptr;  // this worker's agent, for remote-object methods
 
 std::vector<at::Tensor> RemoteLinear::grads(int64_t context_id) {
-    auto g = GetGradients(*g_agent, context_id);
-    if (!g.ok()) throw Error(g.status());
-    return {g->Get(w_), g->Get(b_)};
+  auto g = GetGradients(*g_agent, context_id);
+  if (!g.ok()) throw Error(g.status());
+  return {g->Get(w_), g->Get(b_)};
 }
 
 const Function<at::Tensor(at::Tensor, at::Tensor)> mm_fn("mm");
@@ -107,9 +107,7 @@ Worker Start(absl::Duration shutdown_timeout = absl::Seconds(30)) {
   });
   (void)r.Register(failing_backward_fn, [](at::Tensor x) {
     at::Tensor y = x * 2;
-    y.register_hook([](at::Tensor) -> at::Tensor {
-      throw std::runtime_error("boom in backward");
-    });
+    y.register_hook([](at::Tensor) -> at::Tensor { throw std::runtime_error("boom in backward"); });
     return y * 1;
   });
   (void)r.Register(no_grad_fn, [](at::Tensor x) {
@@ -136,9 +134,8 @@ Worker Start(absl::Duration shutdown_timeout = absl::Seconds(30)) {
   w.agent = *std::move(agent);
   w.rrefs->Attach(w.agent.get());
   g_agent = w.agent.get();
-  (void)r.Register(live_fn, [a = w.agent.get()] {
-    return static_cast<int64_t>(LiveContexts(*a).size());
-  });
+  (void)r.Register(live_fn,
+                   [a = w.agent.get()] { return static_cast<int64_t>(LiveContexts(*a).size()); });
   return w;
 }
 

@@ -18,13 +18,13 @@
 namespace baton::dist_optim {
 namespace {
 
+using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
+using baton::testing::RunWorkers;
 using rpc::CallContext;
 using rpc::Function;
 using rpc::RpcAgent;
 using rref::RRef;
-using baton::testing::Describe;
-using baton::testing::ExpectAllSucceeded;
-using baton::testing::RunWorkers;
 
 // Parameters held on their owner, like a remote module's.
 class ParamHolder {
@@ -80,13 +80,15 @@ Worker Start() {
       .Constructor<int64_t, int64_t>()
       .Method("values", &ParamHolder::values)
       .Method("set", &ParamHolder::set);
-  (void)r.Register(part_fn, [](Holder h, at::Tensor x) { return Part(h.local_value()->params(), x); });
+  (void)r.Register(part_fn,
+                   [](Holder h, at::Tensor x) { return Part(h.local_value()->params(), x); });
   (void)r.Register(params_fn, [](const CallContext& ctx, Holder h) {
     ParamRefs out;
     for (const auto& p : h.local_value()->params()) out.push_back(rref::MakeOwned(*ctx.agent, p));
     return out;
   });
-  (void)r.Register(first_fn, [](Holder h) { return h.local_value()->params()[0].detach().clone(); });
+  (void)r.Register(first_fn,
+                   [](Holder h) { return h.local_value()->params()[0].detach().clone(); });
   (void)r.Register(sum_first_fn, [](Holder h) { return h.local_value()->params()[0].sum(); });
   (void)r.Register(ints_fn, [](int64_t n) { return at::arange(n); });
   auto opts = rpc::AgentOptions::FromEnv("w");
@@ -111,19 +113,23 @@ std::unique_ptr<torch::optim::Optimizer> Reference(const OptimizerOptions& o,
   using namespace torch::optim;  // NOLINT
   switch (o.kind) {
     case OptimizerKind::kSGD:
-      return std::make_unique<SGD>(ps, SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov)
-                                           .dampening(o.dampening).weight_decay(o.weight_decay));
+      return std::make_unique<SGD>(ps, SGDOptions(o.lr)
+                                           .momentum(o.momentum)
+                                           .nesterov(o.nesterov)
+                                           .dampening(o.dampening)
+                                           .weight_decay(o.weight_decay));
     case OptimizerKind::kAdam:
-      return std::make_unique<Adam>(ps, AdamOptions(o.lr).weight_decay(o.weight_decay)
-                                            .amsgrad(o.amsgrad));
+      return std::make_unique<Adam>(
+          ps, AdamOptions(o.lr).weight_decay(o.weight_decay).amsgrad(o.amsgrad));
     case OptimizerKind::kAdamW:
-      return std::make_unique<AdamW>(ps, AdamWOptions(o.lr).weight_decay(o.weight_decay)
-                                             .amsgrad(o.amsgrad));
+      return std::make_unique<AdamW>(
+          ps, AdamWOptions(o.lr).weight_decay(o.weight_decay).amsgrad(o.amsgrad));
     case OptimizerKind::kAdagrad:
-      return std::make_unique<Adagrad>(ps, AdagradOptions(o.lr).lr_decay(o.lr_decay)
-                                               .weight_decay(o.weight_decay));
+      return std::make_unique<Adagrad>(
+          ps, AdagradOptions(o.lr).lr_decay(o.lr_decay).weight_decay(o.weight_decay));
     case OptimizerKind::kRMSprop:
-      return std::make_unique<RMSprop>(ps, RMSpropOptions(o.lr).momentum(o.momentum)
+      return std::make_unique<RMSprop>(ps, RMSpropOptions(o.lr)
+                                               .momentum(o.momentum)
                                                .centered(o.centered)
                                                .weight_decay(o.weight_decay));
   }
@@ -211,8 +217,8 @@ BATON_SCENARIO(concurrent_trainers) {
         trainers.emplace_back([&agent, &params, &h, mode] {
           DistributedOptimizer::Settings settings;
           settings.mode = mode;
-          auto opt = DistributedOptimizer::Create(agent, OptimizerOptions::SGD(1.0),
-                                                  {params[0]}, settings);
+          auto opt = DistributedOptimizer::Create(agent, OptimizerOptions::SGD(1.0), {params[0]},
+                                                  settings);
           WCHECK_OK(opt.status());
           for (int i = 0; i < 25; ++i) {
             dist_autograd::Context ctx(agent);
@@ -279,8 +285,9 @@ BATON_SCENARIO(save_and_load) {
     s = (*opt_b)->LoadState({{"w1", "garbage"}});
     WCHECK(s.code() == absl::StatusCode::kDataLoss && absl::StrContains(s.message(), "'w1'"));
     OptimizerOptions bad = OptimizerOptions::SGD(-1);
-    WCHECK(DistributedOptimizer::Create(agent, bad, agent.rpc_sync(1, params_fn, b))
-               .status().code() == absl::StatusCode::kInvalidArgument);
+    WCHECK(
+        DistributedOptimizer::Create(agent, bad, agent.rpc_sync(1, params_fn, b)).status().code() ==
+        absl::StatusCode::kInvalidArgument);
     WCHECK(DistributedOptimizer::Create(agent, OptimizerOptions::SGD(0.1), {}).status().code() ==
            absl::StatusCode::kInvalidArgument);
     // An integer "parameter" fails on its owner, naming it.

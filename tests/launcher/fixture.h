@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -26,17 +26,14 @@ class LauncherTest : public ::testing::Test {
   }
   void TearDown() override {
     std::vector<pid_t> left = KillMarked(marker_);
-    EXPECT_TRUE(left.empty()) << "processes survived SIGKILL: "
-                              << absl::StrJoin(left, ", ");
+    EXPECT_TRUE(left.empty()) << "processes survived SIGKILL: " << absl::StrJoin(left, ", ");
   }
   // baton-run arguments that every test uses, then the worker command.
-  std::vector<std::string> Args(std::vector<std::string> flags,
-                                const std::string& mode,
+  std::vector<std::string> Args(std::vector<std::string> flags, const std::string& mode,
                                 const std::string& arg = "") {
     // Defaults first: a flag given twice takes the last value.
-    flags.insert(flags.begin(), {"--monitor_interval", "0.05",
-                                 "--stop_timeout", "2", "--rdzv_timeout",
-                                 "20"});
+    flags.insert(flags.begin(),
+                 {"--monitor_interval", "0.05", "--stop_timeout", "2", "--rdzv_timeout", "20"});
     flags.push_back(WorkerScriptPath());
     flags.push_back(mode);
     flags.push_back(out_);

@@ -47,8 +47,7 @@ bool FileExists(const std::string& path) {
 
 std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
   std::map<std::string, std::string> out;
-  for (absl::string_view line :
-       absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
     size_t eq = line.find('=');
     if (eq == absl::string_view::npos) continue;
     out[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
@@ -91,8 +90,7 @@ std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
     if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
     std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
     size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat.size() ||
-        stat[paren + 2] == 'Z') {
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') {
       continue;
     }
     std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
@@ -123,13 +121,11 @@ std::vector<pid_t> KillMarked(const std::string& marker) {
 
 std::string NewMarker() {
   static std::atomic<int> counter{0};
-  return absl::StrCat("t", ::getpid(), "_", counter++, "_",
-                      absl::ToUnixMicros(absl::Now()));
+  return absl::StrCat("t", ::getpid(), "_", counter++, "_", absl::ToUnixMicros(absl::Now()));
 }
 
 Launcher::Launcher(const std::string& marker, std::vector<std::string> args,
-                   std::map<std::string, std::string> extra_env,
-                   std::vector<std::string> prefix) {
+                   std::map<std::string, std::string> extra_env, std::vector<std::string> prefix) {
   output_path_ = absl::StrCat(MakeTempDir("launcher-output"), "/output.txt");
   std::vector<std::string> argv = prefix;
   argv.push_back(BatonRunPath());
@@ -137,8 +133,7 @@ Launcher::Launcher(const std::string& marker, std::vector<std::string> args,
   extra_env["BATON_TEST_MARKER"] = marker;
   // baton-run's private temporary directory: inside the test's, so that a
   // SIGKILLed launcher leaves nothing in /tmp.
-  if (const char* tmp = std::getenv("TEST_TMPDIR");
-      tmp != nullptr && !extra_env.count("TMPDIR")) {
+  if (const char* tmp = std::getenv("TEST_TMPDIR"); tmp != nullptr && !extra_env.count("TMPDIR")) {
     extra_env["TMPDIR"] = tmp;
   }
   std::vector<std::string> env;

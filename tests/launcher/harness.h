@@ -46,8 +46,7 @@ class Launcher {
  public:
   // `prefix` runs before baton-run (e.g. {"ip", "netns", "exec", "ns0"}).
   Launcher(const std::string& marker, std::vector<std::string> args,
-           std::map<std::string, std::string> extra_env = {},
-           std::vector<std::string> prefix = {});
+           std::map<std::string, std::string> extra_env = {}, std::vector<std::string> prefix = {});
   ~Launcher();
 
   pid_t pid() const { return pid_; }

@@ -23,15 +23,14 @@ constexpr char kToken[] = "multi-node-test-token-0123456789";
 
 class MultiNodeTest : public LauncherTest {
  protected:
-  std::unique_ptr<Launcher> Node(const std::string& nnodes, int node_rank,
-                                 const std::string& mode,
-                                 std::vector<std::string> extra = {},
-                                 const std::string& arg = "") {
-    std::vector<std::string> flags = {
-        "--nnodes", nnodes, "--node_rank", absl::StrCat(node_rank),
-        "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", absl::StrCat(master_port_), "--rdzv_port",
-        absl::StrCat(rdzv_port_)};
+  std::unique_ptr<Launcher> Node(const std::string& nnodes, int node_rank, const std::string& mode,
+                                 std::vector<std::string> extra = {}, const std::string& arg = "") {
+    std::vector<std::string> flags = {"--nnodes",         nnodes,
+                                      "--node_rank",      absl::StrCat(node_rank),
+                                      "--nproc_per_node", "2",
+                                      "--master_addr",    "127.0.0.1",
+                                      "--master_port",    absl::StrCat(master_port_),
+                                      "--rdzv_port",      absl::StrCat(rdzv_port_)};
     flags.insert(flags.end(), extra.begin(), extra.end());
     return std::make_unique<Launcher>(marker_, Args(flags, mode, arg), env_);
   }
@@ -124,8 +123,9 @@ TEST_F(MultiNodeTest, TokenFromAFileOnEveryNode) {
 TEST_F(MultiNodeTest, MutualTlsBetweenNodesAndItsFilesReachTheWorkers) {
   const std::string certs = Certificates();
   ASSERT_FALSE(certs.empty());
-  const std::vector<std::string> tls = {"--tls_ca", certs + "/ca.pem", "--tls_cert",
-                                        certs + "/node.pem", "--tls_key", certs + "/node.key"};
+  const std::vector<std::string> tls = {"--tls_ca",   certs + "/ca.pem",
+                                        "--tls_cert", certs + "/node.pem",
+                                        "--tls_key",  certs + "/node.key"};
   auto n0 = Node("2", 0, "env", tls);
   auto n1 = Node("2", 1, "env", tls);
   ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
@@ -143,10 +143,10 @@ TEST_F(MultiNodeTest, NodeWithoutTheJobsCertificateCannotJoin) {
   auto n0 = Node("2", 0, "env",
                  {"--rdzv_timeout", "4", "--tls_ca", certs + "/ca.pem", "--tls_cert",
                   certs + "/node.pem", "--tls_key", certs + "/node.key"});
-  auto rogue = Node("2", 1, "env",
-                    {"--rdzv_timeout", "4", "--heartbeat_timeout", "4", "--tls_ca",
-                     certs + "/other/ca.pem", "--tls_cert", certs + "/other/rogue.pem",
-                     "--tls_key", certs + "/other/rogue.key"});
+  auto rogue =
+      Node("2", 1, "env",
+           {"--rdzv_timeout", "4", "--heartbeat_timeout", "4", "--tls_ca", certs + "/other/ca.pem",
+            "--tls_cert", certs + "/other/rogue.pem", "--tls_key", certs + "/other/rogue.key"});
   EXPECT_NE(rogue->Wait(kJobTimeout), 0);
   EXPECT_NE(n0->Wait(kJobTimeout), 0);  // no second node ever arrived
   EXPECT_TRUE(ProcessesWithMarker(marker_).empty());
@@ -205,16 +205,13 @@ TEST_F(MultiNodeTest, SigtermOnTheMasterStopsEveryNode) {
 }
 
 TEST_F(MultiNodeTest, ElasticJobLosesANodeAndContinuesSmaller) {
-  const std::vector<std::string> elastic = {
-      "--heartbeat_timeout", "2", "--rdzv_last_call", "1"};
+  const std::vector<std::string> elastic = {"--heartbeat_timeout", "2", "--rdzv_last_call", "1"};
   // Workers succeed once the world is down to 2 nodes x 2 workers.
   auto n0 = Node("2:3", 0, "elastic", elastic, "4");
   auto n1 = Node("2:3", 1, "elastic", elastic, "4");
   auto n2 = Node("2:3", 2, "elastic", elastic, "4");
   for (int r = 0; r < 6; ++r) {
-    ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r, ".6"),
-                            kJobTimeout))
-        << n0->Output();
+    ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r, ".6"), kJobTimeout)) << n0->Output();
   }
   // Node 2 dies without a word; its workers die with it (PDEATHSIG).
   ::kill(n2->pid(), SIGKILL);
@@ -234,13 +231,14 @@ TEST_F(MultiNodeTest, ElasticJobLosesANodeAndContinuesSmaller) {
 TEST_F(MultiNodeTest, ElasticJobGrowsWhenANodeJoins) {
   const std::vector<std::string> elastic = {"--rdzv_last_call", "0.5"};
   auto n0 = Node("1:2", 0, "elastic", elastic, "4");
-  ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.0.2"), kJobTimeout))
-      << n0->Output();
+  ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.0.2"), kJobTimeout)) << n0->Output();
   // A node without --node_rank joins the running job.
-  std::vector<std::string> flags = {
-      "--nnodes", "1:2", "--nproc_per_node", "2", "--master_addr",
-      "127.0.0.1", "--master_port", absl::StrCat(master_port_),
-      "--rdzv_port", absl::StrCat(rdzv_port_), "--rdzv_last_call", "0.5"};
+  std::vector<std::string> flags = {"--nnodes",         "1:2",
+                                    "--nproc_per_node", "2",
+                                    "--master_addr",    "127.0.0.1",
+                                    "--master_port",    absl::StrCat(master_port_),
+                                    "--rdzv_port",      absl::StrCat(rdzv_port_),
+                                    "--rdzv_last_call", "0.5"};
   Launcher n1(marker_, Args(flags, "elastic", "4"), env_);
   ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
   ASSERT_EQ(n1.Wait(kJobTimeout), 0) << n1.Output();

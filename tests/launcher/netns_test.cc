@@ -65,10 +65,12 @@ TEST_F(NetnsTest, TwoNodesWithTheirOwnAddresses) {
   const int port = 29600, rdzv = 29601;  // Fresh namespaces: all ports free.
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> flags = {
-        "--nnodes", "2", "--node_rank", absl::StrCat(n), "--nproc_per_node",
-        "2", "--master_addr", addr_[0], "--master_port", absl::StrCat(port),
-        "--rdzv_port", absl::StrCat(rdzv)};
+    std::vector<std::string> flags = {"--nnodes",         "2",
+                                      "--node_rank",      absl::StrCat(n),
+                                      "--nproc_per_node", "2",
+                                      "--master_addr",    addr_[0],
+                                      "--master_port",    absl::StrCat(port),
+                                      "--rdzv_port",      absl::StrCat(rdzv)};
     nodes.push_back(std::make_unique<Launcher>(
         marker_, Args(flags, "env"),
         std::map<std::string, std::string>{{"BATON_JOB_TOKEN", "netns-test-token-0123456789"}},

@@ -16,8 +16,8 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
 
 TEST_F(LauncherTest, EveryWorkerGetsItsEnvironment) {
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "3",
-                            "--run_id", "envtest", "--max_restarts", "4"},
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "3", "--run_id", "envtest",
+                            "--max_restarts", "4"},
                            "env"));
   ASSERT_EQ(l.Wait(kJobTimeout), 0) << l.Output();
   std::string port, token;
@@ -56,8 +56,7 @@ TEST_F(LauncherTest, EveryWorkerGetsItsEnvironment) {
 TEST_F(LauncherTest, JobTokenAndPortsComeFromTheLauncher) {
   const int port = FreePort();
   Launcher l(marker_,
-             Args({"--nproc_per_node", "2", "--master_port",
-                   absl::StrCat(port), "--rdzv_port",
+             Args({"--nproc_per_node", "2", "--master_port", absl::StrCat(port), "--rdzv_port",
                    absl::StrCat(FreePort())},
                   "env"),
              {{"BATON_JOB_TOKEN", "secret-token"}});
@@ -70,9 +69,8 @@ TEST_F(LauncherTest, JobTokenAndPortsComeFromTheLauncher) {
 }
 
 TEST_F(LauncherTest, FailsOnceThenSucceedsAfterOneRestart) {
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2",
-                            "--max_restarts", "3"},
-                           "fail_once"));
+  Launcher l(marker_,
+             Args({"--standalone", "--nproc_per_node", "2", "--max_restarts", "3"}, "fail_once"));
   ASSERT_EQ(l.Wait(kJobTimeout), 0) << l.Output();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(Env(r, 0)["BATON_RESTART_COUNT"], "0");
@@ -88,8 +86,8 @@ TEST_F(LauncherTest, FailsOnceThenSucceedsAfterOneRestart) {
 
 TEST_F(LauncherTest, RestartsExhaustedPrintsSummaryAndFails) {
   const std::string logs = MakeTempDir("logs");
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2",
-                            "--max_restarts", "1", "--log_dir", logs},
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+                            "--log_dir", logs},
                            "fail_always"));
   EXPECT_EQ(l.Wait(kJobTimeout), 1);
   const std::string out = l.Output();
@@ -97,7 +95,7 @@ TEST_F(LauncherTest, RestartsExhaustedPrintsSummaryAndFails) {
   EXPECT_THAT(out, HasSubstr("first failure: rank 1 "));
   EXPECT_THAT(out, HasSubstr("reason:        exit code 42"));
   EXPECT_THAT(out, HasSubstr("time:          2"));
-  EXPECT_THAT(out, HasSubstr("planned failure 1"));  // error file
+  EXPECT_THAT(out, HasSubstr("planned failure 1"));                 // error file
   EXPECT_THAT(out, HasSubstr("last words of rank 1 (restart 1)"));  // tail
   EXPECT_THAT(out, HasSubstr(absl::StrCat(logs, "/rank_1.log")));
   // One log per rank, holding both attempts.
@@ -107,9 +105,7 @@ TEST_F(LauncherTest, RestartsExhaustedPrintsSummaryAndFails) {
 }
 
 TEST_F(LauncherTest, TeePrefixesWorkerOutputWithRank) {
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2",
-                            "--tee"},
-                           "fail_once"));
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2", "--tee"}, "fail_once"));
   EXPECT_EQ(l.Wait(kJobTimeout), 1);
   EXPECT_THAT(l.Output(), HasSubstr("[rank 1] rank 1 is failing on purpose"));
 }
@@ -117,8 +113,7 @@ TEST_F(LauncherTest, TeePrefixesWorkerOutputWithRank) {
 void ExpectStopForwarded(LauncherTest* t, Launcher& l, const std::string& out,
                          const std::string& marker, int sig) {
   for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(WaitForFile(absl::StrCat(out, "/ready.", r), kJobTimeout))
-        << l.Output();
+    ASSERT_TRUE(WaitForFile(absl::StrCat(out, "/ready.", r), kJobTimeout)) << l.Output();
   }
   const absl::Time start = absl::Now();
   l.Signal(sig);
@@ -132,8 +127,7 @@ void ExpectStopForwarded(LauncherTest* t, Launcher& l, const std::string& out,
 }
 
 TEST_F(LauncherTest, SigtermIsForwardedThenKilledAndNoOrphanRemains) {
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"},
-                           "sleep_trap"));
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"}, "sleep_trap"));
   ExpectStopForwarded(this, l, out_, marker_, SIGTERM);
 }
 
@@ -141,8 +135,7 @@ TEST_F(LauncherTest, SigintIsForwardedToo) {
   // SIGINT reaches the workers as SIGINT; rank 0 traps only SIGTERM, so it
   // dies of SIGINT, rank 1 as well (bash's default), the grandchildren die
   // with their process group.
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"},
-                           "sleep_trap"));
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"}, "sleep_trap"));
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r), kJobTimeout));
   }
@@ -152,13 +145,12 @@ TEST_F(LauncherTest, SigintIsForwardedToo) {
 }
 
 TEST_F(LauncherTest, KilledLauncherTakesItsWorkersAlong) {
-  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"},
-                           "sleep_trap"));
+  Launcher l(marker_, Args({"--standalone", "--nproc_per_node", "2"}, "sleep_trap"));
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r), kJobTimeout));
   }
-  std::vector<std::string> starts = absl::StrSplit(
-      ReadFile(absl::StrCat(out_, "/starts.default")), '\n', absl::SkipEmpty());
+  std::vector<std::string> starts =
+      absl::StrSplit(ReadFile(absl::StrCat(out_, "/starts.default")), '\n', absl::SkipEmpty());
   ASSERT_EQ(starts.size(), 2u);
   ::kill(l.pid(), SIGKILL);
   EXPECT_EQ(l.Wait(absl::Seconds(10)), 128 + SIGKILL);
@@ -169,8 +161,7 @@ TEST_F(LauncherTest, KilledLauncherTakesItsWorkersAlong) {
     ASSERT_TRUE(absl::SimpleAtoi(f[2], &pid));
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (::kill(pid, 0) == 0 &&
-           ReadFile(absl::StrCat("/proc/", pid, "/stat")).find(") Z") ==
-               std::string::npos &&
+           ReadFile(absl::StrCat("/proc/", pid, "/stat")).find(") Z") == std::string::npos &&
            absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(20));
     }
@@ -192,11 +183,11 @@ TEST_F(LauncherTest, WorkerPolicyRestartsOnlyTheWorkerThatFailed) {
   EXPECT_EQ(Env(1, 1)["BATON_REJOIN"], "1");
   EXPECT_EQ(Env(1, 1)["BATON_RESTART_COUNT"], "1");
   EXPECT_EQ(Env(2, 0)["BATON_REJOIN"], "0");
-  std::vector<std::string> starts = absl::StrSplit(
-      ReadFile(absl::StrCat(out_, "/starts.observer")), '\n', absl::SkipEmpty());
+  std::vector<std::string> starts =
+      absl::StrSplit(ReadFile(absl::StrCat(out_, "/starts.observer")), '\n', absl::SkipEmpty());
   EXPECT_EQ(starts.size(), 3u);
-  std::vector<std::string> agent_starts = absl::StrSplit(
-      ReadFile(absl::StrCat(out_, "/starts.agent")), '\n', absl::SkipEmpty());
+  std::vector<std::string> agent_starts =
+      absl::StrSplit(ReadFile(absl::StrCat(out_, "/starts.agent")), '\n', absl::SkipEmpty());
   EXPECT_EQ(agent_starts.size(), 1u);
 }
 
@@ -209,9 +200,8 @@ TEST_F(LauncherTest, WorkerPolicyEndsTheJobWhenNoRestartIsLeft) {
 }
 
 TEST_F(LauncherTest, RolesGetRanksRoleByRoleAndRestartOnlyTheirRole) {
-  Launcher l(marker_, Args({"--standalone", "--role", "ps:1", "--role",
-                            "trainer:2", "--restart_policy", "trainer=role",
-                            "--max_restarts", "1"},
+  Launcher l(marker_, Args({"--standalone", "--role", "ps:1", "--role", "trainer:2",
+                            "--restart_policy", "trainer=role", "--max_restarts", "1"},
                            "roles"));
   ASSERT_EQ(l.Wait(kJobTimeout), 0) << l.Output();
   auto ps = Env(0, 0);
@@ -237,11 +227,11 @@ TEST_F(LauncherTest, RolesGetRanksRoleByRoleAndRestartOnlyTheirRole) {
   }
   EXPECT_EQ(ps["BATON_REJOIN"], "0");
   // The ps was started once and kept running through the trainers' restart.
-  std::vector<std::string> ps_starts = absl::StrSplit(
-      ReadFile(absl::StrCat(out_, "/starts.ps")), '\n', absl::SkipEmpty());
+  std::vector<std::string> ps_starts =
+      absl::StrSplit(ReadFile(absl::StrCat(out_, "/starts.ps")), '\n', absl::SkipEmpty());
   EXPECT_EQ(ps_starts.size(), 1u);
-  std::vector<std::string> trainer_starts = absl::StrSplit(
-      ReadFile(absl::StrCat(out_, "/starts.trainer")), '\n', absl::SkipEmpty());
+  std::vector<std::string> trainer_starts =
+      absl::StrSplit(ReadFile(absl::StrCat(out_, "/starts.trainer")), '\n', absl::SkipEmpty());
   EXPECT_EQ(trainer_starts.size(), 4u);
 }
 

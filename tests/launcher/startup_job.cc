@@ -112,7 +112,8 @@ int RunCalleeRestart() {
     if (died.ok()) return Fail("die() on rank 1 returned");
     std::printf("rank 0: die() on rank 1 failed as expected: %s\n",
                 died.status().ToString().c_str());
-    auto asked = (*agent)->rpc_async(CallOptions{absl::Seconds(45)}, 2, ask_fn, int64_t{1}).result();
+    auto asked =
+        (*agent)->rpc_async(CallOptions{absl::Seconds(45)}, 2, ask_fn, int64_t{1}).result();
     if (!asked.ok()) return Fail(absl::StrCat("rank 2 -> rank 1: ", asked.status().ToString()));
     if (*asked != 2) return Fail(absl::StrCat("rank 2 reached incarnation ", *asked, " of rank 1"));
     auto after = (*agent)->rpc_async(opts, 1, whoami_fn).result();
@@ -210,8 +211,8 @@ int Run(int argc, char** argv) {
               ? 2
               : 1;
       if (*r != expected) {
-        return Fail(absl::StrCat("rank ", to, " reports incarnation ", *r, ", expected ",
-                                 expected));
+        return Fail(
+            absl::StrCat("rank ", to, " reports incarnation ", *r, ", expected ", expected));
       }
     }
   } else {

@@ -42,10 +42,24 @@ class StartupRestart : public LauncherTest, public ::testing::WithParamInterface
   // case's step on its first start, under `policy`.
   int RunJob(const std::string& policy, int victim, bool all_pairs, std::string* output) {
     std::vector<std::string> args = {
-        "--standalone", "--monitor_interval", "0.05", "--stop_timeout", "2",
-        "--rdzv_timeout", "30", "--role", "head:1", "--role", "w:3",
-        "--restart_policy", "w=" + policy, "--max_restarts", "2", "--tee",
-        StartupJobPath(), absl::StrCat("--die_at=", rpc::RendezvousStepName(GetParam().step)),
+        "--standalone",
+        "--monitor_interval",
+        "0.05",
+        "--stop_timeout",
+        "2",
+        "--rdzv_timeout",
+        "30",
+        "--role",
+        "head:1",
+        "--role",
+        "w:3",
+        "--restart_policy",
+        "w=" + policy,
+        "--max_restarts",
+        "2",
+        "--tee",
+        StartupJobPath(),
+        absl::StrCat("--die_at=", rpc::RendezvousStepName(GetParam().step)),
         absl::StrCat("--victim=", victim)};
     if (all_pairs) args.push_back("--all_pairs");
     Launcher l(marker_, args);
@@ -82,10 +96,22 @@ TEST_P(StartupRestart, P5_ARoleRestartedDuringStartUpRejoins) {
 class CalleeRestart : public LauncherTest {
  protected:
   int RunJob(const std::vector<std::string>& extra, std::string* output) {
-    std::vector<std::string> args = {
-        "--standalone", "--monitor_interval", "0.05", "--stop_timeout", "2",
-        "--rdzv_timeout", "30", "--role", "head:1", "--role", "w:2",
-        "--restart_policy", "w=worker", "--max_restarts", "1", "--tee"};
+    std::vector<std::string> args = {"--standalone",
+                                     "--monitor_interval",
+                                     "0.05",
+                                     "--stop_timeout",
+                                     "2",
+                                     "--rdzv_timeout",
+                                     "30",
+                                     "--role",
+                                     "head:1",
+                                     "--role",
+                                     "w:2",
+                                     "--restart_policy",
+                                     "w=worker",
+                                     "--max_restarts",
+                                     "1",
+                                     "--tee"};
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back(StartupJobPath());
     args.push_back("--callee_restart");

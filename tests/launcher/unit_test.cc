@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "env/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "env/env.h"
 #include "launcher/options.h"
 #include "launcher/rendezvous.h"
 #include "store/memory_store.h"
@@ -63,35 +63,29 @@ TEST(Options, ElasticRange) {
 }
 
 TEST(Options, BadFlagsNameTheFlag) {
-  EXPECT_THAT(Parse({"--nnodes", "4:2", "p"}).status().message(),
-              HasSubstr("--nnodes"));
-  EXPECT_THAT(Parse({"--nnodes", "2", "p"}).status().message(),
-              HasSubstr("--node_rank"));
-  EXPECT_THAT(Parse({"--nnodes", "2", "--node_rank", "2", "p"})
-                  .status().message(),
+  EXPECT_THAT(Parse({"--nnodes", "4:2", "p"}).status().message(), HasSubstr("--nnodes"));
+  EXPECT_THAT(Parse({"--nnodes", "2", "p"}).status().message(), HasSubstr("--node_rank"));
+  EXPECT_THAT(Parse({"--nnodes", "2", "--node_rank", "2", "p"}).status().message(),
               HasSubstr("--node_rank"));
   EXPECT_THAT(Parse({"--master_port", "70000", "p"}).status().message(),
               HasSubstr("--master_port"));
-  EXPECT_THAT(Parse({"--tee=maybe", "p"}).status().message(),
-              HasSubstr("--tee"));
-  EXPECT_THAT(Parse({"--max_restarts"}).status().message(),
-              HasSubstr("needs a value"));
+  EXPECT_THAT(Parse({"--tee=maybe", "p"}).status().message(), HasSubstr("--tee"));
+  EXPECT_THAT(Parse({"--max_restarts"}).status().message(), HasSubstr("needs a value"));
   EXPECT_THAT(Parse({"--restart_policy", "x=role", "p"}).status().message(),
               HasSubstr("no role named 'x'"));
 }
 
 TEST(Options, RolesAndPolicies) {
-  auto o = Parse({"--role", "ps:1:./ps_server --port 1", "--role",
-                  "trainer:4:./trainer", "--restart_policy", "trainer=role"});
+  auto o = Parse({"--role", "ps:1:./ps_server --port 1", "--role", "trainer:4:./trainer",
+                  "--restart_policy", "trainer=role"});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_EQ(o->roles.size(), 2u);
-  EXPECT_EQ(o->roles[0].argv,
-            (std::vector<std::string>{"./ps_server", "--port", "1"}));
+  EXPECT_EQ(o->roles[0].argv, (std::vector<std::string>{"./ps_server", "--port", "1"}));
   EXPECT_EQ(o->roles[0].policy, RestartPolicy::kGroup);
   EXPECT_EQ(o->roles[1].policy, RestartPolicy::kRole);
   EXPECT_EQ(o->nproc_per_node, 5);
-  o = Parse({"--role", "agent:1:./a", "--role", "observer:4:./o", "--restart_policy",
-             "observer=worker"});
+  o = Parse(
+      {"--role", "agent:1:./a", "--role", "observer:4:./o", "--restart_policy", "observer=worker"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->roles[1].policy, RestartPolicy::kWorker);
   EXPECT_THAT(Parse({"--role", "a:1:./a", "--restart_policy", "a=node"}).status().message(),
@@ -122,8 +116,8 @@ TEST(Options, RestartWaitFollowsThePolicies) {
   o = Parse({"--max_restarts", "3", "--restart_wait", "7.5", "prog"});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->RestartWait(), absl::Milliseconds(7500));
-  o = Parse({"--role", "a:1", "--role", "o:2", "--restart_policy", "o=worker",
-             "--max_restarts", "1", "--restart_wait", "0", "prog"});
+  o = Parse({"--role", "a:1", "--role", "o:2", "--restart_policy", "o=worker", "--max_restarts",
+             "1", "--restart_wait", "0", "prog"});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->RestartWait(), absl::ZeroDuration());
   EXPECT_THAT(Parse({"--restart_wait", "-2", "prog"}).status().message(),
@@ -138,10 +132,10 @@ TEST(Options, StandaloneUsesFreePorts) {
 }
 
 TEST(Options, SlurmSuppliesNodesRankAndMaster) {
-  std::map<std::string, std::string> slurm = {
-      {"SLURM_JOB_ID", "777"}, {"SLURM_NODEID", "2"},
-      {"SLURM_JOB_NUM_NODES", "4"},
-      {"SLURM_JOB_NODELIST", "gpu[07-10],cpu1"}};
+  std::map<std::string, std::string> slurm = {{"SLURM_JOB_ID", "777"},
+                                              {"SLURM_NODEID", "2"},
+                                              {"SLURM_JOB_NUM_NODES", "4"},
+                                              {"SLURM_JOB_NODELIST", "gpu[07-10],cpu1"}};
   auto o = Parse({"prog"}, slurm);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->from_slurm);
@@ -165,13 +159,21 @@ TEST(Options, FirstSlurmHost) {
 }
 
 std::map<std::string, std::string> GoodEnv() {
-  return {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-          {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
-          {"GROUP_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"},
-          {"MASTER_PORT", "29500"}, {"BATON_RUN_ID", "job"},
-          {"BATON_RESTART_COUNT", "2"}, {"BATON_MAX_RESTARTS", "3"},
-          {"BATON_ROLE", "trainer"}, {"BATON_ROLE_RANK", "1"},
-          {"BATON_ROLE_WORLD_SIZE", "2"}, {"BATON_JOB_TOKEN", "tok"},
+  return {{"RANK", "3"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"GROUP_RANK", "1"},
+          {"GROUP_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"BATON_RUN_ID", "job"},
+          {"BATON_RESTART_COUNT", "2"},
+          {"BATON_MAX_RESTARTS", "3"},
+          {"BATON_ROLE", "trainer"},
+          {"BATON_ROLE_RANK", "1"},
+          {"BATON_ROLE_WORLD_SIZE", "2"},
+          {"BATON_JOB_TOKEN", "tok"},
           {"BATON_ERROR_FILE", "/tmp/e.json"}};
 }
 
@@ -201,8 +203,7 @@ TEST(Env, MalformedValuesNameTheVariable) {
   EXPECT_THAT(with("RANK", "4").message(), HasSubstr("RANK=4"));
   EXPECT_THAT(with("MASTER_PORT", "0").message(), HasSubstr("MASTER_PORT"));
   EXPECT_THAT(with("LOCAL_RANK", "2").message(), HasSubstr("LOCAL_RANK"));
-  EXPECT_THAT(with("BATON_ROLE_RANK", "-1").message(),
-              HasSubstr("BATON_ROLE_RANK"));
+  EXPECT_THAT(with("BATON_ROLE_RANK", "-1").message(), HasSubstr("BATON_ROLE_RANK"));
   auto e = GoodEnv();
   e.erase("WORLD_SIZE");
   auto s = ReadLaunchEnv(FakeEnv(e)).status();
@@ -211,8 +212,7 @@ TEST(Env, MalformedValuesNameTheVariable) {
 }
 
 TEST(Env, WritesTheErrorFileAsJson) {
-  const std::string path =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/error.json");
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/error.json");
   ASSERT_TRUE(WriteErrorFile(path, {"bad \"thing\"\n", "ValueError", ""}).ok());
   std::ifstream in(path);
   std::stringstream ss;

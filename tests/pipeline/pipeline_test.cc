@@ -159,8 +159,7 @@ BATON_SCENARIO(every_schedule) {
     WCHECK_OK(params.status());
     const double diff = MaxDiff(*params, model->parameters());
     if (diff > 1e-12) Fail(absl::StrCat(name, ": parameters differ by ", diff));
-    std::printf("%s: parameters equal single-process training (max diff %g)\n", name.c_str(),
-                diff);
+    std::printf("%s: parameters equal single-process training (max diff %g)\n", name.c_str(), diff);
   }
   // Bad input is refused by the driver before anything is sent.
   auto pipe = Pipeline::Create(*agent, Options(*OneFOneB({2, 4, 1}), batch));
@@ -260,8 +259,8 @@ BATON_SCENARIO(checkpoint_restore) {
     return ServeStage(agent, std::make_shared<rpc::FunctionRegistry>(), {MakeModel});
   }
   agent = StartDriver();
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt-",
-                                       std::getenv("BATON_TRANSPORT"));
+  const std::string dir =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt-", std::getenv("BATON_TRANSPORT"));
   std::filesystem::remove_all(dir);
   auto o = Options(*Interleaved1F1B({2, 4, 2}), 8);
   o.optimizer = dist_optim::OptimizerOptions::Adam(0.01);

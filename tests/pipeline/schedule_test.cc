@@ -34,8 +34,8 @@ void ExpectEachOnce(const Schedule& s) {
 }
 
 TEST(Schedules, GPipeAndOneFOneBAreValidForEveryShapeTried) {
-  for (const auto& [name, build] : std::vector<std::pair<std::string, Builder>>{
-           {"gpipe", GPipe}, {"1f1b", OneFOneB}}) {
+  for (const auto& [name, build] :
+       std::vector<std::pair<std::string, Builder>>{{"gpipe", GPipe}, {"1f1b", OneFOneB}}) {
     for (int p = 1; p <= 5; ++p) {
       for (int m = 1; m <= 9; ++m) {
         SCOPED_TRACE(name + " p=" + std::to_string(p) + " m=" + std::to_string(m));

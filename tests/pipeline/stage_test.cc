@@ -171,10 +171,14 @@ struct Case {
 };
 
 std::vector<Case> Cases() {
-  return {{"gpipe", GPipe, 1, 1, 1},          {"gpipe", GPipe, 2, 4, 1},
-          {"gpipe", GPipe, 3, 2, 1},          {"gpipe", GPipe, 2, 4, 2},
-          {"1f1b", OneFOneB, 2, 1, 1},        {"1f1b", OneFOneB, 2, 4, 1},
-          {"1f1b", OneFOneB, 4, 8, 1},        {"1f1b", OneFOneB, 3, 2, 1},
+  return {{"gpipe", GPipe, 1, 1, 1},
+          {"gpipe", GPipe, 2, 4, 1},
+          {"gpipe", GPipe, 3, 2, 1},
+          {"gpipe", GPipe, 2, 4, 2},
+          {"1f1b", OneFOneB, 2, 1, 1},
+          {"1f1b", OneFOneB, 2, 4, 1},
+          {"1f1b", OneFOneB, 4, 8, 1},
+          {"1f1b", OneFOneB, 3, 2, 1},
           {"interleaved", Interleaved1F1B, 2, 4, 2},
           {"interleaved", Interleaved1F1B, 2, 2, 4},
           {"interleaved", Interleaved1F1B, 4, 4, 2}};
@@ -397,8 +401,7 @@ TEST(PP7_BadMessages, AreRejectedByName) {
   absl::Status s5 = deliver(0, static_cast<MessageKind>(7), 1, 0, t);
   EXPECT_TRUE(absl::StrContains(s5.message(), "unknown kind 7")) << s5;
   EXPECT_TRUE(deliver(0, MessageKind::kActivation, 1, 0, t).ok());
-  EXPECT_EQ(deliver(0, MessageKind::kActivation, 1, 0, t).code(),
-            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(deliver(0, MessageKind::kActivation, 1, 0, t).code(), absl::StatusCode::kAlreadyExists);
   // Flooding with future steps stops at 2 x stages x microbatches pending.
   int accepted = 1;
   absl::Status last;
@@ -455,14 +458,15 @@ TEST(StageConfig, MismatchesAreInvalidArgument) {
     for (int c = 0; c < chunks; ++c) mods.push_back(Slice(*model, 0, 2));
     return StageRunner::Create({s->spec, worker, s->per_worker[0], batch, Sgd()}, mods).status();
   };
-  EXPECT_TRUE(absl::StrContains(make(0, 6, 1).message(), "batch 6 is not a positive multiple of 4"));
+  EXPECT_TRUE(
+      absl::StrContains(make(0, 6, 1).message(), "batch 6 is not a positive multiple of 4"));
   EXPECT_TRUE(absl::StrContains(make(0, 8, 2).message(), "got 2 modules for 1 chunks"));
   EXPECT_TRUE(absl::StrContains(make(1, 8, 1).message(), "is not for worker 1"));
   auto bad_opt = Sgd();
   bad_opt.lr = -1;
-  absl::Status o = StageRunner::Create({s->spec, 0, s->per_worker[0], 8, bad_opt},
-                                       {Slice(*model, 0, 2)})
-                       .status();
+  absl::Status o =
+      StageRunner::Create({s->spec, 0, s->per_worker[0], 8, bad_opt}, {Slice(*model, 0, 2)})
+          .status();
   EXPECT_TRUE(absl::StrContains(o.message(), "the optimizer of stage 0")) << o;
 }
 

@@ -31,8 +31,9 @@ TEST(ChromeTrace, TracksSpansWaitsAndIdle) {
   EXPECT_EQ(Count(json, "\"cat\": \"backward\""), 6);
   // Worker 1 waits one forward (1000 us) for micro-batch 0's activation.
   EXPECT_TRUE(absl::StrContains(
-      json, "\"name\": \"receive activation of micro-batch 0 at stage 1\", \"cat\": \"recv\", "
-            "\"ph\": \"X\", \"pid\": 0, \"tid\": 1, \"ts\": 0.000, \"dur\": 1000.000"))
+      json,
+      "\"name\": \"receive activation of micro-batch 0 at stage 1\", \"cat\": \"recv\", "
+      "\"ph\": \"X\", \"pid\": 0, \"tid\": 1, \"ts\": 0.000, \"dur\": 1000.000"))
       << json;
   // Worker 0 idles at the end while worker 1 runs its first backward
   // (GPipe: makespan (m + p - 1) * (1 + 2) = 12 units).
@@ -67,11 +68,10 @@ TEST(ChromeTrace, WriteNamesThePathOnError) {
 
 TEST(ChromeTrace, MeasuredSendsAndReceivesHaveTheirOwnCategories) {
   auto s = *OneFOneB({2, 1, 1});
-  std::vector<TimelineEvent> events = {
-      {0, {ActionKind::kForward, 0, 0}, 0, 10},
-      {0, {ActionKind::kSendActivation, 0, 0}, 10, 11},
-      {1, {ActionKind::kRecvActivation, 0, 1}, 0, 11},
-      {1, {ActionKind::kForward, 0, 1}, 11, 20}};
+  std::vector<TimelineEvent> events = {{0, {ActionKind::kForward, 0, 0}, 0, 10},
+                                       {0, {ActionKind::kSendActivation, 0, 0}, 10, 11},
+                                       {1, {ActionKind::kRecvActivation, 0, 1}, 0, 11},
+                                       {1, {ActionKind::kForward, 0, 1}, 11, 20}};
   const std::string json = ChromeTrace(s, events);
   EXPECT_EQ(Count(json, "\"cat\": \"send\""), 1);
   EXPECT_EQ(Count(json, "\"cat\": \"recv\""), 1);

@@ -147,8 +147,7 @@ int Run(const Flags& flags) {
     }
     torch::NoGradGuard ng;
     auto [x, y] = Batch(999999);
-    const double acc =
-        model->forward(x).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
+    const double acc = model->forward(x).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
     auto stats = (*client)->Stats();
     if (stats.ok()) {
       for (const auto& st : *stats) std::printf("[%s] %s\n", me.c_str(), st.DebugString().c_str());

@@ -60,8 +60,8 @@ Worker Start(const PsSpec& spec, int servers, absl::Duration shutdown_timeout) {
   WCHECK_OK(options.status());
   w.rank = options->rank;
   w.servers = servers;
-  options->name = w.rank < servers ? absl::StrCat("ps", w.rank)
-                                   : absl::StrCat("trainer", w.rank - servers);
+  options->name =
+      w.rank < servers ? absl::StrCat("ps", w.rank) : absl::StrCat("trainer", w.rank - servers);
   options->shutdown_timeout = shutdown_timeout;
   for (int s = 0; s < servers; ++s) w.server_names.push_back(absl::StrCat("ps", s));
   if (w.rank < servers) {
@@ -122,8 +122,9 @@ BATON_SCENARIO(ps_client_ops) {
   at::Tensor gw = module->weight.grad().clone();
 
   // Step 0: duplicates in a push are summed; the step ends with w's push.
-  client->PushRows("emb", torch::tensor({5, 5, 7}, torch::kLong),
-                   torch::ones({3, 4}, torch::kFloat64))
+  client
+      ->PushRows("emb", torch::tensor({5, 5, 7}, torch::kLong),
+                 torch::ones({3, 4}, torch::kFloat64))
       .value();
   binding->Push(/*end_step=*/false).value();
   client->Push("w", torch::ones({3, 200}), /*end_step=*/true).value();
@@ -148,8 +149,10 @@ BATON_SCENARIO(ps_client_ops) {
   WCHECK(absl::StrContains(bad.message(), "ps table 'w': gradient Float[3,201]"));
   bad = client->Pull("nope").status();
   WCHECK(absl::StrContains(bad.message(), "ps table 'nope': no such table"));
-  bad = client->PushRows("emb", torch::tensor({6}, torch::kLong), torch::ones({1, 4}, torch::kFloat64))
-            .status();  // row 6 was never pulled: the server refuses
+  bad =
+      client
+          ->PushRows("emb", torch::tensor({6}, torch::kLong), torch::ones({1, 4}, torch::kFloat64))
+          .status();  // row 6 was never pulled: the server refuses
   WCHECK(bad.code() == absl::StatusCode::kInvalidArgument);
   WCHECK(absl::StrContains(bad.message(), "push for row 6, which no trainer has pulled"));
   PsSpec other = spec;

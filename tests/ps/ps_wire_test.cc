@@ -54,8 +54,7 @@ absl::StatusOr<Reply> Decode(absl::StatusOr<rpc::Payload> payload) {
 }
 
 TEST(PsWire, EveryFunctionTakesAndReturnsNamedTypes) {
-  EXPECT_EQ(internal::kJoinFn.signature(),
-            "(JoinRequest{int32,string})->JoinReply{int64,int64}");
+  EXPECT_EQ(internal::kJoinFn.signature(), "(JoinRequest{int32,string})->JoinReply{int64,int64}");
   EXPECT_EQ(internal::kPushFn.signature(),
             "(PushRequest{int32,int64,int64,bool,vector<string>,vector<Tensor>,"
             "vector<Tensor>})->PushReply{int64}");
@@ -90,12 +89,12 @@ TEST(PsWire, ShardStatsTravelAsAProtoWithEveryCounter) {
               std::tie(b.table, b.pulls, b.pushes, b.bytes_pulled, b.bytes_pushed,
                        b.applied_updates, b.rows));
   }
-  EXPECT_EQ(std::tie(in.applied_clock, in.min_clock, in.max_clock, in.max_staleness,
-                     in.applied_pushes, in.stale_pushes, in.live_trainers, in.dropped_trainers,
-                     in.parked_pulls),
-            std::tie(back.applied_clock, back.min_clock, back.max_clock, back.max_staleness,
-                     back.applied_pushes, back.stale_pushes, back.live_trainers,
-                     back.dropped_trainers, back.parked_pulls));
+  EXPECT_EQ(
+      std::tie(in.applied_clock, in.min_clock, in.max_clock, in.max_staleness, in.applied_pushes,
+               in.stale_pushes, in.live_trainers, in.dropped_trainers, in.parked_pulls),
+      std::tie(back.applied_clock, back.min_clock, back.max_clock, back.max_staleness,
+               back.applied_pushes, back.stale_pushes, back.live_trainers, back.dropped_trainers,
+               back.parked_pulls));
 }
 
 TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
@@ -143,8 +142,8 @@ TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
   push.gradients.clear();
   auto uneven = CallRaw(registry, "baton.ps.push", rpc::EncodeMessage(std::make_tuple(push)));
   EXPECT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(uneven.status().message(),
-                                "ps PushRequest: 1 tables but 0 gradients"))
+  EXPECT_TRUE(
+      absl::StrContains(uneven.status().message(), "ps PushRequest: 1 tables but 0 gradients"))
       << uneven.status();
 
   // Undecodable bytes: DATA_LOSS naming the field.

@@ -50,9 +50,10 @@ class Cluster {
   void InitDense(int table, const at::Tensor& value) {
     at::Tensor flat = value.reshape(-1).contiguous();
     for (const auto& c : plan_.chunks(table)) {
-      ASSERT_TRUE(shards_[c.server]
-                      ->InitDense(0, {{spec_.tables[table].name, {}, flat.narrow(0, c.begin, c.size())}})
-                      .ok());
+      ASSERT_TRUE(
+          shards_[c.server]
+              ->InitDense(0, {{spec_.tables[table].name, {}, flat.narrow(0, c.begin, c.size())}})
+              .ok());
     }
   }
 
@@ -76,8 +77,8 @@ class Cluster {
       at::Tensor mask = (ids % size()) == s;
       at::Tensor pos = mask.nonzero().reshape(-1);
       if (pos.numel() == 0) continue;
-      auto r = Blocking(s, trainer, clock, {{t.name, ids.index_select(0, pos), {}}},
-                        absl::Seconds(10));
+      auto r =
+          Blocking(s, trainer, clock, {{t.name, ids.index_select(0, pos), {}}}, absl::Seconds(10));
       if (!r.ok()) return r.status();
       out.index_copy_(0, pos, r->values[0]);
     }
@@ -147,7 +148,8 @@ std::pair<torch::Tensor, torch::Tensor> Grads(const torch::Tensor& w, const torc
 
 PsSpec LinearSpec(torch::Dtype dtype, const OptimizerOptions& opt, Consistency c, int trainers) {
   PsSpec spec;
-  spec.tables = {TableSpec::Dense("w", {7, 300}, dtype, opt), TableSpec::Dense("b", {7}, dtype, opt)};
+  spec.tables = {TableSpec::Dense("w", {7, 300}, dtype, opt),
+                 TableSpec::Dense("b", {7}, dtype, opt)};
   spec.consistency = c;
   spec.num_trainers = trainers;
   return spec;
@@ -198,8 +200,7 @@ Model TrainReference(torch::Dtype dtype, const OptimizerOptions& opt, int traine
                                              torch::optim::AdamOptions(opt.lr));
   } else {
     o = std::make_unique<torch::optim::SGD>(
-        std::vector<torch::Tensor>{w, b},
-        torch::optim::SGDOptions(opt.lr).momentum(opt.momentum));
+        std::vector<torch::Tensor>{w, b}, torch::optim::SGDOptions(opt.lr).momentum(opt.momentum));
   }
   for (int c = 0; c < steps; ++c) {
     std::vector<torch::Tensor> bx, by;
@@ -227,15 +228,17 @@ TEST(PsGuarantees, PS1_SyncEqualsSingleProcessOnConcatenatedBatch) {
   };
   OptimizerOptions momentum = OptimizerOptions::SGD(0.1);
   momentum.momentum = 0.9;
-  for (const Case& k : {Case{torch::kFloat32, momentum, 1e-6}, Case{torch::kFloat64, momentum, 1e-12},
-                        Case{torch::kFloat32, OptimizerOptions::Adam(0.01), 1e-6},
-                        Case{torch::kFloat64, OptimizerOptions::Adam(0.01), 1e-12}}) {
+  for (const Case& k :
+       {Case{torch::kFloat32, momentum, 1e-6}, Case{torch::kFloat64, momentum, 1e-12},
+        Case{torch::kFloat32, OptimizerOptions::Adam(0.01), 1e-6},
+        Case{torch::kFloat64, OptimizerOptions::Adam(0.01), 1e-12}}) {
     std::vector<torch::Tensor> xs, ys;
     MakeData(k.dtype, 3 * 6, &xs, &ys);
     Model got = TrainSync(k.dtype, k.opt, 3, 2, 6, &xs, &ys);
     Model want = TrainReference(k.dtype, k.opt, 3, 6, xs, ys);
-    SCOPED_TRACE(k.opt.DebugString() + " " + std::string(c10::toString(torch::typeMetaToScalarType(
-                                                 torch::scalarTypeToTypeMeta(k.dtype)))));
+    SCOPED_TRACE(k.opt.DebugString() + " " +
+                 std::string(c10::toString(
+                     torch::typeMetaToScalarType(torch::scalarTypeToTypeMeta(k.dtype)))));
     ExpectClose(got.w, want.w, k.tol);
     ExpectClose(got.b, want.b, k.tol);
   }
@@ -308,9 +311,9 @@ TEST(PsSharding, DenseChunksAreAlignedContiguousAndBalancedByBytes) {
 
 TEST(PsGuarantees, PS3_AsyncNoLostUpdateUnderConcurrentTrainers) {
   PsSpec spec;
-  spec.tables = {TableSpec::Dense("w", {1000}, torch::kFloat64, OptimizerOptions::SGD(1)),
-                 TableSpec::Embedding("emb", 100, 4, RowInit::Zeros(), RowOptimizer::SGD(1),
-                                      torch::kFloat64)};
+  spec.tables = {
+      TableSpec::Dense("w", {1000}, torch::kFloat64, OptimizerOptions::SGD(1)),
+      TableSpec::Embedding("emb", 100, 4, RowInit::Zeros(), RowOptimizer::SGD(1), torch::kFloat64)};
   spec.consistency = Consistency::Async();
   spec.num_trainers = 4;
   Cluster cluster(spec, 2);
@@ -324,10 +327,10 @@ TEST(PsGuarantees, PS3_AsyncNoLostUpdateUnderConcurrentTrainers) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPushes; ++i) {
         EXPECT_TRUE(cluster.Push(t, i, 0, torch::ones({1000}, torch::kFloat64)).ok());
-        EXPECT_TRUE(
-            cluster.Push(t, i, 1, torch::ones({3, 4}, torch::kFloat64),
-                         torch::tensor({1, 1, 42}, torch::kLong))
-                .ok());
+        EXPECT_TRUE(cluster
+                        .Push(t, i, 1, torch::ones({3, 4}, torch::kFloat64),
+                              torch::tensor({1, 1, 42}, torch::kLong))
+                        .ok());
         // A concurrent pull sees each push whole: every element equal.
         auto w = cluster.PullDense(t, i, 0).value();
         for (const auto& c : plan.chunks(0)) {
@@ -413,11 +416,12 @@ TEST(PsGuarantees, PS5_StragglerIsDroppedAfterTimeoutWithItsName) {
   std::vector<std::string> logs;
   absl::Mutex log_mu;
   PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
-  Cluster cluster(spec, 1, [&] { return time.Get(); },
-                  [&](const std::string& l) {
-                    absl::MutexLock lock(&log_mu);
-                    logs.push_back(l);
-                  });
+  Cluster cluster(
+      spec, 1, [&] { return time.Get(); },
+      [&](const std::string& l) {
+        absl::MutexLock lock(&log_mu);
+        logs.push_back(l);
+      });
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
   ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
@@ -523,8 +527,8 @@ TEST(PsGuarantees, PS6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAno
   EXPECT_EQ(joined->clock, 0);
   EXPECT_EQ(joined->session, old_session + 1);
   // A late push of the previous incarnation is refused and changes nothing.
-  auto late = s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 50.0, torch::kFloat64)}},
-                     old_session);
+  auto late =
+      s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 50.0, torch::kFloat64)}}, old_session);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(absl::StrContains(late.status().message(), "superseded incarnation of trainer 1"))
       << late.status();
@@ -553,18 +557,19 @@ TEST(PsShardThreading, LogCallbackRunsWithoutTheLockMayCallTheShardAndKeepsEvent
   };
   std::vector<Seen> seen;  // the callback's calls are serialized (contract)
   absl::StatusOr<int64_t> push_from_callback = absl::UnknownError("not called");
-  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); },
-                  [&](const std::string& l) {
-                    ServerShard& s = cluster_ptr->shard(0);
-                    const ShardStats st = s.Stats();
-                    seen.push_back({l, st.dropped_trainers, st.live_trainers});
-                    if (absl::StrContains(l, "dropped trainer 1")) {
-                      // Trainer 1 comes back from inside the callback: its
-                      // rejoin is logged too, after this line.
-                      push_from_callback = s.Push(
-                          1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
-                    }
-                  });
+  Cluster cluster(
+      TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); },
+      [&](const std::string& l) {
+        ServerShard& s = cluster_ptr->shard(0);
+        const ShardStats st = s.Stats();
+        seen.push_back({l, st.dropped_trainers, st.live_trainers});
+        if (absl::StrContains(l, "dropped trainer 1")) {
+          // Trainer 1 comes back from inside the callback: its
+          // rejoin is logged too, after this line.
+          push_from_callback =
+              s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
+        }
+      });
   cluster_ptr = &cluster;
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
@@ -608,28 +613,38 @@ TEST(PsGuarantees, PS7_BadInputIsRejectedNamingItAndChangesNothing) {
     std::string says;
   };
   const std::vector<Bad> cases = {
-      {{{"nope", {}, torch::ones({10})}}, absl::StatusCode::kInvalidArgument,
+      {{{"nope", {}, torch::ones({10})}},
+       absl::StatusCode::kInvalidArgument,
        "ps table 'nope': no such table"},
-      {{{"w", {}, torch::ones({11})}}, absl::StatusCode::kInvalidArgument,
+      {{{"w", {}, torch::ones({11})}},
+       absl::StatusCode::kInvalidArgument,
        "ps table 'w': gradient chunk Float[11] does not match Float[10]"},
-      {{{"w", {}, torch::ones({10}, torch::kFloat64)}}, absl::StatusCode::kInvalidArgument,
+      {{{"w", {}, torch::ones({10}, torch::kFloat64)}},
+       absl::StatusCode::kInvalidArgument,
        "ps table 'w': gradient dtype Double does not match the table's Float"},
       {{{"emb", torch::tensor({3, 100}, torch::kLong), torch::ones({2, 4})}},
-       absl::StatusCode::kInvalidArgument, "ps table 'emb': row id 100 out of range [0, 100)"},
+       absl::StatusCode::kInvalidArgument,
+       "ps table 'emb': row id 100 out of range [0, 100)"},
       {{{"emb", torch::tensor({-1}, torch::kLong), torch::ones({1, 4})}},
-       absl::StatusCode::kInvalidArgument, "row id -1 out of range"},
+       absl::StatusCode::kInvalidArgument,
+       "row id -1 out of range"},
       {{{"emb", torch::tensor({3, 7}, torch::kLong), torch::ones({2, 4})}},
        absl::StatusCode::kInvalidArgument,
        "ps table 'emb': push for row 7, which no trainer has pulled"},
       {{{"emb", torch::tensor({3}, torch::kLong), torch::ones({1, 5})}},
-       absl::StatusCode::kInvalidArgument, "row gradients Float[1,5] do not match 1 ids x dim 4"},
-      {{{"emb", torch::tensor({3.0}), torch::ones({1, 4})}}, absl::StatusCode::kInvalidArgument,
+       absl::StatusCode::kInvalidArgument,
+       "row gradients Float[1,5] do not match 1 ids x dim 4"},
+      {{{"emb", torch::tensor({3.0}), torch::ones({1, 4})}},
+       absl::StatusCode::kInvalidArgument,
        "row ids must be int64[n] (got Float[1])"},
-      {{{"fresh", {}, torch::ones({10})}}, absl::StatusCode::kFailedPrecondition,
+      {{{"fresh", {}, torch::ones({10})}},
+       absl::StatusCode::kFailedPrecondition,
        "ps table 'fresh': pushed before any trainer initialized it"},
       // A valid first part does not get applied when a later part is bad.
-      {{{"w", {}, torch::ones({10})}, {"emb", torch::tensor({9}, torch::kLong), torch::ones({1, 4})}},
-       absl::StatusCode::kInvalidArgument, "push for row 9"},
+      {{{"w", {}, torch::ones({10})},
+        {"emb", torch::tensor({9}, torch::kLong), torch::ones({1, 4})}},
+       absl::StatusCode::kInvalidArgument,
+       "push for row 9"},
   };
   for (const auto& c : cases) {
     auto r = s.Push(0, 0, true, c.reqs);
@@ -670,7 +685,8 @@ TEST(PsRowOptimizers, EachMatchesItsDenseReferenceOnThePushedRows) {
           break;
         case RowOptimizerKind::kAdagrad:
           ref_opt.push_back(std::make_unique<torch::optim::Adagrad>(
-              std::vector<torch::Tensor>{ref[r]}, torch::optim::AdagradOptions(opt.lr).eps(opt.eps)));
+              std::vector<torch::Tensor>{ref[r]},
+              torch::optim::AdagradOptions(opt.lr).eps(opt.eps)));
           break;
         case RowOptimizerKind::kLazyAdam:
           ref_opt.push_back(std::make_unique<torch::optim::Adam>(
@@ -726,9 +742,9 @@ TEST(PsRows, LazyRowsCostOnlyTheIdsSeenAndDoNotDependOnServers) {
 
 TEST(PsGuarantees, PS8_CheckpointRestoresParametersOptimizerStateAndClocks) {
   PsSpec spec;
-  spec.tables = {TableSpec::Dense("w", {200}, torch::kFloat32, OptimizerOptions::Adam(0.01)),
-                 TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 1),
-                                      RowOptimizer::LazyAdam(0.01))};
+  spec.tables = {
+      TableSpec::Dense("w", {200}, torch::kFloat32, OptimizerOptions::Adam(0.01)),
+      TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 1), RowOptimizer::LazyAdam(0.01))};
   spec.consistency = Consistency::Sync();
   spec.num_trainers = 1;
   Cluster a(spec, 2), b(spec, 2);
@@ -764,9 +780,9 @@ TEST(PsGuarantees, PS8_CheckpointRestoresParametersOptimizerStateAndClocks) {
 }
 
 TEST(PsServerCheckpoints, PS8_AtomicFilesNewestValidOneIsLoaded) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR")
-                                                                 : "/tmp") +
-                          "/ps_ckpt_test";
+  const std::string dir =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+      "/ps_ckpt_test";
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   PsSpec spec = LinearSpec(torch::kFloat32, OptimizerOptions::SGD(1), Consistency::Async(), 1);
   ServerOptions o;

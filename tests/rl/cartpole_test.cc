@@ -29,16 +29,14 @@ StepResult MustStep(CartPole& env, int action) {
   return result.ok() ? *result : StepResult{};
 }
 
-void ExpectStateEq(const CartPoleState& actual,
-                   const std::array<double, 4>& expected) {
+void ExpectStateEq(const CartPoleState& actual, const std::array<double, 4>& expected) {
   EXPECT_DOUBLE_EQ(actual.x, expected[0]);
   EXPECT_DOUBLE_EQ(actual.x_dot, expected[1]);
   EXPECT_DOUBLE_EQ(actual.theta, expected[2]);
   EXPECT_DOUBLE_EQ(actual.theta_dot, expected[3]);
 }
 
-void ExpectObservationIsState(const CartPoleObservation& observation,
-                              const CartPoleState& state) {
+void ExpectObservationIsState(const CartPoleObservation& observation, const CartPoleState& state) {
   EXPECT_EQ(observation[0], static_cast<float>(state.x));
   EXPECT_EQ(observation[1], static_cast<float>(state.x_dot));
   EXPECT_EQ(observation[2], static_cast<float>(state.theta));
@@ -83,16 +81,15 @@ TEST(CartPoleDynamics, FirstStepsMatchHandArithmetic) {
   {
     const double c = std::cos(0.03), s = std::sin(0.03);
     const double temp = (10.0 + 0.05 * (0.04 * 0.04) * s) / 1.1;
-    const double thetaacc =
-        (9.8 * s - c * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (c * c) / 1.1));
+    const double thetaacc = (9.8 * s - c * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (c * c) / 1.1));
     const double xacc = temp - 0.05 * thetaacc * c / 1.1;
     EXPECT_NEAR(temp, 9.0909112724, 1e-10);
     EXPECT_NEAR(thetaacc, -14.1534358980, 1e-9);
     EXPECT_NEAR(xacc, 9.7339597874, 1e-10);
 
     const StepResult r = MustStep(env, 1);
-    ExpectStateEq(env.state(), {0.01 + 0.02 * -0.02, -0.02 + 0.02 * xacc,
-                                0.03 + 0.02 * 0.04, 0.04 + 0.02 * thetaacc});
+    ExpectStateEq(env.state(), {0.01 + 0.02 * -0.02, -0.02 + 0.02 * xacc, 0.03 + 0.02 * 0.04,
+                                0.04 + 0.02 * thetaacc});
     EXPECT_NEAR(env.state().x, 0.0096, 1e-15);
     EXPECT_NEAR(env.state().x_dot, 0.1746791957, 1e-10);
     EXPECT_NEAR(env.state().theta, 0.0308, 1e-15);
@@ -120,17 +117,15 @@ TEST(CartPoleDynamics, FirstStepsMatchHandArithmetic) {
     const CartPoleState p = env.state();
     const double c = std::cos(p.theta), s = std::sin(p.theta);
     const double temp = (-10.0 + 0.05 * (p.theta_dot * p.theta_dot) * s) / 1.1;
-    const double thetaacc =
-        (9.8 * s - c * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (c * c) / 1.1));
+    const double thetaacc = (9.8 * s - c * temp) / (0.5 * (4.0 / 3.0 - 0.1 * (c * c) / 1.1));
     const double xacc = temp - 0.05 * thetaacc * c / 1.1;
     EXPECT_NEAR(temp, -9.0908263886, 1e-10);
     EXPECT_NEAR(thetaacc, 15.1118358950, 1e-9);
     EXPECT_NEAR(xacc, -9.7774022348, 1e-10);
 
     const StepResult r = MustStep(env, 0);
-    ExpectStateEq(env.state(),
-                  {p.x + 0.02 * p.x_dot, p.x_dot + 0.02 * xacc,
-                   p.theta + 0.02 * p.theta_dot, p.theta_dot + 0.02 * thetaacc});
+    ExpectStateEq(env.state(), {p.x + 0.02 * p.x_dot, p.x_dot + 0.02 * xacc,
+                                p.theta + 0.02 * p.theta_dot, p.theta_dot + 0.02 * thetaacc});
     EXPECT_NEAR(env.state().x, 0.0130935839, 1e-10);
     EXPECT_NEAR(env.state().x_dot, -0.0208688489, 1e-10);
     EXPECT_NEAR(env.state().theta, 0.0259386256, 1e-10);
@@ -158,8 +153,7 @@ TEST(CartPoleDynamics, FirstStepsMatchHandArithmetic) {
 //       x = x + tau * x_dot; x_dot = x_dot + tau * xacc
 //       th = th + tau * th_dot; th_dot = th_dot + tau * thacc
 //       print("{%r, %r, %r, %r}," % (x, x_dot, th, th_dot))
-constexpr int kActions[] = {1, 0, 0, 1, 1, 1, 0, 1, 0, 0,
-                            1, 1, 0, 0, 0, 1, 0, 1, 1, 0};
+constexpr int kActions[] = {1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 0};
 constexpr std::array<double, 4> kGymTrajectory[] = {
     {0.009600000000000001, 0.17467919574755525, 0.030799999999999998, -0.2430687179600081},
     {0.013093583914951107, -0.020868848948191993, 0.025938625640799837, 0.0591679999394166},
@@ -191,10 +185,8 @@ TEST(CartPoleDynamics, TwentyStepsMatchGymReference) {
     ExpectStateEq(env.state(), kGymTrajectory[i]);
     const std::array<double, 4>& e = kGymTrajectory[i];
     EXPECT_EQ(r.observation,
-              (CartPoleObservation{static_cast<float>(e[0]),
-                                   static_cast<float>(e[1]),
-                                   static_cast<float>(e[2]),
-                                   static_cast<float>(e[3])}));
+              (CartPoleObservation{static_cast<float>(e[0]), static_cast<float>(e[1]),
+                                   static_cast<float>(e[2]), static_cast<float>(e[3])}));
     EXPECT_EQ(r.reward, 1.0);
     EXPECT_FALSE(r.terminated);
     EXPECT_FALSE(r.truncated);
@@ -247,8 +239,7 @@ TEST(CartPoleTermination, PoleBeyondTwelveDegrees) {
 }
 
 TEST(CartPoleTermination, PoleJustInsideIsNotTerminated) {
-  CartPole env =
-      StartedAt({0.0, 0.0, CartPole::kThetaThresholdRadians - 0.01, 0.0});
+  CartPole env = StartedAt({0.0, 0.0, CartPole::kThetaThresholdRadians - 0.01, 0.0});
   const StepResult r = MustStep(env, 1);
   EXPECT_FALSE(r.terminated);
 }
@@ -325,11 +316,11 @@ TEST(CartPoleReset, StartsAnEpisodeWithValuesInRange) {
 TEST(CartPoleReset, SeedGivesDocumentedValues) {
   CartPole env(/*seed=*/42);
   env.Reset();
-  ExpectStateEq(env.state(), {0.02415648787718233, -0.034008960712307995,
-                 -0.022139886974486135, -0.015580928347636247});
+  ExpectStateEq(env.state(), {0.02415648787718233, -0.034008960712307995, -0.022139886974486135,
+                              -0.015580928347636247});
   env.Reset();
-  ExpectStateEq(env.state(), {-0.04619698314597538, 0.03682280765465323,
-                              -0.028159480628781566, 0.03006318767135034});
+  ExpectStateEq(env.state(), {-0.04619698314597538, 0.03682280765465323, -0.028159480628781566,
+                              0.03006318767135034});
 }
 
 std::vector<CartPoleObservation> Resets(uint64_t seed, int n) {
@@ -346,8 +337,7 @@ TEST(CartPoleReset, DeterministicPerSeed) {
   a.Reset();
   b.Reset();
   for (int i = 0; i < 30 && !a.done(); ++i) {
-    EXPECT_EQ(MustStep(a, i % 3 == 0).observation,
-              MustStep(b, i % 3 == 0).observation);
+    EXPECT_EQ(MustStep(a, i % 3 == 0).observation, MustStep(b, i % 3 == 0).observation);
   }
 }
 
@@ -376,8 +366,7 @@ TEST(CartPoleErrors, ActionOutOfRange) {
   }
   // A rejected action changes nothing.
   EXPECT_EQ(env.steps(), 0);
-  ExpectStateEq(env.state(), {kStart.x, kStart.x_dot, kStart.theta,
-                              kStart.theta_dot});
+  ExpectStateEq(env.state(), {kStart.x, kStart.x_dot, kStart.theta, kStart.theta_dot});
 }
 
 TEST(CartPoleErrors, StepBeforeReset) {

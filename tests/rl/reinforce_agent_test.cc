@@ -30,8 +30,8 @@ TEST(Returns, DiscountedWithinEpisodesThenNormalizedPerEpisode) {
   ASSERT_TRUE(g.ok()) << g.status();
   // Raw: 1.75, 1.5, 1 | 1.5, 1. Episode 1: mean 1.41667, std 0.381881.
   const double m1 = (1.75 + 1.5 + 1) / 3;
-  const double s1 = std::sqrt(((1.75 - m1) * (1.75 - m1) + (1.5 - m1) * (1.5 - m1) +
-                               (1 - m1) * (1 - m1)) / 2);
+  const double s1 =
+      std::sqrt(((1.75 - m1) * (1.75 - m1) + (1.5 - m1) * (1.5 - m1) + (1 - m1) * (1 - m1)) / 2);
   const double eps = 1.1920928955078125e-07;
   EXPECT_NEAR((*g)[0], (1.75 - m1) / (s1 + eps), 1e-6);
   EXPECT_NEAR((*g)[2], (1 - m1) / (s1 + eps), 1e-6);
@@ -125,8 +125,9 @@ class AgentTest : public ::testing::Test {
 // same acts on a reference Policy with the same seed: the actions must be the
 // same (R1: the parameters do not change within a round) and, after each
 // update, so must the parameters (R2: the loss and the Adam step).
-void CheckReinforceEquivalence(AgentTest* /*t*/, std::shared_ptr<ReinforceAgent> agent, int observers,
-                               int64_t steps, int rounds, double gamma, double lr, uint64_t seed) {
+void CheckReinforceEquivalence(AgentTest* /*t*/, std::shared_ptr<ReinforceAgent> agent,
+                               int observers, int64_t steps, int rounds, double gamma, double lr,
+                               uint64_t seed) {
   Policy ref(seed);
   torch::optim::Adam adam(ref.parameters(), torch::optim::AdamOptions(lr));
   std::vector<JoinReply> joins;
@@ -141,8 +142,8 @@ void CheckReinforceEquivalence(AgentTest* /*t*/, std::shared_ptr<ReinforceAgent>
   for (int k = 0; k < observers; ++k) envs.emplace_back(100 + k);
   int64_t round = joins[0].round;
   for (int r = 0; r < rounds; ++r) {
-    std::vector<std::vector<float>> obs(observers), rewards(observers,
-                                                            std::vector<float>(steps, 0));
+    std::vector<std::vector<float>> obs(observers),
+        rewards(observers, std::vector<float>(steps, 0));
     std::vector<std::vector<int32_t>> ends(observers);
     std::vector<at::Tensor> s_all(observers), m_all(observers), a_all(observers);
     for (int k = 0; k < observers; ++k) {

@@ -226,7 +226,7 @@ TEST_F(RoundsTest, R4_ASilentMemberIsDroppedAtItsDeadlineAndTheRoundGoesOn) {
   r->Join("a", &e);
   r->Join("b", &e);
   now_ = t0_ + absl::Seconds(1);
-  Play(*r, 2, 0, 0, 2);  // b's last word, then silence
+  Play(*r, 2, 0, 0, 2);                                  // b's last word, then silence
   EXPECT_EQ(r->NextDeadline(), t0_ + absl::Seconds(5));  // a's, from the round's start
   now_ = t0_ + absl::Seconds(2);
   Play(*r, 1, 0, 0, 4);
@@ -336,8 +336,8 @@ TEST_F(RoundsTest, R4_LeaveEndsASessionAtOnce) {
 TEST_F(RoundsTest, R6_StopTellsJoinersAtOncePlayersAtTheirFinishAndLaterJoinsAtOnce) {
   auto r = Make(Opts(2, 1));
   Effects e;
-  r->Join("a", &e);        // plays round 0
-  r->Join("b", &e);        // waits for round 1
+  r->Join("a", &e);  // plays round 0
+  r->Join("b", &e);  // waits for round 1
   now_ += absl::Seconds(1);
   Effects stop;
   r->Stop("enough", &stop);

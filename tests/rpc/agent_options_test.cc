@@ -68,8 +68,8 @@ TEST_F(FromEnvTest, RestartWaitComesFromBatonRun) {
     setenv("BATON_RESTART_WAIT", bad, 1);
     auto b = AgentOptions::FromEnv();
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_TRUE(absl::StrContains(b.status().message(),
-                                  absl::StrCat("BATON_RESTART_WAIT is '", bad, "'")))
+    EXPECT_TRUE(
+        absl::StrContains(b.status().message(), absl::StrCat("BATON_RESTART_WAIT is '", bad, "'")))
         << b.status();
   }
 }

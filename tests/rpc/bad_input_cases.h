@@ -59,9 +59,10 @@ inline Attack RandomCase(int i) {
     const uint32_t len = static_cast<uint32_t>(Rng()() % (n - 4));
     std::memcpy(bytes.data(), &len, 4);
   }
-  Attack a{absl::StrCat("random ", n, " bytes",
-                        plausible ? ", length prefix within the packet" : ""),
-           {}, {}};
+  Attack a{
+      absl::StrCat("random ", n, " bytes", plausible ? ", length prefix within the packet" : ""),
+      {},
+      {}};
   a.spec.packets = {std::move(bytes)};
   a.expect.kind = Expect::kClosedByServer;
   a.expect.allow_error_replies = true;
@@ -164,8 +165,7 @@ inline Attack UnknownFunctionCase(int i) {
       a.variant = "wrong signature";
       a.spec.packets = {WellFormedFrame(Request(i, "echo", "(int64)->int64"), args, {blob})};
       a.expect.code = absl::StatusCode::kInvalidArgument;
-      a.expect.needles_by_id[i] = {"argument type mismatch", "(int64)->int64",
-                                   EchoSignature()};
+      a.expect.needles_by_id[i] = {"argument type mismatch", "(int64)->int64", EchoSignature()};
       a.expect.replies = 1;
       break;
     }
@@ -202,9 +202,9 @@ inline Attack TerabyteTensorCase(int i) {
     }
     case 2:
       a.variant = "tensor shape 2^20 x 2^20 x 2^20";
-      a.spec.packets = {WellFormedFrame(
-          Request(i, "echo", EchoSignature()),
-          TensorArg(at::kFloat, {1 << 20, 1 << 20, 1 << 20}, 0), {blob})};
+      a.spec.packets = {WellFormedFrame(Request(i, "echo", EchoSignature()),
+                                        TensorArg(at::kFloat, {1 << 20, 1 << 20, 1 << 20}, 0),
+                                        {blob})};
       a.expect.kind = Expect::kErrorReplies;
       a.expect.code = absl::StatusCode::kDataLoss;
       a.expect.needles_by_id[i] = {"undecodable arguments", "tensor shape overflows"};

@@ -25,11 +25,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/grpc_options.h"
 #include "proto/rpc.pb.h"
 #include "rpc/function.h"
-#include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/internal/wire.h"
-#include "base/grpc_options.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 
 namespace baton::rpc::bad_input {
 
@@ -63,7 +63,7 @@ inline std::string RawFrame(const proto::FrameHeader& h, const std::string& rest
 
 // A well-formed frame: sizes filled in from what follows.
 inline std::string WellFormedFrame(proto::FrameHeader h, const std::string& payload,
-                            const std::vector<std::string>& blobs) {
+                                   const std::vector<std::string>& blobs) {
   h.set_payload_size(payload.size());
   h.clear_blob_sizes();
   std::string rest = payload;
@@ -75,7 +75,7 @@ inline std::string WellFormedFrame(proto::FrameHeader h, const std::string& payl
 }
 
 inline proto::FrameHeader Request(uint64_t id, const std::string& function,
-                           const std::string& signature = "") {
+                                  const std::string& signature = "") {
   proto::FrameHeader h;
   h.set_kind(proto::FrameHeader::REQUEST);
   h.set_id(id);
@@ -93,7 +93,7 @@ inline const std::string& EchoSignature() {
 
 // The codec's encoding of one dense tensor argument (rpc/codec.cc).
 inline std::string TensorArg(at::ScalarType dtype, const std::vector<uint64_t>& sizes,
-                      uint64_t blob_index) {
+                             uint64_t blob_index) {
   std::string s;
   s.push_back(1);  // dense
   s.push_back(static_cast<char>(static_cast<int8_t>(dtype)));
@@ -110,8 +110,8 @@ inline std::string FloatBytes(const std::vector<float>& v) {
 
 // A valid call of echo with a float tensor {1, 2, 3, 4}.
 inline std::string ValidEchoFrame(uint64_t id) {
-  return WellFormedFrame(Request(id, "echo", EchoSignature()),
-                         TensorArg(at::kFloat, {4}, 0), {FloatBytes({1, 2, 3, 4})});
+  return WellFormedFrame(Request(id, "echo", EchoSignature()), TensorArg(at::kFloat, {4}, 0),
+                         {FloatBytes({1, 2, 3, 4})});
 }
 
 // ---- A raw stream ----
@@ -121,7 +121,7 @@ struct Spec {
   // The worker identity presented (x-baton-identity): nullopt, the
   // attacker's own (the Attacker fills it in); "", none.
   std::optional<std::string> identity;
-  std::vector<std::string> packets;                      // one gRPC message each
+  std::vector<std::string> packets;  // one gRPC message each
   // > 0: half-close once this many reply frames arrived; 0: never half-close
   // (the server must end the stream itself).
   int expected_replies = 0;
@@ -313,7 +313,7 @@ inline std::string Summarize(const Outcome& o) {
 }
 
 inline bool ContainsAll(const std::string& s, const std::vector<std::string>& needles,
-                 std::string* missing) {
+                        std::string* missing) {
   for (const auto& n : needles) {
     if (!absl::StrContains(s, n)) {
       *missing = n;
@@ -369,8 +369,8 @@ inline std::string Check(const Expect& e, const Outcome& o) {
         }
         if (!ContainsAll(f.header.error_message(), it->second, &missing) ||
             !ContainsAll(f.header.error_message(), e.needles, &missing)) {
-          return absl::StrCat("reply message \"", Shorten(f.header.error_message()),
-                              "\" lacks \"", Shorten(missing), "\"");
+          return absl::StrCat("reply message \"", Shorten(f.header.error_message()), "\" lacks \"",
+                              Shorten(missing), "\"");
         }
       }
       if (!o.status.ok()) return absl::StrCat("stream ended with ", Summarize(o));
@@ -378,8 +378,8 @@ inline std::string Check(const Expect& e, const Outcome& o) {
     }
     case Expect::kStatus:
       if (code != static_cast<int>(e.code)) {
-        return absl::StrCat("expected the stream to end with ",
-                            CodeName(static_cast<int>(e.code)), ", got ", Summarize(o));
+        return absl::StrCat("expected the stream to end with ", CodeName(static_cast<int>(e.code)),
+                            ", got ", Summarize(o));
       }
       if (!ContainsAll(o.status.error_message(), e.needles, &missing)) {
         return absl::StrCat("status message lacks \"", missing, "\": ", Summarize(o));
@@ -413,7 +413,6 @@ inline std::string Check(const Expect& e, const Outcome& o) {
   }
   return "unknown expectation";
 }
-
 
 }  // namespace baton::rpc::bad_input
 

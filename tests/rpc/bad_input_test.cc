@@ -66,15 +66,15 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/grpc_options.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 #include "rpc/internal/wire.h"
-#include "base/grpc_options.h"
-#include "tests/rpc/bad_input_cases.h"
-#include "tests/rpc/bad_input_stream.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
+#include "tests/rpc/bad_input_cases.h"
+#include "tests/rpc/bad_input_stream.h"
 
 namespace baton::rpc {
 namespace {
@@ -199,8 +199,8 @@ std::unique_ptr<RpcAgent> StartAgent() {
   std::_Exit(1);
 }
 
-#define ACHECK(agent, cond) \
-  do {                      \
+#define ACHECK(agent, cond)                                       \
+  do {                                                            \
     if (!(cond)) AbortAttack((agent), __FILE__, __LINE__, #cond); \
   } while (0)
 
@@ -214,8 +214,7 @@ struct VariantLog {
 
 class Attacker {
  public:
-  Attacker(RpcAgent* agent, const std::string& address)
-      : agent_(agent), address_(address) {
+  Attacker(RpcAgent* agent, const std::string& address) : agent_(agent), address_(address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
@@ -278,8 +277,7 @@ class Attacker {
     }
     std::printf("case %-32s %4d streams, %9lld bytes, %5.2f s, w1 calls served meanwhile %lld\n",
                 name.c_str(), n, static_cast<long long>(bytes),
-                absl::ToDoubleSeconds(absl::Now() - t0),
-                static_cast<long long>(served - served0));
+                absl::ToDoubleSeconds(absl::Now() - t0), static_cast<long long>(served - served0));
     std::fflush(stdout);
     total_bytes_ += bytes;
   }
@@ -301,8 +299,7 @@ class Attacker {
   void Fail(const std::string& name, const std::string& variant, const std::string& why) {
     ++failures_;
     if (failures_ <= 20) {
-      std::fprintf(stderr, "FAIL [%s / %s]: %s\n", name.c_str(), variant.c_str(),
-                   why.c_str());
+      std::fprintf(stderr, "FAIL [%s / %s]: %s\n", name.c_str(), variant.c_str(), why.c_str());
       std::fflush(stderr);
     }
   }
@@ -400,14 +397,14 @@ int RunAttacker(RpcAgent* agent) {
   const int64_t growth = after[1][0] - before[0];
   const int64_t second_round = after[1][0] - after[0][0];
   const int64_t peak_growth = after[1][1] - start[1];
-  std::printf("w0 RSS growth over both rounds %.1f MiB (bound %.0f; %.1f MiB since the start), "
-              "in round 2 %.1f MiB (bound %.0f), peak growth since the start %.1f MiB "
-              "(bound %.0f); %.1f MB sent in %.1f s\n",
-              growth / 1048576.0, kRssGrowthBound / 1048576.0,
-              (after[1][0] - start[0]) / 1048576.0, second_round / 1048576.0,
-              kSecondRoundGrowthBound / 1048576.0, peak_growth / 1048576.0,
-              kPeakGrowthBound / 1048576.0, attacker.total_bytes() / 1e6,
-              absl::ToDoubleSeconds(absl::Now() - t0));
+  std::printf(
+      "w0 RSS growth over both rounds %.1f MiB (bound %.0f; %.1f MiB since the start), "
+      "in round 2 %.1f MiB (bound %.0f), peak growth since the start %.1f MiB "
+      "(bound %.0f); %.1f MB sent in %.1f s\n",
+      growth / 1048576.0, kRssGrowthBound / 1048576.0, (after[1][0] - start[0]) / 1048576.0,
+      second_round / 1048576.0, kSecondRoundGrowthBound / 1048576.0, peak_growth / 1048576.0,
+      kPeakGrowthBound / 1048576.0, attacker.total_bytes() / 1e6,
+      absl::ToDoubleSeconds(absl::Now() - t0));
   std::fflush(stdout);
   int failures = attacker.failures();
   if (growth > kRssGrowthBound || second_round > kSecondRoundGrowthBound ||
@@ -475,12 +472,8 @@ BATON_SCENARIO(bad_input) {
       // Serve until the attacker says it is over.
       WCHECK(g_finish.WaitForNotificationWithTimeout(absl::Seconds(260)));
       break;
-    case 1:
-      code = RunGoodClient(agent.get());
-      break;
-    default:
-      code = RunAttacker(agent.get());
-      break;
+    case 1: code = RunGoodClient(agent.get()); break;
+    default: code = RunAttacker(agent.get()); break;
   }
   WCHECK_OK(agent->Shutdown());
   return code;

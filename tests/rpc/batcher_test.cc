@@ -121,7 +121,8 @@ TEST_F(BatcherTest, ConcurrentCallersGetTheirOwnResults) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       std::vector<std::pair<int, Future<int>>> f;
-      for (int i = 20; i < 120; ++i) f.emplace_back(1000 * t + i, b->Submit(1000 * t + i));  // no 13
+      for (int i = 20; i < 120; ++i)
+        f.emplace_back(1000 * t + i, b->Submit(1000 * t + i));  // no 13
       for (auto& [x, fut] : f) {
         if (fut.value() != 10 * x) ++wrong;
       }
@@ -162,7 +163,7 @@ TEST_F(BatcherTest, LoweringMaxBatchRunsWhatIsQueuedAtOnce) {
   auto b = Make({4, absl::Seconds(30)});
   auto f1 = b->Submit(1), f2 = b->Submit(2);
   EXPECT_FALSE(f1.WaitFor(absl::Milliseconds(50)));  // 2 of 4: waits
-  b->set_max_batch(2);                                // e.g. two observers left
+  b->set_max_batch(2);                               // e.g. two observers left
   ASSERT_TRUE(f2.WaitFor(absl::Seconds(5)));
   EXPECT_EQ(f1.value() + f2.value(), 30);
   EXPECT_EQ(b->max_batch(), 2);

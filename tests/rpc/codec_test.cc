@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "proto/rref.pb.h"
 #include "rpc/codec.h"
-#include "rpc/proto_codec.h"
 #include "rpc/function.h"
+#include "rpc/proto_codec.h"
 
 namespace app {
 // A user type with its own codec.
@@ -51,9 +51,7 @@ template <>
 struct Codec<app::Tree> {
   static std::string Name() { return "Tree"; }
   static void Encode(const app::Tree& t, Encoder& enc) { EncodeValue(t.children, enc); }
-  static absl::Status Decode(Decoder& dec, app::Tree* t) {
-    return DecodeValue(dec, &t->children);
-  }
+  static absl::Status Decode(Decoder& dec, app::Tree* t) { return DecodeValue(dec, &t->children); }
 };
 
 namespace {
@@ -129,8 +127,8 @@ TEST(Codec, Containers) {
 
 TEST(Codec, EveryDtype) {
   const std::vector<at::ScalarType> dtypes = {
-      at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kByte, at::kChar,
-      at::kShort, at::kInt, at::kLong, at::kBool, at::kComplexFloat, at::kComplexDouble};
+      at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kByte,         at::kChar,
+      at::kShort, at::kInt,    at::kLong, at::kBool,     at::kComplexFloat, at::kComplexDouble};
   for (auto dt : dtypes) {
     at::Tensor t = at::randn({3, 4, 5}, at::kDouble).mul(10).to(dt);
     at::Tensor back = RoundTrip(t);
@@ -154,8 +152,8 @@ TEST(Codec, TensorShapes) {
 TEST(Codec, ViewsSendOnlyTheirBytes) {
   at::Tensor base = at::arange(10000, at::kFloat).reshape({100, 100});
   // Non-contiguous: a transposed block and a strided slice.
-  for (at::Tensor view : {base.t().slice(0, 10, 20), base.slice(1, 0, 100, 3),
-                          base.select(1, 7), base.slice(0, 50, 52)}) {
+  for (at::Tensor view : {base.t().slice(0, 10, 20), base.slice(1, 0, 100, 3), base.select(1, 7),
+                          base.slice(0, 50, 52)}) {
     auto p = EncodeMessage(view);
     ASSERT_TRUE(p.ok());
     ASSERT_EQ(p->blobs.size(), 1u);
@@ -209,8 +207,8 @@ TEST(Codec, TypeNames) {
 }
 
 TEST(Codec, CorruptInputIsDataLossNeverCrash) {
-  auto p = EncodeMessage(std::make_tuple(std::string("abc"), at::ones({4}),
-                                         std::vector<int64_t>{1, 2, 3}));
+  auto p = EncodeMessage(
+      std::make_tuple(std::string("abc"), at::ones({4}), std::vector<int64_t>{1, 2, 3}));
   ASSERT_TRUE(p.ok());
   using T = std::tuple<std::string, at::Tensor, std::vector<int64_t>>;
   // Every truncation fails cleanly.
@@ -363,13 +361,13 @@ TEST(Codec, CudaTensorsForMissingDevicesOrWithoutAChannelAreRefused) {
   if (torch::cuda::device_count() > 0) GTEST_SKIP() << "skipped: this machine has a GPU";
   for (uint8_t path : {0, 1}) {
     Encoder enc;
-    enc.WritePod<uint8_t>(2);                                   // CUDA
+    enc.WritePod<uint8_t>(2);  // CUDA
     enc.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));
     enc.WritePod<uint8_t>(0);
     enc.WriteVarint(1);
-    enc.WriteVarint(1);                                         // one element
-    enc.WriteVarint(0);                                         // for cuda:0
-    enc.WritePod<uint8_t>(path);                                // host / IPC
+    enc.WriteVarint(1);           // one element
+    enc.WriteVarint(0);           // for cuda:0
+    enc.WritePod<uint8_t>(path);  // host / IPC
     enc.WriteVarint(enc.AddBlob(Blob()));
     at::Tensor t;
     const absl::Status s = DecodeMessage(*std::move(enc).Finish(), &t);
@@ -395,10 +393,10 @@ TEST(Codec, CudaTensorsForMissingDevicesOrWithoutAChannelAreRefused) {
 TEST(Codec, DeclaredSizesAreCheckedBeforeAllocating) {
   // A tensor header that claims 2^40 floats (4 TiB) with no bytes behind it.
   Encoder enc;
-  enc.WritePod<uint8_t>(1);                                   // dense
-  enc.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));      // dtype
-  enc.WritePod<uint8_t>(0);                                   // requires_grad
-  enc.WriteVarint(2);                                         // rank
+  enc.WritePod<uint8_t>(1);                               // dense
+  enc.WritePod<int8_t>(static_cast<int8_t>(at::kFloat));  // dtype
+  enc.WritePod<uint8_t>(0);                               // requires_grad
+  enc.WriteVarint(2);                                     // rank
   enc.WriteVarint(uint64_t{1} << 20);
   enc.WriteVarint(uint64_t{1} << 20);
   enc.WriteVarint(enc.AddBlob(Blob()));
@@ -420,7 +418,9 @@ TEST(Codec, DeclaredSizesAreCheckedBeforeAllocating) {
   EXPECT_TRUE(absl::StrContains(s.message(), "tensor shape overflows")) << s;
   // A million strings claimed by a few bytes: each needs at least one byte.
   Payload strings;
-  strings.bytes = "\x80\x89\x7a" "abc";
+  strings.bytes =
+      "\x80\x89\x7a"
+      "abc";
   std::vector<std::string> v;
   s = DecodeMessage(strings, &v);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);

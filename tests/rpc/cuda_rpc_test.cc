@@ -11,9 +11,9 @@
 // receiver killed while the sender holds its export leaves no device memory
 // held on the sender. The GPU cases skip where this process sees no CUDA
 // device, saying so.
+#include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
@@ -50,7 +50,7 @@ using rref::RRef;
 
 int CudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
 
-#define SKIP_WITHOUT_GPU()                                                    \
+#define SKIP_WITHOUT_GPU() \
   if (CudaDevices() == 0) GTEST_SKIP() << "skipped: needs a CUDA device, found 0"
 
 // ---- Device maps checked at Create (any machine) ----
@@ -241,9 +241,12 @@ BATON_SCENARIO(cuda_echo) {
     }
     at::Tensor base = at::randn({6, 8}, cuda);
     const std::vector<std::pair<std::string, at::Tensor>> views = {
-        {"transposed", base.t()},          {"rows 2-4", base.narrow(0, 2, 3)},
-        {"one row", base[5]},              {"strided columns", base.slice(1, 0, 8, 3)},
-        {"no elements", base.narrow(0, 0, 0)}, {"a scalar", base[1][2]},
+        {"transposed", base.t()},
+        {"rows 2-4", base.narrow(0, 2, 3)},
+        {"one row", base[5]},
+        {"strided columns", base.slice(1, 0, 8, 3)},
+        {"no elements", base.narrow(0, 0, 0)},
+        {"a scalar", base[1][2]},
     };
     for (const auto& [what, v] : views) {
       at::Tensor back = agent.rpc_sync(1, echo_fn, v);
@@ -258,8 +261,8 @@ BATON_SCENARIO(cuda_echo) {
     CheckSame(agent.rpc_sync(1, echo_fn, cpu), cpu, "echo of a CPU tensor");
     // A tensor the callee makes on its GPU comes back through the inverse
     // of this worker's map.
-    CheckSame(agent.rpc_sync(1, make_cuda_fn, int64_t{10}),
-              at::arange(10, cuda.dtype(at::kLong)), "a CUDA result");
+    CheckSame(agent.rpc_sync(1, make_cuda_fn, int64_t{10}), at::arange(10, cuda.dtype(at::kLong)),
+              "a CUDA result");
   }
 #ifdef BATON_TEST_WITH_CUDA_IPC
   // I3: every export was released by its receiver.

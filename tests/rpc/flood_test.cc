@@ -58,11 +58,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/grpc_options.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
-#include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/internal/wire.h"
-#include "base/grpc_options.h"
+#include "rpc/transport/grpc/grpc_transport.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -162,8 +162,7 @@ std::shared_ptr<FunctionRegistry> MakeRegistry() {
   WCHECK_OK(r->Register(echo_fn, [](int64_t v) { return v; }));
   WCHECK_OK(r->Register(server_stats_fn, []() {
     const AgentStats s = g_agent->stats();
-    return std::vector<int64_t>{VmRss(), g_sampler->peak(), s.requests_refused,
-                                s.executor_threads};
+    return std::vector<int64_t>{VmRss(), g_sampler->peak(), s.requests_refused, s.executor_threads};
   }));
   WCHECK_OK(r->Register(reset_peak_fn, []() { g_sampler->Reset(); }));
   WCHECK_OK(r->Register(finish_fn, []() { g_finish.Notify(); }));
@@ -259,8 +258,7 @@ struct Verdict {
   }
 };
 
-void CheckServer(RpcAgent* agent, int64_t before, int64_t bound, bool expect_refusals,
-                 Verdict* v) {
+void CheckServer(RpcAgent* agent, int64_t before, int64_t bound, bool expect_refusals, Verdict* v) {
   const std::vector<int64_t> s = ServerStats(agent);
   v->Check(s[1] - before <= bound,
            absl::StrFormat("w0 RSS: %.1f MiB before, peak %.1f MiB (+%.1f, bound +%.0f), "
@@ -296,20 +294,20 @@ int FloodAndCheck(RpcAgent* agent) {
   const double flood_s = absl::ToDoubleSeconds(absl::Now() - t0);
   const bool drained = tally.WaitFor(sent, absl::Seconds(60));
   const AgentStats mine = agent->stats();
-  std::printf("w1 sent %lld calls in %.1f s (%.0f/s answered); most in flight %lld; "
-              "waited for room %lld times\n",
-              static_cast<long long>(sent), flood_s, tally.ok.load() / flood_s,
-              static_cast<long long>(most_pending),
-              static_cast<long long>(mine.calls_waited_for_window));
+  std::printf(
+      "w1 sent %lld calls in %.1f s (%.0f/s answered); most in flight %lld; "
+      "waited for room %lld times\n",
+      static_cast<long long>(sent), flood_s, tally.ok.load() / flood_s,
+      static_cast<long long>(most_pending), static_cast<long long>(mine.calls_waited_for_window));
   {
     absl::MutexLock lock(&tally.mu);
     v.Check(drained && tally.failed.load() == 0,
-            absl::StrCat("w1's calls: ", tally.ok.load(), " ok, ", tally.failed.load(),
-                         " failed", tally.first_error.empty() ? "" : " (first: ",
-                         tally.first_error, tally.first_error.empty() ? "" : ")"));
+            absl::StrCat("w1's calls: ", tally.ok.load(), " ok, ", tally.failed.load(), " failed",
+                         tally.first_error.empty() ? "" : " (first: ", tally.first_error,
+                         tally.first_error.empty() ? "" : ")"));
   }
-  v.Check(most_pending <= 1024, absl::StrCat("w1 kept at most ", most_pending,
-                                             " calls in flight (window 1024)"));
+  v.Check(most_pending <= 1024,
+          absl::StrCat("w1 kept at most ", most_pending, " calls in flight (window 1024)"));
   v.Check(mine.calls_waited_for_window > 0, "w1 had to wait for room (w0 was the bottleneck)");
   v.Check(g_sampler->peak() - caller_before <= kCallerRssBound,
           absl::StrFormat("w1 RSS: %.1f MiB before, peak %.1f MiB (+%.1f, bound +%.0f)",
@@ -322,11 +320,12 @@ int FloodAndCheck(RpcAgent* agent) {
   const std::vector<int64_t>& o = *other;
   v.Check(o[1] == 0 && o[0] > 100,
           absl::StrCat("w2's echo calls during the flood: ", o[0], " ok, ", o[1], " failed"));
-  v.Check(absl::Microseconds(o[3]) <= kOtherCallerP99 && absl::Microseconds(o[4]) <= kOtherCallerMax,
-          absl::StrFormat("w2's latency: p50 %.2f ms, p99 %.2f ms (bound %s), max %.2f ms "
-                          "(bound %s)",
-                          o[2] / 1000.0, o[3] / 1000.0, absl::FormatDuration(kOtherCallerP99),
-                          o[4] / 1000.0, absl::FormatDuration(kOtherCallerMax)));
+  v.Check(
+      absl::Microseconds(o[3]) <= kOtherCallerP99 && absl::Microseconds(o[4]) <= kOtherCallerMax,
+      absl::StrFormat("w2's latency: p50 %.2f ms, p99 %.2f ms (bound %s), max %.2f ms "
+                      "(bound %s)",
+                      o[2] / 1000.0, o[3] / 1000.0, absl::FormatDuration(kOtherCallerP99),
+                      o[4] / 1000.0, absl::FormatDuration(kOtherCallerMax)));
   return v.failures;
 }
 
@@ -348,15 +347,14 @@ int MillionAndCheck(RpcAgent* agent) {
   const double s = absl::ToDoubleSeconds(absl::Now() - t0);
   {
     absl::MutexLock lock(&tally.mu);
-    v.Check(drained && tally.ok.load() == kMillion,
-            absl::StrFormat("w1 fired %lld calls without waiting: %lld ok, %lld failed in "
-                            "%.1f s (%.0f calls/s); waited for room %lld times%s%s",
-                            static_cast<long long>(kMillion),
-                            static_cast<long long>(tally.ok.load()),
-                            static_cast<long long>(tally.failed.load()), s, kMillion / s,
-                            static_cast<long long>(agent->stats().calls_waited_for_window),
-                            tally.first_error.empty() ? "" : "; first error: ",
-                            tally.first_error));
+    v.Check(
+        drained && tally.ok.load() == kMillion,
+        absl::StrFormat("w1 fired %lld calls without waiting: %lld ok, %lld failed in "
+                        "%.1f s (%.0f calls/s); waited for room %lld times%s%s",
+                        static_cast<long long>(kMillion), static_cast<long long>(tally.ok.load()),
+                        static_cast<long long>(tally.failed.load()), s, kMillion / s,
+                        static_cast<long long>(agent->stats().calls_waited_for_window),
+                        tally.first_error.empty() ? "" : "; first error: ", tally.first_error));
   }
   v.Check(g_sampler->peak() - caller_before <= kCallerRssBound,
           absl::StrFormat("w1 RSS: %.1f MiB before, peak %.1f MiB (+%.1f, bound +%.0f)",
@@ -471,18 +469,18 @@ int DeafAndCheck(RpcAgent* agent) {
       delete d;
     }
   }
-  v.Check(ended == kDeafStreams, absl::StrFormat("the %d deaf streams ended after their cancel",
-                                                 kDeafStreams));
+  v.Check(ended == kDeafStreams,
+          absl::StrFormat("the %d deaf streams ended after their cancel", kDeafStreams));
   std::printf("the deaf streams wrote %lld packets (%lld requests) in %.0f s\n",
               static_cast<long long>(packets), static_cast<long long>(packets * 64),
               absl::ToDoubleSeconds(kDeafTime));
   auto other = agent->rpc_async(CallOptions{absl::Seconds(20)}, "w2", stop_other_fn).result();
   WCHECK_OK(other.status());
   const std::vector<int64_t>& o = *other;
-  v.Check(o[1] == 0 && o[0] > 100,
-          absl::StrFormat("w2's agent calls meanwhile: %lld ok, %lld failed, slowest %.2f ms",
-                          static_cast<long long>(o[0]), static_cast<long long>(o[1]),
-                          o[4] / 1000.0));
+  v.Check(
+      o[1] == 0 && o[0] > 100,
+      absl::StrFormat("w2's agent calls meanwhile: %lld ok, %lld failed, slowest %.2f ms",
+                      static_cast<long long>(o[0]), static_cast<long long>(o[1]), o[4] / 1000.0));
   CheckServer(agent, server_before, kDeafRssBound, /*expect_refusals=*/true, &v);
   return v.failures;
 }
@@ -494,16 +492,12 @@ int RunScenario(int (*judge)(RpcAgent*)) {
   auto agent = StartAgent();
   int code = 0;
   switch (agent->self().id) {
-    case 0:
-      WCHECK(g_finish.WaitForNotificationWithTimeout(absl::Seconds(250)));
-      break;
+    case 0: WCHECK(g_finish.WaitForNotificationWithTimeout(absl::Seconds(250))); break;
     case 1:
       code = judge(agent.get());
       WCHECK_OK(agent->rpc_async(CallOptions{absl::Seconds(20)}, "w0", finish_fn).status());
       break;
-    default:
-      RunOtherCaller(agent.get());
-      break;
+    default: RunOtherCaller(agent.get()); break;
   }
   WCHECK_OK(agent->Shutdown());
   g_sampler = nullptr;

@@ -18,10 +18,10 @@
 namespace baton::rpc {
 namespace {
 
+using ::baton::testing::Eventually;
 using internal::CallWindow;
 using internal::FlowLimits;
 using internal::RequestGate;
-using ::baton::testing::Eventually;
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
@@ -59,8 +59,7 @@ TEST(CallWindow, F1_NoRoomByTheDeadlineIsResourceExhaustedNamingTheLimits) {
   absl::Status s = window.Acquire(0, 10, In(absl::Milliseconds(150)), true);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(140));
   ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "1 calls (10 request bytes) already in flight"))
-      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "1 calls (10 request bytes) already in flight")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "max_calls_in_flight=1")) << s;
   EXPECT_EQ(window.stats().calls_refused, 1);
   EXPECT_EQ(window.stats().calls_in_flight, 1);  // the refused call took nothing
@@ -130,10 +129,12 @@ TEST(RequestGate, F2_ACallerOverItsLimitIsRefusedAndNothingIsQueued) {
   Latch latch;
   std::atomic<int> ran{0};
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(gate.Submit(0, 100, [&] {
-                      latch.Wait();
-                      ++ran;
-                    }).ok());
+    ASSERT_TRUE(gate.Submit(0, 100,
+                            [&] {
+                              latch.Wait();
+                              ++ran;
+                            })
+                    .ok());
   }
   bool refused_task_ran = false;
   absl::Status s = gate.Submit(0, 100, [&] { refused_task_ran = true; });
@@ -181,11 +182,13 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
   absl::Mutex mu;
   std::vector<int> order;  // peer 0: 0..399 in order; peer 1: -1
   for (int i = 0; i < 400; ++i) {
-    ASSERT_TRUE(gate.Submit(0, 1, [&, i] {
-                      absl::SleepFor(absl::Microseconds(500));
-                      absl::MutexLock lock(&mu);
-                      order.push_back(i);
-                    }).ok());
+    ASSERT_TRUE(gate.Submit(0, 1,
+                            [&, i] {
+                              absl::SleepFor(absl::Microseconds(500));
+                              absl::MutexLock lock(&mu);
+                              order.push_back(i);
+                            })
+                    .ok());
   }
   // Some of peer 0's requests have started.
   ASSERT_TRUE(Eventually([&] {
@@ -198,11 +201,13 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
     started_before = order.size();
   }
   absl::Notification done;
-  ASSERT_TRUE(gate.Submit(1, 1, [&] {
-                    absl::MutexLock lock(&mu);
-                    order.push_back(-1);
-                    done.Notify();
-                  }).ok());
+  ASSERT_TRUE(gate.Submit(1, 1,
+                          [&] {
+                            absl::MutexLock lock(&mu);
+                            order.push_back(-1);
+                            done.Notify();
+                          })
+                  .ok());
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   size_t position;
   {
@@ -231,10 +236,12 @@ TEST(RequestGate, F4_AfterCloseSubmitIsUnavailableAndQueuedRequestsStillRun) {
   Latch latch;
   std::atomic<int> ran{0};
   for (int i = 0; i < 10; ++i) {
-    ASSERT_TRUE(gate.Submit(0, 1, [&] {
-                      latch.Wait();
-                      ++ran;
-                    }).ok());
+    ASSERT_TRUE(gate.Submit(0, 1,
+                            [&] {
+                              latch.Wait();
+                              ++ran;
+                            })
+                    .ok());
   }
   gate.Close();
   EXPECT_EQ(gate.Submit(0, 1, [] {}).code(), absl::StatusCode::kUnavailable);
@@ -260,9 +267,8 @@ testing::LoopbackJobOptions Job(int64_t calls_w0, int64_t calls_w1,
     a.max_calls_in_flight = rank == 0 ? calls_w0 : calls_w1;
   };
   o.install = [latch](int, FunctionRegistry& r) {
-    ASSERT_TRUE(r.Register(sleep_ms_fn, [](int64_t ms) {
-                   absl::SleepFor(absl::Milliseconds(ms));
-                 }).ok());
+    ASSERT_TRUE(
+        r.Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); }).ok());
     ASSERT_TRUE(r.Register(held_fn, [latch] { latch->Wait(); }).ok());
     ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
   };

@@ -50,14 +50,13 @@ TEST(Future, ThenRunsOnExecutorAndChains) {
   Executor ex({2, 4});
   Promise<int> p(&ex);
   std::atomic<bool> on_pool{false};
-  Future<std::string> f = p.future()
-                              .Then([&](const Future<int>& in) {
-                                on_pool = ex.InPool();
-                                return in.value() * 2;
-                              })
-                              .Then([](const Future<int>& in) {
-                                return std::to_string(in.value());
-                              });
+  Future<std::string> f =
+      p.future()
+          .Then([&](const Future<int>& in) {
+            on_pool = ex.InPool();
+            return in.value() * 2;
+          })
+          .Then([](const Future<int>& in) { return std::to_string(in.value()); });
   p.SetValue(21);
   EXPECT_EQ(f.value(), "42");
   EXPECT_TRUE(on_pool);
@@ -239,9 +238,18 @@ TEST(DeadlineTimer, FiresInOrderAndCancels) {
   std::vector<int> order;
   absl::Mutex mu;
   const absl::Time now = absl::Now();
-  timer.Schedule(now + absl::Milliseconds(60), [&] { absl::MutexLock l(&mu); order.push_back(3); });
-  timer.Schedule(now + absl::Milliseconds(20), [&] { absl::MutexLock l(&mu); order.push_back(1); });
-  auto id = timer.Schedule(now + absl::Milliseconds(40), [&] { absl::MutexLock l(&mu); order.push_back(2); });
+  timer.Schedule(now + absl::Milliseconds(60), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(3);
+  });
+  timer.Schedule(now + absl::Milliseconds(20), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(1);
+  });
+  auto id = timer.Schedule(now + absl::Milliseconds(40), [&] {
+    absl::MutexLock l(&mu);
+    order.push_back(2);
+  });
   EXPECT_TRUE(timer.Cancel(id));
   EXPECT_FALSE(timer.Cancel(id));
   EXPECT_EQ(timer.Schedule(absl::InfiniteFuture(), [] {}), 0u);

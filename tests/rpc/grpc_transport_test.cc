@@ -85,8 +85,8 @@ TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
     ASSERT_EQ(caller_side.closed_.size(), 1u);
     const absl::Status& cause = caller_side.closed_[0].second;
     EXPECT_EQ(cause.code(), absl::StatusCode::kPermissionDenied) << cause;
-    EXPECT_TRUE(absl::StrContains(cause.message(),
-                                  "claims caller id 4 on a stream bound to caller id 3"))
+    EXPECT_TRUE(
+        absl::StrContains(cause.message(), "claims caller id 4 on a stream bound to caller id 3"))
         << cause;
   }
   {
@@ -155,8 +155,8 @@ TEST(GrpcTransport, W2_NoFrameIsReadBeforeTheStreamsIdentityIsAnswered) {
     absl::MutexLock lock(&caller_side.mu_);
     const absl::Status& cause = caller_side.closed_[0].second;
     EXPECT_EQ(cause.code(), absl::StatusCode::kPermissionDenied) << cause;
-    EXPECT_TRUE(absl::StrContains(cause.message(),
-                                  "claims caller id 8 on a stream bound to caller id 7"))
+    EXPECT_TRUE(
+        absl::StrContains(cause.message(), "claims caller id 8 on a stream bound to caller id 7"))
         << cause;
   }
   {

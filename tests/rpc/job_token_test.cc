@@ -53,7 +53,8 @@ TEST(JobToken, WorkerThatMaySpanHostsWithoutATokenFailsSayingHowToProvideOne) {
 TEST(JobToken, WorkerWithAnotherTokenIsRejectedByTheStore) {
   const int port = baton::testing::FreePort();
   absl::StatusOr<std::unique_ptr<RpcAgent>> a0;
-  std::thread t0([&] { a0 = RpcAgent::Create(Options(0, port, "the-jobs-token-0123"), Registry()); });
+  std::thread t0(
+      [&] { a0 = RpcAgent::Create(Options(0, port, "the-jobs-token-0123"), Registry()); });
   absl::SleepFor(absl::Milliseconds(200));
   auto a1 = RpcAgent::Create(Options(1, port, "an-intruders-token"), Registry());
   ASSERT_FALSE(a1.ok());
@@ -77,17 +78,17 @@ TEST(JobToken, OneHostJobWithoutATokenSharesItThroughAPrivateFileNotTheStore) {
   ASSERT_TRUE(a[0].ok()) << a[0].status();
   ASSERT_TRUE(a[1].ok()) << a[1].status();
   EXPECT_EQ((*a[1])->rpc_sync(0, echo_fn, 5), 5);
-  struct stat file {}, dir {};
+  struct stat file {
+  }, dir{};
   ASSERT_EQ(::stat(path.c_str(), &file), 0) << path;
   ASSERT_EQ(::stat(path.substr(0, path.rfind('/')).c_str(), &dir), 0);
   EXPECT_EQ(file.st_mode & 0777, 0600u);
   EXPECT_EQ(dir.st_mode & 0777, 0700u);
   // The store holds no token, and refuses a client without it.
   RpcAgent& w0 = **a[0];
-  EXPECT_EQ(w0.store().Get(w0.store_namespace() + "job_token", absl::Milliseconds(100))
-                .status()
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      w0.store().Get(w0.store_namespace() + "job_token", absl::Milliseconds(100)).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
   store::StoreClient nosy({absl::StrCat("127.0.0.1:", port), "", absl::Seconds(1)});
   EXPECT_EQ(nosy.Set("x", "y").code(), absl::StatusCode::kUnauthenticated);
   std::thread s1([&] { EXPECT_TRUE((*a[1])->Shutdown().ok()); });

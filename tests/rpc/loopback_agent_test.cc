@@ -31,9 +31,8 @@ LoopbackJobOptions Options(int world) {
   o.world_size = world;
   o.install = [](int, FunctionRegistry& r) {
     ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
-    ASSERT_TRUE(r.Register(sleep_ms_fn, [](int64_t ms) {
-                   absl::SleepFor(absl::Milliseconds(ms));
-                 }).ok());
+    ASSERT_TRUE(
+        r.Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); }).ok());
     // Calls `target` from inside a remote function.
     ASSERT_TRUE(r.Register(relay_fn, [](const CallContext& ctx, int64_t target, int64_t v) {
                    return ctx.agent->rpc_sync(static_cast<int>(target), echo_fn, v + 1);
@@ -128,8 +127,8 @@ TEST(LoopbackAgents, KilledWorkerFailsPendingCallsWithUnavailableNamingIt) {
   opts.timeout = absl::Seconds(30);
   Future<void> pending = (*job)->agent(0).rpc_async(opts, 2, sleep_ms_fn, 1500);
   // The request is running on w2.
-  ASSERT_TRUE(baton::testing::Eventually(
-      [&] { return (*job)->agent(2).stats().running_incoming == 1; }));
+  ASSERT_TRUE(
+      baton::testing::Eventually([&] { return (*job)->agent(2).stats().running_incoming == 1; }));
   const absl::Time kill = absl::Now();
   ASSERT_TRUE((*job)->Kill(2).ok());
   auto r = pending.result();
@@ -153,7 +152,8 @@ TEST(LoopbackAgents, GracefulShutdownDrainsDelayedCalls) {
     return f.function == "echo" ? Fate::Delay(absl::Milliseconds(50)) : Fate::Deliver();
   });
   std::vector<Future<int64_t>> calls;
-  for (int64_t v = 0; v < 20; ++v) calls.push_back((*job)->agent(v % 2).rpc_async(1 - v % 2, echo_fn, v));
+  for (int64_t v = 0; v < 20; ++v)
+    calls.push_back((*job)->agent(v % 2).rpc_async(1 - v % 2, echo_fn, v));
   EXPECT_TRUE((*job)->ShutdownAll().ok());
   for (int64_t v = 0; v < 20; ++v) {
     auto r = calls[v].result();

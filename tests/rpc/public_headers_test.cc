@@ -8,7 +8,7 @@
 #include "rref/rref.h"
 
 #if defined(GRPCPP_GRPCPP_H) || defined(GRPC_GRPC_H) || defined(GRPCPP_SUPPORT_STATUS_H) || \
-    defined(GRPCPP_SUPPORT_SLICE_H) || defined(GRPCPP_SUPPORT_BYTE_BUFFER_H) ||            \
+    defined(GRPCPP_SUPPORT_SLICE_H) || defined(GRPCPP_SUPPORT_BYTE_BUFFER_H) ||             \
     defined(GRPC_SUPPORT_PORT_PLATFORM_H)
 #error "a public header of rpc/, rref/ or dist_autograd/ includes gRPC"
 #endif

@@ -25,6 +25,7 @@
 namespace baton {
 namespace {
 
+using baton::testing::Eventually;
 using rpc::CallContext;
 using rpc::CallOptions;
 using rpc::Function;
@@ -35,7 +36,6 @@ using rpc::testing::LoopbackJob;
 using rpc::testing::LoopbackJobOptions;
 using rref::RRef;
 using rref::RRefService;
-using baton::testing::Eventually;
 
 const Function<int64_t()> whoami_fn("whoami");
 const Function<at::Tensor(int64_t)> zeros_fn("zeros");
@@ -134,8 +134,8 @@ TEST(Restart, P1_P4_ANewIncarnationThatCallsReplacesItsPredecessor) {
   auto refused = replaced->rpc_async(0, whoami_fn).result();
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(refused.status().message(),
-                                "a newer incarnation of that rank rejoined"))
+  EXPECT_TRUE(
+      absl::StrContains(refused.status().message(), "a newer incarnation of that rank rejoined"))
       << refused.status();
   EXPECT_EQ(j.agent(0).stats().peer_failures, 1);
   EXPECT_EQ(j.Failures().size(), 1u);
@@ -159,8 +159,8 @@ TEST(Restart, P2_AKilledWorkerIsReportedOnceAndItsSuccessorNever) {
   ASSERT_TRUE(j.job->Restart(2).ok());
   // The new incarnation has not called worker 0: worker 0 finds it in the
   // store when its calls to the old address fail.
-  EXPECT_TRUE(Eventually(
-      [&] { return j.agent(0).rpc_async(2, whoami_fn).result().value_or(0) == 2; }));
+  EXPECT_TRUE(
+      Eventually([&] { return j.agent(0).rpc_async(2, whoami_fn).result().value_or(0) == 2; }));
   EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
   // Every suspicion has been settled by its probe (a report can only come
   // from one), and none reported the successor.
@@ -217,9 +217,8 @@ TEST(Restart, D4_ARestartedCreatorKeepsItsContextsWhenItsPredecessorsAreReleased
     at::Tensor y = j.agent(2).rpc_sync(0, square_fn, x);
     // Worker 0 learnt of incarnation 2 from that call, and released the
     // context of incarnation 1 only.
-    EXPECT_TRUE(Eventually([&] {
-      return dist_autograd::LiveContexts(j.agent(0)) == std::vector<int64_t>{ctx.id()};
-    }));
+    EXPECT_TRUE(Eventually(
+        [&] { return dist_autograd::LiveContexts(j.agent(0)) == std::vector<int64_t>{ctx.id()}; }));
     ASSERT_TRUE(dist_autograd::Backward(j.agent(2), ctx.id(), {y.sum()}).ok());
     auto grad = dist_autograd::GetGradient(j.agent(2), ctx.id(), x);
     ASSERT_TRUE(grad.ok()) << grad.status();
@@ -289,8 +288,8 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
   ASSERT_TRUE(j.job->Kill(2).ok());
   // The first call is the evidence of the death, which a probe confirms
   // (P2); it waits for a successor too (P8), until its short deadline.
-  EXPECT_FALSE(j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 2, whoami_fn)
-                   .result().ok());
+  EXPECT_FALSE(
+      j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 2, whoami_fn).result().ok());
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
   absl::StatusOr<int64_t> waited = absl::UnknownError("not run");
   std::thread caller([&] {
@@ -306,8 +305,8 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
 
   // Rank 1 dies for good: a call waits until its own deadline, then fails.
   ASSERT_TRUE(j.job->Kill(1).ok());
-  EXPECT_FALSE(j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 1, whoami_fn)
-                   .result().ok());
+  EXPECT_FALSE(
+      j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 1, whoami_fn).result().ok());
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 2; }));
   const absl::Time start = absl::Now();
   auto lost = j.agent(0).rpc_async(CallOptions{absl::Milliseconds(500)}, 1, whoami_fn).result();
@@ -329,9 +328,8 @@ TEST(Restart, P8_AnUndeliveredCallThatRevealsADeathGoesToTheSuccessor) {
   ASSERT_TRUE(j.job->Kill(2).ok());
   absl::StatusOr<int64_t> first = absl::UnknownError("not run");
   absl::StatusOr<int64_t> second = absl::UnknownError("not run");
-  std::thread caller([&] {
-    first = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result();
-  });
+  std::thread caller(
+      [&] { first = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result(); });
   ASSERT_TRUE(Eventually([&] { return j.agent(0).stats().calls_waiting_for_restart >= 1; }));
   std::thread later([&] {
     second = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, whoami_fn).result();
@@ -359,9 +357,8 @@ TEST(Restart, P8_ACallThatMayHaveBeenDeliveredFailsAndIsNotSentAgain) {
     Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30));
     ASSERT_NE(j.job, nullptr);
     absl::StatusOr<int64_t> held = absl::UnknownError("not run");
-    std::thread caller([&] {
-      held = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, hold_fn).result();
-    });
+    std::thread caller(
+        [&] { held = j.agent(0).rpc_async(CallOptions{absl::Seconds(30)}, 2, hold_fn).result(); });
     ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
     const absl::Time killed = absl::Now();
     ASSERT_TRUE(j.job->Kill(2).ok());
@@ -425,21 +422,27 @@ TEST_P(StartupKill, P5_AWorkerKilledDuringStartUpJoinsOnRestart) {
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryStep, StartupKill,
-    ::testing::Values(rpc::RendezvousStep::kConnectingStore, rpc::RendezvousStep::kRoundTaken,
-                      rpc::RendezvousStep::kRegistered, rpc::RendezvousStep::kBeforeInitBarrier,
-                      rpc::RendezvousStep::kAfterInitBarrier),
-    [](const ::testing::TestParamInfo<rpc::RendezvousStep>& info) {
-      switch (info.param) {
-        case rpc::RendezvousStep::kConnectingStore: return std::string("BeforeTheStore");
-        case rpc::RendezvousStep::kRoundTaken: return std::string("AfterTakingItsRound");
-        case rpc::RendezvousStep::kRegistered: return std::string("AfterRegistering");
-        case rpc::RendezvousStep::kBeforeInitBarrier: return std::string("BeforeTheInitBarrier");
-        case rpc::RendezvousStep::kAfterInitBarrier: return std::string("AfterTheInitBarrier");
-      }
-      return std::string("Unknown");
-    });
+INSTANTIATE_TEST_SUITE_P(EveryStep, StartupKill,
+                         ::testing::Values(rpc::RendezvousStep::kConnectingStore,
+                                           rpc::RendezvousStep::kRoundTaken,
+                                           rpc::RendezvousStep::kRegistered,
+                                           rpc::RendezvousStep::kBeforeInitBarrier,
+                                           rpc::RendezvousStep::kAfterInitBarrier),
+                         [](const ::testing::TestParamInfo<rpc::RendezvousStep>& info) {
+                           switch (info.param) {
+                             case rpc::RendezvousStep::kConnectingStore:
+                               return std::string("BeforeTheStore");
+                             case rpc::RendezvousStep::kRoundTaken:
+                               return std::string("AfterTakingItsRound");
+                             case rpc::RendezvousStep::kRegistered:
+                               return std::string("AfterRegistering");
+                             case rpc::RendezvousStep::kBeforeInitBarrier:
+                               return std::string("BeforeTheInitBarrier");
+                             case rpc::RendezvousStep::kAfterInitBarrier:
+                               return std::string("AfterTheInitBarrier");
+                           }
+                           return std::string("Unknown");
+                         });
 
 }  // namespace
 }  // namespace baton

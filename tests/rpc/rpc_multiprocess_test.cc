@@ -2,9 +2,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <atomic>
 #include <cstdio>
-#include <dirent.h>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -45,19 +45,19 @@ std::shared_ptr<FunctionRegistry> MakeRegistry() {
   auto r = std::make_shared<FunctionRegistry>();
   (void)r->Register(add_fn, [](at::Tensor a, at::Tensor b) { return a + b; });
   (void)r->Register(echo_int_fn, [](int64_t v) { return v; });
-  (void)r->Register(boom_fn, [](std::string what) -> std::string {
-    throw std::runtime_error("boom: " + what);
-  });
+  (void)r->Register(
+      boom_fn, [](std::string what) -> std::string { throw std::runtime_error("boom: " + what); });
   (void)r->Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); });
   (void)r->Register(pid_fn, []() { return static_cast<int64_t>(getpid()); });
   (void)r->Register(relay_fn, [](const CallContext& ctx, std::string target, at::Tensor x) {
     return ctx.agent->rpc_sync(target, add_fn, x, x);
   });
-  (void)r->Register(pingpong_fn, [](const CallContext& ctx, std::string me,
-                                    std::string other, int64_t n) -> int64_t {
-    if (n == 0) return 0;
-    return 1 + ctx.agent->rpc_sync(other, pingpong_fn, other, me, n - 1);
-  });
+  (void)r->Register(
+      pingpong_fn,
+      [](const CallContext& ctx, std::string me, std::string other, int64_t n) -> int64_t {
+        if (n == 0) return 0;
+        return 1 + ctx.agent->rpc_sync(other, pingpong_fn, other, me, n - 1);
+      });
   (void)r->Register(echo_tensor_fn, [](at::Tensor t) { return t; });
   (void)r->Register(add_int_fn, [](at::Tensor t, int64_t v) { return t + v; });
   return r;
@@ -157,9 +157,8 @@ BATON_SCENARIO(sync_async_nested) {
     }
     WCHECK_OK(WaitAll(futures, absl::Seconds(30)));
     for (int i = 0; i < 8; ++i) WCHECK(futures[i].value().equal(a + i));
-    Future<double> chained = futures[3].Then([](const Future<at::Tensor>& f) {
-      return f.value().sum().item<double>();
-    });
+    Future<double> chained =
+        futures[3].Then([](const Future<at::Tensor>& f) { return f.value().sum().item<double>(); });
     WCHECK(chained.value() == (a + 3).sum().item<double>());
     // A remote function that makes an RPC itself (w0 -> w1 -> w2).
     WCHECK(agent->rpc_sync("w1", relay_fn, std::string("w2"), a).equal(a * 2));
@@ -216,8 +215,7 @@ TEST_P(RpcMultiProcess, TenThousandCallsSixtyFourInFlight) {
 }
 
 // ---------------------------------------------------------------------------
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 std::vector<std::string> fragments) {
+void ExpectError(const absl::Status& s, absl::StatusCode code, std::vector<std::string> fragments) {
   if (s.code() != code) {
     std::fprintf(stderr, "expected code %d, got %s\n", static_cast<int>(code),
                  s.ToString().c_str());
@@ -262,21 +260,21 @@ BATON_SCENARIO(error_cases) {
     ExpectError(agent->rpc_async("w9", echo_int_fn, 1).status(), absl::StatusCode::kNotFound,
                 {"no worker named 'w9'", "w0, w1"});
     // A value the codec cannot send.
-    ExpectError(agent->rpc_async("w1", echo_tensor_fn,
-                                 at::ones({2, 2}).to_sparse()).status(),
+    ExpectError(agent->rpc_async("w1", echo_tensor_fn, at::ones({2, 2}).to_sparse()).status(),
                 absl::StatusCode::kInvalidArgument, {"sparse", "echo_tensor"});
     // Timeout: the callee is slow; the caller gives up on time.
     const absl::Time t0 = absl::Now();
-    ExpectError(agent->rpc_async(CallOptions{absl::Milliseconds(200)}, "w1", sleep_ms_fn,
-                                 int64_t{1500}).status(),
-                absl::StatusCode::kDeadlineExceeded, {"worker 'w1'", "sleep_ms", "timed out"});
+    ExpectError(
+        agent->rpc_async(CallOptions{absl::Milliseconds(200)}, "w1", sleep_ms_fn, int64_t{1500})
+            .status(),
+        absl::StatusCode::kDeadlineExceeded, {"worker 'w1'", "sleep_ms", "timed out"});
     WCHECK(absl::Now() - t0 < absl::Seconds(1));
     // The callee keeps serving after all of that.
     WCHECK(agent->rpc_sync("w1", echo_int_fn, 41) == 41);
     WCHECK(agent->rpc_sync("w1", add_fn, at::ones({3}), at::ones({3})).equal(at::full({3}, 2.0)));
     // A stream with a wrong job token is rejected before any function runs.
-    StreamOutcome o = OpenRawStream("not-the-token", agent->worker(1)->address, "", 0,
-                                    agent->incarnation());
+    StreamOutcome o =
+        OpenRawStream("not-the-token", agent->worker(1)->address, "", 0, agent->incarnation());
     WCHECK(o.closed);
     ExpectError(o.cause, absl::StatusCode::kUnauthenticated, {"wrong job token"});
     WCHECK(o.responses == 0);
@@ -311,13 +309,13 @@ BATON_SCENARIO(stream_identity) {
     ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
                 {"worker 'w1' refuses a stream without a worker identity"});
 
-    const std::string forged = absl::StrCat("2/", agent->peer_incarnation(2), "/",
-                                            std::string(64, 'a'));
+    const std::string forged =
+        absl::StrCat("2/", agent->peer_incarnation(2), "/", std::string(64, 'a'));
     o = OpenRawStream(kIdentityJobToken, w1, forged, 2, agent->peer_incarnation(2));
     WCHECK(o.closed && o.responses == 0);
-    ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
-                {"worker 'w1' refuses a stream claiming to come from worker id 2",
-                 "proof does not match"});
+    ExpectError(
+        o.cause, absl::StatusCode::kPermissionDenied,
+        {"worker 'w1' refuses a stream claiming to come from worker id 2", "proof does not match"});
 
     // A genuine proof, but meant for another worker.
     o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(2), 0, inc);
@@ -357,14 +355,15 @@ BATON_SCENARIO(killed_peer) {
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     const int64_t pid = agent->rpc_sync("w1", pid_fn);
-    Future<void> slow = agent->rpc_async(CallOptions{absl::Seconds(60)}, "w1", sleep_ms_fn,
-                                         int64_t{30000});
+    Future<void> slow =
+        agent->rpc_async(CallOptions{absl::Seconds(60)}, "w1", sleep_ms_fn, int64_t{30000});
     absl::SleepFor(absl::Milliseconds(300));
     const absl::Time t0 = absl::Now();
     kill(static_cast<pid_t>(pid), SIGKILL);
     absl::Status s = slow.Wait(absl::Seconds(10));
     WCHECK(absl::Now() - t0 < absl::Seconds(5));
-    ExpectError(s, absl::StatusCode::kUnavailable, {"worker 'w1'", "sleep_ms", "dead or unreachable"});
+    ExpectError(s, absl::StatusCode::kUnavailable,
+                {"worker 'w1'", "sleep_ms", "dead or unreachable"});
     // New calls to the dead worker fail fast too.
     ExpectError(agent->rpc_async("w1", echo_int_fn, 1).status(), absl::StatusCode::kUnavailable,
                 {"worker 'w1'"});

@@ -265,8 +265,8 @@ TEST(ShmChannel, ImportMapsOnlyTheSendersSegments) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(s.message(), "not a segment of the sender")) << s;
   // Sizes, capacities and generations a segment cannot have.
-  EXPECT_TRUE(absl::StrContains(forged([](proto::ShmBlob& e) { e.set_size(100); }).message(),
-                                "outside"));
+  EXPECT_TRUE(
+      absl::StrContains(forged([](proto::ShmBlob& e) { e.set_size(100); }).message(), "outside"));
   EXPECT_TRUE(absl::StrContains(
       forged([](proto::ShmBlob& e) { e.set_size(e.capacity() + 1); }).message(), "outside"));
   EXPECT_TRUE(absl::StrContains(

@@ -88,8 +88,8 @@ TEST(ShmTransport, ARequestClaimingAnotherCallerClosesTheLink) {
   ASSERT_EQ(p.h1.closed_.size(), 1u);
   EXPECT_EQ(p.h1.closed_[0].first, 0);
   EXPECT_EQ(p.h1.closed_[0].second.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(absl::StrContains(p.h1.closed_[0].second.message(),
-                                "link from worker 0 claims caller id 1"))
+  EXPECT_TRUE(
+      absl::StrContains(p.h1.closed_[0].second.message(), "link from worker 0 claims caller id 1"))
       << p.h1.closed_[0].second;
 }
 
@@ -118,7 +118,8 @@ TEST(ShmTransport, T1_ConcurrentSendersEachKeepTheirOrder) {
   absl::MutexLock lock(&p.h1.mu_);
   std::vector<int> last(4, -1);
   for (const Frame& f : p.h1.requests_) {
-    const int t = static_cast<int>(f.header.id() / 10000), i = static_cast<int>(f.header.id() % 10000);
+    const int t = static_cast<int>(f.header.id() / 10000),
+              i = static_cast<int>(f.header.id() % 10000);
     EXPECT_EQ(i, last[t] + 1) << "sender " << t;
     last[t] = i;
   }
@@ -175,8 +176,8 @@ TEST(ShmTransport, T3_PeerDeathIsNoticedAndSendsFailAfterwards) {
     ASSERT_EQ(h0.closed_.size(), 1u);
     EXPECT_EQ(h0.closed_[0].first, 1);
     EXPECT_EQ(h0.closed_[0].second.code(), absl::StatusCode::kUnavailable);
-    EXPECT_TRUE(absl::StrContains(h0.closed_[0].second.message(),
-                                  absl::StrCat("pid ", child, ") exited")))
+    EXPECT_TRUE(
+        absl::StrContains(h0.closed_[0].second.message(), absl::StrCat("pid ", child, ") exited")))
         << h0.closed_[0].second;
   }
   EXPECT_FALSE(t0->connected(1));

@@ -56,8 +56,8 @@ std::shared_ptr<FunctionRegistry> Registry() {
 }
 
 // Starts rank 0 with `tls0` and rank 1 with `tls1`; returns both results.
-std::pair<absl::StatusOr<std::unique_ptr<RpcAgent>>, absl::StatusOr<std::unique_ptr<RpcAgent>>>
-Job(TlsFiles tls0, TlsFiles tls1) {
+std::pair<absl::StatusOr<std::unique_ptr<RpcAgent>>, absl::StatusOr<std::unique_ptr<RpcAgent>>> Job(
+    TlsFiles tls0, TlsFiles tls1) {
   const int port = baton::testing::FreePort();
   absl::StatusOr<std::unique_ptr<RpcAgent>> a0, a1;
   std::thread t0([&] { a0 = RpcAgent::Create(Options(0, port, tls0), Registry()); });

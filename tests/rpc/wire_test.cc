@@ -136,7 +136,7 @@ TEST(Wire, AHeaderListingMoreThanItsBytesCanUseIsDataLoss) {
   std::string head = h.SerializeAsString();
   constexpr size_t kEntries = size_t{1} << 20;
   head.push_back(static_cast<char>((10 << 3) | 2));  // blob_sizes, packed
-  for (size_t n = kEntries; ; n >>= 7) {
+  for (size_t n = kEntries;; n >>= 7) {
     head.push_back(static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0)));
     if (n < 0x80) break;
   }
@@ -147,8 +147,9 @@ TEST(Wire, AHeaderListingMoreThanItsBytesCanUseIsDataLoss) {
   std::vector<Frame> frames;
   absl::Status s = Parse(packet, &frames);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "frame header lists 1048576 blobs, but its payload "
-                                             "of 6 bytes can name at most 1"))
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "frame header lists 1048576 blobs, but its payload "
+                                "of 6 bytes can name at most 1"))
       << s;
   EXPECT_TRUE(frames.empty());
 

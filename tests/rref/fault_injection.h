@@ -20,7 +20,9 @@ class DelayingControlSender : public rref::ControlSender {
   enum Kind { kForkRequest, kChildAccept, kUserDelete };
 
   DelayingControlSender(rref::ControlSender* real, std::set<Kind> delayed, absl::Duration delay)
-      : real_(real), delayed_(std::move(delayed)), delay_(delay),
+      : real_(real),
+        delayed_(std::move(delayed)),
+        delay_(delay),
         timer_(std::make_unique<rpc::DeadlineTimer>()) {}
 
   // "fork", "accept", "delete" (comma-separated) -> kinds.

@@ -64,8 +64,7 @@ struct Job {
   std::vector<std::shared_ptr<RRefService>> rrefs;
   std::unique_ptr<LoopbackJob> job;
 
-  explicit Job(int world = 3,
-               std::function<void(int, rpc::AgentOptions&)> configure = nullptr) {
+  explicit Job(int world = 3, std::function<void(int, rpc::AgentOptions&)> configure = nullptr) {
     rrefs.resize(world);
     LoopbackJobOptions o;
     o.world_size = world;
@@ -99,14 +98,14 @@ struct Job {
               return ref.local_value()->sum();
             });
       });
-      (void)r.Register(chain_fn, [](const CallContext& ctx, at::Tensor x,
-                                    std::vector<int64_t> route) {
-        at::Tensor y = Step(x, ctx.agent->self().id);
-        if (route.empty()) return y;
-        const int64_t next = route.front();
-        route.erase(route.begin());
-        return ctx.agent->rpc_sync(static_cast<int>(next), chain_fn, y, route);
-      });
+      (void)r.Register(chain_fn,
+                       [](const CallContext& ctx, at::Tensor x, std::vector<int64_t> route) {
+                         at::Tensor y = Step(x, ctx.agent->self().id);
+                         if (route.empty()) return y;
+                         const int64_t next = route.front();
+                         route.erase(route.begin());
+                         return ctx.agent->rpc_sync(static_cast<int>(next), chain_fn, y, route);
+                       });
     };
     o.attach = [this](int rank, RpcAgent& agent) { rrefs[rank]->Attach(&agent); };
     auto started = LoopbackJob::Start(std::move(o));
@@ -239,8 +238,8 @@ TEST(RRefOverLoopback, G9_AnOwnerCallingItselfWithItsOwnRRefNeverFreesItEarly) {
         continue;
       }
       sums.push_back(j.agent(1).rpc_async(1, owner_sum_fn, r));
-      sums.push_back(j.agent(1).rpc_async(1, owner_vec_sum_fn,
-                                          std::vector<RRef<at::Tensor>>{r, r}));
+      sums.push_back(
+          j.agent(1).rpc_async(1, owner_vec_sum_fn, std::vector<RRef<at::Tensor>>{r, r}));
       sums.push_back(j.agent(1).rpc_async(1, async_owner_sum_fn, r));
       kept.push_back(j.agent(1).rpc_async(1, keep_fn, r));
     }  // the owner's own handle dies here, with its self-calls in flight
@@ -425,7 +424,8 @@ TEST(DistAutogradContainer, ContextsOpenedByPeersAreBounded) {
   for (int64_t id = 1; id <= kMax; ++id) ASSERT_TRUE(c->GetOrCreate(id, nullptr).ok()) << id;
   auto refused = c->GetOrCreate(kMax + 1, nullptr);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StrContains(refused.status().message(), "already holds 65536")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "already holds 65536"))
+      << refused.status();
   EXPECT_TRUE(c->GetOrCreate(7, nullptr).ok());  // a known context is still found
   c->Release(nullptr, 7, /*from=*/-1);
   EXPECT_TRUE(c->GetOrCreate(kMax + 1, nullptr).ok());

@@ -15,22 +15,22 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rref/rref.h"
-#include "tests/rref/fault_injection.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
+#include "tests/rref/fault_injection.h"
 
 namespace baton::rref {
 namespace {
 
+using baton::testing::Describe;
+using baton::testing::ExpectAllSucceeded;
+using baton::testing::RunWorkers;
 using rpc::CallContext;
 using rpc::Function;
 using rpc::FunctionRegistry;
 using rpc::Future;
 using rpc::Promise;
 using rpc::RpcAgent;
-using baton::testing::Describe;
-using baton::testing::ExpectAllSucceeded;
-using baton::testing::RunWorkers;
 
 // A thread-safe parameter server, used as a remote object.
 class ParameterServer {
@@ -355,8 +355,8 @@ BATON_SCENARIO(remote_objects) {
     }
     for (auto& t : threads) t.join();
   }
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "updated", me, 4,
-                           absl::Seconds(60)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "updated", me, 4, absl::Seconds(60)));
   if (me == 0) {
     WCHECK(ps.rpc_sync(&ParameterServer::updates) == 300);
     WCHECK(ps.rpc_sync(&ParameterServer::get).equal(at::full({4}, 300.0, at::kDouble)));
@@ -373,8 +373,8 @@ BATON_SCENARIO(remote_objects) {
   }
   ps = {};
   *received = {};
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "dropped", me, 4,
-                           absl::Seconds(60)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "dropped", me, 4, absl::Seconds(60)));
   if (me == 0) ExpectAllEmpty(w);
   Finish(w);
   return 0;
@@ -398,8 +398,8 @@ BATON_SCENARIO(async_batching) {
       WCHECK(fs[i].value().equal(at::full({3}, (me * 100 + i) * 2 + 1, at::kFloat)));
     }
   }
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "batched", me, 5,
-                           absl::Seconds(60)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "batched", me, 5, absl::Seconds(60)));
   if (me == 0) {
     WCHECK(g_batcher->passes_ == 1);
     // No executor thread waits for the batch: if handlers held their threads,
@@ -427,8 +427,8 @@ BATON_SCENARIO(dead_owner) {
     RRef<at::Tensor> r = remote(agent, "w1", make_fn, at::ones({2}));
     WCHECK(r.to_here().sum().item<float>() == 20);
     // A call that times out leaves no dangling entry anywhere.
-    auto slow = agent.rpc_async(rpc::CallOptions{absl::Milliseconds(100)}, "w1", sleep_fn,
-                                int64_t{400});
+    auto slow =
+        agent.rpc_async(rpc::CallOptions{absl::Milliseconds(100)}, "w1", sleep_fn, int64_t{400});
     WCHECK(slow.status().code() == absl::StatusCode::kDeadlineExceeded);
     WCHECK(agent.stats().pending_outgoing == 0 && agent.stats().timers == 0);
     kill(static_cast<pid_t>(agent.rpc_sync("w1", pid_fn)), SIGKILL);
@@ -499,19 +499,19 @@ BATON_SCENARIO(rref_stress) {
     live.push_back(remote(agent, static_cast<int>(rng() % 4), make_fn, x));
     if (rng() % 2 == 0 && !live.empty()) {
       // Fork one to a random worker, which keeps it (returns it).
-      RRef<at::Tensor> back = agent.rpc_sync(static_cast<int>(rng() % 4), keep_fn,
-                                             live[rng() % live.size()]);
+      RRef<at::Tensor> back =
+          agent.rpc_sync(static_cast<int>(rng() % 4), keep_fn, live[rng() % live.size()]);
       live.push_back(back);
     }
     while (live.size() > 32) live.erase(live.begin() + rng() % live.size());
     if (i == 1250) rss_mid = RssKb();
   }
   live.clear();
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "stress", me, 4,
-                           absl::Seconds(120)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "stress", me, 4, absl::Seconds(120)));
   if (me == 0) ExpectAllEmpty(w);
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "checked", me, 4,
-                           absl::Seconds(60)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "checked", me, 4, absl::Seconds(60)));
   const long rss_end = RssKb();
   if (rss_end > rss_mid + 64 * 1024) {
     std::fprintf(stderr, "memory grew from %ld KiB to %ld KiB\n", rss_mid, rss_end);
@@ -552,7 +552,8 @@ BATON_SCENARIO(rref_self_calls) {
   for (size_t k = 0; k < sums.size(); ++k) {
     auto v = sums[k].result();
     if (!v.ok() || v->item<double>() != expected[k]) {
-      std::fprintf(stderr, "use %zu: %s\n", k, v.ok() ? "wrong value" : v.status().ToString().c_str());
+      std::fprintf(stderr, "use %zu: %s\n", k,
+                   v.ok() ? "wrong value" : v.status().ToString().c_str());
       return 1;
     }
   }
@@ -562,8 +563,8 @@ BATON_SCENARIO(rref_self_calls) {
     WCHECK(r->to_here().sum().item<double>() > 0);
   }
   kept.clear();
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "self", me, 4,
-                           absl::Seconds(120)));
+  WCHECK_OK(
+      store::Barrier(agent.store(), agent.store_namespace() + "self", me, 4, absl::Seconds(120)));
   if (me == 0) ExpectAllEmpty(w);
   WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "self_checked", me, 4,
                            absl::Seconds(60)));

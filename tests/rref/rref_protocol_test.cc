@@ -26,7 +26,7 @@ struct Msg {
   ForkId fork;
   int parent = -1;
   rpc::Promise<void> done;
-  int from = -1;  // the sender
+  int from = -1;           // the sender
   ForkDescriptor carried;  // kCarry
 };
 
@@ -131,15 +131,9 @@ class Network {
         c.OnRemoteCreate(m.rref, m.fork, "int", Holder{m.from, 0});
         c.SetValue(m.rref, rpc::AnyValue::Of(std::make_shared<int>(7)));
         break;
-      case Kind::kFork:
-        c.OnForkRequest(m.rref, m.fork, m.parent, Holder{m.from, 0});
-        break;
-      case Kind::kAccept:
-        c.OnChildAccept(m.rref, m.fork);
-        break;
-      case Kind::kDelete:
-        c.OnUserDelete(m.rref, m.fork);
-        break;
+      case Kind::kFork: c.OnForkRequest(m.rref, m.fork, m.parent, Holder{m.from, 0}); break;
+      case Kind::kAccept: c.OnChildAccept(m.rref, m.fork); break;
+      case Kind::kDelete: c.OnUserDelete(m.rref, m.fork); break;
       case Kind::kCarry: {
         auto h = c.Adopt(m.carried);
         // Whoever receives an RRef of a created value can use it: on its
@@ -391,7 +385,7 @@ TEST(RRefProtocol, G4_RRefOfAnRRefFreesInnerWithOuter) {
   inner.reset();
   net.Run();
   EXPECT_TRUE(net.Owns(O, inner_id));  // kept by the outer RRef's value
-  outer.reset();  // frees the outer value, which drops the inner reference
+  outer.reset();                       // frees the outer value, which drops the inner reference
   net.Run();
   EXPECT_FALSE(net.Owns(O, inner_id));
   net.ExpectNoLeaks();

@@ -56,14 +56,13 @@ absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death) {
   if (!agent.ok()) return agent.status();
   w.agent = *std::move(agent);
   w.rrefs->Attach(w.agent.get());
-  w.agent->AddPeerFailureListener(
-      [name = w.name, mortal = TrainerNames(w.env), everyone = AllNames(w.env),
-       on_death = std::move(on_death)](const rpc::PeerFailure& f) {
-        on_death(f.peer);
-        Say(name, absl::StrCat("PEER_FAILURE peer=", f.peer, " incarnation=", f.incarnation,
-                               " class=", ClassifyFailure(f.cause, mortal, everyone),
-                               " msg=", f.cause.message()));
-      });
+  w.agent->AddPeerFailureListener([name = w.name, mortal = TrainerNames(w.env),
+                                   everyone = AllNames(w.env),
+                                   on_death = std::move(on_death)](const rpc::PeerFailure& f) {
+    on_death(f.peer);
+    Say(name, absl::StrCat("PEER_FAILURE peer=", f.peer, " incarnation=", f.incarnation, " class=",
+                           ClassifyFailure(f.cause, mortal, everyone), " msg=", f.cause.message()));
+  });
   return absl::OkStatus();
 }
 
@@ -73,9 +72,7 @@ void Say(const std::string& who, const std::string& text) {
   std::fflush(stdout);
 }
 
-at::Tensor TagTensor(const Tag& tag) {
-  return at::tensor(at::ArrayRef<int64_t>(tag), at::kLong);
-}
+at::Tensor TagTensor(const Tag& tag) { return at::tensor(at::ArrayRef<int64_t>(tag), at::kLong); }
 
 absl::StatusOr<Tag> TagOf(const at::Tensor& t) {
   if (!t.defined() || t.scalar_type() != at::kLong || t.dim() != 1 || t.numel() != 4) {
@@ -104,8 +101,8 @@ void RegisterAccumulator(rref::RRefService& rrefs) {
 
 ps::PsSpec MakeSpec(int num_trainers) {
   ps::PsSpec spec;
-  spec.tables.push_back(ps::TableSpec::Dense("w", {64, 256}, at::kFloat,
-                                             dist_optim::OptimizerOptions::SGD(0.01)));
+  spec.tables.push_back(
+      ps::TableSpec::Dense("w", {64, 256}, at::kFloat, dist_optim::OptimizerOptions::SGD(0.01)));
   spec.tables.push_back(ps::TableSpec::Embedding("emb", 1000, 16, ps::RowInit::Uniform(0.1, 7),
                                                  ps::RowOptimizer::SGD(0.05)));
   spec.consistency = ps::Consistency::Async();
@@ -143,8 +140,7 @@ std::string ClassifyFailure(const absl::Status& s, const std::vector<std::string
     case absl::StatusCode::kCancelled:
       if (!named.empty()) return absl::StrCat("named/", code, "/", named);
       break;
-    default:
-      break;
+    default: break;
   }
   if (absl::StrContains(msg, "shut down") || absl::StrContains(msg, "shutting down")) {
     return absl::StrCat("shutdown/", code);
@@ -228,9 +224,15 @@ LeakState LeakState::Measure(Worker& w, int64_t kept) {
 }
 
 std::vector<int64_t> LeakState::ToVector() const {
-  std::vector<int64_t> v = {rref_owned,       rref_held,        rref_early,
-                            rref_unanswered,  contexts,         pending_outgoing,
-                            running_incoming, shm_busy_segments, fds,
+  std::vector<int64_t> v = {rref_owned,
+                            rref_held,
+                            rref_early,
+                            rref_unanswered,
+                            contexts,
+                            pending_outgoing,
+                            running_incoming,
+                            shm_busy_segments,
+                            fds,
                             kept};
   v.insert(v.end(), held_ids.begin(), held_ids.end());
   return v;

@@ -139,12 +139,20 @@ std::string KeepKey(const Tag& tag);
 
 // What a trainer incarnation counts and reports in done().
 enum Counter {
-  kIterations, kCalls, kRemotes, kForks, kAccAdds, kAutogradSteps, kPsPushes, kPsPulls,
-  kFailures, kNumCounters
+  kIterations,
+  kCalls,
+  kRemotes,
+  kForks,
+  kAccAdds,
+  kAutogradSteps,
+  kPsPushes,
+  kPsPulls,
+  kFailures,
+  kNumCounters
 };
 inline constexpr const char* kCounterNames[kNumCounters] = {
-    "iterations", "calls", "remotes", "forks", "acc_adds", "autograd_steps", "ps_pushes",
-    "ps_pulls", "failures"};
+    "iterations",     "calls",     "remotes",  "forks",   "acc_adds",
+    "autograd_steps", "ps_pushes", "ps_pulls", "failures"};
 
 // The parameter-server tables: a dense table of 64 KiB (its pulls and pushes
 // take the same-host bulk segments) and a small embedding table.

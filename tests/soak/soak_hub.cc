@@ -30,8 +30,8 @@ struct Hub {
   Worker& w;
 
   absl::Mutex mu;
-  std::map<int64_t, int64_t> current ABSL_GUARDED_BY(mu);       // rank -> latest incarnation
-  std::map<int64_t, int64_t> incarnations ABSL_GUARDED_BY(mu);  // rank -> hellos
+  std::map<int64_t, int64_t> current ABSL_GUARDED_BY(mu);        // rank -> latest incarnation
+  std::map<int64_t, int64_t> incarnations ABSL_GUARDED_BY(mu);   // rank -> hellos
   std::map<int64_t, absl::Time> hello_time ABSL_GUARDED_BY(mu);  // of the latest incarnation
   // Every hello per rank: (when, incarnation), in order.
   std::map<int64_t, std::vector<std::pair<absl::Time, int64_t>>> hellos ABSL_GUARDED_BY(mu);
@@ -77,49 +77,53 @@ absl::Status RegisterHubFunctions(std::shared_ptr<Hub> hub) {
     return TagTensor(tag);
   });
   if (!s.ok()) return s;
-  s = r.Register(lend_fn, [hub, flags](const rpc::CallContext& ctx,
-                                       Tag tag) -> absl::StatusOr<RRef<at::Tensor>> {
-    RRef<at::Tensor> lent = rref::MakeOwned(*ctx.agent, TagTensor(tag));
-    auto kept =
-        ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, keep_fn, KeepKey(tag), lent).result();
-    if (!kept.ok()) return kept.status();
-    ++hub->lends;
-    return lent;
-  });
+  s = r.Register(
+      lend_fn,
+      [hub, flags](const rpc::CallContext& ctx, Tag tag) -> absl::StatusOr<RRef<at::Tensor>> {
+        RRef<at::Tensor> lent = rref::MakeOwned(*ctx.agent, TagTensor(tag));
+        auto kept =
+            ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, keep_fn, KeepKey(tag), lent)
+                .result();
+        if (!kept.ok()) return kept.status();
+        ++hub->lends;
+        return lent;
+      });
   if (!s.ok()) return s;
-  s = r.Register(forward_fn, [hub, flags](const rpc::CallContext& ctx,
-                                          at::Tensor x) -> absl::StatusOr<at::Tensor> {
-    at::Tensor w1;
-    {
-      absl::MutexLock lock(&hub->w_mu);
-      w1 = hub->w1;
-    }
-    at::Tensor h = at::tanh(x.mm(w1));
-    auto z = ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, ps_forward_fn, h).result();
-    if (!z.ok()) return z.status();
-    ++hub->forwards;
-    return *z;
-  });
+  s = r.Register(
+      forward_fn,
+      [hub, flags](const rpc::CallContext& ctx, at::Tensor x) -> absl::StatusOr<at::Tensor> {
+        at::Tensor w1;
+        {
+          absl::MutexLock lock(&hub->w_mu);
+          w1 = hub->w1;
+        }
+        at::Tensor h = at::tanh(x.mm(w1));
+        auto z = ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, ps_forward_fn, h).result();
+        if (!z.ok()) return z.status();
+        ++hub->forwards;
+        return *z;
+      });
   if (!s.ok()) return s;
-  s = r.Register(apply_fn, [hub, flags](const rpc::CallContext& ctx,
-                                        int64_t context_id) -> absl::StatusOr<int64_t> {
-    auto grads = dist_autograd::GetGradients(*ctx.agent, context_id);
-    if (!grads.ok()) return grads.status();
-    int64_t found = 0;
-    for (const auto& [leaf, g] : grads->items()) {
-      absl::MutexLock lock(&hub->w_mu);
-      if (!g.defined() || !g.sizes().equals(hub->w1.sizes())) continue;
-      at::NoGradGuard no_grad;
-      hub->w1 = (hub->w1.detach() - 0.01 * g).requires_grad_(true);
-      ++found;
-    }
-    auto ps = ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, ps_apply_fn, context_id)
-                  .result();
-    if (!ps.ok()) return ps.status();
-    ++hub->applies;
-    if (found + *ps == 2) ++hub->full_applies;
-    return found + *ps;
-  });
+  s = r.Register(
+      apply_fn,
+      [hub, flags](const rpc::CallContext& ctx, int64_t context_id) -> absl::StatusOr<int64_t> {
+        auto grads = dist_autograd::GetGradients(*ctx.agent, context_id);
+        if (!grads.ok()) return grads.status();
+        int64_t found = 0;
+        for (const auto& [leaf, g] : grads->items()) {
+          absl::MutexLock lock(&hub->w_mu);
+          if (!g.defined() || !g.sizes().equals(hub->w1.sizes())) continue;
+          at::NoGradGuard no_grad;
+          hub->w1 = (hub->w1.detach() - 0.01 * g).requires_grad_(true);
+          ++found;
+        }
+        auto ps =
+            ctx.agent->rpc_async(NestedTimeout(flags, ctx), kPs, ps_apply_fn, context_id).result();
+        if (!ps.ok()) return ps.status();
+        ++hub->applies;
+        if (found + *ps == 2) ++hub->full_applies;
+        return found + *ps;
+      });
   if (!s.ok()) return s;
   return r.Register(done_fn, [hub](int64_t rank, int64_t inc, std::vector<int64_t> counters) {
     absl::MutexLock lock(&hub->mu);
@@ -155,9 +159,9 @@ struct EndState {
   LeakState hub, ps;
   bool ps_ok = false;
   std::string ps_error;
-  int64_t owned_by_dead = 0;   // hub RRefs whose value belongs to a dead incarnation
-  int64_t owned_by_live = 0;   // ... to a live one (all live trainers dropped theirs)
-  int64_t owned_unknown = 0;   // not attributable (not created, unknown type)
+  int64_t owned_by_dead = 0;    // hub RRefs whose value belongs to a dead incarnation
+  int64_t owned_by_live = 0;    // ... to a live one (all live trainers dropped theirs)
+  int64_t owned_unknown = 0;    // not attributable (not created, unknown type)
   int64_t ps_held_by_dead = 0;  // PS user entries of dead incarnations' values
   int64_t ps_held_other = 0;
   std::vector<std::string> details;
@@ -167,8 +171,8 @@ struct EndState {
   bool Settled(int64_t restarts) const {
     return hub.rref_held == 0 && hub.rref_unanswered == 0 && hub.rref_early == 0 &&
            hub.contexts == 0 && hub.pending_outgoing == 0 && hub.running_incoming == 0 &&
-           hub.shm_busy_segments <= restarts && owned_by_live == 0 && owned_unknown == 0 &&
-           ps_ok && ps.rref_owned == 0 && ps.rref_unanswered == 0 && ps.rref_early == 0 &&
+           hub.shm_busy_segments <= restarts && owned_by_live == 0 && owned_unknown == 0 && ps_ok &&
+           ps.rref_owned == 0 && ps.rref_unanswered == 0 && ps.rref_early == 0 &&
            ps.contexts == 0 && ps.pending_outgoing == 0 && ps.running_incoming <= 1 &&
            ps.shm_busy_segments <= restarts && ps.kept == 0 && ps_held_other == 0 &&
            owned_by_dead == 0 && ps_held_by_dead == 0;
@@ -194,9 +198,9 @@ EndState MeasureEnd(Hub& hub) {
                                        o.forks.size(), " forks)"));
     } else if (current[who->first] == who->second) {
       ++e.owned_by_live;
-      e.details.push_back(absl::StrCat("hub owns ", o.rref.ToString(), " of live rank ",
-                                       who->first, " incarnation ", who->second, " (",
-                                       o.forks.size(), " forks, local_refs ", o.local_refs, ")"));
+      e.details.push_back(absl::StrCat("hub owns ", o.rref.ToString(), " of live rank ", who->first,
+                                       " incarnation ", who->second, " (", o.forks.size(),
+                                       " forks, local_refs ", o.local_refs, ")"));
     } else {
       ++e.owned_by_dead;
     }
@@ -235,10 +239,11 @@ int RunHub(Worker& w) {
     Say(w.name, absl::StrCat("setup error: ", s.ToString()));
     return 1;
   }
-  if (absl::Status s = StartAgent(w, [hub](int peer) {
-        absl::MutexLock lock(&hub->mu);
-        hub->confirmations[peer].push_back(absl::Now());
-      });
+  if (absl::Status s = StartAgent(w,
+                                  [hub](int peer) {
+                                    absl::MutexLock lock(&hub->mu);
+                                    hub->confirmations[peer].push_back(absl::Now());
+                                  });
       !s.ok()) {
     return Say(w.name, s.ToString()), 1;
   }
@@ -312,14 +317,15 @@ int RunHub(Worker& w) {
     auto count = [&](int64_t rank, absl::Time t, std::map<int64_t, int64_t>& all,
                      std::map<int64_t, int64_t>& stale_ones)
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(hub->mu) {
-      ++all[rank];
-      int64_t inc = -1;
-      for (const auto& [when, i] : hub->hellos[rank]) {
-        if (when < t) inc = i;
-      }
-      auto it = hub->last_tick.find({rank, inc});
-      if (it != hub->last_tick.end() && it->second > t + absl::Seconds(1)) ++stale_ones[rank];
-    };
+                       ++all[rank];
+                       int64_t inc = -1;
+                       for (const auto& [when, i] : hub->hellos[rank]) {
+                         if (when < t) inc = i;
+                       }
+                       auto it = hub->last_tick.find({rank, inc});
+                       if (it != hub->last_tick.end() && it->second > t + absl::Seconds(1))
+                         ++stale_ones[rank];
+                     };
     for (const auto& [rank, times] : hub->confirmations) {
       for (absl::Time t : times) count(rank, t, deaths, stale);
     }
@@ -331,11 +337,10 @@ int RunHub(Worker& w) {
   }
   Say(w.name, absl::StrCat("LEAKS hub ", end.hub.ToString()));
   Say(w.name, absl::StrCat("LEAKS ps ", end.ps_ok ? end.ps.ToString() : end.ps_error));
-  Say(w.name, absl::StrCat("LEAKS attributed hub_owned_by_dead=", end.owned_by_dead,
-                           " hub_owned_by_live=", end.owned_by_live,
-                           " hub_owned_unknown=", end.owned_unknown,
-                           " ps_held_by_dead=", end.ps_held_by_dead,
-                           " ps_held_other=", end.ps_held_other));
+  Say(w.name,
+      absl::StrCat("LEAKS attributed hub_owned_by_dead=", end.owned_by_dead, " hub_owned_by_live=",
+                   end.owned_by_live, " hub_owned_unknown=", end.owned_unknown,
+                   " ps_held_by_dead=", end.ps_held_by_dead, " ps_held_other=", end.ps_held_other));
   for (const auto& d : end.details) Say(w.name, absl::StrCat("LEAK ", d));
   Say(w.name, absl::StrCat("FDS changed since warm: ", FdDiff(hub_fd_kinds0, OpenFdKinds())));
   if (!end.Settled(restarts)) {
@@ -352,10 +357,10 @@ int RunHub(Worker& w) {
   }
   // Every replaced incarnation's death was confirmed, naming it.
   for (const auto& [rank, n] : incarnations) {
-    Say(w.name, absl::StrCat("DEATHS rank=", rank, " incarnations=", n,
-                             " confirmed_deaths=", deaths[rank], " stale=", stale[rank],
-                             " ps_confirmed_deaths=", ps_deaths[rank],
-                             " ps_stale=", ps_stale[rank]));
+    Say(w.name,
+        absl::StrCat("DEATHS rank=", rank, " incarnations=", n, " confirmed_deaths=", deaths[rank],
+                     " stale=", stale[rank], " ps_confirmed_deaths=", ps_deaths[rank],
+                     " ps_stale=", ps_stale[rank]));
     if (deaths[rank] < n - 1) {
       failed.push_back(absl::StrCat("rank ", rank, ": ", n - 1, " restarts but ", deaths[rank],
                                     " confirmed deaths"));
@@ -375,9 +380,9 @@ int RunHub(Worker& w) {
   for (int i = 0; i < kNumCounters; ++i) {
     absl::StrAppend(&counters, " ", kCounterNames[i], "=", totals[i]);
   }
-  Say(w.name, absl::StrCat("SUMMARY served ticks=", hub->ticks.load(), " makes=",
-                           hub->makes.load(), " lends=", hub->lends.load(), " forwards=",
-                           hub->forwards.load(), " applies=", hub->applies.load(),
+  Say(w.name, absl::StrCat("SUMMARY served ticks=", hub->ticks.load(), " makes=", hub->makes.load(),
+                           " lends=", hub->lends.load(), " forwards=", hub->forwards.load(),
+                           " applies=", hub->applies.load(),
                            " full_applies=", hub->full_applies.load(), " restarts=", restarts));
   Say(w.name, absl::StrCat("SUMMARY finished-trainers", counters));
   if (failed.empty()) {

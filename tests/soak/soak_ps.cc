@@ -8,8 +8,8 @@
 
 #include <map>
 #include <optional>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -68,21 +68,21 @@ absl::Status RegisterPsFunctions(std::shared_ptr<Ps> ps) {
     return h.mm(w2);
   });
   if (!s.ok()) return s;
-  s = r.Register(ps_apply_fn, [ps](const rpc::CallContext& ctx,
-                                   int64_t context_id) -> absl::StatusOr<int64_t> {
-    auto grads = dist_autograd::GetGradients(*ctx.agent, context_id);
-    if (!grads.ok()) return grads.status();
-    int64_t found = 0;
-    absl::MutexLock lock(&ps->mu);
-    for (const auto& [leaf, g] : grads->items()) {
-      if (!g.defined() || !g.sizes().equals(ps->w2.sizes())) continue;
-      at::NoGradGuard no_grad;
-      ps->w2 = (ps->w2.detach() - 0.01 * g).requires_grad_(true);
-      ++found;
-    }
-    ++ps->applies;
-    return found;
-  });
+  s = r.Register(ps_apply_fn,
+                 [ps](const rpc::CallContext& ctx, int64_t context_id) -> absl::StatusOr<int64_t> {
+                   auto grads = dist_autograd::GetGradients(*ctx.agent, context_id);
+                   if (!grads.ok()) return grads.status();
+                   int64_t found = 0;
+                   absl::MutexLock lock(&ps->mu);
+                   for (const auto& [leaf, g] : grads->items()) {
+                     if (!g.defined() || !g.sizes().equals(ps->w2.sizes())) continue;
+                     at::NoGradGuard no_grad;
+                     ps->w2 = (ps->w2.detach() - 0.01 * g).requires_grad_(true);
+                     ++found;
+                   }
+                   ++ps->applies;
+                   return found;
+                 });
   if (!s.ok()) return s;
   s = r.Register(drop_kept_fn, [ps]() {
     std::map<std::string, RRef<at::Tensor>> orphans;
@@ -136,13 +136,14 @@ int RunPs(Worker& w) {
   ps::ServerOptions so;
   so.server = 0;
   so.num_servers = 1;
-  auto server = ps::PsServer::Create(MakeSpec(static_cast<int>(TrainerNames(w.env).size())), so,
-                                     *w.registry);
+  auto server =
+      ps::PsServer::Create(MakeSpec(static_cast<int>(TrainerNames(w.env).size())), so, *w.registry);
   if (!server.ok()) return Say(w.name, server.status().ToString()), 1;
-  if (absl::Status s = StartAgent(w, [ps](int peer) {
-        absl::MutexLock lock(&ps->mu);
-        ps->confirmations[peer].push_back(absl::Now());
-      });
+  if (absl::Status s = StartAgent(w,
+                                  [ps](int peer) {
+                                    absl::MutexLock lock(&ps->mu);
+                                    ps->confirmations[peer].push_back(absl::Now());
+                                  });
       !s.ok()) {
     return Say(w.name, s.ToString()), 1;
   }
@@ -168,9 +169,8 @@ int RunPs(Worker& w) {
   {
     absl::MutexLock lock(&ps->mu);
     Say(w.name, absl::StrCat("SUMMARY served ps_pushes=", pushes, " ps_pulls=", pulls,
-                             " applied_pushes=", st.applied_pushes, " keeps=", ps->keeps,
-                             " takes=", ps->takes, " forwards=", ps->forwards,
-                             " applies=", ps->applies));
+                             " applied_pushes=", st.applied_pushes, " keeps=", ps->keeps, " takes=",
+                             ps->takes, " forwards=", ps->forwards, " applies=", ps->applies));
   }
   Say(w.name, absl::StrCat("shutdown: ", s.ToString()));
   (void)(*server)->Stop(/*final_checkpoint=*/false);

@@ -28,8 +28,12 @@ using rref::RRef;
 class Trainer {
  public:
   explicit Trainer(Worker& w)
-      : w_(w), rank_(w.env.rank), inc_(w.env.restart_count), mortal_(TrainerNames(w.env)),
-        everyone_(AllNames(w.env)), opts_(CallTimeout(w.flags)),
+      : w_(w),
+        rank_(w.env.rank),
+        inc_(w.env.restart_count),
+        mortal_(TrainerNames(w.env)),
+        everyone_(AllNames(w.env)),
+        opts_(CallTimeout(w.flags)),
         timeout_(absl::Seconds(w.flags.call_timeout_s)) {}
 
   int Run();
@@ -176,9 +180,9 @@ bool Trainer::MethodCall() {
   const bool count_ok = a.size() == 3 && (adds_known_ ? a[2] == adds_ + 1 : a[2] > adds_);
   if (a.size() != 3 || a[0] != rank_ || a[1] != inc_ || !count_ok) {
     adds_known_ = false;
-    return Wrong("acc.add", absl::StrCat("Accumulator ", acc_.id(), " of rank ", rank_,
-                                         " incarnation ", inc_, " after ", adds_, " adds says [",
-                                         absl::StrJoin(a, ","), "]"));
+    return Wrong("acc.add",
+                 absl::StrCat("Accumulator ", acc_.id(), " of rank ", rank_, " incarnation ", inc_,
+                              " after ", adds_, " adds says [", absl::StrJoin(a, ","), "]"));
   }
   adds_ = a[2];
   adds_known_ = true;
@@ -253,8 +257,8 @@ int Trainer::Run() {
     Fail("setup", s);
     return 1;
   }
-  Say(w_.name, absl::StrCat("READY incarnation=", inc_, " pid=", getpid(), " setup_ms=",
-                            absl::ToInt64Milliseconds(absl::Now() - setup_start)));
+  Say(w_.name, absl::StrCat("READY incarnation=", inc_, " pid=", getpid(),
+                            " setup_ms=", absl::ToInt64Milliseconds(absl::Now() - setup_start)));
   // Bounded even if the hub never says stop.
   const absl::Time give_up = absl::Now() + absl::Seconds(w_.flags.duration_s + 150);
   bool stopped = false;

@@ -77,8 +77,7 @@ TEST_P(StoreTest, AddIsAtomic) {
   EXPECT_EQ(*store_->Add("ctr", 0), 200);
   EXPECT_EQ(*store_->Get("ctr", absl::Seconds(1)), "200");
   ASSERT_TRUE(store_->Set("text", "abc").ok());
-  EXPECT_EQ(store_->Add("text", 1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Add("text", 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Regression (fuzz/store_fuzzer, corpus crash_add_overflows_counter): a
@@ -115,9 +114,8 @@ TEST_P(StoreTest, WaitNamesMissingKeys) {
 TEST_P(StoreTest, BarrierNamesMissingRanks) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      EXPECT_TRUE(Barrier(*store_, "b1", r, 3, absl::Seconds(5)).ok());
-    });
+    threads.emplace_back(
+        [&, r] { EXPECT_TRUE(Barrier(*store_, "b1", r, 3, absl::Seconds(5)).ok()); });
   }
   for (auto& t : threads) t.join();
   absl::Status s = Barrier(*store_, "b2", 0, 3, absl::Milliseconds(100));
@@ -126,9 +124,7 @@ TEST_P(StoreTest, BarrierNamesMissingRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values(false, true),
-                         [](const auto& info) {
-                           return info.param ? "Grpc" : "Memory";
-                         });
+                         [](const auto& info) { return info.param ? "Grpc" : "Memory"; });
 
 TEST(StoreClient, RejectsWrongToken) {
   StoreServerOptions so;

@@ -30,7 +30,6 @@ namespace {
 // names they share are the process's, as its pid is).
 std::atomic<uint64_t> next_object{0};
 
-
 constexpr char kPrefix[] = "baton.";
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinSegment = 1 << 20;
@@ -192,8 +191,8 @@ void ShmChannel::Export(Frame& frame, absl::Time expiry) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
-    const std::string& name, uint64_t capacity) {
+absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(const std::string& name,
+                                                                     uint64_t capacity) {
   absl::MutexLock lock(&map_mu_);
   auto it = mappings_.find(name);
   if (it != mappings_.end() && it->second->memory.size() >= kHeaderBytes + capacity) {
@@ -215,9 +214,8 @@ bool ShmChannel::IsSegmentName(absl::string_view name, absl::string_view owner_p
   // "/baton" "<ns>" "<pid>" "s<k>": nothing else, no empty or non-digit
   // parts (so no NUL byte or '/' either).
   std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
-  return parts.size() == 4 && parts[0] == "/baton" &&
-         IsDecimal(parts[1]) && IsDecimal(parts[2]) && absl::StartsWith(parts[3], "s") &&
-         IsDecimal(parts[3].substr(1));
+  return parts.size() == 4 && parts[0] == "/baton" && IsDecimal(parts[1]) && IsDecimal(parts[2]) &&
+         absl::StartsWith(parts[3], "s") && IsDecimal(parts[3].substr(1));
 }
 
 absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
@@ -233,8 +231,8 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
                 ? std::string("not a segment name")
                 : absl::StrCat("not a segment of the sender ('", sender_prefix, "s<k>')");
     } else if (sb.size() < kMinBytes || sb.size() > sb.capacity()) {
-      bad = absl::StrCat("size ", sb.size(), " outside [", kMinBytes, ", capacity ",
-                         sb.capacity(), "]");
+      bad = absl::StrCat("size ", sb.size(), " outside [", kMinBytes, ", capacity ", sb.capacity(),
+                         "]");
     } else if (sb.capacity() < kMinSegment || sb.capacity() > kPoolBytes ||
                (sb.capacity() & (sb.capacity() - 1)) != 0) {
       bad = absl::StrCat("capacity ", sb.capacity(), " is not a segment's");
@@ -242,8 +240,8 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
       bad = "generation 0 was never written";
     }
     if (!bad.empty()) {
-      return absl::DataLossError(absl::StrCat("bad shared-memory blob entry '",
-                                              absl::CHexEscape(sb.name()), "': ", bad));
+      return absl::DataLossError(
+          absl::StrCat("bad shared-memory blob entry '", absl::CHexEscape(sb.name()), "': ", bad));
     }
     auto mapping = Map(sb.name(), sb.capacity());
     if (!mapping.ok()) return mapping.status();
@@ -289,8 +287,7 @@ std::string ShmChannel::ObjectPrefix(int pid) {
   return absl::StrCat("/", kPrefix, PidNamespace(), ".", pid, ".");
 }
 
-absl::StatusOr<std::unique_ptr<LivenessMarker>> LivenessMarker::Create(
-    const std::string& prefix) {
+absl::StatusOr<std::unique_ptr<LivenessMarker>> LivenessMarker::Create(const std::string& prefix) {
   static std::atomic<uint64_t> next{0};
   const std::string suffix = absl::StrCat(getpid(), "-", next.fetch_add(1));
   // Created under a name Sweep() ignores, locked, then renamed: the marker
@@ -387,8 +384,8 @@ bool ShmChannel::CheckProbe(const std::string& name, const std::string& token) {
   const int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) return false;
   std::string buf(token.size(), '\0');
-  const bool ok = pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()) &&
-                  buf == token;
+  const bool ok =
+      pread(fd, buf.data(), buf.size(), 0) == static_cast<ssize_t>(buf.size()) && buf == token;
   close(fd);
   return ok;
 }

@@ -146,8 +146,7 @@ class ShmChannel {
   std::string probe_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<BufferCache> buffers_;
   absl::Mutex map_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Mapping>> mappings_
-      ABSL_GUARDED_BY(map_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(map_mu_);
 };
 
 }  // namespace baton::rpc::internal

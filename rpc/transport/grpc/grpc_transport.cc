@@ -6,9 +6,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
-#include "base/grpc_options.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -113,8 +113,7 @@ class Outbox {
   void BuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<grpc::Slice> slices;
     size_t bytes = 0;
-    while (!queue_.empty() &&
-           (slices.empty() || bytes + queue_.front().bytes <= kCoalesceBytes)) {
+    while (!queue_.empty() && (slices.empty() || bytes + queue_.front().bytes <= kCoalesceBytes)) {
       auto& item = queue_.front();
       bytes += item.bytes;
       queued_bytes_ -= item.bytes;
@@ -186,9 +185,9 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
                absl::string_view identity)
       : handler_(handler), callers_(std::move(callers)) {
     sink_ = std::make_shared<Sink>();
-    auto outbox = std::make_unique<Outbox>(
-        [this](const grpc::ByteBuffer* b) { StartWrite(b); },
-        [this] { Finish(finish_status_); }, [this] { StartRead(&in_); });
+    auto outbox =
+        std::make_unique<Outbox>([this](const grpc::ByteBuffer* b) { StartWrite(b); },
+                                 [this] { Finish(finish_status_); }, [this] { StartRead(&in_); });
     outbox_ = outbox.get();
     {
       absl::MutexLock lock(&sink_->mu);
@@ -280,8 +279,8 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
   void OnCancel() override {
     const int caller = caller_.load(std::memory_order_relaxed);
     if (caller >= 0) {
-      handler_->OnPeerLost(caller, absl::UnavailableError(absl::StrCat(
-                                       "the stream from worker ", caller, " was cancelled")));
+      handler_->OnPeerLost(caller, absl::UnavailableError(absl::StrCat("the stream from worker ",
+                                                                       caller, " was cancelled")));
     }
   }
 
@@ -333,12 +332,11 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
 
   ClientStream(TransportHandler* handler, int peer, uint64_t id, DoneFn done)
       : handler_(handler), peer_(peer), id_(id), done_(std::move(done)) {
-    outbox_ = std::make_unique<Outbox>(
-        [this](const grpc::ByteBuffer* b) { StartWrite(b); },
-        [this] {
-          StartWritesDone();
-          RemoveHold();
-        });
+    outbox_ = std::make_unique<Outbox>([this](const grpc::ByteBuffer* b) { StartWrite(b); },
+                                       [this] {
+                                         StartWritesDone();
+                                         RemoveHold();
+                                       });
   }
 
   void Start(grpc::GenericStub* stub, const std::string& token, const std::string& identity) {
@@ -410,22 +408,19 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
   Service(TransportHandler* handler, std::string token)
       : handler_(handler), token_(std::move(token)) {}
 
-  grpc::ServerGenericBidiReactor* CreateReactor(
-      grpc::GenericCallbackServerContext* ctx) override {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     if (ctx->method() != kStreamMethod) {
-      return new RejectReactor(grpc::Status(
-          grpc::StatusCode::UNIMPLEMENTED,
-          absl::StrCat("baton serves only ", kStreamMethod)));
+      return new RejectReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                            absl::StrCat("baton serves only ", kStreamMethod)));
     }
     if (!token_.empty()) {
       const auto& md = ctx->client_metadata();
       auto it = md.find(kTokenMetadataKey);
-      if (it == md.end() ||
-          absl::string_view(it->second.data(), it->second.size()) != token_) {
-        return new RejectReactor(grpc::Status(
-            grpc::StatusCode::UNAUTHENTICATED,
-            it == md.end() ? "call without a job token (x-baton-token)"
-                           : "call with a wrong job token"));
+      if (it == md.end() || absl::string_view(it->second.data(), it->second.size()) != token_) {
+        return new RejectReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                              it == md.end()
+                                                  ? "call without a job token (x-baton-token)"
+                                                  : "call with a wrong job token"));
       }
     }
     const auto& md = ctx->client_metadata();
@@ -445,20 +440,20 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
 GrpcTransport::GrpcTransport(TransportOptions options, TransportHandler* handler)
     : options_(std::move(options)), handler_(handler) {}
 
-absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(
-    TransportOptions options, TransportHandler* handler) {
+absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOptions options,
+                                                                    TransportHandler* handler) {
   std::unique_ptr<GrpcTransport> t(new GrpcTransport(std::move(options), handler));
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(t->options_.listen_address,
-                           BatonServerCredentials(t->options_.tls), &port);
+  builder.AddListeningPort(t->options_.listen_address, BatonServerCredentials(t->options_.tls),
+                           &port);
   builder.RegisterCallbackGenericService(t->service_.get());
   ApplyBatonServerArguments(builder, t->options_.max_message_bytes + (1 << 20));
   t->server_ = builder.BuildAndStart();
   if (t->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "rpc server could not listen on ", t->options_.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("rpc server could not listen on ", t->options_.listen_address));
   }
   const std::string& la = t->options_.listen_address;
   t->address_ = absl::StrCat(la.substr(0, la.rfind(':')), ":", port);
@@ -568,8 +563,7 @@ absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
     mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1));
     if (live_streams_ != 0) {
       return absl::DeadlineExceededError(absl::StrCat(
-          live_streams_, " outgoing stream(s) still open after ",
-          DurationText(timeout)));
+          live_streams_, " outgoing stream(s) still open after ", DurationText(timeout)));
     }
   }
   return absl::OkStatus();

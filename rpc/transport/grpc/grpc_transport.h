@@ -63,8 +63,8 @@ inline constexpr char kIdentityMetadataKey[] = "x-baton-identity";
 
 class GrpcTransport : public ::baton::rpc::NetworkTransport {
  public:
-  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(
-      TransportOptions options, TransportHandler* handler);
+  static absl::StatusOr<std::unique_ptr<GrpcTransport>> Start(TransportOptions options,
+                                                              TransportHandler* handler);
   ~GrpcTransport() override;
 
   // host:port actually bound.

@@ -63,8 +63,8 @@ struct ShmTransport::Hub {
 namespace {
 
 struct RingHeader {
-  alignas(64) std::atomic<uint64_t> head;  // bytes written (producer)
-  alignas(64) std::atomic<uint64_t> tail;  // bytes read (consumer)
+  alignas(64) std::atomic<uint64_t> head;   // bytes written (producer)
+  alignas(64) std::atomic<uint64_t> tail;   // bytes read (consumer)
   alignas(64) std::atomic<uint32_t> space;  // bumped when the consumer frees space
   std::atomic<uint32_t> writer_waiting;
 };
@@ -100,12 +100,8 @@ struct ShmTransport::Link {
   LinkHeader* header() const { return reinterpret_cast<LinkHeader*>(base()); }
   RingHeader& out() const { return header()->rings[creator ? 0 : 1]; }
   RingHeader& in() const { return header()->rings[creator ? 1 : 0]; }
-  char* out_data() const {
-    return base() + kHeaderBytes + (creator ? 0 : cap);
-  }
-  char* in_data() const {
-    return base() + kHeaderBytes + (creator ? cap : 0);
-  }
+  char* out_data() const { return base() + kHeaderBytes + (creator ? 0 : cap); }
+  char* in_data() const { return base() + kHeaderBytes + (creator ? cap : 0); }
   void Ring() const {
     peer_hub->doorbell.fetch_add(1, std::memory_order_seq_cst);
     if (peer_hub->sleeping.load(std::memory_order_seq_cst) != 0) FutexWake(&peer_hub->doorbell);
@@ -135,8 +131,8 @@ ShmTransport::ShmTransport(ShmTransportOptions options, int rank, int world_size
     : options_(options), rank_(rank), handler_(handler), links_(world_size) {}
 
 absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(ShmTransportOptions options,
-                                                                  int rank, int world_size,
-                                                                  TransportHandler* handler) {
+                                                                   int rank, int world_size,
+                                                                   TransportHandler* handler) {
   if (options.ring_bytes < 4096 || options.ring_bytes % 64 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory transport: ring_bytes must be a multiple of 64, at least 4096; got ",
@@ -146,8 +142,7 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(ShmTransportO
   // Marked alive before any object exists (ShmChannel's S5).
   auto marker = LivenessMarker::Create(ShmChannel::ObjectPrefix(getpid()));
   if (marker.ok()) t->alive_ = *std::move(marker);
-  t->hub_name_ =
-      absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "hub.", RandomSuffix());
+  t->hub_name_ = absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "hub.", RandomSuffix());
   auto hub = ShmSegment::Create(t->hub_name_, kHeaderBytes);
   if (!hub.ok()) return absl::UnavailableError(hub.status().message());
   t->hub_segment_ = *std::move(hub);
@@ -168,8 +163,8 @@ absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string
   link->peer = peer;
   link->creator = true;
   link->cap = options_.ring_bytes;
-  link->name = absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "l", peer, ".",
-                            RandomSuffix());
+  link->name =
+      absl::StrCat("/", ShmChannel::ObjectPrefix(getpid()), "l", peer, ".", RandomSuffix());
   auto segment = ShmSegment::Create(link->name, kHeaderBytes + 2 * link->cap);
   if (!segment.ok()) return absl::UnavailableError(segment.status().message());
   link->segment = *std::move(segment);
@@ -197,8 +192,8 @@ absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string
   return name;
 }
 
-absl::Status ShmTransport::OpenLink(int peer, const std::string& name,
-                                    const std::string& peer_hub, pid_t peer_pid) {
+absl::Status ShmTransport::OpenLink(int peer, const std::string& name, const std::string& peer_hub,
+                                    pid_t peer_pid) {
   auto link = std::make_shared<Link>();
   link->peer = peer;
   link->creator = false;
@@ -208,9 +203,9 @@ absl::Status ShmTransport::OpenLink(int peer, const std::string& name,
   if (!segment.ok()) return absl::UnavailableError(segment.status().message());
   link->segment = *std::move(segment);
   if (link->header()->magic != kMagic || link->header()->ring_bytes != link->cap) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared-memory link ", name, " has another layout or ring size (ring_bytes ",
-        link->header()->ring_bytes, ", ours ", link->cap, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory link ", name, " has another layout or ring size (ring_bytes ",
+                     link->header()->ring_bytes, ", ours ", link->cap, ")"));
   }
   auto hub = ShmSegment::Open(peer_hub, kHeaderBytes);
   if (!hub.ok()) return absl::UnavailableError(hub.status().message());
@@ -228,8 +223,7 @@ std::vector<int> ShmTransport::Activate(const std::vector<int>& superseded) {
   for (size_t p = 0; p < links_.size(); ++p) {
     auto& link = links_[p];
     if (link == nullptr) continue;
-    if (std::find(superseded.begin(), superseded.end(), static_cast<int>(p)) !=
-        superseded.end()) {
+    if (std::find(superseded.begin(), superseded.end(), static_cast<int>(p)) != superseded.end()) {
       if (link->creator) link->segment.Unlink();
       link.reset();
       continue;
@@ -347,8 +341,8 @@ bool ShmTransport::Poll() {
       const size_t len = rec[0];
       const bool more = (rec[1] & kMoreFragments) != 0;
       if (len > cap / 2 || tail + kRecordHeader + Align8(len) > head) {
-        CloseLink(p, absl::DataLossError(absl::StrCat(
-                         "corrupt record of ", len, " bytes on the shared-memory link")));
+        CloseLink(p, absl::DataLossError(absl::StrCat("corrupt record of ", len,
+                                                      " bytes on the shared-memory link")));
         break;
       }
       const size_t start = (tail + kRecordHeader) % cap;
@@ -416,8 +410,8 @@ void ShmTransport::CheckPeers() {
       dead = kill(link->peer_pid, 0) != 0 && errno == ESRCH;
     }
     if (dead) {
-      CloseLink(p, absl::UnavailableError(absl::StrCat(
-                       "the process of worker ", p, " (pid ", link->peer_pid, ") exited")));
+      CloseLink(p, absl::UnavailableError(absl::StrCat("the process of worker ", p, " (pid ",
+                                                       link->peer_pid, ") exited")));
     }
   }
 }

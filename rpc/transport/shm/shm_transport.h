@@ -72,8 +72,8 @@ class ShmTransport : public ::baton::rpc::Transport {
   static constexpr uint64_t kStreamBase = uint64_t{1} << 62;
 
   // Creates this process's hub. `world_size` bounds peer ids.
-  static absl::StatusOr<std::unique_ptr<ShmTransport>> Create(ShmTransportOptions options,
-                                                              int rank, int world_size,
+  static absl::StatusOr<std::unique_ptr<ShmTransport>> Create(ShmTransportOptions options, int rank,
+                                                              int world_size,
                                                               TransportHandler* handler);
   ~ShmTransport() override;  // Close()
 
