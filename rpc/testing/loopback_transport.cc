@@ -19,8 +19,12 @@ struct LoopbackNetwork::Endpoint {
   bool serving ABSL_GUARDED_BY(mu) = true;  // false after StopServer or Kill
   bool closed ABSL_GUARDED_BY(mu) = false;  // no sends after CloseStreams
   bool killed ABSL_GUARDED_BY(mu) = false;
-  absl::flat_hash_map<int, std::string> peers ABSL_GUARDED_BY(mu);  // rank -> address
-  absl::flat_hash_map<int, uint64_t> streams ABSL_GUARDED_BY(mu);   // rank -> open stream
+  struct Peer {
+    std::string address;
+    std::string identity;
+  };
+  absl::flat_hash_map<int, Peer> peers ABSL_GUARDED_BY(mu);        // by rank
+  absl::flat_hash_map<int, uint64_t> streams ABSL_GUARDED_BY(mu);  // rank -> open stream
   uint64_t next_stream ABSL_GUARDED_BY(mu) = 1;
 
   // Held while the handler runs; the transport clears it when destroyed.
@@ -30,6 +34,16 @@ struct LoopbackNetwork::Endpoint {
   bool is_killed() const {
     absl::MutexLock lock(&mu);
     return killed;
+  }
+  // Whether its server takes incoming streams (their requests and replies).
+  bool is_serving() const {
+    absl::MutexLock lock(&mu);
+    return serving && !killed;
+  }
+  // Whether its outgoing streams are open (their responses and endings).
+  bool is_open() const {
+    absl::MutexLock lock(&mu);
+    return !closed && !killed;
   }
 };
 
@@ -57,9 +71,15 @@ class LoopbackTransport : public NetworkTransport {
   const std::string& address() const override { return ep_->address; }
 
   // Identities are not checked here (workers of one process, one trust).
-  void AddPeer(int id, const std::string& address, const std::string& /*identity*/) override {
+  // Another address or identity for a known peer retires its stream: the
+  // next send opens a new one (replies on the old one still arrive).
+  void AddPeer(int id, const std::string& address, const std::string& identity) override {
     absl::MutexLock lock(&ep_->mu);
-    ep_->peers[id] = address;
+    auto [it, added] = ep_->peers.try_emplace(id);
+    if (!added && (it->second.address != address || it->second.identity != identity)) {
+      ep_->streams.erase(id);
+    }
+    it->second = {address, identity};
     if (address == ep_->address) ep_->rank = id;
   }
 
@@ -70,16 +90,25 @@ class LoopbackTransport : public NetworkTransport {
 
   absl::StatusOr<uint64_t> Send(int peer, Frame frame) override;
 
+  // After it returns, no response or stream ending reaches the handler.
   absl::Status CloseStreams(bool /*cancel*/, absl::Duration /*timeout*/) override {
-    absl::MutexLock lock(&ep_->mu);
-    ep_->closed = true;
-    ep_->streams.clear();
+    {
+      absl::MutexLock lock(&ep_->mu);
+      ep_->closed = true;
+      ep_->streams.clear();
+    }
+    WaitHandlerIdle();
     return absl::OkStatus();
   }
 
+  // After it returns, no request or lost peer reaches the handler, and the
+  // reply channels of its requests are gone.
   void StopServer(absl::Duration /*grace*/) override {
-    absl::MutexLock lock(&ep_->mu);
-    ep_->serving = false;
+    {
+      absl::MutexLock lock(&ep_->mu);
+      ep_->serving = false;
+    }
+    WaitHandlerIdle();
   }
 
   int live_streams() const override {
@@ -88,6 +117,14 @@ class LoopbackTransport : public NetworkTransport {
   }
 
  private:
+  // Waits for a callback under way on the delivery thread (Deliver checks
+  // the endpoint's state under handler_mu, so later ones see the change).
+  // On the delivery thread itself (closing from a callback) there is none.
+  void WaitHandlerIdle() {
+    if (std::this_thread::get_id() == net_->thread_.get_id()) return;
+    absl::MutexLock lock(&ep_->handler_mu);
+  }
+
   LoopbackNetwork* const net_;
   const std::shared_ptr<LoopbackNetwork::Endpoint> ep_;
 };
@@ -106,8 +143,10 @@ class LoopbackReplyChannel : public ReplyChannel {
         stream_id_(stream_id),
         function_(std::move(function)) {}
 
+  // False once the stream is gone: the callee's server stopped, or the
+  // caller closed its streams, or either was killed.
   bool Send(Frame frame) override {
-    if (callee_->is_killed() || caller_->is_killed()) return false;
+    if (!callee_->is_serving() || !caller_->is_open()) return false;
     LoopbackNetwork::Pending p;
     p.from = callee_;
     p.to = caller_;
@@ -151,7 +190,7 @@ absl::StatusOr<uint64_t> LoopbackTransport::Send(int peer, Frame frame) {
     if (it == ep_->peers.end()) {
       return absl::UnavailableError(absl::StrCat("no address known for worker ", peer));
     }
-    address = it->second;
+    address = it->second.address;
     self_rank = ep_->rank;
   }
   std::shared_ptr<LoopbackNetwork::Endpoint> target = net_->EndpointAt(address);
@@ -325,7 +364,7 @@ absl::Status LoopbackNetwork::Kill(int rank) {
     {
       absl::MutexLock lock(&ep->mu);
       auto peer = ep->peers.find(rank);
-      if (peer == ep->peers.end() || peer->second != victim->address) continue;
+      if (peer == ep->peers.end() || peer->second.address != victim->address) continue;
       auto it = ep->streams.find(rank);
       if (it != ep->streams.end()) stream = it->second;
     }
@@ -425,20 +464,25 @@ void LoopbackNetwork::Run() {
 }
 
 void LoopbackNetwork::Deliver(Pending p) {
+  // Each callback checks its endpoint's state under handler_mu, which
+  // CloseStreams() and StopServer() take after changing it: none runs after
+  // they returned.
   const auto kind = static_cast<PendingKind>(p.kind);
   if (kind == PendingKind::kPeerLost) {
     absl::MutexLock lock(&p.from->handler_mu);
-    if (p.from->handler != nullptr) p.from->handler->OnPeerLost(p.to_rank, p.cause);
+    if (p.from->handler != nullptr && p.from->is_serving()) {
+      p.from->handler->OnPeerLost(p.to_rank, p.cause);
+    }
     return;
   }
   if (kind == PendingKind::kClose) {
+    absl::MutexLock lock(&p.from->handler_mu);
     {
-      absl::MutexLock lock(&p.from->mu);
+      absl::MutexLock elock(&p.from->mu);
       auto it = p.from->streams.find(p.to_rank);
       if (it == p.from->streams.end() || it->second != p.stream_id) return;  // closed already
       p.from->streams.erase(it);
     }
-    absl::MutexLock lock(&p.from->handler_mu);
     if (p.from->handler != nullptr) {
       p.from->handler->OnStreamClosed(p.to_rank, p.stream_id, p.cause);
     }
@@ -450,38 +494,42 @@ void LoopbackNetwork::Deliver(Pending p) {
     return;
   }
   if (kind == PendingKind::kRequest) {
-    bool serving;
     {
-      absl::MutexLock lock(&p.to->mu);
-      serving = p.to->serving;
+      absl::MutexLock lock(&p.to->handler_mu);
+      if (p.to->is_serving() && p.to->token == p.from->token) {
+        {
+          absl::MutexLock slock(&mu_);
+          ++stats_.delivered;
+        }
+        auto channel = std::make_shared<LoopbackReplyChannel>(
+            this, p.to, p.from, p.to_rank, p.from_rank, p.stream_id, p.frame.header.function());
+        if (p.to->handler != nullptr) {
+          p.to->handler->OnRequest(std::move(channel), std::move(p.frame));
+        }
+        return;
+      }
     }
-    if (!serving) {
+    if (!p.to->is_serving()) {
       CloseStream(p.from, p.to_rank, p.stream_id,
                   absl::UnavailableError(absl::StrCat("connection to ", p.to->address,
                                                       " refused: its server stopped")));
-      return;
-    }
-    if (p.to->token != p.from->token) {
+    } else {
       CloseStream(p.from, p.to_rank, p.stream_id,
                   absl::UnauthenticatedError(
                       absl::StrCat("worker at ", p.to->address, " rejected the job token")));
-      return;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      ++stats_.delivered;
-    }
-    auto channel = std::make_shared<LoopbackReplyChannel>(
-        this, p.to, p.from, p.to_rank, p.from_rank, p.stream_id, p.frame.header.function());
-    absl::MutexLock lock(&p.to->handler_mu);
-    if (p.to->handler != nullptr) p.to->handler->OnRequest(std::move(channel), std::move(p.frame));
+    return;
+  }
+  absl::MutexLock lock(&p.to->handler_mu);
+  if (!p.to->is_open()) {  // the caller closed its streams
+    absl::MutexLock slock(&mu_);
+    ++stats_.dropped;
     return;
   }
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock slock(&mu_);
     ++stats_.delivered;
   }
-  absl::MutexLock lock(&p.to->handler_mu);
   if (p.to->handler != nullptr) p.to->handler->OnResponse(p.from_rank, std::move(p.frame));
 }
 

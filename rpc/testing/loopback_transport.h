@@ -26,7 +26,11 @@
 // - Every stream checks the job token of the receiving transport; a wrong
 //   one closes the sender's stream with UNAUTHENTICATED. Stream identities
 //   (AddPeer's `identity`) are not checked: the gRPC transport's tests and
-//   the multi-process ones cover them.
+//   the multi-process ones cover them. Adding a known peer again with
+//   another address or identity sends new frames on a new stream.
+// - Once CloseStreams() returned, no response or stream ending reaches the
+//   handler; once StopServer() returned, no request or lost peer does, and
+//   the reply channels of earlier requests return false.
 // - Workers are named by rank; a transport learns its rank when the agent
 //   adds itself as a peer (the end of its rendezvous).
 //
