@@ -500,10 +500,6 @@ const BackendCase kShm{
          "ReplyChannel::Send waits for ring space (T2) on the receiver thread, so with both "
          "sides sending more than a ring holds, each receiver waits for the other's full ring "
          "and replies fail with UNAVAILABLE (\"stayed full\") after send_timeout"},
-        {"AReplyChannelWhoseStreamIsGoneReturnsFalse",
-         "the reply channel of a link closed by Close() still writes into the ring while it "
-         "has room and returns true: ShmTransport::Write checks the link's closed flag only "
-         "while it waits for space (so after Disconnect() or a dead peer as well)"},
     }};
 const BackendCase kLoopback{"Loopback", MakeLoopback, {}};
 

@@ -261,6 +261,12 @@ absl::StatusOr<uint64_t> ShmTransport::Send(int peer, Frame frame) {
 }
 
 absl::Status ShmTransport::Write(Link& link, Frame frame) {
+  // A closed link (Close(), Disconnect(), a dead peer) takes nothing more,
+  // even while its ring has room: its reply channels then say so.
+  if (link.closed.load(std::memory_order_acquire)) {
+    return absl::UnavailableError(
+        absl::StrCat("shared-memory link to worker ", link.peer, " is closed"));
+  }
   std::vector<grpc::Slice> slices;
   const size_t total = AppendFrame(std::move(frame), &slices);
   RingHeader& ring = link.out();
