@@ -140,7 +140,13 @@ absl::StatusOr<ObserverResult> RunObserver(AgentLink& link, CartPole& env,
     round = j.round;
     stop = j.stop;
   }
-  if (absl::Status s = link.Leave(j.session); !s.ok()) return Annotate(s, "leaving");
+  // The agent said stop: leaving ends our session there. An agent that
+  // stopped may already have exited (its last leave can race its own
+  // shutdown), and then there is no session left to end: UNAVAILABLE here is
+  // not an error.
+  if (absl::Status s = link.Leave(j.session); !s.ok() && !absl::IsUnavailable(s)) {
+    return Annotate(s, "leaving");
+  }
   return result;
 }
 

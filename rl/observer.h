@@ -10,7 +10,8 @@
 // - It joins, then plays every round it is given: the environment is reset
 //   at the start of each round and whenever an episode ends, one Act per
 //   step, then Finish with the round's rewards and the steps on which
-//   episodes ended. When the agent says stop, it leaves and returns.
+//   episodes ended. When the agent says stop, it leaves and returns; an
+//   agent gone by then (the leave fails with UNAVAILABLE) counts as left.
 // - If the agent dropped it (ABORTED: it was silent too long), it joins
 //   again, as a new session, and goes on (`rejoins` counts this); its
 //   unfinished round is lost, as the agent discarded it.
