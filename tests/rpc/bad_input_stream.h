@@ -181,17 +181,24 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     StartRead(&in_);
   }
 
+  // Deletes the stream (its ClientContext holds the channel) before the
+  // result says it finished: a test that then drops the channel must not
+  // leave its last release to this reaction thread (gRPC 1.51 would delete
+  // its process-wide callback queue under it; see grpc_transport.h).
   void OnDone(const grpc::Status& status) override {
+    const std::shared_ptr<StreamResult> result = result_;
+    Outcome outcome;
     {
       absl::MutexLock lock(&mu_);
       outcome_.finished = true;
       outcome_.status = status;
       outcome_.elapsed = absl::Now() - start_;
-      absl::MutexLock lock2(&result_->mu);
-      result_->outcome = std::move(outcome_);
-      result_->finished = true;
+      outcome = std::move(outcome_);
     }
     delete this;
+    absl::MutexLock lock(&result->mu);
+    result->outcome = std::move(outcome);
+    result->finished = true;
   }
 
  private:

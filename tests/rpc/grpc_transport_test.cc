@@ -198,5 +198,29 @@ TEST(GrpcTransport, W2_AStreamWhoseIdentityIsRefusedEndsWithTheRefusal) {
   callee->StopServer(absl::ZeroDuration());
 }
 
+// gRPC 1.51 runs every reaction on the threads of one process-wide
+// completion queue, and whoever drops the process's last channel or server
+// shuts that queue down and joins those threads. A transport therefore
+// releases its channels only after its streams are gone: were the last one
+// released by a stream's OnDone, on a reaction thread, the queue would be
+// deleted under that thread and the process would abort ("prior > 0").
+// Transports made and destroyed many times, each time while the stream of
+// the last call is ending, leave the process alive with every wait met.
+TEST(GrpcTransport, ChannelsAreReleasedOnlyAfterTheirStreamsAreGone) {
+  for (int round = 0; round < 200; ++round) {
+    SCOPED_TRACE(round);
+    Recorder caller_side, callee_side;
+    std::unique_ptr<GrpcTransport> caller, callee;
+    ASSERT_NO_FATAL_FAILURE(StartPair(&caller_side, &callee_side, &caller, &callee));
+    caller->AddPeer(1, callee->address(), "");
+    ASSERT_TRUE(caller->Send(1, Request(1)).ok());
+    ASSERT_TRUE(caller_side.WaitResponses(1, absl::Seconds(10)));
+    // The callee goes first: its server cancels the stream, whose OnDone
+    // then races the caller's destruction.
+    callee.reset();
+    caller.reset();
+  }
+}
+
 }  // namespace
 }  // namespace baton::rpc::internal

@@ -1,6 +1,7 @@
 #include "rpc/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <functional>
 
@@ -403,6 +404,60 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   std::shared_ptr<ClientStream> self_;
 };
 
+// What the outgoing streams report to, and what outlives the transport:
+// how many stream objects are not destroyed yet (their ClientContexts hold
+// the channels), and the transport their done callbacks reach (null once it
+// retired them).
+class ClientStreamLifetimes {
+ public:
+  explicit ClientStreamLifetimes(GrpcTransport* owner) : owner_(owner) {}
+
+  void Created() {
+    absl::MutexLock lock(&mu_);
+    ++objects_;
+  }
+  // After the stream object was deleted, its ClientContext included.
+  void Destroyed() {
+    absl::MutexLock lock(&mu_);
+    --objects_;
+  }
+
+  // Runs fn(owner) without the lock held, unless the owner retired; Retire
+  // waits for it to return.
+  template <typename Fn>
+  void WithOwner(Fn fn) {
+    GrpcTransport* owner = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (owner_ == nullptr) return;
+      owner = owner_;
+      ++in_done_;
+    }
+    fn(owner);
+    absl::MutexLock lock(&mu_);
+    --in_done_;
+  }
+
+  // Waits at most `timeout` for every stream object to be destroyed and
+  // every done callback to return, then detaches the owner. Returns how many
+  // stream objects are left (0: every one is gone).
+  int Retire(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto all_gone = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return objects_ == 0 && in_done_ == 0;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&all_gone), timeout);
+    owner_ = nullptr;
+    return objects_ + in_done_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  GrpcTransport* owner_ ABSL_GUARDED_BY(mu_);
+  int objects_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class GrpcTransport::Service : public grpc::CallbackGenericService {
  public:
   Service(TransportHandler* handler, std::string token)
@@ -438,7 +493,9 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
 };
 
 GrpcTransport::GrpcTransport(TransportOptions options, TransportHandler* handler)
-    : options_(std::move(options)), handler_(handler) {}
+    : options_(std::move(options)),
+      handler_(handler),
+      lifetimes_(std::make_shared<ClientStreamLifetimes>(this)) {}
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOptions options,
                                                                     TransportHandler* handler) {
@@ -463,6 +520,21 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOpt
 GrpcTransport::~GrpcTransport() {
   (void)CloseStreams(/*cancel=*/true, absl::Seconds(5));
   StopServer(absl::ZeroDuration());
+  // A stream's OnDone (a reaction thread) deletes it after its done callback
+  // returned, and its ClientContext holds the channel: the channels are
+  // released here, on this thread, only once every stream object is gone.
+  const int left = lifetimes_->Retire(absl::Seconds(5));
+  if (left == 0) return;
+  std::fprintf(stderr,
+               "baton: %d outgoing gRPC stream(s) of the transport at %s still alive at its "
+               "destruction; their channels are kept, never released\n",
+               left, address_.c_str());
+  absl::MutexLock lock(&mu_);
+  auto* kept = new std::vector<Peer>();  // deliberately never freed
+  for (auto& [id, p] : peers_) kept->push_back(std::move(p));
+  for (auto& p : retired_) kept->push_back(std::move(p));
+  peers_.clear();
+  retired_.clear();
 }
 
 void GrpcTransport::AddPeer(int id, const std::string& address, const std::string& identity) {
@@ -498,10 +570,18 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
       return absl::NotFoundError(absl::StrCat("no address for worker id ", peer));
     }
     if (it->second.stream == nullptr) {
-      it->second.stream = std::make_shared<ClientStream>(
-          handler_, peer, next_stream_id_++,
-          [this](int p, uint64_t id, const absl::Status& s, bool accepted) {
-            OnClientStreamDone(p, id, s, accepted);
+      const std::shared_ptr<ClientStreamLifetimes> lifetimes = lifetimes_;
+      lifetimes->Created();
+      it->second.stream = std::shared_ptr<ClientStream>(
+          new ClientStream(handler_, peer, next_stream_id_++,
+                           [lifetimes](int p, uint64_t id, const absl::Status& s, bool accepted) {
+                             lifetimes->WithOwner([&](GrpcTransport* t) {
+                               t->OnClientStreamDone(p, id, s, accepted);
+                             });
+                           }),
+          [lifetimes](ClientStream* stream) {
+            delete stream;
+            lifetimes->Destroyed();
           });
       ++live_streams_;
       it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity);

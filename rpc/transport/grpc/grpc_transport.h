@@ -25,6 +25,14 @@
 // - Shutdown: CloseStreams() half-closes (or cancels) outgoing streams and
 //   waits, bounded, for them to end; StopServer() stops accepting and cancels
 //   what is left after the grace period.
+// - The destructor releases the gRPC channels only after every outgoing
+//   stream object is gone (bounded; past the bound it keeps them, never
+//   releasing them). gRPC 1.51 runs reactions on the threads of one
+//   process-wide completion queue ("nexting_thread"), and whoever drops the
+//   last channel or server shuts that queue down and joins its threads: done
+//   on one of those threads, it deletes the queue under its own feet (the
+//   process aborts in grpc_cq_internal_unref, "prior > 0"). So no gRPC object
+//   of the transport is ever released on a reaction thread.
 //
 // Threads: handler callbacks run on gRPC's callback threads and must not
 // block. Send* may be called from any thread.
@@ -55,6 +63,7 @@ using ::baton::rpc::TransportHandler;
 
 class Outbox;
 class ClientStream;
+class ClientStreamLifetimes;
 
 using TransportOptions = ::baton::rpc::NetworkTransportOptions;
 
@@ -109,6 +118,9 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   std::string address_;
 
   mutable absl::Mutex mu_;
+  // Outlives the transport: the streams' done callbacks and deleters report
+  // to it.
+  const std::shared_ptr<ClientStreamLifetimes> lifetimes_;
   absl::flat_hash_map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);
   // What AddPeer replaced: at most one per restart of a peer.
   std::vector<Peer> retired_ ABSL_GUARDED_BY(mu_);
