@@ -172,6 +172,9 @@ class NodeAgent::Impl {
   void PrintSummary(const RoundOutcome& outcome);
 
   const LaunchOptions o_;
+  // --node_rank, or 0 once this node won the rendezvous port
+  // (rdzv_host_by_bind); -1: an elastic node without one.
+  int node_rank_ = o_.node_rank.value_or(-1);
   const std::string env_token_;
   std::string run_id_;
   std::string job_token_;
@@ -217,7 +220,14 @@ absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
 }
 
 absl::Status NodeAgent::Impl::Setup() {
-  const bool host = o_.node_rank.value_or(-1) == 0;
+  bool host = node_rank_ == 0;
+  if (!o_.from_env.empty()) {
+    Log(absl::StrCat("defaults from the environment: ", absl::StrJoin(o_.from_env, " ")));
+  }
+  if (!o_.env_ignored.empty()) {
+    Log(absl::StrCat("ignored (torchrun flags with no meaning for baton-run): ",
+                     absl::StrJoin(o_.env_ignored, " ")));
+  }
   if (!o_.log_dir.empty()) {
     if (absl::Status s = MakeDirs(o_.log_dir); !s.ok()) return s;
   }
@@ -234,22 +244,30 @@ absl::Status NodeAgent::Impl::Setup() {
     // One node: the rendezvous stays in this process.
     own_store_ = std::make_unique<store::MemoryStore>();
     store_ = own_store_.get();
-  } else if (host) {
+  } else if (host || o_.rdzv_host_by_bind) {
     auto server =
         store::StoreServer::Start({absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, *tls});
-    if (!server.ok()) {
+    if (server.ok()) {
+      host = true;
+      node_rank_ = 0;
+      server_ = *std::move(server);
+      store_ = &server_->store();
+    } else if (host) {
       return Annotate(server.status(), "starting the rendezvous store (--rdzv_port)");
+    } else {
+      // Another node on this machine bound the endpoint first: it hosts.
+      Log(absl::StrCat("rendezvous port ", o_.rdzv_port, " is taken (", server.status().message(),
+                       "); joining the node that hosts it"));
     }
-    server_ = *std::move(server);
-    store_ = &server_->store();
-  } else {
+  }
+  if (store_ == nullptr) {  // another node hosts the rendezvous
     own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
         absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, o_.heartbeat_timeout, *tls});
     store_ = own_store_.get();
   }
 
   RendezvousConfig rc;
-  rc.node_rank = o_.node_rank.value_or(-1);
+  rc.node_rank = node_rank_;
   rc.host_name = host_name_;
   rc.min_nodes = o_.min_nodes;
   rc.max_nodes = o_.max_nodes;
@@ -390,7 +408,7 @@ Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
           {"local_rank", absl::StrCat(w.local_rank)},
           {"role", o_.roles[w.role_index].name},
           {"role_rank", absl::StrCat(w.role_rank)},
-          {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+          {"node_rank", absl::StrCat(node_rank_)},
           {"group_rank", absl::StrCat(round.group_rank)},
           {"host", host_name_},
           {"pid", absl::StrCat(w.pid)},
@@ -560,7 +578,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
   if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
     Log(absl::StrCat("error: ", s.message()));
     auto rec = EncodeRecord({{"kind", "failure"},
-                             {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+                             {"node_rank", absl::StrCat(node_rank_)},
                              {"host", host_name_},
                              {"rank", "?"},
                              {"reason", std::string(s.message())}});
@@ -580,7 +598,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       const bool leave = o_.elastic() && !rdzv_->is_host();
       (void)store_->CompareSet(end_key, "",
                                EncodeRecord({{"kind", leave ? "node_left" : "shutdown"},
-                                             {"node_rank", absl::StrCat(o_.node_rank.value_or(-1))},
+                                             {"node_rank", absl::StrCat(node_rank_)},
                                              {"group_rank", absl::StrCat(round.group_rank)},
                                              {"host", host_name_},
                                              {"signal", internal::SignalName(sig)}}));

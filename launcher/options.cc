@@ -128,6 +128,9 @@ namespace {
 // override, and the restart policies to apply once every role is known.
 struct ParseState {
   LaunchOptions o;
+  MachineInfo machine;
+  // Who gave each flag: "" for the command line, else the variable's name.
+  std::map<std::string, std::string> given_by;
   bool nproc_set = false;
   bool nnodes_set = false;
   bool addr_set = false;
@@ -183,9 +186,11 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
   LaunchOptions& o = st.o;
   return {
       {"nproc_per_node",
-       [&st](const std::string& v) {
+       [&st](const std::string& v) -> absl::Status {
          st.nproc_set = true;
-         return SetInt(&st.o.nproc_per_node, "nproc_per_node", 1, 4096)(v);
+         auto n = ResolveNprocPerNode(v, st.machine);
+         if (n.ok()) st.o.nproc_per_node = *n;
+         return n.status();
        }},
       {"nnodes",
        [&st](const std::string& v) -> absl::Status {
@@ -216,6 +221,37 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"max_restarts", SetInt(&o.max_restarts, "max_restarts", 0, 1000000)},
       {"monitor_interval", SetSeconds(&o.monitor_interval, "monitor_interval", false)},
       {"run_id", SetString(&o.run_id, "run_id", &st.run_id_set)},
+      // torchrun's name for the run id.
+      {"rdzv_id", SetString(&o.run_id, "rdzv_id", &st.run_id_set)},
+      {"rdzv_backend",
+       [&o](const std::string& v) -> absl::Status {
+         const std::string b = absl::AsciiStrToLower(v);
+         if (b == "c10d" || b == "static") {
+           o.rdzv_backend = b;
+           return absl::OkStatus();
+         }
+         if (b == "etcd" || b == "etcd-v2") {
+           return FlagError("rdzv_backend",
+                            absl::StrCat("'", v,
+                                         "' is not available in this baton-run yet; c10d and "
+                                         "static use its own store on the master node"));
+         }
+         return FlagError("rdzv_backend", absl::StrCat("'", v, "' is not c10d or static"));
+       }},
+      {"rdzv_endpoint",
+       [&o](const std::string& v) -> absl::Status {
+         auto e = ParseRdzvEndpoint(v);
+         if (e.ok()) o.rdzv_endpoint = *e;
+         return e.status();
+       }},
+      {"rdzv_conf",
+       [&o](const std::string& v) -> absl::Status {
+         auto conf = ParseRdzvConf(v);
+         if (!conf.ok()) return conf.status();
+         if (conf->join_timeout.has_value()) o.rdzv_timeout = *conf->join_timeout;
+         if (conf->last_call_timeout.has_value()) o.rdzv_last_call = *conf->last_call_timeout;
+         return absl::OkStatus();
+       }},
       {"job_token_file", SetString(&o.job_token_file, "job_token_file")},
       {"tls_ca", SetPath(&o.tls.ca_file, "tls_ca")},
       {"tls_cert", SetPath(&o.tls.cert_file, "tls_cert")},
@@ -282,6 +318,7 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args, ParseSta
     // torchrun spells flags both ways.
     absl::StrReplaceAll({{"-", "_"}}, &name);
     if (auto b = booleans.find(name); b != booleans.end()) {
+      st.given_by[name] = "";
       if (!value.has_value()) {
         *b->second = true;
         continue;
@@ -300,8 +337,129 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args, ParseSta
       value = args[++i];
     }
     if (absl::Status s = h->second(*value); !s.ok()) return s;
+    st.given_by[name] = "";
   }
   return i;
+}
+
+// Step 0: torchrun's PET_<FLAG> variables, as defaults of the flags parsed
+// next (torchrun_env.h).
+absl::Status ApplyTorchrunEnv(const EnvLookup& env, ParseState& st) {
+  const std::map<std::string, Handler> valued = ValuedFlags(st);
+  for (const EnvFlag& f : TorchrunEnvFlags(env, &st.o.env_ignored)) {
+    absl::Status s;
+    if (f.flag == "standalone") {
+      // The training operator sets PET_STANDALONE to "" to turn it on.
+      absl::StatusOr<bool> b = f.value.empty() ? true : ParseBool(f.flag, f.value);
+      if (b.ok()) st.o.standalone = *b;
+      s = b.status();
+    } else if (f.flag == "tee") {
+      // torchrun's --tee names streams: "0" none, "1" stdout, "2" stderr,
+      // "3" both, or per local rank ("0:3,1:1"); baton-run tees both or none.
+      if (f.value.empty() || f.value.find_first_not_of("0123:,") != std::string::npos) {
+        s = FlagError("tee", absl::StrCat("'", f.value, "' is not torchrun's 0, 1, 2, 3 or a ",
+                                          "per-rank map such as 0:3,1:1"));
+      } else {
+        st.o.tee = f.value.find_first_of("123") != std::string::npos;
+      }
+    } else {
+      s = valued.at(f.flag)(f.value);
+    }
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.variable, "='", f.value, "' (torchrun's default of --", f.flag, "): ", s.message()));
+    }
+    st.given_by[f.flag] = f.variable;
+    st.o.from_env.push_back(absl::StrCat(f.variable, "=", f.value));
+  }
+  return absl::OkStatus();
+}
+
+// Who gave `flag`: "" for the command line, a variable's name, or nullopt.
+std::optional<std::string> GivenBy(const ParseState& st, const std::string& flag) {
+  auto it = st.given_by.find(flag);
+  if (it == st.given_by.end()) return std::nullopt;
+  return it->second;
+}
+bool OnCommandLine(const ParseState& st, const std::string& flag) {
+  return GivenBy(st, flag) == std::optional<std::string>("");
+}
+
+// Step 1b: what a PyTorchJob sets besides PET_*: MASTER_ADDR and
+// MASTER_PORT, WORLD_SIZE, and RANK, which is the pod's index (so this
+// node's rank), not a process's. Only with MASTER_ADDR: RANK and
+// WORLD_SIZE alone are no operator's.
+absl::Status ApplyOperatorEnv(const EnvLookup& env, ParseState& st) {
+  LaunchOptions& o = st.o;
+  const std::optional<std::string> addr = env(kEnvMasterAddr);
+  if (!addr.has_value() || addr->empty()) return absl::OkStatus();
+  auto note = [&](const char* variable, const std::string& value, const char* flag) {
+    o.from_env.push_back(absl::StrCat(variable, "=", value));
+    st.given_by[flag] = variable;
+  };
+  if (!GivenBy(st, "master_addr").has_value()) {
+    o.master_addr = *addr;
+    st.addr_set = true;
+    note(kEnvMasterAddr, *addr, "master_addr");
+  }
+  if (std::optional<std::string> port = env(kEnvMasterPort);
+      port.has_value() && !GivenBy(st, "master_port").has_value()) {
+    auto p = ParseInt("master_port", *port, 1, 65535);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MASTER_PORT='", *port, "' (the default of --master_port): ", p.status().message()));
+    }
+    o.master_port = *p;
+    note(kEnvMasterPort, *port, "master_port");
+  }
+  const std::optional<std::string> rank = env(kEnvRank);
+  if (!rank.has_value()) return absl::OkStatus();
+  auto r = ParseInt("node_rank", *rank, 0, 65535);
+  if (!r.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK='", *rank,
+                     "' (the pod's index, the default of --node_rank): ", r.status().message()));
+  }
+  if (!o.node_rank.has_value()) {
+    o.node_rank = *r;
+    note(kEnvRank, *rank, "node_rank");
+  } else if (*o.node_rank != *r && GivenBy(st, "node_rank") == "PET_NODE_RANK") {
+    return absl::InvalidArgumentError(absl::StrCat("RANK=", *r, " and PET_NODE_RANK=", *o.node_rank,
+                                                   " disagree; both are this pod's index"));
+  }
+  return absl::OkStatus();
+}
+
+// Step 2b: WORLD_SIZE as the training operator sets it, a count of
+// processes (pods × nproc_per_node; pods alone when nproc_per_node is not a
+// number, and in operators before 1.7), checked once the roles made
+// nproc_per_node. RANK must then index a pod.
+absl::Status CheckOperatorWorldSize(const EnvLookup& env, const ParseState& st) {
+  const LaunchOptions& o = st.o;
+  const std::optional<std::string> addr = env(kEnvMasterAddr);
+  const std::optional<std::string> rank = env(kEnvRank);
+  if (!addr.has_value() || addr->empty() || !rank.has_value()) return absl::OkStatus();
+  const std::optional<std::string> world = env(kEnvWorldSize);
+  const int pods = o.max_nodes;
+  int r = 0;  // parsed by ApplyOperatorEnv
+  if (absl::SimpleAtoi(*rank, &r) && r >= pods) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK=", r, " is the pod's index under a PyTorchJob, and the job has ", pods,
+                     " node(s); RANK is not a process rank here"));
+  }
+  if (!world.has_value() || o.elastic()) return absl::OkStatus();
+  int w = 0;
+  if (!absl::SimpleAtoi(*world, &w) || w < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE='", *world, "' is not a positive count of processes"));
+  }
+  if (w != pods && w != pods * o.nproc_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WORLD_SIZE=", w, " (processes, as the training operator counts them) is neither the ",
+        pods, " node(s) nor ", pods, " node(s) x ", o.nproc_per_node,
+        " worker(s) per node; check --nnodes and --nproc_per_node against the job"));
+  }
+  return absl::OkStatus();
 }
 
 // Step 2: the roles. Without --role, one "default" role runs the command;
@@ -413,6 +571,46 @@ absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
   return absl::OkStatus();
 }
 
+// Step 4c: --rdzv_endpoint HOST:PORT is the master node's rendezvous.
+absl::Status ApplyRdzvEndpoint(ParseState& st) {
+  LaunchOptions& o = st.o;
+  if (!o.rdzv_endpoint.has_value()) return absl::OkStatus();
+  const RdzvEndpoint& e = *o.rdzv_endpoint;
+  if (o.standalone) {
+    return FlagError("rdzv_endpoint", "--standalone runs its own rendezvous; drop one of them");
+  }
+  if (OnCommandLine(st, "master_addr") && o.master_addr != e.host) {
+    return FlagError("master_addr",
+                     absl::StrCat("'", o.master_addr, "' differs from --rdzv_endpoint's host '",
+                                  e.host, "': the rendezvous runs on the master node"));
+  }
+  if (OnCommandLine(st, "rdzv_port") && o.rdzv_port != e.port) {
+    return FlagError("rdzv_port",
+                     absl::StrCat(o.rdzv_port, " differs from --rdzv_endpoint's port ", e.port));
+  }
+  // The endpoint wins over an address from the environment: under a
+  // PyTorchJob with a master and an elastic policy, MASTER_ADDR names the
+  // master pod and PET_RDZV_ENDPOINT the rendezvous, as torchrun reads them.
+  o.master_addr = e.host;
+  o.rdzv_port = e.port;
+  const std::optional<std::string> port_by = GivenBy(st, "master_port");
+  if (!port_by.has_value() || (!port_by->empty() && o.master_port == o.rdzv_port)) {
+    o.master_port = 0;  // a free port on the master node, told through the rendezvous
+  }
+  // An elastic job's host is the node the endpoint names, as in torchrun.
+  if (o.elastic() && !OnCommandLine(st, "node_rank")) {
+    if (IsLoopback(e.host)) {
+      o.node_rank.reset();
+      o.rdzv_host_by_bind = true;
+    } else if (IsThisMachine(e.host, st.machine)) {
+      o.node_rank = 0;
+    } else {
+      o.node_rank.reset();
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Step 5: this node's rank against the node count.
 absl::Status CheckNodeRank(LaunchOptions& o) {
   if (o.max_nodes > 1 && !o.elastic() && !o.node_rank.has_value()) {
@@ -449,23 +647,34 @@ absl::Status ResolvePorts(LaunchOptions& o) {
 }  // namespace
 
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
-                                                 const EnvLookup& env) {
+                                                 const EnvLookup& env, const MachineInfo& machine) {
   ParseState st;
+  st.machine = machine;
+  absl::Status s = ApplyTorchrunEnv(env, st);
+  if (!s.ok()) return s;
   absl::StatusOr<size_t> program = ParseFlags(args, st);
   if (!program.ok()) return program.status();
   if (st.o.help) return std::move(st.o);
+  s = ApplyOperatorEnv(env, st);
   const std::vector<std::string> command(args.begin() + *program, args.end());
-  absl::Status s = ResolveRoles(command, st);
+  if (s.ok()) s = ResolveRoles(command, st);
   if (s.ok()) s = ApplyRestartPolicies(st);
   if (s.ok() && st.o.standalone) {
     s = ApplyStandalone(st);
   } else if (s.ok() && env("SLURM_JOB_ID").has_value() && env("SLURM_NODEID").has_value()) {
     s = ApplySlurm(env, st);
   }
+  if (s.ok()) s = CheckOperatorWorldSize(env, st);
+  if (s.ok()) s = ApplyRdzvEndpoint(st);
   if (s.ok()) s = CheckNodeRank(st.o);
   if (s.ok()) s = ResolvePorts(st.o);
   if (!s.ok()) return s;
   return std::move(st.o);
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env) {
+  return ParseLaunchOptions(args, env, MachineInfo::Detect(env));
 }
 
 std::string LaunchUsage() {
@@ -474,7 +683,8 @@ std::string LaunchUsage() {
 Starts --nproc_per_node workers on this node, rendezvous with the other
 nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
 
-  --nproc_per_node N     workers on this node (default 1)
+  --nproc_per_node N     workers on this node (default 1); auto, cpu or gpu
+                         as in torchrun
   --nnodes N | MIN:MAX   node count; MIN:MAX makes the job elastic
   --node_rank R          this node's rank; node 0 hosts the rendezvous store
   --master_addr HOST     address of node 0 (default 127.0.0.1)
@@ -489,7 +699,15 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
                          a one-node job makes its own
   --max_restarts N       group restarts after failures (default 0)
   --monitor_interval S   seconds between worker checks (default 0.1)
-  --run_id ID            job id, equal on every node
+  --run_id ID            job id, equal on every node (torchrun: --rdzv_id)
+  --rdzv_endpoint HOST[:PORT]
+                         the rendezvous: HOST is the master node, PORT
+                         (default 29400) the rendezvous port. In an elastic
+                         job the node HOST names hosts it
+  --rdzv_backend c10d|static
+                         accepted as torchrun's; both use baton-run's store
+  --rdzv_conf K=V,...    join_timeout (or timeout) and last_call_timeout
+                         set --rdzv_timeout and --rdzv_last_call
   --tls_ca FILE          mutual TLS for the rendezvous store and the
   --tls_cert FILE        workers' store and RPC streams: the job's CA, this
   --tls_key FILE         node's certificate and key (PEM; all three)
@@ -511,6 +729,11 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --restart_wait S       how long a worker's call to a peer found dead waits
                          for that peer's restart (default 60 when a role
                          restarts alone and --max_restarts > 0, else 0)
+
+Every flag torchrun also has takes its default from PET_<FLAG> (PET_NNODES,
+PET_NODE_RANK, PET_RDZV_ENDPOINT, ...); MASTER_ADDR and MASTER_PORT, and RANK
+as the node rank (checked against WORLD_SIZE), are read as the Kubeflow
+training operator sets them. Flags given win (docs/kubernetes.md).
 
 Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, BATON_RUN_ID,

@@ -2,9 +2,18 @@
 //
 // Contract: ParseLaunchOptions() never exits or prints; a bad flag yields
 // INVALID_ARGUMENT whose message names the flag (baton-run prints it with the
-// usage and exits with code 2). Under Slurm (SLURM_JOB_ID and SLURM_NODEID
-// set, no --standalone) the node count, node rank, master address and run id
-// default to Slurm's values; explicit flags win.
+// usage and exits with code 2). Defaults, weakest first:
+// - baton-run's own;
+// - under Slurm (SLURM_JOB_ID and SLURM_NODEID set, no --standalone), the
+//   node count, node rank, master address and run id from Slurm;
+// - as the Kubeflow operators set them (docs/kubernetes.md): MASTER_ADDR and
+//   MASTER_PORT, and RANK as the node rank, checked against WORLD_SIZE;
+// - torchrun's PET_<FLAG> for every flag torchrun also has (torchrun_env.h);
+//   a bad value names the variable;
+// - the flags given, which always win.
+// With --rdzv_endpoint HOST:PORT the rendezvous runs there: HOST is the
+// master address. In an elastic job, the node HOST names hosts it (a loopback
+// HOST: whichever node binds PORT first), whatever node rank it was given.
 //
 // Thread-safety: stateless functions.
 #ifndef BATON_LAUNCHER_OPTIONS_H_
@@ -20,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "env/env.h"
+#include "launcher/torchrun_env.h"
 
 namespace baton::launcher {
 
@@ -87,9 +97,22 @@ struct LaunchOptions {
   // when some role restarts alone (policy role or worker) and restarts are
   // allowed, else zero (RestartWait()).
   std::optional<absl::Duration> restart_wait;
+  // --rdzv_backend: torchrun's "c10d" (the default) or "static"; both use
+  // baton-run's own store, hosted by the master node.
+  std::string rdzv_backend = "c10d";
+  // --rdzv_endpoint: where the rendezvous runs (master_addr:rdzv_port).
+  std::optional<RdzvEndpoint> rdzv_endpoint;
+  // An elastic node whose endpoint is a loopback address: it hosts the
+  // rendezvous if it binds the port first (torchrun does the same).
+  bool rdzv_host_by_bind = false;
   std::vector<RoleSpec> roles;
   // True when defaults came from Slurm variables (for the log line).
   bool from_slurm = false;
+  // The variables that supplied defaults ("PET_NNODES=2", "RANK=1"), and the
+  // PET_* variables set for torchrun flags baton-run has no use for; for the
+  // log line.
+  std::vector<std::string> from_env;
+  std::vector<std::string> env_ignored;
   // --help was given (before PROGRAM); nothing else is filled in.
   bool help = false;
 
@@ -106,7 +129,12 @@ struct LaunchOptions {
 // its wait.
 inline constexpr absl::Duration kDefaultRestartWait = absl::Seconds(60);
 
-// Parses `args` (without argv[0]). `env` supplies SLURM_* variables.
+// Parses `args` (without argv[0]). `env` supplies the SLURM_*, PET_* and
+// operator variables; `machine` resolves --nproc_per_node auto|cpu|gpu and
+// the rendezvous host.
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env, const MachineInfo& machine);
+// The same on this machine (MachineInfo::Detect).
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
                                                  const EnvLookup& env);
 
