@@ -4,8 +4,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <thread>
 
@@ -47,7 +47,7 @@ constexpr Mapped kMapped[] = {
 };
 
 constexpr const char* kIgnored[] = {
-    "PET_START_METHOD", "PET_MODULE",     "PET_NO_PYTHON",  "PET_RUN_PATH", "PET_REDIRECTS",
+    "PET_START_METHOD",       "PET_MODULE",     "PET_NO_PYTHON",  "PET_RUN_PATH", "PET_REDIRECTS",
     "PET_LOCAL_RANKS_FILTER", "PET_LOCAL_ADDR", "PET_LOGS_SPECS", "PET_ROLE",
 };
 
@@ -198,9 +198,9 @@ bool IsThisMachine(absl::string_view host, const MachineInfo& machine) {
 absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view value) {
   // torchrun's keys with no meaning here: its own store's and heartbeat's.
   constexpr const char* kAccepted[] = {
-      "close_timeout", "heartbeat",       "keep_alive_interval", "keep_alive_max_attempt",
-      "read_timeout",  "is_host",         "use_agent_store",     "store_type",
-      "protocol",      "cacert",          "ssl_cert_file",       "ssl_key_file"};
+      "close_timeout", "heartbeat", "keep_alive_interval", "keep_alive_max_attempt",
+      "read_timeout",  "is_host",   "use_agent_store",     "store_type",
+      "protocol",      "cacert",    "ssl_cert_file",       "ssl_key_file"};
   auto accepted = [&](const std::string& key) {
     return std::find(std::begin(kAccepted), std::end(kAccepted), key) != std::end(kAccepted);
   };

@@ -92,7 +92,8 @@ TEST_F(OperatorEnvTest, PyTorchJobMasterAndWorkerPods) {
   ASSERT_EQ(master->Wait(kJobTimeout), 0) << master->Output();
   ASSERT_EQ(worker->Wait(kJobTimeout), 0) << worker->Output();
   ExpectFourWorkers("127.0.0.1", absl::StrCat(port));
-  EXPECT_THAT(master->Output(), ::testing::HasSubstr("defaults from the environment: PET_NNODES=2"));
+  EXPECT_THAT(master->Output(),
+              ::testing::HasSubstr("defaults from the environment: PET_NNODES=2"));
 }
 
 // A TrainJob of 2 nodes: PET_* only, the node rank from the Job's
@@ -121,14 +122,10 @@ TEST_F(OperatorEnvTest, ElasticPyTorchJobWithoutNodeRanks) {
   const int rdzv = FreePort();
   ASSERT_GT(rdzv, 0);
   const std::map<std::string, std::string> env = {
-      {"PYTHONUNBUFFERED", "1"},
-      {"PET_RDZV_ENDPOINT", absl::StrCat("127.0.0.1:", rdzv)},
-      {"PET_RDZV_BACKEND", "c10d"},
-      {"PET_NNODES", "2:3"},
-      {"PET_MAX_RESTARTS", "0"},
-      {"PET_NPROC_PER_NODE", "2"},
-      {"PET_RDZV_ID", "elastic-job-uid"},
-      {"PET_RDZV_CONF", "join_timeout=30,last_call_timeout=1"}};
+      {"PYTHONUNBUFFERED", "1"},          {"PET_RDZV_ENDPOINT", absl::StrCat("127.0.0.1:", rdzv)},
+      {"PET_RDZV_BACKEND", "c10d"},       {"PET_NNODES", "2:3"},
+      {"PET_MAX_RESTARTS", "0"},          {"PET_NPROC_PER_NODE", "2"},
+      {"PET_RDZV_ID", "elastic-job-uid"}, {"PET_RDZV_CONF", "join_timeout=30,last_call_timeout=1"}};
   auto a = Pod(env);
   auto b = Pod(env);
   ASSERT_EQ(a->Wait(kJobTimeout), 0) << a->Output();
@@ -136,8 +133,7 @@ TEST_F(OperatorEnvTest, ElasticPyTorchJobWithoutNodeRanks) {
   ExpectFourWorkers("127.0.0.1", "");
   EXPECT_EQ(Env(0, 0)["BATON_RUN_ID"], "elastic-job-uid");
   // Exactly one of them found the port taken and joined the other.
-  const bool a_joined =
-      a->Output().find("is taken") != std::string::npos;
+  const bool a_joined = a->Output().find("is taken") != std::string::npos;
   const bool b_joined = b->Output().find("is taken") != std::string::npos;
   EXPECT_NE(a_joined, b_joined) << a->Output() << "\n----\n" << b->Output();
 }

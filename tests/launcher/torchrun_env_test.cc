@@ -57,11 +57,15 @@ absl::StatusOr<LaunchOptions> Parse(const Env& env, const MachineInfo& machine,
 // A PyTorchJob with a Master and 2 Workers, nprocPerNode "2", container port
 // 23456: the pod of worker 1 (RANK 2).
 Env PyTorchJobWorker1() {
-  return {{"PYTHONUNBUFFERED", "1"},   {"MASTER_PORT", "23456"},
-          {"PET_MASTER_PORT", "23456"}, {"MASTER_ADDR", "job-master-0"},
+  return {{"PYTHONUNBUFFERED", "1"},
+          {"MASTER_PORT", "23456"},
+          {"PET_MASTER_PORT", "23456"},
+          {"MASTER_ADDR", "job-master-0"},
           {"PET_MASTER_ADDR", "job-master-0"},
-          {"WORLD_SIZE", "6"},         {"RANK", "2"},
-          {"PET_NODE_RANK", "2"},      {"PET_NPROC_PER_NODE", "2"},
+          {"WORLD_SIZE", "6"},
+          {"RANK", "2"},
+          {"PET_NODE_RANK", "2"},
+          {"PET_NPROC_PER_NODE", "2"},
           {"PET_NNODES", "3"}};
 }
 
@@ -125,14 +129,10 @@ TEST(PyTorchJob, RankAndWorldSizeWithoutMasterAddrAreNotTheOperators) {
 // nProcPerNode 1, rdzvConf join_timeout=120, last_call_timeout=10,
 // standalone unset.
 Env ElasticPyTorchJob() {
-  return {{"PYTHONUNBUFFERED", "1"},
-          {"PET_RDZV_ENDPOINT", "job-worker-0:29400"},
-          {"PET_RDZV_BACKEND", "c10d"},
-          {"PET_NNODES", "2:4"},
-          {"PET_MAX_RESTARTS", "3"},
-          {"PET_NPROC_PER_NODE", "1"},
-          {"PET_RDZV_ID", "job-uid"},
-          {"PET_RDZV_CONF", "join_timeout=120,last_call_timeout=10"}};
+  return {{"PYTHONUNBUFFERED", "1"},    {"PET_RDZV_ENDPOINT", "job-worker-0:29400"},
+          {"PET_RDZV_BACKEND", "c10d"}, {"PET_NNODES", "2:4"},
+          {"PET_MAX_RESTARTS", "3"},    {"PET_NPROC_PER_NODE", "1"},
+          {"PET_RDZV_ID", "job-uid"},   {"PET_RDZV_CONF", "join_timeout=120,last_call_timeout=10"}};
 }
 
 TEST(PyTorchJob, ElasticJobIsHostedByThePodTheEndpointNames) {
@@ -301,9 +301,9 @@ TEST(TorchrunEnv, EndpointsAndHosts) {
 }
 
 TEST(TorchrunEnv, AnEndpointAgainstAnExplicitMasterAddressIsRefused) {
-  auto o = Parse({}, Machine("n"),
-                 {"--rdzv_endpoint", "a:5000", "--master_addr", "b", "--nnodes", "2",
-                  "--node_rank", "0"});
+  auto o = Parse(
+      {}, Machine("n"),
+      {"--rdzv_endpoint", "a:5000", "--master_addr", "b", "--nnodes", "2", "--node_rank", "0"});
   ASSERT_FALSE(o.ok());
   EXPECT_THAT(o.status().message(), HasSubstr("differs from --rdzv_endpoint's host 'a'"));
   // A loopback endpoint in an elastic job: whoever binds its port hosts.

@@ -1,27 +1,67 @@
-// Tests of the rendezvous store: the in-memory backend and the gRPC
-// server/client pair on loopback.
+// The Store contract (store/store.h), one conformance suite run on every
+// backend: the in-memory store, the gRPC server/client pair on loopback, and
+// etcd (a real etcd process started here, store/etcd_store.h). Then what is
+// particular to each: the client's token and reconnection, etcd's lease and
+// authentication.
 #include <thread>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "store/etcd_store.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
+#include "testing/etcd_server.h"
+#include "testing/eventually.h"
 #include "tests/slow_link.h"
 
 namespace baton::store {
 namespace {
 
-class StoreTest : public ::testing::TestWithParam<bool> {
+using ::baton::testing::EtcdServer;
+
+// One etcd for the whole binary: each case keeps its keys under its own
+// prefix. Null (and the case fails, saying why) if it could not start.
+EtcdServer* SharedEtcd() {
+  static absl::StatusOr<std::unique_ptr<EtcdServer>>* const etcd =
+      new absl::StatusOr<std::unique_ptr<EtcdServer>>(EtcdServer::Start());
+  if (!etcd->ok()) {
+    ADD_FAILURE() << etcd->status() << " (tools/install_deps.sh installs etcd-server)";
+    return nullptr;
+  }
+  return etcd->value().get();
+}
+
+// A prefix of its own for the running case.
+std::string CasePrefix() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return absl::StrCat("/baton-test/", info->test_suite_name(), "/", info->name(), "/");
+}
+
+class StoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    if (GetParam() == "Etcd") {
+      EtcdServer* server = SharedEtcd();
+      ASSERT_NE(server, nullptr);
+      EtcdStoreOptions o;
+      o.endpoint = server->endpoint();
+      o.prefix = CasePrefix();
+      o.call_timeout = absl::Seconds(10);
+      auto etcd = EtcdStore::Connect(o);
+      ASSERT_TRUE(etcd.ok()) << etcd.status();
+      etcd_ = *std::move(etcd);
+      store_ = etcd_.get();
+      return;
+    }
     StoreServerOptions so;
     so.job_token = "secret";
     server_ = *StoreServer::Start(so);
-    if (GetParam()) {
+    if (GetParam() == "Grpc") {
       client_ = std::make_unique<StoreClient>(
           StoreClientOptions{server_->address(), "secret", absl::Seconds(5)});
       store_ = client_.get();
@@ -31,6 +71,7 @@ class StoreTest : public ::testing::TestWithParam<bool> {
   }
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<StoreClient> client_;
+  std::unique_ptr<EtcdStore> etcd_;
   Store* store_ = nullptr;
 };
 
@@ -123,8 +164,8 @@ TEST_P(StoreTest, BarrierNamesMissingRanks) {
   EXPECT_TRUE(absl::StrContains(s.message(), "missing ranks 1, 2")) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Grpc" : "Memory"; });
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("Memory", "Grpc", "Etcd"),
+                         [](const auto& info) { return info.param; });
 
 TEST(StoreClient, RejectsWrongToken) {
   StoreServerOptions so;
@@ -185,6 +226,85 @@ TEST(StoreClient, UnreachableServerFailsWithinDeadline) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), address)) << s;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+}
+
+EtcdStoreOptions EtcdOptions(const std::string& endpoint) {
+  EtcdStoreOptions o;
+  o.endpoint = endpoint;
+  o.prefix = CasePrefix();
+  o.call_timeout = absl::Seconds(10);
+  return o;
+}
+
+// Every process of a job keeps one lease alive; once none is left, the
+// job's keys go with it.
+TEST(EtcdStore, KeysExpireWithTheJobsLease) {
+  EtcdServer* server = SharedEtcd();
+  ASSERT_NE(server, nullptr);
+  EtcdStoreOptions o = EtcdOptions(server->endpoint());
+  o.lease_ttl = absl::Seconds(2);
+  auto first = EtcdStore::Connect(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = EtcdStore::Connect(o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE((*first)->lease_id(), 0);
+  EXPECT_EQ((*first)->lease_id(), (*second)->lease_id());
+  ASSERT_TRUE((*first)->Set("registration", "w0").ok());
+  // The first process leaves; the second keeps the lease alive past its TTL.
+  first->reset();
+  EtcdStoreOptions reader = o;
+  reader.lease_ttl = absl::ZeroDuration();  // reads without keeping the lease alive
+  auto observer = EtcdStore::Connect(reader);
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  const absl::Time kept_until = absl::Now() + absl::Seconds(4);
+  while (absl::Now() < kept_until) {
+    ASSERT_TRUE((*observer)->Get("registration", absl::ZeroDuration()).ok());
+    absl::SleepFor(absl::Milliseconds(200));  // sampling etcd's timer, not synchronizing
+  }
+  // The last one leaves: the key expires within the TTL (and etcd's tick).
+  second->reset();
+  EXPECT_TRUE(baton::testing::Eventually(
+      [&] { return !(*observer)->Get("registration", absl::ZeroDuration()).ok(); },
+      absl::Seconds(10)));
+  EXPECT_EQ(*(*observer)->NumKeys(), 0);
+  // A process of the job that comes later grants a new lease.
+  auto later = EtcdStore::Connect(o);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_TRUE((*later)->Set("again", "1").ok());
+}
+
+TEST(EtcdStore, AuthenticatesWithEtcdsUsersAndNamesAFailure) {
+  testing::EtcdServerOptions so;
+  so.auth = true;
+  so.root_password = "correct horse";
+  auto etcd = EtcdServer::Start(so);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EtcdStoreOptions o = EtcdOptions((*etcd)->endpoint());
+  o.user = "root";
+  o.password = "wrong";
+  auto bad = EtcdStore::Connect(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("as user 'root'"));
+  EtcdStoreOptions anonymous = EtcdOptions((*etcd)->endpoint());
+  auto none = EtcdStore::Connect(anonymous);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()), ::testing::HasSubstr((*etcd)->endpoint()));
+  o.password = "correct horse";
+  auto good = EtcdStore::Connect(o);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE((*good)->Set("k", "v").ok());
+  EXPECT_EQ(*(*good)->Get("k", absl::Seconds(1)), "v");
+}
+
+TEST(EtcdStore, UnreachableEtcdFailsWithinDeadlineNamingIt) {
+  EtcdStoreOptions o = EtcdOptions("127.0.0.1:1");
+  o.call_timeout = absl::Milliseconds(500);
+  const absl::Time t0 = absl::Now();
+  auto store = EtcdStore::Connect(o);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDeadlineExceeded) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), ::testing::HasSubstr("127.0.0.1:1"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
 }
 
 }  // namespace
