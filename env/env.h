@@ -47,6 +47,17 @@ inline constexpr char kEnvTlsCa[] = "BATON_TLS_CA";
 inline constexpr char kEnvTlsCert[] = "BATON_TLS_CERT";
 inline constexpr char kEnvTlsKey[] = "BATON_TLS_KEY";
 inline constexpr char kEnvTlsServerName[] = "BATON_TLS_SERVER_NAME";
+// The job's store on etcd (store/etcd_store.h) instead of one served by rank
+// 0, set by baton-run --rdzv_backend etcd: the endpoint (host:port), the key
+// prefix of this round's workers, and etcd's own credentials and TLS files.
+inline constexpr char kEnvStoreEtcd[] = "BATON_STORE_ETCD";
+inline constexpr char kEnvStorePrefix[] = "BATON_STORE_PREFIX";
+inline constexpr char kEnvEtcdUser[] = "BATON_ETCD_USER";
+inline constexpr char kEnvEtcdPassword[] = "BATON_ETCD_PASSWORD";
+inline constexpr char kEnvEtcdPasswordFile[] = "BATON_ETCD_PASSWORD_FILE";
+inline constexpr char kEnvEtcdCa[] = "BATON_ETCD_CA";
+inline constexpr char kEnvEtcdCert[] = "BATON_ETCD_CERT";
+inline constexpr char kEnvEtcdKey[] = "BATON_ETCD_KEY";
 inline constexpr char kEnvRole[] = "BATON_ROLE";
 inline constexpr char kEnvRoleRank[] = "BATON_ROLE_RANK";
 inline constexpr char kEnvRoleWorldSize[] = "BATON_ROLE_WORLD_SIZE";

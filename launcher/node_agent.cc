@@ -19,12 +19,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/file_io.h"
 #include "base/host.h"
 #include "base/status.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/process.h"
 #include "launcher/internal/worker_group.h"
 #include "launcher/rendezvous.h"
+#include "store/etcd_store.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
@@ -168,7 +170,12 @@ class NodeAgent::Impl {
                                         bool* reported_done);
   absl::Status HostChecks(const RoundInfo& round);
   absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
+  // A node other than the host read the job's outcome.
+  void AckExit(int64_t round);
+  // The host, at the end: waits (bounded) until the other nodes read the
+  // outcome, then stops the served store or revokes the job's etcd keys.
   void FinishAsHost(int64_t round, int others);
+  absl::StatusOr<std::unique_ptr<store::EtcdStore>> ConnectEtcd();
   void PrintSummary(const RoundOutcome& outcome);
 
   const LaunchOptions o_;
@@ -184,6 +191,7 @@ class NodeAgent::Impl {
 
   std::unique_ptr<store::StoreServer> server_;
   std::unique_ptr<store::Store> own_store_;
+  store::EtcdStore* etcd_ = nullptr;  // own_store_, on --rdzv_backend etcd
   store::Store* store_ = nullptr;
   std::unique_ptr<Rendezvous> rdzv_;
   internal::OutputPump pump_;
@@ -219,6 +227,26 @@ absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
   return port;
 }
 
+absl::StatusOr<std::unique_ptr<store::EtcdStore>> NodeAgent::Impl::ConnectEtcd() {
+  auto tls = LoadTls(o_.etcd.tls);
+  if (!tls.ok()) return Annotate(tls.status(), "etcd's TLS files (--rdzv_conf)");
+  store::EtcdStoreOptions eo;
+  eo.endpoint = o_.etcd.endpoint;
+  eo.prefix = absl::StrCat("/baton/", o_.run_id, "/rdzv/");
+  eo.call_timeout = o_.rdzv_timeout;
+  eo.user = o_.etcd.user;
+  eo.password = o_.etcd.password;
+  if (!o_.etcd.password_file.empty()) {
+    auto password = ReadFile(o_.etcd.password_file);
+    if (!password.ok()) return Annotate(password.status(), kEnvEtcdPasswordFile);
+    eo.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+  }
+  eo.tls = *std::move(tls);
+  auto store = store::EtcdStore::Connect(std::move(eo));
+  if (!store.ok()) return Annotate(store.status(), "the job's rendezvous on etcd");
+  return store;
+}
+
 absl::Status NodeAgent::Impl::Setup() {
   bool host = node_rank_ == 0;
   if (!o_.from_env.empty()) {
@@ -240,7 +268,23 @@ absl::Status NodeAgent::Impl::Setup() {
 
   auto tls = LoadTls(o_.tls);
   if (!tls.ok()) return tls.status();
-  if (o_.max_nodes == 1) {
+  if (!o_.etcd.endpoint.empty()) {
+    // etcd holds the rendezvous: no node serves it.
+    auto etcd = ConnectEtcd();
+    if (!etcd.ok()) return etcd.status();
+    etcd_ = etcd->get();
+    own_store_ = *std::move(etcd);
+    store_ = own_store_.get();
+    if (o_.rdzv_host_by_claim) {
+      const std::string me = absl::StrCat(host_name_, "/", ::getpid(), "/", RandomHex(4));
+      auto holder = store_->CompareSet("host", "", me);
+      if (!holder.ok()) return Annotate(holder.status(), "claiming the rendezvous host");
+      if (*holder == me) {
+        host = true;
+        node_rank_ = 0;
+      }
+    }
+  } else if (o_.max_nodes == 1) {
     // One node: the rendezvous stays in this process.
     own_store_ = std::make_unique<store::MemoryStore>();
     store_ = own_store_.get();
@@ -336,7 +380,7 @@ int NodeAgent::Impl::Run() {
         auto arrived = store_->Add(Rendezvous::Key(next_round, "count"), 0);
         FinishAsHost(next_round, arrived.ok() ? static_cast<int>(*arrived) - 1 : 0);
       } else {
-        (void)store_->Add(Rendezvous::Key(next_round, "exit_acks"), 1);
+        AckExit(next_round);
       }
       return kExitFailure;
     }
@@ -353,7 +397,7 @@ int NodeAgent::Impl::Run() {
     // Tell the master node this node has read the outcome before spending
     // the grace period on stopping workers: it keeps the store up for that.
     if (job_over && !host) {
-      (void)store_->Add(Rendezvous::Key(round->round, "exit_acks"), 1);
+      AckExit(round->round);
     }
     if (group_->AnyRunning()) {
       group_->Stop(-1, out.local_signal != 0 ? out.local_signal : SIGTERM, o_.stop_timeout);
@@ -390,15 +434,27 @@ int NodeAgent::Impl::Run() {
   }
 }
 
+void NodeAgent::Impl::AckExit(int64_t round) {
+  // The n-th node to read the outcome says so; the host waits for the key
+  // of the last one (FinishAsHost).
+  auto n = store_->Add(Rendezvous::Key(round, "exit_acks"), 1);
+  if (n.ok()) (void)store_->Set(Rendezvous::Key(round, absl::StrCat("exit_ack/", *n)), "1");
+}
+
 void NodeAgent::Impl::FinishAsHost(int64_t round, int others) {
-  if (server_ == nullptr || others <= 0) return;
-  const absl::Time deadline = absl::Now() + kExitAckTimeout;
-  while (absl::Now() < deadline) {
-    auto acks = store_->Add(Rendezvous::Key(round, "exit_acks"), 0);
-    if (!acks.ok() || *acks >= others) return;
-    absl::SleepFor(absl::Milliseconds(20));
+  if (server_ == nullptr && etcd_ == nullptr) return;
+  if (others > 0) {
+    // Every node read the outcome before the rendezvous goes (the served
+    // store stops, etcd's keys are revoked).
+    absl::Status acked =
+        store_->Wait({Rendezvous::Key(round, absl::StrCat("exit_ack/", others))}, kExitAckTimeout);
+    if (!acked.ok()) Log("some nodes did not confirm the end of the job; closing the store");
   }
-  Log("some nodes did not confirm the end of the job; closing the store");
+  if (etcd_ != nullptr) {
+    if (absl::Status s = etcd_->RevokeLease(); !s.ok()) {
+      Log(absl::StrCat("the job's keys in etcd stay until their lease expires: ", s.message()));
+    }
+  }
 }
 
 Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {

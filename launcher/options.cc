@@ -226,17 +226,15 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"rdzv_backend",
        [&o](const std::string& v) -> absl::Status {
          const std::string b = absl::AsciiStrToLower(v);
-         if (b == "c10d" || b == "static") {
+         if (b == "c10d" || b == "static" || b == "etcd") {
            o.rdzv_backend = b;
            return absl::OkStatus();
          }
-         if (b == "etcd" || b == "etcd-v2") {
-           return FlagError("rdzv_backend",
-                            absl::StrCat("'", v,
-                                         "' is not available in this baton-run yet; c10d and "
-                                         "static use its own store on the master node"));
+         if (b == "etcd-v2") {  // torchrun's name for its etcd v3 backend
+           o.rdzv_backend = "etcd";
+           return absl::OkStatus();
          }
-         return FlagError("rdzv_backend", absl::StrCat("'", v, "' is not c10d or static"));
+         return FlagError("rdzv_backend", absl::StrCat("'", v, "' is not c10d, static or etcd"));
        }},
       {"rdzv_endpoint",
        [&o](const std::string& v) -> absl::Status {
@@ -250,6 +248,12 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
          if (!conf.ok()) return conf.status();
          if (conf->join_timeout.has_value()) o.rdzv_timeout = *conf->join_timeout;
          if (conf->last_call_timeout.has_value()) o.rdzv_last_call = *conf->last_call_timeout;
+         if (!conf->etcd_ca_file.empty()) o.etcd.tls.ca_file = conf->etcd_ca_file;
+         if (!conf->etcd_cert_file.empty()) o.etcd.tls.cert_file = conf->etcd_cert_file;
+         if (!conf->etcd_key_file.empty()) o.etcd.tls.key_file = conf->etcd_key_file;
+         if (conf->protocol == "https" && o.etcd.tls.ca_file.empty()) {
+           return FlagError("rdzv_conf", "protocol=https needs cacert=, cert= and key=");
+         }
          return absl::OkStatus();
        }},
       {"job_token_file", SetString(&o.job_token_file, "job_token_file")},
@@ -571,6 +575,48 @@ absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
   return absl::OkStatus();
 }
 
+// Step 4c (etcd): the job's keys live in etcd at --rdzv_endpoint.
+absl::Status ApplyEtcd(const EnvLookup& env, ParseState& st) {
+  LaunchOptions& o = st.o;
+  if (!o.rdzv_endpoint.has_value()) {
+    return FlagError("rdzv_backend", "etcd needs --rdzv_endpoint HOST[:PORT], etcd's endpoint");
+  }
+  if (!st.run_id_set) {
+    return FlagError("rdzv_id",
+                     "is required with --rdzv_backend etcd: every node names the job the same "
+                     "way (a PyTorchJob's rdzvId, a Slurm job id, ...), and it keys the job in "
+                     "etcd");
+  }
+  RdzvEndpoint e = *o.rdzv_endpoint;
+  if (!e.port_given) e.port = 2379;
+  o.etcd.endpoint = e.host.find(':') != std::string::npos ? absl::StrCat("[", e.host, "]:", e.port)
+                                                          : absl::StrCat(e.host, ":", e.port);
+  if (o.etcd.tls.enabled() &&
+      (o.etcd.tls.ca_file.empty() || o.etcd.tls.cert_file.empty() || o.etcd.tls.key_file.empty())) {
+    return FlagError("rdzv_conf", "TLS to etcd needs all of cacert=, cert= and key=");
+  }
+  o.etcd.user = env(kEnvEtcdUser).value_or("");
+  o.etcd.password = env(kEnvEtcdPassword).value_or("");
+  o.etcd.password_file = env(kEnvEtcdPasswordFile).value_or("");
+  if (o.etcd.user.empty() && (!o.etcd.password.empty() || !o.etcd.password_file.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an etcd password is set but ", kEnvEtcdUser, " is not"));
+  }
+  if (!IsLoopback(e.host) && !o.etcd.tls.enabled() && o.etcd.user.empty() &&
+      env("BATON_ETCD_INSECURE").value_or("") != "1") {
+    return FlagError(
+        "rdzv_endpoint",
+        absl::StrCat("etcd at ", o.etcd.endpoint,
+                     " is not on this host, and neither TLS (--rdzv_conf "
+                     "cacert=...,cert=...,key=...) nor an etcd user (",
+                     kEnvEtcdUser,
+                     ") is configured: whoever reaches etcd could read and change "
+                     "the job's keys. Configure one, or set BATON_ETCD_INSECURE=1 to accept that"));
+  }
+  if (o.elastic() && !o.node_rank.has_value()) o.rdzv_host_by_claim = true;
+  return absl::OkStatus();
+}
+
 // Step 4c: --rdzv_endpoint HOST:PORT is the master node's rendezvous.
 absl::Status ApplyRdzvEndpoint(ParseState& st) {
   LaunchOptions& o = st.o;
@@ -627,6 +673,8 @@ absl::Status CheckNodeRank(LaunchOptions& o) {
 // Step 6: the rendezvous port, by default the workers' store port + 1.
 absl::Status ResolvePorts(LaunchOptions& o) {
   if (o.standalone) return absl::OkStatus();  // both chosen at start
+  // On etcd no node serves a rendezvous: MASTER_PORT 0 is chosen per round.
+  if (!o.etcd.endpoint.empty()) return absl::OkStatus();
   if (o.master_port == 0 && o.max_nodes > 1 && o.rdzv_port == 0) {
     return FlagError("master_port", "0 (a free port) needs --rdzv_port for a multi-node job");
   }
@@ -665,7 +713,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     s = ApplySlurm(env, st);
   }
   if (s.ok()) s = CheckOperatorWorldSize(env, st);
-  if (s.ok()) s = ApplyRdzvEndpoint(st);
+  if (s.ok()) s = st.o.rdzv_backend == "etcd" ? ApplyEtcd(env, st) : ApplyRdzvEndpoint(st);
   if (s.ok()) s = CheckNodeRank(st.o);
   if (s.ok()) s = ResolvePorts(st.o);
   if (!s.ok()) return s;
@@ -704,8 +752,13 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
                          the rendezvous: HOST is the master node, PORT
                          (default 29400) the rendezvous port. In an elastic
                          job the node HOST names hosts it
-  --rdzv_backend c10d|static
-                         accepted as torchrun's; both use baton-run's store
+  --rdzv_backend c10d|static|etcd
+                         c10d and static use baton-run's store on the master
+                         node; etcd keeps the job's keys in etcd at
+                         --rdzv_endpoint (default port 2379; needs --rdzv_id),
+                         so no node and no rank is special. etcd's TLS:
+                         --rdzv_conf cacert=F,cert=F,key=F; its user:
+                         BATON_ETCD_USER and BATON_ETCD_PASSWORD(_FILE)
   --rdzv_conf K=V,...    join_timeout (or timeout) and last_call_timeout
                          set --rdzv_timeout and --rdzv_last_call
   --tls_ca FILE          mutual TLS for the rendezvous store and the

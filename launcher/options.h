@@ -97,9 +97,25 @@ struct LaunchOptions {
   // when some role restarts alone (policy role or worker) and restarts are
   // allowed, else zero (RestartWait()).
   std::optional<absl::Duration> restart_wait;
-  // --rdzv_backend: torchrun's "c10d" (the default) or "static"; both use
-  // baton-run's own store, hosted by the master node.
+  // --rdzv_backend: torchrun's "c10d" (the default) or "static", which use
+  // baton-run's own store on the master node, or "etcd".
   std::string rdzv_backend = "c10d";
+  // --rdzv_backend etcd: every key of the job (the node agents' rendezvous
+  // and the workers' store) lives in etcd at --rdzv_endpoint (default port
+  // 2379), under /baton/<run id>/, so no process of the job serves it.
+  struct Etcd {
+    std::string endpoint;  // host:port; empty: not etcd
+    // TLS to etcd: --rdzv_conf cacert=...,cert=...,key=... (torchrun's keys).
+    TlsFiles tls;
+    // etcd's authentication, from the environment only (never a flag):
+    // BATON_ETCD_USER, and BATON_ETCD_PASSWORD or BATON_ETCD_PASSWORD_FILE.
+    std::string user;
+    std::string password;
+    std::string password_file;
+  } etcd;
+  // An elastic node without a node rank on etcd: it hosts the rendezvous if
+  // it claims the job's host key first.
+  bool rdzv_host_by_claim = false;
   // --rdzv_endpoint: where the rendezvous runs (master_addr:rdzv_port).
   std::optional<RdzvEndpoint> rdzv_endpoint;
   // An elastic node whose endpoint is a loopback address: it hosts the

@@ -160,6 +160,7 @@ absl::StatusOr<RdzvEndpoint> ParseRdzvEndpoint(absl::string_view value) {
     return FlagError("rdzv_endpoint", absl::StrCat("'", value, "' names no host"));
   }
   if (!port.empty() || absl::EndsWith(value, ":")) {
+    e.port_given = true;
     if (!absl::SimpleAtoi(port, &e.port) || e.port < 1 || e.port > 65535) {
       return FlagError("rdzv_endpoint",
                        absl::StrCat("'", value, "': port '", port, "' is not in [1, 65535]"));
@@ -221,15 +222,36 @@ absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view value) {
       (key == "last_call_timeout" ? conf.last_call_timeout : conf.join_timeout) = absl::Seconds(s);
       continue;
     }
+    if (key == "cacert" || key == "cert" || key == "key") {
+      if (v.empty()) return FlagError("rdzv_conf", absl::StrCat(key, " is empty"));
+      std::string path(v);
+      if (path[0] != '/') {
+        char cwd[4096];
+        if (::getcwd(cwd, sizeof(cwd)) != nullptr) path = absl::StrCat(cwd, "/", path);
+      }
+      (key == "cacert" ? conf.etcd_ca_file
+       : key == "cert" ? conf.etcd_cert_file
+                       : conf.etcd_key_file) = path;
+      continue;
+    }
+    if (key == "protocol") {
+      if (v != "http" && v != "https") {
+        return FlagError("rdzv_conf", absl::StrCat("protocol='", v, "' is not http or https"));
+      }
+      conf.protocol = std::string(v);
+      continue;
+    }
     if (accepted(key)) {
       conf.ignored.push_back(key);
       continue;
     }
-    return FlagError("rdzv_conf",
-                     absl::StrCat("unknown key '", key,
-                                  "' (baton-run uses join_timeout, timeout and last_call_timeout, "
-                                  "and accepts torchrun's ",
-                                  absl::StrJoin(kAccepted, ", "), ")"));
+    return FlagError(
+        "rdzv_conf",
+        absl::StrCat("unknown key '", key,
+                     "' (baton-run uses join_timeout, timeout, last_call_timeout, and for etcd "
+                     "cacert, cert, key and protocol, "
+                     "and accepts torchrun's ",
+                     absl::StrJoin(kAccepted, ", "), ")"));
   }
   return conf;
 }

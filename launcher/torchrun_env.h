@@ -66,6 +66,7 @@ absl::StatusOr<int> ResolveNprocPerNode(absl::string_view value, const MachineIn
 struct RdzvEndpoint {
   std::string host;
   int port = 29400;
+  bool port_given = false;  // else the backend's default (etcd: 2379)
 };
 absl::StatusOr<RdzvEndpoint> ParseRdzvEndpoint(absl::string_view value);
 
@@ -83,6 +84,12 @@ struct RdzvConf {
   std::optional<absl::Duration> join_timeout;
   // last_call_timeout: --rdzv_last_call.
   std::optional<absl::Duration> last_call_timeout;
+  // torchrun's etcd keys: cacert, cert, key (TLS to etcd, paths made
+  // absolute) and protocol (http or https).
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+  std::string protocol;
   // torchrun's keys that baton-run accepts and has no use for.
   std::vector<std::string> ignored;
 };

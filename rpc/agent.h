@@ -153,6 +153,20 @@ struct AgentOptions {
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
+  // The job's store on etcd (store/etcd_store.h), connected at Create():
+  // every rank, rank 0 included, is a client of it, so any rank may restart
+  // alone and rejoin. FromEnv reads BATON_STORE_ETCD (host:port),
+  // BATON_STORE_PREFIX, BATON_ETCD_USER with BATON_ETCD_PASSWORD or
+  // BATON_ETCD_PASSWORD_FILE, and BATON_ETCD_CA/CERT/KEY (baton-run
+  // --rdzv_backend etcd sets them). Needs a job_token: the token never goes
+  // through etcd.
+  struct Etcd {
+    std::string endpoint;  // empty: not used
+    std::string prefix;
+    std::string user;
+    std::string password;
+    TlsFiles tls;
+  } etcd;
   // Rejoin a running job as a restarted incarnation of `rank` (baton-run's
   // per-role restart sets BATON_REJOIN=1) instead of rendezvousing anew:
   // the other workers keep running, so this worker reads their
@@ -167,7 +181,7 @@ struct AgentOptions {
   // (AddPeerFailureListener). Large tensors go over the stream, not shared
   // memory, both ways (the peers' probes are gone), and every message goes
   // over gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
-  // rank 0, which serves the store.
+  // rank 0 when it serves the store (neither `store` nor `etcd` given).
   // Start-up (docs/peer_failures.md, P5): a rank whose predecessor died
   // before it recorded its init round in the store never joined, and starts
   // as a first start would. One whose predecessor joined but died before

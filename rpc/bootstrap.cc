@@ -16,6 +16,7 @@
 #include <optional>
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,6 +28,7 @@
 #include "rpc/internal/agent_impl.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
+#include "store/etcd_store.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
@@ -154,6 +156,25 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     }
     o.restart_wait = absl::Seconds(seconds);
   }
+  o.etcd.endpoint = get(baton::kEnvStoreEtcd);
+  if (!o.etcd.endpoint.empty()) {
+    o.etcd.prefix = get(baton::kEnvStorePrefix);
+    if (o.etcd.prefix.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(baton::kEnvStoreEtcd, " is set but ", baton::kEnvStorePrefix,
+                       " is not: the job's keys need a prefix of their own"));
+    }
+    o.etcd.user = get(baton::kEnvEtcdUser);
+    o.etcd.password = get(baton::kEnvEtcdPassword);
+    if (const std::string file = get(baton::kEnvEtcdPasswordFile); !file.empty()) {
+      auto password = ReadFile(file);
+      if (!password.ok()) return Annotate(password.status(), baton::kEnvEtcdPasswordFile);
+      o.etcd.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+    }
+    o.etcd.tls.ca_file = get(baton::kEnvEtcdCa);
+    o.etcd.tls.cert_file = get(baton::kEnvEtcdCert);
+    o.etcd.tls.key_file = get(baton::kEnvEtcdKey);
+  }
   const std::string n = get("BATON_WORKER_NAME");
   o.name = !n.empty()               ? n
            : env->role != "default" ? absl::StrCat(env->role, env->role_rank)
@@ -170,6 +191,7 @@ absl::Status AgentImpl::ConnectStore() {
     store_ = options_.store;
     return absl::OkStatus();
   }
+  if (!options_.etcd.endpoint.empty()) return ConnectEtcd();
   const std::string master = absl::StrCat(options_.master_addr, ":", options_.master_port);
   token_ = options_.job_token;
   auto tls = LoadTls(options_.tls);
@@ -249,6 +271,32 @@ absl::Status AgentImpl::ConnectStore() {
   }
 }
 
+// The job's store on etcd: every rank is a client, so none is special.
+absl::Status AgentImpl::ConnectEtcd() {
+  token_ = options_.job_token;
+  if (token_.empty()) {
+    return absl::FailedPreconditionError(
+        "the job's store is on etcd, and the job token never goes through it: set "
+        "BATON_JOB_TOKEN (AgentOptions::job_token) on every worker (baton-run does)");
+  }
+  auto tls = LoadTls(options_.tls);
+  if (!tls.ok()) return tls.status();
+  tls_ = *std::move(tls);
+  auto etcd_tls = LoadTls(options_.etcd.tls);
+  if (!etcd_tls.ok()) return Annotate(etcd_tls.status(), "etcd's TLS files");
+  store::EtcdStoreOptions o;
+  o.endpoint = options_.etcd.endpoint;
+  o.prefix = options_.etcd.prefix;
+  o.call_timeout = options_.init_timeout;
+  o.user = options_.etcd.user;
+  o.password = options_.etcd.password;
+  o.tls = *std::move(etcd_tls);
+  auto store = store::EtcdStore::Connect(std::move(o));
+  if (!store.ok()) return Annotate(store.status(), "connecting to the job's store");
+  store_ = std::shared_ptr<store::Store>(*std::move(store));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   if (!token_.empty()) return token_;
   if (!options_.job_token.empty()) return options_.job_token;
@@ -323,7 +371,7 @@ absl::Status AgentImpl::PrepareRuntime() {
   // shared by several agents has it already.
   (void)registry_->RegisterInternalInline(
       kPingFunction, [](const CallContext&, Payload, Responder done) { done(Payload()); });
-  if (options_.rejoin && rank_ == 0 && options_.store == nullptr) {
+  if (options_.rejoin && rank_ == 0 && !ExternalStore()) {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
   }
@@ -360,7 +408,7 @@ absl::Status AgentImpl::TakeRound() {
   if (options_.rank == 0) {
     store_instance_ = RandomHex(8);
     if (absl::Status s = store_->Set(ns_ + "store_instance", store_instance_); !s.ok()) return s;
-  } else if (options_.store == nullptr) {
+  } else if (!ExternalStore()) {
     auto v = store_->Get(ns_ + "store_instance", options_.init_timeout);
     if (!v.ok()) return v.status();
     store_instance_ = *v;
@@ -381,7 +429,7 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
     }
     listen = host + ":0";
   }
-  if (options_.store != nullptr) {
+  if (options_.store != nullptr) {  // ConnectStore loaded it otherwise
     auto tls = LoadTls(options_.tls);
     if (!tls.ok()) return tls.status();
     tls_ = *std::move(tls);

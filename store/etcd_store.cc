@@ -112,6 +112,23 @@ int64_t EtcdStore::lease_id() const {
   return lease_id_;
 }
 
+absl::Status EtcdStore::RevokeLease() {
+  int64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = lease_id_;
+    stopping_ = true;
+    if (keepalive_ctx_ != nullptr) keepalive_ctx_->TryCancel();
+  }
+  if (keepalive_.joinable()) keepalive_.join();
+  if (id == 0) return absl::OkStatus();
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(id);
+  etcdserverpb::LeaseRevokeResponse resp;
+  return Rpc("lease revoke", LeaseKey(), absl::Now() + options_.call_timeout,
+             [&](grpc::ClientContext* c) { return lease_->LeaseRevoke(c, req, &resp); });
+}
+
 std::string EtcdStore::DataKey(absl::string_view key) const {
   return absl::StrCat(options_.prefix, "k/", key);
 }
@@ -382,9 +399,8 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
     if (!s.ok()) return s;
     int64_t value = 0;
     if (current.kvs_size() > 0 && !absl::SimpleAtoi(current.kvs(0).value(), &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("etcd: add '", key, "': value '", current.kvs(0).value(),
-                       "' is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd: add '", key, "': value '", current.kvs(0).value(), "' is not an integer"));
     }
     if ((delta > 0 && value > std::numeric_limits<int64_t>::max() - delta) ||
         (delta < 0 && value < std::numeric_limits<int64_t>::min() - delta)) {
@@ -411,8 +427,7 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
   }
 }
 
-absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key,
-                                                  absl::string_view expected,
+absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::string_view expected,
                                                   absl::string_view desired) {
   const absl::Time deadline = absl::Now() + options_.call_timeout;
   const std::string full = DataKey(key);
@@ -424,9 +439,8 @@ absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key,
     *txn.add_success() = PutOp(full, desired);
     *txn.add_failure() = RangeOp(full);
     etcdserverpb::TxnResponse done;
-    absl::Status s =
-        Rpc("compare-set", key, deadline,
-            [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
+    absl::Status s = Rpc("compare-set", key, deadline,
+                         [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
     if (absl::IsNotFound(s) && lease_id() != 0) {
       if (absl::Status r = JoinOrGrantLease(lease_id()); !r.ok()) return r;
       continue;

@@ -81,6 +81,10 @@ class EtcdStore final : public Store {
 
   // The lease every key is attached to (0: none).
   int64_t lease_id() const;
+  // Ends the job's keys now: revokes the lease, which deletes every key on
+  // it (the keys of every process that shares it). For the process that
+  // knows the job is over; the store is unusable afterwards.
+  absl::Status RevokeLease();
   const std::string& endpoint() const { return options_.endpoint; }
 
  private:

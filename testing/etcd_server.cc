@@ -12,9 +12,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -84,12 +84,12 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(EtcdServerOptions 
   const std::string client_url = absl::StrCat("http://", s->endpoint_);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return absl::UnavailableError("etcd: pipe failed");
-  s->pid_ = Spawn({kEtcd, "--name", "baton-test", "--data-dir", s->data_dir_,
-                   "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-                   "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                   "--initial-cluster", absl::StrCat("baton-test=", peer_url),
-                   "--logger", "zap", "--log-outputs", "stderr"},
-                  fds[1]);
+  s->pid_ =
+      Spawn({kEtcd, "--name", "baton-test", "--data-dir", s->data_dir_, "--listen-client-urls",
+             client_url, "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
+             "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
+             absl::StrCat("baton-test=", peer_url), "--logger", "zap", "--log-outputs", "stderr"},
+            fds[1]);
   ::close(fds[1]);
   s->drain_ = std::thread([srv = s.get(), fd = fds[0]] { srv->Drain(fd); });
   if (absl::Status ready = s->WaitReady(options.timeout); !ready.ok()) return ready;
@@ -103,8 +103,8 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(EtcdServerOptions 
       if (!WaitExit(pid, options.timeout, &status) || !WIFEXITED(status) ||
           WEXITSTATUS(status) != 0) {
         ::kill(pid, SIGKILL);
-        return absl::UnavailableError(absl::StrCat("etcd: `etcdctl ", cmd[2], " ", cmd[3],
-                                                   "` failed (status ", status, ")"));
+        return absl::UnavailableError(
+            absl::StrCat("etcd: `etcdctl ", cmd[2], " ", cmd[3], "` failed (status ", status, ")"));
       }
     }
   }

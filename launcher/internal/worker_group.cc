@@ -97,8 +97,25 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
         {{kEnvTlsCa, o.tls.ca_file}, {kEnvTlsCert, o.tls.cert_file}, {kEnvTlsKey, o.tls.key_file}});
     if (!o.tls.server_name.empty()) all.emplace_back(kEnvTlsServerName, o.tls.server_name);
   }
+  if (!o.etcd.endpoint.empty()) {
+    // The workers' store on etcd, fresh for each round: a worker restarted
+    // alone rejoins its round's keys, a new round starts from none.
+    all.emplace_back(kEnvStoreEtcd, o.etcd.endpoint);
+    all.emplace_back(kEnvStorePrefix,
+                     absl::StrCat("/baton/", config_.run_id, "/w/", round_.round, "/"));
+    if (o.etcd.tls.enabled()) {
+      all.insert(all.end(), {{kEnvEtcdCa, o.etcd.tls.ca_file},
+                             {kEnvEtcdCert, o.etcd.tls.cert_file},
+                             {kEnvEtcdKey, o.etcd.tls.key_file}});
+    }
+  }
   std::set<std::string> ours;
   for (const auto& [k, v] : all) ours.insert(k);
+  // Nor are etcd's (its user and password pass on from baton-run's own
+  // environment, where they came from).
+  for (const char* k : {kEnvStoreEtcd, kEnvStorePrefix, kEnvEtcdCa, kEnvEtcdCert, kEnvEtcdKey}) {
+    ours.insert(k);
+  }
   // TLS variables from baton-run's own environment are never passed on
   // half-set: a worker gets baton-run's TLS settings or none.
   for (const char* k : {kEnvTlsCa, kEnvTlsCert, kEnvTlsKey, kEnvTlsServerName}) ours.insert(k);

@@ -160,6 +160,11 @@ class AgentImpl : private TransportHandler {
   };
   absl::Status PrepareRuntime();
   absl::Status ConnectStore();
+  absl::Status ConnectEtcd();
+  // The job's store is not rank 0's: injected, or on etcd.
+  bool ExternalStore() const {
+    return options_.store != nullptr || !options_.etcd.endpoint.empty();
+  }
   absl::Status TakeRound();
   absl::StatusOr<std::string> AgreeOnToken();
   absl::Status StartNetworkTransport(const std::string& token);

@@ -260,9 +260,9 @@ TEST(TorchrunEnv, ABadValueNamesTheVariable) {
   o = Parse({{"PET_RDZV_CONF", "color=blue"}}, Machine("n"));
   ASSERT_FALSE(o.ok());
   EXPECT_THAT(o.status().message(), HasSubstr("unknown key 'color'"));
-  o = Parse({{"PET_RDZV_BACKEND", "etcd"}}, Machine("n"));
+  o = Parse({{"PET_RDZV_BACKEND", "zookeeper"}}, Machine("n"));
   ASSERT_FALSE(o.ok());
-  EXPECT_THAT(o.status().message(), HasSubstr("'etcd' is not available in this baton-run yet"));
+  EXPECT_THAT(o.status().message(), HasSubstr("'zookeeper' is not c10d, static or etcd"));
 }
 
 TEST(TorchrunEnv, PythonOnlyFlagsAreListedNotApplied) {
@@ -311,6 +311,59 @@ TEST(TorchrunEnv, AnEndpointAgainstAnExplicitMasterAddressIsRefused) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->rdzv_host_by_bind);
   EXPECT_FALSE(o->node_rank.has_value());
+}
+
+// --rdzv_backend etcd: the endpoint is etcd's, not a node's; the job needs
+// an id; elastic nodes without a rank claim the host key; etcd's TLS comes
+// from torchrun's rdzv_conf keys and its user from the environment only.
+TEST(Etcd, TheEndpointIsEtcdsAndTheJobNeedsAnId) {
+  Env env = ElasticPyTorchJob();
+  env["PET_RDZV_BACKEND"] = "etcd";
+  env["PET_RDZV_ENDPOINT"] = "127.0.0.1";
+  auto o = Parse(env, Machine("job-worker-3"));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rdzv_backend, "etcd");
+  EXPECT_EQ(o->etcd.endpoint, "127.0.0.1:2379");
+  EXPECT_TRUE(o->rdzv_host_by_claim);
+  EXPECT_FALSE(o->node_rank.has_value());
+  EXPECT_EQ(o->master_addr, "127.0.0.1");  // not the endpoint's: no node serves the rendezvous
+
+  env.erase("PET_RDZV_ID");
+  o = Parse(env, Machine("n"));
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("--rdzv_id: is required with --rdzv_backend etcd"));
+
+  o = Parse({}, Machine("n"), {"--rdzv_backend", "etcd", "--rdzv_id", "j"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("etcd needs --rdzv_endpoint"));
+}
+
+TEST(Etcd, ARemoteEtcdNeedsTlsOrAUser) {
+  const std::vector<std::string> flags = {"--rdzv_backend",    "etcd",      "--rdzv_endpoint",
+                                          "etcd.example:2379", "--rdzv_id", "j"};
+  auto o = Parse({}, Machine("n"), flags);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("neither TLS"));
+  o = Parse({{"BATON_ETCD_USER", "baton"}, {"BATON_ETCD_PASSWORD_FILE", "/run/secrets/etcd"}},
+            Machine("n"), flags);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->etcd.user, "baton");
+  EXPECT_EQ(o->etcd.password_file, "/run/secrets/etcd");
+  std::vector<std::string> tls = flags;
+  tls.insert(tls.end(), {"--rdzv_conf", "cacert=/ca.pem,cert=/c.pem,key=/k.pem,protocol=https"});
+  o = Parse({}, Machine("n"), tls);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->etcd.tls.ca_file, "/ca.pem");
+  EXPECT_EQ(o->etcd.tls.key_file, "/k.pem");
+  tls.back() = "cacert=/ca.pem";
+  o = Parse({}, Machine("n"), tls);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("needs all of cacert=, cert= and key="));
+  o = Parse({{"BATON_ETCD_INSECURE", "1"}}, Machine("n"), flags);
+  ASSERT_TRUE(o.ok()) << o.status();
+  o = Parse({{"BATON_ETCD_PASSWORD", "p"}}, Machine("n"), flags);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("BATON_ETCD_USER is not"));
 }
 
 }  // namespace
