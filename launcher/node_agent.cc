@@ -34,6 +34,9 @@
 namespace baton::launcher {
 namespace {
 
+// etcd, elastic: the job's host key; its value names the node that hosts.
+constexpr char kHostKey[] = "rdzv/host";
+
 using internal::Worker;
 using internal::WorkerGroup;
 
@@ -169,6 +172,7 @@ class NodeAgent::Impl {
   absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role, int* gen,
                                         bool* reported_done);
   absl::Status HostChecks(const RoundInfo& round);
+  absl::Status WatchHost(const RoundInfo& round);
   absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
   // A node other than the host read the job's outcome.
   void AckExit(int64_t round);
@@ -192,6 +196,14 @@ class NodeAgent::Impl {
   std::unique_ptr<store::StoreServer> server_;
   std::unique_ptr<store::Store> own_store_;
   store::EtcdStore* etcd_ = nullptr;  // own_store_, on --rdzv_backend etcd
+  // Host failover (etcd, elastic nodes without ranks): the host is whoever
+  // holds the job's "host" key; this node's claim value.
+  bool dynamic_host_ = false;
+  std::string host_claim_;
+  // The host's heartbeat as this node last saw it changing, and who held the
+  // host key when this round began (the only holder a takeover replaces).
+  std::pair<int64_t, absl::Time> host_heartbeat_ = {-1, absl::InfinitePast()};
+  std::string round_host_;
   store::Store* store_ = nullptr;
   std::unique_ptr<Rendezvous> rdzv_;
   internal::OutputPump pump_;
@@ -276,12 +288,14 @@ absl::Status NodeAgent::Impl::Setup() {
     own_store_ = *std::move(etcd);
     store_ = own_store_.get();
     if (o_.rdzv_host_by_claim) {
-      const std::string me = absl::StrCat(host_name_, "/", ::getpid(), "/", RandomHex(4));
-      auto holder = store_->CompareSet("host", "", me);
+      dynamic_host_ = true;
+      host_claim_ = absl::StrCat(host_name_, "/", ::getpid(), "/", RandomHex(4));
+      auto holder = store_->CompareSet(kHostKey, "", host_claim_);
       if (!holder.ok()) return Annotate(holder.status(), "claiming the rendezvous host");
-      if (*holder == me) {
+      if (*holder == host_claim_) {
         host = true;
         node_rank_ = 0;
+        Log("this node hosts the rendezvous (it holds the job's host key in etcd)");
       }
     }
   } else if (o_.max_nodes == 1) {
@@ -356,9 +370,8 @@ int NodeAgent::Impl::Run() {
     Log(absl::StrCat("error: ", s.message()));
     return kExitFailure;
   }
-  const bool host = rdzv_->is_host();
   int64_t next_round = 0;
-  if (!host) {
+  if (!rdzv_->is_host()) {
     auto current = rdzv_->CurrentRound();
     if (!current.ok()) {
       Log(absl::StrCat("error: ", current.status().message()));
@@ -376,7 +389,7 @@ int NodeAgent::Impl::Run() {
       Log(absl::StrCat("error: rendezvous failed: ", round.status().message()));
       // The error reached the others through the round's "closed" key (or
       // is theirs too); the host gives them a moment to read it.
-      if (host) {
+      if (rdzv_->is_host()) {
         auto arrived = store_->Add(Rendezvous::Key(next_round, "count"), 0);
         FinishAsHost(next_round, arrived.ok() ? static_cast<int>(*arrived) - 1 : 0);
       } else {
@@ -396,7 +409,7 @@ int NodeAgent::Impl::Run() {
     const bool last = job_over || kind == "error" || out.local_signal != 0;
     // Tell the master node this node has read the outcome before spending
     // the grace period on stopping workers: it keeps the store up for that.
-    if (job_over && !host) {
+    if (job_over && !rdzv_->is_host()) {
       AckExit(round->round);
     }
     if (group_->AnyRunning()) {
@@ -411,7 +424,7 @@ int NodeAgent::Impl::Run() {
       next_round = round->round + 1;
       continue;
     }
-    if (host) FinishAsHost(round->round, round->group_world_size - 1);
+    if (rdzv_->is_host()) FinishAsHost(round->round, round->group_world_size - 1);
     if (kind == "success") {
       Log(absl::StrCat("run ", run_id_, ": all workers succeeded"));
       return kExitSuccess;
@@ -562,9 +575,61 @@ absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, i
   return true;
 }
 
+// Host failover (etcd, elastic): every node beats, the host included. A
+// node that sees the host's heartbeat (group rank 0: the host joins with
+// node rank 0 and sorts first) stand still for --heartbeat_timeout takes the
+// job's host key with a compare-and-set from the old holder, so exactly one
+// node succeeds, and ends the round as node_lost; every node then meets in
+// the next round, which the new host closes. A host that finds the key
+// taken steps down.
+absl::Status NodeAgent::Impl::WatchHost(const RoundInfo& round) {
+  const absl::Time now = absl::Now();
+  auto hb = store_->Add(Rendezvous::Key(round.round, "hb/0"), 0);
+  if (!hb.ok()) return hb.status();
+  if (*hb != host_heartbeat_.first) {
+    host_heartbeat_ = {*hb, now};
+    return absl::OkStatus();
+  }
+  if (now - host_heartbeat_.second <= o_.heartbeat_timeout) return absl::OkStatus();
+  // Only from the holder this round began with: if another survivor took
+  // over first, the key holds its claim and this compare fails.
+  if (round_host_.empty()) return absl::OkStatus();
+  auto won = store_->CompareSet(kHostKey, round_host_, host_claim_);
+  if (!won.ok()) return won.status();
+  host_heartbeat_.second = now;                      // whoever won, watch afresh
+  if (*won != host_claim_) return absl::OkStatus();  // another node took over
+  Log(absl::StrCat("the rendezvous host (", round.hosts.empty() ? "?" : round.hosts[0],
+                   ") stopped heart-beating for ", DurationText(o_.heartbeat_timeout),
+                   "; this node hosts the rendezvous now"));
+  rdzv_->SetHost(true);
+  node_rank_ = 0;
+  rdzv_->SetNodeRank(0);
+  return store_
+      ->CompareSet(
+          Rendezvous::Key(round.round, "end"), "",
+          EncodeRecord(
+              {{"kind", "node_lost"},
+               {"group_rank", "0"},
+               {"node_rank", round.node_ranks.empty() ? "0" : absl::StrCat(round.node_ranks[0])},
+               {"host", round.hosts.empty() ? "?" : round.hosts[0]}}))
+      .status();
+}
+
 absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
   const int k = round.group_world_size;
   const std::string end_key = Rendezvous::Key(round.round, "end");
+  if (dynamic_host_) {
+    auto holder = store_->Get(kHostKey, absl::ZeroDuration());
+    if (!holder.ok() && !absl::IsDeadlineExceeded(holder.status())) return holder.status();
+    if (!holder.ok() || *holder != host_claim_) {
+      Log("another node took over the rendezvous host (this node was silent too long); "
+          "stepping down");
+      rdzv_->SetHost(false);
+      node_rank_ = -1;
+      rdzv_->SetNodeRank(-1);
+      return absl::OkStatus();
+    }
+  }
   // Success: every node reported done.
   std::vector<std::string> done;
   for (int g = 0; g < k; ++g) {
@@ -630,6 +695,12 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
   };
   group_->Configure(round);
   heartbeats_.clear();
+  host_heartbeat_ = {-1, absl::Now()};
+  round_host_.clear();
+  if (dynamic_host_) {
+    auto holder = store_->Get(kHostKey, absl::ZeroDuration());
+    if (holder.ok()) round_host_ = *holder;
+  }
   const std::string end_key = Rendezvous::Key(round.round, "end");
   if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
     Log(absl::StrCat("error: ", s.message()));
@@ -689,13 +760,16 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       reported_done = true;
     }
     const absl::Time now = absl::Now();
-    if (!rdzv_->is_host() && now - last_heartbeat_sent_ >= heartbeat_period) {
+    // The host beats too when another node may take its place.
+    if ((!rdzv_->is_host() || dynamic_host_) && now - last_heartbeat_sent_ >= heartbeat_period) {
       auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)), 1);
       if (!hb.ok()) return fail(Annotate(hb.status(), "heartbeat"));
       last_heartbeat_sent_ = now;
     }
     if (rdzv_->is_host()) {
       if (absl::Status s = HostChecks(round); !s.ok()) return fail(s);
+    } else if (dynamic_host_) {
+      if (absl::Status s = WatchHost(round); !s.ok()) return fail(s);
     }
     auto end = ReadEnd(round);
     if (end.ok()) return *std::move(end);

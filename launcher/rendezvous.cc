@@ -67,7 +67,7 @@ absl::StatusOr<Record> DecodeRecord(absl::string_view text) {
 }
 
 Rendezvous::Rendezvous(store::Store* store, RendezvousConfig config)
-    : store_(store), config_(std::move(config)) {}
+    : store_(store), config_(std::move(config)), host_(config_.node_rank == 0) {}
 
 std::string Rendezvous::Key(int64_t round, absl::string_view name) {
   return absl::StrCat("rdzv/r/", round, "/", name);

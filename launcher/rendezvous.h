@@ -83,7 +83,10 @@ class Rendezvous {
   // REQUIRES: `store` outlives this object.
   Rendezvous(store::Store* store, RendezvousConfig config);
 
-  bool is_host() const { return config_.node_rank == 0; }
+  // Node rank 0 hosts, or (etcd, elastic) the node that holds the job's host
+  // key (SetHost): see node_agent.cc, "Host failover".
+  bool is_host() const { return host_; }
+  void SetHost(bool host) { host_ = host; }
 
   // Host: publishes the job's settings (run id, roles, job token) and opens
   // round 0. Others: fetch and check them, bounded by the timeout; a
@@ -100,6 +103,8 @@ class Rendezvous {
 
   store::Store& store() { return *store_; }
   const RendezvousConfig& config() const { return config_; }
+  // The node rank this node joins the next rounds with.
+  void SetNodeRank(int node_rank) { config_.node_rank = node_rank; }
 
   // Key helpers for round R.
   static std::string Key(int64_t round, absl::string_view name);
@@ -110,7 +115,8 @@ class Rendezvous {
                                        bool* excluded);
 
   store::Store* const store_;  // set at construction
-  const RendezvousConfig config_;
+  RendezvousConfig config_;    // node_rank follows SetHost
+  bool host_ = false;
 };
 
 }  // namespace baton::launcher

@@ -7,6 +7,8 @@
 // - Two nodes, static and elastic (no node ranks: the first to claim the
 //   host key hosts), get consistent ranks from one etcd.
 // - The job's keys are gone from etcd once the job ended.
+#include <signal.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,11 +63,27 @@ TEST_F(EtcdLaunchTest, RankZeroRestartedAloneDuringStartUpRejoins) {
     const std::string step = rpc::RendezvousStepName(at);
     SCOPED_TRACE(step);
     std::vector<std::string> args = EtcdFlags(job);
-    args.insert(args.end(), {"--standalone", "--monitor_interval", "0.05", "--stop_timeout", "2",
-                             "--rdzv_timeout", "30", "--role", "head:1", "--role", "w:3",
-                             "--restart_policy", "head=worker", "--restart_policy", "w=worker",
-                             "--max_restarts", "2", "--tee",
-                             Runfile("tests/launcher/startup_job"), "--all_pairs", "--victim=0",
+    args.insert(args.end(), {"--standalone",
+                             "--monitor_interval",
+                             "0.05",
+                             "--stop_timeout",
+                             "2",
+                             "--rdzv_timeout",
+                             "30",
+                             "--role",
+                             "head:1",
+                             "--role",
+                             "w:3",
+                             "--restart_policy",
+                             "head=worker",
+                             "--restart_policy",
+                             "w=worker",
+                             "--max_restarts",
+                             "2",
+                             "--tee",
+                             Runfile("tests/launcher/startup_job"),
+                             "--all_pairs",
+                             "--victim=0",
                              absl::StrCat("--die_at=", step)});
     Launcher l(marker_, args, {{"BATON_JOB_TOKEN", kToken}});
     ASSERT_EQ(l.Wait(kJobTimeout), 0) << l.Output();
@@ -81,12 +99,12 @@ TEST_F(EtcdLaunchTest, TwoNodesRendezvousInEtcd) {
   const int master_port = FreePort();
   auto node = [&](int rank) {
     std::vector<std::string> flags = EtcdFlags("two-nodes");
-    flags.insert(flags.end(), {"--nnodes", "2", "--node_rank", absl::StrCat(rank),
-                               "--nproc_per_node", "2", "--master_port",
-                               absl::StrCat(master_port)});
-    return std::make_unique<Launcher>(marker_, Args(flags, "env"),
-                                      std::map<std::string, std::string>{
-                                          {"BATON_JOB_TOKEN", kToken}});
+    flags.insert(flags.end(),
+                 {"--nnodes", "2", "--node_rank", absl::StrCat(rank), "--nproc_per_node", "2",
+                  "--master_port", absl::StrCat(master_port)});
+    return std::make_unique<Launcher>(
+        marker_, Args(flags, "env"),
+        std::map<std::string, std::string>{{"BATON_JOB_TOKEN", kToken}});
   };
   auto n1 = node(1);
   auto n0 = node(0);
@@ -110,9 +128,9 @@ TEST_F(EtcdLaunchTest, ElasticNodesWithoutRanksClaimTheHost) {
     std::vector<std::string> flags = EtcdFlags("elastic");
     flags.insert(flags.end(),
                  {"--nnodes", "2:3", "--nproc_per_node", "2", "--rdzv_last_call", "1"});
-    return std::make_unique<Launcher>(marker_, Args(flags, "env"),
-                                      std::map<std::string, std::string>{
-                                          {"BATON_JOB_TOKEN", kToken}});
+    return std::make_unique<Launcher>(
+        marker_, Args(flags, "env"),
+        std::map<std::string, std::string>{{"BATON_JOB_TOKEN", kToken}});
   };
   auto a = node();
   auto b = node();
@@ -124,6 +142,47 @@ TEST_F(EtcdLaunchTest, ElasticNodesWithoutRanksClaimTheHost) {
     EXPECT_EQ(env["RANK"], absl::StrCat(r));
     EXPECT_EQ(env["WORLD_SIZE"], "4");
   }
+}
+
+// No node is special: the node hosting an elastic job's rendezvous dies
+// (SIGKILL, its workers with it); another node takes the job's host key
+// once the host's heartbeat stood still for --heartbeat_timeout, ends the
+// round, and the two survivors train on as a smaller job.
+TEST_F(EtcdLaunchTest, ElasticJobSurvivesTheLossOfItsHostNode) {
+  std::vector<std::unique_ptr<Launcher>> nodes;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> flags = EtcdFlags("host-lost");
+    flags.insert(flags.end(), {"--nnodes", "2:3", "--nproc_per_node", "2", "--rdzv_last_call", "2",
+                               "--heartbeat_timeout", "2"});
+    nodes.push_back(std::make_unique<Launcher>(
+        marker_, Args(flags, "elastic", "4"),
+        std::map<std::string, std::string>{{"BATON_JOB_TOKEN", kToken}}));
+  }
+  // Workers succeed once the world is 2 nodes x 2 workers.
+  for (int r = 0; r < 6; ++r) {
+    ASSERT_TRUE(WaitForFile(absl::StrCat(out_, "/ready.", r, ".6"), kJobTimeout))
+        << nodes[0]->Output() << nodes[1]->Output() << nodes[2]->Output();
+  }
+  int host = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (nodes[i]->Output().find("this node hosts the rendezvous") != std::string::npos) host = i;
+  }
+  ASSERT_GE(host, 0);
+  ::kill(nodes[host]->pid(), SIGKILL);
+  EXPECT_EQ(nodes[host]->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  std::string took_over;
+  for (int i = 0; i < 3; ++i) {
+    if (i == host) continue;
+    ASSERT_EQ(nodes[i]->Wait(kJobTimeout), 0) << nodes[i]->Output();
+    if (nodes[i]->Output().find("hosts the rendezvous now") != std::string::npos) {
+      took_over += absl::StrCat(i);
+    }
+  }
+  EXPECT_EQ(took_over.size(), 1u) << "exactly one survivor takes over";
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(FileExists(absl::StrCat(out_, "/ready.", r, ".4"))) << r;
+  }
+  EXPECT_EQ(KeysLeft("host-lost"), 0);
 }
 
 }  // namespace
