@@ -6,7 +6,11 @@
 #      alone, rejoin the running servers and resume at the servers' clock;
 #   2. a server, under the default group restart: every worker restarts, the
 #      servers restore their last checkpoint (every 20 clocks), and the
-#      trainers resume from there, so at most 20 clocks of work are redone.
+#      trainers resume from there, so at most 20 clocks of work are redone;
+#   3. rank 0, a trainer (the trainer role first), under
+#      --restart_policy trainer=role with the job's store on a real etcd
+#      (--rdzv_backend etcd): no rank serves the store, so rank 0 restarts
+#      alone with its role and rejoins, as any trainer does.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 RUN="$RUNFILES/launcher/baton-run"
@@ -22,7 +26,8 @@ run_and_kill() {
   shift 2
   local log="$TMP/$name.log"
   rm -rf "$TMP/$name.ckpt"
-  timeout 240 "$RUN" --standalone --role ps:2 --role trainer:2 --tee "$@" \
+  # shellcheck disable=SC2086
+  timeout 240 "$RUN" --standalone ${ROLES:---role ps:2 --role trainer:2} --tee "$@" \
     "$JOB" --checkpoint_dir="$TMP/$name.ckpt" --steps=300 >"$log" 2>&1 &
   local job=$!
   local waited=0
@@ -63,4 +68,33 @@ restored=$(grep -o "\[ps1\] restored clock [0-9-]*" "$log" | tail -1 | awk '{pri
 resumed=$(grep -o "\[trainer0\] resuming at step [0-9]*" "$log" | tail -1 | awk '{print $5}')
 [ -n "$resumed" ] && [ "$resumed" -ge 80 ] ||
   fail "server_kill: trainer0 resumed at '$resumed'; lost work must be at most 20 clocks"
-echo "PASS: trainer kill (rejoin) and server kill (restore from clock $restored)"
+# 3. Rank 0 dies, with the job's store on etcd: it rejoins alone.
+free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+client_port=$(free_port)
+peer_port=$(free_port)
+/usr/bin/etcd --name ps-fault --data-dir "$TMP/etcd" \
+  --listen-client-urls "http://127.0.0.1:$client_port" \
+  --advertise-client-urls "http://127.0.0.1:$client_port" \
+  --listen-peer-urls "http://127.0.0.1:$peer_port" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+  --initial-cluster "ps-fault=http://127.0.0.1:$peer_port" >"$TMP/etcd.log" 2>&1 &
+etcd_pid=$!
+trap 'kill $etcd_pid 2>/dev/null; wait $etcd_pid 2>/dev/null' EXIT
+waited=0
+until grep -q "serving client traffic\|ready to serve client requests" "$TMP/etcd.log"; do
+  sleep 0.1
+  waited=$((waited + 1))
+  if [ $waited -gt 300 ] || ! kill -0 $etcd_pid 2>/dev/null; then
+    cat "$TMP/etcd.log"
+    fail "etcd did not start"
+  fi
+done
+ROLES="--role trainer:2 --role ps:2" run_and_kill rank0_kill trainer0 \
+  --restart_policy trainer=role --max_restarts 2 \
+  --rdzv_backend etcd --rdzv_endpoint "127.0.0.1:$client_port" --rdzv_id ps-fault-rank0
+log="$TMP/rank0_kill.log"
+grep -q "restarting the role's workers" "$log" || fail "rank0_kill: the role was not restarted"
+[ "$(grep -c '\[ps0\] pid' "$log")" -eq 1 ] || fail "rank0_kill: the servers were restarted"
+grep -Eq "\[trainer0\] resuming at step ([1-9][0-9]+)" "$log" ||
+  fail "rank0_kill: rank 0 did not resume at the servers' clock"
+echo "PASS: trainer kill (rejoin), server kill (restore from clock $restored), rank 0 kill on etcd (rejoin)"
