@@ -542,16 +542,13 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
   std::vector<std::string>& keys = reg.keys;
   std::vector<proto::WorkerRecord>& records = reg.records;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
-  if (absl::Status s = store_->Wait(keys, options_.init_timeout); !s.ok()) {
-    return Annotate(s, "waiting for every worker to register");
-  }
+  auto values = store_->MultiGet(keys, options_.init_timeout);
+  if (!values.ok()) return Annotate(values.status(), "waiting for every worker to register");
   workers_.resize(options_.world_size);
   peer_limits_.resize(options_.world_size);
   records.assign(options_.world_size, proto::WorkerRecord());
   for (int r = 0; r < options_.world_size; ++r) {
-    auto v = store_->Get(keys[r], options_.init_timeout);
-    if (!v.ok()) return v.status();
-    if (!records[r].ParseFromString(*v) || records[r].name().empty() ||
+    if (!records[r].ParseFromString((*values)[r]) || records[r].name().empty() ||
         records[r].address().empty()) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
@@ -659,12 +656,12 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
   const std::vector<proto::WorkerRecord>& records = reg.records;
   const std::vector<std::string>& keys = reg.keys;
   std::vector<int> superseded;
+  auto values = store_->MultiGet(keys, options_.init_timeout);
+  if (!values.ok()) return values.status();
   for (int r = 0; r < options_.world_size; ++r) {
     if (r == rank_) continue;
-    auto v = store_->Get(keys[r], options_.init_timeout);
-    if (!v.ok()) return v.status();
     proto::WorkerRecord now;
-    if (!now.ParseFromString(*v) || now.address().empty()) {
+    if (!now.ParseFromString((*values)[r]) || now.address().empty()) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
     if (now.incarnation() <= records[r].incarnation()) continue;

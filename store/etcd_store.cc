@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
 
 #include <grpcpp/grpcpp.h>
 
@@ -337,51 +339,109 @@ absl::Status EtcdStore::Set(absl::string_view key, absl::string_view value) {
   return PutWithLease(DataKey(key), value, absl::Now() + options_.call_timeout);
 }
 
-absl::StatusOr<std::string> EtcdStore::Get(absl::string_view key, absl::Duration timeout) {
-  const absl::Time deadline = timeout == absl::InfiniteDuration()
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + std::max(timeout, absl::ZeroDuration());
-  const std::string full = DataKey(key);
-  while (true) {
-    etcdserverpb::RangeRequest rq;
-    rq.set_key(full);
-    etcdserverpb::RangeResponse found;
-    // The read itself may take call_timeout (etcd coming up).
-    absl::Status s = Rpc("get", key, std::max(deadline, absl::Now() + options_.call_timeout),
-                         [&](grpc::ClientContext* c) { return kv_->Range(c, rq, &found); });
+absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadKeys(
+    const std::vector<std::string>& full_keys, int64_t* revision) {
+  // etcd's default --max-txn-ops.
+  constexpr size_t kOpsPerTxn = 128;
+  std::vector<std::optional<std::string>> values(full_keys.size());
+  *revision = std::numeric_limits<int64_t>::max();
+  for (size_t begin = 0; begin < full_keys.size(); begin += kOpsPerTxn) {
+    const size_t end = std::min(full_keys.size(), begin + kOpsPerTxn);
+    etcdserverpb::TxnRequest txn;  // no compare: the success ops run
+    for (size_t i = begin; i < end; ++i) *txn.add_success() = RangeOp(full_keys[i]);
+    etcdserverpb::TxnResponse done;
+    absl::Status s = Rpc("read", full_keys[begin], absl::Now() + options_.call_timeout,
+                         [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
     if (!s.ok()) return s;
-    if (found.kvs_size() > 0) return std::string(found.kvs(0).value());
-    if (absl::Now() >= deadline) break;
-    // Watch from just after what the read saw: a put in between is an event.
+    *revision = std::min(*revision, done.header().revision());
+    for (size_t i = begin; i < end; ++i) {
+      const auto& op = done.responses(static_cast<int>(i - begin));
+      if (op.has_response_range() && op.response_range().kvs_size() > 0) {
+        values[i] = op.response_range().kvs(0).value();
+      }
+    }
+  }
+  return values;
+}
+
+absl::StatusOr<EtcdStore::Awaited> EtcdStore::AwaitKeys(const std::vector<std::string>& keys,
+                                                        absl::Time deadline) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& k : keys) full.push_back(DataKey(k));
+  Awaited out;
+  while (true) {
+    int64_t revision = 0;
+    auto read = ReadKeys(full, &revision);
+    if (!read.ok()) return read.status();
+    out.values = *std::move(read);
+    out.missing.clear();
+    for (size_t i = 0; i < full.size(); ++i) {
+      if (!out.values[i].has_value()) out.missing.push_back(i);
+    }
+    if (out.missing.empty() || absl::Now() >= deadline) return out;
+    // One watch over the range the missing keys share, from just after the
+    // read: a put in between is an event.
+    std::string lo = full[out.missing[0]];
+    for (size_t i : out.missing) {
+      size_t n = 0;
+      while (n < lo.size() && n < full[i].size() && lo[n] == full[i][n]) ++n;
+      lo.resize(n);
+    }
     grpc::ClientContext ctx;
     Prepare(&ctx, deadline);
     auto stream = watch_->Watch(&ctx);
     etcdserverpb::WatchRequest create;
-    create.mutable_create_request()->set_key(full);
-    create.mutable_create_request()->set_start_revision(found.header().revision() + 1);
-    std::optional<std::string> value;
+    auto* cr = create.mutable_create_request();
+    if (out.missing.size() == 1) {
+      cr->set_key(full[out.missing[0]]);
+    } else {
+      cr->set_key(lo);
+      cr->set_range_end(PrefixEnd(lo));
+    }
+    cr->set_start_revision(revision + 1);
+    std::set<size_t> waiting(out.missing.begin(), out.missing.end());
+    std::map<std::string, size_t> index;
+    for (size_t i : out.missing) index.emplace(full[i], i);
     bool compacted = false;
     if (stream->Write(create)) {
       etcdserverpb::WatchResponse resp;
-      while (!value.has_value() && stream->Read(&resp)) {
+      while (!waiting.empty() && stream->Read(&resp)) {
         if (resp.canceled()) {
           compacted = resp.compact_revision() > 0;
           break;
         }
         for (const auto& e : resp.events()) {
-          if (e.type() == etcdserverpb::Event::PUT) value = e.kv().value();
+          if (e.type() != etcdserverpb::Event::PUT) continue;
+          auto it = index.find(e.kv().key());
+          if (it == index.end()) continue;
+          out.values[it->second] = e.kv().value();
+          waiting.erase(it->second);
         }
       }
     }
     ctx.TryCancel();
     const absl::Status ended = FromGrpcStatus(stream->Finish());
-    if (value.has_value()) return *std::move(value);
+    if (waiting.empty()) {
+      out.missing.clear();
+      return out;
+    }
     if (compacted) continue;  // the revision was compacted away: read again
-    if (absl::Now() >= deadline) break;
+    out.missing.assign(waiting.begin(), waiting.end());
+    if (absl::Now() >= deadline) return out;
     if (!ended.ok() && !absl::IsCancelled(ended) && !absl::IsDeadlineExceeded(ended)) {
-      return Fail("watch", key, ended);
+      return Fail("watch", keys[out.missing[0]], ended);
     }
   }
+}
+
+absl::StatusOr<std::string> EtcdStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + std::max(timeout, absl::ZeroDuration());
+  auto got = AwaitKeys({std::string(key)}, deadline);
+  if (!got.ok()) return got.status();
+  if (got->missing.empty()) return *std::move(got->values[0]);
   return absl::DeadlineExceededError(absl::StrCat("etcd ", options_.endpoint, ": key '", key,
                                                   "' not set within ",
                                                   absl::FormatDuration(timeout)));
@@ -467,19 +527,25 @@ absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::s
   }
 }
 
-absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::vector<std::string> missing;
-  for (const std::string& key : keys) {
-    auto v = Get(key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (v.ok()) continue;
-    if (!absl::IsDeadlineExceeded(v.status())) return v.status();
-    missing.push_back(key);
+absl::StatusOr<std::vector<std::string>> EtcdStore::MultiGet(const std::vector<std::string>& keys,
+                                                             absl::Duration timeout) {
+  auto got = AwaitKeys(keys, absl::Now() + std::max(timeout, absl::ZeroDuration()));
+  if (!got.ok()) return got.status();
+  if (!got->missing.empty()) {
+    std::vector<std::string> missing;
+    for (size_t i : got->missing) missing.push_back(keys[i]);
+    return absl::DeadlineExceededError(absl::StrCat(
+        "etcd ", options_.endpoint, ": waited ", absl::FormatDuration(timeout), " for keys; ",
+        missing.size(), " of ", keys.size(), " missing: '", absl::StrJoin(missing, "', '"), "'"));
   }
-  if (missing.empty()) return absl::OkStatus();
-  return absl::DeadlineExceededError(absl::StrCat(
-      "etcd ", options_.endpoint, ": waited ", absl::FormatDuration(timeout), " for keys; ",
-      missing.size(), " of ", keys.size(), " missing: '", absl::StrJoin(missing, "', '"), "'"));
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (auto& v : got->values) values.push_back(*std::move(v));
+  return values;
+}
+
+absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  return MultiGet(keys, timeout).status();
 }
 
 absl::StatusOr<bool> EtcdStore::Delete(absl::string_view key) {

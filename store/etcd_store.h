@@ -10,9 +10,10 @@
 //   while it runs. Once no process of the job is left, etcd deletes the keys
 //   `lease_ttl` later. A process that finds the job's lease expired grants
 //   a new one. lease_ttl zero: no lease, the keys stay.
-// - Get and Wait block on a Watch from the revision they read at, so a key
-//   set in between is never missed; both end at their timeout with
-//   DEADLINE_EXCEEDED naming the keys. Add and CompareSet are transactions
+// - Get, Wait and MultiGet read with one transaction per 128 keys and block
+//   on one Watch from the revision they read at, so a key set in between is
+//   never missed; they end at their timeout with DEADLINE_EXCEEDED naming
+//   the missing keys. Add and CompareSet are transactions
 //   (compare-and-swap on the key's revision); Add keeps MemoryStore's
 //   INVALID_ARGUMENT and OUT_OF_RANGE errors.
 // - The server may come up after the client: every call waits for the
@@ -29,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +78,10 @@ class EtcdStore final : public Store {
   absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                          absl::string_view desired) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  // One transaction per 128 keys reads them all; the missing ones are
+  // awaited on one watch.
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
 
@@ -109,6 +115,17 @@ class EtcdStore final : public Store {
                             absl::Time deadline);
   etcdserverpb::RequestOp PutOp(const std::string& full_key, absl::string_view value) const;
 
+  // Waits until every key exists, at most until `deadline`; their values,
+  // or the indices of the keys still missing at the deadline.
+  struct Awaited {
+    std::vector<std::optional<std::string>> values;
+    std::vector<size_t> missing;
+  };
+  absl::StatusOr<Awaited> AwaitKeys(const std::vector<std::string>& keys, absl::Time deadline);
+  // Reads `full_keys` (transactions of at most 128 ranges); sets *revision to
+  // the lowest revision they were read at.
+  absl::StatusOr<std::vector<std::optional<std::string>>> ReadKeys(
+      const std::vector<std::string>& full_keys, int64_t* revision);
   std::string DataKey(absl::string_view key) const;
   std::string LeaseKey() const;
 

@@ -105,6 +105,19 @@ void MemoryStore::Close() {
   changed_.SignalAll();
 }
 
+absl::StatusOr<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>& keys,
+                                                         absl::Duration timeout) {
+  if (absl::Status s = Wait(keys, timeout); !s.ok()) return s;
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const std::string& key : keys) {
+    auto v = Get(key, timeout);
+    if (!v.ok()) return v.status();
+    values.push_back(*std::move(v));
+  }
+  return values;
+}
+
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout) {
   const std::string prefix = absl::StrCat(name, "/arrived/");

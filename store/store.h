@@ -40,6 +40,13 @@ class Store {
                                                  absl::string_view desired) = 0;
   // Blocks until every key exists, at most `timeout`.
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // Blocks until every key exists, at most `timeout` (the error names the
+  // missing keys, as Wait's), and returns their values in the order of
+  // `keys`. The values are read after every key existed, each at some point
+  // since; a backend may read them all at one revision (etcd). The default
+  // is Wait, then Get for each key.
+  virtual absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                            absl::Duration timeout);
   // Returns whether the key existed.
   virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
   virtual absl::StatusOr<int64_t> NumKeys() = 0;
