@@ -68,14 +68,14 @@ double OneRound(const std::vector<std::string>& args, int n) {
   }
   double last_call = 0, last_return = 0;
   int reported = 0;
-  absl::Status s = (*group)->Wait(absl::Minutes(5), absl::Seconds(30),
-                                  [&](int, const std::string& line) {
-                                    auto t = bench::ParseNumbers(line);
-                                    if (t.size() != 2) return;
-                                    last_call = std::max(last_call, t[0]);
-                                    last_return = std::max(last_return, t[1]);
-                                    if (++reported == n) (*group)->ReleaseAll();
-                                  });
+  absl::Status s =
+      (*group)->Wait(absl::Minutes(5), absl::Seconds(30), [&](int, const std::string& line) {
+        auto t = bench::ParseNumbers(line);
+        if (t.size() != 2) return;
+        last_call = std::max(last_call, t[0]);
+        last_return = std::max(last_return, t[1]);
+        if (++reported == n) (*group)->ReleaseAll();
+      });
   if (!s.ok() || reported != n) {
     std::fprintf(stderr, "round failed: %s\n", s.ToString().c_str());
     return -1;
@@ -97,10 +97,10 @@ int Run(int argc, char** argv) {
   std::vector<double> builtin, on_etcd, ratios;
   for (int round = 0; round < rounds; ++round) {
     const double b = OneRound({"--workers", absl::StrCat(n), "--store", "builtin"}, n);
-    const double e = OneRound({"--workers", absl::StrCat(n), "--store", "etcd", "--etcd",
-                               (*etcd)->endpoint(), "--prefix",
-                               absl::StrCat("/bench/rendezvous/", round, "/")},
-                              n);
+    const double e =
+        OneRound({"--workers", absl::StrCat(n), "--store", "etcd", "--etcd", (*etcd)->endpoint(),
+                  "--prefix", absl::StrCat("/bench/rendezvous/", round, "/")},
+                 n);
     if (b < 0 || e < 0) return 1;
     builtin.push_back(b);
     on_etcd.push_back(e);

@@ -173,6 +173,7 @@ class NodeAgent::Impl {
                                         bool* reported_done);
   absl::Status HostChecks(const RoundInfo& round);
   absl::Status WatchHost(const RoundInfo& round);
+  absl::StatusOr<bool> ClaimHost();
   absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
   // A node other than the host read the job's outcome.
   void AckExit(int64_t round);
@@ -200,10 +201,7 @@ class NodeAgent::Impl {
   // holds the job's "host" key; this node's claim value.
   bool dynamic_host_ = false;
   std::string host_claim_;
-  // The host's heartbeat as this node last saw it changing, and who held the
-  // host key when this round began (the only holder a takeover replaces).
-  std::pair<int64_t, absl::Time> host_heartbeat_ = {-1, absl::InfinitePast()};
-  std::string round_host_;
+
   store::Store* store_ = nullptr;
   std::unique_ptr<Rendezvous> rdzv_;
   internal::OutputPump pump_;
@@ -290,13 +288,9 @@ absl::Status NodeAgent::Impl::Setup() {
     if (o_.rdzv_host_by_claim) {
       dynamic_host_ = true;
       host_claim_ = absl::StrCat(host_name_, "/", ::getpid(), "/", RandomHex(4));
-      auto holder = store_->CompareSet(kHostKey, "", host_claim_);
-      if (!holder.ok()) return Annotate(holder.status(), "claiming the rendezvous host");
-      if (*holder == host_claim_) {
-        host = true;
-        node_rank_ = 0;
-        Log("this node hosts the rendezvous (it holds the job's host key in etcd)");
-      }
+      auto claimed = ClaimHost();
+      if (!claimed.ok()) return Annotate(claimed.status(), "claiming the rendezvous host");
+      host = *claimed;
     }
   } else if (o_.max_nodes == 1) {
     // One node: the rendezvous stays in this process.
@@ -332,6 +326,10 @@ absl::Status NodeAgent::Impl::Setup() {
   rc.timeout = o_.rdzv_timeout;
   rc.last_call = o_.elastic() ? o_.rdzv_last_call : absl::ZeroDuration();
   rc.pick_master_port = [this] { return PickMasterPort(); };
+  rc.dynamic_host = dynamic_host_;
+  rc.claim_host = [this] { return ClaimHost(); };
+  rc.watch_period =
+      std::max(o_.monitor_interval, std::min(absl::Seconds(1), o_.heartbeat_timeout / 4));
   rdzv_ = std::make_unique<Rendezvous>(store_, rc);
 
   std::vector<std::string> roles;
@@ -575,35 +573,32 @@ absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, i
   return true;
 }
 
-// Host failover (etcd, elastic): every node beats, the host included. A
-// node that sees the host's heartbeat (group rank 0: the host joins with
-// node rank 0 and sorts first) stand still for --heartbeat_timeout takes the
-// job's host key with a compare-and-set from the old holder, so exactly one
-// node succeeds, and ends the round as node_lost; every node then meets in
-// the next round, which the new host closes. A host that finds the key
-// taken steps down.
-absl::Status NodeAgent::Impl::WatchHost(const RoundInfo& round) {
-  const absl::Time now = absl::Now();
-  auto hb = store_->Add(Rendezvous::Key(round.round, "hb/0"), 0);
-  if (!hb.ok()) return hb.status();
-  if (*hb != host_heartbeat_.first) {
-    host_heartbeat_ = {*hb, now};
-    return absl::OkStatus();
-  }
-  if (now - host_heartbeat_.second <= o_.heartbeat_timeout) return absl::OkStatus();
-  // Only from the holder this round began with: if another survivor took
-  // over first, the key holds its claim and this compare fails.
-  if (round_host_.empty()) return absl::OkStatus();
-  auto won = store_->CompareSet(kHostKey, round_host_, host_claim_);
-  if (!won.ok()) return won.status();
-  host_heartbeat_.second = now;                      // whoever won, watch afresh
-  if (*won != host_claim_) return absl::OkStatus();  // another node took over
-  Log(absl::StrCat("the rendezvous host (", round.hosts.empty() ? "?" : round.hosts[0],
-                   ") stopped heart-beating for ", DurationText(o_.heartbeat_timeout),
-                   "; this node hosts the rendezvous now"));
-  rdzv_->SetHost(true);
+// Host failover (etcd, elastic; rendezvous.h, N4): the host holds the job's
+// host key on its etcd session, which expires --heartbeat_timeout after the
+// host stops (dies or hangs). A node that finds the key gone claims it:
+// exactly one claim creates it. While a round runs, the new host ends it as
+// node_lost and closes the next; while a round forms, it closes that one
+// (Rendezvous::Join). A host that finds the key no longer its own steps
+// down.
+absl::StatusOr<bool> NodeAgent::Impl::ClaimHost() {
+  auto created = etcd_->CreateOnSession(kHostKey, host_claim_, o_.heartbeat_timeout);
+  if (!created.ok() || !*created) return created;
+  const bool first = node_rank_ < 0 && !rdzv_;
   node_rank_ = 0;
-  rdzv_->SetNodeRank(0);
+  if (rdzv_) rdzv_->SetNodeRank(0);
+  Log(first ? "this node hosts the rendezvous (it holds the job's host key in etcd)"
+            : "the rendezvous host is gone (its etcd session expired); this node hosts the "
+              "rendezvous now");
+  return true;
+}
+
+absl::Status NodeAgent::Impl::WatchHost(const RoundInfo& round) {
+  auto holder = store_->Get(kHostKey, absl::ZeroDuration());
+  if (holder.ok()) return absl::OkStatus();
+  if (!absl::IsDeadlineExceeded(holder.status())) return holder.status();
+  auto claimed = ClaimHost();
+  if (!claimed.ok() || !*claimed) return claimed.status();
+  rdzv_->SetHost(true);
   return store_
       ->CompareSet(
           Rendezvous::Key(round.round, "end"), "",
@@ -695,12 +690,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
   };
   group_->Configure(round);
   heartbeats_.clear();
-  host_heartbeat_ = {-1, absl::Now()};
-  round_host_.clear();
-  if (dynamic_host_) {
-    auto holder = store_->Get(kHostKey, absl::ZeroDuration());
-    if (holder.ok()) round_host_ = *holder;
-  }
+
   const std::string end_key = Rendezvous::Key(round.round, "end");
   if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
     Log(absl::StrCat("error: ", s.message()));
@@ -760,8 +750,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       reported_done = true;
     }
     const absl::Time now = absl::Now();
-    // The host beats too when another node may take its place.
-    if ((!rdzv_->is_host() || dynamic_host_) && now - last_heartbeat_sent_ >= heartbeat_period) {
+    if (!rdzv_->is_host() && now - last_heartbeat_sent_ >= heartbeat_period) {
       auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)), 1);
       if (!hb.ok()) return fail(Annotate(hb.status(), "heartbeat"));
       last_heartbeat_sent_ = now;

@@ -125,21 +125,37 @@ absl::StatusOr<RoundInfo> Rendezvous::Join(int64_t round) {
                                  EncodeRecord({{"node_rank", absl::StrCat(config_.node_rank)},
                                                {"host", config_.host_name}}));
     if (!s.ok()) return Annotate(s, absl::StrCat("joining round ", r));
-    if (is_host()) {
-      s = store_->Set(kCurrentKey, absl::StrCat(r));
-      if (!s.ok()) return Annotate(s, absl::StrCat("opening round ", r));
-      return CloseAsHost(r);
-    }
     bool excluded = false;
-    auto info = ReadClosed(r, slot, deadline, &excluded);
+    absl::StatusOr<RoundInfo> info = absl::UnknownError("unread");
+    while (true) {
+      if (is_host()) {
+        s = store_->Set(kCurrentKey, absl::StrCat(r));
+        if (!s.ok()) return Annotate(s, absl::StrCat("opening round ", r));
+        return CloseAsHost(r, slot);
+      }
+      if (!config_.dynamic_host) {
+        info = ReadClosed(r, slot, deadline, &excluded);
+        break;
+      }
+      // N4: wait in slices, claiming the host key if its holder is gone.
+      const absl::Time slice = std::min(deadline, absl::Now() + config_.watch_period);
+      info = ReadClosed(r, slot, slice, &excluded);
+      if (info.ok() || excluded || !absl::IsDeadlineExceeded(info.status()) ||
+          absl::Now() >= deadline) {
+        break;
+      }
+      auto claimed = config_.claim_host();
+      if (!claimed.ok()) return claimed.status();
+      if (*claimed) SetHost(true);
+    }
     if (!excluded) return info;
   }
 }
 
-absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
+absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round, int my_slot) {
   const std::string closed_key = Key(round, "closed");
   auto fail = [&](absl::Status error) -> absl::Status {
-    // Every waiting node learns the reason (G1).
+    // Every waiting node learns the reason (N1).
     (void)store_->Set(closed_key, EncodeRecord({{"status", "error"},
                                                 {"code", absl::StrCat(error.raw_code())},
                                                 {"message", std::string(error.message())}}));
@@ -209,12 +225,21 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round) {
   }
   auto members = read_members();
   if (!members.ok()) return fail(members.status());
-  std::stable_sort(members->begin(), members->end(), [](const Member& a, const Member& b) {
-    auto key = [](const Member& m) { return m.node_rank < 0 ? INT_MAX : m.node_rank; };
-    return key(a) < key(b);
-  });
+  if (config_.dynamic_host) {
+    // N4: the host first, the others in arrival order; node ranks aside
+    // (a host that died may still have its member record with rank 0).
+    std::stable_sort(members->begin(), members->end(), [my_slot](const Member& a, const Member& b) {
+      return (a.slot == my_slot) > (b.slot == my_slot);
+    });
+  } else {
+    std::stable_sort(members->begin(), members->end(), [](const Member& a, const Member& b) {
+      auto key = [](const Member& m) { return m.node_rank < 0 ? INT_MAX : m.node_rank; };
+      return key(a) < key(b);
+    });
+  }
   std::set<int> ranks;
   for (const Member& m : *members) {
+    if (config_.dynamic_host) break;
     if (m.node_rank >= 0 && !ranks.insert(m.node_rank).second) {
       return fail(absl::InvalidArgumentError(
           absl::StrCat("two nodes joined round ", round, " with node rank ", m.node_rank,

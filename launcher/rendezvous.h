@@ -20,15 +20,18 @@
 //      or shutdown. A failure's writer then takes the next restart number
 //      with Add("restarts", 1) and publishes it at "r/R/end_restart".
 //
-// Guarantees:
-//   G1 every wait is bounded by --rdzv_timeout; a round that never fills
+// Guarantees (N for the node agents' rendezvous):
+//   N1 Every wait is bounded by --rdzv_timeout; a round that never fills
 //      fails with an error naming the missing node ranks, which every
 //      waiting node receives through "r/R/closed"; a node started with other
 //      settings than the master writes the reason to "aborted" and the host
 //      fails the round with it at once;
-//   G2 all members of a round see the same membership, ranks, MASTER_PORT,
+//   N2 All members of a round see the same membership, ranks, MASTER_PORT,
 //      restart count and outcome;
-//   G3 membership changes do not consume restarts; failures do.
+//   N3 Membership changes do not consume restarts; failures do;
+//   N4 (etcd, elastic) A host that dies leaves its key to expire with its
+//      session; the first node to claim it then hosts, also while a round
+//      is forming, so no node is needed for the job to go on.
 //
 // Thread-safety: a Rendezvous is used by one thread (the agent's main loop).
 #ifndef BATON_LAUNCHER_RENDEZVOUS_H_
@@ -63,6 +66,14 @@ struct RendezvousConfig {
   absl::Duration last_call = absl::Seconds(5);
   // Host only: picks the workers' MASTER_PORT for a round.
   std::function<absl::StatusOr<int>()> pick_master_port;
+  // Host failover (etcd): whichever node holds the job's host key hosts.
+  // While waiting for a round to close, a node calls claim_host between
+  // slices of `watch_period`; true means the host key was free (the host
+  // died) and this node now holds it, so it closes the round itself, first
+  // in group-rank order, node ranks aside.
+  bool dynamic_host = false;
+  std::function<absl::StatusOr<bool>()> claim_host;
+  absl::Duration watch_period = absl::Seconds(1);
 };
 
 // The result of one round.
@@ -110,7 +121,7 @@ class Rendezvous {
   static std::string Key(int64_t round, absl::string_view name);
 
  private:
-  absl::StatusOr<RoundInfo> CloseAsHost(int64_t round);
+  absl::StatusOr<RoundInfo> CloseAsHost(int64_t round, int my_slot);
   absl::StatusOr<RoundInfo> ReadClosed(int64_t round, int slot, absl::Time deadline,
                                        bool* excluded);
 

@@ -115,20 +115,27 @@ int64_t EtcdStore::lease_id() const {
 }
 
 absl::Status EtcdStore::RevokeLease() {
-  int64_t id;
+  int64_t job, session;
   {
     absl::MutexLock lock(&mu_);
-    id = lease_id_;
+    job = lease_id_;
+    session = session_id_;
     stopping_ = true;
     if (keepalive_ctx_ != nullptr) keepalive_ctx_->TryCancel();
   }
   if (keepalive_.joinable()) keepalive_.join();
-  if (id == 0) return absl::OkStatus();
-  etcdserverpb::LeaseRevokeRequest req;
-  req.set_id(id);
-  etcdserverpb::LeaseRevokeResponse resp;
-  return Rpc("lease revoke", LeaseKey(), absl::Now() + options_.call_timeout,
-             [&](grpc::ClientContext* c) { return lease_->LeaseRevoke(c, req, &resp); });
+  absl::Status first;
+  for (int64_t id : {job, session}) {
+    if (id == 0) continue;
+    etcdserverpb::LeaseRevokeRequest req;
+    req.set_id(id);
+    etcdserverpb::LeaseRevokeResponse resp;
+    absl::Status s =
+        Rpc("lease revoke", LeaseKey(), absl::Now() + options_.call_timeout,
+            [&](grpc::ClientContext* c) { return lease_->LeaseRevoke(c, req, &resp); });
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 std::string EtcdStore::DataKey(absl::string_view key) const {
@@ -272,7 +279,6 @@ absl::Status EtcdStore::JoinOrGrantLease(int64_t dead) {
 }
 
 void EtcdStore::KeepAliveLoop() {
-  const absl::Duration period = std::max(absl::Milliseconds(200), options_.lease_ttl / 3);
   while (true) {
     grpc::ClientContext ctx;
     Prepare(&ctx, absl::InfiniteFuture());
@@ -283,18 +289,43 @@ void EtcdStore::KeepAliveLoop() {
     }
     auto stream = lease_->LeaseKeepAlive(&ctx);
     bool expired = false;
-    while (true) {
-      etcdserverpb::LeaseKeepAliveRequest req;
-      req.set_id(lease_id());
-      etcdserverpb::LeaseKeepAliveResponse resp;
-      if (!stream->Write(req) || !stream->Read(&resp)) break;
-      if (resp.ttl() <= 0) {
-        expired = true;
-        break;
+    bool broken = false;
+    while (!broken && !expired) {
+      int64_t job, session;
+      absl::Duration period = absl::Seconds(20);
+      {
+        absl::MutexLock lock(&mu_);
+        job = lease_id_;
+        session = session_id_;
+        if (job != 0) period = std::min(period, options_.lease_ttl / 3);
+        if (session != 0) period = std::min(period, session_ttl_ / 3);
       }
+      for (int64_t id : {job, session}) {
+        if (id == 0) continue;
+        etcdserverpb::LeaseKeepAliveRequest req;
+        req.set_id(id);
+        etcdserverpb::LeaseKeepAliveResponse resp;
+        if (!stream->Write(req) || !stream->Read(&resp)) {
+          broken = true;
+          break;
+        }
+        if (resp.ttl() > 0) continue;
+        if (id == job) {
+          expired = true;
+        } else {
+          // The session lapsed (this process was stopped too long): its keys
+          // are gone; the owner learns it when it looks.
+          absl::MutexLock lock(&mu_);
+          if (session_id_ == id) session_id_ = 0;
+        }
+      }
+      if (broken || expired) break;
       absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop), period)) break;
+      auto woken = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || session_new_; };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), std::max(absl::Milliseconds(100), period));
+      session_new_ = false;
+      if (stopping_) break;
     }
     ctx.TryCancel();
     (void)stream->Finish();
@@ -303,9 +334,9 @@ void EtcdStore::KeepAliveLoop() {
       keepalive_ctx_ = nullptr;
       if (stopping_) return;
     }
-    // The lease expired (every process of the job was gone for its TTL, or
-    // etcd lost it): grant the job a new one. A broken stream: open another
-    // after a pause, bounded by the stop signal.
+    // The job's lease expired (every process of the job was gone for its
+    // TTL, or etcd lost it): grant the job a new one. A broken stream: open
+    // another after a pause, bounded by the stop signal.
     if (expired) {
       (void)JoinOrGrantLease(lease_id());
       continue;
@@ -313,6 +344,58 @@ void EtcdStore::KeepAliveLoop() {
     absl::MutexLock lock(&mu_);
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200))) return;
+  }
+}
+
+absl::StatusOr<bool> EtcdStore::CreateOnSession(absl::string_view key, absl::string_view value,
+                                                absl::Duration ttl) {
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  const std::string full = DataKey(key);
+  for (int attempt = 0;; ++attempt) {
+    int64_t session;
+    {
+      absl::MutexLock lock(&mu_);
+      session = session_id_;
+    }
+    if (session == 0) {
+      etcdserverpb::LeaseGrantRequest grant;
+      grant.set_ttl(std::max<int64_t>(2, absl::ToInt64Seconds(ttl)));
+      etcdserverpb::LeaseGrantResponse granted;
+      absl::Status s = Rpc("session lease", key, deadline, [&](grpc::ClientContext* c) {
+        return lease_->LeaseGrant(c, grant, &granted);
+      });
+      if (!s.ok()) return s;
+      if (!granted.error().empty()) {
+        return Fail("session lease", key, absl::UnavailableError(granted.error()));
+      }
+      session = granted.id();
+      absl::MutexLock lock(&mu_);
+      session_id_ = session;
+      session_ttl_ = absl::Seconds(granted.ttl());
+      session_new_ = true;
+      if (!keepalive_.joinable() && !stopping_) {
+        keepalive_ = std::thread([this] { KeepAliveLoop(); });
+      }
+    }
+    etcdserverpb::TxnRequest txn;
+    *txn.add_compare() = CompareCreate(full, 0);
+    RequestOp put;
+    put.mutable_request_put()->set_key(full);
+    put.mutable_request_put()->set_value(std::string(value));
+    put.mutable_request_put()->set_lease(session);
+    *txn.add_success() = put;
+    etcdserverpb::TxnResponse done;
+    absl::Status s = Rpc("create", key, deadline,
+                         [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
+    if (absl::IsNotFound(s) && attempt == 0) {
+      // The session lapsed (this process was stopped past its TTL): begin a
+      // new one.
+      absl::MutexLock lock(&mu_);
+      if (session_id_ == session) session_id_ = 0;
+      continue;
+    }
+    if (!s.ok()) return s;
+    return done.succeeded();
   }
 }
 

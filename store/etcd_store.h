@@ -87,9 +87,17 @@ class EtcdStore final : public Store {
 
   // The lease every key is attached to (0: none).
   int64_t lease_id() const;
-  // Ends the job's keys now: revokes the lease, which deletes every key on
-  // it (the keys of every process that shares it). For the process that
-  // knows the job is over; the store is unusable afterwards.
+  // Creates `key` = `value` unless the key exists, on this process's own
+  // session lease (granted on first use with `ttl`, at least 2 s, and kept
+  // alive with the job's): the key goes `ttl` after this process stops
+  // keeping it alive, i.e. dies or hangs. Returns whether this call created
+  // it. This is etcd's leader election: the launcher's rendezvous host.
+  absl::StatusOr<bool> CreateOnSession(absl::string_view key, absl::string_view value,
+                                       absl::Duration ttl);
+  // Ends the job's keys now: revokes the job's lease, which deletes every key
+  // on it (the keys of every process that shares it), and this process's
+  // session. For the process that knows the job is over; the store is
+  // unusable afterwards.
   absl::Status RevokeLease();
   const std::string& endpoint() const { return options_.endpoint; }
 
@@ -140,6 +148,11 @@ class EtcdStore final : public Store {
   std::string token_ ABSL_GUARDED_BY(mu_);
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // CreateOnSession's lease (0: none yet, or expired) and its TTL.
+  int64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration session_ttl_ ABSL_GUARDED_BY(mu_);
+  // Wakes the keep-alive loop when a session begins (its period shrinks).
+  bool session_new_ ABSL_GUARDED_BY(mu_) = false;
   // The keep-alive stream's context, to cancel it at destruction.
   grpc::ClientContext* keepalive_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread keepalive_;

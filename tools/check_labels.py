@@ -5,8 +5,8 @@ Each protocol numbers its guarantees with a prefix that names it (G for the
 RRef protocol, D distributed autograd, P peer failures, PS the parameter
 server, PP/PL the pipeline, R reinforcement learning, F flow control, W
 stream identities, E the executor, S the shared-memory channel, T the
-shared-memory transport), and tests are named after them. A label defined
-in two places (two protocols numbering with one prefix) makes a test name
+shared-memory transport, N the node agents' rendezvous), and tests are named
+after them. A label defined in two places (two protocols numbering with one prefix) makes a test name
 or a comment ambiguous, so this fails naming both places.
 
 A definition is a label at the start of a header comment line ("// G1 ...",

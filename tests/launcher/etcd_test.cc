@@ -144,11 +144,11 @@ TEST_F(EtcdLaunchTest, ElasticNodesWithoutRanksClaimTheHost) {
   }
 }
 
-// No node is special: the node hosting an elastic job's rendezvous dies
-// (SIGKILL, its workers with it); another node takes the job's host key
-// once the host's heartbeat stood still for --heartbeat_timeout, ends the
-// round, and the two survivors train on as a smaller job.
-TEST_F(EtcdLaunchTest, ElasticJobSurvivesTheLossOfItsHostNode) {
+// N4, no node is special: the node hosting an elastic job's rendezvous dies
+// (SIGKILL, its workers with it); its etcd session expires after
+// --heartbeat_timeout, exactly one survivor claims the job's host key, and
+// the two survivors train on as a smaller job.
+TEST_F(EtcdLaunchTest, N4_ElasticJobSurvivesTheLossOfItsHostNode) {
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int i = 0; i < 3; ++i) {
     std::vector<std::string> flags = EtcdFlags("host-lost");

@@ -244,7 +244,7 @@ RendezvousConfig Config(int node_rank, int min, int max,
   return c;
 }
 
-TEST(Rendezvous, G2_EveryNodeSeesTheSameRound) {
+TEST(Rendezvous, N2_EveryNodeSeesTheSameRound) {
   store::MemoryStore store;
   std::vector<absl::StatusOr<RoundInfo>> infos(3, absl::UnknownError(""));
   std::vector<std::thread> threads;
@@ -265,7 +265,7 @@ TEST(Rendezvous, G2_EveryNodeSeesTheSameRound) {
   }
 }
 
-TEST(Rendezvous, G1_MissingNodeIsNamedOnEveryNode) {
+TEST(Rendezvous, N1_MissingNodeIsNamedOnEveryNode) {
   store::MemoryStore store;
   absl::Status host, other;
   std::thread t([&] {
@@ -280,7 +280,7 @@ TEST(Rendezvous, G1_MissingNodeIsNamedOnEveryNode) {
   EXPECT_THAT(other.message(), HasSubstr("missing node rank 2"));
 }
 
-TEST(Rendezvous, G1_NodeWithOtherSettingsFailsEveryNodeAtOnce) {
+TEST(Rendezvous, N1_NodeWithOtherSettingsFailsEveryNodeAtOnce) {
   store::MemoryStore store;
   Rendezvous host(&store, Config(0, 2, 2, absl::Seconds(60)));
   ASSERT_TRUE(host.Publish({{"roles", "default:2:group"}}).ok());

@@ -10,7 +10,11 @@
 #   3. rank 0, a trainer (the trainer role first), under
 #      --restart_policy trainer=role with the job's store on a real etcd
 #      (--rdzv_backend etcd): no rank serves the store, so rank 0 restarts
-#      alone with its role and rejoins, as any trainer does.
+#      alone with its role and rejoins, as any trainer does;
+#   4. the node hosting an elastic job's rendezvous (3 nodes, one server and
+#      one trainer each, on etcd): the other two take over the rendezvous and
+#      finish the training as a 2-node job. Its checkpoints are per server
+#      count (serverS-of-N), so the 2-server job trains from its own start.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 RUN="$RUNFILES/launcher/baton-run"
@@ -97,4 +101,51 @@ grep -q "restarting the role's workers" "$log" || fail "rank0_kill: the role was
 [ "$(grep -c '\[ps0\] pid' "$log")" -eq 1 ] || fail "rank0_kill: the servers were restarted"
 grep -Eq "\[trainer0\] resuming at step ([1-9][0-9]+)" "$log" ||
   fail "rank0_kill: rank 0 did not resume at the servers' clock"
-echo "PASS: trainer kill (rejoin), server kill (restore from clock $restored), rank 0 kill on etcd (rejoin)"
+# 4. The node hosting an elastic job's rendezvous dies.
+host_logs=()
+host_pids=()
+for n in 0 1 2; do
+  log="$TMP/host_kill.$n.log"
+  host_logs+=("$log")
+  BATON_JOB_TOKEN=ps-fault-test-token-0123456789 \
+    timeout 240 "$RUN" --nnodes 2:3 --rdzv_last_call 3 --heartbeat_timeout 2 \
+    --role ps:1 --role trainer:1 --tee --max_restarts 2 \
+    --rdzv_backend etcd --rdzv_endpoint "127.0.0.1:$client_port" --rdzv_id ps-fault-host \
+    "$JOB" --checkpoint_dir="$TMP/host_kill.ckpt" --steps=300 >"$log" 2>&1 &
+  host_pids+=($!)
+done
+waited=0
+until cat "${host_logs[@]}" | grep -q "\[trainer0\] step 100 "; do
+  sleep 0.2
+  waited=$((waited + 1))
+  alive=0
+  for p in "${host_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  if [ $waited -gt 600 ] || [ $alive -eq 0 ]; then
+    cat "${host_logs[@]}"
+    fail "host_kill: the job never reached step 100"
+  fi
+done
+victim=-1
+for n in 0 1 2; do
+  grep -q "this node hosts the rendezvous" "${host_logs[$n]}" && victim=$n
+done
+[ $victim -ge 0 ] || { cat "${host_logs[@]}"; fail "host_kill: no node hosts the rendezvous"; }
+# The node agent is timeout's child; its workers die with it (PDEATHSIG).
+agent_pid=$(pgrep -P "${host_pids[$victim]}" | head -1)
+[ -n "$agent_pid" ] || fail "host_kill: no baton-run under node $victim's timeout"
+echo "== host_kill: SIGKILL the node agent hosting the rendezvous (node $victim, pid $agent_pid)"
+kill -9 "$agent_pid"
+wait "${host_pids[$victim]}" 2>/dev/null
+ok=0
+for n in 0 1 2; do
+  [ $n -eq $victim ] && continue
+  wait "${host_pids[$n]}"
+  code=$?
+  cat "${host_logs[$n]}"
+  [ $code -eq 0 ] || fail "host_kill: node $n exited $code"
+  grep -q "RESULT OK" "${host_logs[$n]}" && ok=1
+done
+[ $ok -eq 1 ] || fail "host_kill: no RESULT OK from the survivors"
+[ "$(cat "${host_logs[@]}" | grep -c "hosts the rendezvous now")" -eq 1 ] ||
+  fail "host_kill: not exactly one node took over the rendezvous"
+echo "PASS: trainer kill (rejoin), server kill (restore from clock $restored), rank 0 kill on etcd (rejoin), rendezvous host node kill on etcd (2 nodes finish)"
