@@ -81,15 +81,35 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(EtcdServerOptions 
   s->endpoint_ = absl::StrCat("127.0.0.1:", client);
   s->data_dir_ = MakeTempDir("etcd");
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
-  const std::string client_url = absl::StrCat("http://", s->endpoint_);
+  const bool tls = !options.tls_dir.empty();
+  const std::string client_url = absl::StrCat(tls ? "https://" : "http://", s->endpoint_);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return absl::UnavailableError("etcd: pipe failed");
-  s->pid_ =
-      Spawn({kEtcd, "--name", "baton-test", "--data-dir", s->data_dir_, "--listen-client-urls",
-             client_url, "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
-             "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
-             absl::StrCat("baton-test=", peer_url), "--logger", "zap", "--log-outputs", "stderr"},
-            fds[1]);
+  std::vector<std::string> argv = {kEtcd,
+                                   "--name",
+                                   "baton-test",
+                                   "--data-dir",
+                                   s->data_dir_,
+                                   "--listen-client-urls",
+                                   client_url,
+                                   "--advertise-client-urls",
+                                   client_url,
+                                   "--listen-peer-urls",
+                                   peer_url,
+                                   "--initial-advertise-peer-urls",
+                                   peer_url,
+                                   "--initial-cluster",
+                                   absl::StrCat("baton-test=", peer_url),
+                                   "--logger",
+                                   "zap",
+                                   "--log-outputs",
+                                   "stderr"};
+  if (tls) {
+    const std::string& d = options.tls_dir;
+    argv.insert(argv.end(), {"--cert-file", d + "/etcd.pem", "--key-file", d + "/etcd.key",
+                             "--trusted-ca-file", d + "/ca.pem", "--client-cert-auth"});
+  }
+  s->pid_ = Spawn(argv, fds[1]);
   ::close(fds[1]);
   s->drain_ = std::thread([srv = s.get(), fd = fds[0]] { srv->Drain(fd); });
   if (absl::Status ready = s->WaitReady(options.timeout); !ready.ok()) return ready;

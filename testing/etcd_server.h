@@ -35,6 +35,10 @@ struct EtcdServerOptions {
   // Turn on etcd's authentication with a root user.
   bool auth = false;
   std::string root_password = "baton-test-root";
+  // Mutual TLS for clients: DIR/ca.pem, DIR/etcd.pem and DIR/etcd.key
+  // (tools/make_certs.sh DIR etcd); etcd then requires a client certificate
+  // signed by that CA. Not with `auth`.
+  std::string tls_dir;
 };
 
 class EtcdServer {

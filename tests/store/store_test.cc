@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/tls.h"
 #include "store/etcd_store.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
@@ -294,6 +295,31 @@ TEST(EtcdStore, AuthenticatesWithEtcdsUsersAndNamesAFailure) {
   ASSERT_TRUE(good.ok()) << good.status();
   ASSERT_TRUE((*good)->Set("k", "v").ok());
   EXPECT_EQ(*(*good)->Get("k", absl::Seconds(1)), "v");
+}
+
+// TLS to etcd (mutual: etcd asks for a client certificate signed by its CA):
+// a client with the job's certificates works; one without is refused, and
+// the error names the endpoint.
+TEST(EtcdStore, MutualTlsToEtcd) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/etcd-certs");
+  ASSERT_EQ(std::system(absl::StrCat("bash tools/make_certs.sh ", dir, " etcd client").c_str()), 0);
+  testing::EtcdServerOptions so;
+  so.tls_dir = dir;
+  auto etcd = EtcdServer::Start(so);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EtcdStoreOptions o = EtcdOptions((*etcd)->endpoint());
+  auto tls = LoadTls({dir + "/ca.pem", dir + "/client.pem", dir + "/client.key"});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  o.tls = *tls;
+  auto store = EtcdStore::Connect(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("k", "over TLS").ok());
+  EXPECT_EQ(*(*store)->Get("k", absl::Seconds(1)), "over TLS");
+  EtcdStoreOptions plain = EtcdOptions((*etcd)->endpoint());
+  plain.call_timeout = absl::Seconds(1);
+  auto refused = EtcdStore::Connect(plain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr((*etcd)->endpoint()));
 }
 
 TEST(EtcdStore, UnreachableEtcdFailsWithinDeadlineNamingIt) {
