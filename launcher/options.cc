@@ -219,6 +219,7 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"master_port", SetInt(&o.master_port, "master_port", 0, 65535)},
       {"rdzv_port", SetInt(&o.rdzv_port, "rdzv_port", 1, 65535)},
       {"max_restarts", SetInt(&o.max_restarts, "max_restarts", 0, 1000000)},
+      {"metrics_port", SetInt(&o.metrics_port, "metrics_port", 1, 65535)},
       {"monitor_interval", SetSeconds(&o.monitor_interval, "monitor_interval", false)},
       {"run_id", SetString(&o.run_id, "run_id", &st.run_id_set)},
       // torchrun's name for the run id.
@@ -746,6 +747,8 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
                          BATON_JOB_TOKEN. Required when the job spans nodes;
                          a one-node job makes its own
   --max_restarts N       group restarts after failures (default 0)
+  --metrics_port P       each worker serves Prometheus metrics (GET /metrics)
+                         on port P + its local rank
   --monitor_interval S   seconds between worker checks (default 0.1)
   --run_id ID            job id, equal on every node (torchrun: --rdzv_id)
   --rdzv_endpoint HOST[:PORT]

@@ -121,6 +121,9 @@ struct LaunchOptions {
   // An elastic node whose endpoint is a loopback address: it hosts the
   // rendezvous if it binds the port first (torchrun does the same).
   bool rdzv_host_by_bind = false;
+  // --metrics_port P: each worker serves its metrics (Prometheus's format,
+  // GET /metrics) on port P + its local rank (BATON_METRICS_PORT); 0: off.
+  int metrics_port = 0;
   std::vector<RoleSpec> roles;
   // True when defaults came from Slurm variables (for the log line).
   bool from_slurm = false;

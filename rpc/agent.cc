@@ -145,6 +145,8 @@ int64_t RpcAgent::peer_incarnation(int peer) const { return impl_->peer_incarnat
 absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
 bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
+obs::MetricsRegistry* RpcAgent::metrics() const { return impl_->metrics(); }
+int RpcAgent::metrics_port() const { return impl_->metrics_port(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
 bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
 std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdentity(peer); }
@@ -165,7 +167,62 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
       rendezvous_observer_(std::move(collaborators.rendezvous_observer)),
       timer_(std::move(collaborators.timer)),
       executor_(std::move(collaborators.executor)),
-      cuda_channel_(std::move(collaborators.cuda_channel)) {}
+      cuda_channel_(std::move(collaborators.cuda_channel)) {
+  if (!options_.metrics_address.empty()) metrics_ = std::make_unique<obs::MetricsRegistry>();
+}
+
+absl::Status AgentImpl::StartMetrics() {
+  if (metrics_ == nullptr) return absl::OkStatus();
+  metrics_->AddCollector([this](obs::MetricsWriter& w) {
+    const AgentStats st = stats();
+    const obs::MetricsWriter::Labels none;
+    auto gauge = [&](const char* name, const char* help, double v) {
+      w.Family(name, help, "gauge");
+      w.Sample(none, v);
+    };
+    auto counter = [&](const char* name, const char* help, double v) {
+      w.Family(name, help, "counter");
+      w.Sample(none, v);
+    };
+    gauge("baton_rpc_pending_outgoing", "Calls this worker made that await their reply.",
+          static_cast<double>(st.pending_outgoing));
+    gauge("baton_rpc_running_incoming", "Requests from peers being served.",
+          static_cast<double>(st.running_incoming));
+    gauge("baton_rpc_requests_queued", "Requests admitted but not started (flow control F3).",
+          static_cast<double>(st.requests_queued));
+    gauge("baton_executor_threads", "Threads of the executor that runs user functions.",
+          st.executor_threads);
+    gauge("baton_rpc_live_streams", "Open outgoing network streams.", st.live_streams);
+    gauge("baton_rpc_calls_waiting_for_restart",
+          "Calls waiting for a dead peer's next incarnation (P7).",
+          static_cast<double>(st.calls_waiting_for_restart));
+    counter("baton_shm_bulk_bytes_out_total",
+            "Tensor bytes copied into shared memory for same-host peers.",
+            static_cast<double>(st.shm_bulk_bytes_copied_out));
+    counter("baton_shm_bulk_bytes_in_total",
+            "Tensor bytes copied out of shared memory from same-host peers.",
+            static_cast<double>(st.shm_bulk_bytes_copied_in));
+    counter("baton_shm_frames_sent_total", "Frames sent through the shared-memory transport.",
+            static_cast<double>(st.shm_frames_sent));
+    counter("baton_shm_frames_received_total",
+            "Frames received through the shared-memory transport.",
+            static_cast<double>(st.shm_frames_received));
+    counter("baton_peer_failures_total", "Peers confirmed dead.",
+            static_cast<double>(st.peer_failures));
+    counter("baton_rpc_calls_waited_for_window_total",
+            "Calls that found a peer's window full and waited (flow control).",
+            static_cast<double>(st.calls_waited_for_window));
+    counter("baton_rpc_calls_refused_by_window_total",
+            "Calls that got RESOURCE_EXHAUSTED waiting for a peer's window.",
+            static_cast<double>(st.calls_refused_by_window));
+    counter("baton_rpc_requests_refused_total", "Requests this worker refused (flow control).",
+            static_cast<double>(st.requests_refused));
+  });
+  auto server = obs::MetricsServer::Start(options_.metrics_address, metrics_.get());
+  if (!server.ok()) return Annotate(server.status(), "AgentOptions::metrics_address");
+  metrics_server_ = *std::move(server);
+  return absl::OkStatus();
+}
 
 AgentImpl::~AgentImpl() = default;
 
@@ -304,6 +361,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     call.window_bytes = window_bytes;
     call.undo = std::move(undo);
     call.resend = std::move(resend);
+    if (metrics_ != nullptr) {
+      call.metrics = metrics_->Rpc(function);
+      call.started = absl::Now();
+    }
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
@@ -361,6 +422,9 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
     for (auto& f : call.undo) f();
   }
   call.undo.clear();
+  if (call.metrics != nullptr) {
+    call.metrics->Record(obs::Side::kCaller, result.status().code(), absl::Now() - call.started);
+  }
   call.promise.Set(std::move(result));
   absl::MutexLock lock(&mu_);
   --completing_;
@@ -551,9 +615,15 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   ctx.function = fname;
   ctx.deadline = deadline;
   if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
+  obs::RpcMetrics* const metrics = metrics_ != nullptr ? metrics_->Rpc(fname) : nullptr;
+  const absl::Time started = metrics != nullptr ? absl::Now() : absl::InfinitePast();
   entry->handler(ctx, std::move(frame.payload),
-                 [this, channel, id, caller, admitted,
+                 [this, channel, id, caller, admitted, metrics, started,
                   reply_shm = frame.header.reply_shm()](absl::StatusOr<Payload> result) {
+                   if (metrics != nullptr) {
+                     metrics->Record(obs::Side::kCallee, result.status().code(),
+                                     absl::Now() - started);
+                   }
                    SendReply(channel, id, caller, std::move(result), admitted, reply_shm);
                  });
 }
@@ -732,6 +802,7 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
     running_ = false;
   }
   if (!ready_.HasBeenNotified()) ready_.Notify();
+  metrics_server_.reset();                   // its collectors read what goes below
   if (window_ != nullptr) window_->Close();  // callers waiting for room give up
   absl::Status first;
   auto note = [&first](const absl::Status& s) {

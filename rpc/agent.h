@@ -66,6 +66,9 @@
 namespace baton::rpc::internal {
 class AgentImpl;
 }  // namespace baton::rpc::internal
+namespace baton::obs {
+class MetricsRegistry;
+}  // namespace baton::obs
 
 namespace baton::rpc {
 
@@ -150,6 +153,11 @@ struct AgentOptions {
   // wait (rpc/executor.h, E1-E3); 0: the number of hardware threads, at
   // least 2.
   int parallelism = 0;
+  // Serve this worker's metrics in Prometheus's format (obs/metrics.h) at
+  // host:port, GET /metrics; empty: none. FromEnv reads BATON_METRICS_PORT
+  // (all interfaces) or BATON_METRICS_ADDRESS; baton-run --metrics_port P
+  // gives its workers P + local rank.
+  std::string metrics_address;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
@@ -406,6 +414,11 @@ class RpcAgent final : public DeviceRouter {
   absl::Status Shutdown(bool graceful = true);
   bool running() const;
   AgentStats stats() const;
+  // The worker's metrics (AgentOptions::metrics_address), for components to
+  // add their own (RRefs, autograd contexts, PS, pipeline); null when off.
+  obs::MetricsRegistry* metrics() const;
+  // The port the metrics are served on (0: off).
+  int metrics_port() const;
   // Whether calls to `peer` carry large tensors through shared memory.
   bool uses_shm(int peer) const;
   // Whether messages to `peer` go through the same-host shared-memory

@@ -156,6 +156,16 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     }
     o.restart_wait = absl::Seconds(seconds);
   }
+  if (const std::string v = get("BATON_METRICS_ADDRESS"); !v.empty()) {
+    o.metrics_address = v;
+  } else if (const std::string port = get("BATON_METRICS_PORT"); !port.empty()) {
+    int p = 0;
+    if (!absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BATON_METRICS_PORT is '", port, "'; expected a port"));
+    }
+    o.metrics_address = absl::StrCat("0.0.0.0:", p);
+  }
   o.etcd.endpoint = get(baton::kEnvStoreEtcd);
   if (!o.etcd.endpoint.empty()) {
     o.etcd.prefix = get(baton::kEnvStorePrefix);
@@ -346,6 +356,7 @@ absl::Status AgentImpl::Rendezvous() {
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
   // Calls to self go through the loopback server like any other call.
   AddNetworkPeer(rank_, reg.mine);
+  if (absl::Status s = StartMetrics(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     running_ = true;

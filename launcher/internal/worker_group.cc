@@ -91,6 +91,9 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
       {kEnvRejoin, w.rejoin ? "1" : "0"},
   };
   std::vector<std::pair<const char*, std::string>> all = vars;
+  if (o.metrics_port > 0) {
+    all.emplace_back("BATON_METRICS_PORT", absl::StrCat(o.metrics_port + w.local_rank));
+  }
   if (o.tls.enabled()) {
     all.insert(
         all.end(),

@@ -47,6 +47,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/identity.h"
+#include "obs/metrics.h"
+#include "obs/metrics_server.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
@@ -117,6 +119,11 @@ class AgentImpl : private TransportHandler {
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
   bool running() const;
   AgentStats stats() const;
+  obs::MetricsRegistry* metrics() const { return metrics_.get(); }
+  int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : 0; }
+  // The agent's own families (AgentStats) and the server, at the end of the
+  // rendezvous.
+  absl::Status StartMetrics();
   bool uses_shm(int peer) const;
   bool uses_shm_transport(int peer) const;
   std::string StreamIdentity(int peer) const;
@@ -143,6 +150,9 @@ class AgentImpl : private TransportHandler {
     // again to the rank's next incarnation if it is known undelivered.
     std::shared_ptr<const Frame> resend;
     int deliveries = 1;  // sends of the request so far
+    // Metrics (AgentOptions::metrics_address): null when off.
+    obs::RpcMetrics* metrics = nullptr;
+    absl::Time started;
   };
   // PendingCall::stream_id of a call waiting to be sent again (P8): no
   // stream's end concerns it.
@@ -314,6 +324,10 @@ class AgentImpl : private TransportHandler {
   absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
+  // AgentOptions::metrics_address: the registry (set in Create, before any
+  // call) and its server (from the end of the rendezvous to Teardown).
+  std::unique_ptr<obs::MetricsRegistry> metrics_;
+  std::unique_ptr<obs::MetricsServer> metrics_server_;
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;

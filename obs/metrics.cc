@@ -1,0 +1,163 @@
+#include "obs/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace baton::obs {
+namespace {
+
+// Prometheus's float rendering: shortest round-trip form, +Inf spelled out.
+std::string Number(double v) {
+  if (v == static_cast<double>(static_cast<int64_t>(v)) && std::abs(v) < 1e15) {
+    return absl::StrCat(static_cast<int64_t>(v));
+  }
+  // The shortest of %.15g..%.17g that reads back as the same double.
+  for (int digits = 15; digits < 17; ++digits) {
+    const std::string s = absl::StrFormat("%.*g", digits, v);
+    if (std::strtod(s.c_str(), nullptr) == v) return s;
+  }
+  return absl::StrFormat("%.17g", v);
+}
+
+std::string LabelText(const MetricsWriter::Labels& labels) {
+  if (labels.empty()) return "";
+  std::string out = "{";
+  for (size_t i = 0; i < labels.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ",", labels[i].first, "=\"",
+                    EscapeLabelValue(labels[i].second), "\"");
+  }
+  return out + "}";
+}
+
+std::string CodeName(int code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+}  // namespace
+
+std::string EscapeLabelValue(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void LatencyHistogram::Observe(absl::Duration d) {
+  const double s = absl::ToDoubleSeconds(d);
+  const size_t i = static_cast<size_t>(
+      std::lower_bound(kLatencyBuckets.begin(), kLatencyBuckets.end(), s) -
+      kLatencyBuckets.begin());
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d))),
+                    std::memory_order_relaxed);
+}
+
+void LatencyHistogram::Read(std::vector<uint64_t>* cumulative, double* sum_seconds,
+                            uint64_t* count) const {
+  cumulative->clear();
+  uint64_t total = 0;
+  for (const auto& b : buckets_) {
+    total += b.load(std::memory_order_relaxed);
+    cumulative->push_back(total);
+  }
+  *count = total;
+  *sum_seconds = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) * 1e-9;
+}
+
+void RpcMetrics::Record(Side side, absl::StatusCode code, absl::Duration duration) {
+  PerSide& s = sides_[static_cast<int>(side)];
+  int c = static_cast<int>(code);
+  if (c < 0 || c >= kCodes) c = static_cast<int>(absl::StatusCode::kUnknown);
+  s.calls[c].fetch_add(1, std::memory_order_relaxed);
+  s.duration.Observe(duration);
+}
+
+void MetricsWriter::Family(const std::string& name, const std::string& help,
+                           const std::string& type) {
+  family_ = name;
+  absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+void MetricsWriter::Sample(const Labels& labels, double value) {
+  absl::StrAppend(&out_, family_, LabelText(labels), " ", Number(value), "\n");
+}
+
+RpcMetrics* MetricsRegistry::Rpc(const std::string& function) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = rpc_[function];
+  if (slot == nullptr) slot = std::make_unique<RpcMetrics>();
+  return slot.get();
+}
+
+void MetricsRegistry::AddCollector(Collector collector) {
+  absl::MutexLock lock(&mu_);
+  collectors_.push_back(std::move(collector));
+}
+
+std::string MetricsRegistry::Render() const {
+  // Functions in name order, so the output is stable.
+  std::map<std::string, const RpcMetrics*> functions;
+  std::vector<Collector> collectors;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, m] : rpc_) functions.emplace(name, m.get());
+    collectors = collectors_;
+  }
+  MetricsWriter w;
+  const char* sides[] = {"caller", "callee"};
+  w.Family("baton_rpc_calls_total",
+           "RPC calls completed, by function, side (caller or callee) and status code.",
+           "counter");
+  for (const auto& [name, m] : functions) {
+    for (int side = 0; side < 2; ++side) {
+      for (int code = 0; code < RpcMetrics::kCodes; ++code) {
+        const uint64_t n = m->sides_[side].calls[code].load(std::memory_order_relaxed);
+        if (n == 0) continue;
+        w.Sample({{"function", name}, {"side", sides[side]}, {"code", CodeName(code)}},
+                 static_cast<double>(n));
+      }
+    }
+  }
+  absl::StrAppend(&w.out_, "# HELP baton_rpc_call_duration_seconds ",
+                  "Durations of RPC calls: on the caller from the call to its completion, on "
+                  "the callee from the function's start to its reply.\n",
+                  "# TYPE baton_rpc_call_duration_seconds histogram\n");
+  std::vector<uint64_t> cumulative;
+  for (const auto& [name, m] : functions) {
+    for (int side = 0; side < 2; ++side) {
+      double sum = 0;
+      uint64_t count = 0;
+      m->sides_[side].duration.Read(&cumulative, &sum, &count);
+      if (count == 0) continue;
+      const std::string base = absl::StrCat("function=\"", EscapeLabelValue(name),
+                                            "\",side=\"", sides[side], "\"");
+      for (size_t i = 0; i < cumulative.size(); ++i) {
+        absl::StrAppend(&w.out_, "baton_rpc_call_duration_seconds_bucket{", base, ",le=\"",
+                        i < kLatencyBuckets.size() ? Number(kLatencyBuckets[i]) : "+Inf",
+                        "\"} ", cumulative[i], "\n");
+      }
+      absl::StrAppend(&w.out_, "baton_rpc_call_duration_seconds_sum{", base, "} ", Number(sum),
+                      "\n", "baton_rpc_call_duration_seconds_count{", base, "} ", count, "\n");
+    }
+  }
+  for (const Collector& c : collectors) c(w);
+  return std::move(w.out_);
+}
+
+}  // namespace baton::obs

@@ -1,0 +1,152 @@
+// Metrics in Prometheus's format (obs/metrics.h, obs/metrics_server.h): what
+// the registry renders, what the HTTP endpoint answers, and a live job's
+// scrape checked by the real `promtool check metrics` (Debian's prometheus).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "obs/metrics.h"
+#include "obs/metrics_server.h"
+#include "rpc/agent.h"
+#include "rpc/testing/loopback_job.h"
+#include "testing/temp_dir.h"
+
+namespace baton::obs {
+namespace {
+
+using ::testing::HasSubstr;
+
+// GET `path` from 127.0.0.1:port; the whole response, headers included.
+std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n\r\n");
+  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+std::string Body(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
+// Runs `promtool check metrics` on `text`; its exit code and output.
+std::pair<int, std::string> Promtool(const std::string& text) {
+  const std::string dir = baton::testing::MakeTempDir("promtool");
+  const std::string in = dir + "/metrics.txt", out = dir + "/out.txt";
+  std::ofstream(in) << text;
+  const int status = std::system(
+      absl::StrCat("/usr/bin/promtool check metrics < ", in, " > ", out, " 2>&1").c_str());
+  std::ifstream f(out);
+  std::string said((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return {WEXITSTATUS(status), said};
+}
+
+TEST(Metrics, RendersCountersHistogramsAndCollectedFamilies) {
+  MetricsRegistry m;
+  RpcMetrics* f = m.Rpc("train \"step\"\n");
+  EXPECT_EQ(m.Rpc("train \"step\"\n"), f);  // one object per function
+  f->Record(Side::kCaller, absl::StatusCode::kOk, absl::Microseconds(80));
+  f->Record(Side::kCaller, absl::StatusCode::kOk, absl::Milliseconds(3));
+  f->Record(Side::kCaller, absl::StatusCode::kDeadlineExceeded, absl::Seconds(20));
+  f->Record(Side::kCallee, absl::StatusCode::kOk, absl::Microseconds(30));
+  m.AddCollector([](MetricsWriter& w) {
+    w.Family("baton_test_live", "A gauge a component adds.", "gauge");
+    w.Sample({{"kind", "owned"}}, 3);
+  });
+  const std::string text = m.Render();
+  const std::string fn = R"(function="train \"step\"\n")";
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_calls_total{", fn,
+                                           R"(,side="caller",code="OK"} 2)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_calls_total{", fn,
+                                           R"(,side="caller",code="DEADLINE_EXCEEDED"} 1)")));
+  // 80 us falls in the 100 us bucket; 3 ms in 5 ms; 20 s only in +Inf.
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_bucket{", fn,
+                                           R"(,side="caller",le="5e-05"} 0)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_bucket{", fn,
+                                           R"(,side="caller",le="0.0001"} 1)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_bucket{", fn,
+                                           R"(,side="caller",le="10"} 2)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_bucket{", fn,
+                                           R"(,side="caller",le="+Inf"} 3)")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_count{", fn,
+                                           R"(,side="callee"} 1)")));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_live{kind="owned"} 3)"));
+  auto [code, said] = Promtool(text);
+  EXPECT_EQ(code, 0) << said << "\n" << text;
+}
+
+TEST(MetricsServer, AnswersMetricsAndRefusesTheRest) {
+  MetricsRegistry m;
+  m.Rpc("f")->Record(Side::kCallee, absl::StatusCode::kOk, absl::Microseconds(5));
+  auto server = MetricsServer::Start("127.0.0.1:0", &m);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string ok = HttpGet(port, "/metrics");
+  EXPECT_THAT(ok, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(ok, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_EQ(Body(ok), m.Render());
+  EXPECT_THAT(HttpGet(port, "/"), HasSubstr("HTTP/1.1 404"));
+  EXPECT_THAT(HttpGet(port, "/metrics", "POST"), HasSubstr("HTTP/1.1 405"));
+  auto taken = MetricsServer::Start(absl::StrCat("127.0.0.1:", port), &m);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_THAT(std::string(taken.status().message()), HasSubstr(absl::StrCat(":", port)));
+}
+
+// A live job: two agents with metrics on, calls that succeed and fail, each
+// worker's scrape accepted by promtool and counting them.
+TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
+  static const rpc::Function<int64_t(int64_t)> echo_fn("echo");
+  static const rpc::Function<int64_t(int64_t)> fail_fn("fail");
+  rpc::testing::LoopbackJobOptions o;
+  o.world_size = 2;
+  o.install = [](int, rpc::FunctionRegistry& r) {
+    ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
+    ASSERT_TRUE(r.Register(fail_fn, [](int64_t) -> int64_t {
+                   throw Error(absl::InvalidArgumentError("no such row"));
+                 }).ok());
+  };
+  o.configure = [](int, rpc::AgentOptions& opts) { opts.metrics_address = "127.0.0.1:0"; };
+  auto job = rpc::testing::LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, i), i);
+  EXPECT_FALSE((*job)->agent(0).rpc_async(1, fail_fn, 1).result().ok());
+  ASSERT_NE((*job)->agent(0).metrics(), nullptr);
+  const std::string caller = Body(HttpGet((*job)->agent(0).metrics_port(), "/metrics"));
+  const std::string callee = Body(HttpGet((*job)->agent(1).metrics_port(), "/metrics"));
+  EXPECT_THAT(caller, HasSubstr(R"(baton_rpc_calls_total{function="echo",side="caller",code="OK"} 5)"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_rpc_calls_total{function="echo",side="callee",code="OK"} 5)"));
+  EXPECT_THAT(caller, HasSubstr(R"(function="fail",side="caller",code="INVALID_ARGUMENT"} 1)"));
+  EXPECT_THAT(caller, HasSubstr("baton_rpc_pending_outgoing 0"));
+  EXPECT_THAT(caller, HasSubstr("# TYPE baton_rpc_call_duration_seconds histogram"));
+  for (const std::string& text : {caller, callee}) {
+    auto [code, said] = Promtool(text);
+    EXPECT_EQ(code, 0) << said << "\n" << text;
+  }
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+}  // namespace
+}  // namespace baton::obs
