@@ -400,6 +400,14 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
   if (absl::Status s = internal::RegisterHandlers(registry, container); !s.ok()) return s;
   registry.SetExtension(container);
   registry.AddCallHook(std::make_shared<internal::AutogradHook>(container));
+  std::weak_ptr<internal::Container> weak = container;
+  registry.AddMetricsCollector([weak](obs::MetricsWriter& w) {
+    auto c = weak.lock();
+    if (c == nullptr) return;
+    w.Family("baton_autograd_contexts", "Distributed autograd contexts this worker holds.",
+             "gauge");
+    w.Sample({}, static_cast<double>(c->Ids().size()));
+  });
   return absl::OkStatus();
 }
 

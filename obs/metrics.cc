@@ -60,9 +60,9 @@ std::string EscapeLabelValue(const std::string& v) {
 
 void LatencyHistogram::Observe(absl::Duration d) {
   const double s = absl::ToDoubleSeconds(d);
-  const size_t i = static_cast<size_t>(
-      std::lower_bound(kLatencyBuckets.begin(), kLatencyBuckets.end(), s) -
-      kLatencyBuckets.begin());
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(kLatencyBuckets.begin(), kLatencyBuckets.end(), s) -
+                          kLatencyBuckets.begin());
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
   sum_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d))),
                     std::memory_order_relaxed);
@@ -122,8 +122,7 @@ std::string MetricsRegistry::Render() const {
   MetricsWriter w;
   const char* sides[] = {"caller", "callee"};
   w.Family("baton_rpc_calls_total",
-           "RPC calls completed, by function, side (caller or callee) and status code.",
-           "counter");
+           "RPC calls completed, by function, side (caller or callee) and status code.", "counter");
   for (const auto& [name, m] : functions) {
     for (int side = 0; side < 2; ++side) {
       for (int code = 0; code < RpcMetrics::kCodes; ++code) {
@@ -145,12 +144,12 @@ std::string MetricsRegistry::Render() const {
       uint64_t count = 0;
       m->sides_[side].duration.Read(&cumulative, &sum, &count);
       if (count == 0) continue;
-      const std::string base = absl::StrCat("function=\"", EscapeLabelValue(name),
-                                            "\",side=\"", sides[side], "\"");
+      const std::string base =
+          absl::StrCat("function=\"", EscapeLabelValue(name), "\",side=\"", sides[side], "\"");
       for (size_t i = 0; i < cumulative.size(); ++i) {
         absl::StrAppend(&w.out_, "baton_rpc_call_duration_seconds_bucket{", base, ",le=\"",
-                        i < kLatencyBuckets.size() ? Number(kLatencyBuckets[i]) : "+Inf",
-                        "\"} ", cumulative[i], "\n");
+                        i < kLatencyBuckets.size() ? Number(kLatencyBuckets[i]) : "+Inf", "\"} ",
+                        cumulative[i], "\n");
       }
       absl::StrAppend(&w.out_, "baton_rpc_call_duration_seconds_sum{", base, "} ", Number(sum),
                       "\n", "baton_rpc_call_duration_seconds_count{", base, "} ", count, "\n");

@@ -218,6 +218,7 @@ absl::Status AgentImpl::StartMetrics() {
     counter("baton_rpc_requests_refused_total", "Requests this worker refused (flow control).",
             static_cast<double>(st.requests_refused));
   });
+  for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
   auto server = obs::MetricsServer::Start(options_.metrics_address, metrics_.get());
   if (!server.ok()) return Annotate(server.status(), "AgentOptions::metrics_address");
   metrics_server_ = *std::move(server);

@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "obs/metrics.h"
 #include "rpc/call_hook.h"
 #include "rpc/codec.h"
 #include "rpc/future.h"
@@ -192,6 +193,20 @@ class FunctionRegistry {
   };
   CallScopes EnterCall(const CallContext& ctx) const;
 
+  // Metrics (obs/metrics.h) of what this registry's protocol layers keep
+  // (RRefs, autograd contexts, a PS shard): an agent with metrics on
+  // (AgentOptions::metrics_address) serves them. Add before RpcAgent::Create;
+  // a collector must not block, and must cope with state already gone
+  // (hold weak references).
+  void AddMetricsCollector(std::function<void(obs::MetricsWriter&)> collector) {
+    absl::MutexLock lock(&mu_);
+    metrics_collectors_.push_back(std::move(collector));
+  }
+  std::vector<std::function<void(obs::MetricsWriter&)>> metrics_collectors() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return metrics_collectors_;
+  }
+
   // Protocol layers (RRefs, distributed autograd) keep their per-worker
   // state here, one object per type, so codecs and handlers can reach it
   // without globals.
@@ -211,6 +226,7 @@ class FunctionRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(obs::MetricsWriter&)>> metrics_collectors_ ABSL_GUARDED_BY(mu_);
   using Hooks = std::vector<std::shared_ptr<CallHook>>;
   // Copy-on-write: a call takes the current list with one reference count.
   std::shared_ptr<const Hooks> hooks_ ABSL_GUARDED_BY(mu_) = std::make_shared<const Hooks>();

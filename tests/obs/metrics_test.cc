@@ -15,10 +15,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "dist_autograd/dist_autograd.h"
+#include "dist_optim/optimizer_options.h"
 #include "obs/metrics.h"
 #include "obs/metrics_server.h"
+#include "ps/server.h"
+#include "ps/spec.h"
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
+#include "rref/rref_service.h"
 #include "testing/temp_dir.h"
 
 namespace baton::obs {
@@ -128,6 +133,22 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
                    throw Error(absl::InvalidArgumentError("no such row"));
                  }).ok());
   };
+  // The protocol layers' families too: RRefs and autograd contexts on both,
+  // a one-table PS shard on worker 1.
+  std::unique_ptr<ps::PsServer> shard;
+  o.install = [&, base = o.install](int rank, rpc::FunctionRegistry& r) {
+    base(rank, r);
+    rref::RRefService::Install(r);
+    ASSERT_TRUE(dist_autograd::Install(r).ok());
+    if (rank == 1) {
+      ps::PsSpec spec;
+      spec.tables = {
+          ps::TableSpec::Dense("w", {4}, at::kFloat, dist_optim::OptimizerOptions::SGD(1))};
+      auto s = ps::PsServer::Create(spec, ps::ServerOptions{}, r);
+      ASSERT_TRUE(s.ok()) << s.status();
+      shard = *std::move(s);
+    }
+  };
   o.configure = [](int, rpc::AgentOptions& opts) { opts.metrics_address = "127.0.0.1:0"; };
   auto job = rpc::testing::LoopbackJob::Start(o);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -136,16 +157,25 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
   ASSERT_NE((*job)->agent(0).metrics(), nullptr);
   const std::string caller = Body(HttpGet((*job)->agent(0).metrics_port(), "/metrics"));
   const std::string callee = Body(HttpGet((*job)->agent(1).metrics_port(), "/metrics"));
-  EXPECT_THAT(caller, HasSubstr(R"(baton_rpc_calls_total{function="echo",side="caller",code="OK"} 5)"));
-  EXPECT_THAT(callee, HasSubstr(R"(baton_rpc_calls_total{function="echo",side="callee",code="OK"} 5)"));
+  EXPECT_THAT(caller,
+              HasSubstr(R"(baton_rpc_calls_total{function="echo",side="caller",code="OK"} 5)"));
+  EXPECT_THAT(callee,
+              HasSubstr(R"(baton_rpc_calls_total{function="echo",side="callee",code="OK"} 5)"));
   EXPECT_THAT(caller, HasSubstr(R"(function="fail",side="caller",code="INVALID_ARGUMENT"} 1)"));
   EXPECT_THAT(caller, HasSubstr("baton_rpc_pending_outgoing 0"));
   EXPECT_THAT(caller, HasSubstr("# TYPE baton_rpc_call_duration_seconds histogram"));
+  EXPECT_THAT(caller, HasSubstr("baton_autograd_contexts 0"));
+  EXPECT_THAT(caller, HasSubstr("baton_rref_owned 0"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_ps_pulls_total{server="0",table="w"} 0)"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_ps_applied_clock{server="0"} 0)"));
   for (const std::string& text : {caller, callee}) {
     auto [code, said] = Promtool(text);
     EXPECT_EQ(code, 0) << said << "\n" << text;
   }
   EXPECT_TRUE((*job)->ShutdownAll().ok());
+  if (shard != nullptr) {
+    EXPECT_TRUE(shard->Stop().ok());
+  }
 }
 
 }  // namespace
