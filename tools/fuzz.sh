@@ -24,7 +24,8 @@ FUZZ_BUILD=${FUZZ_BUILD:-.fuzz-build}
 
 # The library sources each target needs besides fuzz/<target>_fuzzer.cc:
 # "proto:F" is the generated bazel-bin/proto/F; "@base", "@store" and "@rpc"
-# are the libraries //base, //store and //rpc with what they depend on
+# are the libraries //base, //store (etcd's included) and //rpc (with obs/)
+# with what they depend on
 # (RRefs and distributed autograd call into the agent). A target links its
 # sources as an archive, so only what it uses ends up in the binary.
 declare -A SOURCES=(
@@ -102,10 +103,12 @@ expand() {
       @store)
         expand @base
         for f in store/*.cc; do [ "$f" = store/store_main.cc ] || echo "$f"; done
-        printf '%s\n' proto:store.pb.cc proto:store.grpc.pb.cc ;;
+        printf '%s\n' proto:store.pb.cc proto:store.grpc.pb.cc proto:etcd.pb.cc \
+          proto:etcd.grpc.pb.cc ;;
       @rpc)
         expand @store
-        for f in rpc/*.cc rpc/internal/*.cc rpc/transport/*/*.cc rpc/channel/*/*.cc env/*.cc; do
+        for f in rpc/*.cc rpc/internal/*.cc rpc/transport/*/*.cc rpc/channel/*/*.cc env/*.cc \
+          obs/*.cc; do
           [ "$f" = rpc/default_agent.cc ] || echo "$f"
         done
         echo proto:rpc.pb.cc ;;
