@@ -28,8 +28,7 @@ bazel test --config=asan --nocache_test_results "${TARGETS[@]}"
 if [ $# -eq 0 ]; then
   # The store's suite but its TLS case: Debian's gRPC 1.51 leaks 576 bytes
   # (gpr_realloc, no deeper frames) once a process opens a TLS client
-  # channel, so LeakSanitizer fails any test that does (tls_test is left out
-  # of this list for the same reason).
+  # channel, so LeakSanitizer fails any test that does.
   bazel test --config=asan --nocache_test_results //tests/store:store_test \
     --test_filter=-EtcdStore.MutualTlsToEtcd
 fi
