@@ -404,9 +404,8 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
   registry.AddMetricsCollector([weak](obs::MetricsWriter& w) {
     auto c = weak.lock();
     if (c == nullptr) return;
-    w.Family("baton_autograd_contexts", "Distributed autograd contexts this worker holds.",
-             "gauge");
-    w.Sample({}, static_cast<double>(c->Ids().size()));
+    w.Gauge("baton_autograd_contexts", "Distributed autograd contexts this worker holds.",
+            static_cast<double>(c->Ids().size()));
   });
   return absl::OkStatus();
 }

@@ -86,6 +86,17 @@ class MetricsWriter {
   void Family(const std::string& name, const std::string& help, const std::string& type);
   // A sample of the current family.
   void Sample(const Labels& labels, double value);
+  // A family of one sample.
+  void Gauge(const std::string& name, const std::string& help, double value,
+             const Labels& labels = {}) {
+    Family(name, help, "gauge");
+    Sample(labels, value);
+  }
+  void Counter(const std::string& name, const std::string& help, double value,
+               const Labels& labels = {}) {
+    Family(name, help, "counter");
+    Sample(labels, value);
+  }
 
   std::string& text() { return out_; }
 

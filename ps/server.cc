@@ -163,22 +163,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     per_table("baton_ps_bytes_pulled_total", "Parameter bytes sent to trainers.",
               &TableStats::bytes_pulled);
     per_table("baton_ps_bytes_pushed_total", "Gradient bytes received.", &TableStats::bytes_pushed);
-    auto gauge = [&](const char* name, const char* help, double v) {
-      w.Family(name, help, "gauge");
-      w.Sample({{"server", server}}, v);
-    };
-    gauge("baton_ps_applied_clock", "Clocks fully applied (sync).",
-          static_cast<double>(st.applied_clock));
-    gauge("baton_ps_min_clock", "The slowest live trainer's finished clock.",
-          static_cast<double>(st.min_clock));
-    gauge("baton_ps_max_clock", "The fastest trainer's finished clock.",
-          static_cast<double>(st.max_clock));
-    gauge("baton_ps_max_staleness", "The largest staleness a pull returned with.",
-          static_cast<double>(st.max_staleness));
-    gauge("baton_ps_live_trainers", "Trainers the shard counts as live.",
-          static_cast<double>(st.live_trainers));
-    gauge("baton_ps_parked_pulls", "Pulls waiting for slower trainers.",
-          static_cast<double>(st.parked_pulls));
+    const obs::MetricsWriter::Labels me = {{"server", server}};
+    w.Gauge("baton_ps_applied_clock", "Clocks fully applied (sync).",
+            static_cast<double>(st.applied_clock), me);
+    w.Gauge("baton_ps_min_clock", "The slowest live trainer's finished clock.",
+            static_cast<double>(st.min_clock), me);
+    w.Gauge("baton_ps_max_clock", "The fastest trainer's finished clock.",
+            static_cast<double>(st.max_clock), me);
+    w.Gauge("baton_ps_max_staleness", "The largest staleness a pull returned with.",
+            static_cast<double>(st.max_staleness), me);
+    w.Gauge("baton_ps_live_trainers", "Trainers the shard counts as live.",
+            static_cast<double>(st.live_trainers), me);
+    w.Gauge("baton_ps_parked_pulls", "Pulls waiting for slower trainers.",
+            static_cast<double>(st.parked_pulls), me);
   });
   absl::Status s = registry.Register(
       internal::kJoinFn, [shard](internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {

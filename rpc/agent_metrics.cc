@@ -13,48 +13,39 @@ absl::Status AgentImpl::StartMetrics() {
   if (metrics_ == nullptr) return absl::OkStatus();
   metrics_->AddCollector([this](obs::MetricsWriter& w) {
     const AgentStats st = stats();
-    const obs::MetricsWriter::Labels none;
-    auto gauge = [&](const char* name, const char* help, double v) {
-      w.Family(name, help, "gauge");
-      w.Sample(none, v);
-    };
-    auto counter = [&](const char* name, const char* help, double v) {
-      w.Family(name, help, "counter");
-      w.Sample(none, v);
-    };
-    gauge("baton_rpc_pending_outgoing", "Calls this worker made that await their reply.",
-          static_cast<double>(st.pending_outgoing));
-    gauge("baton_rpc_running_incoming", "Requests from peers being served.",
-          static_cast<double>(st.running_incoming));
-    gauge("baton_rpc_requests_queued", "Requests admitted but not started (flow control F3).",
-          static_cast<double>(st.requests_queued));
-    gauge("baton_executor_threads", "Threads of the executor that runs user functions.",
-          st.executor_threads);
-    gauge("baton_rpc_live_streams", "Open outgoing network streams.", st.live_streams);
-    gauge("baton_rpc_calls_waiting_for_restart",
-          "Calls waiting for a dead peer's next incarnation (P7).",
-          static_cast<double>(st.calls_waiting_for_restart));
-    counter("baton_shm_bulk_bytes_out_total",
-            "Tensor bytes copied into shared memory for same-host peers.",
-            static_cast<double>(st.shm_bulk_bytes_copied_out));
-    counter("baton_shm_bulk_bytes_in_total",
-            "Tensor bytes copied out of shared memory from same-host peers.",
-            static_cast<double>(st.shm_bulk_bytes_copied_in));
-    counter("baton_shm_frames_sent_total", "Frames sent through the shared-memory transport.",
-            static_cast<double>(st.shm_frames_sent));
-    counter("baton_shm_frames_received_total",
-            "Frames received through the shared-memory transport.",
-            static_cast<double>(st.shm_frames_received));
-    counter("baton_peer_failures_total", "Peers confirmed dead.",
-            static_cast<double>(st.peer_failures));
-    counter("baton_rpc_calls_waited_for_window_total",
-            "Calls that found a peer's window full and waited (flow control).",
-            static_cast<double>(st.calls_waited_for_window));
-    counter("baton_rpc_calls_refused_by_window_total",
-            "Calls that got RESOURCE_EXHAUSTED waiting for a peer's window.",
-            static_cast<double>(st.calls_refused_by_window));
-    counter("baton_rpc_requests_refused_total", "Requests this worker refused (flow control).",
-            static_cast<double>(st.requests_refused));
+    w.Gauge("baton_rpc_pending_outgoing", "Calls this worker made that await their reply.",
+            static_cast<double>(st.pending_outgoing));
+    w.Gauge("baton_rpc_running_incoming", "Requests from peers being served.",
+            static_cast<double>(st.running_incoming));
+    w.Gauge("baton_rpc_requests_queued", "Requests admitted but not started (flow control F3).",
+            static_cast<double>(st.requests_queued));
+    w.Gauge("baton_executor_threads", "Threads of the executor that runs user functions.",
+            st.executor_threads);
+    w.Gauge("baton_rpc_live_streams", "Open outgoing network streams.", st.live_streams);
+    w.Gauge("baton_rpc_calls_waiting_for_restart",
+            "Calls waiting for a dead peer's next incarnation (P7).",
+            static_cast<double>(st.calls_waiting_for_restart));
+    w.Counter("baton_shm_bulk_bytes_out_total",
+              "Tensor bytes copied into shared memory for same-host peers.",
+              static_cast<double>(st.shm_bulk_bytes_copied_out));
+    w.Counter("baton_shm_bulk_bytes_in_total",
+              "Tensor bytes copied out of shared memory from same-host peers.",
+              static_cast<double>(st.shm_bulk_bytes_copied_in));
+    w.Counter("baton_shm_frames_sent_total", "Frames sent through the shared-memory transport.",
+              static_cast<double>(st.shm_frames_sent));
+    w.Counter("baton_shm_frames_received_total",
+              "Frames received through the shared-memory transport.",
+              static_cast<double>(st.shm_frames_received));
+    w.Counter("baton_peer_failures_total", "Peers confirmed dead.",
+              static_cast<double>(st.peer_failures));
+    w.Counter("baton_rpc_calls_waited_for_window_total",
+              "Calls that found a peer's window full and waited (flow control).",
+              static_cast<double>(st.calls_waited_for_window));
+    w.Counter("baton_rpc_calls_refused_by_window_total",
+              "Calls that got RESOURCE_EXHAUSTED waiting for a peer's window.",
+              static_cast<double>(st.calls_refused_by_window));
+    w.Counter("baton_rpc_requests_refused_total", "Requests this worker refused (flow control).",
+              static_cast<double>(st.requests_refused));
   });
   for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
   auto server = obs::MetricsServer::Start(options_.metrics_address, metrics_.get());

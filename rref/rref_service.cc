@@ -116,20 +116,16 @@ std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registr
     size_t forks = 0, pending = 0;
     for (const auto& o : st.owned) forks += o.forks.size();
     for (const auto& h : st.held) pending += h.pending_children.size();
-    const obs::MetricsWriter::Labels none;
-    w.Family("baton_rref_owned", "RRefs this worker owns.", "gauge");
-    w.Sample(none, static_cast<double>(st.owned.size()));
-    w.Family("baton_rref_owned_forks", "Forks of the owned RRefs held elsewhere.", "gauge");
-    w.Sample(none, static_cast<double>(forks));
-    w.Family("baton_rref_held", "RRefs this worker holds, owned elsewhere.", "gauge");
-    w.Sample(none, static_cast<double>(st.held.size()));
-    w.Family("baton_rref_forks_unconfirmed",
-             "Forks this worker made of held RRefs that their owner has not confirmed yet.",
-             "gauge");
-    w.Sample(none, static_cast<double>(pending));
-    w.Family("baton_rref_messages_unanswered", "RRef protocol messages awaiting their answer.",
-             "gauge");
-    w.Sample(none, static_cast<double>(st.unanswered_messages));
+    w.Gauge("baton_rref_owned", "RRefs this worker owns.", static_cast<double>(st.owned.size()));
+    w.Gauge("baton_rref_owned_forks", "Forks of the owned RRefs held elsewhere.",
+            static_cast<double>(forks));
+    w.Gauge("baton_rref_held", "RRefs this worker holds, owned elsewhere.",
+            static_cast<double>(st.held.size()));
+    w.Gauge("baton_rref_forks_unconfirmed",
+            "Forks this worker made of held RRefs that their owner has not confirmed yet.",
+            static_cast<double>(pending));
+    w.Gauge("baton_rref_messages_unanswered", "RRef protocol messages awaiting their answer.",
+            static_cast<double>(st.unanswered_messages));
   });
   return svc;
 }
