@@ -34,6 +34,7 @@
 #include "ps/server.h"
 #include "ps/spec.h"
 #include "python/src/cpp_call.h"
+#include "python/src/hosted_optimizer.h"
 #include "python/src/py_value.h"
 #include "rl/cartpole.h"
 #include "rpc/agent.h"
@@ -368,6 +369,7 @@ class PyAgent {
     for (const auto& installer : config.installers) Check(installer->Install(*self->registry_));
     self->installers_ = config.installers;
     Check(dist_autograd::Install(*self->registry_));
+    Check(InstallOptimizerHost(*self->registry_));
     PyRef runner(std::move(run));
     Check(self->registry_->Register(
         kPyCall, [runner, runtime](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
@@ -906,6 +908,26 @@ PYBIND11_MODULE(_C, m) {
       .def("options", [](const baton::dist_optim::FunctionalOptimizer& o) {
         return o.options().DebugString();
       });
+
+  // An optimizer hosted for a DistributedOptimizer (python/src/hosted_optimizer.h).
+  py::class_<HostedOptimizer, std::shared_ptr<HostedOptimizer>>(m, "HostedOptimizer")
+      .def(py::init([](PyAgent& a, const std::string& key, const std::string& kind,
+                       const py::dict& kwargs, std::vector<at::Tensor> params) {
+        auto o = OptionsFrom(kind, kwargs);
+        Check(o.status());
+        auto hosted = HostedOptimizer::Create(a.agent(), key, *o, std::move(params));
+        Check(hosted.status());
+        return *std::move(hosted);
+      }))
+      .def("step", [](HostedOptimizer& o, int64_t context_id) {
+        absl::Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = o.Step(context_id);
+        }
+        Check(s);
+      });
+  m.attr("OPTIMIZER_STEP") = py::make_tuple(kOptimizerStep.name(), kOptimizerStep.signature());
 
   py::class_<RegistryInstaller, std::shared_ptr<RegistryInstaller>>(m, "RegistryInstaller");
   py::class_<PsServerHost, RegistryInstaller, std::shared_ptr<PsServerHost>>(m, "PsServerHost")

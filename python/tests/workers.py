@@ -13,6 +13,7 @@ import time
 import torch
 
 import baton
+from baton import _C
 import baton.distributed.autograd as dist_autograd
 import baton.rpc as rpc
 from baton.distributed.optim import DistributedOptimizer
@@ -488,6 +489,13 @@ def scenario_autograd(rank, world_size):
             raise AssertionError("LBFGS must be refused")
         except ValueError as e:
             assert "torch.optim.SGD" in str(e) and "LBFGS" in str(e), e
+        # Owners step through a C++ function by key; an unknown key is named.
+        step = rpc.CppFunction(*_C.OPTIMIZER_STEP)
+        try:
+            rpc.rpc_sync("worker1", step, args=("no-such-optimizer", 1))
+            raise AssertionError("an unknown optimizer key must be refused")
+        except rpc.RpcError as e:
+            assert e.code == "NOT_FOUND" and "no optimizer 'no-such-optimizer'" in str(e), e
         # RemoteModule, trained through remote_parameters().
         torch.manual_seed(1)
         remote_fc = RemoteModule("worker1/cpu", torch.nn.Linear, args=(4, 2))

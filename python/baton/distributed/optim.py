@@ -12,8 +12,6 @@ are serialized.
 """
 import itertools
 import os
-import threading
-import weakref
 
 import torch
 
@@ -31,50 +29,36 @@ _SUPPORTED = {
 }
 
 
-# The optimizers this worker hosts, by the key their DistributedOptimizer
-# gave them; the RRef that remote() made keeps each alive. Steps name the
-# key, not the RRef: an RRef sent to its owner on every step would cost a
-# protocol message (the owner confirms the sender's fork) per step.
-_HOSTED = weakref.WeakValueDictionary()
-_HOSTED_LOCK = threading.Lock()
+# Keys of hosted optimizers: unique per creating process and object. Steps
+# name the key, not the optimizer's RRef: an RRef sent to its owner on every
+# step would cost a protocol message (the owner confirms the sender's fork).
 _KEYS = itertools.count(1)
 # Tells this process's keys from those of an earlier incarnation of its rank.
 _PROCESS = os.urandom(8).hex()
+# The owner steps through a function registered in C++
+# (python/src/hosted_optimizer.h): no pickling and no GIL on the owner.
+_STEP = _rpc.CppFunction(*_C.OPTIMIZER_STEP)
 
 
 class _LocalOptimizer:
-    """Lives on a parameter owner (created there by remote())."""
+    """Lives on a parameter owner (created there by remote()); listed on the
+    owner's agent under `key` while it lives."""
 
     def __init__(self, kind, kwargs, param_rrefs, key=None):
         self._params = [r.local_value() for r in param_rrefs]
+        if key is None:
+            key = f"local/{_PROCESS}/{next(_KEYS)}"
         try:
-            self._opt = _C.FunctionalOptimizer(kind, kwargs, list(self._params))
+            self._opt = _C.HostedOptimizer(_rpc._current(), key, kind, kwargs, list(self._params))
         except _C.StatusError as e:
             raise _errors.translate(e, None, f"{kind} on this worker") from None
-        self._lock = threading.Lock()
-        if key is not None:
-            with _HOSTED_LOCK:
-                _HOSTED[key] = self
 
     def step(self, context_id):
-        from baton.distributed import autograd
-        grads = autograd.get_gradients(context_id)
-        ordered = [grads.get(p) for p in self._params]
-        with self._lock:
-            try:
-                self._opt.step(ordered)
-            except _C.StatusError as e:
-                raise _errors.translate(e, None, "optimizer step") from None
+        try:
+            self._opt.step(int(context_id))
+        except _C.StatusError as e:
+            raise _errors.translate(e, None, "optimizer step") from None
         return True
-
-
-def _step_local(key, context_id):
-    with _HOSTED_LOCK:
-        opt = _HOSTED.get(key)
-    if opt is None:
-        raise RuntimeError(f"no optimizer {key!r} on this worker (its DistributedOptimizer "
-                           "was dropped)")
-    return opt.step(context_id)
 
 
 class DistributedOptimizer:
@@ -104,11 +88,11 @@ class DistributedOptimizer:
         if not by_owner:
             raise ValueError("DistributedOptimizer got no parameters")
         # Unique per creating process and object.
-        creator = (_rpc.get_worker_info().name, _PROCESS)
+        creator = f"{_rpc.get_worker_info().name}/{_PROCESS}"
         self._keys = []
         self._optimizers = []
         for owner, rrefs in by_owner.items():
-            key = (*creator, next(_KEYS))
+            key = f"{creator}/{next(_KEYS)}"
             self._keys.append(key)
             self._optimizers.append(
                 _rpc.remote(owner, _LocalOptimizer, args=(kind, kwargs, rrefs, key)))
@@ -122,7 +106,7 @@ class DistributedOptimizer:
         """Steps every owner's optimizer with the context's gradients there,
         all at once; returns when all are done (raising the first error)."""
         agent = _rpc._current()
-        calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _step_local, (key, context_id), None,
+        calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _STEP, (key, int(context_id)), None,
                                   None)) for o, key in zip(self._optimizers, self._keys)]
         first = None
         for o, call in calls:
