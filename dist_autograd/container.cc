@@ -5,8 +5,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "dist_autograd/internal/container.h"
+#include "obs/state.h"
 #include "proto/dist_autograd.pb.h"
 
 namespace baton::dist_autograd {
@@ -406,6 +408,22 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
     if (c == nullptr) return;
     w.Gauge("baton_autograd_contexts", "Distributed autograd contexts this worker holds.",
             static_cast<double>(c->Ids().size()));
+  });
+  // The hang report: open contexts and who takes part in each.
+  registry.AddStateCollector([weak](obs::StateWriter& w) {
+    auto c = weak.lock();
+    if (c == nullptr) return;
+    const std::vector<int64_t> ids = c->Ids();
+    auto section = w.AddSection("dist_autograd");
+    section.Field("contexts", static_cast<int64_t>(ids.size()));
+    constexpr size_t kMaxListed = 32;
+    for (size_t i = 0; i < ids.size() && i < kMaxListed; ++i) {
+      auto ctx = c->Find(ids[i]);
+      if (ctx == nullptr) continue;
+      section.Line(absl::StrCat("context ", ids[i], ": participants [",
+                                absl::StrJoin(ctx->Participants(), ","), "], ", ctx->num_sends(),
+                                " send function(s)"));
+    }
   });
   return absl::OkStatus();
 }

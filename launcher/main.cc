@@ -4,6 +4,8 @@
 // Signals: SIGINT, SIGTERM, SIGHUP and SIGQUIT are blocked in every thread
 // and taken by one signal thread, which asks the agent to stop; the agent
 // forwards the signal to the workers, waits --stop_timeout, then kills them.
+// SIGUSR1, taken by the same thread, asks for the state report (who waits
+// on whom, docs/observability.md); the workers do not see it.
 #include <signal.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "env/env.h"
+#include "launcher/internal/state_report.h"
 #include "launcher/node_agent.h"
 #include "launcher/options.h"
 
@@ -35,12 +38,15 @@ int main(int argc, char** argv) {
     std::fputs(LaunchUsage().c_str(), stdout);
     return 0;
   }
+  if (!options->dump_run_id.empty()) {
+    return baton::launcher::internal::DumpState(options->dump_run_id);
+  }
 
   // Block the stop signals before any thread exists so that every thread
   // inherits the mask; workers get a clean mask at exec.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1}) {
     sigaddset(&stop_signals, sig);
   }
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
@@ -57,7 +63,11 @@ int main(int argc, char** argv) {
     const timespec period = {0, 200 * 1000 * 1000};
     while (!done.load()) {
       int sig = sigtimedwait(&stop_signals, nullptr, &period);
-      if (sig > 0) agent.RequestStop(sig);
+      if (sig == SIGUSR1) {
+        agent.RequestStateReport();
+      } else if (sig > 0) {
+        agent.RequestStop(sig);
+      }
     }
   });
   const int code = agent.Run();

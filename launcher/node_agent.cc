@@ -24,6 +24,7 @@
 #include "base/status.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/process.h"
+#include "launcher/internal/state_report.h"
 #include "launcher/internal/worker_group.h"
 #include "launcher/rendezvous.h"
 #include "store/etcd_store.h"
@@ -124,6 +125,18 @@ class NodeAgent::Impl {
       : o_(std::move(options)), env_token_(std::move(job_token)) {}
 
   ~Impl() {
+    {
+      absl::MutexLock lock(&mu_);
+      watcher_.reset();
+    }
+    if (!state_dir_.empty() && group_ != nullptr) {
+      // Sockets of workers that died without removing theirs.
+      for (const auto& w : group_->workers()) {
+        ::unlink(internal::StateSocket(state_dir_, w.rank).c_str());
+      }
+      ::unlink(absl::StrCat(state_dir_, "/report_dir").c_str());
+      ::rmdir(state_dir_.c_str());  // unless another node's workers use it
+    }
     group_.reset();
     pump_.Close();
     if (!temp_dir_.empty()) {
@@ -142,6 +155,15 @@ class NodeAgent::Impl {
   void RequestStop(int signal) {
     absl::MutexLock lock(&mu_);
     if (stop_signal_ == 0) stop_signal_ = signal;
+  }
+
+  void RequestStateReport(std::string reason) {
+    absl::MutexLock lock(&mu_);
+    if (watcher_ != nullptr) {
+      watcher_->RequestReport(std::move(reason));
+    } else {
+      Log("no state report yet: the workers have not started");
+    }
   }
 
   int Run();
@@ -191,6 +213,7 @@ class NodeAgent::Impl {
   std::string run_id_;
   std::string job_token_;
   std::string temp_dir_;
+  std::string state_dir_;  // internal/state_report.h; empty: none
   std::string host_name_ = HostName();
   int last_master_port_ = 0;
 
@@ -213,6 +236,7 @@ class NodeAgent::Impl {
 
   absl::Mutex mu_;
   int stop_signal_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<internal::StateWatcher> watcher_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
@@ -356,10 +380,22 @@ absl::Status NodeAgent::Impl::Setup() {
   // it); a one-node job without one makes it here, and it reaches the
   // workers through their environment only.
   job_token_ = env_token_.empty() ? RandomHex(16) : env_token_;
+  // The hang report: workers serve their state in a private directory named
+  // after the run, where `baton-run --dump RUN_ID` finds them.
+  state_dir_ = internal::StateDir(run_id_);
+  if (absl::Status s = internal::PrepareStateDir(state_dir_, o_.log_dir); !s.ok()) {
+    Log(absl::StrCat("no state reports for this run: ", s.message()));
+    state_dir_.clear();
+  }
   group_ = std::make_unique<WorkerGroup>(
       internal::WorkerGroupConfig{&o_, run_id_, job_token_, o_.master_addr,
-                                  o_.log_dir.empty() ? temp_dir_ : o_.log_dir},
+                                  o_.log_dir.empty() ? temp_dir_ : o_.log_dir, state_dir_},
       &pump_);
+  if (!state_dir_.empty()) {
+    absl::MutexLock lock(&mu_);
+    watcher_ = std::make_unique<internal::StateWatcher>(internal::StateWatcher::Options{
+        run_id_, state_dir_, o_.hang_timeout, [](const std::string& line) { Log(line); }});
+  }
   return absl::OkStatus();
 }
 
@@ -795,5 +831,7 @@ NodeAgent::NodeAgent(LaunchOptions options, std::string job_token)
 NodeAgent::~NodeAgent() = default;
 int NodeAgent::Run() { return impl_->Run(); }
 void NodeAgent::RequestStop(int signal) { impl_->RequestStop(signal); }
+
+void NodeAgent::RequestStateReport() { impl_->RequestStateReport("SIGUSR1"); }
 
 }  // namespace baton::launcher

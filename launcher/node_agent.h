@@ -52,6 +52,11 @@ class NodeAgent {
   // grace period. A second request cuts the grace period short.
   void RequestStop(int signal);
 
+  // Writes the state report of this node's workers (who waits on whom;
+  // obs/state.h) to stderr and as JSON beside the logs, soon, from another
+  // thread (baton-run calls it on SIGUSR1).
+  void RequestStateReport();
+
  private:
   class Impl;
   std::unique_ptr<Impl> impl_;

@@ -220,6 +220,8 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"rdzv_port", SetInt(&o.rdzv_port, "rdzv_port", 1, 65535)},
       {"max_restarts", SetInt(&o.max_restarts, "max_restarts", 0, 1000000)},
       {"metrics_port", SetInt(&o.metrics_port, "metrics_port", 1, 65535)},
+      {"hang_timeout", SetSeconds(&o.hang_timeout, "hang_timeout", true)},
+      {"dump", SetString(&o.dump_run_id, "dump")},
       {"monitor_interval", SetSeconds(&o.monitor_interval, "monitor_interval", false)},
       {"run_id", SetString(&o.run_id, "run_id", &st.run_id_set)},
       // torchrun's name for the run id.
@@ -703,7 +705,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   if (!s.ok()) return s;
   absl::StatusOr<size_t> program = ParseFlags(args, st);
   if (!program.ok()) return program.status();
-  if (st.o.help) return std::move(st.o);
+  if (st.o.help || !st.o.dump_run_id.empty()) return std::move(st.o);
   s = ApplyOperatorEnv(env, st);
   const std::vector<std::string> command(args.begin() + *program, args.end());
   if (s.ok()) s = ResolveRoles(command, st);
@@ -750,6 +752,12 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --metrics_port P       each worker serves Prometheus metrics (GET /metrics)
                          on port P + its local rank
   --monitor_interval S   seconds between worker checks (default 0.1)
+  --hang_timeout S       when no worker on this node made progress for S
+                         seconds while some wait, write the state report
+                         (who waits on whom) on its own; 0 = off (default)
+  --dump RUN_ID          print the state report of the running job RUN_ID's
+                         workers on this node (as SIGUSR1 to its baton-run
+                         does), write it as JSON beside its logs, and exit
   --run_id ID            job id, equal on every node (torchrun: --rdzv_id)
   --rdzv_endpoint HOST[:PORT]
                          the rendezvous: HOST is the master node, PORT

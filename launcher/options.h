@@ -124,6 +124,13 @@ struct LaunchOptions {
   // --metrics_port P: each worker serves its metrics (Prometheus's format,
   // GET /metrics) on port P + its local rank (BATON_METRICS_PORT); 0: off.
   int metrics_port = 0;
+  // --hang_timeout S: when no worker on this node made progress for S
+  // seconds while some wait, baton-run writes the state report on its own
+  // (docs/observability.md); zero: off.
+  absl::Duration hang_timeout = absl::ZeroDuration();
+  // --dump RUN_ID: instead of running a job, report the state of the
+  // workers of the running job RUN_ID on this node, and exit.
+  std::string dump_run_id;
   std::vector<RoleSpec> roles;
   // True when defaults came from Slurm variables (for the log line).
   bool from_slurm = false;

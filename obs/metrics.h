@@ -36,10 +36,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace baton::obs {
+
+// The Content-Type of a scrape (text exposition format 0.0.4).
+inline constexpr absl::string_view kMetricsContentType = "text/plain; version=0.0.4; charset=utf-8";
 
 // Latency buckets in seconds (upper bounds; +Inf is implied).
 inline constexpr std::array<double, 17> kLatencyBuckets = {

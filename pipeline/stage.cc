@@ -203,8 +203,16 @@ absl::StatusOr<StepReport> StageRunner::RunStep(StepInputs inputs, StageLink& li
   return report;
 }
 
+StageRunner::Activity StageRunner::CurrentActivity() const {
+  absl::MutexLock lock(&mu_);
+  return activity_;
+}
+
 void StageRunner::EndStep(int64_t step) {
   absl::MutexLock lock(&mu_);
+  activity_.action.clear();
+  activity_.waits_for_stage = -1;
+  activity_.since = absl::Now();
   finished_step_ = std::max(finished_step_, step);
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     it = std::get<0>(it->first) <= finished_step_ ? inbox_.erase(it) : std::next(it);
@@ -270,6 +278,16 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
   };
 
   for (const Action& a : config_.actions) {
+    {
+      absl::MutexLock lock(&mu_);
+      activity_.step = in.step;
+      activity_.action = ToString(a);
+      activity_.since = absl::Now();
+      activity_.waits_for_stage = a.kind == ActionKind::kRecvActivation ? a.stage - 1
+                                  : a.kind == ActionKind::kRecvGradient ? a.stage + 1
+                                                                        : -1;
+      ++activity_.actions_done;
+    }
     const double start = NowMicros();
     Slot& sl = slot(a);
     Chunk& chunk = chunk_of(a.stage);

@@ -150,6 +150,18 @@ class StageRunner {
   absl::Status LoadState(const std::string& bytes);
   int64_t steps_taken() const { return steps_taken_; }
 
+  // What the runner does now, for the hang report: the step and action
+  // (empty between steps), since when, and for a receive the stage whose
+  // message it waits for; and how many actions it has run in all.
+  struct Activity {
+    int64_t step = -1;
+    std::string action;
+    absl::Time since;
+    int waits_for_stage = -1;
+    int64_t actions_done = 0;
+  };
+  Activity CurrentActivity() const;
+
   // Every chunk's parameters, chunk by chunk (shared with the runner).
   std::vector<torch::Tensor> Parameters() const;
   // The parameters of one stage; empty if this worker does not own it.
@@ -184,6 +196,7 @@ class StageRunner {
   std::map<Key, torch::Tensor> inbox_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::Status> aborts_ ABSL_GUARDED_BY(mu_);
   int pending_sends_ ABSL_GUARDED_BY(mu_) = 0;
+  Activity activity_ ABSL_GUARDED_BY(mu_);
   absl::Status send_error_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -16,6 +16,7 @@
 #include "base/file_io.h"
 #include "base/status.h"
 #include "dist_optim/optimizer_options.h"
+#include "obs/state.h"
 #include "pipeline/internal/functions.h"
 #include "rpc/agent.h"
 
@@ -208,6 +209,11 @@ class StageServer::Impl {
     if (busy_) return absl::FailedPreconditionError("pipeline configure: a step is running");
     runner_ = std::shared_ptr<StageRunner>(std::move(*runner));
     link_ = std::make_shared<RpcStageLink>(ctx.agent, r.stage_workers);
+    stage_ranks_.clear();
+    for (const std::string& name : r.stage_workers) {
+      auto w = ctx.agent->worker(name);
+      stage_ranks_.push_back(w.ok() ? w->id : -1);
+    }
     steps_ = steps;
     return steps;
   }
@@ -382,11 +388,45 @@ class StageServer::Impl {
     step.promise.SetValue(std::move(reply));
   }
 
+ public:
+  // The hang report: this stage's current action, and a receive as a wait
+  // on the worker whose message it waits for.
+  void CollectState(obs::StateWriter& w) const {
+    std::shared_ptr<StageRunner> runner;
+    std::vector<int> ranks;
+    {
+      absl::MutexLock lock(&mu_);
+      runner = running_ != nullptr ? running_ : runner_;
+      ranks = stage_ranks_;
+    }
+    auto section = w.AddSection("pipeline");
+    if (runner == nullptr) {
+      section.Field("action", "not configured");
+      return;
+    }
+    const StageRunner::Activity a = runner->CurrentActivity();
+    section.Field("worker", runner->config().worker)
+        .Field("step", a.step)
+        .Field("action", a.action.empty() ? "idle between steps" : a.action)
+        .Field("actions_done", a.actions_done);
+    w.AddProgress("pipeline_actions", a.actions_done);
+    if (a.action.empty() || a.waits_for_stage < 0) return;
+    const int from = runner->config().spec.worker_of(a.waits_for_stage);
+    const std::string what =
+        absl::StrCat("step ", a.step, ", ", a.action, ": the message of stage ", a.waits_for_stage);
+    section.Line(absl::StrCat("waits for ", what, " (stage worker ", from, ")"));
+    if (from < static_cast<int>(ranks.size()) && ranks[from] >= 0) {
+      w.AddWait(ranks[from], "pipeline", what, a.since);
+    }
+  }
+
+ private:
   const StageServerOptions options_;
   const int torch_threads_;
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRunner> runner_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RpcStageLink> link_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> stage_ranks_ ABSL_GUARDED_BY(mu_);  // rank of each stage worker
   // busy_: a step is queued or running, or a save reads the state.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<PendingStep> pending_ ABSL_GUARDED_BY(mu_);
@@ -405,6 +445,9 @@ absl::StatusOr<std::unique_ptr<StageServer>> StageServer::Create(rpc::FunctionRe
   if (!options.loss) return absl::InvalidArgumentError("StageServer: no loss function");
   auto impl = std::make_shared<Impl>(std::move(options));
   std::weak_ptr<Impl> weak = impl;
+  registry.AddStateCollector([weak](obs::StateWriter& w) {
+    if (auto self = weak.lock()) self->CollectState(w);
+  });
   absl::Status s = registry.Register(
       internal::kConfigureFn,
       [weak](const rpc::CallContext& ctx, ConfigureRequest r) -> absl::StatusOr<int64_t> {

@@ -13,10 +13,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/byte_io.h"
 #include "base/file_io.h"
 #include "base/status.h"
+#include "obs/state.h"
 #include "ps/internal/functions.h"
 #include "rpc/agent.h"
 
@@ -99,6 +101,26 @@ absl::Status CheckLengths(const char* request, size_t tables,
   return absl::OkStatus();
 }
 
+// Which worker each trainer id is (learned from its requests), so that the
+// hang report names ranks.
+class TrainerRanks {
+ public:
+  void Note(int trainer, const rpc::CallContext& ctx) {
+    if (trainer < 0 || trainer > (1 << 20) || ctx.caller == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    if (static_cast<size_t>(trainer) >= rank_.size()) rank_.resize(trainer + 1, -1);
+    rank_[trainer] = ctx.caller->id;
+  }
+  int Of(int trainer) const {
+    absl::MutexLock lock(&mu_);
+    return trainer >= 0 && static_cast<size_t>(trainer) < rank_.size() ? rank_[trainer] : -1;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int> rank_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 PsServer::PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options)
@@ -177,8 +199,56 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.Gauge("baton_ps_parked_pulls", "Pulls waiting for slower trainers.",
             static_cast<double>(st.parked_pulls), me);
   });
+  // The hang report: clocks, and each parked pull as a wait of this server
+  // on the trainers that keep it parked.
+  auto ranks = std::make_shared<TrainerRanks>();
+  registry.AddStateCollector([weak, ranks](obs::StateWriter& w) {
+    auto sh = weak.lock();
+    if (sh == nullptr) return;
+    const ShardStats st = sh->Stats();
+    const ServerShard::Waits waits = sh->CurrentWaits();
+    auto rank_text = [&](int trainer) {
+      const int r = ranks->Of(trainer);
+      return r >= 0 ? absl::StrCat("trainer ", trainer, " (rank ", r, ")")
+                    : absl::StrCat("trainer ", trainer);
+    };
+    auto section = w.AddSection(absl::StrCat("ps server ", st.server));
+    section.Field("applied_clock", st.applied_clock)
+        .Field("min_clock", st.min_clock)
+        .Field("max_clock", st.max_clock)
+        .Field("live_trainers", st.live_trainers)
+        .Field("parked_pulls", st.parked_pulls);
+    for (size_t t = 0; t < waits.finished.size(); ++t) {
+      section.Line(absl::StrCat(rank_text(static_cast<int>(t)), ": finished clock ",
+                                waits.finished[t], waits.live[t] ? "" : ", dropped"));
+    }
+    for (const auto& p : waits.parked) {
+      std::vector<std::string> names;
+      for (int b : p.blockers) names.push_back(rank_text(b));
+      section.Line(absl::StrCat("pull of ", rank_text(p.trainer), " at clock ", p.clock,
+                                " parked, waiting for ", absl::StrJoin(names, ", ")));
+      for (int b : p.blockers) {
+        const int r = ranks->Of(b);
+        if (r < 0) continue;
+        w.AddWait(r, "ps",
+                  absl::StrCat("pull of ", rank_text(p.trainer), " at clock ", p.clock,
+                               " parked: trainer ", b, " finished only clock ", waits.finished[b]),
+                  p.since);
+      }
+    }
+    int64_t pulls = 0, pushes = 0;
+    for (const TableStats& t : st.tables) {
+      pulls += t.pulls;
+      pushes += t.pushes;
+    }
+    w.AddProgress(absl::StrCat("ps_server_", st.server, "_pulls"), pulls);
+    w.AddProgress(absl::StrCat("ps_server_", st.server, "_pushes"), pushes);
+  });
   absl::Status s = registry.Register(
-      internal::kJoinFn, [shard](internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+      internal::kJoinFn,
+      [shard, ranks](const rpc::CallContext& ctx,
+                     internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+        ranks->Note(req.trainer, ctx);
         auto r = shard->Join(req.trainer, req.fingerprint);
         if (!r.ok()) return r.status();
         internal::JoinReply reply;
@@ -210,9 +280,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (s.ok()) {
     s = registry.Register(
         internal::kPullFn,
-        [shard](const rpc::CallContext& ctx,
-                internal::PullRequest req) -> rpc::Future<internal::PullReply> {
+        [shard, ranks](const rpc::CallContext& ctx,
+                       internal::PullRequest req) -> rpc::Future<internal::PullReply> {
           using Reply = internal::PullReply;
+          ranks->Note(req.trainer, ctx);
           if (absl::Status c =
                   CheckLengths("PullRequest", req.tables.size(), {{"ids", req.ids.size()}});
               !c.ok()) {

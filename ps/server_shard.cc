@@ -677,6 +677,17 @@ ShardStats ServerShard::Stats() const {
   return s;
 }
 
+ServerShard::Waits ServerShard::CurrentWaits() const {
+  absl::MutexLock lock(&mu_);
+  Waits w;
+  w.finished = finished_;
+  w.live = live_;
+  for (const Waiter& p : waiters_) {
+    w.parked.push_back({p.trainer, p.clock, p.since, BlockersLocked(p.clock)});
+  }
+  return w;
+}
+
 absl::StatusOr<at::Tensor> ServerShard::Peek(const std::string& table,
                                              const at::Tensor& ids) const {
   absl::MutexLock lock(&mu_);

@@ -146,6 +146,21 @@ class ServerShard {
 
   ShardStats Stats() const;
 
+  // For the hang report: each trainer's finished clock and liveness, and
+  // the parked pulls with the trainers that keep each waiting.
+  struct Waits {
+    std::vector<int64_t> finished;
+    std::vector<bool> live;
+    struct Parked {
+      int trainer = -1;
+      int64_t clock = 0;
+      absl::Time since;
+      std::vector<int> blockers;
+    };
+    std::vector<Parked> parked;
+  };
+  Waits CurrentWaits() const;
+
   // PS8.
   absl::StatusOr<std::string> Serialize() const;
   // DATA_LOSS for bytes that are not a checkpoint; FAILED_PRECONDITION for a

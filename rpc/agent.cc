@@ -147,6 +147,7 @@ bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
 obs::MetricsRegistry* RpcAgent::metrics() const { return impl_->metrics(); }
 int RpcAgent::metrics_port() const { return impl_->metrics_port(); }
+std::string RpcAgent::StateJson() const { return impl_->StateJson(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
 bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
 std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdentity(peer); }
@@ -308,10 +309,8 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     call.window_bytes = window_bytes;
     call.undo = std::move(undo);
     call.resend = std::move(resend);
-    if (metrics_ != nullptr) {
-      call.metrics = metrics_->Rpc(function);
-      call.started = absl::Now();
-    }
+    call.started = absl::Now();  // the state report's age, and metrics
+    if (metrics_ != nullptr) call.metrics = metrics_->Rpc(function);
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
@@ -372,6 +371,7 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
   if (call.metrics != nullptr) {
     call.metrics->Record(obs::Side::kCaller, result.status().code(), absl::Now() - call.started);
   }
+  calls_done_out_.fetch_add(1, std::memory_order_relaxed);
   call.promise.Set(std::move(result));
   absl::MutexLock lock(&mu_);
   --completing_;
@@ -469,6 +469,7 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   {
     absl::MutexLock lock(&mu_);
     ++incoming_;
+    incoming_calls_[{caller, id}] = IncomingCall{frame.header.function(), absl::Now()};
     other_incarnation = caller_incarnation > 0 && caller >= 0 &&
                         caller < static_cast<int>(peers_.size()) &&
                         caller_incarnation != peers_[caller].incarnation;
@@ -562,6 +563,13 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   ctx.function = fname;
   ctx.deadline = deadline;
   if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = incoming_calls_.find({caller, id}); it != incoming_calls_.end()) {
+      it->second.running = true;
+      it->second.started = absl::Now();
+    }
+  }
   obs::RpcMetrics* const metrics = metrics_ != nullptr ? metrics_->Rpc(fname) : nullptr;
   const absl::Time started = metrics != nullptr ? absl::Now() : absl::InfinitePast();
   entry->handler(ctx, std::move(frame.payload),
@@ -617,11 +625,13 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
   if (!channel->Send(std::move(frame))) {
     for (auto& f : undo) f();  // RRef G8: the caller is gone
   }
-  FinishIncoming();
+  FinishIncoming(caller, id);
 }
 
-void AgentImpl::FinishIncoming() {
+void AgentImpl::FinishIncoming(int caller, uint64_t id) {
+  calls_done_in_.fetch_add(1, std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
+  incoming_calls_.erase({caller, id});
   --incoming_;
 }
 
@@ -749,7 +759,8 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
     running_ = false;
   }
   if (!ready_.HasBeenNotified()) ready_.Notify();
-  metrics_server_.reset();                   // its collectors read what goes below
+  metrics_server_.reset();  // its collectors read what goes below
+  state_server_.reset();
   if (window_ != nullptr) window_->Close();  // callers waiting for room give up
   absl::Status first;
   auto note = [&first](const absl::Status& s) {

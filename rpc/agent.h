@@ -158,6 +158,13 @@ struct AgentOptions {
   // (all interfaces) or BATON_METRICS_ADDRESS; baton-run --metrics_port P
   // gives its workers P + local rank.
   std::string metrics_address;
+  // Serve this worker's state for the hang report (obs/state.h) on a Unix
+  // socket at this path, GET /state (JSON of proto/state.proto's
+  // WorkerState); empty: none. FromEnv reads BATON_STATE_SOCKET, which
+  // baton-run sets for every worker. A socket that cannot be made is said
+  // on stderr and the worker runs on without it. With metrics on, the
+  // metrics address serves GET /state too.
+  std::string state_socket;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
@@ -419,6 +426,11 @@ class RpcAgent final : public DeviceRouter {
   obs::MetricsRegistry* metrics() const;
   // The port the metrics are served on (0: off).
   int metrics_port() const;
+  // This worker's state for the hang report, as JSON of proto/state.proto's
+  // WorkerState (what GET /state answers): outgoing and incoming calls, the
+  // executor's threads, progress counters, and the protocol layers'
+  // sections and waits (FunctionRegistry::AddStateCollector).
+  std::string StateJson() const;
   // Whether calls to `peer` carry large tensors through shared memory.
   bool uses_shm(int peer) const;
   // Whether messages to `peer` go through the same-host shared-memory

@@ -1,10 +1,10 @@
 // The agent's metrics (AgentOptions::metrics_address): its own families,
 // read from AgentStats at scrape time, the protocol layers' collectors, and
-// the HTTP endpoint (obs/metrics_server.h). The per-call counting is in
+// the HTTP endpoint (obs/http_server.h). The per-call counting is in
 // Call/Complete (caller) and Dispatch (callee), agent.cc.
 #include "base/status.h"
+#include "obs/http_server.h"
 #include "obs/metrics.h"
-#include "obs/metrics_server.h"
 #include "rpc/internal/agent_impl.h"
 
 namespace baton::rpc::internal {
@@ -48,7 +48,7 @@ absl::Status AgentImpl::StartMetrics() {
               static_cast<double>(st.requests_refused));
   });
   for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
-  auto server = obs::MetricsServer::Start(options_.metrics_address, metrics_.get());
+  auto server = obs::HttpServer::Start(options_.metrics_address, ObservabilityRoutes());
   if (!server.ok()) return Annotate(server.status(), "AgentOptions::metrics_address");
   metrics_server_ = *std::move(server);
   return absl::OkStatus();

@@ -166,6 +166,7 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     }
     o.metrics_address = absl::StrCat("0.0.0.0:", p);
   }
+  o.state_socket = get("BATON_STATE_SOCKET");
   o.etcd.endpoint = get(baton::kEnvStoreEtcd);
   if (!o.etcd.endpoint.empty()) {
     o.etcd.prefix = get(baton::kEnvStorePrefix);
@@ -357,6 +358,7 @@ absl::Status AgentImpl::Rendezvous() {
   // Calls to self go through the loopback server like any other call.
   AddNetworkPeer(rank_, reg.mine);
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
+  if (absl::Status s = StartStateServer(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     running_ = true;

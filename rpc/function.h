@@ -52,6 +52,10 @@
 #include "rpc/payload.h"
 #include "rpc/worker_info.h"
 
+namespace baton::obs {
+class StateWriter;
+}  // namespace baton::obs
+
 namespace baton::rpc {
 
 class RpcAgent;
@@ -207,6 +211,20 @@ class FunctionRegistry {
     return metrics_collectors_;
   }
 
+  // State collectors: each protocol layer (RRefs, distributed autograd, the
+  // PS, the pipeline) adds its section, its waits and its progress counters
+  // to the worker's state for the hang report (obs/state.h), when asked.
+  // The same rules as for metrics collectors: add before RpcAgent::Create,
+  // never block, cope with state already gone.
+  void AddStateCollector(std::function<void(obs::StateWriter&)> collector) {
+    absl::MutexLock lock(&mu_);
+    state_collectors_.push_back(std::move(collector));
+  }
+  std::vector<std::function<void(obs::StateWriter&)>> state_collectors() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return state_collectors_;
+  }
+
   // Protocol layers (RRefs, distributed autograd) keep their per-worker
   // state here, one object per type, so codecs and handlers can reach it
   // without globals.
@@ -227,6 +245,7 @@ class FunctionRegistry {
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(obs::MetricsWriter&)>> metrics_collectors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(obs::StateWriter&)>> state_collectors_ ABSL_GUARDED_BY(mu_);
   using Hooks = std::vector<std::shared_ptr<CallHook>>;
   // Copy-on-write: a call takes the current list with one reference count.
   std::shared_ptr<const Hooks> hooks_ ABSL_GUARDED_BY(mu_) = std::make_shared<const Hooks>();

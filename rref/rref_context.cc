@@ -187,7 +187,7 @@ ForkDescriptor RRefContext::Fork(const RefHandle& handle, int dest) {
     auto it = users_.find(handle.fork());
     if (it != users_.end()) {
       it->second->pending_children.insert(d.fork);
-      child_parent_[d.fork] = Child{handle.fork(), holder};
+      child_parent_[d.fork] = Child{handle.fork(), holder, absl::Now()};
     }
   }
   return d;
@@ -566,6 +566,18 @@ RRefDebugState RRefContext::DebugState() const {
     h.handle_alive = e->handle_alive;
     h.pending_children.assign(e->pending_children.begin(), e->pending_children.end());
     s.held.push_back(std::move(h));
+  }
+  for (const auto& [child, c] : child_parent_) {
+    RRefDebugState::Unconfirmed u;
+    u.child = child;
+    u.parent = c.parent;
+    u.dest = c.dest.worker;
+    u.since = c.since;
+    if (auto it = users_.find(c.parent); it != users_.end()) {
+      u.rref = it->second->rref;
+      u.owner = it->second->owner;
+    }
+    s.unconfirmed.push_back(u);
   }
   s.early_entries = early_.size();
   s.unanswered_messages = unanswered_;

@@ -207,8 +207,19 @@ struct RRefDebugState {
     bool handle_alive = false;
     std::vector<ForkId> pending_children;
   };
+  // A fork this worker made of a held RRef and sent on, not yet confirmed by
+  // the owner (the parent waits for its ChildAccept, G2).
+  struct Unconfirmed {
+    RRefId rref;
+    ForkId child;
+    ForkId parent;
+    int owner = -1;
+    int dest = -1;  // where the child went
+    absl::Time since;
+  };
   std::vector<Owned> owned;
   std::vector<Held> held;
+  std::vector<Unconfirmed> unconfirmed;
   // Ids seen before their creation message (G3).
   size_t early_entries = 0;
   int64_t unanswered_messages = 0;
@@ -324,6 +335,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   struct Child {
     ForkId parent;
     Holder dest;
+    absl::Time since;  // when it was forked (the hang report's age)
   };
   absl::flat_hash_map<ForkId, Child> child_parent_ ABSL_GUARDED_BY(mu_);
   // Per worker, its latest incarnation reported dead (G7).

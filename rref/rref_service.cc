@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "obs/state.h"
 #include "rref/rref.h"
 
 namespace baton::rref {
@@ -126,6 +128,50 @@ std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registr
             static_cast<double>(pending));
     w.Gauge("baton_rref_messages_unanswered", "RRef protocol messages awaiting their answer.",
             static_cast<double>(st.unanswered_messages));
+  });
+  // The hang report: the tables in numbers, and every fork still waiting for
+  // its owner's confirmation as a wait on that owner.
+  registry.AddStateCollector([weak](obs::StateWriter& w) {
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    auto ctx = self->context();
+    const RRefDebugState st = ctx != nullptr ? ctx->DebugState() : RRefDebugState{};
+    size_t forks = 0;
+    for (const auto& o : st.owned) forks += o.forks.size();
+    auto section = w.AddSection("rref");
+    section.Field("owned", static_cast<int64_t>(st.owned.size()))
+        .Field("owned_forks", static_cast<int64_t>(forks))
+        .Field("held", static_cast<int64_t>(st.held.size()))
+        .Field("forks_unconfirmed", static_cast<int64_t>(st.unconfirmed.size()))
+        .Field("early_entries", static_cast<int64_t>(st.early_entries))
+        .Field("messages_unanswered", st.unanswered_messages);
+    // One wait per owner (a job may hold thousands of forks): how many, and
+    // the oldest.
+    struct PerOwner {
+      size_t count = 0;
+      const RRefDebugState::Unconfirmed* oldest = nullptr;
+    };
+    std::map<int, PerOwner> by_owner;
+    constexpr size_t kMaxListed = 32;
+    for (size_t i = 0; i < st.unconfirmed.size(); ++i) {
+      const auto& u = st.unconfirmed[i];
+      if (i < kMaxListed) {
+        section.Line(absl::StrCat("fork ", u.child.ToString(), " of RRef ", u.rref.ToString(),
+                                  " sent to worker ", u.dest, ", unconfirmed by owner ", u.owner,
+                                  " for ", absl::FormatDuration(w.now() - u.since)));
+      }
+      PerOwner& p = by_owner[u.owner];
+      ++p.count;
+      if (p.oldest == nullptr || u.since < p.oldest->since) p.oldest = &u;
+    }
+    for (const auto& [owner, p] : by_owner) {
+      if (owner < 0) continue;
+      w.AddWait(owner, "rref",
+                absl::StrCat("confirmation of ", p.count, " fork(s), the oldest ",
+                             p.oldest->child.ToString(), " of RRef ", p.oldest->rref.ToString(),
+                             " (sent to worker ", p.oldest->dest, ")"),
+                p.oldest->since);
+    }
   });
   return svc;
 }

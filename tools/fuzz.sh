@@ -111,7 +111,7 @@ expand() {
           obs/*.cc; do
           [ "$f" = rpc/default_agent.cc ] || echo "$f"
         done
-        echo proto:rpc.pb.cc ;;
+        printf '%s\n' proto:rpc.pb.cc proto:state.pb.cc ;;
       *) echo "$s" ;;
     esac
   done

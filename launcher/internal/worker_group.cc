@@ -1,5 +1,7 @@
 #include "launcher/internal/worker_group.h"
 
+#include "launcher/internal/state_report.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -93,6 +95,9 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
   std::vector<std::pair<const char*, std::string>> all = vars;
   if (o.metrics_port > 0) {
     all.emplace_back("BATON_METRICS_PORT", absl::StrCat(o.metrics_port + w.local_rank));
+  }
+  if (!config_.state_dir.empty()) {
+    all.emplace_back("BATON_STATE_SOCKET", StateSocket(config_.state_dir, w.rank));
   }
   if (o.tls.enabled()) {
     all.insert(

@@ -53,6 +53,8 @@ struct WorkerGroupConfig {
   std::string master_addr;
   // Directory for error files (the log dir, or a private temporary one).
   std::string error_dir;
+  // Where workers serve their state (internal/state_report.h); empty: none.
+  std::string state_dir;
 };
 
 class WorkerGroup {

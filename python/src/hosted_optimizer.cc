@@ -29,8 +29,9 @@ absl::Status InstallOptimizerHost(rpc::FunctionRegistry& registry) {
   auto host = std::make_shared<OptimizerHost>();
   registry.SetExtension(host);
   return registry.Register(
-      kOptimizerStep, [weak = std::weak_ptr<OptimizerHost>(host)](
-                          const std::string& key, int64_t context_id) -> absl::StatusOr<bool> {
+      kOptimizerStep,
+      [weak = std::weak_ptr<OptimizerHost>(host)](const std::string& key,
+                                                  int64_t context_id) -> absl::StatusOr<bool> {
         auto h = weak.lock();
         std::shared_ptr<HostedOptimizer> o = h != nullptr ? h->Find(key) : nullptr;
         if (o == nullptr) {

@@ -47,8 +47,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/identity.h"
+#include "obs/http_server.h"
 #include "obs/metrics.h"
-#include "obs/metrics_server.h"
+#include "obs/state.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
@@ -124,6 +125,13 @@ class AgentImpl : private TransportHandler {
   // The agent's own families (AgentStats) and the server, at the end of the
   // rendezvous.
   absl::Status StartMetrics();
+  // The worker's state for the hang report (obs/state.h; agent_state.cc),
+  // and its server on AgentOptions::state_socket, started with the metrics.
+  void CollectState(proto::WorkerState* out) const;
+  std::string StateJson() const;
+  absl::Status StartStateServer();
+  // GET /metrics (when metrics are on) and GET /state.
+  std::map<std::string, obs::HttpRoute> ObservabilityRoutes() const;
   bool uses_shm(int peer) const;
   bool uses_shm_transport(int peer) const;
   std::string StreamIdentity(int peer) const;
@@ -278,7 +286,7 @@ class AgentImpl : private TransportHandler {
               const absl::Status& status, int64_t admitted = -1) {
     SendReply(channel, id, caller, status, admitted, /*reply_shm=*/false, /*not_run=*/true);
   }
-  void FinishIncoming();
+  void FinishIncoming(int caller, uint64_t id);
 
   // The pending calls (id, function) that went to `peer` on `stream_id`.
   std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
@@ -327,7 +335,8 @@ class AgentImpl : private TransportHandler {
   // AgentOptions::metrics_address: the registry (set in Create, before any
   // call) and its server (from the end of the rendezvous to Teardown).
   std::unique_ptr<obs::MetricsRegistry> metrics_;
-  std::unique_ptr<obs::MetricsServer> metrics_server_;
+  std::unique_ptr<obs::HttpServer> metrics_server_;
+  std::unique_ptr<obs::HttpServer> state_server_;
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;
@@ -371,6 +380,16 @@ class AgentImpl : private TransportHandler {
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t waiting_for_restart_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
+  // Requests being served, by (caller, request id), for the state report.
+  struct IncomingCall {
+    std::string function;
+    absl::Time started;  // arrival; once running, the start of its function
+    bool running = false;
+  };
+  absl::flat_hash_map<std::pair<int, uint64_t>, IncomingCall> incoming_calls_ ABSL_GUARDED_BY(mu_);
+  // Progress counters of the state report: calls completed each way.
+  std::atomic<int64_t> calls_done_out_{0};
+  std::atomic<int64_t> calls_done_in_{0};
   // Complete() calls between leaving pending_ and their last use of the
   // timer and the window.
   int64_t completing_ ABSL_GUARDED_BY(mu_) = 0;

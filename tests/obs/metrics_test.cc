@@ -17,8 +17,8 @@
 #include "base/status.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/optimizer_options.h"
+#include "obs/http_server.h"
 #include "obs/metrics.h"
-#include "obs/metrics_server.h"
 #include "ps/server.h"
 #include "ps/spec.h"
 #include "rpc/agent.h"
@@ -33,29 +33,11 @@ using ::testing::HasSubstr;
 
 // GET `path` from 127.0.0.1:port; the whole response, headers included.
 std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return "connect failed";
-  }
-  const std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n\r\n");
-  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
+  auto r = obs::HttpGet(absl::StrCat("127.0.0.1:", port), path, absl::Seconds(10), method);
+  return r.ok() ? *r : std::string(r.status().message());
 }
 
-std::string Body(const std::string& response) {
-  const size_t end = response.find("\r\n\r\n");
-  return end == std::string::npos ? "" : response.substr(end + 4);
-}
+std::string Body(const std::string& response) { return HttpBody(response); }
 
 // Runs `promtool check metrics` on `text`; its exit code and output.
 std::pair<int, std::string> Promtool(const std::string& text) {
@@ -103,10 +85,14 @@ TEST(Metrics, RendersCountersHistogramsAndCollectedFamilies) {
   EXPECT_EQ(code, 0) << said << "\n" << text;
 }
 
-TEST(MetricsServer, AnswersMetricsAndRefusesTheRest) {
+std::map<std::string, HttpRoute> MetricsRoutes(const MetricsRegistry* m) {
+  return {{"/metrics", {std::string(kMetricsContentType), [m] { return m->Render(); }}}};
+}
+
+TEST(HttpServer, AnswersMetricsAndRefusesTheRest) {
   MetricsRegistry m;
   m.Rpc("f")->Record(Side::kCallee, absl::StatusCode::kOk, absl::Microseconds(5));
-  auto server = MetricsServer::Start("127.0.0.1:0", &m);
+  auto server = HttpServer::Start("127.0.0.1:0", MetricsRoutes(&m));
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   const std::string ok = HttpGet(port, "/metrics");
@@ -115,7 +101,7 @@ TEST(MetricsServer, AnswersMetricsAndRefusesTheRest) {
   EXPECT_EQ(Body(ok), m.Render());
   EXPECT_THAT(HttpGet(port, "/"), HasSubstr("HTTP/1.1 404"));
   EXPECT_THAT(HttpGet(port, "/metrics", "POST"), HasSubstr("HTTP/1.1 405"));
-  auto taken = MetricsServer::Start(absl::StrCat("127.0.0.1:", port), &m);
+  auto taken = HttpServer::Start(absl::StrCat("127.0.0.1:", port), MetricsRoutes(&m));
   ASSERT_FALSE(taken.ok());
   EXPECT_THAT(std::string(taken.status().message()), HasSubstr(absl::StrCat(":", port)));
 }

@@ -18,9 +18,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "obs/state.h"
 #include "pipeline/driver.h"
 #include "pipeline/internal/functions.h"
 #include "rpc/testing/loopback_job.h"
+#include "testing/eventually.h"
 #include "testing/models.h"
 
 namespace baton::pipeline {
@@ -155,6 +157,50 @@ TEST_F(StageServerTest, PL5_DestroyingTheServerFailsItsRunningStepPromptly) {
       << later.status();
   auto configure = driver().rpc_async("w1", internal::kConfigureFn, ValidRequest(0)).result();
   EXPECT_EQ(configure.status().code(), absl::StatusCode::kUnavailable) << configure.status();
+}
+
+// The hang report (obs/state.h): a stage that never sends is at the end of
+// the chain of waits, and the waiting stage's section says what it waits for.
+TEST_F(StageServerTest, HangReportNamesAStageThatNeverSends) {
+  Start();
+  auto pipe = Pipeline::Create(driver(), Options(absl::Seconds(60)));
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  // Only w1 (stage 0) runs step 0: it sends its activations to w2, which
+  // never runs the step, so the gradient w1 waits for never comes.
+  rpc::CallOptions opts;
+  opts.timeout = absl::Seconds(60);
+  torch::manual_seed(0);
+  auto step = driver().rpc_async(opts, "w1", internal::kRunStepFn,
+                                 StepRequest{0, torch::randn({8, kIn}, torch::kFloat64), {}});
+  auto report = [&] {
+    std::vector<proto::WorkerState> ws(3);
+    for (int r = 0; r < 3; ++r) EXPECT_TRUE(obs::FromJson(job_->agent(r).StateJson(), &ws[r]).ok());
+    return obs::BuildReport("loopback", "test", ws, {}, absl::Now());
+  };
+  auto waits_on_w2 = [](const proto::StateReport& r) {
+    for (const auto& e : r.edges()) {
+      if (e.from() == 1 && e.to() == 2 && e.kind() == "pipeline") return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(baton::testing::Eventually([&] { return waits_on_w2(report()); }, absl::Seconds(30)));
+  const proto::StateReport r = report();
+  for (const auto& f : r.chain_ends()) {
+    if (f.key() == "0") {
+      EXPECT_EQ(f.value(), "2") << r.summary();  // driver -> w1 -> w2
+    }
+  }
+  bool described = false;
+  for (const auto& s : r.workers(1).sections()) {
+    if (s.name() != "pipeline") continue;
+    for (const auto& line : s.lines()) {
+      described |= absl::StrContains(line, "waits for step 0, receive gradient of micro-batch 0") &&
+                   absl::StrContains(line, "the message of stage 1 (stage worker 1)");
+    }
+  }
+  EXPECT_TRUE(described) << r.summary() << obs::ReportText(r);
+  servers_[1].reset();  // ends the step
+  EXPECT_FALSE(step.result().ok());
 }
 
 TEST_F(StageServerTest, PL5_ADestroyedServerFailsTheNextStepNamingItsWorker) {

@@ -1,0 +1,253 @@
+#include "launcher/internal/state_report.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "base/file_io.h"
+#include "obs/http_server.h"
+#include "obs/state.h"
+
+namespace baton::launcher::internal {
+namespace {
+
+constexpr absl::string_view kSocketPrefix = "rank";
+constexpr absl::string_view kSocketSuffix = ".sock";
+constexpr char kReportDirFile[] = "report_dir";
+// A Unix socket path holds at most 107 bytes; keep room for "/rank<N>.sock".
+constexpr size_t kMaxDirLength = 80;
+
+// FNV-1a: stable across processes, for run ids that cannot be a file name.
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool PlainName(absl::string_view s) {
+  if (s.empty() || s == "." || s == "..") return false;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string StateDir(const std::string& run_id) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string hashed = absl::StrCat("run-", absl::Hex(Fnv1a(run_id), absl::kZeroPad16));
+  const std::string name = PlainName(run_id) ? run_id : hashed;
+  // $TMPDIR, unless a socket path in it would be too long for the kernel.
+  for (const std::string& root : {std::string(tmp != nullptr ? tmp : ""), std::string("/tmp")}) {
+    if (root.empty()) continue;
+    const std::string base = absl::StrCat(root, "/baton-", ::getuid());
+    for (const std::string& n : {name, hashed}) {
+      std::string dir = absl::StrCat(base, "/", n);
+      if (dir.size() <= kMaxDirLength) return dir;
+    }
+  }
+  return absl::StrCat("/tmp/baton-", ::getuid(), "/", hashed);
+}
+
+std::string StateSocket(const std::string& state_dir, int rank) {
+  return absl::StrCat(state_dir, "/", kSocketPrefix, rank, kSocketSuffix);
+}
+
+absl::Status PrepareStateDir(const std::string& state_dir, const std::string& report_dir) {
+  if (absl::Status s = MakeDirs(state_dir); !s.ok()) return s;
+  // Private: the sockets answer anyone who can reach them.
+  const size_t slash = state_dir.rfind('/');
+  for (const std::string& d : {state_dir.substr(0, slash), state_dir}) {
+    if (::chmod(d.c_str(), 0700) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot make ", d, " private (chmod 0700)"));
+    }
+  }
+  return WriteFileAtomically(absl::StrCat(state_dir, "/", kReportDirFile), {report_dir});
+}
+
+std::string ReportDirOf(const std::string& state_dir) {
+  auto d = ReadFile(absl::StrCat(state_dir, "/", kReportDirFile));
+  if (d.ok() && !d->empty()) return *d;
+  return absl::StrCat(state_dir, "-reports");
+}
+
+std::vector<std::pair<int, std::string>> StateSockets(const std::string& state_dir) {
+  std::vector<std::pair<int, std::string>> out;
+  DIR* d = ::opendir(state_dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    absl::string_view name = e->d_name;
+    if (!absl::ConsumePrefix(&name, kSocketPrefix) || !absl::ConsumeSuffix(&name, kSocketSuffix)) {
+      continue;
+    }
+    int rank = 0;
+    if (absl::SimpleAtoi(name, &rank) && rank >= 0) {
+      out.emplace_back(rank, absl::StrCat(state_dir, "/", e->d_name));
+    }
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+proto::StateReport CollectReport(const std::string& run_id, const std::string& reason,
+                                 const std::string& state_dir, absl::Duration timeout) {
+  const auto sockets = StateSockets(state_dir);
+  std::vector<absl::StatusOr<proto::WorkerState>> answers(sockets.size(),
+                                                          absl::UnknownError("not asked"));
+  std::vector<std::thread> askers;
+  for (size_t i = 0; i < sockets.size(); ++i) {
+    askers.emplace_back([&, i] {
+      auto r = obs::HttpGet(absl::StrCat("unix:", sockets[i].second), "/state", timeout);
+      if (!r.ok()) {
+        answers[i] = r.status();
+        return;
+      }
+      if (obs::HttpStatus(*r) != 200) {
+        answers[i] = absl::UnavailableError(absl::StrCat("answered ", obs::HttpStatus(*r)));
+        return;
+      }
+      proto::WorkerState w;
+      absl::Status s = obs::FromJson(obs::HttpBody(*r), &w);
+      if (s.ok()) {
+        answers[i] = std::move(w);
+      } else {
+        answers[i] = s;
+      }
+    });
+  }
+  for (auto& t : askers) t.join();
+  std::vector<proto::WorkerState> workers;
+  std::map<int, std::string> unanswered;
+  for (size_t i = 0; i < sockets.size(); ++i) {
+    if (answers[i].ok()) {
+      workers.push_back(*std::move(answers[i]));
+    } else {
+      unanswered[sockets[i].first] = std::string(answers[i].status().message());
+    }
+  }
+  return obs::BuildReport(run_id, reason, std::move(workers), unanswered, absl::Now());
+}
+
+absl::StatusOr<std::string> WriteReport(const proto::StateReport& report, const std::string& dir) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  const std::string path =
+      absl::StrCat(dir, "/state_report_",
+                   absl::FormatTime("%Y%m%d-%H%M%E3S", absl::FromUnixMicros(report.time_unix_us()),
+                                    absl::UTCTimeZone()),
+                   ".json");
+  if (absl::Status s = WriteFileAtomically(path, {obs::ToJson(report)}); !s.ok()) return s;
+  return path;
+}
+
+int DumpState(const std::string& run_id) {
+  const std::string dir = StateDir(run_id);
+  if (StateSockets(dir).empty()) {
+    std::fprintf(stderr,
+                 "baton-run: no worker of run '%s' serves its state on this node (looked in "
+                 "%s)\n",
+                 run_id.c_str(), dir.c_str());
+    return 1;
+  }
+  const proto::StateReport report = CollectReport(run_id, "baton-run --dump", dir, absl::Seconds(5));
+  std::fputs(obs::ReportText(report).c_str(), stdout);
+  std::fflush(stdout);
+  auto path = WriteReport(report, ReportDirOf(dir));
+  if (!path.ok()) {
+    std::fprintf(stderr, "baton-run: the report was not written: %s\n",
+                 std::string(path.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "baton-run: state report written to %s\n", path->c_str());
+  return 0;
+}
+
+StateWatcher::StateWatcher(Options options) : o_(std::move(options)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StateWatcher::~StateWatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void StateWatcher::RequestReport(std::string reason) {
+  absl::MutexLock lock(&mu_);
+  requests_.push_back(std::move(reason));
+}
+
+void StateWatcher::Report(const proto::StateReport& report) {
+  std::fputs(obs::ReportText(report).c_str(), stderr);
+  auto path = WriteReport(report, ReportDirOf(o_.state_dir));
+  o_.log(path.ok() ? absl::StrCat("state report written to ", *path)
+                   : absl::StrCat("the state report was not written: ", path.status().message()));
+}
+
+void StateWatcher::Loop() {
+  constexpr absl::Duration kAskTimeout = absl::Seconds(2);
+  const bool watch = o_.hang_timeout > absl::ZeroDuration();
+  const absl::Duration period =
+      watch ? std::clamp(o_.hang_timeout / 4, absl::Milliseconds(100), absl::Seconds(5))
+            : absl::InfiniteDuration();
+  std::map<int, int64_t> last;
+  absl::Time last_progress = absl::Now();
+  bool reported = false;
+  while (true) {
+    std::vector<std::string> requests;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !requests_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), period);
+      if (stop_) return;
+      requests.swap(requests_);
+    }
+    for (const std::string& reason : requests) {
+      Report(CollectReport(o_.run_id, reason, o_.state_dir, kAskTimeout));
+    }
+    if (!watch) continue;
+    // --hang_timeout: progress is any change of a worker's counters.
+    const proto::StateReport now_state =
+        CollectReport(o_.run_id, "progress check", o_.state_dir, kAskTimeout);
+    std::map<int, int64_t> totals;
+    for (const auto& w : now_state.workers()) totals[w.rank()] = obs::TotalProgress(w);
+    const absl::Time now = absl::Now();
+    if (totals != last) {
+      last = std::move(totals);
+      last_progress = now;
+      reported = false;
+      continue;
+    }
+    const absl::Duration still = now - last_progress;
+    if (reported || now_state.edges().empty() || still < o_.hang_timeout) continue;
+    o_.log(absl::StrCat("no worker on this node made progress for ", absl::FormatDuration(still),
+                        " (--hang_timeout) while some wait; reporting their state"));
+    Report(CollectReport(o_.run_id,
+                         absl::StrCat("no progress for ", absl::FormatDuration(still),
+                                      " (--hang_timeout)"),
+                         o_.state_dir, kAskTimeout));
+    reported = true;
+  }
+}
+
+}  // namespace baton::launcher::internal

@@ -1,0 +1,105 @@
+// baton-run's hang report (docs/observability.md), end to end: a real job
+// of two workers whose calls form a cycle (tests/launcher/stall_job.cc).
+// The report names the cycle when --hang_timeout finds no progress, on
+// SIGUSR1, and from `baton-run --dump RUN_ID` in another process.
+#include <dirent.h>
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "obs/state.h"
+#include "tests/launcher/fixture.h"
+#include "testing/eventually.h"
+
+namespace baton::launcher::testing {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+std::string StallJobPath() { return Runfile("tests/launcher/stall_job"); }
+
+// The reports baton-run wrote into `dir`, sorted by name (time).
+std::vector<std::string> Reports(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (absl::StartsWith(e->d_name, "state_report_") && absl::EndsWith(e->d_name, ".json")) {
+        out.push_back(absl::StrCat(dir, "/", e->d_name));
+      }
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+proto::StateReport Load(const std::string& path) {
+  proto::StateReport r;
+  absl::Status s = obs::FromJson(ReadFile(path), &r);
+  EXPECT_TRUE(s.ok()) << path << ": " << s;
+  return r;
+}
+
+class StateReportTest : public LauncherTest {};
+
+TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump) {
+  const std::string logs = out_ + "/logs";
+  const std::string ready = out_ + "/ready";
+  const std::string run_id = absl::StrCat("stall-", ::getpid());
+  Launcher job(marker_, {"--standalone", "--nproc_per_node", "2", "--run_id", run_id, "--log_dir",
+                         logs, "--hang_timeout", "1", "--stop_timeout", "2", "--monitor_interval",
+                         "0.05", StallJobPath(), "--ready_file=" + ready});
+  ASSERT_TRUE(WaitForFile(ready, absl::Seconds(60))) << job.Output();
+
+  // --hang_timeout: nothing moves while they wait, so baton-run reports.
+  ASSERT_TRUE(::baton::testing::Eventually([&] { return !Reports(logs).empty(); },
+                                           absl::Seconds(30)))
+      << job.Output();
+  const proto::StateReport automatic = Load(Reports(logs).front());
+  EXPECT_THAT(automatic.reason(), HasSubstr("no progress for"));
+  EXPECT_THAT(automatic.cycles(), Contains("0 -> 1 -> 0")) << automatic.summary();
+  EXPECT_EQ(automatic.workers_size(), 2);
+  EXPECT_EQ(automatic.unanswered_size(), 0);
+
+  // SIGUSR1: another report, printed too.
+  job.Signal(SIGUSR1);
+  ASSERT_TRUE(::baton::testing::Eventually([&] { return Reports(logs).size() >= 2; },
+                                           absl::Seconds(30)))
+      << job.Output();
+  const proto::StateReport asked = Load(Reports(logs).back());
+  EXPECT_EQ(asked.reason(), "SIGUSR1");
+  EXPECT_THAT(asked.cycles(), Contains("0 -> 1 -> 0"));
+  EXPECT_THAT(asked.summary(), HasSubstr("w0 (rank 0) -> w1 (rank 1): rpc call of 'outer'"));
+  EXPECT_THAT(asked.summary(), HasSubstr("w1 (rank 1) -> w0 (rank 0): rpc call of 'inner'"));
+  ASSERT_TRUE(::baton::testing::Eventually(
+      [&] { return absl::StrContains(job.Output(), "state report written to"); },
+      absl::Seconds(10)));
+  EXPECT_THAT(job.Output(), HasSubstr("cycle: w0 (rank 0) -> w1 (rank 1) -> w0 (rank 0)"));
+
+  // --dump from another shell: the same report on stdout, and a third file.
+  Launcher dump(marker_, {"--dump", run_id});
+  EXPECT_EQ(dump.Wait(absl::Seconds(30)), 0) << dump.Output();
+  EXPECT_THAT(dump.Output(), HasSubstr("cycle: w0 (rank 0) -> w1 (rank 1) -> w0 (rank 0)"));
+  EXPECT_THAT(dump.Output(), HasSubstr("in: inner from w1, running"));
+  EXPECT_EQ(Reports(logs).size(), 3u);
+
+  // A run that is not here.
+  Launcher none(marker_, {"--dump", "no-such-run"});
+  EXPECT_EQ(none.Wait(absl::Seconds(30)), 1);
+  EXPECT_THAT(none.Output(), HasSubstr("no worker of run 'no-such-run'"));
+
+  job.Signal(SIGTERM);
+  EXPECT_EQ(job.Wait(absl::Seconds(30)), 128 + SIGTERM) << job.Output();
+  // The sockets went with the job.
+  Launcher after(marker_, {"--dump", run_id});
+  EXPECT_EQ(after.Wait(absl::Seconds(30)), 1) << after.Output();
+}
+
+}  // namespace
+}  // namespace baton::launcher::testing
