@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
@@ -119,19 +119,19 @@ proto::StateReport BuildReport(const std::string& run_id, const std::string& rea
   for (const auto& w : workers) {
     // Ages as of the report, not of each snapshot, so that waits seen by
     // different workers compare (on one node, one clock).
-    const double lag = w.time_unix_us() > 0
-                           ? std::max(0.0, absl::ToDoubleSeconds(
-                                               now - absl::FromUnixMicros(w.time_unix_us())))
-                           : 0.0;
+    const double lag =
+        w.time_unix_us() > 0
+            ? std::max(0.0, absl::ToDoubleSeconds(now - absl::FromUnixMicros(w.time_unix_us())))
+            : 0.0;
     for (const auto& c : w.outgoing()) {
       proto::WaitEdge* e = r.add_edges();
       e->set_from(w.rank());
       e->set_to(c.peer());
       e->set_kind("rpc");
-      e->set_what(absl::StrCat("call of '", c.function(), "'",
-                               c.has_deadline() ? absl::StrCat(", ", Seconds(c.time_left_s()),
-                                                               " before its deadline")
-                                                : ""));
+      e->set_what(absl::StrCat(
+          "call of '", c.function(), "'",
+          c.has_deadline() ? absl::StrCat(", ", Seconds(c.time_left_s()), " before its deadline")
+                           : ""));
       e->set_age_s(c.age_s() + lag);
     }
     for (const auto& wait : w.waits()) {
@@ -187,8 +187,8 @@ proto::StateReport BuildReport(const std::string& run_id, const std::string& rea
   } else {
     absl::StrAppend(&s, "waits, oldest first:\n");
     for (const auto& e : r.edges()) {
-      absl::StrAppend(&s, "  ", name(e.from()), " -> ", name(e.to()), ": ", e.kind(), " ",
-                      e.what(), ", for ", Seconds(e.age_s()), "\n");
+      absl::StrAppend(&s, "  ", name(e.from()), " -> ", name(e.to()), ": ", e.kind(), " ", e.what(),
+                      ", for ", Seconds(e.age_s()), "\n");
     }
     for (const auto& c : cycles) {
       std::vector<std::string> n;
@@ -223,8 +223,7 @@ std::string ReportText(const proto::StateReport& report) {
                     w.executor().blocked(), " in a baton wait)\n");
     for (const auto& c : w.outgoing()) {
       absl::StrAppend(&s, "  out: ", c.function(), " to ", c.peer_name(), ", ", Seconds(c.age_s()),
-                      c.has_deadline() ? absl::StrCat(", ", Seconds(c.time_left_s()), " left")
-                                       : "",
+                      c.has_deadline() ? absl::StrCat(", ", Seconds(c.time_left_s()), " left") : "",
                       "\n");
     }
     for (const auto& c : w.incoming()) {

@@ -102,8 +102,8 @@ std::map<std::string, obs::HttpRoute> AgentImpl::ObservabilityRoutes() const {
 
 absl::Status AgentImpl::StartStateServer() {
   if (options_.state_socket.empty()) return absl::OkStatus();
-  auto server = obs::HttpServer::Start(absl::StrCat("unix:", options_.state_socket),
-                                       ObservabilityRoutes());
+  auto server =
+      obs::HttpServer::Start(absl::StrCat("unix:", options_.state_socket), ObservabilityRoutes());
   if (!server.ok()) {
     // The job runs on without it: a report names this worker as silent.
     std::fprintf(stderr, "baton: worker '%s' serves no state for hang reports: %s\n",

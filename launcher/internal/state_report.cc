@@ -12,8 +12,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "obs/http_server.h"
 #include "obs/state.h"
@@ -165,7 +165,8 @@ int DumpState(const std::string& run_id) {
                  run_id.c_str(), dir.c_str());
     return 1;
   }
-  const proto::StateReport report = CollectReport(run_id, "baton-run --dump", dir, absl::Seconds(5));
+  const proto::StateReport report =
+      CollectReport(run_id, "baton-run --dump", dir, absl::Seconds(5));
   std::fputs(obs::ReportText(report).c_str(), stdout);
   std::fflush(stdout);
   auto path = WriteReport(report, ReportDirOf(dir));
@@ -215,9 +216,8 @@ void StateWatcher::Loop() {
     std::vector<std::string> requests;
     {
       absl::MutexLock lock(&mu_);
-      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !requests_.empty();
-      };
+      auto woken = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !requests_.empty(); };
       mu_.AwaitWithTimeout(absl::Condition(&woken), period);
       if (stop_) return;
       requests.swap(requests_);
@@ -242,10 +242,10 @@ void StateWatcher::Loop() {
     if (reported || now_state.edges().empty() || still < o_.hang_timeout) continue;
     o_.log(absl::StrCat("no worker on this node made progress for ", absl::FormatDuration(still),
                         " (--hang_timeout) while some wait; reporting their state"));
-    Report(CollectReport(o_.run_id,
-                         absl::StrCat("no progress for ", absl::FormatDuration(still),
-                                      " (--hang_timeout)"),
-                         o_.state_dir, kAskTimeout));
+    Report(CollectReport(
+        o_.run_id,
+        absl::StrCat("no progress for ", absl::FormatDuration(still), " (--hang_timeout)"),
+        o_.state_dir, kAskTimeout));
     reported = true;
   }
 }

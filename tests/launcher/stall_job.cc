@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rpc/agent.h"

@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "obs/state.h"
-#include "tests/launcher/fixture.h"
 #include "testing/eventually.h"
+#include "tests/launcher/fixture.h"
 
 namespace baton::launcher::testing {
 namespace {
@@ -58,8 +58,8 @@ TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump
   ASSERT_TRUE(WaitForFile(ready, absl::Seconds(60))) << job.Output();
 
   // --hang_timeout: nothing moves while they wait, so baton-run reports.
-  ASSERT_TRUE(::baton::testing::Eventually([&] { return !Reports(logs).empty(); },
-                                           absl::Seconds(30)))
+  ASSERT_TRUE(
+      ::baton::testing::Eventually([&] { return !Reports(logs).empty(); }, absl::Seconds(30)))
       << job.Output();
   const proto::StateReport automatic = Load(Reports(logs).front());
   EXPECT_THAT(automatic.reason(), HasSubstr("no progress for"));
@@ -69,8 +69,8 @@ TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump
 
   // SIGUSR1: another report, printed too.
   job.Signal(SIGUSR1);
-  ASSERT_TRUE(::baton::testing::Eventually([&] { return Reports(logs).size() >= 2; },
-                                           absl::Seconds(30)))
+  ASSERT_TRUE(
+      ::baton::testing::Eventually([&] { return Reports(logs).size() >= 2; }, absl::Seconds(30)))
       << job.Output();
   const proto::StateReport asked = Load(Reports(logs).back());
   EXPECT_EQ(asked.reason(), "SIGUSR1");

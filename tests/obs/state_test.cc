@@ -44,7 +44,8 @@ proto::WorkerState Worker(int rank, std::vector<int> calls_to) {
   return w;
 }
 
-std::map<std::string, std::string> Fields(const google::protobuf::RepeatedPtrField<proto::Field>& f) {
+std::map<std::string, std::string> Fields(
+    const google::protobuf::RepeatedPtrField<proto::Field>& f) {
   std::map<std::string, std::string> out;
   for (const auto& x : f) out[x.key()] = x.value();
   return out;
@@ -54,7 +55,7 @@ TEST(StateReport, H1_H2_H3_EdgesCyclesAndChainEnds) {
   // 0 -> 1 -> 2 -> 0 and 1 -> 0: two cycles; 3 -> 4, 4 waits for nobody;
   // 5 waits (a protocol's wait) on 4.
   std::vector<proto::WorkerState> ws = {Worker(0, {1}), Worker(1, {2, 0}), Worker(2, {0}),
-                                        Worker(3, {4}), Worker(4, {}), Worker(5, {})};
+                                        Worker(3, {4}), Worker(4, {}),     Worker(5, {})};
   StateWriter w5(&ws[5], absl::Now());
   w5.AddWait(4, "ps", "pull at clock 3", absl::Now() - absl::Seconds(50));
   const proto::StateReport r = BuildReport("job", "test", ws, {}, absl::Now());
@@ -96,8 +97,8 @@ TEST(StateReport, H4_AWorkerThatDoesNotAnswerEndsTheChainsThatReachIt) {
 }
 
 TEST(StateReport, NoWaitsSaysSo) {
-  const proto::StateReport r = BuildReport("job", "test", {Worker(0, {}), Worker(1, {})}, {},
-                                           absl::Now());
+  const proto::StateReport r =
+      BuildReport("job", "test", {Worker(0, {}), Worker(1, {})}, {}, absl::Now());
   EXPECT_THAT(r.summary(), HasSubstr("no worker waits for another"));
   EXPECT_TRUE(r.edges().empty());
 }
@@ -193,8 +194,8 @@ TEST(HangReport, APsTrainerThatStopsIsTheEndOfTheChain) {
   // Trainer 0 (w1) ends its first step and pulls; trainer 1 (w2) stops.
   ASSERT_TRUE(clients[0]->Push("w", at::ones({4}), /*end_step=*/true).result().ok());
   auto pull = clients[0]->Pull("w");
-  ASSERT_TRUE(testing::Eventually(
-      [&] { return server->shard().Stats().parked_pulls == 1; }, absl::Seconds(20)));
+  ASSERT_TRUE(testing::Eventually([&] { return server->shard().Stats().parked_pulls == 1; },
+                                  absl::Seconds(20)));
   const proto::StateReport r = Snapshot(**job);
   // w1 waits for the server (its pull), the server for w2 (the clock).
   bool rpc_edge = false, ps_edge = false;
@@ -228,7 +229,8 @@ TEST(HangReport, AnRRefForkWhoseConfirmationIsHeldIsNamed) {
   o.install = [&](int rank, rpc::FunctionRegistry& r) {
     rrefs[rank] = rref::RRefService::Install(r);
     ASSERT_TRUE(r.Register(make_fn, [](at::Tensor x) { return x * 10; }).ok());
-    ASSERT_TRUE(r.Register(fetch_fn, [](rref::RRef<at::Tensor> ref) { return ref.to_here(); }).ok());
+    ASSERT_TRUE(
+        r.Register(fetch_fn, [](rref::RRef<at::Tensor> ref) { return ref.to_here(); }).ok());
   };
   o.attach = [&](int rank, rpc::RpcAgent& agent) { rrefs[rank]->Attach(&agent); };
   auto job = rpc::testing::LoopbackJob::Start(o);
@@ -261,8 +263,8 @@ TEST(HangReport, AnRRefForkWhoseConfirmationIsHeldIsNamed) {
   // Delivered, the confirmation ends the wait.
   (*job)->network().SetRule(nullptr);
   (*job)->network().ReleaseHeld(/*reverse=*/false);
-  ASSERT_TRUE(testing::Eventually(
-      [&] { return rrefs[0]->DebugState().unconfirmed.empty(); }, absl::Seconds(20)));
+  ASSERT_TRUE(testing::Eventually([&] { return rrefs[0]->DebugState().unconfirmed.empty(); },
+                                  absl::Seconds(20)));
   const proto::StateReport settled = Snapshot(**job);
   for (const auto& e : settled.edges()) EXPECT_NE(e.kind(), "rref");
   EXPECT_TRUE((*job)->ShutdownAll().ok());
