@@ -259,6 +259,9 @@ int RunRank(int rank, bool quick) {
               env("BATON_TLS_SERVER_NAME")};
   // BATON_SHM=0: large tensors travel on the stream, as between hosts.
   if (env("BATON_SHM") == "0") opts.same_host_shm = false;
+  // BATON_METRICS=1: metrics collected, as a job with metrics on
+  // (bench/metrics_cost.sh compares).
+  opts.collect_metrics = env("BATON_METRICS") == "1";
   auto agent = RpcAgent::Create(opts, registry);
   if (!agent.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());

@@ -27,6 +27,8 @@
 #include "launcher/internal/state_report.h"
 #include "launcher/internal/worker_group.h"
 #include "launcher/rendezvous.h"
+#include "obs/http_server.h"
+#include "obs/metrics.h"
 #include "store/etcd_store.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
@@ -125,6 +127,7 @@ class NodeAgent::Impl {
       : o_(std::move(options)), env_token_(std::move(job_token)) {}
 
   ~Impl() {
+    node_metrics_.reset();
     {
       absl::MutexLock lock(&mu_);
       watcher_.reset();
@@ -237,6 +240,7 @@ class NodeAgent::Impl {
   absl::Mutex mu_;
   int stop_signal_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<internal::StateWatcher> watcher_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<obs::HttpServer> node_metrics_;  // --node_metrics_port
 };
 
 absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
@@ -395,6 +399,19 @@ absl::Status NodeAgent::Impl::Setup() {
     absl::MutexLock lock(&mu_);
     watcher_ = std::make_unique<internal::StateWatcher>(internal::StateWatcher::Options{
         run_id_, state_dir_, o_.hang_timeout, [](const std::string& line) { Log(line); }});
+  }
+  if (o_.node_metrics_port > 0) {
+    if (state_dir_.empty()) {
+      return absl::FailedPreconditionError(
+          "--node_metrics_port needs the workers' state sockets, which this node could not make");
+    }
+    auto server = obs::HttpServer::Start(
+        absl::StrCat("0.0.0.0:", o_.node_metrics_port),
+        {{"/metrics", {std::string(obs::kMetricsContentType), [dir = state_dir_] {
+                         return internal::ScrapeNode(dir, absl::Seconds(2));
+                       }}}});
+    if (!server.ok()) return Annotate(server.status(), "--node_metrics_port");
+    node_metrics_ = *std::move(server);
   }
   return absl::OkStatus();
 }

@@ -220,6 +220,7 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"rdzv_port", SetInt(&o.rdzv_port, "rdzv_port", 1, 65535)},
       {"max_restarts", SetInt(&o.max_restarts, "max_restarts", 0, 1000000)},
       {"metrics_port", SetInt(&o.metrics_port, "metrics_port", 1, 65535)},
+      {"node_metrics_port", SetInt(&o.node_metrics_port, "node_metrics_port", 1, 65535)},
       {"hang_timeout", SetSeconds(&o.hang_timeout, "hang_timeout", true)},
       {"dump", SetString(&o.dump_run_id, "dump")},
       {"monitor_interval", SetSeconds(&o.monitor_interval, "monitor_interval", false)},
@@ -751,6 +752,8 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
   --max_restarts N       group restarts after failures (default 0)
   --metrics_port P       each worker serves Prometheus metrics (GET /metrics)
                          on port P + its local rank
+  --node_metrics_port P  serve every worker's metrics on this node on one
+                         port (GET /metrics, each sample labelled rank)
   --monitor_interval S   seconds between worker checks (default 0.1)
   --hang_timeout S       when no worker on this node made progress for S
                          seconds while some wait, write the state report

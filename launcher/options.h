@@ -124,6 +124,11 @@ struct LaunchOptions {
   // --metrics_port P: each worker serves its metrics (Prometheus's format,
   // GET /metrics) on port P + its local rank (BATON_METRICS_PORT); 0: off.
   int metrics_port = 0;
+  // --node_metrics_port P: baton-run serves GET /metrics on port P, the
+  // metrics of every worker on this node in one exposition (label rank);
+  // workers then collect metrics (BATON_METRICS=1) without a port of their
+  // own. 0: off.
+  int node_metrics_port = 0;
   // --hang_timeout S: when no worker on this node made progress for S
   // seconds while some wait, baton-run writes the state report on its own
   // (docs/observability.md); zero: off.

@@ -6,8 +6,10 @@
 #include <map>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace baton::obs {
 namespace {
@@ -157,6 +159,56 @@ std::string MetricsRegistry::Render() const {
   }
   for (const Collector& c : collectors) c(w);
   return std::move(w.out_);
+}
+
+std::string MergeExpositions(const std::string& label,
+                             const std::vector<std::pair<std::string, std::string>>& sources) {
+  struct Family {
+    std::string help;
+    std::string type;
+    std::vector<std::string> samples;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Family> families;
+  for (const auto& [source, text] : sources) {
+    const std::string tag = absl::StrCat(label, "=\"", EscapeLabelValue(source), "\"");
+    std::string current;  // the family of the samples that follow
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      if (absl::StartsWith(line, "# HELP ") || absl::StartsWith(line, "# TYPE ")) {
+        absl::string_view rest = line.substr(7);
+        const std::string name(rest.substr(0, rest.find(' ')));
+        current = name;
+        if (!families.count(name)) order.push_back(name);
+        Family& f = families[name];
+        std::string& slot = line[2] == 'H' ? f.help : f.type;
+        if (slot.empty()) slot = std::string(line);
+        continue;
+      }
+      if (line.empty() || line[0] == '#') continue;
+      const size_t name_end = line.find_first_of("{ ");
+      if (name_end == absl::string_view::npos) continue;
+      std::string sample;
+      if (line[name_end] == '{') {
+        const bool empty = name_end + 1 < line.size() && line[name_end + 1] == '}';
+        sample = absl::StrCat(line.substr(0, name_end + 1), tag, empty ? "" : ",",
+                              line.substr(name_end + 1));
+      } else {
+        sample = absl::StrCat(line.substr(0, name_end), "{", tag, "}", line.substr(name_end));
+      }
+      // A sample before any TYPE line is a family of its own (untyped).
+      const std::string family = current.empty() ? std::string(line.substr(0, name_end)) : current;
+      if (!families.count(family)) order.push_back(family);
+      families[family].samples.push_back(std::move(sample));
+    }
+  }
+  std::string out;
+  for (const std::string& name : order) {
+    const Family& f = families[name];
+    if (!f.help.empty()) absl::StrAppend(&out, f.help, "\n");
+    if (!f.type.empty()) absl::StrAppend(&out, f.type, "\n");
+    for (const std::string& s : f.samples) absl::StrAppend(&out, s, "\n");
+  }
+  return out;
 }
 
 }  // namespace baton::obs

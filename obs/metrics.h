@@ -1,5 +1,5 @@
 // Metrics in Prometheus's text exposition format (version 0.0.4): what an
-// operator's Prometheus scrapes from each worker (obs/metrics_server.h).
+// operator's Prometheus scrapes from each worker (obs/http_server.h).
 //
 //   obs::MetricsRegistry m;
 //   obs::RpcMetrics* f = m.Rpc("train_step");           // once per function
@@ -126,6 +126,15 @@ class MetricsRegistry {
 
 // A label value in the exposition format's escaping.
 std::string EscapeLabelValue(const std::string& v);
+
+// One exposition of several (a node's workers, scraped by baton-run): every
+// sample gets the label `label`="<source name>" first; each family appears
+// once, with the HELP and TYPE of the first source that has it, its samples
+// from every source together. Lines that are neither comments nor samples
+// are dropped.
+std::string MergeExpositions(
+    const std::string& label,
+    const std::vector<std::pair<std::string, std::string>>& sources);  // (name, text)
 
 }  // namespace baton::obs
 

@@ -365,12 +365,23 @@ class StageServer::Impl {
 
   void Run(PendingStep step) {
     step.link->set_deadline(step.inputs.deadline);
+    const absl::Time started = absl::Now();
     absl::StatusOr<StepReport> r = step.runner->RunStep(std::move(step.inputs), *step.link);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
     {
       absl::MutexLock lock(&mu_);
       busy_ = false;
       running_ = nullptr;
-      if (r.ok()) steps_ = step.runner->steps_taken();
+      if (r.ok()) {
+        steps_ = step.runner->steps_taken();
+        // The bubble: the part of the step this stage spent neither in
+        // forwards and backwards nor in its optimizer.
+        const double busy = (r->compute_us + r->optimizer_us) / 1e6;
+        ++timing_.steps;
+        timing_.step_seconds += seconds;
+        timing_.busy_seconds += busy;
+        timing_.last_bubble = seconds > 0 ? std::clamp(1 - busy / seconds, 0.0, 1.0) : 0;
+      }
     }
     if (!r.ok()) {
       step.promise.SetError(r.status());
@@ -420,6 +431,24 @@ class StageServer::Impl {
     }
   }
 
+  void CollectMetrics(obs::MetricsWriter& w) const {
+    Timing t;
+    {
+      absl::MutexLock lock(&mu_);
+      t = timing_;
+    }
+    w.Counter("baton_pipeline_steps_total", "Pipeline steps this stage worker completed.",
+              static_cast<double>(t.steps));
+    w.Counter("baton_pipeline_step_seconds_total", "Wall time of those steps on this stage worker.",
+              t.step_seconds);
+    w.Counter("baton_pipeline_busy_seconds_total",
+              "Of that, time in forwards, backwards and the optimizer; the rest is the bubble.",
+              t.busy_seconds);
+    w.Gauge("baton_pipeline_bubble_ratio",
+            "The last step's bubble: the fraction of it this stage worker was idle or waiting.",
+            t.last_bubble);
+  }
+
  private:
   const StageServerOptions options_;
   const int torch_threads_;
@@ -427,6 +456,14 @@ class StageServer::Impl {
   std::shared_ptr<StageRunner> runner_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RpcStageLink> link_ ABSL_GUARDED_BY(mu_);
   std::vector<int> stage_ranks_ ABSL_GUARDED_BY(mu_);  // rank of each stage worker
+  // Steps completed here and where their time went, for the metrics.
+  struct Timing {
+    int64_t steps = 0;
+    double step_seconds = 0;
+    double busy_seconds = 0;
+    double last_bubble = 0;
+  };
+  Timing timing_ ABSL_GUARDED_BY(mu_);
   // busy_: a step is queued or running, or a save reads the state.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<PendingStep> pending_ ABSL_GUARDED_BY(mu_);
@@ -447,6 +484,9 @@ absl::StatusOr<std::unique_ptr<StageServer>> StageServer::Create(rpc::FunctionRe
   std::weak_ptr<Impl> weak = impl;
   registry.AddStateCollector([weak](obs::StateWriter& w) {
     if (auto self = weak.lock()) self->CollectState(w);
+  });
+  registry.AddMetricsCollector([weak](obs::MetricsWriter& w) {
+    if (auto self = weak.lock()) self->CollectMetrics(w);
   });
   absl::Status s = registry.Register(
       internal::kConfigureFn,

@@ -169,7 +169,18 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
       timer_(std::move(collaborators.timer)),
       executor_(std::move(collaborators.executor)),
       cuda_channel_(std::move(collaborators.cuda_channel)) {
-  if (!options_.metrics_address.empty()) metrics_ = std::make_unique<obs::MetricsRegistry>();
+  if (!options_.metrics_address.empty() || options_.collect_metrics) {
+    metrics_ = std::make_unique<obs::MetricsRegistry>();
+  }
+  traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, options_.world_size));
+}
+
+void AgentImpl::CountTraffic(int peer, const Payload& payload, bool out) {
+  if (peer < 0 || peer >= options_.world_size) return;
+  PeerTraffic& t = traffic_[peer];
+  const auto bytes = static_cast<int64_t>(payload.total_size());
+  (out ? t.bytes_out : t.bytes_in).fetch_add(bytes, std::memory_order_relaxed);
+  (out ? t.messages_out : t.messages_in).fetch_add(1, std::memory_order_relaxed);
 }
 
 AgentImpl::~AgentImpl() = default;
@@ -279,6 +290,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     frame.header.set_timeout_us(
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   }
+  CountTraffic(to, frame.payload, /*out=*/true);
   if (bulk_shm) {
     path.ExportBlobs(frame, timeout == absl::InfiniteDuration()
                                 ? absl::InfiniteFuture()
@@ -389,6 +401,7 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
       frame.header.set_error_message(std::string(s.message()));
     }
   }
+  CountTraffic(peer, frame.payload, /*out=*/false);
   if (frame.header.status_code() == 0) {
     Complete(id, std::move(frame.payload));
     return;
@@ -532,6 +545,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
       return;
     }
   }
+  CountTraffic(caller, frame.payload, /*out=*/false);
   if (absl::Now() > deadline) {
     Refuse(channel, id, caller,
            absl::DeadlineExceededError("the call's deadline passed before the function started"),
@@ -603,6 +617,7 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
           "reply of ", size, " bytes exceeds the message size limit of ", limit, " bytes"));
     }
   }
+  if (result.ok()) CountTraffic(caller, frame.payload, /*out=*/true);
   if (!result.ok()) {
     frame.header.set_not_run(not_run);
     frame.header.set_status_code(static_cast<int>(result.status().code()));

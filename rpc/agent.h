@@ -158,6 +158,10 @@ struct AgentOptions {
   // (all interfaces) or BATON_METRICS_ADDRESS; baton-run --metrics_port P
   // gives its workers P + local rank.
   std::string metrics_address;
+  // Collect metrics even without metrics_address: they are then served on
+  // state_socket only (GET /metrics), where baton-run's --node_metrics_port
+  // gathers a node's workers onto one port. FromEnv reads BATON_METRICS=1.
+  bool collect_metrics = false;
   // Serve this worker's state for the hang report (obs/state.h) on a Unix
   // socket at this path, GET /state (JSON of proto/state.proto's
   // WorkerState); empty: none. FromEnv reads BATON_STATE_SOCKET, which

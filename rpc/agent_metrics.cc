@@ -47,7 +47,37 @@ absl::Status AgentImpl::StartMetrics() {
     w.Counter("baton_rpc_requests_refused_total", "Requests this worker refused (flow control).",
               static_cast<double>(st.requests_refused));
   });
+  // Traffic per peer and transport (payload bytes: message bodies and
+  // tensors; the same-host bulk segments are counted again above).
+  metrics_->AddCollector([this](obs::MetricsWriter& w) {
+    if (!ready_.HasBeenNotified()) return;
+    struct Family {
+      const char* name;
+      const char* help;
+      std::atomic<int64_t> PeerTraffic::*out;
+      std::atomic<int64_t> PeerTraffic::*in;
+    };
+    const Family families[] = {
+        {"baton_rpc_payload_bytes_total",
+         "Payload bytes (message bodies and tensors) sent and received, per peer and transport.",
+         &PeerTraffic::bytes_out, &PeerTraffic::bytes_in},
+        {"baton_rpc_messages_total",
+         "Requests and replies sent and received, per peer and transport.",
+         &PeerTraffic::messages_out, &PeerTraffic::messages_in}};
+    for (const Family& f : families) {
+      w.Family(f.name, f.help, "counter");
+      for (int p = 0; p < options_.world_size; ++p) {
+        const PeerTraffic& t = traffic_[p];
+        const std::string transport = uses_shm_transport(p) ? "shm" : "grpc";
+        for (const auto& [direction, field] : {std::pair{"out", f.out}, std::pair{"in", f.in}}) {
+          w.Sample({{"peer", workers_[p].name}, {"transport", transport}, {"direction", direction}},
+                   static_cast<double>((t.*field).load(std::memory_order_relaxed)));
+        }
+      }
+    }
+  });
   for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
+  if (options_.metrics_address.empty()) return absl::OkStatus();  // the state socket serves them
   auto server = obs::HttpServer::Start(options_.metrics_address, ObservabilityRoutes());
   if (!server.ok()) return Annotate(server.status(), "AgentOptions::metrics_address");
   metrics_server_ = *std::move(server);

@@ -167,6 +167,7 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     o.metrics_address = absl::StrCat("0.0.0.0:", p);
   }
   o.state_socket = get("BATON_STATE_SOCKET");
+  o.collect_metrics = get("BATON_METRICS") == "1";
   o.etcd.endpoint = get(baton::kEnvStoreEtcd);
   if (!o.etcd.endpoint.empty()) {
     o.etcd.prefix = get(baton::kEnvStorePrefix);

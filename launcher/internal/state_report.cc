@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "obs/http_server.h"
+#include "obs/metrics.h"
 #include "obs/state.h"
 
 namespace baton::launcher::internal {
@@ -154,6 +155,31 @@ absl::StatusOr<std::string> WriteReport(const proto::StateReport& report, const 
                    ".json");
   if (absl::Status s = WriteFileAtomically(path, {obs::ToJson(report)}); !s.ok()) return s;
   return path;
+}
+
+std::string ScrapeNode(const std::string& state_dir, absl::Duration timeout) {
+  const auto sockets = StateSockets(state_dir);
+  std::vector<std::pair<std::string, std::string>> sources(sockets.size());
+  std::vector<bool> answered(sockets.size(), false);
+  std::vector<std::thread> askers;
+  for (size_t i = 0; i < sockets.size(); ++i) {
+    askers.emplace_back([&, i] {
+      sources[i].first = absl::StrCat(sockets[i].first);
+      auto r = obs::HttpGet(absl::StrCat("unix:", sockets[i].second), "/metrics", timeout);
+      if (r.ok() && obs::HttpStatus(*r) == 200) {
+        sources[i].second = obs::HttpBody(*r);
+        answered[i] = true;
+      }
+    });
+  }
+  for (auto& t : askers) t.join();
+  const auto n = static_cast<double>(std::count(answered.begin(), answered.end(), true));
+  obs::MetricsWriter w;
+  w.Gauge("baton_node_workers_scraped", "Workers on this node whose metrics this scrape holds.", n);
+  w.Gauge("baton_node_workers_unanswered",
+          "Workers on this node that serve their state but gave no metrics to this scrape.",
+          static_cast<double>(sockets.size()) - n);
+  return absl::StrCat(w.text(), obs::MergeExpositions("rank", sources));
 }
 
 int DumpState(const std::string& run_id) {

@@ -47,6 +47,11 @@ proto::StateReport CollectReport(const std::string& run_id, const std::string& r
 // returns the path.
 absl::StatusOr<std::string> WriteReport(const proto::StateReport& report, const std::string& dir);
 
+// The metrics of every worker serving in the directory, merged into one
+// exposition with a `rank` label (--node_metrics_port), plus baton-run's
+// own gauges of how many answered.
+std::string ScrapeNode(const std::string& state_dir, absl::Duration timeout);
+
 // `baton-run --dump RUN_ID`: prints the report of the run's workers on this
 // node to stdout, writes its JSON, and returns the exit code (1 when no
 // worker of the run is found here).

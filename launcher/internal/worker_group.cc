@@ -98,6 +98,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
   }
   if (!config_.state_dir.empty()) {
     all.emplace_back("BATON_STATE_SOCKET", StateSocket(config_.state_dir, w.rank));
+    if (o.node_metrics_port > 0) all.emplace_back("BATON_METRICS", "1");
   }
   if (o.tls.enabled()) {
     all.insert(

@@ -387,6 +387,17 @@ class AgentImpl : private TransportHandler {
     bool running = false;
   };
   absl::flat_hash_map<std::pair<int, uint64_t>, IncomingCall> incoming_calls_ ABSL_GUARDED_BY(mu_);
+  // Payload bytes (message bodies and tensors, before or after any
+  // shared-memory segment) and messages, per peer and direction, for the
+  // metrics; world_size entries.
+  struct PeerTraffic {
+    std::atomic<int64_t> bytes_out{0};
+    std::atomic<int64_t> bytes_in{0};
+    std::atomic<int64_t> messages_out{0};
+    std::atomic<int64_t> messages_in{0};
+  };
+  std::unique_ptr<PeerTraffic[]> traffic_;
+  void CountTraffic(int peer, const Payload& payload, bool out);
   // Progress counters of the state report: calls completed each way.
   std::atomic<int64_t> calls_done_out_{0};
   std::atomic<int64_t> calls_done_in_{0};

@@ -12,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "obs/http_server.h"
 #include "obs/state.h"
 #include "testing/eventually.h"
+#include "testing/promtool.h"
 #include "tests/launcher/fixture.h"
 
 namespace baton::launcher::testing {
@@ -52,8 +54,10 @@ TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump
   const std::string logs = out_ + "/logs";
   const std::string ready = out_ + "/ready";
   const std::string run_id = absl::StrCat("stall-", ::getpid());
+  const int metrics_port = FreePort();
   Launcher job(marker_, {"--standalone", "--nproc_per_node", "2", "--run_id", run_id, "--log_dir",
-                         logs, "--hang_timeout", "1", "--stop_timeout", "2", "--monitor_interval",
+                         logs, "--hang_timeout", "1", "--node_metrics_port",
+                         absl::StrCat(metrics_port), "--stop_timeout", "2", "--monitor_interval",
                          "0.05", StallJobPath(), "--ready_file=" + ready});
   ASSERT_TRUE(WaitForFile(ready, absl::Seconds(60))) << job.Output();
 
@@ -93,6 +97,20 @@ TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump
   Launcher none(marker_, {"--dump", "no-such-run"});
   EXPECT_EQ(none.Wait(absl::Seconds(30)), 1);
   EXPECT_THAT(none.Output(), HasSubstr("no worker of run 'no-such-run'"));
+
+  // --node_metrics_port: both workers' metrics on baton-run's one port,
+  // labelled by rank, accepted by promtool.
+  auto scrape =
+      obs::HttpGet(absl::StrCat("127.0.0.1:", metrics_port), "/metrics", absl::Seconds(10));
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  const std::string text = obs::HttpBody(*scrape);
+  EXPECT_THAT(text, HasSubstr("baton_node_workers_scraped 2"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_rpc_pending_outgoing{rank="0"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_rpc_pending_outgoing{rank="1"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_rpc_messages_total{rank="0",peer="w1",transport="shm",)"
+                              R"(direction="out"} 1)"));
+  auto [code, said] = ::baton::testing::Promtool(text);
+  EXPECT_EQ(code, 0) << said << "\n" << text;
 
   job.Signal(SIGTERM);
   EXPECT_EQ(job.Wait(absl::Seconds(30)), 128 + SIGTERM) << job.Output();

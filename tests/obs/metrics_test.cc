@@ -24,7 +24,7 @@
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
 #include "rref/rref_service.h"
-#include "testing/temp_dir.h"
+#include "testing/promtool.h"
 
 namespace baton::obs {
 namespace {
@@ -39,17 +39,7 @@ std::string HttpGet(int port, const std::string& path, const std::string& method
 
 std::string Body(const std::string& response) { return HttpBody(response); }
 
-// Runs `promtool check metrics` on `text`; its exit code and output.
-std::pair<int, std::string> Promtool(const std::string& text) {
-  const std::string dir = baton::testing::MakeTempDir("promtool");
-  const std::string in = dir + "/metrics.txt", out = dir + "/out.txt";
-  std::ofstream(in) << text;
-  const int status = std::system(
-      absl::StrCat("/usr/bin/promtool check metrics < ", in, " > ", out, " 2>&1").c_str());
-  std::ifstream f(out);
-  std::string said((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return {WEXITSTATUS(status), said};
-}
+using ::baton::testing::Promtool;
 
 TEST(Metrics, RendersCountersHistogramsAndCollectedFamilies) {
   MetricsRegistry m;
@@ -87,6 +77,34 @@ TEST(Metrics, RendersCountersHistogramsAndCollectedFamilies) {
 
 std::map<std::string, HttpRoute> MetricsRoutes(const MetricsRegistry* m) {
   return {{"/metrics", {std::string(kMetricsContentType), [m] { return m->Render(); }}}};
+}
+
+// baton-run --node_metrics_port: two workers' scrapes in one, each sample
+// labelled with its rank, accepted by promtool.
+TEST(Metrics, MergedExpositionsLabelEverySampleAndPassPromtool) {
+  MetricsRegistry a, b;
+  a.Rpc("f")->Record(Side::kCaller, absl::StatusCode::kOk, absl::Microseconds(80));
+  b.Rpc("f")->Record(Side::kCallee, absl::StatusCode::kOk, absl::Microseconds(30));
+  b.Rpc("g")->Record(Side::kCaller, absl::StatusCode::kNotFound, absl::Milliseconds(2));
+  for (MetricsRegistry* m : {&a, &b}) {
+    m->AddCollector([](MetricsWriter& w) { w.Gauge("baton_test_plain", "No labels.", 7); });
+  }
+  const std::string merged = MergeExpositions("rank", {{"0", a.Render()}, {"1", b.Render()}});
+  EXPECT_THAT(merged, HasSubstr(R"(baton_rpc_calls_total{rank="0",function="f",side="caller",)"
+                                R"(code="OK"} 1)"));
+  EXPECT_THAT(merged, HasSubstr(R"(baton_rpc_calls_total{rank="1",function="g",side="caller",)"
+                                R"(code="NOT_FOUND"} 1)"));
+  EXPECT_THAT(merged, HasSubstr(R"(baton_test_plain{rank="0"} 7)"));
+  EXPECT_THAT(merged, HasSubstr(R"(baton_test_plain{rank="1"} 7)"));
+  // Each family once.
+  size_t types = 0;
+  for (size_t at = merged.find("# TYPE baton_rpc_calls_total "); at != std::string::npos;
+       at = merged.find("# TYPE baton_rpc_calls_total ", at + 1)) {
+    ++types;
+  }
+  EXPECT_EQ(types, 1u);
+  auto [code, said] = Promtool(merged);
+  EXPECT_EQ(code, 0) << said << "\n" << merged;
 }
 
 TEST(HttpServer, AnswersMetricsAndRefusesTheRest) {
@@ -149,6 +167,15 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
               HasSubstr(R"(baton_rpc_calls_total{function="echo",side="callee",code="OK"} 5)"));
   EXPECT_THAT(caller, HasSubstr(R"(function="fail",side="caller",code="INVALID_ARGUMENT"} 1)"));
   EXPECT_THAT(caller, HasSubstr("baton_rpc_pending_outgoing 0"));
+  // Traffic per peer and transport: six requests out, six replies in.
+  EXPECT_THAT(caller, HasSubstr(R"(baton_rpc_messages_total{peer="w1",transport="grpc",)"
+                                R"(direction="out"} 6)"));
+  EXPECT_THAT(caller, HasSubstr(R"(baton_rpc_messages_total{peer="w1",transport="grpc",)"
+                                R"(direction="in"} 6)"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_rpc_messages_total{peer="w0",transport="grpc",)"
+                                R"(direction="in"} 6)"));
+  EXPECT_THAT(caller, HasSubstr(R"(baton_rpc_payload_bytes_total{peer="w1",transport="grpc",)"
+                                R"(direction="out"})"));
   EXPECT_THAT(caller, HasSubstr("# TYPE baton_rpc_call_duration_seconds histogram"));
   EXPECT_THAT(caller, HasSubstr("baton_autograd_contexts 0"));
   EXPECT_THAT(caller, HasSubstr("baton_rref_owned 0"));

@@ -80,9 +80,13 @@ ConfigureRequest ValidRequest(int rank) {
 class StageServerTest : public ::testing::Test {
  protected:
   // Starts the job; `install_w2` replaces w2's stage server when set.
-  void Start(std::function<void(rpc::FunctionRegistry&)> install_w2 = nullptr) {
+  void Start(std::function<void(rpc::FunctionRegistry&)> install_w2 = nullptr,
+             bool metrics = false) {
     LoopbackJobOptions o;
     o.world_size = 3;
+    if (metrics) {
+      o.configure = [](int, rpc::AgentOptions& a) { a.metrics_address = "127.0.0.1:0"; };
+    }
     o.install = [this, install_w2](int rank, rpc::FunctionRegistry& r) {
       if (rank == 0) return;
       if (rank == 2 && install_w2) {
@@ -201,6 +205,31 @@ TEST_F(StageServerTest, HangReportNamesAStageThatNeverSends) {
   EXPECT_TRUE(described) << r.summary() << obs::ReportText(r);
   servers_[1].reset();  // ends the step
   EXPECT_FALSE(step.result().ok());
+}
+
+// Metrics: each stage worker counts its steps and where their time went;
+// the rest is the bubble.
+TEST_F(StageServerTest, MetricsCountStepsAndTheBubble) {
+  Start(nullptr, /*metrics=*/true);
+  auto pipe = Pipeline::Create(driver(), Options(absl::Seconds(60)));
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({8, kIn}, torch::kFloat64);
+  const torch::Tensor y = torch::randint(0, 4, {8});
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*pipe)->Step(x, y).ok());
+  for (int rank : {1, 2}) {
+    ASSERT_NE(job_->agent(rank).metrics(), nullptr);
+    const std::string text = job_->agent(rank).metrics()->Render();
+    EXPECT_TRUE(absl::StrContains(text, "baton_pipeline_steps_total 2")) << text;
+    EXPECT_TRUE(absl::StrContains(text, "# TYPE baton_pipeline_bubble_ratio gauge")) << text;
+    // Two stages and 4 micro-batches under 1F1B: each stage idles part of
+    // the step.
+    const size_t at = text.find("\nbaton_pipeline_bubble_ratio ");
+    ASSERT_NE(at, std::string::npos) << text;
+    const double bubble = std::stod(text.substr(at + 29));
+    EXPECT_GT(bubble, 0.0) << text;
+    EXPECT_LT(bubble, 1.0) << text;
+  }
 }
 
 TEST_F(StageServerTest, PL5_ADestroyedServerFailsTheNextStepNamingItsWorker) {
