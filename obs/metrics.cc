@@ -101,6 +101,12 @@ void MetricsWriter::Sample(const Labels& labels, double value) {
 }
 
 RpcMetrics* MetricsRegistry::Rpc(const std::string& function) {
+  {
+    // Every call looks its function up: readers share the lock.
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = rpc_.find(function);
+    if (it != rpc_.end()) return it->second.get();
+  }
   absl::MutexLock lock(&mu_);
   auto& slot = rpc_[function];
   if (slot == nullptr) slot = std::make_unique<RpcMetrics>();
