@@ -240,10 +240,10 @@ std::string ReportText(const proto::StateReport& report) {
   return s;
 }
 
-std::string ToJson(const google::protobuf::Message& m) {
+std::string ToJson(const google::protobuf::Message& m, bool compact) {
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
+  o.add_whitespace = !compact;
   o.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
   return out;

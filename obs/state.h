@@ -84,7 +84,7 @@ proto::StateReport BuildReport(const std::string& run_id, const std::string& rea
 std::string ReportText(const proto::StateReport& report);
 
 // JSON of a snapshot or report (protobuf's JSON mapping), and back.
-std::string ToJson(const google::protobuf::Message& m);
+std::string ToJson(const google::protobuf::Message& m, bool compact = false);
 absl::Status FromJson(absl::string_view json, google::protobuf::Message* m);
 
 // The sum of a snapshot's progress counters: baton-run's --hang_timeout

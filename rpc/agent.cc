@@ -173,6 +173,7 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
     metrics_ = std::make_unique<obs::MetricsRegistry>();
   }
   traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, options_.world_size));
+  OpenTrace();
 }
 
 void AgentImpl::CountTraffic(int peer, const Payload& payload, bool out) {
@@ -384,6 +385,7 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
     call.metrics->Record(obs::Side::kCaller, result.status().code(), absl::Now() - call.started);
   }
   calls_done_out_.fetch_add(1, std::memory_order_relaxed);
+  if (trace_ != nullptr) TraceOutgoing(id, call.peer, call.function, call.started, result.status());
   call.promise.Set(std::move(result));
   absl::MutexLock lock(&mu_);
   --completing_;
@@ -482,7 +484,9 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   {
     absl::MutexLock lock(&mu_);
     ++incoming_;
-    incoming_calls_[{caller, id}] = IncomingCall{frame.header.function(), absl::Now()};
+    const absl::Time now = absl::Now();
+    incoming_calls_[{caller, id}] =
+        IncomingCall{frame.header.function(), now, false, now, caller_incarnation};
     other_incarnation = caller_incarnation > 0 && caller >= 0 &&
                         caller < static_cast<int>(peers_.size()) &&
                         caller_incarnation != peers_[caller].incarnation;
@@ -637,17 +641,28 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
   if (admitted >= 0) gate_->Finish(caller, admitted);
   std::vector<std::function<void()>> undo;
   undo.swap(frame.payload.undo_if_undelivered);
+  // The timeline's end of the call: before the reply leaves (the caller may
+  // complete before Send returns).
+  const absl::Time replied = trace_ != nullptr ? absl::Now() : absl::InfinitePast();
   if (!channel->Send(std::move(frame))) {
     for (auto& f : undo) f();  // RRef G8: the caller is gone
   }
-  FinishIncoming(caller, id);
+  FinishIncoming(caller, id, replied);
 }
 
-void AgentImpl::FinishIncoming(int caller, uint64_t id) {
+void AgentImpl::FinishIncoming(int caller, uint64_t id, absl::Time replied) {
   calls_done_in_.fetch_add(1, std::memory_order_relaxed);
-  absl::MutexLock lock(&mu_);
-  incoming_calls_.erase({caller, id});
-  --incoming_;
+  std::optional<IncomingCall> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = incoming_calls_.find({caller, id});
+    if (it != incoming_calls_.end()) {
+      if (trace_ != nullptr) done = std::move(it->second);
+      incoming_calls_.erase(it);
+    }
+    --incoming_;
+  }
+  if (done.has_value()) TraceIncoming(caller, id, *done, replied);
 }
 
 void AgentImpl::AddShutdownHook(RpcAgent::ShutdownHook hook) {
@@ -776,6 +791,7 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   if (!ready_.HasBeenNotified()) ready_.Notify();
   metrics_server_.reset();  // its collectors read what goes below
   state_server_.reset();
+  if (trace_ != nullptr) trace_->Flush();
   if (window_ != nullptr) window_->Close();  // callers waiting for room give up
   absl::Status first;
   auto note = [&first](const absl::Status& s) {

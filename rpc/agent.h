@@ -169,6 +169,10 @@ struct AgentOptions {
   // on stderr and the worker runs on without it. With metrics on, the
   // metrics address serves GET /state too.
   std::string state_socket;
+  // Record this worker's spans for the job's timeline (obs/trace.h) into
+  // this directory; `baton-trace DIR` merges every worker's. Empty: off.
+  // FromEnv reads BATON_TRACE.
+  std::string trace_dir;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;

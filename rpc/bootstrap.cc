@@ -168,6 +168,7 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   }
   o.state_socket = get("BATON_STATE_SOCKET");
   o.collect_metrics = get("BATON_METRICS") == "1";
+  o.trace_dir = get("BATON_TRACE");
   o.etcd.endpoint = get(baton::kEnvStoreEtcd);
   if (!o.etcd.endpoint.empty()) {
     o.etcd.prefix = get(baton::kEnvStorePrefix);
@@ -365,7 +366,8 @@ absl::Status AgentImpl::Rendezvous() {
     running_ = true;
   }
   ready_.Notify();
-  return absl::OkStatus();
+  // After the notification: measuring the clock calls rank 0.
+  return StartTrace();
 }
 
 // The executor, the timer, the request gate and the ping function; checks

@@ -50,6 +50,7 @@
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/state.h"
+#include "obs/trace.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
@@ -130,6 +131,12 @@ class AgentImpl : private TransportHandler {
   void CollectState(proto::WorkerState* out) const;
   std::string StateJson() const;
   absl::Status StartStateServer();
+  // The timeline (obs/trace.h; agent_trace.cc): opens the recorder and
+  // measures the clock offset to rank 0 (TL3), at the end of the rendezvous.
+  absl::Status StartTrace();
+  void OpenTrace();  // in the constructor
+  void TraceOutgoing(uint64_t id, int peer, const std::string& function, absl::Time started,
+                     const absl::Status& status);
   // GET /metrics (when metrics are on) and GET /state.
   std::map<std::string, obs::HttpRoute> ObservabilityRoutes() const;
   bool uses_shm(int peer) const;
@@ -286,7 +293,7 @@ class AgentImpl : private TransportHandler {
               const absl::Status& status, int64_t admitted = -1) {
     SendReply(channel, id, caller, status, admitted, /*reply_shm=*/false, /*not_run=*/true);
   }
-  void FinishIncoming(int caller, uint64_t id);
+  void FinishIncoming(int caller, uint64_t id, absl::Time replied);
 
   // The pending calls (id, function) that went to `peer` on `stream_id`.
   std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
@@ -337,6 +344,8 @@ class AgentImpl : private TransportHandler {
   std::unique_ptr<obs::MetricsRegistry> metrics_;
   std::unique_ptr<obs::HttpServer> metrics_server_;
   std::unique_ptr<obs::HttpServer> state_server_;
+  // AgentOptions::trace_dir: set in StartTrace, before the agent serves.
+  std::unique_ptr<obs::TraceRecorder> trace_;
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<Executor> executor_;
@@ -385,7 +394,10 @@ class AgentImpl : private TransportHandler {
     std::string function;
     absl::Time started;  // arrival; once running, the start of its function
     bool running = false;
+    absl::Time arrived;
+    int64_t caller_incarnation = 0;
   };
+  void TraceIncoming(int caller, uint64_t id, const IncomingCall& call, absl::Time replied);
   absl::flat_hash_map<std::pair<int, uint64_t>, IncomingCall> incoming_calls_ ABSL_GUARDED_BY(mu_);
   // Payload bytes (message bodies and tensors, before or after any
   // shared-memory segment) and messages, per peer and direction, for the

@@ -1,0 +1,214 @@
+#include "obs/trace.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/file_io.h"
+#include "google/protobuf/util/json_util.h"
+#include "obs/state.h"
+
+namespace baton::obs {
+namespace {
+
+constexpr size_t kFlushEvery = 4096;
+
+// A small id per recording thread, stable for the thread's life.
+int ThreadId() {
+  static std::atomic<int> next{1};
+  thread_local const int id = next.fetch_add(1);
+  return id;
+}
+
+double Micros(absl::Time t) { return absl::ToDoubleMicroseconds(t - absl::UnixEpoch()); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& dir) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  static std::atomic<int> recorders{0};
+  const std::string path =
+      absl::StrCat(dir, "/trace_pid", ::getpid(), "_", recorders.fetch_add(1), ".jsonl");
+  // Truncate: a file of this name is an earlier run's.
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fclose(f);
+  } else {
+    return absl::PermissionDeniedError(absl::StrCat("cannot write the trace file ", path));
+  }
+  proto::TraceHeader h;
+  h.set_rank(-1);
+  h.set_os_pid(static_cast<int32_t>(::getpid()));
+  h.set_clock_method("not measured");
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(h)));
+}
+
+void TraceRecorder::SetIdentity(int rank, const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  if (header_written_) return;
+  header_.set_rank(rank);
+  header_.set_worker(worker);
+}
+
+TraceRecorder::~TraceRecorder() { Flush(); }
+
+void TraceRecorder::SetClock(double offset_us, double error_us, const std::string& method) {
+  absl::MutexLock lock(&mu_);
+  if (header_written_) return;
+  header_.set_clock_offset_us(offset_us);
+  header_.set_clock_error_us(error_us);
+  header_.set_clock_method(method);
+}
+
+void TraceRecorder::Slice(const std::string& name, const std::string& cat, absl::Time start,
+                          absl::Time end, std::map<std::string, std::string> args,
+                          const Flow& flow_out, const Flow& flow_in) {
+  const int tid = ThreadId();
+  proto::TraceEvent e;
+  e.set_name(name);
+  e.set_cat(cat);
+  e.set_ph("X");
+  e.set_ts(Micros(start));
+  e.set_dur(std::max(0.0, absl::ToDoubleMicroseconds(end - start)));
+  e.set_tid(tid);
+  for (auto& [k, v] : args) (*e.mutable_args())[k] = std::move(v);
+  absl::MutexLock lock(&mu_);
+  pending_.push_back(std::move(e));
+  for (const auto& [flow, ph] : {std::pair{&flow_out, "s"}, std::pair{&flow_in, "f"}}) {
+    if (flow->id.empty()) continue;
+    proto::TraceEvent f;
+    f.set_name("rpc");
+    f.set_cat("flow");
+    f.set_ph(ph);
+    f.set_ts(Micros(std::clamp(flow->at, start, end)));
+    f.set_tid(tid);
+    f.set_id(flow->id);
+    if (ph[0] == 'f') f.set_bp("e");
+    pending_.push_back(std::move(f));
+  }
+  if (pending_.size() >= kFlushEvery) FlushLocked();
+}
+
+void TraceRecorder::Flush() {
+  absl::MutexLock lock(&mu_);
+  FlushLocked();
+}
+
+void TraceRecorder::FlushLocked() {
+  if (pending_.empty() && header_written_) return;
+  std::string out;
+  if (!header_written_) {
+    proto::TraceLine line;
+    *line.mutable_header() = header_;
+    absl::StrAppend(&out, ToJson(line, /*compact=*/true), "\n");
+    header_written_ = true;
+  }
+  for (auto& e : pending_) {
+    proto::TraceLine line;
+    *line.mutable_event() = std::move(e);
+    absl::StrAppend(&out, ToJson(line, /*compact=*/true), "\n");
+  }
+  pending_.clear();
+  std::ofstream(path_, std::ios::app) << out;
+}
+
+absl::StatusOr<proto::TraceFile> MergeTraces(const std::string& dir) {
+  std::vector<std::string> files;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (absl::StartsWith(e->d_name, "trace_") && absl::EndsWith(e->d_name, ".jsonl")) {
+        files.push_back(absl::StrCat(dir, "/", e->d_name));
+      }
+    }
+    ::closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no trace_*.jsonl in ", dir));
+  }
+  proto::TraceFile out;
+  out.set_displaytimeunit("ns");
+  std::vector<proto::TraceEvent> events;
+  for (const std::string& path : files) {
+    std::ifstream in(path);
+    std::string text;
+    proto::TraceHeader header;
+    bool have_header = false;
+    for (int n = 1; std::getline(in, text); ++n) {
+      if (text.empty()) continue;
+      proto::TraceLine line;
+      if (absl::Status s = FromJson(text, &line); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(path, ":", n, ": ", s.message()));
+      }
+      if (line.has_header()) {
+        header = line.header();
+        have_header = true;
+        *out.add_workers() = header;
+        continue;
+      }
+      if (!have_header) {
+        return absl::DataLossError(absl::StrCat(path, ":", n, ": an event before the header"));
+      }
+      proto::TraceEvent e = line.event();
+      e.set_pid(header.rank());
+      e.set_ts(e.ts() + header.clock_offset_us());  // TL3: onto rank 0's clock
+      events.push_back(std::move(e));
+    }
+  }
+  double t0 = 0;
+  if (!events.empty()) {
+    t0 = std::min_element(events.begin(), events.end(), [](const auto& a, const auto& b) {
+           return a.ts() < b.ts();
+         })->ts();
+  }
+  // TL2: keep the arrows whose two ends are here.
+  std::map<std::string, int> ends;
+  for (const auto& e : events) {
+    if (e.ph() == "s") ends[e.id()] |= 1;
+    if (e.ph() == "f") ends[e.id()] |= 2;
+  }
+  // TL4: names and order of the processes.
+  std::sort(out.mutable_workers()->begin(), out.mutable_workers()->end(),
+            [](const auto& a, const auto& b) { return a.rank() < b.rank(); });
+  for (const auto& w : out.workers()) {
+    proto::TraceEvent name;
+    name.set_name("process_name");
+    name.set_ph("M");
+    name.set_pid(w.rank());
+    (*name.mutable_args())["name"] = absl::StrCat(w.worker(), " (rank ", w.rank(), ")");
+    *out.add_traceevents() = name;
+    proto::TraceEvent order;
+    order.set_name("process_sort_index");
+    order.set_ph("M");
+    order.set_pid(w.rank());
+    (*order.mutable_args())["sort_index"] = absl::StrCat(w.rank());
+    *out.add_traceevents() = order;
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& a, const auto& b) { return a.ts() < b.ts(); });
+  for (auto& e : events) {
+    if ((e.ph() == "s" || e.ph() == "f") && ends[e.id()] != 3) continue;
+    e.set_ts(e.ts() - t0);
+    *out.add_traceevents() = std::move(e);
+  }
+  return out;
+}
+
+std::string TraceJson(const proto::TraceFile& trace) {
+  // Chrome wants every pid and ts, rank 0's and zeros included.
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(trace, &out, o);
+  return out;
+}
+
+}  // namespace baton::obs
