@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/file_io.h"
 #include "google/protobuf/util/json_util.h"
 #include "obs/state.h"
@@ -209,6 +210,90 @@ std::string TraceJson(const proto::TraceFile& trace) {
   o.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(trace, &out, o);
   return out;
+}
+
+std::string TraceSvg(const proto::TraceFile& trace, int width) {
+  constexpr int kLane = 22, kLeft = 150, kTop = 30, kRight = 20;
+  // Lanes: (worker, thread) in order.
+  std::map<std::pair<int, int>, int> lanes;
+  double end = 0;
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() == "M") continue;
+    lanes[{e.pid(), e.tid()}] = 0;
+    end = std::max(end, e.ts() + e.dur());
+  }
+  int n = 0;
+  for (auto& [key, lane] : lanes) lane = n++;
+  const double span = std::max(end, 1.0);
+  const double scale = (width - kLeft - kRight) / span;
+  auto x = [&](double ts) { return kLeft + ts * scale; };
+  auto y = [&](int pid, int tid) { return kTop + lanes[{pid, tid}] * kLane; };
+  std::map<int, std::string> names;
+  for (const auto& w : trace.workers()) {
+    names[w.rank()] = absl::StrCat(w.worker(), " (rank ", w.rank(), ")");
+  }
+  auto escape = [](absl::string_view t) {
+    std::string out;
+    for (char c : t) {
+      if (c == '<') {
+        out += "&lt;";
+      } else if (c == '>') {
+        out += "&gt;";
+      } else if (c == '&') {
+        out += "&amp;";
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  };
+  const int height = kTop + n * kLane + 30;
+  std::string svg = absl::StrCat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width, "\" height=\"", height,
+      "\" font-family=\"sans-serif\" font-size=\"10\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n");
+  // The time axis: ten ticks.
+  for (int i = 0; i <= 10; ++i) {
+    const double t = span * i / 10;
+    absl::StrAppend(&svg, "<line x1=\"", x(t), "\" y1=\"", kTop - 8, "\" x2=\"", x(t), "\" y2=\"",
+                    height - 25, "\" stroke=\"#ddd\"/><text x=\"", x(t), "\" y=\"", kTop - 12,
+                    "\" text-anchor=\"middle\">", absl::StrFormat("%.2f ms", t / 1000),
+                    "</text>\n");
+  }
+  for (const auto& [key, lane] : lanes) {
+    absl::StrAppend(
+        &svg, "<text x=\"4\" y=\"", kTop + lane * kLane + 14, "\">",
+        escape(names.count(key.first) ? names[key.first] : absl::StrCat("rank ", key.first)), " t",
+        key.second, "</text>\n");
+  }
+  std::map<std::string, std::pair<const proto::TraceEvent*, const proto::TraceEvent*>> flows;
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() == "s") flows[e.id()].first = &e;
+    if (e.ph() == "f") flows[e.id()].second = &e;
+    if (e.ph() != "X") continue;
+    const char* fill = e.cat() == "serve" ? "#8fbc8f" : e.cat() == "queue" ? "#f0c36d" : "#87a9d6";
+    const double w = std::max(1.0, e.dur() * scale);
+    absl::StrAppend(&svg, "<rect x=\"", x(e.ts()), "\" y=\"", y(e.pid(), e.tid()) + 2,
+                    "\" width=\"", w, "\" height=\"", kLane - 6, "\" fill=\"", fill,
+                    "\" stroke=\"#555\" stroke-width=\"0.5\"><title>", escape(e.name()),
+                    absl::StrFormat(" (%.1f us)", e.dur()), "</title></rect>\n");
+    if (w > 6.0 * static_cast<double>(e.name().size())) {
+      absl::StrAppend(&svg, "<text x=\"", x(e.ts()) + 2, "\" y=\"", y(e.pid(), e.tid()) + 14, "\">",
+                      escape(e.name()), "</text>\n");
+    }
+  }
+  for (const auto& [id, ends] : flows) {
+    if (ends.first == nullptr || ends.second == nullptr) continue;
+    absl::StrAppend(&svg, "<line x1=\"", x(ends.first->ts()), "\" y1=\"",
+                    y(ends.first->pid(), ends.first->tid()) + kLane / 2, "\" x2=\"",
+                    x(ends.second->ts()), "\" y2=\"",
+                    y(ends.second->pid(), ends.second->tid()) + kLane / 2,
+                    "\" stroke=\"#c0392b\" stroke-width=\"1\"/>\n");
+  }
+  absl::StrAppend(&svg, "<text x=\"4\" y=\"", height - 8,
+                  "\">blue: a call on its caller; green: serving it; yellow: queued before it "
+                  "ran; red: a message's flight</text>\n</svg>\n");
+  return svg;
 }
 
 }  // namespace baton::obs

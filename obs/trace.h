@@ -88,6 +88,12 @@ class TraceRecorder {
 absl::StatusOr<proto::TraceFile> MergeTraces(const std::string& dir);
 std::string TraceJson(const proto::TraceFile& trace);
 
+// A picture of a merged trace (SVG, `width` pixels wide): a lane per worker
+// thread, grouped by worker in rank order; each slice a box, labelled
+// where it fits, coloured by category (call, serve, queue); each flow
+// arrow a line from its start to its end; a time axis in milliseconds.
+std::string TraceSvg(const proto::TraceFile& trace, int width = 1200);
+
 }  // namespace baton::obs
 
 #endif  // BATON_OBS_TRACE_H_

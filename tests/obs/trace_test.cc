@@ -123,6 +123,19 @@ TEST(Trace, TL1_TL2_TL3_TL4_ADistributedAutogradStepOnThreeWorkers) {
   proto::TraceFile back;
   EXPECT_TRUE(FromJson(json, &back).ok());
   EXPECT_EQ(back.traceevents_size(), t.traceevents_size());
+  // The picture: a box per slice (and the background), a line per arrow,
+  // the workers' lanes named.
+  const std::string svg = TraceSvg(t);
+  int slices = 0;
+  for (const auto& e : t.traceevents()) slices += e.ph() == "X";
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("<rect "), slices + 1);
+  EXPECT_EQ(count("stroke=\"#c0392b\""), static_cast<int>(flows.size()));
+  EXPECT_THAT(svg, HasSubstr(">w2 (rank 2) t"));
 }
 
 TEST(Trace, MergeSaysWhatIsWrong) {
