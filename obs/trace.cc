@@ -212,6 +212,33 @@ std::string TraceJson(const proto::TraceFile& trace) {
   return out;
 }
 
+proto::TraceFile CropTrace(const proto::TraceFile& trace, double from_us, double to_us) {
+  proto::TraceFile out;
+  out.set_displaytimeunit(trace.displaytimeunit());
+  *out.mutable_workers() = trace.workers();
+  std::map<std::string, int> ends;
+  auto inside = [&](const proto::TraceEvent& e) {
+    return e.ts() < to_us && e.ts() + e.dur() >= from_us;
+  };
+  for (const auto& e : trace.traceevents()) {
+    if ((e.ph() == "s" || e.ph() == "f") && inside(e)) ends[e.id()] |= e.ph() == "s" ? 1 : 2;
+  }
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() == "M") {
+      *out.add_traceevents() = e;
+      continue;
+    }
+    if (!inside(e)) continue;
+    if ((e.ph() == "s" || e.ph() == "f") && ends[e.id()] != 3) continue;
+    proto::TraceEvent c = e;
+    const double start = std::max(e.ts(), from_us);
+    if (e.ph() == "X") c.set_dur(std::min(e.ts() + e.dur(), to_us) - start);
+    c.set_ts(start - from_us);
+    *out.add_traceevents() = std::move(c);
+  }
+  return out;
+}
+
 std::string TraceSvg(const proto::TraceFile& trace, int width) {
   constexpr int kLane = 22, kLeft = 150, kTop = 30, kRight = 20;
   // Lanes: (worker, thread) in order.
@@ -271,7 +298,10 @@ std::string TraceSvg(const proto::TraceFile& trace, int width) {
     if (e.ph() == "s") flows[e.id()].first = &e;
     if (e.ph() == "f") flows[e.id()].second = &e;
     if (e.ph() != "X") continue;
-    const char* fill = e.cat() == "serve" ? "#8fbc8f" : e.cat() == "queue" ? "#f0c36d" : "#87a9d6";
+    const char* fill = e.cat() == "serve"      ? "#8fbc8f"
+                       : e.cat() == "queue"    ? "#f0c36d"
+                       : e.cat() == "pipeline" ? "#b39ddb"
+                                               : "#87a9d6";
     const double w = std::max(1.0, e.dur() * scale);
     absl::StrAppend(&svg, "<rect x=\"", x(e.ts()), "\" y=\"", y(e.pid(), e.tid()) + 2,
                     "\" width=\"", w, "\" height=\"", kLane - 6, "\" fill=\"", fill,
@@ -292,7 +322,7 @@ std::string TraceSvg(const proto::TraceFile& trace, int width) {
   }
   absl::StrAppend(&svg, "<text x=\"4\" y=\"", height - 8,
                   "\">blue: a call on its caller; green: serving it; yellow: queued before it "
-                  "ran; red: a message's flight</text>\n</svg>\n");
+                  "ran; purple: a pipeline action; red: a message's flight</text>\n</svg>\n");
   return svg;
 }
 

@@ -88,9 +88,13 @@ class TraceRecorder {
 absl::StatusOr<proto::TraceFile> MergeTraces(const std::string& dir);
 std::string TraceJson(const proto::TraceFile& trace);
 
+// The part of a merged trace that overlaps [from_us, to_us) (times as in
+// the merged trace), shifted to start at 0; arrows only with both ends in.
+proto::TraceFile CropTrace(const proto::TraceFile& trace, double from_us, double to_us);
+
 // A picture of a merged trace (SVG, `width` pixels wide): a lane per worker
 // thread, grouped by worker in rank order; each slice a box, labelled
-// where it fits, coloured by category (call, serve, queue); each flow
+// where it fits, coloured by category (call, serve, queue, pipeline); each flow
 // arrow a line from its start to its end; a time axis in milliseconds.
 std::string TraceSvg(const proto::TraceFile& trace, int width = 1200);
 

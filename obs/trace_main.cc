@@ -1,26 +1,56 @@
 // baton-trace: merges the trace files a job wrote with BATON_TRACE=DIR into
 // one Chrome trace (obs/trace.h), which Perfetto (ui.perfetto.dev) and
-// chrome://tracing open.
-//   baton-trace DIR [OUT]   OUT defaults to DIR/trace.json; a picture of it
-//                           goes beside, as OUT with .svg for .json
+// chrome://tracing open, and draws it as an SVG beside it.
+//   baton-trace DIR [OUT.json] [--from MS --to MS]
+// OUT defaults to DIR/trace.json, the picture to OUT with .svg for .json;
+// --from/--to keep the part between those milliseconds of the merged trace.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "obs/trace.h"
 
+namespace {
+
+int Usage() {
+  std::fprintf(stderr, "usage: baton-trace DIR [OUT.json] [--from MS --to MS]\n");
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 3 || std::string(argv[1]) == "--help") {
-    std::fprintf(stderr, "usage: baton-trace DIR [OUT.json]\n");
-    return 2;
+  std::vector<std::string> positional;
+  double from_ms = -1, to_ms = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help") return Usage();
+    if ((a == "--from" || a == "--to") && i + 1 < argc) {
+      char* end = nullptr;
+      const double v = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || v < 0) {
+        std::fprintf(stderr, "baton-trace: %s needs milliseconds, not '%s'\n", a.c_str(), argv[i]);
+        return 2;
+      }
+      (a == "--from" ? from_ms : to_ms) = v;
+      continue;
+    }
+    positional.push_back(a);
   }
-  const std::string dir = argv[1];
-  const std::string out = argc == 3 ? argv[2] : dir + "/trace.json";
+  if (positional.empty() || positional.size() > 2 || (from_ms >= 0) != (to_ms >= 0) ||
+      (from_ms >= 0 && to_ms <= from_ms)) {
+    return Usage();
+  }
+  const std::string dir = positional[0];
+  const std::string out = positional.size() == 2 ? positional[1] : dir + "/trace.json";
   auto trace = baton::obs::MergeTraces(dir);
   if (!trace.ok()) {
     std::fprintf(stderr, "baton-trace: %s\n", std::string(trace.status().message()).c_str());
     return 1;
   }
+  if (from_ms >= 0) *trace = baton::obs::CropTrace(*trace, from_ms * 1000, to_ms * 1000);
   std::ofstream(out) << baton::obs::TraceJson(*trace);
   std::string svg = out;
   if (svg.size() > 5 && svg.compare(svg.size() - 5, 5, ".json") == 0) svg.resize(svg.size() - 5);

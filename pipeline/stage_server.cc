@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "dist_optim/optimizer_options.h"
 #include "obs/state.h"
+#include "obs/trace.h"
 #include "pipeline/internal/functions.h"
 #include "rpc/agent.h"
 
@@ -209,6 +210,7 @@ class StageServer::Impl {
     if (busy_) return absl::FailedPreconditionError("pipeline configure: a step is running");
     runner_ = std::shared_ptr<StageRunner>(std::move(*runner));
     link_ = std::make_shared<RpcStageLink>(ctx.agent, r.stage_workers);
+    trace_ = ctx.agent->trace();
     stage_ranks_.clear();
     for (const std::string& name : r.stage_workers) {
       auto w = ctx.agent->worker(name);
@@ -365,6 +367,7 @@ class StageServer::Impl {
 
   void Run(PendingStep step) {
     step.link->set_deadline(step.inputs.deadline);
+    const int64_t step_id = step.inputs.step;
     const absl::Time started = absl::Now();
     absl::StatusOr<StepReport> r = step.runner->RunStep(std::move(step.inputs), *step.link);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
@@ -386,6 +389,20 @@ class StageServer::Impl {
     if (!r.ok()) {
       step.promise.SetError(r.status());
       return;
+    }
+    // The job's timeline (obs/trace.h): this stage's actions, as it timed them.
+    obs::TraceRecorder* trace = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      trace = trace_;
+    }
+    if (trace != nullptr) {
+      for (const TimelineEvent& e : r->events) {
+        trace->Slice(ToString(e.action), "pipeline",
+                     absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.start)),
+                     absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.end)),
+                     {{"step", absl::StrCat(step_id)}});
+      }
     }
     StepReply reply;
     reply.losses = std::move(r->losses);
@@ -455,7 +472,8 @@ class StageServer::Impl {
   mutable absl::Mutex mu_;
   std::shared_ptr<StageRunner> runner_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RpcStageLink> link_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> stage_ranks_ ABSL_GUARDED_BY(mu_);  // rank of each stage worker
+  std::vector<int> stage_ranks_ ABSL_GUARDED_BY(mu_);         // rank of each stage worker
+  obs::TraceRecorder* trace_ ABSL_GUARDED_BY(mu_) = nullptr;  // the agent's, if tracing
   // Steps completed here and where their time went, for the metrics.
   struct Timing {
     int64_t steps = 0;

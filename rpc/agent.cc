@@ -146,6 +146,7 @@ absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful
 bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
 obs::MetricsRegistry* RpcAgent::metrics() const { return impl_->metrics(); }
+obs::TraceRecorder* RpcAgent::trace() const { return impl_->trace(); }
 int RpcAgent::metrics_port() const { return impl_->metrics_port(); }
 std::string RpcAgent::StateJson() const { return impl_->StateJson(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }

@@ -68,6 +68,7 @@ class AgentImpl;
 }  // namespace baton::rpc::internal
 namespace baton::obs {
 class MetricsRegistry;
+class TraceRecorder;
 }  // namespace baton::obs
 
 namespace baton::rpc {
@@ -432,6 +433,10 @@ class RpcAgent final : public DeviceRouter {
   // The worker's metrics (AgentOptions::metrics_address), for components to
   // add their own (RRefs, autograd contexts, PS, pipeline); null when off.
   obs::MetricsRegistry* metrics() const;
+  // The worker's timeline recorder (AgentOptions::trace_dir), for
+  // components to add their own slices (the pipeline's actions); null when
+  // tracing is off.
+  obs::TraceRecorder* trace() const;
   // The port the metrics are served on (0: off).
   int metrics_port() const;
   // This worker's state for the hang report, as JSON of proto/state.proto's

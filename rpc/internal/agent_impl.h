@@ -122,6 +122,7 @@ class AgentImpl : private TransportHandler {
   bool running() const;
   AgentStats stats() const;
   obs::MetricsRegistry* metrics() const { return metrics_.get(); }
+  obs::TraceRecorder* trace() const { return trace_.get(); }
   int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : 0; }
   // The agent's own families (AgentStats) and the server, at the end of the
   // rendezvous.

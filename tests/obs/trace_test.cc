@@ -136,6 +136,21 @@ TEST(Trace, TL1_TL2_TL3_TL4_ADistributedAutogradStepOnThreeWorkers) {
   EXPECT_EQ(count("<rect "), slices + 1);
   EXPECT_EQ(count("stroke=\"#c0392b\""), static_cast<int>(flows.size()));
   EXPECT_THAT(svg, HasSubstr(">w2 (rank 2) t"));
+  // A window of it: the second forward only, shifted to start at 0, its
+  // arrows kept only with both ends inside.
+  const double from = call2->ts(), to = call2->ts() + call2->dur();
+  const proto::TraceFile window = CropTrace(t, from, to);
+  EXPECT_NE(Find(window, "X", 0, "mul -> w2"), nullptr);
+  EXPECT_EQ(Find(window, "X", 0, "mul -> w1"), nullptr);
+  EXPECT_EQ(Find(window, "X", 0, "mul -> w2")->ts(), 0);
+  std::map<std::string, int> window_ends;
+  for (const auto& e : window.traceevents()) {
+    if (e.ph() == "s" || e.ph() == "f") window_ends[e.id()] += 1;
+    if (e.ph() == "X") {
+      EXPECT_LE(e.ts() + e.dur(), to - from + 0.001) << e.name();
+    }
+  }
+  for (const auto& [id, n] : window_ends) EXPECT_EQ(n, 2) << id;
 }
 
 TEST(Trace, MergeSaysWhatIsWrong) {
