@@ -109,9 +109,9 @@ expand() {
         expand @store
         for f in rpc/*.cc rpc/internal/*.cc rpc/transport/*/*.cc rpc/channel/*/*.cc env/*.cc \
           obs/*.cc; do
-          [ "$f" = rpc/default_agent.cc ] || echo "$f"
+          case "$f" in rpc/default_agent.cc | obs/trace_main.cc) ;; *) echo "$f" ;; esac
         done
-        printf '%s\n' proto:rpc.pb.cc proto:state.pb.cc ;;
+        printf '%s\n' proto:rpc.pb.cc proto:state.pb.cc proto:trace.pb.cc ;;
       *) echo "$s" ;;
     esac
   done

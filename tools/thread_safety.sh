@@ -20,7 +20,7 @@ else
   mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' 'rpc/testing/*.cc' \
     'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
     'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' 'pipeline/*.cc' \
-    'data/*.cc' 'env/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' |
+    'data/*.cc' 'env/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' 'obs/*.cc' |
     grep -v -e '/bench/' -e '_test.cc$')
 fi
 check() {
