@@ -101,6 +101,13 @@ absl::Status CheckLengths(const char* request, size_t tables,
   return absl::OkStatus();
 }
 
+// The clock checkpoints follow: kSync's applied clock, else the slowest live
+// trainer's.
+int64_t ProgressClockOf(const ServerShard& shard) {
+  const ShardStats st = shard.Stats();
+  return shard.spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock : st.min_clock;
+}
+
 // Which worker each trainer id is (learned from its requests), so that the
 // hang report names ranks.
 class TrainerRanks {
@@ -161,6 +168,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
       server->restored_clock_ = shard->spec().consistency.mode == ConsistencyMode::kSync
                                     ? st.applied_clock
                                     : st.min_clock;
+      if (options.checkpoint_every_clocks > 0) {
+        server->handle_->boundary = server->restored_clock_ / options.checkpoint_every_clocks;
+      }
       absl::MutexLock lock(&server->mu_);
       server->last_checkpoint_clock_ = server->restored_clock_;
     } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
@@ -309,7 +319,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (s.ok()) {
     s = registry.Register(
         internal::kPushFn,
-        [shard](internal::PushRequest req) -> absl::StatusOr<internal::PushReply> {
+        [shard, handle = server->handle_, every = options.checkpoint_every_clocks,
+         dir = !options.checkpoint_dir.empty()](
+            internal::PushRequest req) -> absl::StatusOr<internal::PushReply> {
           if (absl::Status c =
                   CheckLengths("PushRequest", req.tables.size(),
                                {{"ids", req.ids.size()}, {"gradients", req.gradients.size()}});
@@ -319,6 +331,16 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           auto clock = shard->Push(req.trainer, req.clock, req.end_clock,
                                    Requests(req.tables, req.ids, &req.gradients), req.session);
           if (!clock.ok()) return clock.status();
+          if (dir && every > 0 && req.end_clock) {
+            // A new multiple of checkpoint_every_clocks: checkpoint now, not
+            // at the next check_interval (by then training may be far on).
+            const int64_t b = ProgressClockOf(*shard) / every;
+            int64_t seen = handle->boundary.load(std::memory_order_relaxed);
+            if (b > seen && handle->boundary.compare_exchange_strong(seen, b)) {
+              absl::MutexLock lock(&handle->mu);
+              if (handle->server != nullptr) handle->server->WakeForCheckpoint();
+            }
+          }
           internal::PushReply reply;
           reply.clock = *clock;
           return reply;
@@ -361,25 +383,31 @@ PsServer::~PsServer() {
   (void)Stop(false);
 }
 
-int64_t PsServer::ProgressClock() const {
-  const ShardStats st = shard_->Stats();
-  return shard_->spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock
-                                                                   : st.min_clock;
+int64_t PsServer::ProgressClock() const { return ProgressClockOf(*shard_); }
+
+void PsServer::WakeForCheckpoint() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
 }
 
 void PsServer::Maintain() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), options_.check_interval);
     if (stopping_) break;
+    wake_ = false;
     mu_.Unlock();
     shard_->CheckWaits();
     bool due = false;
     if (!options_.checkpoint_dir.empty()) {
       const int64_t clock = ProgressClock();
       absl::MutexLock inner(&mu_);
+      // Multiples of checkpoint_every_clocks, so that the work a dead server
+      // loses stays below it however fast training runs.
       due = (options_.checkpoint_every_clocks > 0 &&
-             clock - last_checkpoint_clock_ >= options_.checkpoint_every_clocks) ||
+             clock / options_.checkpoint_every_clocks >
+                 last_checkpoint_clock_ / options_.checkpoint_every_clocks) ||
             (options_.checkpoint_every > absl::ZeroDuration() &&
              absl::Now() - last_checkpoint_time_ >= options_.checkpoint_every);
     }

@@ -18,10 +18,12 @@
 //   checkpoint_dir/server<k>-of-<S>/ckpt-<clock>-<seq> atomically: written
 //   to a temporary file, fsync'ed, renamed, and the directory fsync'ed; a
 //   checksum over the bytes rejects torn or corrupt files on load. One is
-//   written every checkpoint_every_clocks clocks (kSync: applied clocks;
-//   otherwise the slowest live trainer's clock) or checkpoint_every of time,
-//   whichever comes first, by a maintenance thread that also runs
-//   ServerShard::CheckWaits every check_interval. The two newest are kept.
+//   written each time the progress clock (kSync: applied clocks; otherwise
+//   the slowest live trainer's clock) reaches a new multiple of
+//   checkpoint_every_clocks (the push that reaches it wakes the maintenance
+//   thread at once), or after checkpoint_every of time, whichever comes
+//   first, by a maintenance thread that also runs ServerShard::CheckWaits
+//   every check_interval. The two newest are kept.
 //   Work lost when a server dies is what it applied since its last
 //   checkpoint: at most checkpoint_every_clocks clocks or checkpoint_every.
 // - Errors of the remote functions keep their codes (ps/server_shard.h).
@@ -31,6 +33,7 @@
 #ifndef BATON_PS_SERVER_H_
 #define BATON_PS_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,7 +92,14 @@ class PsServer {
   struct Handle {
     absl::Mutex mu;
     PsServer* server ABSL_GUARDED_BY(mu) = nullptr;
+    // The last multiple of checkpoint_every_clocks the progress clock was
+    // seen to reach (by a push), so that crossing the next one wakes the
+    // maintenance thread at once.
+    std::atomic<int64_t> boundary{0};
   };
+  // A push made the progress clock reach a new multiple of
+  // checkpoint_every_clocks: check for a checkpoint now.
+  void WakeForCheckpoint();
 
   const std::shared_ptr<ServerShard> shard_;
   const ServerOptions options_;
@@ -98,6 +108,7 @@ class PsServer {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
   int64_t checkpoint_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_checkpoint_clock_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_checkpoint_time_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,8 @@
 // read from AgentStats at scrape time, the protocol layers' collectors, and
 // the HTTP endpoint (obs/http_server.h). The per-call counting is in
 // Call/Complete (caller) and Dispatch (callee), agent.cc.
+#include <algorithm>
+
 #include "base/status.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
@@ -66,7 +68,8 @@ absl::Status AgentImpl::StartMetrics() {
          &PeerTraffic::messages_out, &PeerTraffic::messages_in}};
     for (const Family& f : families) {
       w.Family(f.name, f.help, "counter");
-      for (int p = 0; p < options_.world_size; ++p) {
+      const int peers = std::min(options_.world_size, static_cast<int>(workers_.size()));
+      for (int p = 0; p < peers; ++p) {
         const PeerTraffic& t = traffic_[p];
         const std::string transport = uses_shm_transport(p) ? "shm" : "grpc";
         for (const auto& [direction, field] : {std::pair{"out", f.out}, std::pair{"in", f.in}}) {

@@ -1,4 +1,4 @@
-// Metrics in Prometheus's format (obs/metrics.h, obs/metrics_server.h): what
+// Metrics in Prometheus's format (obs/metrics.h, obs/http_server.h): what
 // the registry renders, what the HTTP endpoint answers, and a live job's
 // scrape checked by the real `promtool check metrics` (Debian's prometheus).
 #include <arpa/inet.h>
