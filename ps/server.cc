@@ -108,8 +108,8 @@ int64_t ProgressClockOf(const ServerShard& shard) {
   return shard.spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock : st.min_clock;
 }
 
-// Which worker each trainer id is (learned from its requests), so that the
-// hang report names ranks.
+// Which worker each trainer id is (learned when it joins, restarts included),
+// so that the hang report names ranks.
 class TrainerRanks {
  public:
   void Note(int trainer, const rpc::CallContext& ctx) {
@@ -290,10 +290,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (s.ok()) {
     s = registry.Register(
         internal::kPullFn,
-        [shard, ranks](const rpc::CallContext& ctx,
-                       internal::PullRequest req) -> rpc::Future<internal::PullReply> {
+        [shard](const rpc::CallContext& ctx,
+                internal::PullRequest req) -> rpc::Future<internal::PullReply> {
           using Reply = internal::PullReply;
-          ranks->Note(req.trainer, ctx);
           if (absl::Status c =
                   CheckLengths("PullRequest", req.tables.size(), {{"ids", req.ids.size()}});
               !c.ok()) {

@@ -107,40 +107,46 @@ std::vector<std::pair<int, std::string>> StateSockets(const std::string& state_d
   return out;
 }
 
-proto::StateReport CollectReport(const std::string& run_id, const std::string& reason,
-                                 const std::string& state_dir, absl::Duration timeout) {
-  const auto sockets = StateSockets(state_dir);
-  std::vector<absl::StatusOr<proto::WorkerState>> answers(sockets.size(),
-                                                          absl::UnknownError("not asked"));
+namespace {
+
+// GET `path` from every worker's socket at once, each within `timeout`:
+// the bodies of the answers that came back 200, else why not.
+std::vector<absl::StatusOr<std::string>> AskAll(
+    const std::vector<std::pair<int, std::string>>& sockets, const std::string& path,
+    absl::Duration timeout) {
+  std::vector<absl::StatusOr<std::string>> answers(sockets.size(), absl::UnknownError("not asked"));
   std::vector<std::thread> askers;
   for (size_t i = 0; i < sockets.size(); ++i) {
     askers.emplace_back([&, i] {
-      auto r = obs::HttpGet(absl::StrCat("unix:", sockets[i].second), "/state", timeout);
+      auto r = obs::HttpGet(absl::StrCat("unix:", sockets[i].second), path, timeout);
       if (!r.ok()) {
         answers[i] = r.status();
-        return;
-      }
-      if (obs::HttpStatus(*r) != 200) {
+      } else if (obs::HttpStatus(*r) != 200) {
         answers[i] = absl::UnavailableError(absl::StrCat("answered ", obs::HttpStatus(*r)));
-        return;
-      }
-      proto::WorkerState w;
-      absl::Status s = obs::FromJson(obs::HttpBody(*r), &w);
-      if (s.ok()) {
-        answers[i] = std::move(w);
       } else {
-        answers[i] = s;
+        answers[i] = obs::HttpBody(*r);
       }
     });
   }
   for (auto& t : askers) t.join();
+  return answers;
+}
+
+}  // namespace
+
+proto::StateReport CollectReport(const std::string& run_id, const std::string& reason,
+                                 const std::string& state_dir, absl::Duration timeout) {
+  const auto sockets = StateSockets(state_dir);
+  const auto answers = AskAll(sockets, "/state", timeout);
   std::vector<proto::WorkerState> workers;
   std::map<int, std::string> unanswered;
   for (size_t i = 0; i < sockets.size(); ++i) {
-    if (answers[i].ok()) {
-      workers.push_back(*std::move(answers[i]));
+    proto::WorkerState w;
+    absl::Status s = answers[i].ok() ? obs::FromJson(*answers[i], &w) : answers[i].status();
+    if (s.ok()) {
+      workers.push_back(std::move(w));
     } else {
-      unanswered[sockets[i].first] = std::string(answers[i].status().message());
+      unanswered[sockets[i].first] = std::string(s.message());
     }
   }
   return obs::BuildReport(run_id, reason, std::move(workers), unanswered, absl::Now());
@@ -159,21 +165,12 @@ absl::StatusOr<std::string> WriteReport(const proto::StateReport& report, const 
 
 std::string ScrapeNode(const std::string& state_dir, absl::Duration timeout) {
   const auto sockets = StateSockets(state_dir);
-  std::vector<std::pair<std::string, std::string>> sources(sockets.size());
-  std::vector<bool> answered(sockets.size(), false);
-  std::vector<std::thread> askers;
+  const auto answers = AskAll(sockets, "/metrics", timeout);
+  std::vector<std::pair<std::string, std::string>> sources;
   for (size_t i = 0; i < sockets.size(); ++i) {
-    askers.emplace_back([&, i] {
-      sources[i].first = absl::StrCat(sockets[i].first);
-      auto r = obs::HttpGet(absl::StrCat("unix:", sockets[i].second), "/metrics", timeout);
-      if (r.ok() && obs::HttpStatus(*r) == 200) {
-        sources[i].second = obs::HttpBody(*r);
-        answered[i] = true;
-      }
-    });
+    if (answers[i].ok()) sources.emplace_back(absl::StrCat(sockets[i].first), *answers[i]);
   }
-  for (auto& t : askers) t.join();
-  const auto n = static_cast<double>(std::count(answered.begin(), answered.end(), true));
+  const auto n = static_cast<double>(sources.size());
   obs::MetricsWriter w;
   w.Gauge("baton_node_workers_scraped", "Workers on this node whose metrics this scrape holds.", n);
   w.Gauge("baton_node_workers_unanswered",
