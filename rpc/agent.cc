@@ -436,11 +436,33 @@ void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status
   const auto refused = CallsOnStream(peer, stream_id);
   SuspectPeer(peer, cause);
   // P8: none of them was read; they go again once the rank can take them.
-  for (const auto& [id, function] : refused) {
-    if (Redeliver(id)) continue;
+  RedeliverUnread(peer, refused, "stream refused", cause);
+}
+
+void AgentImpl::OnRequestsUnread(int peer, uint64_t stream_id, const std::vector<uint64_t>& ids,
+                                 const absl::Status& cause) {
+  if (!absl::IsUnavailable(cause)) return;  // OnStreamClosed fails them
+  DeliveryScope delivering;
+  std::vector<std::pair<uint64_t, std::string>> unread;
+  {
+    const absl::flat_hash_set<uint64_t> named(ids.begin(), ids.end());
+    for (auto& call : CallsOnStream(peer, stream_id)) {
+      if (named.contains(call.first)) unread.push_back(std::move(call));
+    }
+  }
+  SuspectPeer(peer, cause);
+  // P8: the transport knows the dead process read none of them.
+  RedeliverUnread(peer, unread, "its process exited before reading the request", cause);
+}
+
+void AgentImpl::RedeliverUnread(int peer,
+                                const std::vector<std::pair<uint64_t, std::string>>& calls,
+                                absl::string_view why, const absl::Status& cause) {
+  for (const auto& [id, function] : calls) {
+    if (options_.restart_wait > absl::ZeroDuration() && Redeliver(id)) continue;
     Complete(id,
-             Annotate(absl::UnavailableError(absl::StrCat(
-                          "worker is dead or unreachable (stream refused: ", cause.message(), ")")),
+             Annotate(absl::UnavailableError(absl::StrCat("worker is dead or unreachable (", why,
+                                                          ": ", cause.message(), ")")),
                       CallContextText(peer, function)),
              /*undelivered=*/true);
   }

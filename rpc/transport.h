@@ -21,8 +21,10 @@
 // - When a stream or link to a peer ends (the peer died, was unreachable, or
 //   refused the token), OnStreamClosed names it and the cause, once; calls
 //   pending on it are the handler's to fail. A network transport that knows
-//   the peer read nothing of the stream says OnStreamRefused instead. When a peer's incoming stream
-//   is cancelled (not closed cleanly), OnPeerLost names the peer.
+//   the peer read nothing of the stream says OnStreamRefused instead; one
+//   that knows which requests a dead peer never read names them with
+//   OnRequestsUnread just before OnStreamClosed. When a peer's incoming
+//   stream is cancelled (not closed cleanly), OnPeerLost names the peer.
 // - Frames from one sender thread to one peer arrive in order.
 //
 // Thread-safety: Send() and ReplyChannel::Send() may be called from any
@@ -35,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -77,6 +80,15 @@ class TransportHandler {
   virtual void OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
     OnStreamClosed(peer, stream_id, cause);
   }
+  // The stream or link `stream_id` to `peer` is ending because the peer's
+  // process is gone, and the requests `ids` (their header ids) were provably
+  // never read by it: no part of them reached its handler. Called once,
+  // just before OnStreamClosed for the same stream, which concerns the
+  // requests not named here. The default does nothing (OnStreamClosed then
+  // fails them as maybe delivered).
+  virtual void OnRequestsUnread(int /*peer*/, uint64_t /*stream_id*/,
+                                const std::vector<uint64_t>& /*ids*/,
+                                const absl::Status& /*cause*/) {}
   // An incoming network stream opened, presenting `identity` (what its
   // opener's transport was given with AddPeer; empty if none). No frame of
   // it is read before `done` runs, once, from any thread: with the caller

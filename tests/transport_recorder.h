@@ -37,6 +37,13 @@ class Recorder : public TransportHandler {
     absl::MutexLock lock(&mu_);
     closed_.push_back({peer, cause});
   }
+  void OnRequestsUnread(int peer, uint64_t /*stream_id*/, const std::vector<uint64_t>& ids,
+                        const absl::Status& /*cause*/) override {
+    absl::MutexLock lock(&mu_);
+    // Always before the same link's OnStreamClosed (T5).
+    unread_before_close_ = closed_.empty();
+    unread_.push_back({peer, ids});
+  }
   bool WaitRequests(size_t n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_.size() >= n; };
@@ -58,6 +65,8 @@ class Recorder : public TransportHandler {
   std::vector<Frame> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int, Frame>> responses_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int, absl::Status>> closed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, std::vector<uint64_t>>> unread_ ABSL_GUARDED_BY(mu_);
+  bool unread_before_close_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace baton::rpc::internal

@@ -210,6 +210,8 @@ class AgentImpl : private TransportHandler {
   void OnPeerLost(int peer, const absl::Status& cause) override;
   // P8: requests on a stream the peer never accepted were not delivered.
   void OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) override;
+  void OnRequestsUnread(int peer, uint64_t stream_id, const std::vector<uint64_t>& ids,
+                        const absl::Status& cause) override;
   // W2: checks what an incoming stream presents (stream_identity.cc).
   void AuthenticateStream(absl::string_view identity,
                           std::function<void(absl::StatusOr<int>)> done) override;
@@ -298,6 +300,10 @@ class AgentImpl : private TransportHandler {
 
   // The pending calls (id, function) that went to `peer` on `stream_id`.
   std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
+  // P8: redelivers (with restart_wait) or fails as undelivered calls known
+  // never read by `peer`; `why` and `cause` explain a failure.
+  void RedeliverUnread(int peer, const std::vector<std::pair<uint64_t, std::string>>& calls,
+                       absl::string_view why, const absl::Status& cause);
   // Completes and removes pending call `id` (no-op if already gone).
   // `undelivered`: the callee never decoded the request (RRef G8: its undo runs).
   void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false);

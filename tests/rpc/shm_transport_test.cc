@@ -187,6 +187,89 @@ TEST(ShmTransport, T3_PeerDeathIsNoticedAndSendsFailAfterwards) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// T5: a peer that read requests 1-3 and then stopped reading dies; the
+// requests 4-6 it never read are named unread, before the link's close, and
+// the ones it read are not (they may have run).
+TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
+  Recorder h0;
+  auto t0 = *ShmTransport::Create({}, 0, 2, &h0);
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    // The peer: reads (and answers) until told to stop, then stops reading
+    // and exits when the parent closes its pipe.
+    close(to_child[1]);
+    close(to_parent[0]);
+    Recorder h1;
+    auto t1 = *ShmTransport::Create({}, 1, 2, &h1);
+    char name[256] = {};
+    if (read(to_child[0], name, sizeof(name)) <= 0) _exit(2);
+    if (!t1->OpenLink(0, name, t0->hub_name(), getppid()).ok()) _exit(3);
+    if (t1->Activate() != std::vector<int>{0}) _exit(4);
+    (void)!write(to_parent[1], "k", 1);
+    char c;
+    if (read(to_child[0], &c, 1) != 1) _exit(5);
+    t1->Close();  // reads nothing more
+    (void)!write(to_parent[1], "s", 1);
+    while (read(to_child[0], &c, 1) > 0) {
+    }
+    _exit(0);
+  }
+  Recorder dummy;
+  auto stand_in = *ShmTransport::Create({}, 1, 2, &dummy);
+  auto link = t0->CreateLink(1, stand_in->hub_name(), child);
+  ASSERT_TRUE(link.ok()) << link.status();
+  ASSERT_EQ(write(to_child[1], link->c_str(), link->size() + 1),
+            static_cast<ssize_t>(link->size() + 1));
+  char ack = 0;
+  ASSERT_EQ(read(to_parent[0], &ack, 1), 1);
+  EXPECT_EQ(t0->Activate(), std::vector<int>{1});
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(t0->Send(1, Request(id, 100)).ok());
+  ASSERT_TRUE(h0.WaitResponses(3, absl::Seconds(10)));  // read and answered
+  ASSERT_EQ(write(to_child[1], "s", 1), 1);
+  ASSERT_EQ(read(to_parent[0], &ack, 1), 1);  // its receiver stopped
+  // A reply is not a request: it is never named.
+  Frame reply;
+  reply.header.set_kind(proto::FrameHeader::RESPONSE);
+  reply.header.set_id(77);
+  ASSERT_TRUE(t0->Send(1, Request(4, 100)).ok());
+  ASSERT_TRUE(t0->Send(1, std::move(reply)).ok());
+  ASSERT_TRUE(t0->Send(1, Request(5, 150 << 10)).ok());  // in fragments: over half the ring
+  ASSERT_TRUE(t0->Send(1, Request(6, 10)).ok());
+  close(to_child[1]);  // the child exits
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(h0.WaitClosed(absl::Seconds(5)));
+  absl::MutexLock lock(&h0.mu_);
+  ASSERT_EQ(h0.unread_.size(), 1u);
+  EXPECT_EQ(h0.unread_[0].first, 1);
+  EXPECT_EQ(h0.unread_[0].second, (std::vector<uint64_t>{4, 5, 6}));
+  EXPECT_TRUE(h0.unread_before_close_);
+  ASSERT_EQ(h0.closed_.size(), 1u);
+  EXPECT_EQ(h0.closed_[0].second.code(), absl::StatusCode::kUnavailable);
+}
+
+// T5: a frame left half written (the ring filled up mid-frame and stayed
+// full) closes the link, so that no later frame runs into its fragments.
+TEST(ShmTransport, T5_AFrameLeftHalfWrittenClosesTheLink) {
+  ShmTransportOptions o;
+  o.ring_bytes = 8 << 10;
+  o.send_timeout = absl::Milliseconds(200);
+  Pair p(o, /*activate1=*/false);  // rank 1's receiver never runs
+  const absl::Status s = p.t0->Send(1, Request(1, 64 << 10)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(s.message(), "stayed full")) << s;
+  EXPECT_FALSE(p.t0->connected(1));
+  EXPECT_EQ(p.t0->Send(1, Request(2, 8)).status().code(), absl::StatusCode::kUnavailable);
+  absl::MutexLock lock(&p.h0.mu_);
+  ASSERT_EQ(p.h0.closed_.size(), 1u);
+  EXPECT_EQ(p.h0.closed_[0].first, 1);
+  EXPECT_TRUE(p.h0.unread_.empty());  // the peer lives: nothing is claimed
+}
+
 TEST(ShmTransport, AnUnopenedLinkIsDroppedAndBadRingSizesAreRefused) {
   Recorder h0;
   auto t0 = *ShmTransport::Create({}, 0, 3, &h0);

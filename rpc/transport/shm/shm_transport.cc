@@ -1,6 +1,8 @@
 #include "rpc/transport/shm/shm_transport.h"
 
 #include <algorithm>
+#include <deque>
+#include <utility>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -93,6 +95,11 @@ struct ShmTransport::Link {
 
   // Outgoing ring (any thread, under send_mu).
   absl::Mutex send_mu;
+  // Requests written and perhaps not yet read: (ring position just past
+  // the request's last byte, its id), oldest first. Entries the peer's read
+  // position passed are dropped as the next request is written; the rest
+  // name, when the peer dies, the requests it never read (T5).
+  std::deque<std::pair<uint64_t, uint64_t>> requests_in_ring ABSL_GUARDED_BY(send_mu);
   // Incoming ring (the receiver thread only).
   std::string partial;
 
@@ -263,10 +270,13 @@ absl::StatusOr<uint64_t> ShmTransport::Send(int peer, Frame frame) {
 absl::Status ShmTransport::Write(Link& link, Frame frame) {
   // A closed link (Close(), Disconnect(), a dead peer) takes nothing more,
   // even while its ring has room: its reply channels then say so.
-  if (link.closed.load(std::memory_order_acquire)) {
+  auto closed_error = [&link] {
     return absl::UnavailableError(
         absl::StrCat("shared-memory link to worker ", link.peer, " is closed"));
-  }
+  };
+  if (link.closed.load(std::memory_order_acquire)) return closed_error();
+  const bool request = frame.header.kind() == proto::FrameHeader::REQUEST;
+  const uint64_t id = frame.header.id();
   std::vector<grpc::Slice> slices;
   const size_t total = AppendFrame(std::move(frame), &slices);
   RingHeader& ring = link.out();
@@ -274,57 +284,84 @@ absl::Status ShmTransport::Write(Link& link, Frame frame) {
   const size_t cap = link.cap;
   const size_t max_fragment = cap / 2 - kRecordHeader;
   const absl::Time deadline = absl::Now() + options_.send_timeout;
-  absl::MutexLock lock(&link.send_mu);
-  uint64_t head = ring.head.load(std::memory_order_relaxed);
-  size_t slice = 0, offset = 0, left = total;
-  do {
-    const size_t len = std::min(left, max_fragment);
-    const size_t need = kRecordHeader + Align8(len);
-    // Wait for room: spin a little, then sleep on the ring's space word.
-    int spins = 0;
-    while (cap - (head - ring.tail.load(std::memory_order_acquire)) < need) {
-      if (link.closed.load(std::memory_order_acquire)) {
-        return absl::UnavailableError("shared-memory link closed (the worker died)");
-      }
-      if (++spins < 200) {
-        CpuRelax();
-        continue;
-      }
-      if (absl::Now() > deadline) {
-        return absl::UnavailableError(absl::StrCat(
-            "shared-memory ring to worker ", link.peer, " stayed full for ",
-            absl::FormatDuration(options_.send_timeout), " (the worker does not read)"));
-      }
-      const uint32_t seen = ring.space.load(std::memory_order_seq_cst);
-      ring.writer_waiting.store(1, std::memory_order_seq_cst);
-      if (cap - (head - ring.tail.load(std::memory_order_seq_cst)) < need) {
-        FutexWait(&ring.space, seen, absl::Milliseconds(10));
-      }
-      ring.writer_waiting.store(0, std::memory_order_relaxed);
+  absl::Status broken;  // a frame left half written: the link must close
+  {
+    absl::MutexLock lock(&link.send_mu);
+    // Checked again under the lock: CloseLink takes it after marking the
+    // link closed, so no frame lands in a ring it already looked at (T5).
+    if (link.closed.load(std::memory_order_acquire)) return closed_error();
+    uint64_t head = ring.head.load(std::memory_order_relaxed);
+    if (request) {
+      const uint64_t read = ring.tail.load(std::memory_order_acquire);
+      auto& in_ring = link.requests_in_ring;
+      while (!in_ring.empty() && in_ring.front().first <= read) in_ring.pop_front();
     }
-    // Record header (8-aligned positions never straddle the end), then data.
-    const uint32_t flags = left > len ? kMoreFragments : 0;
-    uint32_t rec[2] = {static_cast<uint32_t>(len), flags};
-    std::memcpy(data + head % cap, rec, kRecordHeader);
-    size_t pos = (head + kRecordHeader) % cap;
-    size_t copied = 0;
-    while (copied < len) {
-      const grpc::Slice& s = slices[slice];
-      const size_t take = std::min({len - copied, s.size() - offset, cap - pos});
-      std::memcpy(data + pos, s.begin() + offset, take);
-      copied += take;
-      offset += take;
-      pos = (pos + take) % cap;
-      if (offset == s.size()) {
-        ++slice;
-        offset = 0;
+    size_t slice = 0, offset = 0, left = total;
+    do {
+      const size_t len = std::min(left, max_fragment);
+      const size_t need = kRecordHeader + Align8(len);
+      // Wait for room: spin a little, then sleep on the ring's space word.
+      int spins = 0;
+      absl::Status stuck;
+      while (cap - (head - ring.tail.load(std::memory_order_acquire)) < need) {
+        if (link.closed.load(std::memory_order_acquire)) {
+          stuck = absl::UnavailableError("shared-memory link closed (the worker died)");
+          break;
+        }
+        if (++spins < 200) {
+          CpuRelax();
+          continue;
+        }
+        if (absl::Now() > deadline) {
+          stuck = absl::UnavailableError(absl::StrCat(
+              "shared-memory ring to worker ", link.peer, " stayed full for ",
+              absl::FormatDuration(options_.send_timeout), " (the worker does not read)"));
+          break;
+        }
+        const uint32_t seen = ring.space.load(std::memory_order_seq_cst);
+        ring.writer_waiting.store(1, std::memory_order_seq_cst);
+        if (cap - (head - ring.tail.load(std::memory_order_seq_cst)) < need) {
+          FutexWait(&ring.space, seen, absl::Milliseconds(10));
+        }
+        ring.writer_waiting.store(0, std::memory_order_relaxed);
       }
-    }
-    head += need;
-    ring.head.store(head, std::memory_order_release);
-    link.Ring();
-    left -= len;
-  } while (left > 0);
+      if (!stuck.ok()) {
+        // Fragments already in the ring would run into the next frame:
+        // nothing more may follow them on this link.
+        if (left < total && !link.closed.exchange(true)) broken = stuck;
+        if (broken.ok()) return stuck;
+        break;
+      }
+      // Record header (8-aligned positions never straddle the end), then data.
+      const uint32_t flags = left > len ? kMoreFragments : 0;
+      uint32_t rec[2] = {static_cast<uint32_t>(len), flags};
+      std::memcpy(data + head % cap, rec, kRecordHeader);
+      size_t pos = (head + kRecordHeader) % cap;
+      size_t copied = 0;
+      while (copied < len) {
+        const grpc::Slice& s = slices[slice];
+        const size_t take = std::min({len - copied, s.size() - offset, cap - pos});
+        std::memcpy(data + pos, s.begin() + offset, take);
+        copied += take;
+        offset += take;
+        pos = (pos + take) % cap;
+        if (offset == s.size()) {
+          ++slice;
+          offset = 0;
+        }
+      }
+      head += need;
+      ring.head.store(head, std::memory_order_release);
+      link.Ring();
+      left -= len;
+    } while (left > 0);
+    if (broken.ok() && request) link.requests_in_ring.emplace_back(head, id);
+  }
+  if (!broken.ok()) {
+    // Marked closed above; the handler hears of it outside the lock.
+    NotifyClosed(link, broken);
+    return broken;
+  }
   frames_sent_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -406,16 +443,7 @@ void ShmTransport::CheckPeers() {
   for (int p : active_) {
     const std::shared_ptr<Link>& link = links_[p];
     if (link == nullptr || link->closed.load(std::memory_order_relaxed)) continue;
-    bool dead;
-    if (link->pidfd >= 0) {
-      struct pollfd pfd {
-        link->pidfd, POLLIN, 0
-      };
-      dead = poll(&pfd, 1, 0) > 0;
-    } else {
-      dead = kill(link->peer_pid, 0) != 0 && errno == ESRCH;
-    }
-    if (dead) {
+    if (PeerExited(*link)) {
       CloseLink(p, absl::UnavailableError(absl::StrCat("the process of worker ", p, " (pid ",
                                                        link->peer_pid, ") exited")));
     }
@@ -427,10 +455,43 @@ void ShmTransport::Disconnect(int peer, const absl::Status& cause) {
   CloseLink(peer, cause);
 }
 
+bool ShmTransport::PeerExited(const Link& link) {
+  if (link.pidfd >= 0) {
+    struct pollfd pfd {
+      link.pidfd, POLLIN, 0
+    };
+    return poll(&pfd, 1, 0) > 0;
+  }
+  return kill(link.peer_pid, 0) != 0 && errno == ESRCH;
+}
+
 void ShmTransport::CloseLink(int peer, const absl::Status& cause) {
   Link& link = *links_[peer];
   if (link.closed.exchange(true)) return;
-  handler_->OnStreamClosed(peer, kStreamBase + static_cast<uint64_t>(peer), cause);
+  NotifyClosed(link, cause);
+}
+
+void ShmTransport::NotifyClosed(Link& link, const absl::Status& cause) {
+  const uint64_t stream = kStreamBase + static_cast<uint64_t>(link.peer);
+  // T5: with the peer's process gone its read position is final; requests
+  // past it never reached its handler (Poll hands a frame on only after
+  // moving the position past its last byte). A live peer may still read
+  // what is in the ring, so nothing is claimed for it.
+  if (PeerExited(link)) {
+    std::vector<uint64_t> unread;
+    {
+      // Waits out a writer that passed the closed check before the link
+      // was marked; later writers see the mark.
+      absl::MutexLock lock(&link.send_mu);
+      const uint64_t read = link.out().tail.load(std::memory_order_acquire);
+      for (const auto& [end, id] : link.requests_in_ring) {
+        if (end > read) unread.push_back(id);
+      }
+      link.requests_in_ring.clear();
+    }
+    if (!unread.empty()) handler_->OnRequestsUnread(link.peer, stream, unread, cause);
+  }
+  handler_->OnStreamClosed(link.peer, stream, cause);
 }
 
 void ShmTransport::ReceiveLoop() {

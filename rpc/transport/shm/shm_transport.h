@@ -31,6 +31,13 @@
 // T4. Memory per pair is 2 * ring_bytes plus 4 KiB of headers, in /dev/shm,
 //     reserved when the link is created (base/shm_segment.h), so a full
 //     /dev/shm means no link (gRPC carries the pair), never a SIGBUS.
+// T5. When a linked peer's process is gone, the requests written to it
+//     that it never read (past its final read position, so no part of them
+//     reached its handler) are named to the handler with OnRequestsUnread
+//     before OnStreamClosed: the agent may send them to the peer's
+//     successor (docs/peer_failures.md, P8). A frame left half written (a
+//     ring that stayed full mid-frame) closes the link, since nothing may
+//     follow it.
 //
 // Thread-safety: Send() and the reply channels are safe from any thread
 // (one mutex per outgoing ring); handler callbacks run on the transport's
@@ -122,7 +129,12 @@ class ShmTransport : public ::baton::rpc::Transport {
   // Drains every incoming ring once; true if any frame arrived.
   bool Poll();
   void CheckPeers();
+  static bool PeerExited(const Link& link);
+  // Marks the link closed (once) and tells the handler (NotifyClosed).
   void CloseLink(int peer, const absl::Status& cause);
+  // For a link just marked closed: OnRequestsUnread (T5), then
+  // OnStreamClosed. Takes the link's send_mu: not called under it.
+  void NotifyClosed(Link& link, const absl::Status& cause);
 
   const ShmTransportOptions options_;
   const int rank_;
