@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "dist_autograd/internal/container.h"
+#include "obs/trace.h"
 #include "proto/dist_autograd.pb.h"
 
 namespace baton::dist_autograd {
@@ -59,6 +60,17 @@ struct RecvGrads {
   std::shared_ptr<Node> node;
   std::vector<at::Tensor> grads;
 };
+
+// The job's timeline (obs/trace.h): a slice of category "autograd" for a
+// backward pass, or one worker's local part of it.
+void TraceAutograd(rpc::RpcAgent& agent, const std::string& name, int64_t context_id,
+                   absl::Time start, const absl::Status& status) {
+  obs::TraceRecorder* trace = agent.trace();
+  if (trace == nullptr) return;
+  trace->Slice(name, "autograd", start, absl::Now(),
+               {{"context", absl::StrCat(context_id)},
+                {"status", std::string(absl::StatusCodeToString(status.code()))}});
+}
 
 }  // namespace
 
@@ -206,7 +218,10 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
               absl::StrCat(where, ": send function ", message_id, " has ", edges->size(),
                            " tensors but got ", grads.size(), " gradients")));
         }
+        const absl::Time local_start = absl::Now();
         auto outgoing = RunLocal(*state, *edges, grads);
+        TraceAutograd(*call.agent, absl::StrCat("local backward, context ", context_id), context_id,
+                      local_start, outgoing.status());
         if (!outgoing.ok()) {
           return rpc::MakeErrorFuture<bool>(
               Annotate(outgoing.status(),
@@ -257,11 +272,20 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
   }
   if (absl::Status s = state->BeginBackward(retain_graph); !s.ok()) return s;
   if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
   auto outgoing = internal::RunLocal(*state, edges, grads);
-  if (!outgoing.ok()) return Annotate(outgoing.status(), what);
-  rpc::Future<bool> all = internal::SendGradients(agent, *std::move(outgoing), deadline);
-  absl::Status s = all.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  internal::TraceAutograd(agent, absl::StrCat("local backward, context ", context_id), context_id,
+                          start, outgoing.status());
+  absl::Status s = outgoing.status();
+  if (s.ok()) {
+    rpc::Future<bool> all = internal::SendGradients(agent, *std::move(outgoing), deadline);
+    s = all.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  }
+  // The whole pass, on the worker that started it: from here until every
+  // gradient message it caused was answered.
+  internal::TraceAutograd(agent, absl::StrCat("backward pass, context ", context_id), context_id,
+                          start, s);
   if (!s.ok()) return Annotate(s, what);
   return absl::OkStatus();
 }

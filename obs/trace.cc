@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -239,14 +242,88 @@ proto::TraceFile CropTrace(const proto::TraceFile& trace, double from_us, double
   return out;
 }
 
+proto::TraceFile SelectTrace(const proto::TraceFile& trace,
+                             const std::function<bool(const proto::TraceEvent&)>& keep) {
+  proto::TraceFile out;
+  out.set_displaytimeunit(trace.displaytimeunit());
+  *out.mutable_otherdata() = trace.otherdata();
+  std::vector<const proto::TraceEvent*> kept;
+  std::set<int> pids;
+  double t0 = std::numeric_limits<double>::infinity();
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() != "X" || !keep(e)) continue;
+    kept.push_back(&e);
+    pids.insert(e.pid());
+    t0 = std::min(t0, e.ts());
+  }
+  for (const auto& w : trace.workers()) {
+    if (pids.count(w.rank()) > 0) *out.add_workers() = w;
+  }
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() == "M" && pids.count(e.pid()) > 0) *out.add_traceevents() = e;
+  }
+  for (const proto::TraceEvent* e : kept) {
+    proto::TraceEvent c = *e;
+    c.set_ts(e->ts() - t0);
+    *out.add_traceevents() = std::move(c);
+  }
+  return out;
+}
+
+namespace {
+
+struct Category {
+  const char* cat;
+  const char* fill;
+  const char* meaning;
+};
+// What TraceSvg draws, in legend order; other categories get the last fill.
+constexpr Category kCategories[] = {
+    {"call", "#87a9d6", "a call on its caller"},
+    {"serve", "#8fbc8f", "serving a call"},
+    {"queue", "#f0c36d", "queued before it ran"},
+    {"autograd", "#e57373", "a distributed backward pass, or a worker's part"},
+    {"forward", "#4a7fd4", "a pipeline forward"},
+    {"backward", "#3aa55d", "a pipeline backward"},
+    {"send", "#c8c8c8", "a pipeline send"},
+    {"recv", "#a0a0a0", "a pipeline receive that waited"},
+    {"", "#d7bde2", "other"},
+};
+
+const Category& CategoryOf(const std::string& cat) {
+  for (const Category& c : kCategories) {
+    if (cat == c.cat) return c;
+  }
+  return kCategories[std::size(kCategories) - 1];
+}
+
+std::string Escape(absl::string_view t) {
+  std::string out;
+  for (char c : t) {
+    if (c == '<') {
+      out += "&lt;";
+    } else if (c == '>') {
+      out += "&gt;";
+    } else if (c == '&') {
+      out += "&amp;";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string TraceSvg(const proto::TraceFile& trace, int width) {
-  constexpr int kLane = 22, kLeft = 150, kTop = 30, kRight = 20;
+  constexpr int kLane = 22, kLeft = 170, kTop = 30, kRight = 20;
   // Lanes: (worker, thread) in order.
   std::map<std::pair<int, int>, int> lanes;
+  std::map<int, int> lanes_of;  // per pid
   double end = 0;
   for (const auto& e : trace.traceevents()) {
     if (e.ph() == "M") continue;
-    lanes[{e.pid(), e.tid()}] = 0;
+    if (lanes.emplace(std::make_pair(e.pid(), e.tid()), 0).second) ++lanes_of[e.pid()];
     end = std::max(end, e.ts() + e.dur());
   }
   int n = 0;
@@ -259,21 +336,11 @@ std::string TraceSvg(const proto::TraceFile& trace, int width) {
   for (const auto& w : trace.workers()) {
     names[w.rank()] = absl::StrCat(w.worker(), " (rank ", w.rank(), ")");
   }
-  auto escape = [](absl::string_view t) {
-    std::string out;
-    for (char c : t) {
-      if (c == '<') {
-        out += "&lt;";
-      } else if (c == '>') {
-        out += "&gt;";
-      } else if (c == '&') {
-        out += "&amp;";
-      } else {
-        out += c;
-      }
+  for (const auto& e : trace.traceevents()) {
+    if (e.ph() == "M" && e.name() == "process_name" && e.args().count("name") > 0) {
+      names[e.pid()] = e.args().at("name");
     }
-    return out;
-  };
+  }
   const int height = kTop + n * kLane + 30;
   std::string svg = absl::StrCat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width, "\" height=\"", height,
@@ -288,41 +355,60 @@ std::string TraceSvg(const proto::TraceFile& trace, int width) {
                     "</text>\n");
   }
   for (const auto& [key, lane] : lanes) {
-    absl::StrAppend(
-        &svg, "<text x=\"4\" y=\"", kTop + lane * kLane + 14, "\">",
-        escape(names.count(key.first) ? names[key.first] : absl::StrCat("rank ", key.first)), " t",
-        key.second, "</text>\n");
+    const auto name = names.find(key.first);
+    absl::StrAppend(&svg, "<text x=\"4\" y=\"", kTop + lane * kLane + 14, "\">",
+                    Escape(name != names.end() ? name->second : absl::StrCat("rank ", key.first)),
+                    lanes_of[key.first] > 1 ? absl::StrCat(" t", key.second) : "", "</text>\n");
   }
+  std::set<const Category*> drawn;
   std::map<std::string, std::pair<const proto::TraceEvent*, const proto::TraceEvent*>> flows;
   for (const auto& e : trace.traceevents()) {
     if (e.ph() == "s") flows[e.id()].first = &e;
     if (e.ph() == "f") flows[e.id()].second = &e;
-    if (e.ph() != "X") continue;
-    const char* fill = e.cat() == "serve"      ? "#8fbc8f"
-                       : e.cat() == "queue"    ? "#f0c36d"
-                       : e.cat() == "pipeline" ? "#b39ddb"
-                                               : "#87a9d6";
+    if (e.ph() != "X" || e.cat() == "idle") continue;
+    const Category& c = CategoryOf(e.cat());
+    drawn.insert(&c);
     const double w = std::max(1.0, e.dur() * scale);
     absl::StrAppend(&svg, "<rect x=\"", x(e.ts()), "\" y=\"", y(e.pid(), e.tid()) + 2,
-                    "\" width=\"", w, "\" height=\"", kLane - 6, "\" fill=\"", fill,
-                    "\" stroke=\"#555\" stroke-width=\"0.5\"><title>", escape(e.name()),
+                    "\" width=\"", w, "\" height=\"", kLane - 6, "\" fill=\"", c.fill,
+                    "\" stroke=\"#555\" stroke-width=\"0.5\"><title>", Escape(e.name()),
                     absl::StrFormat(" (%.1f us)", e.dur()), "</title></rect>\n");
     if (w > 6.0 * static_cast<double>(e.name().size())) {
       absl::StrAppend(&svg, "<text x=\"", x(e.ts()) + 2, "\" y=\"", y(e.pid(), e.tid()) + 14, "\">",
-                      escape(e.name()), "</text>\n");
+                      Escape(e.name()), "</text>\n");
     }
   }
+  int arrows = 0;
   for (const auto& [id, ends] : flows) {
     if (ends.first == nullptr || ends.second == nullptr) continue;
+    ++arrows;
     absl::StrAppend(&svg, "<line x1=\"", x(ends.first->ts()), "\" y1=\"",
                     y(ends.first->pid(), ends.first->tid()) + kLane / 2, "\" x2=\"",
                     x(ends.second->ts()), "\" y2=\"",
                     y(ends.second->pid(), ends.second->tid()) + kLane / 2,
                     "\" stroke=\"#c0392b\" stroke-width=\"1\"/>\n");
   }
-  absl::StrAppend(&svg, "<text x=\"4\" y=\"", height - 8,
-                  "\">blue: a call on its caller; green: serving it; yellow: queued before it "
-                  "ran; purple: a pipeline action; red: a message's flight</text>\n</svg>\n");
+  // The legend: the categories drawn, in kCategories' order.
+  // (Swatches are circles, so that the boxes are the only rects but the
+  // background.)
+  int lx = 4;
+  auto entry = [&](const std::string& swatch, const char* meaning) {
+    absl::StrAppend(&svg, swatch, "<text x=\"", lx + 12, "\" y=\"", height - 8, "\">", meaning,
+                    "</text>\n");
+    lx += 24 + 6 * static_cast<int>(std::strlen(meaning));
+  };
+  for (const Category& c : kCategories) {
+    if (drawn.count(&c) == 0) continue;
+    entry(absl::StrCat("<circle cx=\"", lx + 5, "\" cy=\"", height - 12, "\" r=\"5\" fill=\"",
+                       c.fill, "\" stroke=\"#555\" stroke-width=\"0.5\"/>"),
+          c.meaning);
+  }
+  if (arrows > 0) {
+    entry(absl::StrCat("<line x1=\"", lx, "\" y1=\"", height - 12, "\" x2=\"", lx + 10, "\" y2=\"",
+                       height - 12, "\" stroke=\"rgb(192,57,43)\" stroke-width=\"1\"/>"),
+          "a message in flight");
+  }
+  absl::StrAppend(&svg, "</svg>\n");
   return svg;
 }
 

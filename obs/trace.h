@@ -29,6 +29,7 @@
 #ifndef BATON_OBS_TRACE_H_
 #define BATON_OBS_TRACE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,10 +93,20 @@ std::string TraceJson(const proto::TraceFile& trace);
 // the merged trace), shifted to start at 0; arrows only with both ends in.
 proto::TraceFile CropTrace(const proto::TraceFile& trace, double from_us, double to_us);
 
+// A view of a merged trace: the slices `keep` accepts, with the names of
+// their processes, shifted to start at 0. Arrows are left out (an end's
+// slice may be gone). baton-trace's --cat and --arg filters, and the
+// pipeline's step view (pipeline/trace.h), are such views.
+proto::TraceFile SelectTrace(const proto::TraceFile& trace,
+                             const std::function<bool(const proto::TraceEvent&)>& keep);
+
 // A picture of a merged trace (SVG, `width` pixels wide): a lane per worker
-// thread, grouped by worker in rank order; each slice a box, labelled
-// where it fits, coloured by category (call, serve, queue, pipeline); each flow
-// arrow a line from its start to its end; a time axis in milliseconds.
+// thread (named after the worker's process_name, with the thread when the
+// worker has several), grouped by worker in pid order; each slice a box,
+// labelled where it fits, coloured by category (call, serve, queue,
+// forward, backward, send and recv; "idle" slices stay blank); each flow
+// arrow a line from its start to its end; a time axis in milliseconds; a
+// legend of the categories drawn.
 std::string TraceSvg(const proto::TraceFile& trace, int width = 1200);
 
 }  // namespace baton::obs

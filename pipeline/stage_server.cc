@@ -19,6 +19,7 @@
 #include "obs/state.h"
 #include "obs/trace.h"
 #include "pipeline/internal/functions.h"
+#include "pipeline/trace.h"
 #include "rpc/agent.h"
 
 namespace baton::pipeline {
@@ -398,10 +399,12 @@ class StageServer::Impl {
     }
     if (trace != nullptr) {
       for (const TimelineEvent& e : r->events) {
-        trace->Slice(ToString(e.action), "pipeline",
-                     absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.start)),
-                     absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.end)),
-                     {{"step", absl::StrCat(step_id)}});
+        // Named as the driver's view names them (pipeline/trace.h).
+        ActionSlice a = SliceOf(e.action);
+        a.args["step"] = absl::StrCat(step_id);
+        trace->Slice(
+            a.name, a.cat, absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.start)),
+            absl::UnixEpoch() + absl::Microseconds(static_cast<int64_t>(e.end)), std::move(a.args));
       }
     }
     StepReply reply;

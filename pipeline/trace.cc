@@ -4,122 +4,121 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "obs/trace.h"
 
 namespace baton::pipeline {
+
+ActionSlice SliceOf(const Action& a) {
+  ActionSlice s;
+  switch (a.kind) {
+    case ActionKind::kForward:
+      s.name = absl::StrCat("F", a.microbatch);
+      s.cat = "forward";
+      break;
+    case ActionKind::kBackward:
+      s.name = absl::StrCat("B", a.microbatch);
+      s.cat = "backward";
+      break;
+    case ActionKind::kSendActivation:
+    case ActionKind::kSendGradient:
+      s.name = ToString(a);
+      s.cat = "send";
+      break;
+    default:
+      s.name = ToString(a);
+      s.cat = "recv";
+      break;
+  }
+  s.args = {{"microbatch", absl::StrCat(a.microbatch)}, {"stage", absl::StrCat(a.stage)}};
+  return s;
+}
+
+bool IsActionCategory(absl::string_view cat) {
+  return cat == "forward" || cat == "backward" || cat == "send" || cat == "recv";
+}
+
 namespace {
 
-std::string Span(const std::string& name, const std::string& cat, int worker, double start,
-                 double end, double scale, const std::string& args) {
-  return absl::StrFormat(
-      "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
-      "\"ts\": %.3f, \"dur\": %.3f, \"args\": {%s}}",
-      name, cat, worker, start * scale, (end - start) * scale, args);
+proto::TraceEvent Slice(std::string name, std::string cat, int worker, double start, double end,
+                        double scale) {
+  proto::TraceEvent e;
+  e.set_name(std::move(name));
+  e.set_cat(std::move(cat));
+  e.set_ph("X");
+  e.set_pid(worker);
+  e.set_ts(start * scale);
+  e.set_dur((end - start) * scale);
+  return e;
 }
 
 }  // namespace
 
-std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEvent>& events,
-                        double us_per_unit) {
+proto::TraceFile StepTrace(const Schedule& schedule, const std::vector<TimelineEvent>& events,
+                           double us_per_unit) {
   const ScheduleSpec& spec = schedule.spec;
-  std::vector<std::string> out;
+  proto::TraceFile out;
+  out.set_displaytimeunit("ms");
+  (*out.mutable_otherdata())["schedule"] = schedule.name;
+  (*out.mutable_otherdata())["workers"] = absl::StrCat(spec.workers);
+  (*out.mutable_otherdata())["microbatches"] = absl::StrCat(spec.microbatches);
+  (*out.mutable_otherdata())["chunks"] = absl::StrCat(spec.chunks);
   for (int w = 0; w < spec.workers; ++w) {
     std::vector<int> stages;
     for (int c = 0; c < spec.chunks; ++c) stages.push_back(c * spec.workers + w);
-    out.push_back(
-        absl::StrFormat("{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
-                        "\"args\": {\"name\": \"worker %d (stage%s %s)\"}}",
-                        w, w, stages.size() > 1 ? "s" : "", absl::StrJoin(stages, ", ")));
+    proto::TraceEvent name;
+    name.set_name("process_name");
+    name.set_ph("M");
+    name.set_pid(w);
+    (*name.mutable_args())["name"] = absl::StrCat(
+        "worker ", w, " (stage", stages.size() > 1 ? "s " : " ", absl::StrJoin(stages, ", "), ")");
+    *out.add_traceevents() = std::move(name);
   }
   double end = 0;
   for (const auto& e : events) end = std::max(end, e.end);
-  std::map<int, std::vector<const TimelineEvent*>> by_worker;
-  for (const auto& e : events) by_worker[e.worker].push_back(&e);
   for (int w = 0; w < spec.workers; ++w) {
-    auto& list = by_worker[w];
+    std::vector<const TimelineEvent*> list;
+    for (const auto& e : events) {
+      if (e.worker == w) list.push_back(&e);
+    }
     std::stable_sort(list.begin(), list.end(), [](const TimelineEvent* a, const TimelineEvent* b) {
       return a->start < b->start;
     });
     double t = 0;
     for (const TimelineEvent* e : list) {
-      if (e->start > t + 1e-12)
-        out.push_back(Span("idle", "idle", w, t, e->start, us_per_unit, ""));
-      const Action& a = e->action;
-      const std::string args =
-          absl::StrCat("\"microbatch\": ", a.microbatch, ", \"stage\": ", a.stage);
-      switch (a.kind) {
-        case ActionKind::kForward:
-          out.push_back(Span(absl::StrCat("F", a.microbatch), "forward", w, e->start, e->end,
-                             us_per_unit, args));
-          break;
-        case ActionKind::kBackward:
-          out.push_back(Span(absl::StrCat("B", a.microbatch), "backward", w, e->start, e->end,
-                             us_per_unit, args));
-          break;
-        case ActionKind::kSendActivation:
-        case ActionKind::kSendGradient:
-          out.push_back(Span(ToString(a), "send", w, e->start, e->end, us_per_unit, args));
-          break;
-        default:
-          out.push_back(Span(ToString(a), "recv", w, e->start, e->end, us_per_unit, args));
-          break;
+      if (e->start > t + 1e-12) {
+        *out.add_traceevents() = Slice("idle", "idle", w, t, e->start, us_per_unit);
       }
+      ActionSlice a = SliceOf(e->action);
+      proto::TraceEvent s =
+          Slice(std::move(a.name), std::move(a.cat), w, e->start, e->end, us_per_unit);
+      s.mutable_args()->insert(a.args.begin(), a.args.end());
+      *out.add_traceevents() = std::move(s);
       t = std::max(t, e->end);
     }
-    if (end > t + 1e-12) out.push_back(Span("idle", "idle", w, t, end, us_per_unit, ""));
+    if (end > t + 1e-12) *out.add_traceevents() = Slice("idle", "idle", w, t, end, us_per_unit);
   }
-  return absl::StrCat("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"schedule\": \"",
-                      schedule.name, "\", \"workers\": ", spec.workers,
-                      ", \"microbatches\": ", spec.microbatches, ", \"chunks\": ", spec.chunks,
-                      "}, \"traceEvents\": [\n", absl::StrJoin(out, ",\n"), "\n]}\n");
+  return out;
+}
+
+proto::TraceFile StepView(const proto::TraceFile& merged, int64_t step) {
+  const std::string want = absl::StrCat(step);
+  return obs::SelectTrace(merged, [&want](const proto::TraceEvent& e) {
+    const auto it = e.args().find("step");
+    return IsActionCategory(e.cat()) && it != e.args().end() && it->second == want;
+  });
+}
+
+std::string ChromeTrace(const Schedule& schedule, const std::vector<TimelineEvent>& events,
+                        double us_per_unit) {
+  return obs::TraceJson(StepTrace(schedule, events, us_per_unit));
 }
 
 std::string TimelineSvg(const Schedule& schedule, const std::vector<TimelineEvent>& events,
                         int width) {
-  const ScheduleSpec& spec = schedule.spec;
-  const int label = 90, row = 28, top = 30, h = top + row * spec.workers + 24;
-  double end = 0;
-  for (const auto& e : events) end = std::max(end, e.end);
-  const double scale = end > 0 ? (width - label - 10) / end : 0;
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"4\" y=\"18\" font-size=\"13\">%s: %d workers, %d micro-batches%s</text>\n",
-      width, h, schedule.name, spec.workers, spec.microbatches,
-      spec.chunks > 1 ? absl::StrCat(", ", spec.chunks, " chunks") : std::string());
-  for (int w = 0; w < spec.workers; ++w) {
-    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%d\">worker %d</text>\n", top + w * row + 17, w);
-  }
-  for (const auto& e : events) {
-    const char* fill = e.action.kind == ActionKind::kForward    ? "#4a7fd4"
-                       : e.action.kind == ActionKind::kBackward ? "#3aa55d"
-                                                                : "#c8c8c8";
-    const double x = label + e.start * scale, wpx = std::max(0.5, (e.end - e.start) * scale);
-    absl::StrAppendFormat(&svg,
-                          "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" "
-                          "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"/>\n",
-                          x, top + e.worker * row + 3, wpx, row - 6, fill);
-    if (e.action.kind == ActionKind::kForward || e.action.kind == ActionKind::kBackward) {
-      if (wpx >= 14) {
-        absl::StrAppendFormat(&svg,
-                              "<text x=\"%.1f\" y=\"%d\" fill=\"white\" "
-                              "text-anchor=\"middle\">%s%d</text>\n",
-                              x + wpx / 2, top + e.worker * row + 18,
-                              e.action.kind == ActionKind::kForward ? "F" : "B",
-                              e.action.microbatch);
-      }
-    }
-  }
-  absl::StrAppendFormat(&svg,
-                        "<text x=\"%d\" y=\"%d\">forward (blue), backward (green), waiting "
-                        "for a message (grey), idle (blank)</text>\n</svg>\n",
-                        label, h - 8);
-  return svg;
+  return obs::TraceSvg(StepTrace(schedule, events, 1.0), width);
 }
 
 absl::Status WriteChromeTrace(const std::string& path, const Schedule& schedule,

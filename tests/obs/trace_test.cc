@@ -95,6 +95,19 @@ TEST(Trace, TL1_TL2_TL3_TL4_ADistributedAutogradStepOnThreeWorkers) {
   EXPECT_LE(call2->ts() + call2->dur(), back2->ts());
   EXPECT_NE(Find(t, "X", 2, "__dist_autograd.propagate <- w0"), nullptr);
   EXPECT_NE(Find(t, "X", 1, "__dist_autograd.propagate <- w0"), nullptr);
+  // The pass as one slice on w0, holding its gradient messages, and each
+  // worker's local part.
+  const proto::TraceEvent* pass = Find(t, "X", 0, "backward pass, context ");
+  ASSERT_NE(pass, nullptr) << TraceJson(t);
+  EXPECT_EQ(pass->cat(), "autograd");
+  EXPECT_EQ(pass->args().at("status"), "OK");
+  EXPECT_LE(pass->ts(), back2->ts());
+  EXPECT_GE(pass->ts() + pass->dur(), back1->ts() + back1->dur());
+  for (int pid : {0, 1, 2}) {
+    const proto::TraceEvent* local = Find(t, "X", pid, "local backward, context ");
+    ASSERT_NE(local, nullptr) << "worker " << pid;
+    EXPECT_EQ(local->args().at("context"), pass->args().at("context"));
+  }
   // TL2: the arrows forward's arrows, caller to callee and back.
   std::map<std::string, std::pair<const proto::TraceEvent*, const proto::TraceEvent*>> flows;
   for (const auto& e : t.traceevents()) {

@@ -7,10 +7,13 @@
 #include "pipeline/stage_server.h"
 
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,11 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "obs/state.h"
+#include "obs/trace.h"
 #include "pipeline/driver.h"
 #include "pipeline/internal/functions.h"
+#include "pipeline/trace.h"
 #include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
 #include "testing/models.h"
+#include "testing/temp_dir.h"
 
 namespace baton::pipeline {
 namespace {
@@ -80,13 +86,15 @@ ConfigureRequest ValidRequest(int rank) {
 class StageServerTest : public ::testing::Test {
  protected:
   // Starts the job; `install_w2` replaces w2's stage server when set.
-  void Start(std::function<void(rpc::FunctionRegistry&)> install_w2 = nullptr,
-             bool metrics = false) {
+  // `trace_dir`: the job's timeline goes there (AgentOptions::trace_dir).
+  void Start(std::function<void(rpc::FunctionRegistry&)> install_w2 = nullptr, bool metrics = false,
+             const std::string& trace_dir = "") {
     LoopbackJobOptions o;
     o.world_size = 3;
-    if (metrics) {
-      o.configure = [](int, rpc::AgentOptions& a) { a.metrics_address = "127.0.0.1:0"; };
-    }
+    o.configure = [metrics, trace_dir](int, rpc::AgentOptions& a) {
+      if (metrics) a.metrics_address = "127.0.0.1:0";
+      a.trace_dir = trace_dir;
+    };
     o.install = [this, install_w2](int rank, rpc::FunctionRegistry& r) {
       if (rank == 0) return;
       if (rank == 2 && install_w2) {
@@ -230,6 +238,57 @@ TEST_F(StageServerTest, MetricsCountStepsAndTheBubble) {
     EXPECT_GT(bubble, 0.0) << text;
     EXPECT_LT(bubble, 1.0) << text;
   }
+}
+
+// The pipeline's trace is a view of the job's timeline (pipeline/trace.h):
+// with tracing on, the actions the stage workers recorded for a step, taken
+// out of the merged timeline by StepView, are the driver's trace of that
+// step (StepResult::events), slice for slice, named and timed alike.
+TEST_F(StageServerTest, TheDriversStepTraceIsAViewOfTheJobTimeline) {
+  const std::string dir = baton::testing::MakeTempDir("pipeline_timeline");
+  Start(nullptr, /*metrics=*/false, dir);
+  auto pipe = Pipeline::Create(driver(), Options(absl::Seconds(60)));
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({8, kIn}, torch::kFloat64);
+  const torch::Tensor y = torch::randint(0, 4, {8});
+  StepResult last;
+  for (int i = 0; i < 2; ++i) {
+    auto r = (*pipe)->Step(x, y);
+    ASSERT_TRUE(r.ok()) << r.status();
+    last = *std::move(r);
+  }
+  for (int rank : {1, 2}) {
+    ASSERT_NE(job_->agent(rank).trace(), nullptr);
+    job_->agent(rank).trace()->Flush();
+  }
+  auto merged = obs::MergeTraces(dir);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const proto::TraceFile view = StepView(*merged, 1);
+  const proto::TraceFile own = StepTrace((*pipe)->options().schedule, last.events);
+  // (schedule worker, name, category, rounded duration): ranks 1 and 2 run
+  // the schedule's workers 0 and 1.
+  using Key = std::tuple<int, std::string, std::string, int64_t>;
+  std::multiset<Key> from_timeline, from_driver;
+  for (const auto& e : view.traceevents()) {
+    if (e.ph() != "X") continue;
+    from_timeline.insert({e.pid() - 1, e.name(), e.cat(), std::llround(e.dur())});
+  }
+  for (const auto& e : own.traceevents()) {
+    if (e.ph() != "X" || e.cat() == "idle") continue;
+    from_driver.insert({e.pid(), e.name(), e.cat(), std::llround(e.dur())});
+  }
+  EXPECT_EQ(from_timeline.size(), last.events.size());
+  // Durations: whole microseconds in the timeline, so within one.
+  ASSERT_EQ(from_timeline.size(), from_driver.size());
+  auto a = from_timeline.begin();
+  for (auto b = from_driver.begin(); b != from_driver.end(); ++a, ++b) {
+    EXPECT_EQ(std::get<0>(*a), std::get<0>(*b));
+    EXPECT_EQ(std::get<1>(*a), std::get<1>(*b));
+    EXPECT_EQ(std::get<2>(*a), std::get<2>(*b));
+    EXPECT_LE(std::abs(std::get<3>(*a) - std::get<3>(*b)), 1) << std::get<1>(*a);
+  }
+  EXPECT_EQ(StepView(*merged, 7).traceevents_size(), 0);  // no such step
 }
 
 TEST_F(StageServerTest, PL5_ADestroyedServerFailsTheNextStepNamingItsWorker) {
