@@ -27,6 +27,12 @@ std::string Clip(absl::string_view s, size_t max) {
   return absl::StrCat(s.substr(0, max), "... (", s.size(), " bytes)");
 }
 
+// How an incoming call is named in metrics, the hang report and the
+// timeline: the caller's label (FrameHeader.label), else the function.
+std::string ShownName(const proto::FrameHeader& h) {
+  return h.label().empty() ? h.function() : Clip(h.label(), 128);
+}
+
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
     return absl::InvalidArgumentError(
@@ -257,6 +263,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   frame.header.set_id(id);
   frame.header.set_function(function);
   frame.header.set_signature(signature);
+  if (!opts.label.empty() && opts.label != function) frame.header.set_label(opts.label);
   frame.header.set_caller_id(rank_);
   frame.header.set_caller_incarnation(incarnation_);
   const PeerPath& path = *paths_[to];
@@ -317,14 +324,14 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     PendingCall& call = pending_[id];
     call.promise = promise;
     call.peer = to;
-    call.function = function;
+    call.function = opts.label.empty() ? function : opts.label;
     call.timeout = timeout;
     call.deadline = deadline;
     call.window_bytes = window_bytes;
     call.undo = std::move(undo);
     call.resend = std::move(resend);
     call.started = absl::Now();  // the state report's age, and metrics
-    if (metrics_ != nullptr) call.metrics = metrics_->Rpc(function);
+    if (metrics_ != nullptr) call.metrics = metrics_->Rpc(call.function);
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
@@ -509,7 +516,7 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
     ++incoming_;
     const absl::Time now = absl::Now();
     incoming_calls_[{caller, id}] =
-        IncomingCall{frame.header.function(), now, false, now, caller_incarnation};
+        IncomingCall{ShownName(frame.header), now, false, now, caller_incarnation};
     other_incarnation = caller_incarnation > 0 && caller >= 0 &&
                         caller < static_cast<int>(peers_.size()) &&
                         caller_incarnation != peers_[caller].incarnation;
@@ -611,7 +618,8 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
       it->second.started = absl::Now();
     }
   }
-  obs::RpcMetrics* const metrics = metrics_ != nullptr ? metrics_->Rpc(fname) : nullptr;
+  obs::RpcMetrics* const metrics =
+      metrics_ != nullptr ? metrics_->Rpc(ShownName(frame.header)) : nullptr;
   const absl::Time started = metrics != nullptr ? absl::Now() : absl::InfinitePast();
   entry->handler(ctx, std::move(frame.payload),
                  [this, channel, id, caller, admitted, metrics, started,

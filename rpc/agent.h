@@ -277,6 +277,10 @@ struct AgentCollaborators {
 struct CallOptions {
   // Zero: AgentOptions::rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
+  // What to call the call in metrics, the hang report, the timeline and
+  // errors, on both sides, when not the function's name (a function behind
+  // a generic entry point, such as a Python function). Empty: the function.
+  std::string label;
 };
 
 // A worker named by name, id or WorkerInfo.

@@ -79,6 +79,38 @@ absl::Status AgentImpl::StartMetrics() {
       }
     }
   });
+  // Queues and windows per peer: where requests wait, and for whom.
+  metrics_->AddCollector([this](obs::MetricsWriter& w) {
+    if (!ready_.HasBeenNotified()) return;
+    const int peers = std::min(options_.world_size, static_cast<int>(workers_.size()));
+    if (gate_ != nullptr) {
+      const std::vector<RequestGate::PeerLoad> load = gate_->PerPeer();
+      w.Family("baton_rpc_peer_requests_queued",
+               "A peer's requests admitted but not started: the queue depth per caller (F3).",
+               "gauge");
+      for (int p = 0; p < peers && p < static_cast<int>(load.size()); ++p) {
+        w.Sample({{"peer", workers_[p].name}}, static_cast<double>(load[p].queued));
+      }
+      w.Family("baton_rpc_peer_requests_held",
+               "A peer's requests admitted and not yet answered, queued or running (F2).", "gauge");
+      for (int p = 0; p < peers && p < static_cast<int>(load.size()); ++p) {
+        w.Sample({{"peer", workers_[p].name}}, static_cast<double>(load[p].held));
+      }
+    }
+    if (window_ != nullptr) {
+      const std::vector<CallWindow::PeerUsage> usage = window_->PerPeer();
+      w.Family("baton_rpc_peer_calls_in_flight",
+               "Calls to a peer sent and not yet answered, in its window (F1).", "gauge");
+      for (int p = 0; p < peers && p < static_cast<int>(usage.size()); ++p) {
+        w.Sample({{"peer", workers_[p].name}}, static_cast<double>(usage[p].calls));
+      }
+      w.Family("baton_rpc_peer_bytes_in_flight",
+               "Request bytes to a peer sent and not yet answered, in its window (F1).", "gauge");
+      for (int p = 0; p < peers && p < static_cast<int>(usage.size()); ++p) {
+        w.Sample({{"peer", workers_[p].name}}, static_cast<double>(usage[p].bytes));
+      }
+    }
+  });
   for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
   if (options_.metrics_address.empty()) return absl::OkStatus();  // the state socket serves them
   auto server = obs::HttpServer::Start(options_.metrics_address, ObservabilityRoutes());

@@ -401,23 +401,27 @@ class PyAgent {
     return *agent_;
   }
 
+  // `label`: the Python function, naming the call in metrics, hang reports
+  // and the timeline (rpc::CallOptions::label).
   std::shared_ptr<PyFuture> Call(const py::object& to, py::bytes pickle,
                                  const std::vector<at::Tensor>& tensors,
-                                 const std::vector<PyRRef>& rrefs, std::optional<double> timeout) {
+                                 const std::vector<PyRRef>& rrefs, std::optional<double> timeout,
+                                 std::string label) {
     rpc::RpcAgent& a = agent();
     const rpc::WorkerRef ref = Ref(to);
     PyObj msg = FromParts(pickle, tensors, rrefs);
-    rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration())};
+    rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration()), std::move(label)};
     py::gil_scoped_release nogil;
     return PyFuture::New(a.rpc_async(opts, ref, kPyCall, std::move(msg)));
   }
 
   PyRRef Remote(const py::object& to, py::bytes pickle, const std::vector<at::Tensor>& tensors,
-                const std::vector<PyRRef>& rrefs, std::optional<double> timeout) {
+                const std::vector<PyRRef>& rrefs, std::optional<double> timeout,
+                std::string label) {
     rpc::RpcAgent& a = agent();
     const rpc::WorkerRef ref = Ref(to);
     PyObj msg = FromParts(pickle, tensors, rrefs);
-    rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration())};
+    rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration()), std::move(label)};
     py::gil_scoped_release nogil;
     try {
       return rref::remote(a, opts, ref, kPyRemote, std::move(msg));
@@ -840,8 +844,10 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<PyAgent, std::shared_ptr<PyAgent>>(m, "Agent")
       .def_static("create", &PyAgent::Create)
-      .def("call", &PyAgent::Call)
-      .def("remote", &PyAgent::Remote)
+      .def("call", &PyAgent::Call, py::arg("to"), py::arg("pickle"), py::arg("tensors"),
+           py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
+      .def("remote", &PyAgent::Remote, py::arg("to"), py::arg("pickle"), py::arg("tensors"),
+           py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
       .def("make_owned", &PyAgent::MakeOwned)
       .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)
@@ -852,6 +858,13 @@ PYBIND11_MODULE(_C, m) {
       .def("rref_state", &PyAgent::RRefState)
       .def("wait_rrefs_empty", &PyAgent::WaitRRefsEmpty)
       .def("stats", &PyAgent::Stats)
+      // The hang report's snapshot of this worker (obs/state.h), as JSON.
+      .def("state_json",
+           [](const PyAgent& self) {
+             const baton::rpc::RpcAgent& a = self.agent();
+             py::gil_scoped_release nogil;
+             return a.StateJson();
+           })
       .def("autograd_context",
            [](std::shared_ptr<PyAgent> a) {
              return std::shared_ptr<PyAutogradContext>(new PyAutogradContext(std::move(a)),

@@ -5,6 +5,7 @@ itself, asserts what it checks (a failed assert exits non-zero with its
 traceback), prints 'SCENARIO OK' and shuts down. Functions and classes that
 travel by reference live at module level, as in any RPC job.
 """
+import json
 import os
 import sys
 import threading
@@ -134,6 +135,12 @@ def agent_threads():
     return rpc._current().stats()["executor_threads"]
 
 
+def incoming_functions():
+    """The names this worker's state snapshot gives its incoming calls."""
+    state = json.loads(rpc._current().state_json())
+    return sorted({c["function"] for c in state.get("incoming", [])})
+
+
 def rref_state():
     return rpc._current().rref_state()
 
@@ -216,6 +223,12 @@ def scenario_api(rank, world_size):
         # 40 calls are parked, yet worker1 holds no thread for them: it still
         # answers, and its executor did not grow by 40.
         assert rpc.rpc_sync("worker1", agent_threads) < 40
+        # Python calls are named after their function on the callee (the
+        # call's label), not after the one C++ entry point they share.
+        names = rpc.rpc_sync("worker1", incoming_functions)
+        assert any(n.endswith(".parked") for n in names), names
+        assert any(n.endswith(".incoming_functions") for n in names), names
+        assert "__baton.py.call" not in names, names
         assert rpc.rpc_sync("worker1", release_parked) == 40
         assert [f.wait() for f in pending] == [i * i for i in range(40)]
         # A Future made by the user.

@@ -86,6 +86,14 @@ CallWindow::Stats CallWindow::stats() const {
   return st;
 }
 
+std::vector<CallWindow::PeerUsage> CallWindow::PerPeer() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<PeerUsage> out;
+  out.reserve(slots_.size());
+  for (const Slot& s : slots_) out.push_back({s.calls, s.bytes});
+  return out;
+}
+
 // ---- RequestGate ----
 
 RequestGate::RequestGate(int peers, FlowLimits limits, Executor* executor, int fanout)
@@ -181,6 +189,16 @@ RequestGate::Stats RequestGate::stats() const {
   }
   st.refused = state_->refused;
   return st;
+}
+
+std::vector<RequestGate::PeerLoad> RequestGate::PerPeer() const {
+  absl::MutexLock lock(&state_->mu);
+  std::vector<PeerLoad> out;
+  out.reserve(state_->peers.size());
+  for (const Peer& p : state_->peers) {
+    out.push_back({p.calls, static_cast<int64_t>(p.queue.size())});
+  }
+  return out;
 }
 
 }  // namespace baton::rpc::internal

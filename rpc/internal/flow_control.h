@@ -88,6 +88,12 @@ class CallWindow {
     int64_t calls_refused = 0;  // ... and got RESOURCE_EXHAUSTED
   };
   Stats stats() const;
+  // Per peer: calls and bytes in flight toward it.
+  struct PeerUsage {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<PeerUsage> PerPeer() const;
 
  private:
   struct Slot {
@@ -137,6 +143,13 @@ class RequestGate {
     int64_t refused = 0;  // requests refused under F2
   };
   Stats stats() const;
+  // Per peer: its requests admitted and not finished, and those of them not
+  // started yet (the queue depth).
+  struct PeerLoad {
+    int64_t held = 0;
+    int64_t queued = 0;
+  };
+  std::vector<PeerLoad> PerPeer() const;
 
  private:
   struct Peer {

@@ -13,7 +13,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/status.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/optimizer_options.h"
@@ -30,6 +32,7 @@ namespace baton::obs {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // GET `path` from 127.0.0.1:port; the whole response, headers included.
 std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
@@ -129,10 +132,17 @@ TEST(HttpServer, AnswersMetricsAndRefusesTheRest) {
 TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
   static const rpc::Function<int64_t(int64_t)> echo_fn("echo");
   static const rpc::Function<int64_t(int64_t)> fail_fn("fail");
+  static const rpc::Function<int64_t(int64_t)> hold_fn("hold");
+  absl::Notification started, release;
   rpc::testing::LoopbackJobOptions o;
   o.world_size = 2;
-  o.install = [](int, rpc::FunctionRegistry& r) {
+  o.install = [&started, &release](int, rpc::FunctionRegistry& r) {
     ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
+    ASSERT_TRUE(r.Register(hold_fn, [&started, &release](int64_t v) {
+                   started.Notify();  // called once
+                   release.WaitForNotificationWithTimeout(absl::Seconds(30));
+                   return v;
+                 }).ok());
     ASSERT_TRUE(r.Register(fail_fn, [](int64_t) -> int64_t {
                    throw Error(absl::InvalidArgumentError("no such row"));
                  }).ok());
@@ -185,6 +195,35 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
     auto [code, said] = Promtool(text);
     EXPECT_EQ(code, 0) << said << "\n" << text;
   }
+  // Per peer: a call held on w1 is in w0's window toward w1 and held (not
+  // queued: it runs) by w1 for w0; its label names it on both sides.
+  rpc::CallOptions labelled;
+  labelled.label = "train.step";
+  auto held = (*job)->agent(0).rpc_async(labelled, 1, hold_fn, int64_t{7});
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const std::string caller_busy = Body(HttpGet((*job)->agent(0).metrics_port(), "/metrics"));
+  const std::string callee_busy = Body(HttpGet((*job)->agent(1).metrics_port(), "/metrics"));
+  EXPECT_THAT(caller_busy, HasSubstr(R"(baton_rpc_peer_calls_in_flight{peer="w1"} 1)"));
+  EXPECT_THAT(caller_busy, HasSubstr(R"(baton_rpc_peer_calls_in_flight{peer="w0"} 0)"));
+  EXPECT_THAT(caller_busy, HasSubstr(R"(baton_rpc_peer_bytes_in_flight{peer="w1"} )"));
+  EXPECT_THAT(callee_busy, HasSubstr(R"(baton_rpc_peer_requests_held{peer="w0"} 1)"));
+  EXPECT_THAT(callee_busy, HasSubstr(R"(baton_rpc_peer_requests_queued{peer="w0"} 0)"));
+  for (const std::string& text : {caller_busy, callee_busy}) {
+    auto [code, said] = Promtool(text);
+    EXPECT_EQ(code, 0) << said << "\n" << text;
+  }
+  release.Notify();
+  ASSERT_EQ(held.result().value_or(-1), 7);
+  const std::string caller_after = Body(HttpGet((*job)->agent(0).metrics_port(), "/metrics"));
+  const std::string callee_after = Body(HttpGet((*job)->agent(1).metrics_port(), "/metrics"));
+  EXPECT_THAT(
+      caller_after,
+      HasSubstr(R"(baton_rpc_calls_total{function="train.step",side="caller",code="OK"} 1)"));
+  EXPECT_THAT(
+      callee_after,
+      HasSubstr(R"(baton_rpc_calls_total{function="train.step",side="callee",code="OK"} 1)"));
+  EXPECT_THAT(callee_after, HasSubstr(R"(baton_rpc_peer_requests_held{peer="w0"} 0)"));
+  EXPECT_THAT(caller_after, Not(HasSubstr(R"(function="hold")")));
   EXPECT_TRUE((*job)->ShutdownAll().ok());
   if (shard != nullptr) {
     EXPECT_TRUE(shard->Stop().ok());

@@ -332,6 +332,17 @@ class CppFunction:
         return f"CppFunction({self.name!r}, {self.signature!r})"
 
 
+def _label_of(func, args):
+    """How a call is named in baton's metrics, hang reports and timeline: the
+    Python function (all Python calls share one C++ entry point), or for an
+    RRef proxy the method and what made the RRef."""
+    if func is _invoke_method and args and len(args) >= 2:
+        rref, method_name = args[0], args[1]
+        what = getattr(rref, "_what", None)
+        return f"{what}.{method_name}" if what else f"RRef.{method_name}"
+    return _name_of(func)
+
+
 def _invoke(agent, to, func, args, kwargs, timeout):
     if isinstance(func, CppFunction):
         if kwargs:
@@ -343,7 +354,7 @@ def _invoke(agent, to, func, args, kwargs, timeout):
             raise _errors.translate(e, _describe_to(agent, to), func.name) from None
     data, tensors, rrefs = _pack(func, args, kwargs)
     try:
-        return agent.call(to, data, tensors, rrefs, _timeout(timeout))
+        return agent.call(to, data, tensors, rrefs, _timeout(timeout), _label_of(func, args))
     except _C.StatusError as e:
         raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
 
@@ -394,7 +405,7 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
                         "rpc_sync/rpc_async (RRefs of C++ values are made by C++ callers)")
     data, tensors, rrefs = _pack(func, args, kwargs)
     try:
-        c = agent.remote(to, data, tensors, rrefs, _timeout(timeout))
+        c = agent.remote(to, data, tensors, rrefs, _timeout(timeout), _label_of(func, args))
     except _C.StatusError as e:
         raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
     return RRef._wrap(c, _name_of(func))
