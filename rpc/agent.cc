@@ -181,6 +181,7 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
   }
   traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, options_.world_size));
   OpenTrace();
+  RegisterStateFunction();
 }
 
 void AgentImpl::CountTraffic(int peer, const Payload& payload, bool out) {

@@ -15,8 +15,52 @@ namespace baton::rpc::internal {
 namespace {
 
 constexpr absl::string_view kJson = "application/json";
+// Answers with the worker's state (JSON of WorkerState), inline: a worker
+// whose executor is stuck still answers.
+constexpr char kStateFn[] = "baton.state";
+// How long /job_state waits for the other workers.
+constexpr absl::Duration kJobStateTimeout = absl::Seconds(3);
 
 }  // namespace
+
+void AgentImpl::RegisterStateFunction() {
+  // A registry reused by a later agent has it already; it asks whichever
+  // agent dispatched the call.
+  (void)registry_->RegisterInternalInline(kStateFn,
+                                          [](const CallContext& call, Payload, Responder done) {
+                                            Payload state;
+                                            state.bytes = call.agent->StateJson();
+                                            done(std::move(state));
+                                          });
+}
+
+std::string AgentImpl::JobStateJson(absl::Duration timeout) {
+  proto::JobState job;
+  CollectState(job.add_workers());
+  if (ready_.HasBeenNotified()) {
+    std::vector<std::pair<int, Future<Payload>>> asked;
+    for (int p = 0; p < static_cast<int>(workers_.size()); ++p) {
+      if (p == rank_) continue;
+      // Outside the window: a full one is what a hang may look like.
+      asked.emplace_back(p, Call(p, kStateFn, "", Payload(), CallOptions{timeout},
+                                 /*windowed=*/false));
+    }
+    for (auto& [rank, future] : asked) {
+      absl::StatusOr<Payload> reply = future.result();
+      proto::WorkerState w;
+      absl::Status s = reply.ok() ? obs::FromJson(reply->bytes, &w) : reply.status();
+      if (s.ok()) {
+        *job.add_workers() = std::move(w);
+        continue;
+      }
+      proto::Field* f = job.add_unanswered();
+      f->set_key(absl::StrCat(rank));
+      f->set_value(
+          absl::StrCat("asked by worker '", options_.name, "' through RPC: ", s.ToString()));
+    }
+  }
+  return obs::ToJson(job);
+}
 
 void AgentImpl::CollectState(proto::WorkerState* out) const {
   const absl::Time now = absl::Now();
@@ -25,6 +69,7 @@ void AgentImpl::CollectState(proto::WorkerState* out) const {
   out->set_incarnation(incarnation_);
   out->set_pid(static_cast<int32_t>(::getpid()));
   out->set_time_unix_us(absl::ToUnixMicros(now));
+  out->set_world_size(options_.world_size);
   const bool ready = ready_.HasBeenNotified();
   auto name_of = [&](int rank) -> std::string {
     if (ready && rank >= 0 && rank < static_cast<int>(workers_.size())) return workers_[rank].name;
@@ -90,9 +135,12 @@ std::string AgentImpl::StateJson() const {
   return obs::ToJson(s);
 }
 
-std::map<std::string, obs::HttpRoute> AgentImpl::ObservabilityRoutes() const {
+std::map<std::string, obs::HttpRoute> AgentImpl::ObservabilityRoutes() {
   std::map<std::string, obs::HttpRoute> routes;
   routes["/state"] = {std::string(kJson), [this] { return StateJson(); }};
+  // Every worker's state, the others' through RPC: a node's baton-run asks
+  // one of its workers for the ranks on other nodes.
+  routes["/job_state"] = {std::string(kJson), [this] { return JobStateJson(kJobStateTimeout); }};
   if (metrics_ != nullptr) {
     routes["/metrics"] = {std::string(obs::kMetricsContentType),
                           [m = metrics_.get()] { return m->Render(); }};

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -109,6 +110,10 @@ std::vector<std::pair<int, std::string>> StateSockets(const std::string& state_d
 
 namespace {
 
+// How much longer than the local deadline a worker gets to gather the
+// other nodes' states (it waits up to 3 s for each: rpc/agent_state.cc).
+constexpr absl::Duration kJobStateWait = absl::Seconds(4);
+
 // GET `path` from every worker's socket at once, each within `timeout`:
 // the bodies of the answers that came back 200, else why not.
 std::vector<absl::StatusOr<std::string>> AskAll(
@@ -135,20 +140,61 @@ std::vector<absl::StatusOr<std::string>> AskAll(
 }  // namespace
 
 proto::StateReport CollectReport(const std::string& run_id, const std::string& reason,
-                                 const std::string& state_dir, absl::Duration timeout) {
+                                 const std::string& state_dir, absl::Duration timeout,
+                                 bool whole_job) {
   const auto sockets = StateSockets(state_dir);
   const auto answers = AskAll(sockets, "/state", timeout);
   std::vector<proto::WorkerState> workers;
   std::map<int, std::string> unanswered;
+  std::set<int> here;
+  int world_size = 0;
+  std::string relay;  // the socket of a local worker that answered
   for (size_t i = 0; i < sockets.size(); ++i) {
+    here.insert(sockets[i].first);
     proto::WorkerState w;
     absl::Status s = answers[i].ok() ? obs::FromJson(*answers[i], &w) : answers[i].status();
     if (s.ok()) {
+      world_size = std::max(world_size, w.world_size());
+      if (relay.empty()) relay = sockets[i].second;
       workers.push_back(std::move(w));
     } else {
       unanswered[sockets[i].first] = std::string(s.message());
     }
   }
+  // The ranks on other nodes: one local worker asks them through RPC
+  // (GET /job_state), so that any node's report covers the whole job.
+  std::set<int> elsewhere;
+  for (int r = 0; whole_job && r < world_size; ++r) {
+    if (here.count(r) == 0) elsewhere.insert(r);
+  }
+  if (!elsewhere.empty()) {
+    proto::JobState job;
+    absl::Status s = absl::OkStatus();
+    auto r = obs::HttpGet(absl::StrCat("unix:", relay), "/job_state", timeout + kJobStateWait);
+    if (!r.ok()) {
+      s = r.status();
+    } else if (obs::HttpStatus(*r) != 200) {
+      s = absl::UnavailableError(absl::StrCat("answered ", obs::HttpStatus(*r)));
+    } else {
+      s = obs::FromJson(obs::HttpBody(*r), &job);
+    }
+    for (proto::WorkerState& w : *job.mutable_workers()) {
+      if (elsewhere.erase(w.rank()) > 0) workers.push_back(std::move(w));
+    }
+    for (const proto::Field& f : job.unanswered()) {
+      int rank = -1;
+      if (absl::SimpleAtoi(f.key(), &rank) && elsewhere.erase(rank) > 0) {
+        unanswered[rank] = f.value();
+      }
+    }
+    for (int rank : elsewhere) {
+      unanswered[rank] =
+          s.ok() ? "on another node; the job state did not include it"
+                 : absl::StrCat("on another node, asked through a local worker: ", s.message());
+    }
+  }
+  std::sort(workers.begin(), workers.end(),
+            [](const auto& a, const auto& b) { return a.rank() < b.rank(); });
   return obs::BuildReport(run_id, reason, std::move(workers), unanswered, absl::Now());
 }
 
@@ -251,7 +297,7 @@ void StateWatcher::Loop() {
     if (!watch) continue;
     // --hang_timeout: progress is any change of a worker's counters.
     const proto::StateReport now_state =
-        CollectReport(o_.run_id, "progress check", o_.state_dir, kAskTimeout);
+        CollectReport(o_.run_id, "progress check", o_.state_dir, kAskTimeout, /*whole_job=*/false);
     std::map<int, int64_t> totals;
     for (const auto& w : now_state.workers()) totals[w.rank()] = obs::TotalProgress(w);
     const absl::Time now = absl::Now();

@@ -39,9 +39,13 @@ std::vector<std::pair<int, std::string>> StateSockets(const std::string& state_d
 
 // Asks every socket in the directory for its worker's state (in parallel,
 // each within `timeout`) and merges the answers (obs::BuildReport); a
-// worker that does not answer is listed with the reason.
+// worker that does not answer is listed with the reason. With `whole_job`,
+// the ranks of the job that serve no socket here (they run on other nodes)
+// are asked for by one local worker through RPC (GET /job_state), so the
+// report covers the job; those it cannot reach are listed as unanswered.
 proto::StateReport CollectReport(const std::string& run_id, const std::string& reason,
-                                 const std::string& state_dir, absl::Duration timeout);
+                                 const std::string& state_dir, absl::Duration timeout,
+                                 bool whole_job = true);
 
 // Writes the report as JSON ("state_report_<time>.json") into `dir`;
 // returns the path.

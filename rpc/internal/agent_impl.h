@@ -131,6 +131,11 @@ class AgentImpl : private TransportHandler {
   // and its server on AgentOptions::state_socket, started with the metrics.
   void CollectState(proto::WorkerState* out) const;
   std::string StateJson() const;
+  // Every worker's state (proto::JobState as JSON): this one's, and the
+  // others' through RPC, each within `timeout` (GET /job_state).
+  std::string JobStateJson(absl::Duration timeout);
+  // Registers the inline function that answers with StateJson().
+  void RegisterStateFunction();  // in the constructor
   absl::Status StartStateServer();
   // The timeline (obs/trace.h; agent_trace.cc): opens the recorder and
   // measures the clock offset to rank 0 (TL3), at the end of the rendezvous.
@@ -138,8 +143,8 @@ class AgentImpl : private TransportHandler {
   void OpenTrace();  // in the constructor
   void TraceOutgoing(uint64_t id, int peer, const std::string& function, absl::Time started,
                      const absl::Status& status);
-  // GET /metrics (when metrics are on) and GET /state.
-  std::map<std::string, obs::HttpRoute> ObservabilityRoutes() const;
+  // GET /metrics (when metrics are on), GET /state and GET /job_state.
+  std::map<std::string, obs::HttpRoute> ObservabilityRoutes();
   bool uses_shm(int peer) const;
   bool uses_shm_transport(int peer) const;
   std::string StreamIdentity(int peer) const;

@@ -4,7 +4,12 @@
 // SIGUSR1, and from `baton-run --dump RUN_ID` in another process.
 #include <dirent.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,6 +122,74 @@ TEST_F(StateReportTest, H2_ACycleOfNestedCallsIsNamedByHangTimeoutSigusr1AndDump
   // The sockets went with the job.
   Launcher after(marker_, {"--dump", run_id});
   EXPECT_EQ(after.Wait(absl::Seconds(30)), 1) << after.Output();
+}
+
+// Across nodes: two node agents (one worker each, each node with its own
+// TMPDIR, so its own state directory) run the cycle between them. Node 0's
+// report holds node 1's worker too, asked through its local worker by RPC
+// (GET /job_state), and names the cycle that crosses the nodes.
+TEST_F(StateReportTest, H2_AReportCoversTheWorkersOfOtherNodes) {
+  const std::string ready = out_ + "/ready";
+  const std::string run_id = absl::StrCat("stall2-", ::getpid());
+  const int master_port = FreePort(), rdzv_port = FreePort();
+  // Short directories: under a long TMPDIR the state dir falls back to
+  // /tmp (socket paths are short), which both nodes would share.
+  std::vector<std::string> tmp;
+  for (int n = 0; n < 2; ++n) {
+    char dir[] = "/tmp/baton-node-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    tmp.push_back(dir);
+  }
+  struct Cleanup {
+    std::vector<std::string> dirs;
+    ~Cleanup() {
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{tmp};
+  std::vector<std::unique_ptr<Launcher>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(std::make_unique<Launcher>(
+        marker_, std::vector<std::string>{"--nnodes",           "2",
+                                          "--node_rank",        absl::StrCat(n),
+                                          "--nproc_per_node",   "1",
+                                          "--master_addr",      "127.0.0.1",
+                                          "--master_port",      absl::StrCat(master_port),
+                                          "--rdzv_port",        absl::StrCat(rdzv_port),
+                                          "--run_id",           run_id,
+                                          "--log_dir",          absl::StrCat(out_, "/logs", n),
+                                          "--stop_timeout",     "2",
+                                          "--monitor_interval", "0.05",
+                                          StallJobPath(),       "--ready_file=" + ready},
+        std::map<std::string, std::string>{{"TMPDIR", tmp[n]},
+                                           {"BATON_JOB_TOKEN", "state-report-test-token-0123"}}));
+  }
+  ASSERT_TRUE(WaitForFile(ready, absl::Seconds(60))) << nodes[0]->Output() << nodes[1]->Output();
+
+  // Each node has only its own worker's socket.
+  for (int n = 0; n < 2; ++n) {
+    const std::string dir = absl::StrCat(tmp[n], "/baton-", ::getuid(), "/", run_id);
+    EXPECT_EQ(::access(absl::StrCat(dir, "/rank", n, ".sock").c_str(), F_OK), 0) << dir;
+    EXPECT_NE(::access(absl::StrCat(dir, "/rank", 1 - n, ".sock").c_str(), F_OK), 0) << dir;
+  }
+  Launcher dump(marker_, {"--dump", run_id}, {{"TMPDIR", tmp[0]}});
+  EXPECT_EQ(dump.Wait(absl::Seconds(30)), 0) << dump.Output();
+  EXPECT_THAT(dump.Output(), HasSubstr("cycle: w0 (rank 0) -> w1 (rank 1) -> w0 (rank 0)"));
+  EXPECT_THAT(dump.Output(), HasSubstr("in: inner from w1, running"));
+  EXPECT_THAT(dump.Output(), HasSubstr("in: outer from w0, running"));
+  const std::vector<std::string> written = Reports(absl::StrCat(out_, "/logs0"));
+  ASSERT_EQ(written.size(), 1u) << dump.Output();
+  const proto::StateReport report = Load(written.front());
+  EXPECT_EQ(report.workers_size(), 2);
+  EXPECT_EQ(report.unanswered_size(), 0) << report.summary();
+  EXPECT_THAT(report.cycles(), Contains("0 -> 1 -> 0"));
+  // And from the other node, the same job.
+  Launcher dump1(marker_, {"--dump", run_id}, {{"TMPDIR", tmp[1]}});
+  EXPECT_EQ(dump1.Wait(absl::Seconds(30)), 0) << dump1.Output();
+  EXPECT_THAT(dump1.Output(), HasSubstr("cycle: w0 (rank 0) -> w1 (rank 1) -> w0 (rank 0)"));
+
+  for (auto& node : nodes) node->Signal(SIGTERM);
+  for (auto& node : nodes) EXPECT_NE(node->Wait(absl::Seconds(30)), -1) << node->Output();
 }
 
 }  // namespace
