@@ -279,7 +279,7 @@ struct Category {
 };
 // What TraceSvg draws, in legend order; other categories get the last fill.
 constexpr Category kCategories[] = {
-    {"call", "#87a9d6", "a call on its caller"},
+    {"rpc", "#87a9d6", "a call on its caller"},
     {"serve", "#8fbc8f", "serving a call"},
     {"queue", "#f0c36d", "queued before it ran"},
     {"autograd", "#e57373", "a distributed backward pass, or a worker's part"},

@@ -103,7 +103,7 @@ proto::TraceFile SelectTrace(const proto::TraceFile& trace,
 // A picture of a merged trace (SVG, `width` pixels wide): a lane per worker
 // thread (named after the worker's process_name, with the thread when the
 // worker has several), grouped by worker in pid order; each slice a box,
-// labelled where it fits, coloured by category (call, serve, queue,
+// labelled where it fits, coloured by category (rpc, serve, queue, autograd,
 // forward, backward, send and recv; "idle" slices stay blank); each flow
 // arrow a line from its start to its end; a time axis in milliseconds; a
 // legend of the categories drawn.
