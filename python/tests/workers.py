@@ -290,8 +290,9 @@ def scenario_dtypes(rank, world_size):
             held = rpc.rpc_sync("worker1", storage_bytes, args=(v,))
             assert held == v.numel() * v.element_size(), (label, held)
         # Copies on one host: a 4 MB tensor crosses through shared memory,
-        # copied once into a segment and once out of it each way, and the
-        # Python layer adds none (the runtime counts the copies).
+        # copied once into a segment by each sender; each receiver's tensor
+        # is the segment's pages (no copy out), and the Python layer adds
+        # none (the runtime counts the copies).
         big = torch.randn(1024, 1024)
         before = rpc._current().stats()
         callee_before = rpc.rpc_sync("worker1", agent_stats)
@@ -300,11 +301,15 @@ def scenario_dtypes(rank, world_size):
         callee_after = rpc.rpc_sync("worker1", agent_stats)
         assert torch.equal(back, big)
         n = big.numel() * big.element_size()
-        for key, side, was, now in [("out", "caller", before, after), ("in", "caller", before, after),
-                                    ("out", "callee", callee_before, callee_after),
-                                    ("in", "callee", callee_before, callee_after)]:
+        for key, side, was, now, want in [("out", "caller", before, after, n),
+                                          ("in", "caller", before, after, 0),
+                                          ("out", "callee", callee_before, callee_after, n),
+                                          ("in", "callee", callee_before, callee_after, 0)]:
             copied = now[f"shm_bulk_bytes_copied_{key}"] - was[f"shm_bulk_bytes_copied_{key}"]
-            assert copied == n, (side, key, copied, n)
+            assert copied == want, (side, key, copied, want)
+        # The received tensor is usable like any other, in place included.
+        back.add_(1)
+        assert torch.equal(back, big + 1)
         nested = {"a": [torch.ones(2), (torch.zeros(3, dtype=torch.int64), "s")],
                   "b": {"c": torch.eye(3)[1:]}, "n": None, "f": 1.5}
         back = rpc.rpc_sync("worker1", echo, args=(nested,))

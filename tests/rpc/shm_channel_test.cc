@@ -59,13 +59,24 @@ TEST(ShmChannel, S1_S2_LargeBlobsTravelThroughSegmentsSmallOnesDoNot) {
   EXPECT_EQ(sender.busy_segments(), 1u);
   ASSERT_TRUE(receiver.Import(f).ok());
   EXPECT_EQ(Contents(f.payload.blobs[0]), data);
-  // The received copy is 64-byte aligned, so tensors can alias it.
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.payload.blobs[0].contiguous()) % 64, 0u);
-  EXPECT_EQ(sender.busy_segments(), 0u);  // released on receipt
-  // One copy into the segment, one out of it; the small blob is not counted.
+  // The received blob is the segment's bytes, 64-byte aligned, so tensors
+  // alias it: a write through it is seen in the segment.
+  const char* seen = f.payload.blobs[0].contiguous();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(seen) % 64, 0u);
+  // One copy, into the segment; none out of it; the small blob is not
+  // counted.
   EXPECT_EQ(sender.bytes_copied_out(), static_cast<int64_t>(data.size()));
-  EXPECT_EQ(receiver.bytes_copied_in(), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(receiver.bytes_copied_in(), 0);
   EXPECT_EQ(sender.bytes_copied_in(), 0);
+  // Held while the blob lives; released when its last user lets go.
+  EXPECT_EQ(sender.busy_segments(), 1u);
+  {
+    const Blob kept = f.payload.blobs[0];
+    f.payload.blobs.clear();
+    EXPECT_EQ(sender.busy_segments(), 1u);
+    EXPECT_EQ(kept.contiguous(), seen);
+  }
+  EXPECT_EQ(sender.busy_segments(), 0u);
 }
 
 TEST(ShmChannel, S3_ReleasedSegmentIsReusedWarm) {
@@ -73,10 +84,12 @@ TEST(ShmChannel, S3_ReleasedSegmentIsReusedWarm) {
   Frame a = FrameWith(kBig);
   sender.Export(a, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(receiver.Import(a).ok());
+  const proto::ShmBlob first = a.header.shm_blobs(0);
+  a = Frame();  // the receiver lets go of it
   Frame b = FrameWith(kBig);
   sender.Export(b, absl::Now() + absl::Seconds(10));
-  EXPECT_EQ(a.header.shm_blobs(0).name(), b.header.shm_blobs(0).name());
-  EXPECT_EQ(b.header.shm_blobs(0).generation(), a.header.shm_blobs(0).generation() + 1);
+  EXPECT_EQ(first.name(), b.header.shm_blobs(0).name());
+  EXPECT_EQ(b.header.shm_blobs(0).generation(), first.generation() + 1);
   // A segment still held by a receiver in time is never handed out again.
   Frame c = FrameWith(kBig);
   sender.Export(c, absl::Now() + absl::Seconds(10));
@@ -95,6 +108,52 @@ TEST(ShmChannel, S2_S3_LateReceiverOfReclaimedSegmentGetsDataLossNotWrongData) {
   absl::Status s = receiver.Import(late);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(s.message(), "reclaimed")) << s;
+  ASSERT_TRUE(receiver.Import(next).ok());
+  EXPECT_EQ(Contents(next.payload.blobs[0]), std::string(kBig.size(), 'z'));
+}
+
+// S3: a segment its receiver pinned is not reclaimed when the call's
+// deadline passes, while the receiver lives and holds it: the data it
+// aliases stays as sent. Once released, the segment is reused.
+TEST(ShmChannel, S3_APinnedSegmentOutlivesItsDeadlineUntilReleased) {
+  ShmChannel sender, receiver;
+  Frame kept = FrameWith(kBig);
+  sender.Export(kept, absl::Now() - absl::Seconds(1));  // already expired
+  ASSERT_TRUE(receiver.Import(kept).ok());              // ... but pinned in time
+  Frame next = FrameWith(std::string(kBig.size(), 'z'));
+  sender.Export(next, absl::Now() + absl::Seconds(10));
+  EXPECT_NE(next.header.shm_blobs(0).name(), kept.header.shm_blobs(0).name());
+  EXPECT_EQ(Contents(kept.payload.blobs[0]), kBig);
+  ASSERT_TRUE(receiver.Import(next).ok());
+  const std::string name = kept.header.shm_blobs(0).name();
+  kept = Frame();
+  next = Frame();
+  Frame again = FrameWith(kBig);
+  sender.Export(again, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(sender.busy_segments(), 1u);
+  ASSERT_TRUE(receiver.Import(again).ok());
+  EXPECT_EQ(Contents(again.payload.blobs[0]), kBig);
+}
+
+// S3: a segment pinned by a receiver whose process is gone (it died
+// holding the tensor) is reclaimed once the deadline passed.
+TEST(ShmChannel, S3_ASegmentPinnedByADeadReceiverIsReclaimed) {
+  ShmChannel sender;
+  Frame f = FrameWith(kBig);
+  sender.Export(f, absl::Now() - absl::Seconds(1));
+  const pid_t child = fork();
+  if (child == 0) {
+    ShmChannel receiver;
+    _exit(receiver.Import(f).ok() ? 0 : 1);  // pins it, never releases
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  Frame next = FrameWith(std::string(kBig.size(), 'z'));
+  sender.Export(next, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(next.header.shm_blobs(0).name(), f.header.shm_blobs(0).name());
+  ShmChannel receiver;
+  EXPECT_EQ(receiver.Import(f).code(), absl::StatusCode::kDataLoss);  // the old generation
   ASSERT_TRUE(receiver.Import(next).ok());
   EXPECT_EQ(Contents(next.payload.blobs[0]), std::string(kBig.size(), 'z'));
 }

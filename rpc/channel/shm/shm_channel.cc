@@ -42,6 +42,13 @@ bool IsDecimal(absl::string_view s) {
 struct alignas(64) SegmentHeader {
   std::atomic<uint64_t> write_gen;
   std::atomic<uint64_t> released_gen;
+  // Who may use generation g (S2, S3): 2g while the sender holds it for a
+  // receiver, 2g+1 once the receiver pinned it, 0 once the sender reclaimed
+  // it unpinned. Changed only by compare-and-swap after Export's store.
+  std::atomic<uint64_t> claim;
+  // The pinning receiver: its pid and the inode of its PID namespace.
+  std::atomic<int64_t> holder_pid;
+  std::atomic<uint64_t> holder_pid_namespace;
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
@@ -54,6 +61,25 @@ const std::string& PidNamespace() {
     return std::string("0");
   }();
   return ns;
+}
+
+uint64_t PidNamespaceInode() {
+  static const uint64_t ino = [] {
+    struct stat st {};
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  }();
+  return ino;
+}
+
+// S3: whether the receiver that pinned a segment is known to be gone. Only
+// a holder of this PID namespace can be judged; any other is taken as alive
+// (its segment waits for its release: a leak, never a reuse under it).
+bool HolderGone(const SegmentHeader& h) {
+  const int64_t pid = h.holder_pid.load(std::memory_order_acquire);
+  if (pid <= 0 || h.holder_pid_namespace.load(std::memory_order_acquire) != PidNamespaceInode()) {
+    return false;
+  }
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 size_t RoundUpPow2(size_t n) {
@@ -79,55 +105,7 @@ struct ShmChannel::Mapping {
   ShmSegment memory;
 };
 
-class ShmChannel::BufferCache : public std::enable_shared_from_this<BufferCache> {
- public:
-  // A 64-byte aligned buffer of at least `size` bytes, owned by the result.
-  std::shared_ptr<void> Get(size_t size) {
-    const size_t capacity = (size + 63) / 64 * 64;
-    void* buf = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = free_.find(capacity);
-      if (it != free_.end()) {
-        buf = it->second;
-        free_.erase(it);
-        cached_ -= capacity;
-      }
-    }
-    if (buf == nullptr) buf = std::aligned_alloc(64, capacity);
-    if (buf == nullptr) return nullptr;
-    std::weak_ptr<BufferCache> weak = shared_from_this();
-    return std::shared_ptr<void>(buf, [weak, capacity](void* p) {
-      if (auto self = weak.lock()) {
-        self->Put(p, capacity);
-      } else {
-        std::free(p);
-      }
-    });
-  }
-  ~BufferCache() {
-    for (auto& [cap, p] : free_) std::free(p);
-  }
-
- private:
-  void Put(void* p, size_t capacity) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (cached_ + capacity <= kCachedBytes) {
-        free_.emplace(capacity, p);
-        cached_ += capacity;
-        return;
-      }
-    }
-    std::free(p);
-  }
-  absl::Mutex mu_;
-  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
-  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-ShmChannel::ShmChannel()
-    : pid_(static_cast<int>(getpid())), buffers_(std::make_shared<BufferCache>()) {
+ShmChannel::ShmChannel() : pid_(static_cast<int>(getpid())) {
   // S5: marked alive before any object exists (without a marker, a sweep
   // from another PID namespace leaves this channel's objects alone).
   auto marker = LivenessMarker::Create(ObjectPrefix(pid_));
@@ -141,9 +119,17 @@ ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
   Segment* best = nullptr;
   for (auto& s : segments_) {
     if (s->capacity < size || (best != nullptr && s->capacity >= best->capacity)) continue;
-    const bool released =
-        s->header()->released_gen.load(std::memory_order_acquire) == s->generation;
-    if (released || s->busy_until < now) best = s.get();
+    SegmentHeader* h = s->header();
+    bool free = h->released_gen.load(std::memory_order_acquire) == s->generation;
+    if (!free && s->busy_until < now) {
+      // S3: past its holder's deadline. Unpinned, the sender takes it back
+      // (a late receiver's pin then fails); pinned, only if the receiver is
+      // gone.
+      uint64_t held = 2 * s->generation;
+      free = h->claim.compare_exchange_strong(held, 0, std::memory_order_acq_rel) ||
+             (held == 2 * s->generation + 1 && HolderGone(*h));
+    }
+    if (free) best = s.get();
   }
   if (best == nullptr) {
     const size_t capacity = RoundUpPow2(size);
@@ -160,8 +146,12 @@ ShmChannel::Segment* ShmChannel::Acquire(size_t size, absl::Time expiry) {
   }
   best->generation += 1;
   best->busy_until = expiry;
-  // Seqlock writer: publish the new generation before touching the data.
-  best->header()->write_gen.store(best->generation, std::memory_order_relaxed);
+  SegmentHeader* h = best->header();
+  h->holder_pid.store(0, std::memory_order_relaxed);
+  h->claim.store(2 * best->generation, std::memory_order_relaxed);
+  // Publish the new generation before touching the data (a receiver of an
+  // older one that has not pinned yet sees it changed).
+  h->write_gen.store(best->generation, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return best;
 }
@@ -245,25 +235,30 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
     }
     auto mapping = Map(sb.name(), sb.capacity());
     if (!mapping.ok()) return mapping.status();
-    auto* header = static_cast<SegmentHeader*>((*mapping)->memory.data());
-    const char* src = static_cast<const char*>((*mapping)->memory.data()) + kHeaderBytes;
-    auto stale = [&] {
-      return absl::DataLossError(absl::StrCat(
-          "shared-memory segment '", sb.name(), "' was reclaimed by its sender (generation ",
-          sb.generation(), "); the call outlived its deadline"));
-    };
-    if (header->write_gen.load(std::memory_order_acquire) != sb.generation()) return stale();
-    std::shared_ptr<void> buf = buffers_->Get(sb.size());
-    if (buf == nullptr) return absl::ResourceExhaustedError("out of memory receiving a blob");
-    std::memcpy(buf.get(), src, sb.size());
-    bytes_in_.fetch_add(static_cast<int64_t>(sb.size()), std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (header->write_gen.load(std::memory_order_relaxed) != sb.generation()) return stale();
-    header->released_gen.store(sb.generation(), std::memory_order_release);
+    std::shared_ptr<Mapping> m = *std::move(mapping);
+    auto* header = static_cast<SegmentHeader*>(m->memory.data());
+    const char* src = static_cast<const char*>(m->memory.data()) + kHeaderBytes;
+    const uint64_t gen = sb.generation();
+    // S2: pin the generation; the sender reclaimed it if the pin fails.
+    uint64_t held = 2 * gen;
+    if (header->write_gen.load(std::memory_order_acquire) != gen ||
+        !header->claim.compare_exchange_strong(held, 2 * gen + 1, std::memory_order_acq_rel)) {
+      return absl::DataLossError(absl::StrCat("shared-memory segment '", sb.name(),
+                                              "' was reclaimed by its sender (generation ", gen,
+                                              "); the call outlived its deadline"));
+    }
+    // Only the receiver that pinned it names itself (a late one whose pin
+    // failed must not): until then the sender sees no holder to judge.
+    header->holder_pid_namespace.store(PidNamespaceInode(), std::memory_order_relaxed);
+    header->holder_pid.store(pid_, std::memory_order_release);
+    // The blob is the segment's bytes, until its last user lets go: then
+    // the sender may reuse the segment.
     Blob& b = blobs[sb.index()];
     b.pieces.clear();
-    b.pieces.emplace_back(static_cast<const char*>(buf.get()), sb.size());
-    b.owner = std::move(buf);
+    b.pieces.emplace_back(src, sb.size());
+    b.owner = std::shared_ptr<const void>(src, [m, header, gen](const void*) {
+      header->released_gen.store(gen, std::memory_order_release);
+    });
   }
   return absl::OkStatus();
 }

@@ -13,15 +13,21 @@
 //     FrameHeader.shm_blobs; the blob itself travels empty. The logical
 //     message size (for limits) is unchanged.
 // S2. The receiver checks the entry (below), maps the segment (cached by
-//     name), checks write_gen,
-//     copies the bytes into its own buffer, checks write_gen again (a
-//     seqlock: a changed generation means the sender reclaimed the segment
-//     mid-copy, and the blob is reported as DATA_LOSS, never used), then
-//     stores the generation in released_gen.
-// S3. A segment is free when released_gen equals its generation, or when its
-//     holder's deadline (the call's deadline plus a grace period) passed: the
-//     receiver died or gave up. No segment is ever reused while a live,
-//     in-time receiver may read it.
+//     name) and pins the generation: a compare-and-swap of the header's
+//     claim word from "held for a receiver" to "pinned", then names itself
+//     (pid and PID namespace) as the holder. A failed pin means the sender
+//     reclaimed the segment (S3): the blob is reported as DATA_LOSS, never
+//     used. A pinned blob is the segment's bytes, with no copy: tensors
+//     decoded from it alias the sender's pages. When its last user lets go
+//     (the tensors die), the receiver stores the generation in
+//     released_gen.
+// S3. A segment is free when released_gen equals its generation. Past its
+//     holder's deadline (the call's deadline plus a grace period) an
+//     unpinned segment is reclaimed by the sender's own compare-and-swap, so
+//     a late receiver's pin fails; a pinned one is freed only once its
+//     holder's process is gone (judged within one PID namespace: from
+//     another, it waits for the release). No segment is ever reused while a
+//     receiver may use it.
 // S4. A peer is sent segments only if it proved at rendezvous that it can
 //     open an object this worker created (same /dev/shm).
 // S5. Close() unlinks every segment name; Sweep() removes names left by dead
@@ -95,8 +101,9 @@ class ShmChannel {
 
   // S1: moves eligible blobs of `frame` into segments held until `expiry`.
   void Export(Frame& frame, absl::Time expiry);
-  // S2: copies the frame's segment blobs back into its payload and releases
-  // the segments. DATA_LOSS naming the entry on any inconsistency.
+  // S2: pins the frame's segment blobs and makes them the payload's blobs
+  // (released when the last user of each lets go). DATA_LOSS naming the
+  // entry on any inconsistency, or for a segment the sender reclaimed.
   // `sender_prefix` is the sender's ObjectPrefix: entries must then name its
   // segments. Empty: a segment of any process (the name's form is checked).
   absl::Status Import(Frame& frame, absl::string_view sender_prefix = {});
@@ -117,16 +124,11 @@ class ShmChannel {
 
   // Segments currently held by a receiver.
   size_t busy_segments() const;
-  // Blob bytes copied into segments (S1) and out of them (S2) so far: a
-  // blob that crosses through shared memory is copied once on each side.
+  // Blob bytes copied into segments (S1) and out of them so far: a blob
+  // that crosses through shared memory is copied once, by its sender; the
+  // receiver uses the segment's pages (S2), so bytes_copied_in() stays 0.
   int64_t bytes_copied_out() const { return bytes_out_.load(std::memory_order_relaxed); }
   int64_t bytes_copied_in() const { return bytes_in_.load(std::memory_order_relaxed); }
-
-  // Receive buffers: large blobs are copied out of segments into buffers
-  // that return here (up to kCachedBytes in all) when the tensors using them
-  // die, so steady traffic does not fault in fresh pages for every message.
-  static constexpr size_t kCachedBytes = size_t{512} << 20;
-  class BufferCache;
 
  private:
   struct Segment;
@@ -144,7 +146,6 @@ class ShmChannel {
   std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
   size_t pool_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::string probe_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<BufferCache> buffers_;
   absl::Mutex map_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(map_mu_);
 };
