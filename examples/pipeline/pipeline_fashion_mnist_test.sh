@@ -24,7 +24,7 @@ run "$TMP/p2.log" 2 --steps 150 --log_every 50 --min_accuracy 0.75 \
   --trace "$TMP/p2.json" --svg "$TMP/p2.svg"
 grep -q "1f1b on 2 stage workers, 8 micro-batches of 16" "$TMP/p2.log" || fail "not 1F1B over 2 stages"
 grep -q '"traceEvents"' "$TMP/p2.json" || fail "no Chrome trace"
-grep -q '"cat": "backward"' "$TMP/p2.json" || fail "the trace has no backward spans"
+grep -q '"cat":"backward"' "$TMP/p2.json" || fail "the trace has no backward spans"
 grep -q "<svg" "$TMP/p2.svg" || fail "no SVG timeline"
 
 run "$TMP/p4.log" 4 --steps 100 --log_every 50 --min_accuracy 0.70

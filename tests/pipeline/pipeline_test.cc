@@ -152,7 +152,7 @@ BATON_SCENARIO(every_schedule) {
         std::stringstream ss;
         ss << in.rdbuf();
         WCHECK(absl::StrContains(ss.str(), "\"traceEvents\""));
-        WCHECK(absl::StrContains(ss.str(), "\"cat\": \"backward\""));
+        WCHECK(absl::StrContains(ss.str(), "\"cat\":\"backward\""));
       }
     }
     auto params = (*pipe)->Parameters();
