@@ -23,6 +23,18 @@
 // Metrics, as the peer prints them: ps_{mode}_train_throughput = all
 // trainers' timed samples / the slowest trainer's timed wall, and
 // ps_{mode}_final_loss = mean of the trainers' last losses.
+// baton's own, the per-step split that says where a step's time goes (means
+// over the trainers' timed steps; issue 28's "distance to the bound"):
+//   ps_{mode}_step_{compute,pull,push}_ms: a trainer's wall time per step in
+//     forward/backward, in Pull() (waiting for the previous push, the pull
+//     and the copy into the module) and in Push() (handing the gradients
+//     over);
+//   ps_{mode}_trainer_cpu_ms_per_step: a trainer process's CPU per step, all
+//     its threads (getrusage);
+//   ps_{mode}_server_cpu_ms_per_step: the server process's CPU from its
+//     agent's start to its end, per trainer step (pushes / trainers);
+//   ps_{mode}_cpu_busy: every process's CPU over the timed wall times the
+//     machine's cores (1: every core busy all the time).
 //
 // The binary is its own driver: it starts the server and trainers as worker
 // processes of itself (bench/worker_procs.h), which send their results back
@@ -31,10 +43,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -118,8 +133,21 @@ struct Result {
   double samples = 0;
   double wall = 0;
   double loss = 0;
-  std::string Line() const { return "result " + bench::Numbers({samples, wall, loss}); }
+  // Seconds over the timed steps: wall in each part of a step, and the
+  // process's CPU.
+  double compute = 0, pull = 0, push = 0, cpu = 0;
+  std::string Line() const {
+    return "result " + bench::Numbers({samples, wall, loss, compute, pull, push, cpu});
+  }
 };
+
+// This process's CPU time (user + system, every thread), in seconds.
+double ProcessCpuSeconds() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 absl::StatusOr<std::unique_ptr<RpcAgent>> MakeAgent(std::shared_ptr<FunctionRegistry> registry) {
   auto opts = AgentOptions::FromEnv();
@@ -142,23 +170,41 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   auto binding = ps::ModuleBinding::Create(**client, *model, "mlp");
   if (!binding.ok()) return binding.status();
   Batches data(t + 1, cfg.batch);
-  double t0 = bench::Now(), loss = 0;
+  Result r;
+  double t0 = bench::Now(), cpu0 = ProcessCpuSeconds();
   for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
-    if (step == cfg.warmup) t0 = bench::Now();
+    const bool timed = step >= cfg.warmup;
+    if (step == cfg.warmup) {
+      t0 = bench::Now();
+      cpu0 = ProcessCpuSeconds();
+    }
     // The model after the previous step (Create() pulled the first).
+    double at = bench::Now();
     if (step > 0) {
       if (absl::Status s = binding->Pull(); !s.ok()) return s;
     }
+    double now = bench::Now();
+    if (timed) r.pull += now - at;
+    at = now;
     auto [x, y] = data.Next();
     model->zero_grad();
     at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
     l.backward();
-    loss = l.item<double>();
+    r.loss = l.item<double>();
+    now = bench::Now();
+    if (timed) r.compute += now - at;
+    at = now;
     binding->Push();
+    if (timed) r.push += bench::Now() - at;
   }
   // The model after the last step, as the peer's last push returns it.
+  const double at = bench::Now();
   if (absl::Status s = binding->Pull(); !s.ok()) return s;
-  return Result{static_cast<double>(cfg.steps * cfg.batch), bench::Now() - t0, loss};
+  r.pull += bench::Now() - at;
+  r.samples = static_cast<double>(cfg.steps * cfg.batch);
+  r.wall = bench::Now() - t0;
+  r.cpu = ProcessCpuSeconds() - cpu0;
+  return r;
 }
 
 // --mode local: the peer's train_local.
@@ -166,28 +212,38 @@ Result TrainLocal(const Config& cfg, int rank) {
   torch::nn::Sequential model = MakeModel();
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
   Batches data(rank, cfg.batch);
-  double t0 = bench::Now(), loss = 0;
+  Result r;
+  double t0 = bench::Now(), cpu0 = ProcessCpuSeconds();
   for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
-    if (step == cfg.warmup) t0 = bench::Now();
+    if (step == cfg.warmup) {
+      t0 = bench::Now();
+      cpu0 = ProcessCpuSeconds();
+    }
     auto [x, y] = data.Next();
     opt.zero_grad();
     at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
     l.backward();
     opt.step();
-    loss = l.item<double>();
+    r.loss = l.item<double>();
   }
-  return Result{static_cast<double>(cfg.steps * cfg.batch), bench::Now() - t0, loss};
+  r.samples = static_cast<double>(cfg.steps * cfg.batch);
+  r.wall = bench::Now() - t0;
+  r.compute = r.wall;
+  r.cpu = ProcessCpuSeconds() - cpu0;
+  return r;
 }
 
 absl::Status RunServer(const Config& cfg, bench::WorkerChannel& ch) {
   auto registry = std::make_shared<FunctionRegistry>();
   auto server = ps::PsServer::Create(MakeSpec(cfg), ps::ServerOptions{}, *registry);
   if (!server.ok()) return server.status();
+  const double cpu0 = ProcessCpuSeconds();
   auto agent = MakeAgent(registry);
   if (!agent.ok()) return agent.status();
   // Serve until the driver says every trainer is done.
   const bool released = ch.WaitRelease();
-  ch.Send(absl::StrCat("pushes ", (*server)->shard().Stats().applied_pushes));
+  ch.Send(absl::StrCat("pushes ", (*server)->shard().Stats().applied_pushes, " ",
+                       ProcessCpuSeconds() - cpu0));
   absl::Status stopped = (*server)->Stop(false);
   absl::Status s = (*agent)->Shutdown(released);
   if (!released) return absl::AbortedError("the driver gave up");
@@ -260,6 +316,7 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
   absl::Status s = group.status();
   std::vector<Result> results;
   int64_t pushes = -1;
+  double server_cpu = 0;
   if (s.ok()) {
     int ready = 0, done = 0;
     s = (*group)->Wait(
@@ -270,9 +327,15 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
           }
           if (absl::StartsWith(line, "result ")) {
             std::vector<double> v = bench::ParseNumbers(line.substr(7));
-            if (v.size() == 3) results.push_back(Result{v[0], v[1], v[2]});
+            if (v.size() == 7) results.push_back(Result{v[0], v[1], v[2], v[3], v[4], v[5], v[6]});
           }
-          if (absl::StartsWith(line, "pushes ")) pushes = std::atoll(line.c_str() + 7);
+          if (absl::StartsWith(line, "pushes ")) {
+            std::vector<double> v = bench::ParseNumbers(line.substr(7));
+            if (v.size() == 2) {
+              pushes = static_cast<int64_t>(v[0]);
+              server_cpu = v[1];
+            }
+          }
         });
   }
   if (s.ok() && static_cast<int>(results.size()) != cfg.trainers) {
@@ -284,16 +347,40 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
     return 1;
   }
   double samples = 0, wall = 0, loss = 0;
+  double compute = 0, pull = 0, push = 0, cpu = 0, trainer_cpu = 0;
   for (const Result& r : results) {
     samples += r.samples;
     wall = std::max(wall, r.wall);
     loss += r.loss / results.size();
+    compute += r.compute / results.size();
+    pull += r.pull / results.size();
+    push += r.push / results.size();
+    cpu += r.cpu / results.size();
+    trainer_cpu += r.cpu;
   }
   if (pushes >= 0)
     std::fprintf(stderr, "ps_bench: the server applied %lld pushes\n",
                  static_cast<long long>(pushes));
   Report(cfg, absl::StrCat("ps_", cfg.mode, "_train_throughput"), samples / wall, "samples/s");
   Report(cfg, absl::StrCat("ps_", cfg.mode, "_final_loss"), loss, "cross-entropy");
+  // The per-step split (ms per timed step, means over the trainers).
+  const double per_step = 1000.0 / static_cast<double>(cfg.steps);
+  const std::string p = absl::StrCat("ps_", cfg.mode, "_");
+  Report(cfg, p + "step_compute_ms", compute * per_step, "ms");
+  if (!local) {
+    Report(cfg, p + "step_pull_ms", pull * per_step, "ms");
+    Report(cfg, p + "step_push_ms", push * per_step, "ms");
+  }
+  Report(cfg, p + "trainer_cpu_ms_per_step", cpu * per_step, "ms");
+  double all_cpu = trainer_cpu;
+  if (!local && pushes > 0) {
+    const double server_steps = static_cast<double>(pushes) / cfg.trainers;
+    Report(cfg, p + "server_cpu_ms_per_step", server_cpu * 1000.0 / server_steps, "ms");
+    // The server's CPU of the timed window: its share of the pushes.
+    all_cpu += server_cpu * static_cast<double>(cfg.steps) / server_steps;
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  Report(cfg, p + "cpu_busy", all_cpu / (wall * cores), "fraction");
   return 0;
 }
 
