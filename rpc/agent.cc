@@ -48,20 +48,6 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
-// True on a thread inside a transport's handler callback (OnRequest,
-// OnResponse, ...): such a thread delivers replies, so a call made there
-// (by an inline function) must not wait for window room (F4).
-thread_local bool t_delivering = false;
-
-class DeliveryScope {
- public:
-  DeliveryScope() : outer_(t_delivering) { t_delivering = true; }
-  ~DeliveryScope() { t_delivering = outer_; }
-
- private:
-  const bool outer_;
-};
-
 // What an incoming request holds: its frame and the shared-memory blobs it
 // names (clipped: a hostile size must not count for more than a message).
 int64_t RequestBytes(const Frame& frame, int64_t max_message_bytes) {
@@ -166,6 +152,8 @@ CudaTensorChannel* RpcAgent::CudaChannelFor(int peer) const { return impl_->Cuda
 // ---- AgentImpl ----
 
 namespace internal {
+
+thread_local bool t_delivering = false;
 
 AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
                      AgentCollaborators collaborators)
@@ -428,79 +416,6 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
            Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
                     CallContextText(peer, function)),
            /*undelivered=*/frame.header.not_run());
-}
-
-void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
-  DeliveryScope delivering;
-  SuspectPeer(peer, cause);
-}
-
-void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
-  if (!absl::IsUnavailable(cause) || options_.restart_wait <= absl::ZeroDuration()) {
-    OnStreamClosed(peer, stream_id, cause);
-    return;
-  }
-  DeliveryScope delivering;
-  const auto refused = CallsOnStream(peer, stream_id);
-  SuspectPeer(peer, cause);
-  // P8: none of them was read; they go again once the rank can take them.
-  RedeliverUnread(peer, refused, "stream refused", cause);
-}
-
-void AgentImpl::OnRequestsUnread(int peer, uint64_t stream_id, const std::vector<uint64_t>& ids,
-                                 const absl::Status& cause) {
-  if (!absl::IsUnavailable(cause)) return;  // OnStreamClosed fails them
-  DeliveryScope delivering;
-  std::vector<std::pair<uint64_t, std::string>> unread;
-  {
-    const absl::flat_hash_set<uint64_t> named(ids.begin(), ids.end());
-    for (auto& call : CallsOnStream(peer, stream_id)) {
-      if (named.contains(call.first)) unread.push_back(std::move(call));
-    }
-  }
-  SuspectPeer(peer, cause);
-  // P8: the transport knows the dead process read none of them.
-  RedeliverUnread(peer, unread, "its process exited before reading the request", cause);
-}
-
-void AgentImpl::RedeliverUnread(int peer,
-                                const std::vector<std::pair<uint64_t, std::string>>& calls,
-                                absl::string_view why, const absl::Status& cause) {
-  for (const auto& [id, function] : calls) {
-    if (options_.restart_wait > absl::ZeroDuration() && Redeliver(id)) continue;
-    Complete(id,
-             Annotate(absl::UnavailableError(absl::StrCat("worker is dead or unreachable (", why,
-                                                          ": ", cause.message(), ")")),
-                      CallContextText(peer, function)),
-             /*undelivered=*/true);
-  }
-}
-
-std::vector<std::pair<uint64_t, std::string>> AgentImpl::CallsOnStream(int peer,
-                                                                       uint64_t stream_id) const {
-  std::vector<std::pair<uint64_t, std::string>> out;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, call] : pending_) {
-    // Stream 0: sent, its stream not recorded yet (it may be this one).
-    if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
-      out.emplace_back(id, call.function);
-    }
-  }
-  return out;
-}
-
-void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
-  DeliveryScope delivering;
-  const auto failed = CallsOnStream(peer, stream_id);
-  if (absl::IsUnavailable(cause)) SuspectPeer(peer, cause);
-  for (const auto& [id, function] : failed) {
-    const absl::Status s =
-        cause.code() == absl::StatusCode::kUnauthenticated
-            ? cause
-            : absl::UnavailableError(absl::StrCat(
-                  "worker is dead or unreachable (stream ended: ", cause.message(), ")"));
-    Complete(id, Annotate(s, CallContextText(peer, function)));
-  }
 }
 
 void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {

@@ -3,8 +3,10 @@
 // peer dead at most once, learning of a restarted incarnation from its
 // requests or its registration, following its new address, waiting for a
 // dead rank's successor, sending requests known undelivered again
-// (docs/peer_failures.md, P1-P8), and a shutdown's wait for workers that may
-// have died. Calls and replies are in agent.cc.
+// (docs/peer_failures.md, P1-P8), a shutdown's wait for workers that may
+// have died, and what the transports report of ending streams (closed,
+// refused, requests a dead peer never read). Calls and replies are in
+// agent.cc.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -226,6 +228,81 @@ bool AgentImpl::AwaitSuccessor(int peer, int64_t dead, absl::Time until) {
   absl::MutexLock lock(&mu_);
   --waiting_for_restart_;
   return followed;
+}
+
+// ---- Streams that end (TransportHandler) ----
+
+void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
+  DeliveryScope delivering;
+  SuspectPeer(peer, cause);
+}
+
+void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
+  if (!absl::IsUnavailable(cause) || options_.restart_wait <= absl::ZeroDuration()) {
+    OnStreamClosed(peer, stream_id, cause);
+    return;
+  }
+  DeliveryScope delivering;
+  const auto refused = CallsOnStream(peer, stream_id);
+  SuspectPeer(peer, cause);
+  // P8: none of them was read; they go again once the rank can take them.
+  RedeliverUnread(peer, refused, "stream refused", cause);
+}
+
+void AgentImpl::OnRequestsUnread(int peer, uint64_t stream_id, const std::vector<uint64_t>& ids,
+                                 const absl::Status& cause) {
+  if (!absl::IsUnavailable(cause)) return;  // OnStreamClosed fails them
+  DeliveryScope delivering;
+  std::vector<std::pair<uint64_t, std::string>> unread;
+  {
+    const absl::flat_hash_set<uint64_t> named(ids.begin(), ids.end());
+    for (auto& call : CallsOnStream(peer, stream_id)) {
+      if (named.contains(call.first)) unread.push_back(std::move(call));
+    }
+  }
+  SuspectPeer(peer, cause);
+  // P8: the transport knows the dead process read none of them.
+  RedeliverUnread(peer, unread, "its process exited before reading the request", cause);
+}
+
+void AgentImpl::RedeliverUnread(int peer,
+                                const std::vector<std::pair<uint64_t, std::string>>& calls,
+                                absl::string_view why, const absl::Status& cause) {
+  for (const auto& [id, function] : calls) {
+    if (options_.restart_wait > absl::ZeroDuration() && Redeliver(id)) continue;
+    Complete(id,
+             Annotate(absl::UnavailableError(absl::StrCat("worker is dead or unreachable (", why,
+                                                          ": ", cause.message(), ")")),
+                      CallContextText(peer, function)),
+             /*undelivered=*/true);
+  }
+}
+
+std::vector<std::pair<uint64_t, std::string>> AgentImpl::CallsOnStream(int peer,
+                                                                       uint64_t stream_id) const {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, call] : pending_) {
+    // Stream 0: sent, its stream not recorded yet (it may be this one).
+    if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
+      out.emplace_back(id, call.function);
+    }
+  }
+  return out;
+}
+
+void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
+  DeliveryScope delivering;
+  const auto failed = CallsOnStream(peer, stream_id);
+  if (absl::IsUnavailable(cause)) SuspectPeer(peer, cause);
+  for (const auto& [id, function] : failed) {
+    const absl::Status s =
+        cause.code() == absl::StatusCode::kUnauthenticated
+            ? cause
+            : absl::UnavailableError(absl::StrCat(
+                  "worker is dead or unreachable (stream ended: ", cause.message(), ")"));
+    Complete(id, Annotate(s, CallContextText(peer, function)));
+  }
 }
 
 // ---- P8: requests known undelivered go again ----

@@ -63,6 +63,23 @@ class StoreServer;
 
 namespace baton::rpc::internal {
 
+// True on a thread inside a transport's handler callback (OnRequest,
+// OnResponse, ...): such a thread delivers replies, so a call made there
+// (by an inline function) must not wait for window room (F4).
+extern thread_local bool t_delivering;
+
+// Marks the calling thread as delivering for its lifetime.
+class DeliveryScope {
+ public:
+  DeliveryScope() : outer_(t_delivering) { t_delivering = true; }
+  ~DeliveryScope() { t_delivering = outer_; }
+  DeliveryScope(const DeliveryScope&) = delete;
+  DeliveryScope& operator=(const DeliveryScope&) = delete;
+
+ private:
+  const bool outer_;
+};
+
 // How many CUDA devices this process sees (0 in a CPU-only LibTorch).
 int LocalCudaDevices();
 // The parts of AgentOptions::device_maps that concern this worker alone:
