@@ -230,10 +230,16 @@ int FuzzOne(const uint8_t* data, size_t size) {
       FUZZ_CHECK(Contents(b) == std::string(seg + kHeaderBytes, e.size()));
     }
   }
-  // The receiver of the honest frame releases whatever is still held, so the
-  // sender's pool stays small.
-  Frame honest = exported;
-  (void)state->cleanup.Import(honest, state->prefix);
+  // An honest receiver of each exported entry pins and releases whatever the
+  // fuzzed receiver left unpinned (one frame per entry: an entry the fuzzed
+  // frame pinned fails its pin here and goes when `frame` goes), so every
+  // segment is free again and the sender's pool stays small.
+  for (const proto::ShmBlob& e : exported.header.shm_blobs()) {
+    Frame honest;
+    honest.payload.blobs = exported.payload.blobs;
+    *honest.header.add_shm_blobs() = e;
+    (void)state->cleanup.Import(honest, state->prefix);
+  }
   return 0;
 }
 
