@@ -169,15 +169,8 @@ proto::StateReport CollectReport(const std::string& run_id, const std::string& r
   }
   if (!elsewhere.empty()) {
     proto::JobState job;
-    absl::Status s = absl::OkStatus();
-    auto r = obs::HttpGet(absl::StrCat("unix:", relay), "/job_state", timeout + kJobStateWait);
-    if (!r.ok()) {
-      s = r.status();
-    } else if (obs::HttpStatus(*r) != 200) {
-      s = absl::UnavailableError(absl::StrCat("answered ", obs::HttpStatus(*r)));
-    } else {
-      s = obs::FromJson(obs::HttpBody(*r), &job);
-    }
+    const auto answer = AskAll({{-1, relay}}, "/job_state", timeout + kJobStateWait).front();
+    const absl::Status s = answer.ok() ? obs::FromJson(*answer, &job) : answer.status();
     for (proto::WorkerState& w : *job.mutable_workers()) {
       if (elsewhere.erase(w.rank()) > 0) workers.push_back(std::move(w));
     }

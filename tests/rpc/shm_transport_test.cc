@@ -48,6 +48,24 @@ struct Pair {
   }
 };
 
+// The parent's side of a link to a forked peer (rank 1). The child's hub
+// name is not known before it exists; the child maps ours, so the link points
+// at a hub of the parent's own making for the child side. Link() sends the
+// link's name down `to_child` and waits for the child's byte on `from_child`.
+struct LinkedChild {
+  Recorder dummy;
+  std::unique_ptr<ShmTransport> stand_in;
+  void Link(ShmTransport& t0, pid_t child, int to_child, int from_child) {
+    stand_in = *ShmTransport::Create({}, 1, 2, &dummy);
+    auto link = t0.CreateLink(1, stand_in->hub_name(), child);
+    ASSERT_TRUE(link.ok()) << link.status();
+    ASSERT_EQ(write(to_child, link->c_str(), link->size() + 1),
+              static_cast<ssize_t>(link->size() + 1));
+    char ok = 0;
+    ASSERT_EQ(read(from_child, &ok, 1), 1);
+  }
+};
+
 TEST(ShmTransport, T1_FramesArriveWholeOnceAndInOrderWithReplies) {
   Pair p;
   const int n = 2000;
@@ -156,16 +174,8 @@ TEST(ShmTransport, T3_PeerDeathIsNoticedAndSendsFailAfterwards) {
     usleep(200 * 1000);
     _exit(0);
   }
-  // Parent: the child's hub name is not known before it exists; the child
-  // maps ours, so link toward a hub of our own making for the child side.
-  Recorder dummy;
-  auto stand_in = *ShmTransport::Create({}, 1, 2, &dummy);
-  auto link = t0->CreateLink(1, stand_in->hub_name(), child);
-  ASSERT_TRUE(link.ok()) << link.status();
-  ASSERT_EQ(write(to_child[1], link->c_str(), link->size() + 1),
-            static_cast<ssize_t>(link->size() + 1));
-  char ok = 0;
-  ASSERT_EQ(read(to_parent[0], &ok, 1), 1);
+  LinkedChild linked;
+  ASSERT_NO_FATAL_FAILURE(linked.Link(*t0, child, to_child[1], to_parent[0]));
   EXPECT_EQ(t0->Activate(), std::vector<int>{1});
   ASSERT_TRUE(t0->connected(1));
   const absl::Time start = absl::Now();
@@ -217,15 +227,10 @@ TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
     }
     _exit(0);
   }
-  Recorder dummy;
-  auto stand_in = *ShmTransport::Create({}, 1, 2, &dummy);
-  auto link = t0->CreateLink(1, stand_in->hub_name(), child);
-  ASSERT_TRUE(link.ok()) << link.status();
-  ASSERT_EQ(write(to_child[1], link->c_str(), link->size() + 1),
-            static_cast<ssize_t>(link->size() + 1));
-  char ack = 0;
-  ASSERT_EQ(read(to_parent[0], &ack, 1), 1);
+  LinkedChild linked;
+  ASSERT_NO_FATAL_FAILURE(linked.Link(*t0, child, to_child[1], to_parent[0]));
   EXPECT_EQ(t0->Activate(), std::vector<int>{1});
+  char ack = 0;
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(t0->Send(1, Request(id, 100)).ok());
   ASSERT_TRUE(h0.WaitResponses(3, absl::Seconds(10)));  // read and answered
   ASSERT_EQ(write(to_child[1], "s", 1), 1);

@@ -52,23 +52,20 @@ struct alignas(64) SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
-// The inode of this process's PID namespace: pids are only comparable
-// within one namespace.
-const std::string& PidNamespace() {
-  static const std::string ns = [] {
-    struct stat st {};
-    if (stat("/proc/self/ns/pid", &st) == 0) return std::to_string(st.st_ino);
-    return std::string("0");
-  }();
-  return ns;
-}
-
+// The inode of this process's PID namespace (0 if unknown): pids are only
+// comparable within one namespace.
 uint64_t PidNamespaceInode() {
   static const uint64_t ino = [] {
     struct stat st {};
     return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
   }();
   return ino;
+}
+
+// The same, as it appears in object names.
+const std::string& PidNamespace() {
+  static const std::string ns = std::to_string(PidNamespaceInode());
+  return ns;
 }
 
 // S3: whether the receiver that pinned a segment is known to be gone. Only
