@@ -391,6 +391,12 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
 void AgentImpl::OnResponse(int peer, Frame frame) {
   DeliveryScope delivering;
   const uint64_t id = frame.header.id();
+  // Reply notes first: the caller sees their effect once its call completes.
+  for (const proto::ReplyNote& n : frame.header.notes()) {
+    if (auto kind = registry_->FindReplyNoteKind(n.kind()); kind != nullptr && handle_ != nullptr) {
+      kind->on_arrival(*handle_, peer, n.data());
+    }
+  }
   if (frame.header.shm_blobs_size() > 0) {
     absl::Status s = peer >= 0 && peer < static_cast<int>(paths_.size())
                          ? paths_[peer]->ImportBlobs(frame)
@@ -537,23 +543,41 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   obs::RpcMetrics* const metrics =
       metrics_ != nullptr ? metrics_->Rpc(ShownName(frame.header)) : nullptr;
   const absl::Time started = metrics != nullptr ? absl::Now() : absl::InfinitePast();
-  entry->handler(ctx, std::move(frame.payload),
-                 [this, channel, id, caller, admitted, metrics, started,
-                  reply_shm = frame.header.reply_shm()](absl::StatusOr<Payload> result) {
-                   if (metrics != nullptr) {
-                     metrics->Record(obs::Side::kCallee, result.status().code(),
-                                     absl::Now() - started);
-                   }
-                   SendReply(channel, id, caller, std::move(result), admitted, reply_shm);
-                 });
+  std::vector<ReplyNoteScope::Note> unsent;
+  {
+    ReplyNoteScope notes(caller, id);
+    entry->handler(ctx, std::move(frame.payload),
+                   [this, channel, id, caller, admitted, metrics, started,
+                    reply_shm = frame.header.reply_shm()](absl::StatusOr<Payload> result) {
+                     if (metrics != nullptr) {
+                       metrics->Record(obs::Side::kCallee, result.status().code(),
+                                       absl::Now() - started);
+                     }
+                     SendReply(channel, id, caller, std::move(result), admitted, reply_shm,
+                               /*not_run=*/false, ReplyNoteScope::TakeForReply(caller, id));
+                   });
+    unsent = notes.TakeUnsent();
+  }
+  // The reply did not leave during the synchronous part (an asynchronous
+  // function): its notes go their own way now.
+  for (ReplyNoteScope::Note& n : unsent) {
+    if (auto kind = registry_->FindReplyNoteKind(n.kind); kind != nullptr && handle_ != nullptr) {
+      kind->unsent(*handle_, caller, std::move(n.data));
+    }
+  }
 }
 
 void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
                           absl::StatusOr<Payload> result, int64_t admitted, bool reply_shm,
-                          bool not_run) {
+                          bool not_run, std::vector<ReplyNoteScope::Note> notes) {
   Frame frame;
   frame.header.set_kind(proto::FrameHeader::RESPONSE);
   frame.header.set_id(id);
+  for (ReplyNoteScope::Note& n : notes) {
+    proto::ReplyNote* out = frame.header.add_notes();
+    out->set_kind(std::move(n.kind));
+    out->set_data(std::move(n.data));
+  }
   if (result.ok()) {
     frame.payload = *std::move(result);
     const int64_t limit =

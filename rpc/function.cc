@@ -30,6 +30,60 @@ absl::Status FunctionRegistry::RegisterInternalInline(std::string name, RawHandl
   return absl::OkStatus();
 }
 
+absl::Status FunctionRegistry::AddReplyNoteKind(std::string kind, ReplyNoteKind handlers) {
+  if (!handlers.on_arrival || !handlers.unsent) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reply note kind '", kind, "' needs both on_arrival and unsent"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!note_kinds_.emplace(kind, std::make_shared<const ReplyNoteKind>(std::move(handlers)))
+           .second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("reply note kind '", kind, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const ReplyNoteKind> FunctionRegistry::FindReplyNoteKind(
+    absl::string_view kind) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = note_kinds_.find(kind);
+  return it == note_kinds_.end() ? nullptr : it->second;
+}
+
+namespace {
+// The innermost open scope on this thread.
+thread_local ReplyNoteScope* t_reply_notes = nullptr;
+}  // namespace
+
+ReplyNoteScope::ReplyNoteScope(int caller, uint64_t request_id)
+    : caller_(caller), request_id_(request_id), outer_(t_reply_notes) {
+  t_reply_notes = this;
+}
+
+ReplyNoteScope::~ReplyNoteScope() { t_reply_notes = outer_; }
+
+std::vector<ReplyNoteScope::Note> ReplyNoteScope::TakeForReply(int caller, uint64_t request_id) {
+  ReplyNoteScope* s = t_reply_notes;
+  if (s == nullptr || s->caller_ != caller || s->request_id_ != request_id || s->closed_) return {};
+  s->closed_ = true;
+  return std::move(s->notes_);
+}
+
+std::vector<ReplyNoteScope::Note> ReplyNoteScope::TakeUnsent() {
+  closed_ = true;
+  return std::move(notes_);
+}
+
+bool AttachToReply(int caller, absl::string_view kind, std::string data) {
+  ReplyNoteScope* s = t_reply_notes;
+  if (s == nullptr || s->closed_ || s->caller_ != caller || s->notes_.size() >= kMaxReplyNotes) {
+    return false;
+  }
+  s->notes_.push_back(ReplyNoteScope::Note{std::string(kind), std::move(data)});
+  return true;
+}
+
 void FunctionRegistry::AddCallHook(std::shared_ptr<CallHook> hook) {
   absl::MutexLock lock(&mu_);
   auto next = std::make_shared<Hooks>(*hooks_);

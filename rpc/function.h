@@ -27,6 +27,7 @@
 #define BATON_RPC_FUNCTION_H_
 
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -79,6 +81,72 @@ struct CallContext {
   absl::Duration time_left() const {
     return deadline == absl::InfiniteFuture() ? absl::InfiniteDuration() : deadline - absl::Now();
   }
+};
+
+// ---- Reply notes ----
+// A protocol layer that must tell a request's caller something small (the
+// RRef protocol's ChildAccept for a fork sent back to its owner) may put it
+// on that request's reply instead of sending a message of its own: one
+// message and two thread wake-ups fewer on each side.
+//
+// Contract:
+// - AttachToReply succeeds only on the thread that runs the synchronous part
+//   of a request's handler (the decoding of its arguments included), for the
+//   request's own caller, and only until the reply leaves. Otherwise it
+//   returns false and the layer sends its message its own way.
+// - An attached note travels in the reply frame (FrameHeader.notes), an
+//   error reply included. The caller's agent hands it to the kind's
+//   on_arrival before it completes the call, also when the call had already
+//   timed out.
+// - A note whose reply has not left when the handler's synchronous part
+//   returns (an asynchronous function) goes to the kind's unsent, on the
+//   callee, at that moment. So each note is delivered once, and leaves at
+//   the latest when the function's synchronous part returns.
+// - A reply that cannot be sent means that its caller is gone; its notes go
+//   with it.
+// - A reply carries at most kMaxReplyNotes notes (receivers refuse a header
+//   that lists more as DATA_LOSS); AttachToReply returns false beyond that.
+// (kMaxReplyNotes is in rpc/payload.h, beside the wire's other limits.)
+struct ReplyNoteKind {
+  // On the caller, on the transport's thread: must not block.
+  std::function<void(RpcAgent& agent, int from, absl::string_view data)> on_arrival;
+  // On the callee: sends the note as a message of its own.
+  std::function<void(RpcAgent& agent, int to, std::string data)> unsent;
+};
+
+// See "Reply notes" above. `kind` names a ReplyNoteKind added to the
+// registry of the agent that runs the request.
+bool AttachToReply(int caller, absl::string_view kind, std::string data);
+
+// The notes of the request whose handler runs on this thread (the agent
+// makes one around each handler's synchronous part).
+class ReplyNoteScope {
+ public:
+  struct Note {
+    std::string kind;
+    std::string data;
+  };
+  // `request_id` tells this request's reply from a nested one's.
+  ReplyNoteScope(int caller, uint64_t request_id);
+  ~ReplyNoteScope();
+  ReplyNoteScope(const ReplyNoteScope&) = delete;
+  ReplyNoteScope& operator=(const ReplyNoteScope&) = delete;
+
+  // The notes for the reply of (caller, request_id) if it is sent on this
+  // thread while its scope is open; later notes are refused. Empty
+  // otherwise.
+  static std::vector<Note> TakeForReply(int caller, uint64_t request_id);
+  // The notes that did not leave with the reply (at the end of the
+  // synchronous part); later notes are refused.
+  std::vector<Note> TakeUnsent();
+
+ private:
+  friend bool AttachToReply(int, absl::string_view, std::string);
+  const int caller_;
+  const uint64_t request_id_;
+  bool closed_ = false;
+  std::vector<Note> notes_;
+  ReplyNoteScope* const outer_;
 };
 
 template <typename Sig>
@@ -171,6 +239,12 @@ class FunctionRegistry {
   std::shared_ptr<const Entry> Find(absl::string_view name) const;
   std::vector<std::string> Names() const;
 
+  // Reply note kinds (see "Reply notes" above). ALREADY_EXISTS if `kind` is
+  // taken. Add before RpcAgent::Create, on every worker.
+  absl::Status AddReplyNoteKind(std::string kind, ReplyNoteKind handlers);
+  // nullptr if unknown.
+  std::shared_ptr<const ReplyNoteKind> FindReplyNoteKind(absl::string_view kind) const;
+
   // Call hooks (rpc/call_hook.h), run on every typed call and reply.
   void AddCallHook(std::shared_ptr<CallHook> hook);
   bool has_call_hooks() const { return has_hooks_.load(std::memory_order_acquire); }
@@ -244,6 +318,8 @@ class FunctionRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Entry>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<void>> extensions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const ReplyNoteKind>> note_kinds_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(obs::MetricsWriter&)>> metrics_collectors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(obs::StateWriter&)>> state_collectors_ ABSL_GUARDED_BY(mu_);
   using Hooks = std::vector<std::shared_ptr<CallHook>>;

@@ -46,6 +46,10 @@ struct Blob {
   }
 };
 
+// The most reply notes (rpc/function.h) one reply carries; a receiver
+// refuses a frame header that lists more (DATA_LOSS).
+inline constexpr size_t kMaxReplyNotes = 1024;
+
 struct Payload {
   std::string bytes;
   std::vector<Blob> blobs;

@@ -217,8 +217,11 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
     handle = std::make_shared<RefHandle>(shared_from_this(), d.rref, ForkId{}, self_, d.type);
     handle->created_promise().SetValue();
     // A user sent the RRef back to its owner: it resolves to the owner's own
-    // value, and the sender's child is confirmed at once.
-    if (d.parent != self_) Track(sender_->ChildAccept(d.parent, d.rref, d.fork));
+    // value, and the sender's child is confirmed at once, on the request's
+    // reply where it can (G11).
+    if (d.parent != self_ && !sender_->ChildAcceptOnReply(d.parent, d.rref, d.fork)) {
+      Track(sender_->ChildAccept(d.parent, d.rref, d.fork));
+    }
     return handle;
   }
   const Holder owner_now = HolderOf(d.owner);
@@ -323,6 +326,10 @@ void RRefContext::OnForkRequest(RRefId rref, ForkId fork, int parent, Holder hol
     }
   }
   if (parent != self_) Track(sender_->ChildAccept(parent, rref, fork));
+}
+
+void RRefContext::SendChildAccept(int parent, RRefId rref, ForkId fork) {
+  Track(sender_->ChildAccept(parent, rref, fork));
 }
 
 void RRefContext::OnChildAccept(RRefId rref, ForkId fork) {

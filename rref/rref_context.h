@@ -85,6 +85,14 @@
 //     reference is dropped meanwhile; on arrival the fork becomes a local
 //     reference (Adopt), and an undelivered message takes it back (G8). No
 //     early entry is ever made for an id this worker created.
+// G11 A user's RRef sent to its owner in a request is confirmed on that
+//     request's reply. The owner's ChildAccept travels as a note on the reply
+//     (rpc/function.h, reply notes) when the reply leaves before the
+//     function's synchronous part returns; otherwise it is sent on its own at
+//     that moment (an asynchronous function). Either way the sender's pending
+//     child ends exactly once (G5), no later than the call's reply, and an
+//     RRef sent back to its owner costs no message of its own in a call that
+//     answers at once.
 //
 // Thread-safety: safe for concurrent use. No lock is held while a message is
 // sent or a value is destroyed.
@@ -150,6 +158,13 @@ class ControlSender {
   virtual rpc::Future<void> ForkRequest(int owner, RRefId rref, ForkId fork, int parent) = 0;
   virtual rpc::Future<void> ChildAccept(int parent, RRefId rref, ForkId fork) = 0;
   virtual rpc::Future<void> UserDelete(int owner, RRefId rref, ForkId fork) = 0;
+  // G11: puts ChildAccept(fork) on the reply of the request from `parent`
+  // whose arguments are being decoded on this thread. false when there is
+  // none: the caller sends ChildAccept instead.
+  virtual bool ChildAcceptOnReply(int parent, RRefId rref, ForkId fork) {
+    (void)parent, (void)rref, (void)fork;
+    return false;
+  }
 };
 
 class RRefContext;
@@ -291,6 +306,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // `holder`: the worker that sent it (the fork's new holder).
   void OnForkRequest(RRefId rref, ForkId fork, int parent, Holder holder = {});
   void OnChildAccept(RRefId rref, ForkId fork);
+  // G11: a ChildAccept that could not travel on its reply, sent on its own.
+  void SendChildAccept(int parent, RRefId rref, ForkId fork);
   void OnUserDelete(RRefId rref, ForkId fork);
 
   // ---- Peer failures (G7) ----

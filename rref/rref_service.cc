@@ -271,6 +271,14 @@ rpc::Future<void> RRefService::ChildAccept(int parent, RRefId rref, ForkId fork)
   return SendControl(parent, m);
 }
 
+bool RRefService::ChildAcceptOnReply(int parent, RRefId rref, ForkId fork) {
+  proto::RRefControl m;
+  m.set_kind(proto::RRefControl::CHILD_ACCEPT);
+  ToProto(rref, m.mutable_rref());
+  ToProto(fork, m.mutable_fork());
+  return rpc::AttachToReply(parent, kAcceptNote, m.SerializeAsString());
+}
+
 rpc::Future<void> RRefService::UserDelete(int owner, RRefId rref, ForkId fork) {
   proto::RRefControl m;
   m.set_kind(proto::RRefControl::USER_DELETE);
@@ -468,6 +476,25 @@ void RRefService::RegisterHandlers() {
         }
         done(rpc::Payload());
       });
+
+  // G11: ChildAccepts that travel on replies.
+  rpc::ReplyNoteKind accept;
+  accept.on_arrival = [self_of](rpc::RpcAgent& agent, int /*from*/, absl::string_view data) {
+    auto self = self_of();
+    proto::RRefControl m;
+    if (self == nullptr || !m.ParseFromArray(data.data(), static_cast<int>(data.size())) ||
+        m.kind() != proto::RRefControl::CHILD_ACCEPT) {
+      return;  // a malformed note confirms nothing; the child stays pending
+    }
+    self->EnsureAttached(&agent)->OnChildAccept(FromProto(m.rref()), FromProto(m.fork()));
+  };
+  accept.unsent = [self_of](rpc::RpcAgent& agent, int to, std::string data) {
+    auto self = self_of();
+    proto::RRefControl m;
+    if (self == nullptr || !m.ParseFromString(data)) return;
+    self->EnsureAttached(&agent)->SendChildAccept(to, FromProto(m.rref()), FromProto(m.fork()));
+  };
+  (void)registry_->AddReplyNoteKind(kAcceptNote, std::move(accept));
 
   (void)registry_->RegisterRaw(
       kRemoteFn, "",

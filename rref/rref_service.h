@@ -38,6 +38,8 @@ inline constexpr char kRemoteFn[] = "__rref.remote";
 inline constexpr char kFetchFn[] = "__rref.fetch";
 inline constexpr char kMethodFn[] = "__rref.method";
 inline constexpr char kRemoteMethodFn[] = "__rref.remote_method";
+// The reply note that carries a ChildAccept (G11).
+inline constexpr char kAcceptNote[] = "__rref.accept";
 
 class RRefService : public ControlSender, public std::enable_shared_from_this<RRefService> {
  public:
@@ -87,6 +89,7 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
   // ControlSender.
   rpc::Future<void> ForkRequest(int owner, RRefId rref, ForkId fork, int parent) override;
   rpc::Future<void> ChildAccept(int parent, RRefId rref, ForkId fork) override;
+  bool ChildAcceptOnReply(int parent, RRefId rref, ForkId fork) override;
   rpc::Future<void> UserDelete(int owner, RRefId rref, ForkId fork) override;
 
   // Runs `function`'s value handler here, storing the result as `rref`'s

@@ -311,7 +311,7 @@ class AgentImpl : private TransportHandler {
                 int64_t admitted);
   void SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
                  absl::StatusOr<Payload> result, int64_t admitted = -1, bool reply_shm = false,
-                 bool not_run = false);
+                 bool not_run = false, std::vector<ReplyNoteScope::Note> notes = {});
   // A reply refusing the request before its function ran: nothing in its
   // payload was decoded (FrameHeader.not_run).
   void Refuse(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,

@@ -26,6 +26,7 @@ struct HeaderCounts {
   uint64_t blob_sizes = 0;
   uint64_t shm_blobs = 0;
   uint64_t extensions = 0;
+  uint64_t notes = 0;
 };
 
 bool ReadWireVarint(const uint8_t*& p, const uint8_t* end, uint64_t* out) {
@@ -46,7 +47,8 @@ bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
   const uint8_t* p = reinterpret_cast<const uint8_t*>(data);
   const uint8_t* const end = p + n;
   // Field numbers of FrameHeader (proto/rpc.proto).
-  constexpr uint64_t kPayloadSize = 9, kBlobSizes = 10, kExtensions = 11, kShmBlobs = 12;
+  constexpr uint64_t kPayloadSize = 9, kBlobSizes = 10, kExtensions = 11, kShmBlobs = 12,
+                     kNotes = 17;
   while (p < end) {
     uint64_t tag = 0;
     if (!ReadWireVarint(p, end, &tag)) return false;
@@ -76,6 +78,7 @@ bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
         }
         if (field == kShmBlobs) ++c->shm_blobs;
         if (field == kExtensions) ++c->extensions;
+        if (field == kNotes) ++c->notes;
         p += len;
         break;
       }
@@ -113,6 +116,10 @@ absl::Status CheckHeaderCounts(const char* data, size_t n, size_t left) {
     return absl::DataLossError(absl::StrCat("frame header lists ", c.extensions,
                                             " extensions; at most ", kMaxExtensions,
                                             " are allowed"));
+  }
+  if (c.notes > kMaxReplyNotes) {
+    return absl::DataLossError(absl::StrCat(
+        "frame header lists ", c.notes, " reply notes; at most ", kMaxReplyNotes, " are allowed"));
   }
   return absl::OkStatus();
 }

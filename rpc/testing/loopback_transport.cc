@@ -161,8 +161,7 @@ class LoopbackReplyChannel : public ReplyChannel {
     info.function = function_;
     info.call_id = frame.header.id();
     p.frame = std::move(frame);
-    info.frame = &p.frame;
-    net_->Submit(std::move(p), info);
+    net_->Submit(std::move(p), std::move(info));
     return true;
   }
 
@@ -218,8 +217,7 @@ absl::StatusOr<uint64_t> LoopbackTransport::Send(int peer, Frame frame) {
   info.function = frame.header.function();
   info.call_id = frame.header.id();
   p.frame = std::move(frame);
-  info.frame = &p.frame;
-  net_->Submit(std::move(p), info);
+  net_->Submit(std::move(p), std::move(info));
   return stream;
 }
 
@@ -268,7 +266,8 @@ void LoopbackNetwork::SetRule(FrameRule rule) {
   rule_ = std::move(rule);
 }
 
-void LoopbackNetwork::Submit(Pending p, const FrameInfo& info) {
+void LoopbackNetwork::Submit(Pending p, FrameInfo info) {
+  info.frame = &p.frame;  // the frame the rule may look at is the one delivered
   FrameRule rule;
   {
     absl::MutexLock lock(&mu_);

@@ -140,7 +140,7 @@ class LoopbackNetwork {
                                                           TransportHandler* handler);
   std::shared_ptr<Endpoint> EndpointAt(const std::string& address) const;
   // Queues `p` under the rule's fate.
-  void Submit(Pending p, const FrameInfo& info);
+  void Submit(Pending p, FrameInfo info);
   void Enqueue(Pending p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
   void Deliver(Pending p);

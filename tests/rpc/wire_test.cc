@@ -128,7 +128,8 @@ TEST(Wire, DeclaredSizesThatWrapAroundAreDataLoss) {
 // allocated for them: a packed list of millions of zero blob sizes (1 byte
 // each on the wire, 8 once parsed and 40 as blobs) for a payload that can
 // name one tensor is DATA_LOSS naming both counts; so are more shared-memory
-// blobs than blobs and more extensions than the limit. A frame whose
+// blobs than blobs, more extensions than the limit, and more reply notes
+// than a reply may carry (rpc/function.h). A frame whose
 // payload can name its blobs passes.
 TEST(Wire, AHeaderListingMoreThanItsBytesCanUseIsDataLoss) {
   proto::FrameHeader h;
@@ -167,6 +168,21 @@ TEST(Wire, AHeaderListingMoreThanItsBytesCanUseIsDataLoss) {
   s = Parse(RawFrame(ext, ""), &frames);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "65 extensions")) << s;
+
+  // Empty reply notes: 2 bytes each on the wire, a message each once parsed.
+  proto::FrameHeader notes;
+  notes.set_kind(proto::FrameHeader::RESPONSE);
+  for (size_t i = 0; i <= kMaxReplyNotes; ++i) notes.add_notes();
+  s = Parse(RawFrame(notes, ""), &frames);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(kMaxReplyNotes + 1, " reply notes")))
+      << s;
+  notes.mutable_notes()->RemoveLast();
+  s = Parse(RawFrame(notes, ""), &frames);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].header.notes_size(), static_cast<int>(kMaxReplyNotes));
+  frames.clear();
 
   proto::FrameHeader ok;
   ok.set_payload_size(10);

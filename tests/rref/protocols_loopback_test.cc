@@ -16,6 +16,7 @@
 #include "rpc/agent.h"
 #include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
+#include "testing/eventually.h"
 
 namespace baton {
 namespace {
@@ -260,6 +261,97 @@ TEST(RRefOverLoopback, G9_AnOwnerCallingItselfWithItsOwnRRefNeverFreesItEarly) {
   }
   kept.clear();
   j.ExpectEmpty(absl::Seconds(20));
+  j.job->network().SetRule(nullptr);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+// G11: counts the ChildAccepts sent as control messages and the ones that
+// travel as reply notes; holds the frames `hold` picks.
+struct AcceptCounts {
+  std::atomic<int> standalone{0};
+  std::atomic<int> on_reply{0};
+};
+rpc::testing::FrameRule CountAccepts(std::shared_ptr<AcceptCounts> counts,
+                                     std::function<bool(const FrameInfo&)> hold = nullptr) {
+  return [counts, hold](const FrameInfo& f) {
+    if (f.request && f.function == rref::kControlFn) {
+      proto::RRefControl m;
+      if (m.ParseFromString(f.frame->payload.bytes) &&
+          m.kind() == proto::RRefControl::CHILD_ACCEPT) {
+        ++counts->standalone;
+      }
+    }
+    if (!f.request) {
+      for (const proto::ReplyNote& n : f.frame->header.notes()) {
+        if (n.kind() == rref::kAcceptNote) ++counts->on_reply;
+      }
+    }
+    return hold != nullptr && hold(f) ? Fate::Hold() : Fate::Deliver();
+  };
+}
+
+// Whether worker `w` still waits for the owner to confirm a fork it sent.
+bool WaitsForAConfirmation(Job& j, int w) {
+  const rref::RRefDebugState s = j.rrefs[w]->DebugState();
+  if (!s.unconfirmed.empty()) return true;
+  for (const auto& held : s.held) {
+    if (!held.pending_children.empty()) return true;
+  }
+  return false;
+}
+
+TEST(RRefOverLoopback, G11_AnRRefSentBackToItsOwnerIsConfirmedOnTheCallsReply) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  auto counts = std::make_shared<AcceptCounts>();
+  {
+    RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+    ASSERT_TRUE(r.to_here().equal(at::full({2}, 10.0)));
+    j.job->network().SetRule(CountAccepts(counts));
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_DOUBLE_EQ(j.agent(0).rpc_sync(1, owner_sum_fn, r).item<double>(), 20.0);
+      // The reply confirmed the child before the call returned.
+      EXPECT_FALSE(WaitsForAConfirmation(j, 0)) << "call " << i;
+    }
+    // Two forks in one request: two notes on its reply.
+    EXPECT_DOUBLE_EQ(j.agent(0)
+                         .rpc_sync(1, owner_vec_sum_fn, std::vector<RRef<at::Tensor>>{r, r})
+                         .item<double>(),
+                     40.0);
+    EXPECT_FALSE(WaitsForAConfirmation(j, 0));
+  }
+  j.ExpectEmpty(absl::Seconds(10));
+  EXPECT_EQ(counts->standalone.load(), 0);
+  EXPECT_EQ(counts->on_reply.load(), 7);
+  j.job->network().SetRule(nullptr);
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+TEST(RRefOverLoopback, G11_AnAsynchronousFunctionsAcceptLeavesWhenItsSynchronousPartReturns) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  auto counts = std::make_shared<AcceptCounts>();
+  {
+    RRef<at::Tensor> r = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+    ASSERT_TRUE(r.to_here().equal(at::full({2}, 10.0)));
+    // async_owner_sum on w1 answers once its nested call to w2 does: that
+    // call is held, so the reply cannot leave.
+    j.job->network().SetRule(CountAccepts(counts, [](const FrameInfo& f) {
+      return f.request && f.from == 1 && f.to == 2 && f.function == "make";
+    }));
+    rpc::Future<at::Tensor> sum = j.agent(0).rpc_async(1, async_owner_sum_fn, r);
+    // The accept went on its own when the function returned its future.
+    EXPECT_TRUE(baton::testing::Eventually([&] { return !WaitsForAConfirmation(j, 0); }));
+    EXPECT_EQ(counts->standalone.load(), 1);
+    EXPECT_FALSE(sum.ready());
+    EXPECT_EQ(j.job->network().ReleaseHeld(/*reverse=*/false), 1u);
+    auto v = sum.result();
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_DOUBLE_EQ(v->item<double>(), 20.0);
+  }
+  j.ExpectEmpty(absl::Seconds(10));
+  EXPECT_EQ(counts->standalone.load(), 1);
+  EXPECT_EQ(counts->on_reply.load(), 0);
   j.job->network().SetRule(nullptr);
   EXPECT_TRUE(j.job->ShutdownAll().ok());
 }
