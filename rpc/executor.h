@@ -18,6 +18,11 @@
 //   pool cannot see, e.g. a user's own lock or sleep), one more task is
 //   allowed to run, and again after each further interval without a start,
 //   up to `max_threads`; the allowance resets once the queue is empty.
+// - E4 Hand-offs without a wake-up: after its task, one idle worker at a
+//   time spins (adaptively, at most Options::spin, yielding the CPU as it
+//   goes) for the next task before it sleeps, so a task submitted within
+//   that time starts without waking a thread. While a worker spins, a
+//   submission wakes no other.
 // - Past `max_threads` tasks queue; every RPC wait has a deadline, so a
 //   saturated pool degrades into timeouts, never a hang.
 //
@@ -51,6 +56,9 @@ class Executor {
     // hardware threads, at least 2.
     int parallelism = 0;
     absl::Duration starvation_interval = absl::Milliseconds(10);  // E3
+    // E4: the longest an idle worker spins for the next task before it
+    // sleeps; zero: never spin.
+    absl::Duration spin = absl::Microseconds(50);
   };
 
   // Marks the calling thread, if it is a pool thread of some Executor, as
@@ -94,6 +102,7 @@ class Executor {
   int num_threads() const;
   int busy_threads() const;     // running a task, blocked or not
   int blocked_threads() const;  // inside a BlockingScope
+  int64_t sleeps() const;       // times an idle worker went to sleep (E4)
   int parallelism() const { return parallelism_; }
 
  private:

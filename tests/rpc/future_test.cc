@@ -10,6 +10,7 @@
 #include "rpc/executor.h"
 #include "rpc/future.h"
 #include "rpc/timer.h"
+#include "testing/eventually.h"
 
 namespace baton::rpc {
 namespace {
@@ -207,6 +208,34 @@ TEST(Executor, E3_AForeignWaitDoesNotStarveTheQueue) {
   ASSERT_TRUE(first_saw.WaitForNotificationWithTimeout(absl::Seconds(20)));
   ex.Close();
   EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
+}
+
+// E4: after its task, an idle worker spins for the next one, so a task
+// submitted meanwhile starts without any worker going to sleep (and so
+// without a wake-up). Without the spin, the worker sleeps between tasks.
+TEST(Executor, E4_ATaskSubmittedWhileAWorkerSpinsStartsWithoutAWakeUp) {
+  for (const bool spin : {true, false}) {
+    Executor::Options o{/*min_threads=*/1, /*max_threads=*/4, /*parallelism=*/1};
+    // Long enough that the spin cannot end before the test submits.
+    o.spin = spin ? absl::Seconds(60) : absl::ZeroDuration();
+    Executor ex(o);
+    for (int task = 0; task < 3; ++task) {
+      absl::Notification ran;
+      ASSERT_TRUE(ex.Submit([&ran] { ran.Notify(); }));
+      ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      if (!spin) {
+        // The worker goes to sleep after each task.
+        EXPECT_TRUE(baton::testing::Eventually([&] { return ex.sleeps() >= task + 1; }));
+      }
+    }
+    if (spin) {
+      EXPECT_EQ(ex.sleeps(), 0);
+    }
+    ex.Close();  // ends the spin at once
+    const absl::Time closing = absl::Now();
+    EXPECT_TRUE(ex.Join(absl::Seconds(10)).ok());
+    EXPECT_LT(absl::Now() - closing, absl::Seconds(5));
+  }
 }
 
 TEST(Executor, JoinIsBoundedWhenATaskHangs) {
