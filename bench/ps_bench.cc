@@ -3,7 +3,13 @@
 // set side by side (bench/compare_ps.sh).
 //
 //   ps_bench [--mode sync|async|local] [--trainers 4] [--steps 200] [--batch 64]
-//            [--warmup 10] [--quick] [--timeout 900]
+//            [--warmup 10] [--quick] [--timeout 900] [--device cpu|cuda|cuda:N]
+//
+// --device: where the trainers (and --mode local) compute; the server keeps
+// the parameters in host memory, and each trainer's ModuleBinding copies
+// them onto the device on a pull and the gradients off it on a push. So
+// `--mode local --device cuda` is the single-process GPU figure that
+// `--mode sync|async --device cuda` is set beside.
 //
 // Workload (the peer's): a 784-256-10 MLP created after torch::manual_seed(0),
 // SGD lr 0.05; trainer ranks r = 1..N each draw their own synthetic batches
@@ -83,6 +89,7 @@ struct Config {
   int64_t warmup = 10;
   int64_t timeout_s = 900;
   int master_port = 29612;
+  std::string device = "cpu";  // where trainers (and --mode local) compute
 };
 
 torch::nn::Sequential MakeModel() {
@@ -161,6 +168,8 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> MakeAgent(std::shared_ptr<FunctionRegi
 // Trainer t (data rank t + 1) against the server.
 absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   torch::nn::Sequential model = MakeModel();
+  const at::Device device(cfg.device);
+  model->to(device);  // the servers hold host tensors (ps/module_binding.h)
   ps::PsClient::Options o;
   o.trainer = t;
   o.servers = {"ps0"};
@@ -188,7 +197,7 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
     at = now;
     auto [x, y] = data.Next();
     model->zero_grad();
-    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
+    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x.to(device)), y.to(device));
     l.backward();
     r.loss = l.item<double>();
     now = bench::Now();
@@ -210,6 +219,8 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
 // --mode local: the peer's train_local.
 Result TrainLocal(const Config& cfg, int rank) {
   torch::nn::Sequential model = MakeModel();
+  const at::Device device(cfg.device);
+  model->to(device);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
   Batches data(rank, cfg.batch);
   Result r;
@@ -221,7 +232,7 @@ Result TrainLocal(const Config& cfg, int rank) {
     }
     auto [x, y] = data.Next();
     opt.zero_grad();
-    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
+    at::Tensor l = torch::nn::functional::cross_entropy(model->forward(x.to(device)), y.to(device));
     l.backward();
     opt.step();
     r.loss = l.item<double>();
@@ -298,6 +309,7 @@ void Report(const Config& cfg, const std::string& metric, double value, const st
             const std::string& error = "") {
   bench::JsonLine j;
   j.Add("system", "baton").Add("version", "0.1.0").Add("mode", cfg.mode);
+  j.Add("device", cfg.device);
   j.Add("trainers", cfg.trainers).Add("batch", cfg.batch).Add("steps", cfg.steps);
   j.Add("metric", metric).Add("value", value).Add("unit", unit);
   if (!error.empty()) j.Add("error", error);
@@ -388,7 +400,8 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args = bench::ForwardedArgs(argc, argv);
-  bench::Flags flags({"mode", "trainers", "steps", "batch", "warmup", "timeout"}, {"quick"});
+  bench::Flags flags({"mode", "trainers", "steps", "batch", "warmup", "timeout", "device"},
+                     {"quick"});
   if (!flags.Parse(args)) return 2;
   Config cfg;
   cfg.mode = flags.Str("mode", cfg.mode);
@@ -397,11 +410,23 @@ int main(int argc, char** argv) {
   cfg.batch = flags.Int("batch", cfg.batch);
   cfg.warmup = flags.Int("warmup", cfg.warmup);
   cfg.timeout_s = flags.Int("timeout", cfg.timeout_s);
+  cfg.device = flags.Str("device", cfg.device);
   if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') {
     cfg.master_port = std::atoi(p);
   }
   if (cfg.mode != "sync" && cfg.mode != "async" && cfg.mode != "local") {
     std::fprintf(stderr, "--mode must be sync, async or local (got '%s')\n", cfg.mode.c_str());
+    return 2;
+  }
+  try {
+    const at::Device d(cfg.device);
+    if (d.is_cuda() && !torch::cuda::is_available()) {
+      std::fprintf(stderr, "--device %s: this process sees no CUDA device\n", cfg.device.c_str());
+      return 2;
+    }
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "--device: '%s' is not a device name: %s\n", cfg.device.c_str(),
+                 e.what_without_backtrace());
     return 2;
   }
   if (cfg.trainers < 1 || cfg.trainers >= kWorldSizeLimit || cfg.steps < 1 || cfg.batch < 1 ||

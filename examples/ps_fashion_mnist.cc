@@ -29,6 +29,8 @@
 //   --trainer_timeout S (30): a trainer that keeps a pull waiting this long is
 //       dropped from the clock (PS5 in ps/server_shard.h)
 //   --job_timeout S (1800): the longest any worker waits for the trainers
+//   --device cpu|cuda|cuda:N (cpu): where the trainers compute; the servers
+//       always hold the parameters in host memory (ps/module_binding.h)
 //   --checkpoint_dir DIR, --checkpoint_every N (clocks): server checkpoints;
 //       a restarted job resumes from them (trainers continue at the clock the
 //       servers give them). Trainers may also be restarted alone
@@ -87,7 +89,31 @@ struct Flags {
   double job_timeout = 1800;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  std::string device = "cpu";
 };
+
+// The trainers' device: INVALID_ARGUMENT for a name LibTorch does not parse
+// or a CUDA device this process cannot use.
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+  try {
+    torch::Device d(name);
+    if (d.is_cpu()) return d;
+    if (!d.is_cuda()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: '", name, "' is neither cpu nor a CUDA device"));
+    }
+    const int64_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+    if (d.has_index() ? d.index() >= n : n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: '", name, "', but this process sees ", n,
+                       " CUDA device(s) (a CPU-only LibTorch sees none)"));
+    }
+    return d;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", name, "' is not a device name: ", e.what_without_backtrace()));
+  }
+}
 
 absl::StatusOr<ps::Consistency> ParseConsistency(const std::string& text) {
   if (text == "sync") return ps::Consistency::Sync();
@@ -105,6 +131,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   examples::FlagSet flags("ps_fashion_mnist");
   flags.String("consistency", &f.consistency, "");
   flags.String("checkpoint_dir", &f.checkpoint_dir, "");
+  flags.String("device", &f.device, "");
   flags.Int("batch_size", &f.batch_size, "");
   flags.Int("epochs", &f.epochs, "");
   flags.Int("steps", &f.steps, "");
@@ -123,6 +150,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         "positive; --steps and --checkpoint_every non-negative");
   }
   if (auto c = ParseConsistency(f.consistency); !c.ok()) return c.status();
+  if (auto d = ParseDevice(f.device); !d.ok()) return d.status();
   return f;
 }
 
@@ -213,13 +241,15 @@ int RunServer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions option
 }
 
 // Accuracy of `model` on the whole split, in one forward pass.
-double Evaluate(torch::nn::Sequential& model, const data::Split& split) {
+double Evaluate(torch::nn::Sequential& model, const data::Split& split, torch::Device device) {
   torch::NoGradGuard no_grad;
-  torch::Tensor pred = model->forward(split.images).argmax(1);
-  return pred.eq(split.labels).sum().item<double>() / static_cast<double>(split.labels.size(0));
+  torch::Tensor pred = model->forward(split.images.to(device)).argmax(1);
+  return pred.eq(split.labels.to(device)).sum().item<double>() /
+         static_cast<double>(split.labels.size(0));
 }
 
 // Trains for the job's steps; returns this trainer's samples and seconds.
+// `train` is on the trainers' device.
 absl::StatusOr<std::pair<int64_t, double>> Train(const Flags& flags, const std::string& who,
                                                  int rank, int num_trainers,
                                                  const data::Split& train,
@@ -244,7 +274,7 @@ absl::StatusOr<std::pair<int64_t, double>> Train(const Flags& flags, const std::
     const int64_t epoch = step / per_epoch, b = step % per_epoch;
     if (b == 0 || step == start) {
       sampler->SetEpoch(epoch);
-      indices = torch::tensor(sampler->Indices(), torch::kLong);
+      indices = torch::tensor(sampler->Indices(), torch::kLong).to(train.images.device());
     }
     torch::Tensor idx = indices.slice(0, b * flags.batch_size, (b + 1) * flags.batch_size);
     torch::Tensor x = train.images.index_select(0, idx), y = train.labels.index_select(0, idx);
@@ -298,6 +328,13 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
   auto model = MakeModel(flags.seed);
   auto spec = MakeSpec(*model, flags, num_trainers);
   if (!spec.ok()) return Fail(who, "building the job's spec", spec.status());
+  const torch::Device device = *ParseDevice(flags.device);  // checked by ParseFlags
+  if (!device.is_cpu()) {
+    // The same seeded values, moved: the spec's fingerprint does not change.
+    model->to(device);
+    train->images = train->images.to(device);
+    train->labels = train->labels.to(device);
+  }
   auto agent = rpc::RpcAgent::Create(options, std::make_shared<rpc::FunctionRegistry>());
   if (!agent.ok()) return Fail(who, "starting the RPC agent", agent.status());
   ps::PsClient::Options co;
@@ -310,10 +347,10 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
   if (!client.ok()) return Fail(who, "joining the parameter servers", client.status());
   auto binding = ps::ModuleBinding::Create(**client, *model, "mlp");
   if (!binding.ok()) return Fail(who, "binding the model to the servers", binding.status());
-  std::printf("[%s] %lld training images, %d trainers, %d servers, %s, lr %g, batch %lld\n",
+  std::printf("[%s] %lld training images, %d trainers, %d servers, %s, lr %g, batch %lld, %s\n",
               who.c_str(), static_cast<long long>(train->labels.size(0)), num_trainers, num_servers,
               spec->consistency.DebugString().c_str(), flags.lr,
-              static_cast<long long>(flags.batch_size));
+              static_cast<long long>(flags.batch_size), device.str().c_str());
 
   auto trained = Train(flags, who, rank, num_trainers, *train, model, **client, *binding);
   if (!trained.ok()) return Fail(who, "training", trained.status());
@@ -332,7 +369,7 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
       job_rate += RateOf(a.store().Get(DoneKey(a, t), absl::Seconds(10)));
     }
     if (s = binding->Pull(); !s.ok()) return Fail(who, "pulling the final parameters", s);
-    const double accuracy = Evaluate(model, *test);
+    const double accuracy = Evaluate(model, *test, device);
     auto stats = (*client)->Stats();
     if (!stats.ok()) return Fail(who, "reading the servers' stats", stats.status());
     for (const ps::ShardStats& st : *stats) {

@@ -6,7 +6,9 @@
 #  2. sync for 300 steps, and sync for 200 steps with server checkpoints, then
 #     a new job resumed from them up to 300: synchronous training is
 #     deterministic (PS1, PS2 in ps/server_shard.h) and a checkpoint restores
-#     parameters and momentum exactly (PS8), so both report the same accuracy.
+#     parameters and momentum exactly (PS8), so both report the same accuracy;
+#  3. --device names a device this machine lacks (a CPU-only LibTorch sees no
+#     CUDA device): every worker refuses it at once, naming the flag.
 set -euo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 CKPT="${TEST_TMPDIR:-$(mktemp -d)}/ckpt"
@@ -40,3 +42,18 @@ if [[ -z "$a" || "$a" != "$b" ]]; then
   exit 1
 fi
 echo "PASSED: straight and resumed sync runs agree ($a)"
+
+if ! /usr/bin/python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "=== --device cuda without a CUDA device"
+  set +e
+  out=$(timeout 120 "$RUNFILES/launcher/baton-run" --standalone --role ps:1 --role trainer:1 \
+        "$RUNFILES/examples/ps_fashion_mnist" --device cuda --steps 10 2>&1)
+  code=$?
+  set -e
+  if [[ $code -eq 0 ]] || ! grep -q "\-\-device: 'cuda', but this process sees 0 CUDA device(s)" <<<"$out"; then
+    echo "$out"
+    echo "FAILED: --device cuda on a machine without CUDA (exit $code)"
+    exit 1
+  fi
+  echo "PASSED: --device cuda refused with a clear error (exit $code)"
+fi

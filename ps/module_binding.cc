@@ -7,6 +7,10 @@
 
 namespace baton::ps {
 
+namespace {
+at::Tensor OnHost(const at::Tensor& t) { return t.device().is_cpu() ? t : t.to(at::kCPU); }
+}  // namespace
+
 std::vector<TableSpec> ModuleBinding::Tables(const torch::nn::Module& module,
                                              const std::string& prefix,
                                              const dist_optim::OptimizerOptions& optimizer) {
@@ -27,7 +31,8 @@ absl::StatusOr<ModuleBinding> ModuleBinding::Create(PsClient& client, torch::nn:
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     tables.push_back(absl::StrCat(prefix, ".", item.key()));
     params.push_back(item.value());
-    values.push_back(item.value().detach());
+    // The servers hold host tensors: a device parameter offers a host copy.
+    values.push_back(OnHost(item.value().detach()));
   }
   if (tables.empty())
     return absl::InvalidArgumentError("ps ModuleBinding: module has no parameters");
@@ -59,7 +64,10 @@ rpc::Future<void> ModuleBinding::Push(bool end_step) {
   std::vector<at::Tensor> grads;
   grads.reserve(params_.size());
   for (const auto& p : params_) {
-    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+    // A host parameter's gradient is sent from its own memory; a device
+    // parameter's is copied to the host first (the copy waits for the
+    // backward pass that made it, on the current stream).
+    grads.push_back(p.grad().defined() ? OnHost(p.grad()) : at::zeros(p.sizes(), p.scalar_type()));
   }
   last_push_ = client_->PushDense(tables_, grads, end_step);
   return last_push_;

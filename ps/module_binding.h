@@ -21,6 +21,11 @@
 //   message per server and copies the values into the parameters in place.
 //   Push() sends every parameter's .grad (zeros if it has none) and ends the
 //   step; it returns at once. Both are bounded by the client's timeout.
+// - Parameters may live on a device (a GPU): the servers always hold host
+//   tensors. Pull() then copies the pulled values onto the device in place,
+//   and Push() copies each gradient to the host before it returns (so the
+//   gradient's memory may be reused at once); host parameters keep the
+//   zero-copy paths above.
 //
 // Thread-safety: not thread-safe; one training loop uses it.
 #ifndef BATON_PS_MODULE_BINDING_H_

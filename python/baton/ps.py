@@ -161,7 +161,9 @@ class ModuleBinding:
         self._names = [f"{prefix}.{n}" for n, _ in module.named_parameters()]
         self._params = [p for _, p in module.named_parameters()]
         self._last_push = None
-        client.init_dense({n: p.detach() for n, p in zip(self._names, self._params)})
+        # The servers hold host tensors: device parameters offer host copies,
+        # pull() copies onto the device in place, push() sends host copies.
+        client.init_dense({n: p.detach().cpu() for n, p in zip(self._names, self._params)})
         self.pull()
 
     def pull(self):
@@ -173,6 +175,7 @@ class ModuleBinding:
 
     def push(self, end_step=True):
         """Sends every parameter's .grad (zeros without one); returns at once."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).cpu()
+                 for p in self._params]
         self._last_push = self._client.push_dense(self._names, grads, end_step)
         return self._last_push

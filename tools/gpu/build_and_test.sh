@@ -24,9 +24,10 @@ out="$build/logs"
 py="${PYTHON:-python3}"
 budget="${BATON_GPU_BUDGET_S:-400}"
 # Which steps run after the build: the suites always; then (default: all)
-# nccl_bench, cuda_rpc_bench, probe (torch's figures), all (every other
+# nccl_bench, cuda_rpc_bench, ps_bench (the dense PS with its trainers on
+# the GPU beside single-process GPU training), probe (torch's figures), all (every other
 # library and test).
-steps=" ${BATON_GPU_STEPS:-nccl_bench cuda_rpc_bench probe all} "
+steps=" ${BATON_GPU_STEPS:-nccl_bench cuda_rpc_bench ps_bench probe all} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 mkdir -p "$out" "$prefix"
@@ -133,6 +134,20 @@ step "CUDA tensors through RPC: baton's benchmark"
 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench.jsonl" | tail -12 || failed=1
 BATON_BENCH_CUDA_IPC=1 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench_ipc.jsonl" | tail -12 || failed=1
 
+fi
+
+if want ps_bench; then
+step "ps_bench on the GPU: single-process training (local), then 4 trainers through one server (sync, async), 3 rounds"
+# Built here, so that a failure leaves the other steps their chance.
+if ! ninja -C "$build" -j"$(nproc)" ps_bench >"$out/build_ps_bench.log" 2>&1; then
+  grep -E -B2 -A12 "error|FAILED" "$out/build_ps_bench.log" | head -60
+  failed=1
+else for round in 1 2 3; do
+  for mode in local sync async; do
+    MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 300 "$build/ps_bench" --mode $mode --device cuda \
+      --steps 300 2>>"$out/ps_bench.err" | tee -a "$out/ps_bench.jsonl" | grep -E "throughput|final_loss" || failed=1
+  done
+done; fi
 fi
 
 if want probe; then
