@@ -1,10 +1,14 @@
 // The parameter server between real processes: PsServer and PsClient over
 // the RPC agent on loopback. Ranks 0..S-1 are servers "ps<k>", the rest
-// trainers "trainer<k>".
+// trainers "trainer<k>". Each test runs on both paths: the same-host one
+// (shared-memory rings and bulk channel) and the one between hosts (gRPC,
+// every tensor on the stream).
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -24,6 +28,16 @@ namespace {
 using baton::testing::Describe;
 using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
+
+class PsMultiProcess : public baton::testing::TransportTest {
+ protected:
+  std::vector<baton::testing::WorkerResult> RunBoth(const std::string& scenario, int world_size) {
+    // gRPC: large tensors on the stream too, as between hosts.
+    return Run(scenario, world_size, absl::Seconds(120),
+               {{"BATON_SHM", GetParam() == "grpc" ? "0" : "1"}});
+  }
+};
+BATON_INSTANTIATE_TRANSPORTS(PsMultiProcess);
 using dist_optim::OptimizerOptions;
 
 torch::nn::Linear SmallModule() {
@@ -75,6 +89,15 @@ Worker Start(const PsSpec& spec, int servers, absl::Duration shutdown_timeout) {
   auto agent = rpc::RpcAgent::Create(*options, w.registry);
   WCHECK_OK(agent.status());
   w.agent = *std::move(agent);
+  // The path the test asked for (PsMultiProcess below): every peer over the
+  // shared-memory rings, or every peer over gRPC with no bulk channel.
+  const char* transport = std::getenv("BATON_TRANSPORT");
+  const bool grpc = transport != nullptr && std::string(transport) == "grpc";
+  for (int peer = 0; peer < options->world_size; ++peer) {
+    if (peer == w.rank) continue;
+    WCHECK(w.agent->uses_shm_transport(peer) == !grpc);
+    WCHECK(w.agent->uses_shm(peer) == !grpc);
+  }
   return w;
 }
 
@@ -177,8 +200,8 @@ BATON_SCENARIO(ps_client_ops) {
   return Finish(w);
 }
 
-TEST(PsMultiProcess, ClientOpsAcrossTwoServersAndTwoTrainers) {
-  ExpectAllSucceeded(RunWorkers("ps_client_ops", 4, absl::Seconds(120)));
+TEST_P(PsMultiProcess, ClientOpsAcrossTwoServersAndTwoTrainers) {
+  ExpectAllSucceeded(RunBoth("ps_client_ops", 4));
 }
 
 // One server, three trainers in kSync; trainer 2 is SIGKILLed at step 5.
@@ -223,8 +246,8 @@ BATON_SCENARIO(ps_killed_trainer) {
   return Finish(w);
 }
 
-TEST(PsMultiProcess, KilledTrainerIsDroppedAndTheOthersFinish) {
-  auto results = RunWorkers("ps_killed_trainer", 4, absl::Seconds(120));
+TEST_P(PsMultiProcess, KilledTrainerIsDroppedAndTheOthersFinish) {
+  auto results = RunBoth("ps_killed_trainer", 4);
   for (const auto& r : results) {
     if (r.rank == 3) {
       EXPECT_EQ(r.signal, SIGKILL) << Describe(results);
