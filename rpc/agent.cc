@@ -1,7 +1,8 @@
-// The RPC agent's calls, replies and shutdown (internal::AgentImpl behind
-// the RpcAgent handle); its bootstrap (options from the environment, store,
-// token, registration, links) is in bootstrap.cc, and peer failures and
-// incarnations in peer_failures.cc.
+// The RPC agent's calls, replies to them and shutdown (internal::AgentImpl
+// behind the RpcAgent handle). Serving requests is in agent_serve.cc, the
+// bootstrap (options from the environment, store, token, registration,
+// links) in bootstrap.cc, and peer failures and incarnations in
+// peer_failures.cc.
 #include "rpc/agent.h"
 
 #include <unistd.h>
@@ -21,18 +22,6 @@
 namespace baton::rpc {
 namespace {
 
-// `s`, or its first `max` bytes and how long it was.
-std::string Clip(absl::string_view s, size_t max) {
-  if (s.size() <= max) return std::string(s);
-  return absl::StrCat(s.substr(0, max), "... (", s.size(), " bytes)");
-}
-
-// How an incoming call is named in metrics, the hang report and the
-// timeline: the caller's label (FrameHeader.label), else the function.
-std::string ShownName(const proto::FrameHeader& h) {
-  return h.label().empty() ? h.function() : Clip(h.label(), 128);
-}
-
 absl::Status CheckName(const std::string& name) {
   if (name.empty() || name.size() > 128) {
     return absl::InvalidArgumentError(
@@ -46,17 +35,6 @@ absl::Status CheckName(const std::string& name) {
     }
   }
   return absl::OkStatus();
-}
-
-// What an incoming request holds: its frame and the shared-memory blobs it
-// names (clipped: a hostile size must not count for more than a message).
-int64_t RequestBytes(const Frame& frame, int64_t max_message_bytes) {
-  int64_t bytes = static_cast<int64_t>(internal::FrameSize(frame));
-  for (const auto& blob : frame.header.shm_blobs()) {
-    bytes += static_cast<int64_t>(
-        std::min<uint64_t>(blob.size(), static_cast<uint64_t>(max_message_bytes)));
-  }
-  return bytes;
 }
 
 }  // namespace
@@ -422,218 +400,6 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
            Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
                     CallContextText(peer, function)),
            /*undelivered=*/frame.header.not_run());
-}
-
-void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
-  DeliveryScope delivering;
-  const absl::Time deadline = frame.header.timeout_us() > 0
-                                  ? absl::Now() + absl::Microseconds(frame.header.timeout_us())
-                                  : absl::InfiniteFuture();
-  const uint64_t id = frame.header.id();
-  const int caller = frame.header.caller_id();
-  const int64_t caller_incarnation = frame.header.caller_incarnation();
-  bool other_incarnation;
-  {
-    absl::MutexLock lock(&mu_);
-    ++incoming_;
-    const absl::Time now = absl::Now();
-    incoming_calls_[{caller, id}] =
-        IncomingCall{ShownName(frame.header), now, false, now, caller_incarnation};
-    other_incarnation = caller_incarnation > 0 && caller >= 0 &&
-                        caller < static_cast<int>(peers_.size()) &&
-                        caller_incarnation != peers_[caller].incarnation;
-  }
-  // P1, P4: a newer incarnation replaces its predecessor here at once; an
-  // older one is a replaced process.
-  if (other_incarnation && !NoteIncarnation(caller, caller_incarnation)) {
-    Refuse(
-        channel, id, caller,
-        absl::UnavailableError(absl::StrCat(
-            "worker '", options_.name, "' refuses a request from incarnation ", caller_incarnation,
-            " of worker id ", caller, ": a newer incarnation of that rank rejoined the job")));
-    return;
-  }
-  if (ready_.HasBeenNotified()) {
-    auto entry = registry_->Find(frame.header.function());
-    if (entry != nullptr && entry->inline_safe) {
-      Dispatch(channel, std::move(frame), deadline, /*admitted=*/-1);
-      return;
-    }
-  }
-  // F2/F3: admitted within the caller's limits, queued behind the caller's
-  // earlier requests only.
-  const int64_t bytes = RequestBytes(frame, options_.max_message_bytes);
-  auto task = [this, channel, frame = std::move(frame), deadline, bytes]() mutable {
-    Dispatch(channel, std::move(frame), deadline, bytes);
-  };
-  if (absl::Status s = gate_->Submit(caller, bytes, std::move(task)); !s.ok()) {
-    Refuse(channel, id, caller,
-           absl::IsUnavailable(s) ? absl::UnavailableError(absl::StrCat("worker '", options_.name,
-                                                                        "' is shutting down"))
-                                  : Annotate(s, absl::StrCat("worker '", options_.name, "'")));
-  }
-}
-
-void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame frame,
-                         absl::Time deadline, int64_t admitted) {
-  const uint64_t id = frame.header.id();
-  const int caller = frame.header.caller_id();
-  const std::string& fname = frame.header.function();
-  // A peer that finished rendezvous first may call before we have.
-  if (!ready_.WaitForNotificationWithDeadline(deadline) ||
-      workers_.size() != static_cast<size_t>(options_.world_size)) {
-    Refuse(
-        channel, id, caller,
-        absl::UnavailableError(absl::StrCat("worker '", options_.name, "' has not finished init")),
-        admitted);
-    return;
-  }
-  if (caller < 0 || caller >= static_cast<int>(workers_.size())) {
-    Refuse(channel, id, caller,
-           absl::InvalidArgumentError(absl::StrCat("unknown caller id ", caller)), admitted);
-    return;
-  }
-  if (frame.header.shm_blobs_size() > 0) {
-    // Only the caller's own segments may be named (PeerPath::ImportBlobs).
-    absl::Status s = paths_[caller]->ImportBlobs(frame);
-    if (!s.ok()) {
-      Refuse(channel, id, caller, Annotate(s, "undecodable request"), admitted);
-      return;
-    }
-  }
-  CountTraffic(caller, frame.payload, /*out=*/false);
-  if (absl::Now() > deadline) {
-    Refuse(channel, id, caller,
-           absl::DeadlineExceededError("the call's deadline passed before the function started"),
-           admitted);
-    return;
-  }
-  std::shared_ptr<const FunctionRegistry::Entry> entry = registry_->Find(fname);
-  if (entry == nullptr) {
-    Refuse(channel, id, caller,
-           absl::NotFoundError(absl::StrCat("unknown function '", Clip(fname, 256),
-                                            "' (not registered on worker '", self().name, "')")),
-           admitted);
-    return;
-  }
-  if (!frame.header.signature().empty() && !entry->signature.empty() &&
-      frame.header.signature() != entry->signature) {
-    Refuse(channel, id, caller,
-           absl::InvalidArgumentError(absl::StrCat(
-               "argument type mismatch: the caller sends ", frame.header.signature(),
-               " but worker '", self().name, "' registered '", fname, "' as ", entry->signature)),
-           admitted);
-    return;
-  }
-  CallContext ctx;
-  ctx.agent = handle_;
-  ctx.registry = registry_.get();
-  ctx.caller = &workers_[caller];
-  ctx.caller_incarnation = frame.header.caller_incarnation();
-  ctx.function = fname;
-  ctx.deadline = deadline;
-  if (registry_->has_call_hooks()) ctx.extensions = frame.payload.extensions;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = incoming_calls_.find({caller, id}); it != incoming_calls_.end()) {
-      it->second.running = true;
-      it->second.started = absl::Now();
-    }
-  }
-  obs::RpcMetrics* const metrics =
-      metrics_ != nullptr ? metrics_->Rpc(ShownName(frame.header)) : nullptr;
-  const absl::Time started = metrics != nullptr ? absl::Now() : absl::InfinitePast();
-  std::vector<ReplyNoteScope::Note> unsent;
-  {
-    ReplyNoteScope notes(caller, id);
-    entry->handler(ctx, std::move(frame.payload),
-                   [this, channel, id, caller, admitted, metrics, started,
-                    reply_shm = frame.header.reply_shm()](absl::StatusOr<Payload> result) {
-                     if (metrics != nullptr) {
-                       metrics->Record(obs::Side::kCallee, result.status().code(),
-                                       absl::Now() - started);
-                     }
-                     SendReply(channel, id, caller, std::move(result), admitted, reply_shm,
-                               /*not_run=*/false, ReplyNoteScope::TakeForReply(caller, id));
-                   });
-    unsent = notes.TakeUnsent();
-  }
-  // The reply did not leave during the synchronous part (an asynchronous
-  // function): its notes go their own way now.
-  for (ReplyNoteScope::Note& n : unsent) {
-    if (auto kind = registry_->FindReplyNoteKind(n.kind); kind != nullptr && handle_ != nullptr) {
-      kind->unsent(*handle_, caller, std::move(n.data));
-    }
-  }
-}
-
-void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t id, int caller,
-                          absl::StatusOr<Payload> result, int64_t admitted, bool reply_shm,
-                          bool not_run, std::vector<ReplyNoteScope::Note> notes) {
-  Frame frame;
-  frame.header.set_kind(proto::FrameHeader::RESPONSE);
-  frame.header.set_id(id);
-  for (ReplyNoteScope::Note& n : notes) {
-    proto::ReplyNote* out = frame.header.add_notes();
-    out->set_kind(std::move(n.kind));
-    out->set_data(std::move(n.data));
-  }
-  if (result.ok()) {
-    frame.payload = *std::move(result);
-    const int64_t limit =
-        ready_.HasBeenNotified() && caller >= 0 && caller < static_cast<int>(peer_limits_.size())
-            ? PeerLimit(caller)
-            : options_.max_message_bytes;
-    const size_t size = internal::FrameSize(frame);
-    if (static_cast<int64_t>(size) > limit) {
-      frame.payload.Undeliverable();  // RRef G8
-      frame.payload = Payload();
-      result = absl::ResourceExhaustedError(absl::StrCat(
-          "reply of ", size, " bytes exceeds the message size limit of ", limit, " bytes"));
-    }
-  }
-  if (result.ok()) CountTraffic(caller, frame.payload, /*out=*/true);
-  if (!result.ok()) {
-    frame.header.set_not_run(not_run);
-    frame.header.set_status_code(static_cast<int>(result.status().code()));
-    // An error names what was wrong, not a copy of a huge input: a reply
-    // must never outgrow the caller's limit (it would end the whole stream).
-    frame.header.set_error_message(Clip(result.status().message(), 16 << 10));
-  } else if (reply_shm && ready_.HasBeenNotified() && caller >= 0 &&
-             caller < static_cast<int>(paths_.size()) && paths_[caller]->bulk()) {
-    // Both ends opened each other's probe: the caller said so for its side
-    // (a rejoined caller opened none, and would refuse our segments).
-    // The caller releases the segment on receipt; the expiry only covers a
-    // caller that died or gave up first.
-    paths_[caller]->ExportBlobs(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
-  }
-  // The gate lets go first: once the reply is out, the caller's window has
-  // room again and its next request must find room here too.
-  if (admitted >= 0) gate_->Finish(caller, admitted);
-  std::vector<std::function<void()>> undo;
-  undo.swap(frame.payload.undo_if_undelivered);
-  // The timeline's end of the call: before the reply leaves (the caller may
-  // complete before Send returns).
-  const absl::Time replied = trace_ != nullptr ? absl::Now() : absl::InfinitePast();
-  if (!channel->Send(std::move(frame))) {
-    for (auto& f : undo) f();  // RRef G8: the caller is gone
-  }
-  FinishIncoming(caller, id, replied);
-}
-
-void AgentImpl::FinishIncoming(int caller, uint64_t id, absl::Time replied) {
-  calls_done_in_.fetch_add(1, std::memory_order_relaxed);
-  std::optional<IncomingCall> done;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = incoming_calls_.find({caller, id});
-    if (it != incoming_calls_.end()) {
-      if (trace_ != nullptr) done = std::move(it->second);
-      incoming_calls_.erase(it);
-    }
-    --incoming_;
-  }
-  if (done.has_value()) TraceIncoming(caller, id, *done, replied);
 }
 
 void AgentImpl::AddShutdownHook(RpcAgent::ShutdownHook hook) {
