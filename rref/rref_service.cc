@@ -254,37 +254,34 @@ rpc::Future<void> RRefService::SendControl(int to, const proto::RRefControl& msg
   return ToVoid(a->CallRaw(to, kControlFn, "", std::move(p)));
 }
 
-rpc::Future<void> RRefService::ForkRequest(int owner, RRefId rref, ForkId fork, int parent) {
+namespace {
+proto::RRefControl ControlMessage(proto::RRefControl::Kind kind, RRefId rref, ForkId fork) {
   proto::RRefControl m;
-  m.set_kind(proto::RRefControl::FORK_REQUEST);
+  m.set_kind(kind);
   ToProto(rref, m.mutable_rref());
   ToProto(fork, m.mutable_fork());
+  return m;
+}
+}  // namespace
+
+rpc::Future<void> RRefService::ForkRequest(int owner, RRefId rref, ForkId fork, int parent) {
+  proto::RRefControl m = ControlMessage(proto::RRefControl::FORK_REQUEST, rref, fork);
   m.set_parent(parent);
   return SendControl(owner, m);
 }
 
 rpc::Future<void> RRefService::ChildAccept(int parent, RRefId rref, ForkId fork) {
-  proto::RRefControl m;
-  m.set_kind(proto::RRefControl::CHILD_ACCEPT);
-  ToProto(rref, m.mutable_rref());
-  ToProto(fork, m.mutable_fork());
-  return SendControl(parent, m);
+  return SendControl(parent, ControlMessage(proto::RRefControl::CHILD_ACCEPT, rref, fork));
 }
 
 bool RRefService::ChildAcceptOnReply(int parent, RRefId rref, ForkId fork) {
-  proto::RRefControl m;
-  m.set_kind(proto::RRefControl::CHILD_ACCEPT);
-  ToProto(rref, m.mutable_rref());
-  ToProto(fork, m.mutable_fork());
-  return rpc::AttachToReply(parent, kAcceptNote, m.SerializeAsString());
+  return rpc::AttachToReply(
+      parent, kAcceptNote,
+      ControlMessage(proto::RRefControl::CHILD_ACCEPT, rref, fork).SerializeAsString());
 }
 
 rpc::Future<void> RRefService::UserDelete(int owner, RRefId rref, ForkId fork) {
-  proto::RRefControl m;
-  m.set_kind(proto::RRefControl::USER_DELETE);
-  ToProto(rref, m.mutable_rref());
-  ToProto(fork, m.mutable_fork());
-  return SendControl(owner, m);
+  return SendControl(owner, ControlMessage(proto::RRefControl::USER_DELETE, rref, fork));
 }
 
 absl::Status RRefService::RegisterMethod(const std::string& pointer_key, Method method) {
