@@ -12,6 +12,9 @@
 //   cuda_rpc_bench                      host-staged
 //   BATON_BENCH_CUDA_IPC=1 cuda_rpc_bench   through CUDA IPC (rpc/cuda/ipc_channel.h)
 // (built by CMakeLists.txt with BATON_CUDA=ON)
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rpc/agent.h"
@@ -35,6 +39,7 @@ using baton::rpc::RpcAgent;
 const Function<at::Tensor(at::Tensor)> echo_fn("echo");
 const Function<at::Tensor(at::Tensor)> to_cpu_fn("to_cpu");
 const Function<at::Tensor(at::Tensor)> to_cuda_fn("to_cuda");
+const Function<at::Tensor(at::Tensor)> via_cuda_fn("via_cuda");
 
 double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -64,6 +69,8 @@ BATON_SCENARIO(cuda_rpc_bench) {
   (void)registry->Register(echo_fn, [](at::Tensor t) { return t; });
   (void)registry->Register(to_cpu_fn, [](at::Tensor t) { return t.cpu(); });
   (void)registry->Register(to_cuda_fn, [](at::Tensor t) { return t.to(at::Device(at::kCUDA, 0)); });
+  (void)registry->Register(via_cuda_fn,
+                           [](at::Tensor t) { return t.to(at::Device(at::kCUDA, 0)).cpu(); });
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
   if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
@@ -101,6 +108,8 @@ BATON_SCENARIO(cuda_rpc_bench) {
     // Which direction costs: a CUDA argument with a CPU result, and back.
     Report("small_cuda_arg_cpu_result_us", MedianCallUs(agent, at::ones({4}, cuda), to_cpu_fn));
     Report("small_cpu_arg_cuda_result_us", MedianCallUs(agent, at::ones({4}), to_cuda_fn));
+    // CPU in and out, two copies on the callee's executor thread.
+    Report("small_cpu_call_via_callee_gpu_us", MedianCallUs(agent, at::ones({4}), via_cuda_fn));
     // Where a small host-staged call's time goes: its copies, alone.
     at::Tensor small = at::ones({4}, cuda), host = at::ones({4});
     auto median_us = [](auto fn) {
@@ -116,6 +125,30 @@ BATON_SCENARIO(cuda_rpc_bench) {
     Report("small_d2h_copy_us", median_us([&] { (void)small.to(at::kCPU); }));
     Report("small_h2d_copy_us", median_us([&] { (void)host.to(small.device()); }));
     Report("device_count_us", median_us([] { (void)torch::cuda::device_count(); }));
+    // What CUDA IPC's export costs (rpc/cuda/ipc_channel.cc, I1), call by call.
+    Report("ipc_mem_handle_us", median_us([&] {
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(small.data_ptr()));
+      cudaIpcMemHandle_t h;
+      cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    }));
+    cudaEvent_t event = nullptr;
+    cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess);
+    Report("ipc_event_record_and_handle_us", median_us([&] {
+      cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
+      cudaIpcEventHandle_t h;
+      cudaIpcGetEventHandle(&h, event);
+    }));
+    Report("event_synchronize_us", median_us([&] {
+      cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
+      cudaEventSynchronize(event);
+    }));
+    cudaEventDestroy(event);
+    // The same host-to-device copy on a thread other than the first.
+    double other_thread_us = 0;
+    std::thread([&] { other_thread_us = median_us([&] { (void)host.to(small.device()); }); }).join();
+    Report("small_h2d_copy_other_thread_us", other_thread_us);
   }
   WCHECK_OK(agent.Shutdown());
   return 0;

@@ -23,11 +23,11 @@ prefix="${BATON_DEPS_PREFIX:-/tmp/baton-deps}"
 out="$build/logs"
 py="${PYTHON:-python3}"
 budget="${BATON_GPU_BUDGET_S:-400}"
-# Which steps run after the build: the suites always; then (default: all)
+# Which steps run after the build (default: all): suites (the GPU tests),
 # nccl_bench, cuda_rpc_bench, ps_bench (the dense PS with its trainers on
 # the GPU beside single-process GPU training), probe (torch's figures), all (every other
 # library and test).
-steps=" ${BATON_GPU_STEPS:-nccl_bench cuda_rpc_bench ps_bench probe all} "
+steps=" ${BATON_GPU_STEPS:-suites nccl_bench cuda_rpc_bench ps_bench probe all} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 mkdir -p "$out" "$prefix"
@@ -80,19 +80,26 @@ status=$?
 tail -5 "$out/configure.log"; grep -E "NCCL:|Torch" "$out/configure.log"
 [ $status -eq 0 ] || { cat "$out/configure.log"; exit 1; }
 
-step "build (only what the GPU suite needs)"
-targets=(cm_process_group_test cm_ddp_test nccl_latency_bench cm_cuda_rpc_test cuda_rpc_bench)
-if ! ninja -C "$build" -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; then
-  grep -E -B2 -A12 "error|FAILED" "$out/build.log" | head -120
-  exit 1
+step "build (only what the GPU steps need; -k 0, so that one run shows every error)"
+targets=(cuda_rpc_bench)
+want suites && targets+=(cm_process_group_test cm_ddp_test cm_cuda_rpc_test)
+want nccl_bench && targets+=(nccl_latency_bench)
+want ps_bench && targets+=(ps_bench)
+failed=0
+if ! ninja -C "$build" -k 0 -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; then
+  failed=1
+  grep -E -A12 "error:|FAILED:" "$out/build.log" | head -150
 fi
 tail -1 "$out/build.log"
+have() { [ -x "$build/$1" ] || { echo "not built: $1"; failed=1; return 1; }; }
 
 export LD_LIBRARY_PATH="$deplib:$torch_site/lib${nccl_root:+:$nccl_root/lib}:${LD_LIBRARY_PATH:-}"
-failed=0
-for t in cm_process_group_test cm_ddp_test cm_cuda_rpc_test; do
+# For commands run after this script on the same machine.
+echo "export LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$build/env.sh"
+want suites && for t in cm_process_group_test cm_ddp_test cm_cuda_rpc_test; do
   step "$t"
-  if ! timeout 600 "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
+  have $t || continue
+  if ! timeout "${BATON_GPU_TEST_TIMEOUT_S:-180}" "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED|skipped:|NCCL's error" "$out/$t.log" | head -80
 done
 if [ $failed -ne 0 ]; then
@@ -100,7 +107,7 @@ if [ $failed -ne 0 ]; then
   grep -E -A40 "\[  FAILED  \]|Failure" "$out"/cm_*.log | head -150
 fi
 
-if want nccl_bench; then
+if want nccl_bench && have nccl_latency_bench; then
 step "latency: baton vs torch, NCCL world size 1, three rounds"
 for round in 1 2 3; do
   "$build/nccl_latency_bench" >"$out/bench_baton_$round.jsonl" 2>>"$out/bench.err" || failed=1
@@ -129,7 +136,7 @@ for m in metrics:
 PY
 fi
 
-if want cuda_rpc_bench; then
+if want cuda_rpc_bench && have cuda_rpc_bench; then
 step "CUDA tensors through RPC: baton's benchmark"
 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench.jsonl" | tail -12 || failed=1
 BATON_BENCH_CUDA_IPC=1 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench_ipc.jsonl" | tail -12 || failed=1
@@ -138,16 +145,15 @@ fi
 
 if want ps_bench; then
 step "ps_bench on the GPU: single-process training (local), then 4 trainers through one server (sync, async), 3 rounds"
-# Built here, so that a failure leaves the other steps their chance.
-if ! ninja -C "$build" -j"$(nproc)" ps_bench >"$out/build_ps_bench.log" 2>&1; then
-  grep -E -B2 -A12 "error|FAILED" "$out/build_ps_bench.log" | head -60
-  failed=1
-else for round in 1 2 3; do
-  for mode in local sync async; do
-    MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 300 "$build/ps_bench" --mode $mode --device cuda \
-      --steps 300 2>>"$out/ps_bench.err" | tee -a "$out/ps_bench.jsonl" | grep -E "throughput|final_loss" || failed=1
+if have ps_bench; then
+  for round in $(seq "${BATON_PS_ROUNDS:-3}"); do
+    for mode in local sync async; do
+      MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 120 "$build/ps_bench" --mode $mode --device cuda \
+        --steps 300 2>>"$out/ps_bench.err" | tee -a "$out/ps_bench.jsonl" | grep -E "throughput|final_loss" || failed=1
+    done
   done
-done; fi
+  tail -5 "$out/ps_bench.err"
+fi
 fi
 
 if want probe; then
