@@ -7,14 +7,18 @@
 //   small_cuda_call_us     median rpc_sync of a 4-element CUDA tensor
 //   small_cpu_call_us      the same with a CPU tensor
 //   cuda_over_cpu_call     small_cuda_call_us / small_cpu_call_us
+// and where the time of a small CUDA call goes (the copies, the IPC export's
+// calls, an event wait, a call that uses the GPU on one side only). Each
+// line says the path and how the two processes share the GPU
+// (BATON_BENCH_GPU_SHARING: "time-sliced", a CUDA context each, or "mps").
 // tools/gpu/probe_cuda_rpc.py measures torch.distributed.rpc's figures.
 //
 //   cuda_rpc_bench                      host-staged
 //   BATON_BENCH_CUDA_IPC=1 cuda_rpc_bench   through CUDA IPC (rpc/cuda/ipc_channel.h)
 // (built by CMakeLists.txt with BATON_CUDA=ON)
+#include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -47,8 +51,13 @@ double NowS() {
 
 void Report(const char* metric, double value) {
   const char* ipc = std::getenv("BATON_BENCH_CUDA_IPC");
-  std::printf("{\"system\": \"baton\", \"path\": \"%s\", \"metric\": \"%s\", \"value\": %.6g}\n",
-              ipc != nullptr && std::string(ipc) == "1" ? "cuda_ipc" : "host", metric, value);
+  // Set by tools/gpu/build_and_test.sh when the processes run under MPS.
+  const char* sharing = std::getenv("BATON_BENCH_GPU_SHARING");
+  std::printf(
+      "{\"system\": \"baton\", \"path\": \"%s\", \"gpu_sharing\": \"%s\", \"metric\": \"%s\", "
+      "\"value\": %.6g}\n",
+      ipc != nullptr && std::string(ipc) == "1" ? "cuda_ipc" : "host",
+      sharing != nullptr ? sharing : "time-sliced", metric, value);
   std::fflush(stdout);
 }
 
@@ -127,27 +136,29 @@ BATON_SCENARIO(cuda_rpc_bench) {
     Report("device_count_us", median_us([] { (void)torch::cuda::device_count(); }));
     // What CUDA IPC's export costs (rpc/cuda/ipc_channel.cc, I1), call by call.
     Report("ipc_mem_handle_us", median_us([&] {
-      CUdeviceptr base = 0;
-      size_t size = 0;
-      cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(small.data_ptr()));
-      cudaIpcMemHandle_t h;
-      cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
-    }));
+             CUdeviceptr base = 0;
+             size_t size = 0;
+             cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(small.data_ptr()));
+             cudaIpcMemHandle_t h;
+             cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+           }));
     cudaEvent_t event = nullptr;
     cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess);
     Report("ipc_event_record_and_handle_us", median_us([&] {
-      cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
-      cudaIpcEventHandle_t h;
-      cudaIpcGetEventHandle(&h, event);
-    }));
+             cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
+             cudaIpcEventHandle_t h;
+             cudaIpcGetEventHandle(&h, event);
+           }));
     Report("event_synchronize_us", median_us([&] {
-      cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
-      cudaEventSynchronize(event);
-    }));
+             cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream());
+             cudaEventSynchronize(event);
+           }));
     cudaEventDestroy(event);
     // The same host-to-device copy on a thread other than the first.
     double other_thread_us = 0;
-    std::thread([&] { other_thread_us = median_us([&] { (void)host.to(small.device()); }); }).join();
+    std::thread([&] {
+      other_thread_us = median_us([&] { (void)host.to(small.device()); });
+    }).join();
     Report("small_h2d_copy_other_thread_us", other_thread_us);
   }
   WCHECK_OK(agent.Shutdown());

@@ -4,7 +4,7 @@
 //
 //   bazel-bin/bench/pipeline_bench [--quick] [--steps 30] [--warmup 3] [--stages 2,4]
 //                                  [--micro 1,4,8] [--batch 128] [--schedule 1f1b]
-//                                  [--trace-dir DIR]
+//                                  [--trace-dir DIR] [--device cpu|cuda|cuda:N]
 //
 // Processes: one driver ("driver", rank 0) and max(stages) stage workers
 // ("stage1".."stageP"), one LibTorch thread each, as the peer. The driver
@@ -24,6 +24,12 @@
 //       with the schedule's theoretical one.
 // --trace-dir writes each (p, m)'s last step as pipeline_p{p}_m{m}.json
 // (Chrome trace) and .svg (timeline).
+// --device cuda: the single-process baselines and every stage compute on
+// the GPU (pipeline/stage.h, PP9; the stage processes share it). Stage
+// workers map their device to each other's (AgentOptions::device_maps) and,
+// in a CUDA build (BATON_BENCH_CUDA_IPC, CMakeLists.txt), send activations
+// and gradients through CUDA IPC; the driver sends host batches, as the
+// single-process baseline moves its host batches onto the GPU.
 #include <unistd.h>
 
 #include <cstdio>
@@ -44,6 +50,10 @@
 #include "pipeline/trace.h"
 #include "rpc/agent.h"
 #include "testing/models.h"
+
+#ifdef BATON_BENCH_CUDA_IPC
+#include "rpc/cuda/ipc_channel.h"
+#endif
 
 namespace baton {
 namespace {
@@ -85,6 +95,7 @@ struct Config {
   std::vector<int> micro{1, 4, 8};
   std::string schedule = "1f1b";
   std::string trace_dir;
+  std::string device = "cpu";
 };
 
 bench::JsonLine Line(const Config& c, const std::string& metric, double value,
@@ -94,7 +105,7 @@ bench::JsonLine Line(const Config& c, const std::string& metric, double value,
   j.Add("unit", unit).Add("model", "4x[Linear(1024,1024)+ReLU]+Linear(1024,10)");
   j.Add("optimizer", "SGD lr=0.2").Add("loss", "cross_entropy").Add("threads_per_process", 1);
   j.Add("cores", static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))).Add("batch", c.batch);
-  j.Add("steps", c.steps).Add("timed_steps", c.steps - c.warmup);
+  j.Add("steps", c.steps).Add("timed_steps", c.steps - c.warmup).Add("device", c.device);
   return j;
 }
 
@@ -116,7 +127,9 @@ double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& ref) 
 // micro-batches (the peer's train_local). Returns samples/s and the losses.
 std::pair<double, std::vector<double>> TrainLocal(const Config& c, const std::vector<Batch>& data,
                                                   int m) {
+  const torch::Device device(c.device);
   torch::nn::Sequential model = MakeModel();
+  model->to(device);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
   std::vector<double> losses;
   double t0 = 0;
@@ -124,12 +137,13 @@ std::pair<double, std::vector<double>> TrainLocal(const Config& c, const std::ve
     if (i == c.warmup) t0 = bench::Now();
     opt.zero_grad();
     double loss = 0;
+    const torch::Tensor x = data[i].x.to(device), y = data[i].y.to(device);
     if (m == 1) {
-      torch::Tensor l = torch::nn::functional::cross_entropy(model->forward(data[i].x), data[i].y);
+      torch::Tensor l = torch::nn::functional::cross_entropy(model->forward(x), y);
       l.backward();
       loss = l.item<double>();
     } else {
-      auto xs = data[i].x.split(c.batch / m), ys = data[i].y.split(c.batch / m);
+      auto xs = x.split(c.batch / m), ys = y.split(c.batch / m);
       for (int k = 0; k < m; ++k) {
         torch::Tensor part =
             torch::nn::functional::cross_entropy(
@@ -141,6 +155,7 @@ std::pair<double, std::vector<double>> TrainLocal(const Config& c, const std::ve
       }
     }
     opt.step();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
     losses.push_back(loss);
   }
   return {(c.steps - c.warmup) * c.batch / (bench::Now() - t0), losses};
@@ -234,12 +249,51 @@ absl::Status RunDriver(const Config& c, bench::WorkerChannel& ch) {
   return (*agent)->Shutdown();
 }
 
+// A stage worker: serves its stages until the main process releases it.
+absl::Status RunStage(const Config& c, int max_p, bench::WorkerChannel& ch) {
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  pipeline::StageServerOptions so{MakeModel};
+  so.device = torch::Device(c.device);
+  auto server = pipeline::StageServer::Create(*registry, so);
+  if (!server.ok()) return server.status();
+  auto opts = rpc::AgentOptions::FromEnv();
+  if (!opts.ok()) return opts.status();
+  rpc::AgentCollaborators collaborators;
+#ifdef BATON_BENCH_CUDA_IPC
+  std::shared_ptr<rpc::cuda::CudaIpcChannel> ipc;
+#endif
+  if (so.device.is_cuda()) {
+    // Every stage worker shares this GPU: activations and gradients go
+    // device to device between them.
+    const int d = so.device.has_index() ? so.device.index() : 0;
+    for (int k = 1; k <= max_p; ++k) {
+      const std::string peer = absl::StrCat("stage", k);
+      if (peer != opts->name) opts->device_maps[peer] = {{d, d}};
+    }
+#ifdef BATON_BENCH_CUDA_IPC
+    ipc = rpc::cuda::CudaIpcChannel::Install(*registry);
+    collaborators.cuda_channel = ipc;
+#endif
+  }
+  auto agent = rpc::RpcAgent::Create(*opts, registry, std::move(collaborators));
+  if (!agent.ok()) return agent.status();
+#ifdef BATON_BENCH_CUDA_IPC
+  if (ipc != nullptr) ipc->Attach(agent->get());
+#endif
+  ch.Send("ready");
+  if (!ch.WaitRelease()) {
+    return absl::AbortedError("the main process ended before it released this worker");
+  }
+  return (*agent)->Shutdown();
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
   const std::vector<std::string> args = bench::ForwardedArgs(argc, argv);
-  bench::Flags flags({"steps", "warmup", "stages", "micro", "batch", "schedule", "trace-dir"},
-                     {"quick"});
+  bench::Flags flags(
+      {"steps", "warmup", "stages", "micro", "batch", "schedule", "trace-dir", "device"},
+      {"quick"});
   if (!flags.Parse(args)) return 2;
   const bool quick = flags.Bool("quick");
   Config c;
@@ -248,6 +302,21 @@ int Main(int argc, char** argv) {
   c.batch = flags.Int("batch", 128);
   c.schedule = flags.Str("schedule", "1f1b");
   c.trace_dir = flags.Str("trace-dir", "");
+  c.device = flags.Str("device", "cpu");
+  try {
+    const torch::Device d(c.device);
+    if (!d.is_cpu() &&
+        !(d.is_cuda() && torch::cuda::is_available() &&
+          (!d.has_index() || static_cast<size_t>(d.index()) < torch::cuda::device_count()))) {
+      std::fprintf(stderr, "--device %s: this process cannot use it (%d CUDA device(s))\n",
+                   c.device.c_str(), static_cast<int>(torch::cuda::device_count()));
+      return 2;
+    }
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "--device: '%s' is not a device name: %s\n", c.device.c_str(),
+                 e.what_without_backtrace());
+    return 2;
+  }
   auto ints = [](const std::string& text, std::vector<int>* out) {
     out->clear();
     for (absl::string_view v : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
@@ -286,21 +355,7 @@ int Main(int argc, char** argv) {
       if (worker == 0) {
         s = RunDriver(c, ch);
       } else {
-        auto registry = std::make_shared<rpc::FunctionRegistry>();
-        auto server = pipeline::StageServer::Create(*registry, {MakeModel});
-        if (!server.ok()) {
-          s = server.status();
-        } else {
-          auto opts = rpc::AgentOptions::FromEnv();
-          auto agent = opts.ok() ? rpc::RpcAgent::Create(*opts, registry)
-                                 : absl::StatusOr<std::unique_ptr<rpc::RpcAgent>>(opts.status());
-          s = agent.ok() ? absl::OkStatus() : agent.status();
-          if (s.ok()) {
-            ch.Send("ready");
-            if (!ch.WaitRelease()) return 1;
-            s = (*agent)->Shutdown();
-          }
-        }
+        s = RunStage(c, max_p, ch);
       }
     } catch (const std::exception& e) {
       s = absl::InternalError(e.what());

@@ -4,6 +4,8 @@
 #include <exception>
 #include <utility>
 
+#include <torch/cuda.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/byte_io.h"
@@ -21,6 +23,23 @@ const char* MessageName(MessageKind k) {
 }
 
 bool IsCompute(ActionKind k) { return k == ActionKind::kForward || k == ActionKind::kBackward; }
+
+// PP9: INVALID_ARGUMENT, naming `what`, for a device this process cannot use.
+absl::Status CheckDevice(const torch::Device& device, const char* what) {
+  if (device.is_cpu()) return absl::OkStatus();
+  const int64_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  if (!device.is_cuda() || (device.has_index() ? device.index() >= n : n == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", device.str(),
+                                                   ", but this process sees ", n,
+                                                   " CUDA device(s) and computes on CPU or CUDA"));
+  }
+  return absl::OkStatus();
+}
+
+// PP9: the host's work on a GPU is queued; an action ends with its kernels.
+void WaitForDevice(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
 
 }  // namespace
 
@@ -57,6 +76,7 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
     }
   }
   if (!loss) return absl::InvalidArgumentError("stage config: no loss function");
+  if (absl::Status s = CheckDevice(config.device, "stage config: device"); !s.ok()) return s;
   std::vector<Chunk> chunks;
   for (int c = 0; c < spec.chunks; ++c) {
     Chunk chunk;
@@ -66,6 +86,7 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("stage config: no module for stage ", chunk.stage));
     }
+    chunk.module->to(config.device);  // PP9
     chunk.params = chunk.module->parameters();
     auto opt = dist_optim::FunctionalOptimizer::Create(config.optimizer, chunk.params);
     if (!opt.ok()) {
@@ -240,11 +261,11 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
   std::vector<torch::Tensor> xs, ys;
   if (has_first) {
     if (absl::Status s = check_batch(in.inputs, "inputs"); !s.ok()) return s;
-    xs = in.inputs.split(rows);
+    xs = in.inputs.to(config_.device).split(rows);
   }
   if (has_last) {
     if (absl::Status s = check_batch(in.targets, "targets"); !s.ok()) return s;
-    ys = in.targets.split(rows);
+    ys = in.targets.to(config_.device).split(rows);
     report.losses.assign(m, 0.0);
   }
 
@@ -305,7 +326,7 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
               absl::StrCat(Where(a), ": waiting for the ", act ? "activation" : "gradient",
                            " from stage ", from, " on ", link.Describe(spec.worker_of(from))));
         }
-        sl.received = std::move(*t);
+        sl.received = t->to(config_.device);  // PP9: a no-op where it arrived
         break;
       }
       case ActionKind::kForward: {
@@ -369,6 +390,7 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
         break;
     }
     if (!s.ok()) return Annotate(s, Where(a));
+    if (IsCompute(a.kind)) WaitForDevice(config_.device);
     const double end = NowMicros();
     const bool waited =
         (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGradient) &&
@@ -410,7 +432,7 @@ absl::StatusOr<std::string> StageRunner::SaveState() const {
     w.I64(c.stage);
     w.I64(static_cast<int64_t>(c.params.size()));
     for (const auto& p : c.params) {
-      torch::Tensor t = p.detach().contiguous();
+      torch::Tensor t = p.detach().to(torch::kCPU).contiguous();  // PP9: host bytes
       w.U8(static_cast<uint8_t>(t.scalar_type()));
       w.I64(t.numel());
       w.I64(static_cast<int64_t>(t.nbytes()));

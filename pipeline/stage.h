@@ -48,6 +48,13 @@
 // PP8 Timeline: every step reports each action's start and end (absolute
 //     microseconds, absl::Now()), the compute time and the peak stash, from
 //     which the driver draws the trace and the measured bubble.
+// PP9 Device: a runner whose StageConfig::device is a GPU keeps its chunks,
+//     their optimizer state and its stashed tensors there. Inputs, targets
+//     and received tensors that arrive elsewhere are moved onto it; what it
+//     sends leaves from it (a CUDA tensor travels as the agent's device maps
+//     and CUDA channel say, rpc/agent.h). Each forward and backward ends when
+//     its kernels have ended, so PP8's timeline and bubble are device time.
+//     Checkpoints (PP6) hold host bytes, loadable on any device.
 //
 // Thread-safety: RunStep() is called by one thread at a time (the stage's
 // thread); Deliver() and Abort() may be called from any thread at any time,
@@ -112,6 +119,9 @@ struct StageConfig {
   std::vector<Action> actions;  // this worker's list
   int64_t batch_size = 1;       // REQUIRES batch_size % spec.microbatches == 0
   dist_optim::OptimizerOptions optimizer;
+  // Where this worker's chunks live and compute (PP9). Not on the wire: the
+  // worker's own choice (StageServerOptions::device).
+  torch::Device device = torch::kCPU;
 };
 
 struct StepInputs {

@@ -44,6 +44,15 @@ class RpcStageLink : public StageLink {
     rpc::CallOptions opts;
     opts.timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
     if (deadline == absl::InfiniteFuture()) opts.timeout = absl::ZeroDuration();
+    // PP9: a CUDA tensor goes device to device where a device map applies
+    // (the agent refuses it elsewhere); otherwise through host memory, and
+    // the receiving runner moves it onto its device.
+    if (m.tensor.is_cuda()) {
+      auto peer = agent_->worker(names_[to]);
+      if (!peer.ok() || !agent_->DeviceOnPeer(peer->id, m.tensor.device().index()).ok()) {
+        m.tensor = m.tensor.to(torch::kCPU);
+      }
+    }
     Delivery d{m.step, static_cast<int32_t>(m.kind), m.stage, m.microbatch, std::move(m.tensor)};
     agent_->rpc_async(opts, names_[to], internal::kDeliverFn, std::move(d))
         .OnReady([done = std::move(done)](const absl::StatusOr<std::monostate>& r) mutable {
@@ -195,7 +204,7 @@ class StageServer::Impl {
       const int s = c * spec.workers + r.rank;
       chunks.push_back(Slice(*model, r.cuts[s], r.cuts[s + 1]));
     }
-    StageConfig config{spec, r.rank, std::move(actions), r.batch_size, *opt};
+    StageConfig config{spec, r.rank, std::move(actions), r.batch_size, *opt, options_.device};
     auto runner = StageRunner::Create(std::move(config), std::move(chunks), options_.loss);
     if (!runner.ok()) return runner.status();
     if (!r.restore_file.empty()) {
@@ -306,7 +315,7 @@ class StageServer::Impl {
     }
     std::vector<torch::Tensor> out;
     for (const auto& p : runner->StageParameters(static_cast<int>(stage))) {
-      out.push_back(p.detach().clone());
+      out.push_back(p.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     }
     if (out.empty()) {
       return absl::InvalidArgumentError(

@@ -27,7 +27,7 @@ echo "cmake_ci: CUDA compile check in $build/cuda-check" >&2
 cmake -G Ninja -S . -B "$build/cuda-check" -DBATON_CUDA=ON \
   -DBATON_CUDA_COMPILE_CHECK=ON -DBATON_GLOO=OFF -DCMAKE_CXX_STANDARD=20 >/dev/null
 mapfile -t objects < <(ninja -C "$build/cuda-check" -t targets all |
-  grep -oE 'CMakeFiles/(baton_comm|baton_comm_test_util|cm_process_group_test|cm_ddp_test|nccl_latency_bench|cuda_rpc_bench|baton_rpc_cuda|cm_cuda_rpc_test)\.dir/[^:]*\.o' |
+  grep -oE 'CMakeFiles/(baton_comm|baton_comm_test_util|cm_process_group_test|cm_ddp_test|nccl_latency_bench|cuda_rpc_bench|pipeline_bench|baton_rpc_cuda|cm_cuda_rpc_test)\.dir/[^:]*\.o' |
   sort -u)
 if [ "${#objects[@]}" -lt 10 ]; then
   echo "cmake_ci: FAILED: expected the CUDA configuration's objects, found ${#objects[@]}" >&2

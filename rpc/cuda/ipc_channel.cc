@@ -139,12 +139,17 @@ class CudaIpcChannel::Impl {
         OpenEvent(peer, device, Bytes(&event_handle, sizeof(event_handle)));
     if (!event.ok()) return event.status();
     c10::cuda::CUDAStream stream = CopyStream(device);
-    at::Tensor out;
-    {
-      c10::cuda::CUDAStreamGuard on_stream(stream);  // the block belongs to it
-      out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
+    // I6: the copy's destination belongs to the decoding thread's current
+    // stream, where the tensor is used: freed, the caching allocator hands
+    // the block out again only in that stream's order. The copy stream first
+    // waits for that stream, so work still queued there on the block's
+    // previous tensor ends before the copy overwrites it.
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+    at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
+    s = OrderAfter(current, stream, peer);
+    if (s.ok()) {
+      s = CudaStatus(cudaStreamWaitEvent(stream.stream(), *event, 0), "cudaStreamWaitEvent", peer);
     }
-    s = CudaStatus(cudaStreamWaitEvent(stream.stream(), *event, 0), "cudaStreamWaitEvent", peer);
     if (s.ok() && bytes > 0) {
       s = CudaStatus(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mapping->get()) + offset,
                                      bytes, cudaMemcpyDeviceToDevice, stream.stream()),
@@ -288,6 +293,28 @@ class CudaIpcChannel::Impl {
     absl::MutexLock lock(&mu_);
     peers_[peer].events[handle] = {device, event};
     return event;
+  }
+
+  // Makes `later` wait for the work queued on `earlier` so far, through an
+  // event of the pool: a wait binds to the event's last record at the time
+  // of the call, so the event may go back to the pool at once.
+  absl::Status OrderAfter(const c10::cuda::CUDAStream& earlier, const c10::cuda::CUDAStream& later,
+                          int peer) {
+    const c10::DeviceIndex device = earlier.device_index();
+    cudaEvent_t event = TakeEvent(device);
+    if (event == nullptr) {
+      absl::Status s = CudaStatus(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
+          "cudaEventCreateWithFlags", peer);
+      if (!s.ok()) return s;
+    }
+    absl::Status s = CudaStatus(cudaEventRecord(event, earlier.stream()), "cudaEventRecord", peer);
+    if (s.ok()) {
+      s = CudaStatus(cudaStreamWaitEvent(later.stream(), event, 0), "cudaStreamWaitEvent", peer);
+    }
+    absl::MutexLock lock(&mu_);
+    free_events_[device].push_back(event);
+    return s;
   }
 
   c10::cuda::CUDAStream CopyStream(int device) {

@@ -29,6 +29,10 @@
 //     token held for it and closes its mappings: a dead receiver leaves no
 //     device memory held on the sender.
 //  I5 Destruction releases whatever is still held.
+//  I6 The copy's memory comes from the decoding thread's current stream, and
+//     the copy waits for the work queued there first: memory the caching
+//     allocator hands out again is never overwritten under a kernel still
+//     reading the tensor that had it.
 // Errors: CUDA failures are INTERNAL naming the CUDA call and the peer; a
 // malformed descriptor is DATA_LOSS.
 //

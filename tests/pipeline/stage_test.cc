@@ -450,6 +450,24 @@ TEST(PP8_Timeline, EventsCoverTheStepAndComputeTimeIsCounted) {
   }
 }
 
+// The part of PP9 that runs without a GPU: a device this process cannot use
+// is refused by name (the GPU run: bench/pipeline_bench --device cuda).
+TEST(PP9_Device, ADeviceThisProcessCannotUseIsRefusedByName) {
+  auto s = OneFOneB({2, 4, 1});
+  auto model = MakeModel(torch::kFloat32);
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  StageConfig config{s->spec, 0, s->per_worker[0], 8, Sgd()};
+  config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpus));
+  absl::Status st = StageRunner::Create(config, {Slice(*model, 0, 2)}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(
+      st.message(), absl::StrCat("stage config: device is cuda:", gpus, ", but this process sees ",
+                                 gpus, " CUDA device(s)")))
+      << st;
+  config.device = torch::kCPU;
+  EXPECT_TRUE(StageRunner::Create(config, {Slice(*model, 0, 2)}).ok());
+}
+
 TEST(StageConfig, MismatchesAreInvalidArgument) {
   auto s = OneFOneB({2, 4, 1});
   auto model = MakeModel(torch::kFloat32);

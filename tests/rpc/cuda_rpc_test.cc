@@ -21,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/distributed_optimizer.h"
@@ -146,6 +147,13 @@ using Layer = RRef<CudaLayer>;
 const Function<std::vector<RRef<at::Tensor>>(Layer)> params_fn("params");
 
 const Function<int64_t()> pid_fn("pid");
+// I6: queue a sum of `t` behind long GPU work, drop `t`; then take the sum.
+const Function<void(at::Tensor)> sum_later_fn("sum_later");
+const Function<void(at::Tensor)> receive_fn("receive");
+const Function<double()> the_sum_fn("the_sum");
+
+absl::Mutex sum_mu;
+at::Tensor* pending_sum = nullptr;  // guarded by sum_mu; one per worker process
 
 struct Worker {
   std::shared_ptr<FunctionRegistry> registry;
@@ -187,6 +195,22 @@ Worker Start(bool map) {
   });
   (void)r.Register(mm_fn, [](at::Tensor a, at::Tensor b) { return a.mm(b); });
   (void)r.Register(pid_fn, [] { return static_cast<int64_t>(getpid()); });
+  (void)r.Register(sum_later_fn, [](at::Tensor t) {
+    // About 0.1 s of matrix products on this thread's current stream, then
+    // the sum, queued behind them; the host returns at once and frees `t`.
+    at::Tensor a = at::randn({4096, 4096}, t.options());
+    for (int i = 0; i < 40; ++i) a = a.mm(a).div_(a.norm());
+    at::Tensor sum = t.sum() + 0 * a.sum();
+    t = at::Tensor();
+    absl::MutexLock lock(&sum_mu);
+    delete pending_sum;
+    pending_sum = new at::Tensor(std::move(sum));
+  });
+  (void)r.Register(receive_fn, [](at::Tensor) {});
+  (void)r.Register(the_sum_fn, [] {
+    absl::MutexLock lock(&sum_mu);
+    return pending_sum != nullptr ? pending_sum->item<double>() : -1.0;
+  });
   (void)r.Register(params_fn, [](const CallContext& ctx, Layer l) {
     std::vector<RRef<at::Tensor>> out;
     for (const auto& p : l.local_value()->params()) out.push_back(rref::MakeOwned(*ctx.agent, p));
@@ -431,6 +455,31 @@ BATON_SCENARIO(cuda_ipc_receiver_dies) {
   WCHECK(after == before);
   WCHECK_OK(agent.Shutdown(/*graceful=*/false));
   return 0;
+}
+
+// I6: w1 imports a tensor of ones, queues its sum behind 0.1 s of GPU work
+// and frees it; the caching allocator hands the same memory to the import
+// of a tensor of twos that arrives next. The sum must still see ones: the
+// second copy waits for the work queued on the memory's stream.
+BATON_SCENARIO(cuda_ipc_reuse) {
+  Worker w = Start(/*map=*/true);
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 0) {
+    const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+    const int64_t n = int64_t{1} << 20;
+    agent.rpc_sync(1, sum_later_fn, at::ones({n}, cuda));
+    agent.rpc_sync(1, receive_fn, at::full({n}, 2.0, cuda));
+    const double sum = agent.rpc_sync(1, the_sum_fn);
+    std::printf("sum of the first tensor: %.0f (ones: %ld)\n", sum, static_cast<long>(n));
+    WCHECK(sum == static_cast<double>(n));
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
+TEST(CudaIpc, I6_MemoryReusedAfterAnImportIsNotOverwrittenUnderQueuedWork) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_ipc_reuse", 2, absl::Seconds(120), kIpc));
 }
 
 TEST(CudaIpc, I4_AKilledReceiverLeavesNoDeviceMemoryHeldOnTheSender) {

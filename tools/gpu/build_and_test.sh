@@ -23,16 +23,41 @@ prefix="${BATON_DEPS_PREFIX:-/tmp/baton-deps}"
 out="$build/logs"
 py="${PYTHON:-python3}"
 budget="${BATON_GPU_BUDGET_S:-400}"
-# Which steps run after the build (default: all): suites (the GPU tests),
-# nccl_bench, cuda_rpc_bench, ps_bench (the dense PS with its trainers on
-# the GPU beside single-process GPU training), probe (torch's figures), all (every other
+# Which steps run after the build (default: all): suites (the GPU tests;
+# BATON_GPU_SUITES picks some), nccl_bench, cuda_rpc_bench (time-sliced,
+# then under MPS: BATON_CUDA_RPC_ROUNDS and BATON_CUDA_RPC_MPS_ROUNDS
+# rounds), ps_bench (the dense PS with its trainers on the GPU beside
+# single-process GPU training; BATON_PS_ROUNDS, BATON_PS_MPS_ROUNDS),
+# pipeline_bench (the stages on the GPU beside single-process GPU training,
+# under MPS where there is one), probe (torch's figures), all (every other
 # library and test).
+#
+# GPU sharing: processes that share one GPU each have a CUDA context, and
+# the GPU time-slices between contexts: every hand-over between processes
+# waits for a context switch. NVIDIA's Multi-Process Service (MPS) runs the
+# processes' work in one context. Where nvidia-cuda-mps-control is found,
+# the benchmarks also run under MPS (a daemon of this script's own, with
+# its pipe and log directories under the build directory, stopped at exit),
+# and their lines say which ("gpu_sharing").
 steps=" ${BATON_GPU_STEPS:-suites nccl_bench cuda_rpc_bench ps_bench probe all} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 mkdir -p "$out" "$prefix"
 step() { echo "== $(date +%T) +${SECONDS}s $*"; }
+mps_control="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null | head -1)"
+mps_on=0
+mps_start() {
+  [ -n "$mps_control" ] || return 1
+  export CUDA_MPS_PIPE_DIRECTORY="$build/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$build/mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  "$mps_control" -d && mps_on=1 && export BATON_BENCH_GPU_SHARING=mps
+}
+mps_stop() {
+  if [ $mps_on -eq 1 ]; then echo quit | "$mps_control"; mps_on=0; fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY BATON_BENCH_GPU_SHARING
+}
 pack() {
+  mps_stop
   if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-logs.tar.gz" -C "$build" logs; fi
 }
 trap pack EXIT
@@ -85,6 +110,7 @@ targets=(cuda_rpc_bench)
 want suites && targets+=(cm_process_group_test cm_ddp_test cm_cuda_rpc_test)
 want nccl_bench && targets+=(nccl_latency_bench)
 want ps_bench && targets+=(ps_bench)
+want pipeline_bench && targets+=(pipeline_bench)
 failed=0
 if ! ninja -C "$build" -k 0 -j"$(nproc)" "${targets[@]}" >"$out/build.log" 2>&1; then
   failed=1
@@ -96,7 +122,7 @@ have() { [ -x "$build/$1" ] || { echo "not built: $1"; failed=1; return 1; }; }
 export LD_LIBRARY_PATH="$deplib:$torch_site/lib${nccl_root:+:$nccl_root/lib}:${LD_LIBRARY_PATH:-}"
 # For commands run after this script on the same machine.
 echo "export LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$build/env.sh"
-want suites && for t in cm_process_group_test cm_ddp_test cm_cuda_rpc_test; do
+want suites && for t in ${BATON_GPU_SUITES:-cm_process_group_test cm_ddp_test cm_cuda_rpc_test}; do
   step "$t"
   have $t || continue
   if ! timeout "${BATON_GPU_TEST_TIMEOUT_S:-180}" "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
@@ -136,31 +162,75 @@ for m in metrics:
 PY
 fi
 
-if want cuda_rpc_bench && have cuda_rpc_bench; then
-step "CUDA tensors through RPC: baton's benchmark"
-timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench.jsonl" | tail -12 || failed=1
-BATON_BENCH_CUDA_IPC=1 timeout 120 "$build/cuda_rpc_bench" 2>&1 | tee "$out/cuda_rpc_bench_ipc.jsonl" | tail -12 || failed=1
-
-fi
-
-if want ps_bench; then
-step "ps_bench on the GPU: single-process training (local), then 4 trainers through one server (sync, async), 3 rounds"
-if have ps_bench; then
-  for round in $(seq "${BATON_PS_ROUNDS:-3}"); do
-    for mode in local sync async; do
-      MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 120 "$build/ps_bench" --mode $mode --device cuda \
-        --steps 300 2>>"$out/ps_bench.err" | tee -a "$out/ps_bench.jsonl" | grep -E "throughput|final_loss" || failed=1
-    done
+# One benchmark process group per line of output; "$@" after the label.
+bench_rounds() {  # label rounds command...
+  local label=$1 rounds=$2; shift 2
+  for round in $(seq "$rounds"); do
+    echo "-- $label round $round"
+    "$@" || failed=1
   done
-  tail -5 "$out/ps_bench.err"
+}
+cuda_rpc() {  # path (host or cuda_ipc)
+  local ipc=0; [ "$1" = cuda_ipc ] && ipc=1
+  BATON_BENCH_CUDA_IPC=$ipc timeout 120 "$build/cuda_rpc_bench" 2>>"$out/cuda_rpc_bench.err" |
+    tee -a "$out/cuda_rpc_bench.jsonl" |
+    grep -E '"(d2d_copy_64MB_GBps|cuda_echo_64MB_GBps|small_cuda_call_us|small_cpu_call_us|cuda_over_cpu_call)"'
+}
+ps_run() {  # label
+  for mode in local sync async; do
+    MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 120 "$build/ps_bench" --mode $mode --device cuda \
+      --steps 300 2>>"$out/ps_bench.err" | sed "s/^{/{\"gpu_sharing\": \"$1\", /" |
+      tee -a "$out/ps_bench.jsonl" | grep -E "throughput|final_loss" || return 1
+  done
+}
+pipeline_run() {  # label
+  MASTER_PORT=$((20000 + RANDOM % 20000)) timeout 150 "$build/pipeline_bench" --device cuda \
+    --batch "${BATON_PIPELINE_BATCH:-4096}" --stages 2,4 --micro 1,4,8 --steps 20 --warmup 3 \
+    --trace-dir "$out" 2>>"$out/pipeline_bench.err" | sed "s/^{/{\"gpu_sharing\": \"$1\", /" |
+    tee -a "$out/pipeline_bench.jsonl" |
+    grep -E "samples_per_s|bubble|bound_fraction|final_loss" | sed -E 's/"loss_curve": "[^"]*", //'
+}
+
+if want cuda_rpc_bench && have cuda_rpc_bench; then
+  step "CUDA tensors through RPC, time-sliced (a context per process)"
+  for path in host cuda_ipc; do bench_rounds "$path" "${BATON_CUDA_RPC_ROUNDS:-3}" cuda_rpc $path; done
+  if mps_start; then
+    step "CUDA tensors through RPC under MPS"
+    for path in cuda_ipc host; do
+      bench_rounds "$path" "${BATON_CUDA_RPC_MPS_ROUNDS:-3}" cuda_rpc $path
+    done
+    mps_stop
+  fi
 fi
+
+if want pipeline_bench && have pipeline_bench; then
+  if mps_start; then sharing=mps; else sharing=time-sliced; fi
+  step "pipeline_bench on the GPU ($sharing): single-process baselines, then 2 and 4 stages"
+  pipeline_run $sharing || failed=1
+  mps_stop
+fi
+
+if want ps_bench && have ps_bench; then
+  step "ps_bench on the GPU: single-process training (local), then 4 trainers through one server (sync, async)"
+  bench_rounds time-sliced "${BATON_PS_ROUNDS:-3}" ps_run time-sliced
+  if mps_start; then
+    bench_rounds mps "${BATON_PS_MPS_ROUNDS:-1}" ps_run mps
+    mps_stop
+  fi
+  tail -5 "$out/ps_bench.err"
 fi
 
 if want probe; then
-step "CUDA RPC probe: IPC, device-to-device bandwidth, torch.distributed.rpc with a device map"
-LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
-  2>"$out/probe.err" | tee "$out/probe.jsonl"
-tail -3 "$out/probe.err"
+  step "CUDA RPC probe: IPC, device-to-device bandwidth, torch.distributed.rpc with a device map"
+  LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
+    2>"$out/probe.err" | tee "$out/probe.jsonl"
+  tail -3 "$out/probe.err"
+  if [ "${BATON_PROBE_MPS:-1}" = 1 ] && mps_start; then
+    step "the probe under MPS"
+    LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
+      2>>"$out/probe.err" | sed 's/^{/{"gpu_sharing": "mps", /' | tee -a "$out/probe.jsonl"
+    mps_stop
+  fi
 fi
 
 left=$((budget - SECONDS))
