@@ -61,6 +61,7 @@ pack() {
   if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-logs.tar.gz" -C "$build" logs; fi
 }
 trap pack EXIT
+trap "exit 143" TERM INT  # so that a timeout still packs the logs
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
