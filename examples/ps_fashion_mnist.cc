@@ -57,6 +57,7 @@
 #include "comm/sampler.h"
 #include "data/fashion_mnist.h"
 #include "env/env.h"
+#include "examples/device_flag.h"
 #include "examples/flags.h"
 #include "ps/client.h"
 #include "ps/module_binding.h"
@@ -91,29 +92,6 @@ struct Flags {
   int64_t checkpoint_every = 0;
   std::string device = "cpu";
 };
-
-// The trainers' device: INVALID_ARGUMENT for a name LibTorch does not parse
-// or a CUDA device this process cannot use.
-absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
-  try {
-    torch::Device d(name);
-    if (d.is_cpu()) return d;
-    if (!d.is_cuda()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device: '", name, "' is neither cpu nor a CUDA device"));
-    }
-    const int64_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
-    if (d.has_index() ? d.index() >= n : n == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device: '", name, "', but this process sees ", n,
-                       " CUDA device(s) (a CPU-only LibTorch sees none)"));
-    }
-    return d;
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: '", name, "' is not a device name: ", e.what_without_backtrace()));
-  }
-}
 
 absl::StatusOr<ps::Consistency> ParseConsistency(const std::string& text) {
   if (text == "sync") return ps::Consistency::Sync();
@@ -150,7 +128,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         "positive; --steps and --checkpoint_every non-negative");
   }
   if (auto c = ParseConsistency(f.consistency); !c.ok()) return c.status();
-  if (auto d = ParseDevice(f.device); !d.ok()) return d.status();
+  if (auto d = examples::ParseDeviceFlag(f.device); !d.ok()) return d.status();
   return f;
 }
 
@@ -328,7 +306,7 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
   auto model = MakeModel(flags.seed);
   auto spec = MakeSpec(*model, flags, num_trainers);
   if (!spec.ok()) return Fail(who, "building the job's spec", spec.status());
-  const torch::Device device = *ParseDevice(flags.device);  // checked by ParseFlags
+  const torch::Device device = *examples::ParseDeviceFlag(flags.device);  // checked by ParseFlags
   if (!device.is_cpu()) {
     // The same seeded values, moved: the spec's fingerprint does not change.
     model->to(device);

@@ -28,6 +28,11 @@
 //
 // --trace FILE writes the Chrome trace (chrome://tracing, Perfetto) of step
 // --trace_step (default: the last step); --svg FILE draws it as an image.
+//
+// --device cuda|cuda:N: the stages compute on that GPU (pipeline/stage.h,
+// PP9); stage workers on one GPU map it to each other's, so activations and
+// gradients go device to device. A device a process cannot use is refused
+// at start, naming the flag.
 #include <unistd.h>
 
 #include <cstdio>
@@ -42,6 +47,7 @@
 #include "absl/strings/str_join.h"
 #include "data/fashion_mnist.h"
 #include "env/env.h"
+#include "examples/device_flag.h"
 #include "examples/flags.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
@@ -72,6 +78,7 @@ struct Flags {
   int64_t trace_step = -1;
   double step_timeout = 60;
   double job_timeout = 1800;
+  std::string device = "cpu";
 };
 
 int Fail(const std::string& who, const std::string& what, const absl::Status& s) {
@@ -141,7 +148,18 @@ absl::Status LoadParameters(pipeline::Pipeline& pipe, torch::nn::Sequential& mod
 int RunStage(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions options) {
   const std::string who = options.name;
   auto registry = std::make_shared<rpc::FunctionRegistry>();
-  auto server = pipeline::StageServer::Create(*registry, {[flags] { return MakeModel(flags); }});
+  pipeline::StageServerOptions so{[flags] { return MakeModel(flags); }};
+  so.device = *examples::ParseDeviceFlag(flags.device);  // checked in main()
+  if (so.device.is_cuda()) {
+    // Activations and gradients go device to device between the stages
+    // (pipeline/stage_server.h); the driver's batches come from the host.
+    const int d = so.device.has_index() ? so.device.index() : 0;
+    for (int k = 0; k < env.world_size - 1; ++k) {
+      const std::string peer = absl::StrCat("stage", k);
+      if (peer != options.name) options.device_maps[peer] = {{d, d}};
+    }
+  }
+  auto server = pipeline::StageServer::Create(*registry, so);
   if (!server.ok()) return Fail(who, "starting the stage server", server.status());
   auto agent = rpc::RpcAgent::Create(options, registry);
   if (!agent.ok()) return Fail(who, "joining the job", agent.status());
@@ -291,6 +309,7 @@ int main(int argc, char** argv) {
   flags.Int("trace_step", &f.trace_step, "the traced step (-1: the last)");
   flags.Double("step_timeout", &f.step_timeout, "seconds before a step fails");
   flags.Double("job_timeout", &f.job_timeout, "seconds a stage waits for the driver");
+  flags.String("device", &f.device, "where the stages compute: cpu, cuda or cuda:N");
   absl::Status parsed = flags.Parse(argc, argv);
   if (parsed.ok() && (f.microbatches < 1 || f.batch_size % f.microbatches != 0 || f.chunks < 1 ||
                       f.width < 1 || f.hidden_layers < 1 || f.lr <= 0 || f.log_every < 1 ||
@@ -300,6 +319,9 @@ int main(int argc, char** argv) {
         "--batch_size must be a multiple of --microbatches; --chunks, --width, --hidden_layers, "
         "--lr, --log_every and the timeouts must be positive; --checkpoint_every needs "
         "--checkpoint_dir");
+  }
+  if (parsed.ok()) {
+    if (auto d = baton::examples::ParseDeviceFlag(f.device); !d.ok()) parsed = d.status();
   }
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n%s", std::string(parsed.message()).c_str(), flags.Usage().c_str());
