@@ -72,13 +72,9 @@ class CudaIpcChannel::Impl {
         !s.ok()) {
       return s;
     }
-    cudaEvent_t event = TakeEvent(device);
-    if (event == nullptr) {
-      absl::Status s = CudaStatus(
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
-          "cudaEventCreateWithFlags", peer);
-      if (!s.ok()) return s;
-    }
+    absl::StatusOr<cudaEvent_t> taken = TakeEvent(device, peer);
+    if (!taken.ok()) return taken.status();
+    cudaEvent_t event = *taken;
     cudaIpcEventHandle_t event_handle;
     absl::Status s =
         CudaStatus(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device).stream()),
@@ -234,12 +230,22 @@ class CudaIpcChannel::Impl {
     cudaEventDestroy(event);
   }
 
-  cudaEvent_t TakeEvent(c10::DeviceIndex device) {
-    absl::MutexLock lock(&mu_);
-    auto& pool = free_events_[device];
-    if (pool.empty()) return nullptr;
-    cudaEvent_t e = pool.back();
-    pool.pop_back();
+  // An interprocess event of `device`'s pool, or a new one.
+  absl::StatusOr<cudaEvent_t> TakeEvent(c10::DeviceIndex device, int peer) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto& pool = free_events_[device];
+      if (!pool.empty()) {
+        cudaEvent_t e = pool.back();
+        pool.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    absl::Status s =
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
+                   "cudaEventCreateWithFlags", peer);
+    if (!s.ok()) return s;
     return e;
   }
 
@@ -301,13 +307,9 @@ class CudaIpcChannel::Impl {
   absl::Status OrderAfter(const c10::cuda::CUDAStream& earlier, const c10::cuda::CUDAStream& later,
                           int peer) {
     const c10::DeviceIndex device = earlier.device_index();
-    cudaEvent_t event = TakeEvent(device);
-    if (event == nullptr) {
-      absl::Status s = CudaStatus(
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
-          "cudaEventCreateWithFlags", peer);
-      if (!s.ok()) return s;
-    }
+    absl::StatusOr<cudaEvent_t> taken = TakeEvent(device, peer);
+    if (!taken.ok()) return taken.status();
+    cudaEvent_t event = *taken;
     absl::Status s = CudaStatus(cudaEventRecord(event, earlier.stream()), "cudaEventRecord", peer);
     if (s.ok()) {
       s = CudaStatus(cudaStreamWaitEvent(later.stream(), event, 0), "cudaStreamWaitEvent", peer);
