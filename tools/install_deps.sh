@@ -33,6 +33,8 @@ PACKAGES=(
   # etcd as the job's store and rendezvous (store/etcd_store.h,
   # --rdzv_backend etcd); its tests start a real etcd (testing/etcd_server.h).
   etcd-server etcd-client
+  # promtool checks every metrics page the tests scrape (testing/promtool.h).
+  prometheus
 )
 
 missing=()
