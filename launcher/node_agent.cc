@@ -22,6 +22,7 @@
 #include "base/file_io.h"
 #include "base/host.h"
 #include "base/status.h"
+#include "launcher/internal/node_agent_impl.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/process.h"
 #include "launcher/internal/state_report.h"
@@ -35,26 +36,31 @@
 #include "store/store_server.h"
 
 namespace baton::launcher {
-namespace {
-
-// etcd, elastic: the job's host key; its value names the node that hosts.
-constexpr char kHostKey[] = "rdzv/host";
-
-using internal::Worker;
-using internal::WorkerGroup;
-
-// Lines of a failed worker's output shown in the summary.
-constexpr int kSummaryTailLines = 30;
-// How long the master node keeps the store up for the others to read the
-// final outcome.
-constexpr absl::Duration kExitAckTimeout = absl::Seconds(10);
-// Bound on reading a key that its writer sets right after another one.
-constexpr absl::Duration kFollowUpTimeout = absl::Seconds(30);
+namespace internal {
 
 void Log(absl::string_view text) {
   std::string line = absl::StrCat("baton-run: ", text, "\n");
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+bool IsMissingKey(const absl::Status& s) { return s.code() == absl::StatusCode::kDeadlineExceeded; }
+
+}  // namespace internal
+
+namespace {
+
+using internal::IsMissingKey;
+using internal::kExitAckTimeout;
+using internal::kFollowUpTimeout;
+using internal::Log;
+using internal::Worker;
+using internal::WorkerGroup;
 
 // Binds 0.0.0.0:port (SO_REUSEADDR, as gRPC does) and returns the bound
 // port, or -1.
@@ -78,12 +84,6 @@ int TryBind(int port) {
   return bound;
 }
 
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
-  return buf;
-}
-
 absl::Status MakeDirs(const std::string& path) {
   std::string prefix;
   for (absl::string_view part : absl::StrSplit(path, '/')) {
@@ -102,146 +102,36 @@ std::string Indent(absl::string_view text) {
   return absl::StrCat("    ", absl::StrJoin(absl::StrSplit(text, '\n'), "\n    "));
 }
 
-bool IsMissingKey(const absl::Status& s) { return s.code() == absl::StatusCode::kDeadlineExceeded; }
-
 }  // namespace
 
-// How one round ended, as seen by this node.
-struct RoundOutcome {
-  // "success", "failure", "node_lost", "node_joined", "node_left",
-  // "shutdown"; "error" when this node lost the store or could not go on.
-  std::string kind;
-  Record record;
-  // Failures: the restart number the failure consumed; final when it is
-  // above --max_restarts.
-  int restart = 0;
-  bool final = false;
-  // Set when this node itself was signalled.
-  int local_signal = 0;
-  absl::Status error;
-};
-
-class NodeAgent::Impl {
- public:
-  Impl(LaunchOptions options, std::string job_token)
-      : o_(std::move(options)), env_token_(std::move(job_token)) {}
-
-  ~Impl() {
-    node_metrics_.reset();
-    {
-      absl::MutexLock lock(&mu_);
-      watcher_.reset();
+NodeAgent::Impl::~Impl() {
+  node_metrics_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    watcher_.reset();
+  }
+  if (!state_dir_.empty() && group_ != nullptr) {
+    // Sockets of workers that died without removing theirs.
+    for (const auto& w : group_->workers()) {
+      ::unlink(internal::StateSocket(state_dir_, w.rank).c_str());
     }
-    if (!state_dir_.empty() && group_ != nullptr) {
-      // Sockets of workers that died without removing theirs.
-      for (const auto& w : group_->workers()) {
-        ::unlink(internal::StateSocket(state_dir_, w.rank).c_str());
+    ::unlink(absl::StrCat(state_dir_, "/report_dir").c_str());
+    ::rmdir(state_dir_.c_str());  // unless another node's workers use it
+  }
+  group_.reset();
+  pump_.Close();
+  if (!temp_dir_.empty()) {
+    if (DIR* d = ::opendir(temp_dir_.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        ::unlink(absl::StrCat(temp_dir_, "/", e->d_name).c_str());
       }
-      ::unlink(absl::StrCat(state_dir_, "/report_dir").c_str());
-      ::rmdir(state_dir_.c_str());  // unless another node's workers use it
+      ::closedir(d);
     }
-    group_.reset();
-    pump_.Close();
-    if (!temp_dir_.empty()) {
-      if (DIR* d = ::opendir(temp_dir_.c_str())) {
-        while (dirent* e = ::readdir(d)) {
-          if (e->d_name[0] == '.') continue;
-          ::unlink(absl::StrCat(temp_dir_, "/", e->d_name).c_str());
-        }
-        ::closedir(d);
-      }
-      ::rmdir(temp_dir_.c_str());
-    }
-    if (server_ != nullptr) server_->Shutdown();
+    ::rmdir(temp_dir_.c_str());
   }
-
-  void RequestStop(int signal) {
-    absl::MutexLock lock(&mu_);
-    if (stop_signal_ == 0) stop_signal_ = signal;
-  }
-
-  void RequestStateReport(std::string reason) {
-    absl::MutexLock lock(&mu_);
-    if (watcher_ != nullptr) {
-      watcher_->RequestReport(std::move(reason));
-    } else {
-      Log("no state report yet: the workers have not started");
-    }
-  }
-
-  int Run();
-
- private:
-  int PendingSignal() {
-    absl::MutexLock lock(&mu_);
-    return stop_signal_;
-  }
-  // Sleeps for `d` or until a stop is requested.
-  void Tick(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    auto requested = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_signal_ != 0; };
-    mu_.AwaitWithTimeout(absl::Condition(&requested), d);
-  }
-
-  absl::Status Setup();
-  absl::StatusOr<int> PickMasterPort();
-  RoundOutcome RunRound(const RoundInfo& round);
-  // A worker of a group-policy role failed: propose the end of the round.
-  absl::Status ReportFailure(const RoundInfo& round, int worker);
-  Record FailureRecord(const RoundInfo& round, int worker);
-  // Role-policy failures: propose and, when seen, carry out a role restart.
-  absl::Status ReportRoleFailure(const RoundInfo& round, int role, int gen, int worker);
-  // --restart_policy ROLE=worker: restarts worker `i` alone, or ends the
-  // round with its failure when no restart is left.
-  absl::Status RestartWorker(const RoundInfo& round, int i);
-  absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role, int* gen,
-                                        bool* reported_done);
-  absl::Status HostChecks(const RoundInfo& round);
-  absl::Status WatchHost(const RoundInfo& round);
-  absl::StatusOr<bool> ClaimHost();
-  absl::StatusOr<RoundOutcome> ReadEnd(const RoundInfo& round);
-  // A node other than the host read the job's outcome.
-  void AckExit(int64_t round);
-  // The host, at the end: waits (bounded) until the other nodes read the
-  // outcome, then stops the served store or revokes the job's etcd keys.
-  void FinishAsHost(int64_t round, int others);
-  absl::StatusOr<std::unique_ptr<store::EtcdStore>> ConnectEtcd();
-  void PrintSummary(const RoundOutcome& outcome);
-
-  const LaunchOptions o_;
-  // --node_rank, or 0 once this node won the rendezvous port
-  // (rdzv_host_by_bind); -1: an elastic node without one.
-  int node_rank_ = o_.node_rank.value_or(-1);
-  const std::string env_token_;
-  std::string run_id_;
-  std::string job_token_;
-  std::string temp_dir_;
-  std::string state_dir_;  // internal/state_report.h; empty: none
-  std::string host_name_ = HostName();
-  int last_master_port_ = 0;
-
-  std::unique_ptr<store::StoreServer> server_;
-  std::unique_ptr<store::Store> own_store_;
-  store::EtcdStore* etcd_ = nullptr;  // own_store_, on --rdzv_backend etcd
-  // Host failover (etcd, elastic nodes without ranks): the host is whoever
-  // holds the job's "host" key; this node's claim value.
-  bool dynamic_host_ = false;
-  std::string host_claim_;
-
-  store::Store* store_ = nullptr;
-  std::unique_ptr<Rendezvous> rdzv_;
-  internal::OutputPump pump_;
-  std::unique_ptr<WorkerGroup> group_;
-
-  // Host: heartbeat value and when it last changed, per group rank.
-  std::vector<std::pair<int64_t, absl::Time>> heartbeats_;
-  absl::Time last_heartbeat_sent_ = absl::InfinitePast();
-
-  absl::Mutex mu_;
-  int stop_signal_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<internal::StateWatcher> watcher_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<obs::HttpServer> node_metrics_;  // --node_metrics_port
-};
+  if (server_ != nullptr) server_->Shutdown();
+}
 
 absl::StatusOr<int> NodeAgent::Impl::PickMasterPort() {
   int port = -1;
@@ -519,202 +409,6 @@ void NodeAgent::Impl::FinishAsHost(int64_t round, int others) {
       Log(absl::StrCat("the job's keys in etcd stay until their lease expires: ", s.message()));
     }
   }
-}
-
-Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
-  const Worker& w = group_->worker(i);
-  return {{"kind", "failure"},
-          {"rank", absl::StrCat(w.rank)},
-          {"local_rank", absl::StrCat(w.local_rank)},
-          {"role", o_.roles[w.role_index].name},
-          {"role_rank", absl::StrCat(w.role_rank)},
-          {"node_rank", absl::StrCat(node_rank_)},
-          {"group_rank", absl::StrCat(round.group_rank)},
-          {"host", host_name_},
-          {"pid", absl::StrCat(w.pid)},
-          {"reason", w.exit.Describe()},
-          {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time, absl::LocalTimeZone())},
-          {"error_file", w.error_file},
-          {"error_content", group_->ErrorFileContent(i)},
-          {"log", w.log_path},
-          {"tail", group_->Tail(i, kSummaryTailLines)}};
-}
-
-absl::Status NodeAgent::Impl::ReportFailure(const RoundInfo& round, int i) {
-  const std::string key = Rendezvous::Key(round.round, "end");
-  const std::string record = EncodeRecord(FailureRecord(round, i));
-  auto won = store_->CompareSet(key, "", record);
-  if (!won.ok()) return won.status();
-  if (*won != record) return absl::OkStatus();  // Someone else was first.
-  auto n = store_->Add("rdzv/restarts", 1);
-  if (!n.ok()) return n.status();
-  return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
-}
-
-absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round, int role, int gen, int i) {
-  const std::string base =
-      Rendezvous::Key(round.round, absl::StrCat("role/", o_.roles[role].name, "/", gen, "/"));
-  const std::string record = EncodeRecord(FailureRecord(round, i));
-  auto won = store_->CompareSet(base + "end", "", record);
-  if (!won.ok()) return won.status();
-  if (*won != record) return absl::OkStatus();
-  auto n = store_->Add("rdzv/restarts", 1);
-  if (!n.ok()) return n.status();
-  if (*n > o_.max_restarts) {
-    // Out of restarts: the failure ends the whole round.
-    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "", record);
-    if (!end.ok()) return end.status();
-    if (*end == record) {
-      absl::Status s = store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
-      if (!s.ok()) return s;
-    }
-  }
-  return store_->Set(base + "restart", absl::StrCat(*n));
-}
-
-absl::Status NodeAgent::Impl::RestartWorker(const RoundInfo& round, int i) {
-  const Record record = FailureRecord(round, i);
-  auto n = store_->Add("rdzv/restarts", 1);
-  if (!n.ok()) return n.status();
-  if (*n > o_.max_restarts) {
-    const std::string rec = EncodeRecord(record);
-    auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "", rec);
-    if (!end.ok()) return end.status();
-    if (*end == rec) {
-      return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
-    }
-    return absl::OkStatus();
-  }
-  const Worker& w = group_->worker(i);
-  Log(absl::StrCat("role ", o_.roles[w.role_index].name, ": rank ", w.rank, " ",
-                   record.at("reason"), "; restarting that worker alone (restart ", *n, "/",
-                   o_.max_restarts, ")"));
-  return group_->StartWorker(i, static_cast<int>(*n));
-}
-
-absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, int role, int* gen,
-                                                       bool* reported_done) {
-  const std::string base =
-      Rendezvous::Key(round.round, absl::StrCat("role/", o_.roles[role].name, "/", *gen, "/"));
-  auto end = store_->Get(base + "end", absl::ZeroDuration());
-  if (!end.ok()) {
-    if (IsMissingKey(end.status())) return false;
-    return end.status();
-  }
-  auto n_text = store_->Get(base + "restart", kFollowUpTimeout);
-  if (!n_text.ok()) return n_text.status();
-  int n = 0;
-  (void)absl::SimpleAtoi(*n_text, &n);
-  if (n > o_.max_restarts) return false;  // The round end carries it.
-  auto rec = DecodeRecord(*end);
-  Log(absl::StrCat("role ", o_.roles[role].name, ": rank ", rec.ok() ? (*rec)["rank"] : "?", " ",
-                   rec.ok() ? (*rec)["reason"] : "failed",
-                   "; restarting the role's workers (restart ", n, "/", o_.max_restarts, ")"));
-  group_->Stop(role, SIGTERM, o_.stop_timeout);
-  if (*reported_done) {
-    auto del =
-        store_->Delete(Rendezvous::Key(round.round, absl::StrCat("done/", round.group_rank)));
-    if (!del.ok()) return del.status();
-    *reported_done = false;
-  }
-  absl::Status s = store::Barrier(*store_, base + "stopped", round.group_rank,
-                                  round.group_world_size, o_.rdzv_timeout);
-  if (!s.ok()) return s;
-  ++*gen;
-  s = group_->Start(role, n);
-  if (!s.ok()) return s;
-  return true;
-}
-
-// Host failover (etcd, elastic; rendezvous.h, N4): the host holds the job's
-// host key on its etcd session, which expires --heartbeat_timeout after the
-// host stops (dies or hangs). A node that finds the key gone claims it:
-// exactly one claim creates it. While a round runs, the new host ends it as
-// node_lost and closes the next; while a round forms, it closes that one
-// (Rendezvous::Join). A host that finds the key no longer its own steps
-// down.
-absl::StatusOr<bool> NodeAgent::Impl::ClaimHost() {
-  auto created = etcd_->CreateOnSession(kHostKey, host_claim_, o_.heartbeat_timeout);
-  if (!created.ok() || !*created) return created;
-  const bool first = node_rank_ < 0 && !rdzv_;
-  node_rank_ = 0;
-  if (rdzv_) rdzv_->SetNodeRank(0);
-  Log(first ? "this node hosts the rendezvous (it holds the job's host key in etcd)"
-            : "the rendezvous host is gone (its etcd session expired); this node hosts the "
-              "rendezvous now");
-  return true;
-}
-
-absl::Status NodeAgent::Impl::WatchHost(const RoundInfo& round) {
-  auto holder = store_->Get(kHostKey, absl::ZeroDuration());
-  if (holder.ok()) return absl::OkStatus();
-  if (!absl::IsDeadlineExceeded(holder.status())) return holder.status();
-  auto claimed = ClaimHost();
-  if (!claimed.ok() || !*claimed) return claimed.status();
-  rdzv_->SetHost(true);
-  return store_
-      ->CompareSet(
-          Rendezvous::Key(round.round, "end"), "",
-          EncodeRecord(
-              {{"kind", "node_lost"},
-               {"group_rank", "0"},
-               {"node_rank", round.node_ranks.empty() ? "0" : absl::StrCat(round.node_ranks[0])},
-               {"host", round.hosts.empty() ? "?" : round.hosts[0]}}))
-      .status();
-}
-
-absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
-  const int k = round.group_world_size;
-  const std::string end_key = Rendezvous::Key(round.round, "end");
-  if (dynamic_host_) {
-    auto holder = store_->Get(kHostKey, absl::ZeroDuration());
-    if (!holder.ok() && !absl::IsDeadlineExceeded(holder.status())) return holder.status();
-    if (!holder.ok() || *holder != host_claim_) {
-      Log("another node took over the rendezvous host (this node was silent too long); "
-          "stepping down");
-      rdzv_->SetHost(false);
-      node_rank_ = -1;
-      rdzv_->SetNodeRank(-1);
-      return absl::OkStatus();
-    }
-  }
-  // Success: every node reported done.
-  std::vector<std::string> done;
-  for (int g = 0; g < k; ++g) {
-    done.push_back(Rendezvous::Key(round.round, absl::StrCat("done/", g)));
-  }
-  if (store_->Wait(done, absl::ZeroDuration()).ok()) {
-    return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "success"}})).status();
-  }
-  const absl::Time now = absl::Now();
-  // Heartbeats of the other nodes.
-  if (heartbeats_.size() != static_cast<size_t>(k)) {
-    heartbeats_.assign(k, {-1, now});
-  }
-  for (int g = 1; g < k; ++g) {
-    auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)), 0);
-    if (!hb.ok()) return hb.status();
-    if (*hb != heartbeats_[g].first) {
-      heartbeats_[g] = {*hb, now};
-    } else if (now - heartbeats_[g].second > o_.heartbeat_timeout) {
-      return store_
-          ->CompareSet(end_key, "",
-                       EncodeRecord({{"kind", "node_lost"},
-                                     {"group_rank", absl::StrCat(g)},
-                                     {"node_rank", absl::StrCat(round.node_ranks[g])},
-                                     {"host", round.hosts[g]}}))
-          .status();
-    }
-  }
-  // Elastic: a node waits for the next round and there is room for it.
-  if (k < o_.max_nodes) {
-    auto waiting = store_->Add(Rendezvous::Key(round.round + 1, "count"), 0);
-    if (!waiting.ok()) return waiting.status();
-    if (*waiting > 0) {
-      return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "node_joined"}})).status();
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<RoundOutcome> NodeAgent::Impl::ReadEnd(const RoundInfo& round) {
