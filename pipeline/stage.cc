@@ -517,8 +517,9 @@ absl::Status StageRunner::LoadState(const std::string& bytes) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     for (size_t i = 0; i < chunks_[c].params.size(); ++i) {
       torch::Tensor& p = chunks_[c].params[i];
+      // PP9: the saved bytes are host memory, whatever the parameter's device.
       torch::Tensor src = torch::from_blob(const_cast<char*>(parsed[c].params[i].data()), p.sizes(),
-                                           p.options().requires_grad(false));
+                                           torch::TensorOptions().dtype(p.scalar_type()));
       p.copy_(src);
     }
     chunks_[c].optimizer = std::move(fresh[c]);
