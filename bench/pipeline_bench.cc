@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/worker_procs.h"
+#include "examples/device_flag.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipeline/trace.h"
@@ -303,18 +304,8 @@ int Main(int argc, char** argv) {
   c.schedule = flags.Str("schedule", "1f1b");
   c.trace_dir = flags.Str("trace-dir", "");
   c.device = flags.Str("device", "cpu");
-  try {
-    const torch::Device d(c.device);
-    if (!d.is_cpu() &&
-        !(d.is_cuda() && torch::cuda::is_available() &&
-          (!d.has_index() || static_cast<size_t>(d.index()) < torch::cuda::device_count()))) {
-      std::fprintf(stderr, "--device %s: this process cannot use it (%d CUDA device(s))\n",
-                   c.device.c_str(), static_cast<int>(torch::cuda::device_count()));
-      return 2;
-    }
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "--device: '%s' is not a device name: %s\n", c.device.c_str(),
-                 e.what_without_backtrace());
+  if (auto d = examples::ParseDeviceFlag(c.device); !d.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(d.status().message()).c_str());
     return 2;
   }
   auto ints = [](const std::string& text, std::vector<int>* out) {
