@@ -109,6 +109,8 @@ struct AgentOptions {
   // waits there while the others still work). Zero: shutdown_timeout;
   // absl::InfiniteDuration(): as long as it takes, unless a missing worker
   // is confirmed dead (UNAVAILABLE naming it), as torch's shutdown() waits.
+  // With restart_wait, a dead worker is missing only once its successor
+  // has not registered within restart_wait (P9, docs/peer_failures.md).
   // The later steps are bounded by shutdown_timeout from the moment all
   // arrived.
   absl::Duration shutdown_wait_for_peers = absl::ZeroDuration();
@@ -406,7 +408,7 @@ class RpcAgent final : public DeviceRouter {
   void AddShutdownHook(ShutdownHook hook);
 
   // Runs `listener(failure)` when an incarnation of a peer is found dead
-  // (docs/peer_failures.md, guarantees P1-P8):
+  // (docs/peer_failures.md, guarantees P1-P9):
   // - evidence (one of our streams to it ended, its stream to us was
   //   cancelled, or its process on this host is gone) confirmed by a probe
   //   call to its latest known address that fails with UNAVAILABLE or

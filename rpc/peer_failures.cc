@@ -449,10 +449,12 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
         continue;
       }
       bool confirmed_dead;
+      int64_t incarnation;
       {
         absl::MutexLock lock(&mu_);
-        confirmed_dead = p < static_cast<int>(peers_.size()) && peers_[p].dead > 0 &&
-                         peers_[p].dead >= peers_[p].incarnation;
+        const bool known = p < static_cast<int>(peers_.size());
+        incarnation = known ? peers_[p].incarnation : 0;
+        confirmed_dead = known && peers_[p].dead > 0 && peers_[p].dead >= peers_[p].incarnation;
       }
       absl::Status ping;
       if (!confirmed_dead) {
@@ -460,12 +462,22 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
         probe.timeout = absl::Seconds(2);
         ping = Call(p, kPingFunction, "", Payload(), probe, /*windowed=*/false).status();
       }
-      if (confirmed_dead || absl::IsUnavailable(ping)) {
-        return absl::UnavailableError(absl::StrCat(
-            "shutdown of worker '", options_.name, "': worker ", p, " (", workers_[p].name,
-            ") died before it reached shutdown",
-            confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")")));
+      if (!confirmed_dead && !absl::IsUnavailable(ping)) continue;
+      // P9: a rank whose launcher restarts it is not lost until its
+      // successor fails to register within restart_wait; once it has, the
+      // barrier waits for the successor to reach its own shutdown.
+      if (options_.restart_wait > absl::ZeroDuration() &&
+          AwaitSuccessor(p, incarnation, std::min(end, absl::Now() + options_.restart_wait))) {
+        next_ping = absl::Now() + absl::Seconds(3);
+        continue;
       }
+      return absl::UnavailableError(
+          absl::StrCat("worker ", p, " (", workers_[p].name, ") died before it reached shutdown",
+                       confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")"),
+                       options_.restart_wait > absl::ZeroDuration()
+                           ? absl::StrCat(", and no successor registered within restart_wait (",
+                                          absl::FormatDuration(options_.restart_wait), ")")
+                           : ""));
     }
   }
 }

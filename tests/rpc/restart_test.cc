@@ -56,15 +56,17 @@ struct Job {
   absl::Mutex mu;
   std::vector<PeerFailure> failures ABSL_GUARDED_BY(mu);
 
-  explicit Job(bool shm = false, absl::Duration restart_wait = absl::ZeroDuration()) {
+  explicit Job(bool shm = false, absl::Duration restart_wait = absl::ZeroDuration(),
+               bool wait_for_peers = false) {
     rrefs.resize(3);
     LoopbackJobOptions o;
     o.world_size = 3;
     o.rpc_timeout = absl::Seconds(10);
     o.shutdown_timeout = absl::Seconds(10);
-    o.configure = [shm, restart_wait](int, rpc::AgentOptions& a) {
+    o.configure = [shm, restart_wait, wait_for_peers](int, rpc::AgentOptions& a) {
       a.same_host_shm = shm;
       a.restart_wait = restart_wait;
+      if (wait_for_peers) a.shutdown_wait_for_peers = absl::InfiniteDuration();
     };
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
@@ -315,6 +317,63 @@ TEST(Restart, P7_ACallToADeadRankWaitsForItsSuccessor) {
   EXPECT_FALSE(lost.ok());
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
+}
+
+// P9: a graceful shutdown that finds a missing rank dead waits, within
+// restart_wait, for its successor, which then reaches shutdown like any
+// worker; a rank that does not come back fails the shutdown by name.
+TEST(Restart, P9_AShutdownDuringARestartWaitsForTheSuccessor) {
+  Job j(/*shm=*/false, /*restart_wait=*/absl::Seconds(30), /*wait_for_peers=*/true);
+  ASSERT_NE(j.job, nullptr);
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  // Worker 0 learns of the death by calling it, as a worker would.
+  EXPECT_FALSE(
+      j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 2, whoami_fn).result().ok());
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
+  absl::Status stopped[2] = {absl::UnknownError("not run"), absl::UnknownError("not run")};
+  std::thread t0([&] { stopped[0] = j.agent(0).Shutdown(); });
+  std::thread t1([&] { stopped[1] = j.agent(1).Shutdown(); });
+  // Worker 0's shutdown waits for rank 2's successor (the agent counts it).
+  // (Without P9 it fails at once instead; the threads are joined either way.)
+  const bool waiting =
+      Eventually([&] { return j.agent(0).stats().calls_waiting_for_restart >= 1; });
+  EXPECT_TRUE(waiting);
+  if (waiting) {
+    ASSERT_TRUE(j.job->Restart(2).ok());
+    const absl::Status last = j.agent(2).Shutdown();
+    EXPECT_TRUE(last.ok()) << last;
+  }
+  t0.join();
+  t1.join();
+  for (const absl::Status& s : stopped) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(j.job->ShutdownAll().ok());
+}
+
+TEST(Restart, P9_AShutdownFailsByNameWhenNoSuccessorRegisters) {
+  Job j(/*shm=*/false, /*restart_wait=*/absl::Milliseconds(500), /*wait_for_peers=*/true);
+  ASSERT_NE(j.job, nullptr);
+  ASSERT_TRUE(j.job->Kill(2).ok());
+  EXPECT_FALSE(
+      j.agent(0).rpc_async(CallOptions{absl::Milliseconds(300)}, 2, whoami_fn).result().ok());
+  ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
+  absl::Status stopped[2];
+  std::thread t1([&] { stopped[1] = j.agent(1).Shutdown(); });
+  const absl::Time start = absl::Now();
+  stopped[0] = j.agent(0).Shutdown();
+  t1.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const absl::Status& s : stopped) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker 2 (w2) died before it reached shutdown"))
+        << s;
+  }
+  EXPECT_TRUE(absl::StrContains(stopped[0].message(),
+                                "no successor registered within restart_wait (500ms)"))
+      << stopped[0];
+  // Named once: Shutdown() adds the worker's name to what went wrong.
+  EXPECT_TRUE(absl::StartsWith(stopped[0].message(), "shutdown of worker 'w0': worker 2 (w2)"))
+      << stopped[0];
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
 
