@@ -4,7 +4,9 @@
 # same workloads, one after the other on this machine, and prints a markdown
 # table: each metric for the peer and baton, their ratio, and for training
 # throughput the fraction of the same system's compute-only bound (its
-# --mode local run: the same trainers with no server and no communication).
+# --mode local run: the same trainers with no server and no communication);
+# then baton's distance to that bound for the dense modes, split into the
+# CPU a step costs beyond the bound's and the cores left idle.
 #   bench/compare_ps.sh [--quick] [--out DIR]
 #     --quick   dense: 50 timed steps instead of 200; sparse: the scripts'
 #               --quick (300 timed steps instead of 1500)
@@ -129,4 +131,45 @@ for m in names:
         else:
             ratio = f"{r:.3f}"
     print(f"| {m} | {unit} | {fmt(p)} | {fmt(o)} | {ratio} | {of_bound(peer, m)} | {of_bound(ours, m)} |")
+
+# Issue 28's distance to the bound, split (baton's dense runs): a mode's
+# fraction of the local bound is the product of
+#   cpu: the CPU a local trainer step costs / the CPU a step costs here (the
+#        trainer's own, plus its share of the server's), and
+#   busy: how busy the cores were here / how busy in the local run
+# (every process's CPU over wall time x cores), so what is lost is either
+# work the bound does not do (copies, wake-ups, the server) or idle cores
+# (waits). The step's wall time is split the same way the trainers saw it.
+def val(m):
+    d = ours.get(m)
+    return None if d is None else d["value"]
+
+local_cpu, local_busy = val("ps_local_trainer_cpu_ms_per_step"), val("ps_local_cpu_busy")
+rows = []
+for mode in ("sync", "async"):
+    p = f"ps_{mode}_"
+    need = [val(p + x) for x in ("trainer_cpu_ms_per_step", "server_cpu_ms_per_step",
+                                 "cpu_busy", "train_throughput", "step_compute_ms",
+                                 "step_pull_ms", "step_push_ms")]
+    if None in need or not local_cpu or not local_busy or not val("ps_local_train_throughput"):
+        continue
+    trainer, server, busy, tput, compute, pull, push = need
+    trainers = ours[p + "train_throughput"].get("trainers", 4) or 4
+    step_cpu = trainer + server / trainers
+    cpu = local_cpu / step_cpu
+    busy_ratio = busy / local_busy
+    rows.append(f"| {mode} | {tput / val('ps_local_train_throughput'):.2f} | {cpu * busy_ratio:.2f} "
+                f"| {cpu:.2f} | {busy_ratio:.2f} | {local_cpu:.2f} | {trainer:.2f} "
+                f"| {server / trainers:.2f} | {compute:.2f} / {pull:.2f} / {push:.2f} |")
+if rows:
+    print()
+    print("Distance to the bound (baton, dense): of bound = cpu x busy")
+    print()
+    print("| mode | of bound, measured | cpu x busy | cpu: local step CPU / step CPU here "
+          "| busy: cores busy here / in local | local trainer CPU ms/step "
+          "| trainer CPU ms/step | server CPU ms per trainer step "
+          "| trainer wall ms/step: compute / pull / push |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        print(r)
 PY
