@@ -4,6 +4,15 @@
 //
 //   ps_bench [--mode sync|async|local] [--trainers 4] [--steps 200] [--batch 64]
 //            [--warmup 10] [--quick] [--timeout 900] [--device cpu|cuda|cuda:N]
+//            [--same_host_shm 1|0] [--timeline DIR]
+//
+// --same_host_shm 0: dense pulls and pushes carry their values in the
+// messages, as between hosts; 1 (the default): they go through the server's
+// parameter board and the trainers' gradient boxes (ps/client.h).
+// --timeline DIR: each trainer writes DIR/trainer<t>.tsv, one line per timed
+// step: the step's start, the end of its pull, of its compute and of its
+// push, in seconds on the machine's monotonic clock (bench::Now), so that
+// how many trainers computed at once, and when, can be read afterwards.
 //
 // --device: where the trainers (and --mode local) compute; the server keeps
 // the parameters in host memory, and each trainer's ModuleBinding copies
@@ -40,7 +49,11 @@
 //   ps_{mode}_server_cpu_ms_per_step: the server process's CPU from its
 //     agent's start to its end, per trainer step (pushes / trainers);
 //   ps_{mode}_cpu_busy: every process's CPU over the timed wall times the
-//     machine's cores (1: every core busy all the time).
+//     machine's cores (1: every core busy all the time);
+//   ps_{mode}_board_pull_fraction, ps_{mode}_box_push_fraction: of the
+//     trainers' dense pulls and pushes, those that went through shared
+//     memory; ps_{mode}_shared_memory_bytes: the shared memory that costs
+//     (the server's parameter board and the trainers' gradient boxes).
 //
 // The binary is its own driver: it starts the server and trainers as worker
 // processes of itself (bench/worker_procs.h), which send their results back
@@ -51,6 +64,7 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -62,6 +76,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/bench_util.h"
 #include "bench/worker_procs.h"
 #include "ps/client.h"
@@ -90,6 +105,8 @@ struct Config {
   int64_t timeout_s = 900;
   int master_port = 29612;
   std::string device = "cpu";  // where trainers (and --mode local) compute
+  bool same_host_shm = true;
+  std::string timeline;  // directory for per-step timestamps; empty: none
 };
 
 torch::nn::Sequential MakeModel() {
@@ -143,8 +160,12 @@ struct Result {
   // Seconds over the timed steps: wall in each part of a step, and the
   // process's CPU.
   double compute = 0, pull = 0, push = 0, cpu = 0;
+  // Dense pulls and pushes through shared memory, of `steps` each; bytes
+  // this trainer mapped for them.
+  double board_pulls = 0, box_pushes = 0, steps = 0, shm_bytes = 0;
   std::string Line() const {
-    return "result " + bench::Numbers({samples, wall, loss, compute, pull, push, cpu});
+    return "result " + bench::Numbers({samples, wall, loss, compute, pull, push, cpu, board_pulls,
+                                       box_pushes, steps, shm_bytes});
   }
 };
 
@@ -174,12 +195,15 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   o.trainer = t;
   o.servers = {"ps0"};
   o.timeout = absl::Seconds(120);
+  o.same_host_shm = cfg.same_host_shm;
   auto client = ps::PsClient::Create(agent, MakeSpec(cfg), o);
   if (!client.ok()) return client.status();
   auto binding = ps::ModuleBinding::Create(**client, *model, "mlp");
   if (!binding.ok()) return binding.status();
   Batches data(t + 1, cfg.batch);
   Result r;
+  std::vector<std::array<double, 4>> marks;  // --timeline
+  marks.reserve(cfg.steps);
   double t0 = bench::Now(), cpu0 = ProcessCpuSeconds();
   for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
     const bool timed = step >= cfg.warmup;
@@ -189,10 +213,12 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
     }
     // The model after the previous step (Create() pulled the first).
     double at = bench::Now();
+    std::array<double, 4> mark{at, 0, 0, 0};
     if (step > 0) {
       if (absl::Status s = binding->Pull(); !s.ok()) return s;
     }
     double now = bench::Now();
+    mark[1] = now;
     if (timed) r.pull += now - at;
     at = now;
     auto [x, y] = data.Next();
@@ -201,10 +227,24 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
     l.backward();
     r.loss = l.item<double>();
     now = bench::Now();
+    mark[2] = now;
     if (timed) r.compute += now - at;
     at = now;
     binding->Push();
-    if (timed) r.push += bench::Now() - at;
+    mark[3] = bench::Now();
+    if (timed) r.push += mark[3] - at;
+    if (timed) marks.push_back(mark);
+  }
+  if (!cfg.timeline.empty()) {
+    std::string lines;
+    for (const auto& m : marks) {
+      absl::StrAppend(&lines, absl::StrFormat("%.6f\t%.6f\t%.6f\t%.6f\n", m[0], m[1], m[2], m[3]));
+    }
+    const std::string path = absl::StrCat(cfg.timeline, "/trainer", t, ".tsv");
+    if (FILE* f = std::fopen(path.c_str(), "w"); f != nullptr) {
+      std::fputs(lines.c_str(), f);
+      std::fclose(f);
+    }
   }
   // The model after the last step, as the peer's last push returns it.
   const double at = bench::Now();
@@ -213,6 +253,11 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   r.samples = static_cast<double>(cfg.steps * cfg.batch);
   r.wall = bench::Now() - t0;
   r.cpu = ProcessCpuSeconds() - cpu0;
+  const ps::PsClient::SameHostStats shm = (*client)->SameHost();
+  r.board_pulls = static_cast<double>(shm.board_reads);
+  r.box_pushes = static_cast<double>(shm.box_pushes);
+  r.steps = static_cast<double>(cfg.warmup + cfg.steps);
+  r.shm_bytes = static_cast<double>(shm.bytes);
   return r;
 }
 
@@ -246,7 +291,9 @@ Result TrainLocal(const Config& cfg, int rank) {
 
 absl::Status RunServer(const Config& cfg, bench::WorkerChannel& ch) {
   auto registry = std::make_shared<FunctionRegistry>();
-  auto server = ps::PsServer::Create(MakeSpec(cfg), ps::ServerOptions{}, *registry);
+  ps::ServerOptions so;
+  so.same_host_shm = cfg.same_host_shm;
+  auto server = ps::PsServer::Create(MakeSpec(cfg), so, *registry);
   if (!server.ok()) return server.status();
   const double cpu0 = ProcessCpuSeconds();
   auto agent = MakeAgent(registry);
@@ -254,7 +301,7 @@ absl::Status RunServer(const Config& cfg, bench::WorkerChannel& ch) {
   // Serve until the driver says every trainer is done.
   const bool released = ch.WaitRelease();
   ch.Send(absl::StrCat("pushes ", (*server)->shard().Stats().applied_pushes, " ",
-                       ProcessCpuSeconds() - cpu0));
+                       ProcessCpuSeconds() - cpu0, " ", (*server)->shared_memory_bytes()));
   absl::Status stopped = (*server)->Stop(false);
   absl::Status s = (*agent)->Shutdown(released);
   if (!released) return absl::AbortedError("the driver gave up");
@@ -328,7 +375,7 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
   absl::Status s = group.status();
   std::vector<Result> results;
   int64_t pushes = -1;
-  double server_cpu = 0;
+  double server_cpu = 0, server_shm = 0;
   if (s.ok()) {
     int ready = 0, done = 0;
     s = (*group)->Wait(
@@ -339,13 +386,17 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
           }
           if (absl::StartsWith(line, "result ")) {
             std::vector<double> v = bench::ParseNumbers(line.substr(7));
-            if (v.size() == 7) results.push_back(Result{v[0], v[1], v[2], v[3], v[4], v[5], v[6]});
+            if (v.size() == 11) {
+              results.push_back(
+                  Result{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10]});
+            }
           }
           if (absl::StartsWith(line, "pushes ")) {
             std::vector<double> v = bench::ParseNumbers(line.substr(7));
-            if (v.size() == 2) {
+            if (v.size() == 3) {
               pushes = static_cast<int64_t>(v[0]);
               server_cpu = v[1];
+              server_shm = v[2];
             }
           }
         });
@@ -393,6 +444,20 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   Report(cfg, p + "cpu_busy", all_cpu / (wall * cores), "fraction");
+  if (!local) {
+    double board = 0, box = 0, steps = 0, shm = server_shm;
+    for (const Result& r : results) {
+      board += r.board_pulls;
+      box += r.box_pushes;
+      steps += r.steps;
+      shm += r.shm_bytes;
+    }
+    // Create() pulls once more than the steps (the first model).
+    Report(cfg, p + "board_pull_fraction", steps > 0 ? board / (steps + cfg.trainers) : 0,
+           "fraction");
+    Report(cfg, p + "box_push_fraction", steps > 0 ? box / steps : 0, "fraction");
+    Report(cfg, p + "shared_memory_bytes", shm, "bytes");
+  }
   return 0;
 }
 
@@ -400,7 +465,8 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args = bench::ForwardedArgs(argc, argv);
-  bench::Flags flags({"mode", "trainers", "steps", "batch", "warmup", "timeout", "device"},
+  bench::Flags flags({"mode", "trainers", "steps", "batch", "warmup", "timeout", "device",
+                      "same_host_shm", "timeline"},
                      {"quick"});
   if (!flags.Parse(args)) return 2;
   Config cfg;
@@ -411,6 +477,8 @@ int main(int argc, char** argv) {
   cfg.warmup = flags.Int("warmup", cfg.warmup);
   cfg.timeout_s = flags.Int("timeout", cfg.timeout_s);
   cfg.device = flags.Str("device", cfg.device);
+  cfg.same_host_shm = flags.Int("same_host_shm", 1) != 0;
+  cfg.timeline = flags.Str("timeline", "");
   if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') {
     cfg.master_port = std::atoi(p);
   }

@@ -1,6 +1,8 @@
 #include "ps/client.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include <ATen/ATen.h>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "ps/internal/functions.h"
+#include "ps/internal/shared_tables.h"
 #include "rpc/agent.h"
 
 namespace baton::ps {
@@ -17,7 +20,19 @@ struct PsClient::Part {
   internal::Names tables;
   internal::Tensors ids;
   internal::Tensors grads;
+  // A dense pull that may read the server's board: reads the part's values
+  // into their destinations; on failure the part is pulled again with them.
+  std::function<absl::Status(int64_t version, uint64_t board)> read_board;
+  uint64_t box_generation = 0;  // a dense push whose gradients are in the box
 };
+
+struct PsClient::SameHostServer {
+  internal::DenseLayout layout;
+  std::unique_ptr<internal::ParameterBoard> board;  // null: none mapped
+  std::unique_ptr<internal::GradientBox> box;       // null: none, or not mapped there
+};
+
+PsClient::~PsClient() = default;
 
 namespace {
 
@@ -96,18 +111,84 @@ absl::Status PsClient::Join() {
   req.trainer = options_.trainer;
   req.fingerprint = spec_.Fingerprint();
   std::vector<rpc::Future<internal::JoinReply>> futs;
-  for (int id : server_ids_) {
-    futs.push_back(
-        agent_.rpc_async(rpc::CallOptions{options_.timeout}, id, internal::kJoinFn, req));
+  same_host_.clear();
+  for (size_t s = 0; s < server_ids_.size(); ++s) {
+    auto host = std::make_unique<SameHostServer>();
+    host->layout = internal::MakeDenseLayout(spec_, plan_, static_cast<int>(s));
+    internal::JoinRequest r = req;
+    // Only toward a server the agent reaches through shared memory (same
+    // host, and BATON_SHM not turned off).
+    if (options_.same_host_shm && agent_.uses_shm(server_ids_[s]) && !host->layout.empty()) {
+      // A box the server maps if it shares this host (SD4); a failure here
+      // (no room in /dev/shm) leaves the pushes in the messages.
+      auto box = internal::GradientBox::Create(host->layout, options_.trainer, static_cast<int>(s));
+      if (box.ok()) {
+        host->box = *std::move(box);
+        r.box = host->box->announced().name;
+        r.box_nonce = host->box->announced().nonce;
+        r.box_bytes = host->box->announced().bytes;
+      }
+    }
+    same_host_.push_back(std::move(host));
+    futs.push_back(agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[s],
+                                    internal::kJoinFn, std::move(r)));
   }
   absl::MutexLock lock(&mu_);
+  same_host_stats_ = SameHostStats();
+  board_floor_.assign(server_ids_.size(), BoardFloor());
   for (size_t s = 0; s < futs.size(); ++s) {
     const auto& r = futs[s].result();
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps client: joining server ", s));
     clock_[s] = r->clock;
     session_[s] = r->session;
+    SameHostServer& host = *same_host_[s];
+    if (!r->box_mapped) host.box.reset();  // another host's server: unlinked
+    if (options_.same_host_shm && agent_.uses_shm(server_ids_[s]) && !r->board.empty()) {
+      auto board =
+          internal::ParameterBoard::Open({r->board, r->board_nonce, r->board_bytes}, host.layout);
+      if (board.ok()) host.board = *std::move(board);  // else (SD4) pulls carry the values
+    }
+    same_host_stats_.servers_with_board += host.board != nullptr;
+    same_host_stats_.servers_with_box += host.box != nullptr;
   }
   return absl::OkStatus();
+}
+
+PsClient::SameHostStats PsClient::SameHost() const {
+  absl::MutexLock lock(&mu_);
+  SameHostStats out = same_host_stats_;
+  out.bytes = 0;
+  for (const auto& host : same_host_) {
+    if (host->box != nullptr) out.bytes += static_cast<int64_t>(host->box->bytes());
+  }
+  return out;
+}
+
+absl::Status PsClient::ReadBoard(int server, int64_t version, uint64_t board,
+                                 const std::vector<std::pair<int, at::Tensor>>& into) {
+  const SameHostServer& host = *same_host_[server];
+  // Versions count per board: a reply naming another board (a server that
+  // restarted with a new one) is not read from this one.
+  absl::StatusOr<int64_t> read =
+      host.board != nullptr && host.board->announced().nonce == board
+          ? host.board->Read(version, into)
+          : absl::StatusOr<int64_t>(absl::FailedPreconditionError("not the mapped board"));
+  absl::MutexLock lock(&mu_);
+  ++(read.ok() ? same_host_stats_.board_reads : same_host_stats_.board_retries);
+  return read.status();
+}
+
+uint64_t PsClient::WriteBox(int server, const std::vector<std::pair<int, at::Tensor>>& grads) {
+  SameHostServer& host = *same_host_[server];
+  if (host.box == nullptr) return 0;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&box_mu_);
+    if (host.box->Free()) generation = host.box->Write(grads);  // SD3
+  }
+  absl::MutexLock lock(&mu_);
+  ++(generation > 0 ? same_host_stats_.box_pushes : same_host_stats_.box_busy);
+  return generation;
 }
 
 int64_t PsClient::clock() const {
@@ -159,9 +240,15 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
     req.clock = clocks[k];
     req.tables = std::move(p.tables);
     req.ids = std::move(p.ids);
-    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[p.server],
-                              internal::kPullFn, std::move(req));
-    f.OnReady([this, g, k, what](const absl::StatusOr<internal::PullReply>& r) {
+    req.from_board = p.read_board != nullptr;
+    const int server = server_ids_[p.server];
+    // The same request with its values, should the board read fail.
+    internal::PullRequest again;
+    if (req.from_board) {
+      again = req;
+      again.from_board = false;
+    }
+    auto deliver = [this, g, k, what](const absl::StatusOr<internal::PullReply>& r) {
       absl::StatusOr<Out> values;
       if (r.ok()) {
         {
@@ -175,6 +262,20 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
       g->Put(
           k, std::move(values), [g](std::vector<Out>& all) { g->promise.SetValue(std::move(all)); },
           what);
+    };
+    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server, internal::kPullFn,
+                              std::move(req));
+    f.OnReady([this, server, deliver, read = std::move(p.read_board),
+               again = std::move(again)](const absl::StatusOr<internal::PullReply>& r) mutable {
+      if (!r.ok() || r->board_version < 0 || read(r->board_version, r->board_nonce).ok()) {
+        deliver(r);
+        return;
+      }
+      // SD1: no whole version could be read; pull the values themselves.
+      agent_
+          .rpc_async(rpc::CallOptions{options_.timeout}, server, internal::kPullFn,
+                     std::move(again))
+          .OnReady(deliver);
     });
   }
   return fut;
@@ -208,6 +309,7 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
     req.tables = std::move(p.tables);
     req.ids = std::move(p.ids);
     req.gradients = std::move(p.grads);
+    req.box_generation = p.box_generation;
     auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[server],
                               internal::kPushFn, std::move(req));
     f.OnReady([this, g, k, server, done, what](const absl::StatusOr<internal::PushReply>& r) {
@@ -216,6 +318,10 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
         absl::MutexLock lock(&mu_);
         clock_[server] = std::max(clock_[server], r->clock);
         at_clock = r->clock;
+        const auto* board = same_host_[server]->board.get();
+        if (board != nullptr && board->announced().nonce == r->board_nonce) {
+          board_floor_[server] = {r->clock, r->board_version};
+        }
       } else {
         at_clock = r.status();
       }
@@ -304,19 +410,68 @@ rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(const std::vector<s
       where[c.server].emplace_back(static_cast<int>(j), c);
     }
   }
-  std::vector<Part> used;
-  std::vector<std::vector<std::pair<int, DenseChunk>>> used_where;
-  for (size_t s = 0; s < parts.size(); ++s) {
-    if (parts[s].tables.empty()) continue;
-    used.push_back(std::move(parts[s]));
-    used_where.push_back(std::move(where[s]));
-  }
   std::vector<at::Tensor> outs = std::move(into);
   if (outs.empty()) {
     for (int i : idx) {
       outs.push_back(
           at::empty(spec_.tables[i].shape, at::TensorOptions().dtype(spec_.tables[i].dtype)));
     }
+  }
+  const bool on_host =
+      std::all_of(outs.begin(), outs.end(), [](const at::Tensor& t) { return t.is_cpu(); });
+  // What each server's last push reply named on its board for this
+  // trainer's clock, read here with no message, when every server concerned
+  // named one.
+  std::vector<int64_t> floors;
+  if (on_host) {
+    absl::MutexLock lock(&mu_);
+    for (size_t s = 0; s < board_floor_.size(); ++s) {
+      const BoardFloor& f = board_floor_[s];
+      floors.push_back(f.clock == clock_[s] ? f.version : -1);
+    }
+  }
+  bool local = !floors.empty();
+  std::vector<Part> used;
+  std::vector<std::vector<std::pair<int, DenseChunk>>> used_where;
+  std::vector<std::vector<std::pair<int, at::Tensor>>> board_chunks;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    if (parts[s].tables.empty()) continue;
+    const internal::ParameterBoard* board = same_host_[s]->board.get();
+    if (board != nullptr && on_host) {
+      // The board's chunks go straight into their destinations (host
+      // memory; a device destination gets its values through a copy_).
+      std::vector<std::pair<int, at::Tensor>> into_chunks;
+      for (const auto& [j, c] : where[s]) {
+        into_chunks.emplace_back(idx[j], outs[j].view(-1).narrow(0, c.begin, c.size()));
+      }
+      parts[s].read_board = [this, s, into_chunks](int64_t version, uint64_t nonce) {
+        return ReadBoard(static_cast<int>(s), version, nonce, into_chunks);
+      };
+      if (local && floors[s] >= 0) {
+        board_chunks.push_back(std::move(into_chunks));
+      } else {
+        local = false;
+      }
+    } else {
+      local = false;
+    }
+    used.push_back(std::move(parts[s]));
+    used_where.push_back(std::move(where[s]));
+  }
+  if (local) {
+    for (size_t k = 0; k < used.size() && local; ++k) {
+      const int s = used[k].server;
+      local =
+          ReadBoard(s, floors[s], same_host_[s]->board->announced().nonce, board_chunks[k]).ok();
+    }
+    if (local) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++same_host_stats_.local_pulls;
+      }
+      return rpc::MakeReadyFuture<Out>(std::move(outs));
+    }
+    // A read found no whole version: pulled with messages, as below.
   }
   return SendPulls(std::move(used), "ps pull of dense tables")
       .Then([outs, used_where](const rpc::Future<std::vector<Out>>& f) -> absl::StatusOr<Out> {
@@ -326,6 +481,7 @@ rpc::Future<std::vector<at::Tensor>> PsClient::PullDenseInto(const std::vector<s
           for (size_t v = 0; v < (*r)[k].size(); ++v) {
             const auto& [j, c] = used_where[k][v];
             const at::Tensor& got = (*r)[k][v];
+            if (!got.defined()) continue;  // read from the board
             if (got.numel() != c.size()) {
               return absl::DataLossError(absl::StrCat("ps pull: server ", c.server, " sent ",
                                                       got.numel(), " elements for a chunk of ",
@@ -447,7 +603,18 @@ rpc::Future<void> PsClient::PushDense(const std::vector<std::string>& tables,
   }
   std::vector<Part> used;
   for (auto& p : parts) {
-    if (end_step || !p.tables.empty()) used.push_back(std::move(p));
+    if (!end_step && p.tables.empty()) continue;
+    if (!p.tables.empty() && same_host_[p.server]->box != nullptr) {
+      std::vector<std::pair<int, at::Tensor>> grads;
+      for (size_t v = 0; v < p.tables.size(); ++v) {
+        grads.emplace_back(*TableIndex(p.tables[v], TableKind::kDense), p.grads[v]);
+      }
+      if (const uint64_t generation = WriteBox(p.server, grads); generation > 0) {
+        p.box_generation = generation;
+        for (auto& g : p.grads) g = at::Tensor();  // in the box
+      }
+    }
+    used.push_back(std::move(p));
   }
   return SendPushes(std::move(used), end_step, "ps push of dense tables");
 }

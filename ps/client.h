@@ -3,7 +3,7 @@
 //   ps::PsClient::Options o;
 //   o.trainer = role_rank;                 // 0..spec.num_trainers-1
 //   o.servers = {"ps0", "ps1"};            // worker names, server index order
-//   auto client = ps::PsClient::Create(*agent, spec, o).value();
+//   auto client = ps::PsClient::Create(*agent, spec, o).value();  // joins
 //   at::Tensor w = client->Pull("w").value();                  // whole dense table
 //   at::Tensor rows = client->PullRows("emb", ids).value();    // [ids..., dim]
 //   client->PushRows("emb", ids, row_grads, /*end_step=*/true).value();
@@ -24,6 +24,20 @@
 // - Clocks: a step ends with a push whose end_step is true (sent to every
 //   server, empty where a server holds none of its rows) or with Step().
 //   Pulls wait on the servers according to the consistency mode.
+// - Same host (Options::same_host_shm, and the server's): dense pulls read
+//   the server's parameter board and dense pushes write this trainer's
+//   gradient box (ps/internal/shared_tables.h, SD1-SD5); the messages carry
+//   only clocks and versions. A push's reply names the board version that
+//   a pull at the trainer's next clock may read if such a pull would not
+//   wait (kAsync: always; kSync: this push completed the clock); the next
+//   dense pull at that clock then reads it (or a newer one) from the board
+//   with no message at all, and the server's TableStats::pulls does not
+//   count it (local_pulls below does). A board read that finds no whole
+//   version is
+//   pulled again with its values; a box the server still reads (a second
+//   push before the first was applied) sends the push with its values.
+//   Between hosts, everything travels in the messages. SameHost() counts
+//   which way each went.
 // - Errors are the servers' (INVALID_ARGUMENT naming the table and the id or
 //   shape, ...) or the RPC's (DEADLINE_EXCEEDED, UNAVAILABLE naming the
 //   server), annotated with the operation and the table.
@@ -51,6 +65,10 @@
 namespace baton::rpc {
 class RpcAgent;
 }
+namespace baton::ps::internal {
+class ParameterBoard;
+class GradientBox;
+}  // namespace baton::ps::internal
 
 namespace baton::ps {
 
@@ -60,7 +78,24 @@ class PsClient {
     int trainer = 0;
     std::vector<std::string> servers;  // worker names; index = server index
     absl::Duration timeout = absl::Seconds(60);
+    // Dense tables through shared memory with servers of this host: those
+    // the agent reaches through its shared-memory channel
+    // (RpcAgent::uses_shm; off with BATON_SHM=0).
+    bool same_host_shm = true;
   };
+
+  // How dense pulls and pushes went (see the contract).
+  struct SameHostStats {
+    int servers_with_board = 0;  // boards mapped at Join
+    int servers_with_box = 0;    // boxes the servers mapped
+    int64_t board_reads = 0;     // dense pulls read from a board
+    int64_t local_pulls = 0;     // ... of which with no message
+    int64_t board_retries = 0;   // ... that had to be pulled again with values
+    int64_t box_pushes = 0;      // dense pushes through a box
+    int64_t box_busy = 0;        // ... sent with values, the box still read
+    int64_t bytes = 0;           // shared memory this client created (its boxes)
+  };
+  ~PsClient();
 
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(rpc::RpcAgent& agent, PsSpec spec,
                                                           Options options);
@@ -96,6 +131,8 @@ class PsClient {
   // Ends the current step on every server (an empty push with end_step).
   rpc::Future<void> Step();
 
+  SameHostStats SameHost() const;
+
   // Every server's counters and clocks, in server order.
   absl::StatusOr<std::vector<ShardStats>> Stats();
   // Asks every server to checkpoint now; returns the paths.
@@ -112,16 +149,38 @@ class PsClient {
   // no such table or it is of the other kind.
   absl::StatusOr<int> TableIndex(const std::string& table, TableKind kind) const;
 
+  // Reads a dense pull's chunks from server `server`'s board (SD1, SD2),
+  // if `board` (the reply's nonce) is the one mapped.
+  absl::Status ReadBoard(int server, int64_t version, uint64_t board,
+                         const std::vector<std::pair<int, at::Tensor>>& into);
+  // Writes one server's dense gradients into its box; 0 if the box is busy
+  // or absent (the push then carries them).
+  uint64_t WriteBox(int server, const std::vector<std::pair<int, at::Tensor>>& grads);
+
   rpc::RpcAgent& agent_;
   const PsSpec spec_;
   const Options options_;
   const ShardPlan plan_;
   std::vector<int> server_ids_;  // worker ids; set by Create
 
+  // Same-host dense tables, per server; set by Join (in Create), then only
+  // read, except the boxes, which box_mu_ guards while they are written.
+  struct SameHostServer;
+  std::vector<std::unique_ptr<SameHostServer>> same_host_;
+  absl::Mutex box_mu_;
+
   mutable absl::Mutex mu_;
   std::vector<int64_t> clock_ ABSL_GUARDED_BY(mu_);    // per server
   std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per server, from Join
   int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
+  SameHostStats same_host_stats_ ABSL_GUARDED_BY(mu_);
+  // Per server, what the last push's reply named: a pull at `clock` may
+  // read board version `version` (or a newer one) without a message.
+  struct BoardFloor {
+    int64_t clock = -1;
+    int64_t version = -1;
+  };
+  std::vector<BoardFloor> board_floor_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton::ps

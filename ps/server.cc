@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "base/status.h"
 #include "obs/state.h"
 #include "ps/internal/functions.h"
+#include "ps/internal/shared_tables.h"
 #include "rpc/agent.h"
 
 namespace baton::ps {
@@ -128,6 +132,108 @@ class TrainerRanks {
   std::vector<int> rank_ ABSL_GUARDED_BY(mu_);
 };
 
+// Same-host dense tables (ps/internal/shared_tables.h): the board this
+// server publishes on, and the gradient box each trainer of its host
+// announced at its last Join.
+class SameHost {
+ public:
+  SameHost(std::shared_ptr<internal::ParameterBoard> board, internal::DenseLayout layout)
+      : board_(std::move(board)), layout_(std::move(layout)) {}
+
+  bool enabled() const { return board_ != nullptr; }
+
+  // A trainer (re)joined as `session`: maps the box it announced (or forgets
+  // its old one) and announces the board.
+  void Join(const internal::JoinRequest& req, int64_t session, internal::JoinReply* reply,
+            const std::function<void(const std::string&)>& log) {
+    std::shared_ptr<internal::GradientBox> box;
+    if (board_ != nullptr && !req.box.empty()) {
+      auto opened = internal::GradientBox::Open({req.box, req.box_nonce, req.box_bytes}, layout_);
+      if (opened.ok()) {
+        box = *std::move(opened);
+      } else {
+        // SD4: another host's trainer (or a box of another layout): its
+        // gradients come in its messages.
+        log(absl::StrCat("trainer ", req.trainer,
+                         "'s gradient box is not mapped: ", opened.status().ToString()));
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (box != nullptr) {
+        boxes_[req.trainer] = {session, box};
+      } else {
+        boxes_.erase(req.trainer);
+      }
+    }
+    reply->box_mapped = box != nullptr;
+    if (board_ != nullptr) {
+      reply->board = board_->announced().name;
+      reply->board_nonce = board_->announced().nonce;
+      reply->board_bytes = board_->announced().bytes;
+    }
+  }
+
+  // A push whose dense gradients are in the trainer's box (SD3): fills them
+  // in with views of the box. ABORTED for a push of an older session (its
+  // box is gone: PS6); FAILED_PRECONDITION when no box is mapped.
+  absl::Status FillGradients(const PsSpec& spec, internal::PushRequest& req) {
+    std::shared_ptr<internal::GradientBox> box;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = boxes_.find(req.trainer);
+      if (it == boxes_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("ps push: trainer ", req.trainer,
+                         " sent its gradients through a gradient box this server has not mapped"));
+      }
+      if (it->second.first != req.session) {
+        return absl::AbortedError(absl::StrCat("ps push: trainer ", req.trainer, "'s session ",
+                                               req.session, " has ended (its box went with it)"));
+      }
+      box = it->second.second;
+    }
+    std::vector<int> tables;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < req.tables.size(); ++i) {
+      if (req.gradients[i].defined()) continue;
+      int index = -1;
+      for (size_t t = 0; t < spec.tables.size(); ++t) {
+        if (spec.tables[t].name == req.tables[i]) index = static_cast<int>(t);
+      }
+      if (index < 0 || spec.tables[index].kind != TableKind::kDense) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ps table '", req.tables[i], "': no such dense table (no gradient was sent for it)"));
+      }
+      tables.push_back(index);
+      where.push_back(i);
+    }
+    auto views = internal::GradientBox::Views(box, req.box_generation, tables, spec);
+    if (!views.ok()) return Annotate(views.status(), "ps push");
+    for (size_t k = 0; k < where.size(); ++k) req.gradients[where[k]] = (*views)[k];
+    box_pushes_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  uint64_t board_nonce() const { return board_ != nullptr ? board_->announced().nonce : 0; }
+  void CountBoardPull() { board_pulls_.fetch_add(1, std::memory_order_relaxed); }
+  int64_t board_pulls() const { return board_pulls_.load(std::memory_order_relaxed); }
+  int64_t box_pushes() const { return box_pushes_.load(std::memory_order_relaxed); }
+  // Shared memory this server created: its board (the boxes are the
+  // trainers', PsClient::SameHostStats::bytes).
+  int64_t bytes() const { return board_ != nullptr ? static_cast<int64_t>(board_->bytes()) : 0; }
+
+ private:
+  const std::shared_ptr<internal::ParameterBoard> board_;
+  const internal::DenseLayout layout_;
+  mutable absl::Mutex mu_;
+  // trainer -> (session of its Join, its box)
+  std::map<int, std::pair<int64_t, std::shared_ptr<internal::GradientBox>>> boxes_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> board_pulls_{0};
+  std::atomic<int64_t> box_pushes_{0};
+};
+
 }  // namespace
 
 PsServer::PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options)
@@ -141,10 +247,34 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   so.server = options.server;
   so.num_servers = options.num_servers;
   so.log = options.log;
+  auto log = [server = options.server, user = options.log](const std::string& line) {
+    const std::string text = absl::StrCat("ps server ", server, ": ", line);
+    if (user) {
+      user(text);
+    } else {
+      std::fprintf(stderr, "%s\n", text.c_str());
+    }
+  };
+  internal::DenseLayout layout;
+  if (ValidateSpec(spec).ok() && options.server >= 0 && options.server < options.num_servers) {
+    layout =
+        internal::MakeDenseLayout(spec, ShardPlan::Make(spec, options.num_servers), options.server);
+  }
+  if (options.same_host_shm && !layout.empty()) {
+    auto board = internal::ParameterBoard::Create(layout, options.server);
+    if (board.ok()) {
+      so.board = *std::move(board);
+    } else {
+      log(absl::StrCat("no parameter board (dense pulls carry their values): ",
+                       board.status().ToString()));
+    }
+  }
+  auto same_host = std::make_shared<SameHost>(so.board, layout);
   auto shard_or = ServerShard::Create(std::move(spec), so);
   if (!shard_or.ok()) return shard_or.status();
   std::shared_ptr<ServerShard> shard = *std::move(shard_or);
   std::unique_ptr<PsServer> server(new PsServer(shard, options));
+  server->shared_bytes_ = [same_host] { return same_host->bytes(); };
   if (!options.checkpoint_dir.empty()) {
     // Names sort by (clock, sequence); the sequence continues across
     // restarts, so a restarted server's checkpoint at the same clock sorts
@@ -209,6 +339,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.Gauge("baton_ps_parked_pulls", "Pulls waiting for slower trainers.",
             static_cast<double>(st.parked_pulls), me);
   });
+  registry.AddMetricsCollector([same_host, server_id = options.server](obs::MetricsWriter& w) {
+    const obs::MetricsWriter::Labels me = {{"server", absl::StrCat(server_id)}};
+    w.Family("baton_ps_board_pulls_total",
+             "Pulls whose dense values trainers read from the parameter board.", "counter");
+    w.Sample(me, static_cast<double>(same_host->board_pulls()));
+    w.Family("baton_ps_box_pushes_total",
+             "Pushes whose dense gradients the server read from a trainer's gradient box.",
+             "counter");
+    w.Sample(me, static_cast<double>(same_host->box_pushes()));
+    w.Gauge("baton_ps_shared_memory_bytes",
+            "Shared memory of the server's parameter board (same-host dense tables).",
+            static_cast<double>(same_host->bytes()), me);
+  });
   // The hang report: clocks, and each parked pull as a wait of this server
   // on the trainers that keep it parked.
   auto ranks = std::make_shared<TrainerRanks>();
@@ -254,18 +397,20 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pulls"), pulls);
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pushes"), pushes);
   });
-  absl::Status s = registry.Register(
-      internal::kJoinFn,
-      [shard, ranks](const rpc::CallContext& ctx,
-                     internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
-        ranks->Note(req.trainer, ctx);
-        auto r = shard->Join(req.trainer, req.fingerprint);
-        if (!r.ok()) return r.status();
-        internal::JoinReply reply;
-        reply.clock = r->clock;
-        reply.session = r->session;
-        return reply;
-      });
+  absl::Status s =
+      registry.Register(internal::kJoinFn,
+                        [shard, ranks, same_host, log](
+                            const rpc::CallContext& ctx,
+                            internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+                          ranks->Note(req.trainer, ctx);
+                          auto r = shard->Join(req.trainer, req.fingerprint);
+                          if (!r.ok()) return r.status();
+                          internal::JoinReply reply;
+                          reply.clock = r->clock;
+                          reply.session = r->session;
+                          same_host->Join(req, r->session, &reply, log);
+                          return reply;
+                        });
   if (s.ok()) {
     s = registry.Register(
         internal::kInitFn,
@@ -290,8 +435,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (s.ok()) {
     s = registry.Register(
         internal::kPullFn,
-        [shard](const rpc::CallContext& ctx,
-                internal::PullRequest req) -> rpc::Future<internal::PullReply> {
+        [shard, same_host](const rpc::CallContext& ctx,
+                           internal::PullRequest req) -> rpc::Future<internal::PullReply> {
           using Reply = internal::PullReply;
           if (absl::Status c =
                   CheckLengths("PullRequest", req.tables.size(), {{"ids", req.ids.size()}});
@@ -299,9 +444,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
             return rpc::MakeErrorFuture<Reply>(c);
           }
           rpc::Promise<Reply> promise;
+          const bool from_board = req.from_board && same_host->enabled();
           shard->Pull(
               req.trainer, req.clock, Requests(req.tables, req.ids, nullptr), ctx.deadline,
-              [promise](absl::StatusOr<PullResult> r) {
+              [promise, same_host](absl::StatusOr<PullResult> r) {
                 if (!r.ok()) {
                   promise.SetError(r.status());
                   return;
@@ -309,16 +455,21 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
                 Reply reply;
                 reply.staleness = r->staleness;
                 reply.values = std::move(r->values);
+                reply.board_version = r->board_version;
+                if (r->board_version >= 0) {
+                  reply.board_nonce = same_host->board_nonce();
+                  same_host->CountBoardPull();
+                }
                 promise.SetValue(std::move(reply));
               },
-              req.session);
+              req.session, from_board);
           return promise.future();
         });
   }
   if (s.ok()) {
     s = registry.Register(
         internal::kPushFn,
-        [shard, handle = server->handle_, every = options.checkpoint_every_clocks,
+        [shard, same_host, handle = server->handle_, every = options.checkpoint_every_clocks,
          dir = !options.checkpoint_dir.empty()](
             internal::PushRequest req) -> absl::StatusOr<internal::PushReply> {
           if (absl::Status c =
@@ -326,6 +477,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
                                {{"ids", req.ids.size()}, {"gradients", req.gradients.size()}});
               !c.ok()) {
             return c;
+          }
+          if (req.box_generation > 0) {
+            if (absl::Status b = same_host->FillGradients(shard->spec(), req); !b.ok()) return b;
           }
           auto clock = shard->Push(req.trainer, req.clock, req.end_clock,
                                    Requests(req.tables, req.ids, &req.gradients), req.session);
@@ -342,6 +496,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           }
           internal::PushReply reply;
           reply.clock = *clock;
+          if (same_host->enabled()) {
+            reply.board_version = shard->BoardVersionFor(*clock);
+            reply.board_nonce = same_host->board_nonce();
+          }
           return reply;
         });
   }

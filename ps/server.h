@@ -34,6 +34,7 @@
 #define BATON_PS_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -57,6 +58,11 @@ struct ServerOptions {
   absl::Duration checkpoint_every = absl::ZeroDuration();  // zero: not by time
   absl::Duration check_interval = absl::Milliseconds(100);
   ServerShard::Logger log;  // null: stderr
+  // Dense tables through shared memory with trainers of this host (the
+  // parameter board and the trainers' gradient boxes,
+  // ps/internal/shared_tables.h, SD1-SD5); trainers elsewhere, or with
+  // PsClient::Options::same_host_shm off, use messages. Off: messages only.
+  bool same_host_shm = true;
 };
 
 class PsServer {
@@ -68,6 +74,9 @@ class PsServer {
   ServerShard& shard() { return *shard_; }
   // The clock of the checkpoint loaded at Create(), or -1 if none was.
   int64_t restored_clock() const { return restored_clock_; }
+  // Shared memory this server created for same-host dense tables (its
+  // parameter board); also the gauge baton_ps_shared_memory_bytes.
+  int64_t shared_memory_bytes() const { return shared_bytes_(); }
 
   // Writes a checkpoint now; returns its path. FAILED_PRECONDITION without
   // a checkpoint directory.
@@ -105,6 +114,7 @@ class PsServer {
   const ServerOptions options_;
   const std::shared_ptr<Handle> handle_ = std::make_shared<Handle>();
   int64_t restored_clock_ = -1;
+  std::function<int64_t()> shared_bytes_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

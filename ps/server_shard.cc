@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "dist_optim/functional_optimizer.h"
 #include "ps/internal/rows.h"
+#include "ps/internal/shared_tables.h"
 #include "ps/internal/slots.h"
 
 namespace baton::ps {
@@ -270,6 +271,7 @@ absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableR
       if (slot.initialized) continue;
       slot.value.copy_(v.grad);
       slot.published = at::Tensor();
+      DenseChangedLocked();
       slot.initialized = true;
       ++set;
     }
@@ -374,14 +376,45 @@ std::vector<int> ServerShard::BlockersLocked(int64_t clock) const {
   return out;
 }
 
-PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest>& tables) {
+void ServerShard::PublishLocked() {
+  if (options_.board == nullptr || options_.board->version() == dense_version_) return;
+  std::vector<at::Tensor> chunks(spec_.tables.size());
+  for (size_t i = 0; i < spec_.tables.size(); ++i) {
+    if (dense_[i] != nullptr && dense_[i]->initialized) chunks[i] = dense_[i]->value;
+  }
+  options_.board->Publish(dense_version_, chunks);
+}
+
+int64_t ServerShard::BoardVersionFor(int64_t clock) {
+  if (options_.board == nullptr) return -1;
+  absl::MutexLock lock(&mu_);
+  if (!PullReadyLocked(clock)) return -1;
+  for (const auto& d : dense_) {
+    if (d != nullptr && !d->initialized) return -1;
+  }
+  PublishLocked();
+  return dense_version_;
+}
+
+PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest>& tables,
+                                   bool from_board) {
   PullResult out;
   out.staleness = std::max<int64_t>(0, clock - MinLiveClockLocked());
   max_staleness_ = std::max(max_staleness_, out.staleness);
+  from_board = from_board && options_.board != nullptr;
+  if (from_board) {
+    PublishLocked();  // SD2: on the board before the reply names the version
+    out.board_version = dense_version_;
+  }
   for (const auto& r : tables) {
     const int i = TableIndex(r.table);
     TableStats& st = stats_[i];
     ++st.pulls;
+    if (spec_.tables[i].kind == TableKind::kDense && from_board) {
+      st.bytes_pulled += dense_[i]->value.nbytes();
+      out.values.emplace_back();
+      continue;
+    }
     if (spec_.tables[i].kind == TableKind::kDense) {
       const at::Tensor& v = dense_[i]->Published();
       st.bytes_pulled += v.nbytes();
@@ -413,7 +446,7 @@ PullResult ServerShard::ReadLocked(int64_t clock, const std::vector<TableRequest
 
 void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tables,
                        absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
-                       int64_t session) {
+                       int64_t session, bool from_board) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return done(s);
   const absl::Time now = options_.now();  // user code: not under mu_
   Deferred after;
@@ -434,10 +467,10 @@ void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tab
       }
       if (!initialized || !PullReadyLocked(clock)) {
         waiters_.push_back(
-            Waiter{trainer, clock, std::move(tables), now, deadline, std::move(done)});
+            Waiter{trainer, clock, std::move(tables), now, deadline, std::move(done), from_board});
         parked = true;
       } else {
-        result = ReadLocked(clock, tables);
+        result = ReadLocked(clock, tables, from_board);
       }
     }
   }
@@ -451,6 +484,7 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
   if (t.kind == TableKind::kDense) {
     (void)dense_[table]->opt->Step({grad});  // validated: cannot fail
     dense_[table]->published = at::Tensor();
+    DenseChangedLocked();
     return;
   }
   std::vector<int64_t> uniq;
@@ -586,7 +620,7 @@ void ServerShard::CollectReadyLocked(Ready* ready) {
       if (dense_[i] != nullptr && !dense_[i]->initialized) initialized = false;
     }
     if (initialized && PullReadyLocked(w.clock)) {
-      PullResult r = ReadLocked(w.clock, w.tables);
+      PullResult r = ReadLocked(w.clock, w.tables, w.from_board);
       ready->emplace_back(std::move(w), std::move(r));
       waiters_.erase(waiters_.begin() + k);
     } else {

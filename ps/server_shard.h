@@ -75,6 +75,7 @@ namespace baton::ps {
 namespace internal {
 struct DenseSlot;
 struct EmbeddingSlot;
+class ParameterBoard;
 }  // namespace internal
 
 // One table's part of a pull or push request.
@@ -93,8 +94,13 @@ struct JoinReply {
 inline constexpr int64_t kAnySession = -1;
 
 struct PullResult {
-  std::vector<at::Tensor> values;  // one per requested table, in order
+  // One per requested table, in order; undefined for a dense table whose
+  // values a from_board pull reads from the parameter board.
+  std::vector<at::Tensor> values;
   int64_t staleness = 0;
+  // A from_board pull: the dense version on the board that the pull returns
+  // (ps/internal/shared_tables.h, SD2); -1 otherwise.
+  int64_t board_version = -1;
 };
 
 class ServerShard {
@@ -109,6 +115,10 @@ class ServerShard {
     // Called with no lock held, one line at a time, in event order (see
     // Thread-safety above). Null: stderr.
     Logger log;
+    // Where from_board pulls find dense values (PsServer's, for trainers of
+    // its host); null: none, every pull carries its values. Published under
+    // the shard's lock, at the first such pull after a change.
+    std::shared_ptr<internal::ParameterBoard> board;
   };
 
   // INVALID_ARGUMENT for a spec that fails ValidateSpec or a bad server index.
@@ -130,14 +140,26 @@ class ServerShard {
 
   // Calls `done` once the pull at `clock` may be served (PS1, PS4), with the
   // values or an error; at once in kAsync. `deadline` bounds the wait (PS5).
+  // `from_board` (with Options::board): dense values are published on the
+  // board instead of returned, and the result names their version.
   void Pull(int trainer, int64_t clock, std::vector<TableRequest> tables, absl::Time deadline,
-            std::function<void(absl::StatusOr<PullResult>)> done, int64_t session = kAnySession);
+            std::function<void(absl::StatusOr<PullResult>)> done, int64_t session = kAnySession,
+            bool from_board = false);
 
   // Applies (kAsync, SSP) or records (kSync) the gradients of `clock`;
   // `end_clock` marks the trainer's last push of that clock. Returns the
   // clock the trainer is at afterwards.
   absl::StatusOr<int64_t> Push(int trainer, int64_t clock, bool end_clock,
                                std::vector<TableRequest> grads, int64_t session = kAnySession);
+
+  // If a pull at `clock` could be served now (PS1, PS4) and every dense
+  // table has a value: publishes the dense values on Options::board (if
+  // they changed since it was last written) and returns the board's
+  // version, which such a pull may read instead; else -1 (also without a
+  // board). PsServer answers each push with it, so that a trainer of this
+  // host whose next pull would not wait reads the board without a message
+  // (ps/client.h).
+  int64_t BoardVersionFor(int64_t clock);
 
   // PS5: drops (or fails) trainers that kept a parked pull waiting longer
   // than trainer_timeout, and fails pulls past their deadline. PsServer calls
@@ -185,6 +207,7 @@ class ServerShard {
     absl::Time since;
     absl::Time deadline;
     std::function<void(absl::StatusOr<PullResult>)> done;
+    bool from_board = false;
   };
   using Ready = std::vector<std::pair<Waiter, absl::StatusOr<PullResult>>>;
   // What a locked section leaves for after mu_ is released (RunDeferred):
@@ -204,8 +227,12 @@ class ServerShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePush(const std::vector<TableRequest>& grads) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PullResult ReadLocked(int64_t clock, const std::vector<TableRequest>& tables)
+  PullResult ReadLocked(int64_t clock, const std::vector<TableRequest>& tables, bool from_board)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the board if it is behind dense_version_ (SD2).
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A dense value changed: the next from_board pull publishes again.
+  void DenseChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++dense_version_; }
   void ApplyLocked(int table, const at::Tensor& ids, const at::Tensor& grad)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kSync: applies every clock that all live trainers finished.
@@ -238,6 +265,8 @@ class ServerShard {
   std::vector<bool> live_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per trainer, bumped by Join
   int64_t applied_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped by every change of a dense value; what the board is compared to.
+  int64_t dense_version_ ABSL_GUARDED_BY(mu_) = 0;
   // kSync: pushes recorded per clock, applied when the clock completes.
   std::map<int64_t, std::vector<Contribution>> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);

@@ -159,6 +159,7 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
       std::memcpy(d.value.data_ptr(), dense[i].value.data(), dense[i].value.size());
       d.initialized = dense[i].initialized;
       d.published = at::Tensor();
+      DenseChangedLocked();
       if (d.opt != nullptr) (void)d.opt->LoadState(dense[i].state);
       continue;
     }

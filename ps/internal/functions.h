@@ -37,16 +37,26 @@ namespace baton::ps::internal {
 using Names = std::vector<std::string>;
 using Tensors = std::vector<at::Tensor>;
 
-// baton.ps.join: a trainer (re)joins a server (PS6).
+// baton.ps.join: a trainer (re)joins a server (PS6). Same-host dense
+// tables (ps/internal/shared_tables.h): the trainer announces its gradient
+// box for this server, the server its parameter board; an empty name is
+// none, and a side that cannot map the other's (another host: SD4) says so.
 struct JoinRequest {
   int32_t trainer = 0;
   std::string fingerprint;  // PsSpec::Fingerprint() of the trainer's spec
-  BATON_CODEC_FIELDS(JoinRequest, trainer, fingerprint);
+  std::string box;          // the trainer's gradient box; empty: none
+  uint64_t box_nonce = 0;
+  int64_t box_bytes = 0;
+  BATON_CODEC_FIELDS(JoinRequest, trainer, fingerprint, box, box_nonce, box_bytes);
 };
 struct JoinReply {
-  int64_t clock = 0;    // the clock the trainer continues from
-  int64_t session = 0;  // carried by the trainer's later requests
-  BATON_CODEC_FIELDS(JoinReply, clock, session);
+  int64_t clock = 0;        // the clock the trainer continues from
+  int64_t session = 0;      // carried by the trainer's later requests
+  bool box_mapped = false;  // the server reads pushes from the box
+  std::string board;        // the server's parameter board; empty: none
+  uint64_t board_nonce = 0;
+  int64_t board_bytes = 0;
+  BATON_CODEC_FIELDS(JoinReply, clock, session, box_mapped, board, board_nonce, board_bytes);
 };
 
 // baton.ps.init_dense: initial values of dense tables (first writer wins).
@@ -69,12 +79,17 @@ struct PullRequest {
   int64_t clock = 0;
   Names tables;
   Tensors ids;  // per table: embedding int64[n] ids; dense: undefined
-  BATON_CODEC_FIELDS(PullRequest, trainer, session, clock, tables, ids);
+  // Dense values may stay on the server's parameter board (the trainer
+  // mapped it).
+  bool from_board = false;
+  BATON_CODEC_FIELDS(PullRequest, trainer, session, clock, tables, ids, from_board);
 };
 struct PullReply {
   int64_t staleness = 0;
-  Tensors values;  // per requested table, in order
-  BATON_CODEC_FIELDS(PullReply, staleness, values);
+  Tensors values;              // per requested table, in order; undefined: on the board
+  int64_t board_version = -1;  // the board's version to read; -1: none
+  uint64_t board_nonce = 0;    // which board (versions count per board)
+  BATON_CODEC_FIELDS(PullReply, staleness, values, board_version, board_nonce);
 };
 
 // baton.ps.push: gradients of one clock; end_clock marks the trainer's last
@@ -87,11 +102,20 @@ struct PushRequest {
   Names tables;
   Tensors ids;        // per table: embedding int64[n] ids; dense: undefined
   Tensors gradients;  // per table: dense [chunk size]; embedding [n, dim]
-  BATON_CODEC_FIELDS(PushRequest, trainer, session, clock, end_clock, tables, ids, gradients);
+  // > 0: the dense gradients left undefined in `gradients` are this
+  // generation of the trainer's gradient box (SD3).
+  uint64_t box_generation = 0;
+  BATON_CODEC_FIELDS(PushRequest, trainer, session, clock, end_clock, tables, ids, gradients,
+                     box_generation);
 };
 struct PushReply {
   int64_t clock = 0;  // the clock the trainer is at afterwards
-  BATON_CODEC_FIELDS(PushReply, clock);
+  // With a parameter board: if a pull at `clock` could be served at once,
+  // the board's version it may read (-1: it must ask), and which board; the
+  // trainer's next dense pull then reads it without a message.
+  int64_t board_version = -1;
+  uint64_t board_nonce = 0;
+  BATON_CODEC_FIELDS(PushReply, clock, board_version, board_nonce);
 };
 
 // baton.ps.checkpoint: the server writes a checkpoint now.

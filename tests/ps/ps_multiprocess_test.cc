@@ -187,6 +187,29 @@ BATON_SCENARIO(ps_client_ops) {
   WCHECK(foreign.status().code() == absl::StatusCode::kFailedPrecondition);
   WCHECK(absl::StrContains(foreign.status().message(), "SGD{lr=0.25"));
 
+  // Dense tables took the path of the test: on one host through the
+  // servers' boards and this trainer's boxes (SD1-SD3; the second push of
+  // clock 0 found its box still held by the server and went with its
+  // values), between hosts (gRPC, no shared memory) in the messages.
+  const PsClient::SameHostStats shm = client->SameHost();
+  std::printf(
+      "trainer %d same host: boards %d boxes %d reads %lld retries %lld pushes %lld "
+      "busy %lld bytes %lld\n",
+      trainer, shm.servers_with_board, shm.servers_with_box,
+      static_cast<long long>(shm.board_reads), static_cast<long long>(shm.board_retries),
+      static_cast<long long>(shm.box_pushes), static_cast<long long>(shm.box_busy),
+      static_cast<long long>(shm.bytes));
+  const char* transport = std::getenv("BATON_TRANSPORT");
+  if (transport != nullptr && std::string(transport) == "grpc") {
+    WCHECK(shm.servers_with_board == 0 && shm.servers_with_box == 0);
+    WCHECK(shm.board_reads == 0 && shm.box_pushes == 0 && shm.bytes == 0);
+  } else {
+    WCHECK(shm.servers_with_board == 2 && shm.servers_with_box == 2);
+    WCHECK(shm.board_reads >= 6);  // Pull x2, the binding's two, per server
+    WCHECK(shm.box_pushes >= 2 && shm.box_busy >= 1);
+    WCHECK(shm.bytes > 0);
+  }
+
   // Observability.
   auto stats = client->Stats();
   WCHECK_OK(stats.status());

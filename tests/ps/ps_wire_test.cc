@@ -54,10 +54,15 @@ absl::StatusOr<Reply> Decode(absl::StatusOr<rpc::Payload> payload) {
 }
 
 TEST(PsWire, EveryFunctionTakesAndReturnsNamedTypes) {
-  EXPECT_EQ(internal::kJoinFn.signature(), "(JoinRequest{int32,string})->JoinReply{int64,int64}");
+  EXPECT_EQ(internal::kJoinFn.signature(),
+            "(JoinRequest{int32,string,string,uint64,int64})"
+            "->JoinReply{int64,int64,bool,string,uint64,int64}");
   EXPECT_EQ(internal::kPushFn.signature(),
             "(PushRequest{int32,int64,int64,bool,vector<string>,vector<Tensor>,"
-            "vector<Tensor>})->PushReply{int64}");
+            "vector<Tensor>,uint64})->PushReply{int64,int64,uint64}");
+  EXPECT_EQ(internal::kPullFn.signature(),
+            "(PullRequest{int32,int64,int64,vector<string>,vector<Tensor>,bool})"
+            "->PullReply{int64,vector<Tensor>,int64,uint64}");
   EXPECT_EQ(internal::kStatsFn.signature(), "()->baton.proto.ShardStats");
   EXPECT_EQ(internal::kPushFn.name(), "baton.ps.push");
 }
@@ -109,6 +114,10 @@ TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
       CallRaw(registry, "baton.ps.join", rpc::EncodeMessage(std::make_tuple(join))));
   ASSERT_TRUE(joined.ok()) << joined.status();
   EXPECT_EQ(joined->clock, 0);
+  // The server announces its parameter board (same-host dense tables); this
+  // trainer announced no gradient box.
+  EXPECT_TRUE(absl::StrContains(joined->board, "psboard0.")) << joined->board;
+  EXPECT_FALSE(joined->box_mapped);
 
   internal::InitRequest init;
   init.tables = {"w"};
@@ -157,6 +166,18 @@ TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
   EXPECT_TRUE(absl::StrContains(corrupt.status().message(), "PushRequest.end_clock: bad bool"))
       << corrupt.status();
   // Nothing of either changed the shard.
+  EXPECT_EQ((*server)->shard().Stats().applied_pushes, 1);
+
+  // A push that says its gradients are in a gradient box the server never
+  // mapped: refused, naming the trainer, and nothing changes.
+  push.gradients = {at::Tensor()};
+  push.box_generation = 1;
+  auto unboxed = CallRaw(registry, "baton.ps.push", rpc::EncodeMessage(std::make_tuple(push)));
+  EXPECT_EQ(unboxed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(unboxed.status().message(),
+                                "trainer 0 sent its gradients through a gradient box this server "
+                                "has not mapped"))
+      << unboxed.status();
   EXPECT_EQ((*server)->shard().Stats().applied_pushes, 1);
 }
 
