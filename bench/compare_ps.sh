@@ -154,13 +154,16 @@ for mode in ("sync", "async"):
     if None in need or not local_cpu or not local_busy or not val("ps_local_train_throughput"):
         continue
     trainer, server, busy, tput, compute, pull, push = need
+    # Wall with fewer than 2 trainers computing (on 2 cores: a core the
+    # trainers leave to the exchange, or idle).
+    few = sum(val(p + f"wall_with_{k}_computing") or 0 for k in (0, 1))
     trainers = ours[p + "train_throughput"].get("trainers", 4) or 4
     step_cpu = trainer + server / trainers
     cpu = local_cpu / step_cpu
     busy_ratio = busy / local_busy
     rows.append(f"| {mode} | {tput / val('ps_local_train_throughput'):.2f} | {cpu * busy_ratio:.2f} "
                 f"| {cpu:.2f} | {busy_ratio:.2f} | {local_cpu:.2f} | {trainer:.2f} "
-                f"| {server / trainers:.2f} | {compute:.2f} / {pull:.2f} / {push:.2f} |")
+                f"| {server / trainers:.2f} | {compute:.2f} / {pull:.2f} / {push:.2f} | {few:.2f} |")
 if rows:
     print()
     print("Distance to the bound (baton, dense): of bound = cpu x busy")
@@ -168,8 +171,8 @@ if rows:
     print("| mode | of bound, measured | cpu x busy | cpu: local step CPU / step CPU here "
           "| busy: cores busy here / in local | local trainer CPU ms/step "
           "| trainer CPU ms/step | server CPU ms per trainer step "
-          "| trainer wall ms/step: compute / pull / push |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "| trainer wall ms/step: compute / pull / push | wall with < 2 trainers computing |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for r in rows:
         print(r)
 PY

@@ -53,7 +53,12 @@
 //   ps_{mode}_board_pull_fraction, ps_{mode}_box_push_fraction: of the
 //     trainers' dense pulls and pushes, those that went through shared
 //     memory; ps_{mode}_shared_memory_bytes: the shared memory that costs
-//     (the server's parameter board and the trainers' gradient boxes).
+//     (the server's parameter board and the trainers' gradient boxes);
+//   ps_{mode}_wall_with_{k}_computing, k = 0..trainers: the fraction of the
+//     timed wall during which exactly k trainers were in forward/backward
+//     (from the per-step timestamps of --timeline, kept in a temporary
+//     directory when it is not given): on 2 cores, the time with fewer than
+//     2 computing is where cores idle or serve the exchange.
 //
 // The binary is its own driver: it starts the server and trainers as worker
 // processes of itself (bench/worker_procs.h), which send their results back
@@ -63,7 +68,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +80,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -363,8 +371,61 @@ void Report(const Config& cfg, const std::string& metric, double value, const st
   j.Print();
 }
 
-int Drive(const Config& cfg, const std::vector<std::string>& args) {
+// --timeline: the fraction of the timed wall (the first timed step's start
+// to the last one's end, over all trainers) with exactly k trainers
+// computing, k = 0..trainers; empty if a file is missing.
+std::vector<double> ComputeConcurrency(const std::string& dir, int trainers) {
+  std::vector<std::pair<double, int>> events;  // (time, +1 compute starts / -1 ends)
+  double begin = 1e300, end = 0;
+  for (int t = 0; t < trainers; ++t) {
+    FILE* f = std::fopen(absl::StrCat(dir, "/trainer", t, ".tsv").c_str(), "r");
+    if (f == nullptr) return {};
+    double start, pulled, computed, pushed;
+    while (std::fscanf(f, "%lf %lf %lf %lf", &start, &pulled, &computed, &pushed) == 4) {
+      events.push_back({pulled, 1});
+      events.push_back({computed, -1});
+      begin = std::min(begin, start);
+      end = std::max(end, pushed);
+    }
+    std::fclose(f);
+  }
+  if (events.empty() || end <= begin) return {};
+  std::sort(events.begin(), events.end());
+  std::vector<double> with(trainers + 1, 0);
+  int now = 0;
+  double last = begin;
+  for (const auto& [at, delta] : events) {
+    with[std::clamp(now, 0, trainers)] += at - last;
+    now += delta;
+    last = at;
+  }
+  with[std::clamp(now, 0, trainers)] += end - last;
+  for (double& w : with) w /= end - begin;
+  return with;
+}
+
+int Drive(const Config& cfg, const std::vector<std::string>& in_args) {
   const bool local = cfg.mode == "local";
+  // The trainers' per-step timestamps: where --timeline says, else in a
+  // temporary directory removed at the end.
+  std::vector<std::string> args = in_args;
+  std::string timeline = cfg.timeline;
+  std::string own_dir;
+  if (!local && timeline.empty()) {
+    char dir[] = "/tmp/ps_bench_timeline.XXXXXX";
+    if (::mkdtemp(dir) != nullptr) {
+      own_dir = timeline = dir;
+      args.push_back("--timeline");
+      args.push_back(timeline);
+    }
+  }
+  absl::Cleanup remove_own_dir = [&own_dir, &cfg] {
+    if (own_dir.empty()) return;
+    for (int t = 0; t < cfg.trainers; ++t) {
+      std::remove(absl::StrCat(own_dir, "/trainer", t, ".tsv").c_str());
+    }
+    ::rmdir(own_dir.c_str());
+  };
   std::vector<bench::WorkerSpec> specs;
   if (!local) specs.push_back({"ps0", 0});
   for (int t = 0; t < cfg.trainers; ++t) {
@@ -457,7 +518,14 @@ int Drive(const Config& cfg, const std::vector<std::string>& args) {
            "fraction");
     Report(cfg, p + "box_push_fraction", steps > 0 ? box / steps : 0, "fraction");
     Report(cfg, p + "shared_memory_bytes", shm, "bytes");
+    if (!timeline.empty()) {
+      const std::vector<double> with = ComputeConcurrency(timeline, cfg.trainers);
+      for (size_t k = 0; k < with.size(); ++k) {
+        Report(cfg, absl::StrCat(p, "wall_with_", k, "_computing"), with[k], "fraction");
+      }
+    }
   }
+
   return 0;
 }
 
