@@ -496,7 +496,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           }
           internal::PushReply reply;
           reply.clock = *clock;
-          if (same_host->enabled()) {
+          // A trainer of this host (its gradients came in its box) may read
+          // its next pull from the board; others pull with messages.
+          if (same_host->enabled() && req.box_generation > 0) {
             reply.board_version = shard->BoardVersionFor(*clock);
             reply.board_nonce = same_host->board_nonce();
           }

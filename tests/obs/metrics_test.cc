@@ -191,6 +191,10 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
   EXPECT_THAT(caller, HasSubstr("baton_rref_owned 0"));
   EXPECT_THAT(callee, HasSubstr(R"(baton_ps_pulls_total{server="0",table="w"} 0)"));
   EXPECT_THAT(callee, HasSubstr(R"(baton_ps_applied_clock{server="0"} 0)"));
+  // The shard's parameter board: a 4 KiB header and two 64-byte buffers.
+  EXPECT_THAT(callee, HasSubstr(R"(baton_ps_shared_memory_bytes{server="0"} 4224)"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_ps_board_pulls_total{server="0"} 0)"));
+  EXPECT_THAT(callee, HasSubstr(R"(baton_ps_box_pushes_total{server="0"} 0)"));
   for (const std::string& text : {caller, callee}) {
     auto [code, said] = Promtool(text);
     EXPECT_EQ(code, 0) << said << "\n" << text;
