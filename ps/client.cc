@@ -184,7 +184,10 @@ uint64_t PsClient::WriteBox(int server, const std::vector<std::pair<int, at::Ten
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&box_mu_);
-    if (host.box->Free()) generation = host.box->Write(grads);  // SD3
+    if (host.box->Free()) {  // SD3
+      absl::StatusOr<uint64_t> written = host.box->Write(grads);
+      generation = written.ok() ? *written : 0;  // else the push carries them
+    }
   }
   absl::MutexLock lock(&mu_);
   ++(generation > 0 ? same_host_stats_.box_pushes : same_host_stats_.box_busy);
@@ -248,7 +251,7 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
       again = req;
       again.from_board = false;
     }
-    auto deliver = [this, g, k, what](const absl::StatusOr<internal::PullReply>& r) {
+    auto deliver = [this, g, k, what, server](const absl::StatusOr<internal::PullReply>& r) {
       absl::StatusOr<Out> values;
       if (r.ok()) {
         {
@@ -256,6 +259,14 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
           max_staleness_ = std::max(max_staleness_, r->staleness);
         }
         values = r->values;
+        // Only values read from the board (board_version >= 0, read before
+        // this) may be missing from a reply.
+        if (r->board_version < 0 && std::any_of(r->values.begin(), r->values.end(),
+                                                [](const at::Tensor& v) { return !v.defined(); })) {
+          values = absl::DataLossError(
+              absl::StrCat("ps pull: worker ", server,
+                           " left a value out of its reply without a board version"));
+        }
       } else {
         values = r.status();
       }

@@ -41,6 +41,19 @@ BATON_SEQLOCK_COPY void CopyBytes(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+// Whether `t` may be copied to or from table `table`'s chunk of `l`: a
+// contiguous host tensor of the chunk's numel and element size.
+absl::Status CheckChunk(const DenseLayout& l, int table, const at::Tensor& t,
+                        absl::string_view what) {
+  if (table < 0 || table >= static_cast<int>(l.offset.size()) || l.offset[table] < 0 ||
+      !t.defined() || !t.is_cpu() || !t.is_contiguous() || t.numel() != l.numel[table]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": table ", table, " has no chunk of ", t.defined() ? t.numel() : 0,
+                     " elements here, or the tensor is not a contiguous host tensor"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckHeader(uint64_t magic, uint64_t want_magic, uint64_t nonce, uint64_t bytes,
                          const SharedName& announced, absl::string_view what) {
   if (magic != want_magic || nonce != announced.nonce ||
@@ -175,6 +188,9 @@ void ParameterBoard::Publish(int64_t version, const std::vector<at::Tensor>& chu
 
 absl::StatusOr<int64_t> ParameterBoard::Read(
     int64_t min_version, const std::vector<std::pair<int, at::Tensor>>& into) const {
+  for (const auto& [table, dst] : into) {
+    if (absl::Status s = CheckChunk(layout_, table, dst, "parameter board read"); !s.ok()) return s;
+  }
   const Header* h = header();
   for (int attempt = 0; attempt < kReadTries; ++attempt) {
     const int64_t b = h->current.load(std::memory_order_acquire);
@@ -269,7 +285,15 @@ bool GradientBox::Free() const {
   return h->released.load(std::memory_order_acquire) == h->written.load(std::memory_order_relaxed);
 }
 
-uint64_t GradientBox::Write(const std::vector<std::pair<int, at::Tensor>>& grads) {
+absl::StatusOr<uint64_t> GradientBox::Write(const std::vector<std::pair<int, at::Tensor>>& grads) {
+  for (const auto& [table, g] : grads) {
+    if (table < 0 || table >= static_cast<int>(layout_.offset.size()) ||
+        layout_.offset[table] < 0 || !g.defined() || g.numel() != layout_.numel[table]) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient box ", announced_.name,
+                                                     ": no chunk of ", g.defined() ? g.numel() : 0,
+                                                     " elements for table ", table));
+    }
+  }
   Header* h = header();
   for (const auto& [table, g] : grads) {
     at::Tensor dst = at::from_blob(data() + layout_.offset[table], {layout_.numel[table]},

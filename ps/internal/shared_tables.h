@@ -104,7 +104,9 @@ class ParameterBoard {
   // `into` (flat, contiguous, the chunk's numel and dtype), for every
   // (table, into) pair at once; returns the version copied. UNAVAILABLE if
   // no whole version >= min_version could be read (SD1, SD2): the caller
-  // pulls through a message instead.
+  // pulls through a message instead. INVALID_ARGUMENT for a table without
+  // a chunk here or a destination that is not a contiguous host tensor of
+  // the chunk's numel.
   absl::StatusOr<int64_t> Read(int64_t min_version,
                                const std::vector<std::pair<int, at::Tensor>>& into) const;
 
@@ -137,10 +139,11 @@ class GradientBox {
 
   // Trainer: whether every generation written was released (SD3).
   bool Free() const;
-  // Trainer: copies `grads` (per table of `tables`, flat with the chunk's
-  // numel and dtype) into the box; returns the new generation (>= 1).
-  // REQUIRES: Free().
-  uint64_t Write(const std::vector<std::pair<int, at::Tensor>>& grads);
+  // Trainer: copies `grads` (table index, the chunk's values of its numel
+  // and dtype) into the box; returns the new generation (>= 1).
+  // INVALID_ARGUMENT (nothing written) for a table without a chunk here or
+  // a tensor of another numel. REQUIRES: Free().
+  absl::StatusOr<uint64_t> Write(const std::vector<std::pair<int, at::Tensor>>& grads);
 
   // Server: views of generation `generation`'s gradient of each table in
   // `tables`; the box is released when the last view is freed (SD3).

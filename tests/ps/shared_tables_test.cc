@@ -135,6 +135,10 @@ TEST(SharedTables, SD2_AVersionNotYetPublishedIsNotRead) {
   const auto later = (*board)->Read(5, {{0, a}}).status();
   EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(later.message(), "no whole version >= 5")) << later;
+  // A destination that is not the chunk is refused before anything is read.
+  EXPECT_EQ((*board)->Read(4, {{0, at::empty({10}, at::kFloat)}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*board)->Read(4, {{1, a}}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SharedTables, SD3_ABoxIsWrittenAgainOnlyOnceTheServersViewsAreGone) {
@@ -145,8 +149,16 @@ TEST(SharedTables, SD3_ABoxIsWrittenAgainOnlyOnceTheServersViewsAreGone) {
   auto server_side = GradientBox::Open((*box)->announced(), l);
   ASSERT_TRUE(server_side.ok()) << server_side.status();
   EXPECT_TRUE((*box)->Free());
-  const uint64_t g =
+  // A tensor that is not a table's chunk here is refused, nothing written.
+  EXPECT_EQ((*box)->Write({{0, at::ones({999})}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*box)->Write({{1, at::ones({4})}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the embedding table
+  EXPECT_TRUE((*box)->Free());
+  auto written =
       (*box)->Write({{0, at::arange(1000, at::kFloat)}, {2, at::ones({150}, at::kDouble)}});
+  ASSERT_TRUE(written.ok()) << written.status();
+  const uint64_t g = *written;
   EXPECT_EQ(g, 1u);
   EXPECT_FALSE((*box)->Free());  // the server has not read it yet
   {
