@@ -21,6 +21,7 @@ TARGETS=(
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rpc:rpc_multiprocess_test
+  //tests/ps:shared_tables_test
 )
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
 start=$(date +%s)

@@ -40,6 +40,7 @@ IN_PROCESS=(
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rref:rref_protocol_test
+  //tests/ps:shared_tables_test
 )
 GRPC=(
   //tests/rpc:grpc_transport_test

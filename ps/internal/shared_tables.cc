@@ -46,22 +46,12 @@ BATON_SEQLOCK_COPY void CopyBytes(void* dst, const void* src, size_t n) {
 absl::Status CheckChunk(const DenseLayout& l, int table, const at::Tensor& t,
                         absl::string_view what) {
   if (table < 0 || table >= static_cast<int>(l.offset.size()) || l.offset[table] < 0 ||
-      !t.defined() || !t.is_cpu() || !t.is_contiguous() || t.numel() != l.numel[table]) {
+      !t.defined() || !t.is_cpu() || !t.is_contiguous() || t.numel() != l.numel[table] ||
+      t.scalar_type() != l.dtype[table]) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": table ", table, " has no chunk of ", t.defined() ? t.numel() : 0,
-                     " elements here, or the tensor is not a contiguous host tensor"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckHeader(uint64_t magic, uint64_t want_magic, uint64_t nonce, uint64_t bytes,
-                         const SharedName& announced, absl::string_view what) {
-  if (magic != want_magic || nonce != announced.nonce ||
-      bytes != static_cast<uint64_t>(announced.bytes)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " ", announced.name,
-                     ": the object holds another segment than the one announced (another host's "
-                     "object of the same name, or a stale one)"));
+                     " elements of ", t.defined() ? c10::toString(t.scalar_type()) : "none",
+                     " here, or the tensor is not a contiguous host tensor"));
   }
   return absl::OkStatus();
 }
@@ -72,16 +62,74 @@ DenseLayout MakeDenseLayout(const PsSpec& spec, const ShardPlan& plan, int serve
   DenseLayout l;
   l.offset.assign(spec.tables.size(), -1);
   l.numel.assign(spec.tables.size(), 0);
+  l.dtype.assign(spec.tables.size(), at::kFloat);
   for (size_t i = 0; i < spec.tables.size(); ++i) {
     if (spec.tables[i].kind != TableKind::kDense) continue;
     const DenseChunk c = plan.ChunkOf(static_cast<int>(i), server);
     if (c.size() == 0) continue;
     l.offset[i] = l.bytes;
     l.numel[i] = c.size();
+    l.dtype[i] = spec.tables[i].dtype;
     const int64_t n = c.size() * static_cast<int64_t>(c10::elementSize(spec.tables[i].dtype));
     l.bytes += (n + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
   }
   return l;
+}
+
+// ---- SharedSegment ----
+
+SharedSegment::SharedSegment(Parts parts, DenseLayout layout)
+    : segment_(std::move(parts.segment)),
+      announced_(std::move(parts.announced)),
+      layout_(std::move(layout)),
+      marker_(std::move(parts.marker)) {}
+
+SharedSegment::~SharedSegment() {
+  if (marker_ != nullptr) segment_.Unlink();  // the creator's
+}
+
+absl::StatusOr<SharedSegment::Parts> SharedSegment::CreateParts(const std::string& name,
+                                                                int64_t buffer_bytes,
+                                                                size_t total) {
+  const std::string prefix = rpc::internal::ShmChannel::ObjectPrefix(getpid());
+  auto marker = rpc::internal::LivenessMarker::Create(prefix);
+  if (!marker.ok()) return marker.status();
+  Parts parts;
+  parts.marker = *std::move(marker);
+  parts.announced.nonce = NewNonce();
+  parts.announced.bytes = buffer_bytes;
+  parts.announced.name = absl::StrCat(prefix, name, ".", absl::Hex(parts.announced.nonce));
+  auto seg = ShmSegment::Create(parts.announced.name, total, /*populate=*/true);
+  if (!seg.ok()) return seg.status();
+  parts.segment = *std::move(seg);
+  return parts;
+}
+
+absl::StatusOr<SharedSegment::Parts> SharedSegment::OpenParts(const SharedName& announced,
+                                                              const DenseLayout& layout,
+                                                              size_t total, uint64_t magic,
+                                                              absl::string_view what) {
+  if (announced.bytes != layout.bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", announced.name, ": announced ",
+                                                      announced.bytes, " bytes per buffer, ",
+                                                      "this side's layout has ", layout.bytes));
+  }
+  auto seg = ShmSegment::Open(announced.name, total);
+  if (!seg.ok()) return seg.status();
+  // Every header starts with the magic number, the nonce and the size.
+  uint64_t head[3];
+  std::memcpy(head, seg->data(), sizeof(head));
+  if (head[0] != magic || head[1] != announced.nonce ||
+      head[2] != static_cast<uint64_t>(announced.bytes)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " ", announced.name,
+                     ": the object holds another segment than the one announced (another host's "
+                     "object of the same name, or a stale one)"));
+  }
+  Parts parts;
+  parts.segment = *std::move(seg);
+  parts.announced = announced;
+  return parts;
 }
 
 // ---- ParameterBoard ----
@@ -98,18 +146,6 @@ struct ParameterBoard::Header {
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free);
 
-ParameterBoard::ParameterBoard(ShmSegment segment, SharedName announced, DenseLayout layout,
-                               bool owner, std::unique_ptr<rpc::internal::LivenessMarker> marker)
-    : segment_(std::move(segment)),
-      announced_(std::move(announced)),
-      layout_(std::move(layout)),
-      owner_(owner),
-      marker_(std::move(marker)) {}
-
-ParameterBoard::~ParameterBoard() {
-  if (owner_) segment_.Unlink();
-}
-
 ParameterBoard::Header* ParameterBoard::header() const {
   static_assert(sizeof(Header) <= kHeaderBytes);
   return static_cast<Header*>(segment_.data());
@@ -120,19 +156,12 @@ char* ParameterBoard::buffer(int b) const {
 
 absl::StatusOr<std::unique_ptr<ParameterBoard>> ParameterBoard::Create(const DenseLayout& layout,
                                                                        int server) {
-  auto marker =
-      rpc::internal::LivenessMarker::Create(rpc::internal::ShmChannel::ObjectPrefix(getpid()));
-  if (!marker.ok()) return marker.status();
-  SharedName n;
-  n.nonce = NewNonce();
-  n.bytes = layout.bytes;
-  n.name = absl::StrCat(rpc::internal::ShmChannel::ObjectPrefix(getpid()), "psboard", server, ".",
-                        absl::Hex(n.nonce));
-  auto seg = ShmSegment::Create(n.name, kHeaderBytes + 2 * layout.bytes, /*populate=*/true);
-  if (!seg.ok()) return seg.status();
-  auto* h = new (seg->data()) Header;
+  auto parts =
+      CreateParts(absl::StrCat("psboard", server), layout.bytes, kHeaderBytes + 2 * layout.bytes);
+  if (!parts.ok()) return parts.status();
+  auto* h = new (parts->segment.data()) Header;
   h->magic = kBoardMagic;
-  h->nonce = n.nonce;
+  h->nonce = parts->announced.nonce;
   h->bytes = layout.bytes;
   h->current.store(-1, std::memory_order_relaxed);
   for (auto& b : h->buffers) {
@@ -140,27 +169,15 @@ absl::StatusOr<std::unique_ptr<ParameterBoard>> ParameterBoard::Create(const Den
     b.version.store(-1, std::memory_order_relaxed);
   }
   std::atomic_thread_fence(std::memory_order_release);
-  return std::unique_ptr<ParameterBoard>(
-      new ParameterBoard(*std::move(seg), std::move(n), layout, true, *std::move(marker)));
+  return std::unique_ptr<ParameterBoard>(new ParameterBoard(*std::move(parts), layout));
 }
 
 absl::StatusOr<std::unique_ptr<ParameterBoard>> ParameterBoard::Open(const SharedName& announced,
                                                                      const DenseLayout& layout) {
-  if (announced.bytes != layout.bytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("parameter board ", announced.name, ": announced ", announced.bytes,
-                     " bytes per version, this trainer's layout has ", layout.bytes));
-  }
-  auto seg = ShmSegment::Open(announced.name, kHeaderBytes + 2 * layout.bytes);
-  if (!seg.ok()) return seg.status();
-  const auto* h = static_cast<const Header*>(seg->data());
-  if (absl::Status s =
-          CheckHeader(h->magic, kBoardMagic, h->nonce, h->bytes, announced, "parameter board");
-      !s.ok()) {
-    return s;
-  }
-  return std::unique_ptr<ParameterBoard>(
-      new ParameterBoard(*std::move(seg), announced, layout, false, nullptr));
+  auto parts =
+      OpenParts(announced, layout, kHeaderBytes + 2 * layout.bytes, kBoardMagic, "parameter board");
+  if (!parts.ok()) return parts.status();
+  return std::unique_ptr<ParameterBoard>(new ParameterBoard(*std::move(parts), layout));
 }
 
 int64_t ParameterBoard::version() const {
@@ -220,18 +237,6 @@ struct GradientBox::Header {
   alignas(64) std::atomic<uint64_t> released;  // the server's (SD3)
 };
 
-GradientBox::GradientBox(ShmSegment segment, SharedName announced, DenseLayout layout, bool owner,
-                         std::unique_ptr<rpc::internal::LivenessMarker> marker)
-    : segment_(std::move(segment)),
-      announced_(std::move(announced)),
-      layout_(std::move(layout)),
-      owner_(owner),
-      marker_(std::move(marker)) {}
-
-GradientBox::~GradientBox() {
-  if (owner_) segment_.Unlink();
-}
-
 GradientBox::Header* GradientBox::header() const {
   static_assert(sizeof(Header) <= kHeaderBytes);
   return static_cast<Header*>(segment_.data());
@@ -240,44 +245,24 @@ char* GradientBox::data() const { return static_cast<char*>(segment_.data()) + k
 
 absl::StatusOr<std::unique_ptr<GradientBox>> GradientBox::Create(const DenseLayout& layout,
                                                                  int trainer, int server) {
-  auto marker =
-      rpc::internal::LivenessMarker::Create(rpc::internal::ShmChannel::ObjectPrefix(getpid()));
-  if (!marker.ok()) return marker.status();
-  SharedName n;
-  n.nonce = NewNonce();
-  n.bytes = layout.bytes;
-  n.name = absl::StrCat(rpc::internal::ShmChannel::ObjectPrefix(getpid()), "psgrad", trainer, "-",
-                        server, ".", absl::Hex(n.nonce));
-  auto seg = ShmSegment::Create(n.name, kHeaderBytes + layout.bytes, /*populate=*/true);
-  if (!seg.ok()) return seg.status();
-  auto* h = new (seg->data()) Header;
+  auto parts = CreateParts(absl::StrCat("psgrad", trainer, "-", server), layout.bytes,
+                           kHeaderBytes + layout.bytes);
+  if (!parts.ok()) return parts.status();
+  auto* h = new (parts->segment.data()) Header;
   h->magic = kBoxMagic;
-  h->nonce = n.nonce;
+  h->nonce = parts->announced.nonce;
   h->bytes = layout.bytes;
   h->written.store(0, std::memory_order_relaxed);
   h->released.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  return std::unique_ptr<GradientBox>(
-      new GradientBox(*std::move(seg), std::move(n), layout, true, *std::move(marker)));
+  return std::unique_ptr<GradientBox>(new GradientBox(*std::move(parts), layout));
 }
 
 absl::StatusOr<std::shared_ptr<GradientBox>> GradientBox::Open(const SharedName& announced,
                                                                const DenseLayout& layout) {
-  if (announced.bytes != layout.bytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("gradient box ", announced.name, ": announced ", announced.bytes,
-                     " bytes, this server's layout has ", layout.bytes));
-  }
-  auto seg = ShmSegment::Open(announced.name, kHeaderBytes + layout.bytes);
-  if (!seg.ok()) return seg.status();
-  const auto* h = static_cast<const Header*>(seg->data());
-  if (absl::Status s =
-          CheckHeader(h->magic, kBoxMagic, h->nonce, h->bytes, announced, "gradient box");
-      !s.ok()) {
-    return s;
-  }
-  return std::shared_ptr<GradientBox>(
-      new GradientBox(*std::move(seg), announced, layout, false, nullptr));
+  auto parts = OpenParts(announced, layout, kHeaderBytes + layout.bytes, kBoxMagic, "gradient box");
+  if (!parts.ok()) return parts.status();
+  return std::shared_ptr<GradientBox>(new GradientBox(*std::move(parts), layout));
 }
 
 bool GradientBox::Free() const {
@@ -288,16 +273,18 @@ bool GradientBox::Free() const {
 absl::StatusOr<uint64_t> GradientBox::Write(const std::vector<std::pair<int, at::Tensor>>& grads) {
   for (const auto& [table, g] : grads) {
     if (table < 0 || table >= static_cast<int>(layout_.offset.size()) ||
-        layout_.offset[table] < 0 || !g.defined() || g.numel() != layout_.numel[table]) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient box ", announced_.name,
-                                                     ": no chunk of ", g.defined() ? g.numel() : 0,
-                                                     " elements for table ", table));
+        layout_.offset[table] < 0 || !g.defined() || g.numel() != layout_.numel[table] ||
+        g.scalar_type() != layout_.dtype[table]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient box ", announced_.name, ": no chunk of ", g.defined() ? g.numel() : 0,
+          " elements of ", g.defined() ? c10::toString(g.scalar_type()) : "none", " for table ",
+          table));
     }
   }
   Header* h = header();
   for (const auto& [table, g] : grads) {
     at::Tensor dst = at::from_blob(data() + layout_.offset[table], {layout_.numel[table]},
-                                   at::TensorOptions().dtype(g.scalar_type()));
+                                   at::TensorOptions().dtype(layout_.dtype[table]));
     dst.copy_(g.reshape(-1));
   }
   const uint64_t generation = h->written.load(std::memory_order_relaxed) + 1;

@@ -52,6 +52,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/shm_segment.h"
 #include "ps/sharding.h"
 #include "ps/spec.h"
@@ -64,9 +65,10 @@ namespace baton::ps::internal {
 
 // Where each dense table's chunk lies in one server's buffers.
 struct DenseLayout {
-  std::vector<int64_t> offset;  // per spec table: byte offset, -1 if none here
-  std::vector<int64_t> numel;   // per spec table: elements of the chunk
-  int64_t bytes = 0;            // one buffer
+  std::vector<int64_t> offset;         // per spec table: byte offset, -1 if none here
+  std::vector<int64_t> numel;          // per spec table: elements of the chunk
+  std::vector<c10::ScalarType> dtype;  // per spec table
+  int64_t bytes = 0;                   // one buffer
   bool empty() const { return bytes == 0; }
 };
 DenseLayout MakeDenseLayout(const PsSpec& spec, const ShardPlan& plan, int server);
@@ -78,7 +80,41 @@ struct SharedName {
   int64_t bytes = 0;  // one buffer
 };
 
-class ParameterBoard {
+// What a board and a box have in common: the segment, what its creator
+// announced, the layout, and (creator only) the name to unlink and the
+// liveness marker that lets the sweep judge the creator (SD5).
+class SharedSegment {
+ public:
+  const SharedName& announced() const { return announced_; }
+  // Shared memory this segment maps.
+  size_t bytes() const { return segment_.size(); }
+
+ protected:
+  // The pieces of a new segment, before its header is written.
+  struct Parts {
+    ShmSegment segment;
+    SharedName announced;
+    std::unique_ptr<rpc::internal::LivenessMarker> marker;  // null: not the creator
+  };
+  // Creates "<this process's object prefix><name>.<nonce>" of `total` bytes
+  // for buffers of `buffer_bytes`.
+  static absl::StatusOr<Parts> CreateParts(const std::string& name, int64_t buffer_bytes,
+                                           size_t total);
+  // Maps what was announced (`what` names it in errors); SD4: the header's
+  // magic, nonce and size must be the announced ones.
+  static absl::StatusOr<Parts> OpenParts(const SharedName& announced, const DenseLayout& layout,
+                                         size_t total, uint64_t magic, absl::string_view what);
+
+  SharedSegment(Parts parts, DenseLayout layout);
+  ~SharedSegment();  // the creator unlinks the name
+
+  ShmSegment segment_;
+  const SharedName announced_;
+  const DenseLayout layout_;
+  std::unique_ptr<rpc::internal::LivenessMarker> marker_;
+};
+
+class ParameterBoard : public SharedSegment {
  public:
   static constexpr int kReadTries = 64;
 
@@ -89,13 +125,8 @@ class ParameterBoard {
   // Trainer side: maps a board a server announced (SD4).
   static absl::StatusOr<std::unique_ptr<ParameterBoard>> Open(const SharedName& announced,
                                                               const DenseLayout& layout);
-  ~ParameterBoard();  // the creator unlinks the name
-
-  const SharedName& announced() const { return announced_; }
   // The newest version published, -1 if none.
   int64_t version() const;
-  // Shared memory this board maps.
-  size_t bytes() const { return segment_.size(); }
 
   // Creator: publishes `chunks` (per spec table: the chunk's flat values,
   // undefined where the layout has none) as `version` (SD1).
@@ -106,25 +137,18 @@ class ParameterBoard {
   // no whole version >= min_version could be read (SD1, SD2): the caller
   // pulls through a message instead. INVALID_ARGUMENT for a table without
   // a chunk here or a destination that is not a contiguous host tensor of
-  // the chunk's numel.
+  // the chunk's numel and dtype.
   absl::StatusOr<int64_t> Read(int64_t min_version,
                                const std::vector<std::pair<int, at::Tensor>>& into) const;
 
  private:
-  ParameterBoard(ShmSegment segment, SharedName announced, DenseLayout layout, bool owner,
-                 std::unique_ptr<rpc::internal::LivenessMarker> marker);
+  using SharedSegment::SharedSegment;
   struct Header;
   Header* header() const;
   char* buffer(int b) const;
-
-  ShmSegment segment_;
-  const SharedName announced_;
-  const DenseLayout layout_;
-  const bool owner_;
-  std::unique_ptr<rpc::internal::LivenessMarker> marker_;
 };
 
-class GradientBox {
+class GradientBox : public SharedSegment {
  public:
   // Trainer side: a box for its gradients to `server` (SD5 names).
   static absl::StatusOr<std::unique_ptr<GradientBox>> Create(const DenseLayout& layout, int trainer,
@@ -132,17 +156,13 @@ class GradientBox {
   // Server side: maps a box a trainer announced (SD4).
   static absl::StatusOr<std::shared_ptr<GradientBox>> Open(const SharedName& announced,
                                                            const DenseLayout& layout);
-  ~GradientBox();
-
-  const SharedName& announced() const { return announced_; }
-  size_t bytes() const { return segment_.size(); }
 
   // Trainer: whether every generation written was released (SD3).
   bool Free() const;
   // Trainer: copies `grads` (table index, the chunk's values of its numel
   // and dtype) into the box; returns the new generation (>= 1).
   // INVALID_ARGUMENT (nothing written) for a table without a chunk here or
-  // a tensor of another numel. REQUIRES: Free().
+  // a tensor of another numel or dtype. REQUIRES: Free().
   absl::StatusOr<uint64_t> Write(const std::vector<std::pair<int, at::Tensor>>& grads);
 
   // Server: views of generation `generation`'s gradient of each table in
@@ -155,17 +175,10 @@ class GradientBox {
                                                        const PsSpec& spec);
 
  private:
-  GradientBox(ShmSegment segment, SharedName announced, DenseLayout layout, bool owner,
-              std::unique_ptr<rpc::internal::LivenessMarker> marker);
+  using SharedSegment::SharedSegment;
   struct Header;
   Header* header() const;
   char* data() const;
-
-  ShmSegment segment_;
-  const SharedName announced_;
-  const DenseLayout layout_;
-  const bool owner_;
-  std::unique_ptr<rpc::internal::LivenessMarker> marker_;
 };
 
 }  // namespace baton::ps::internal

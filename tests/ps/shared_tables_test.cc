@@ -139,6 +139,8 @@ TEST(SharedTables, SD2_AVersionNotYetPublishedIsNotRead) {
   EXPECT_EQ((*board)->Read(4, {{0, at::empty({10}, at::kFloat)}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*board)->Read(4, {{1, a}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*board)->Read(4, {{0, at::empty({l.numel[0]}, at::kDouble)}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SharedTables, SD3_ABoxIsWrittenAgainOnlyOnceTheServersViewsAreGone) {
@@ -154,6 +156,8 @@ TEST(SharedTables, SD3_ABoxIsWrittenAgainOnlyOnceTheServersViewsAreGone) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*box)->Write({{1, at::ones({4})}}).status().code(),
             absl::StatusCode::kInvalidArgument);  // the embedding table
+  EXPECT_EQ((*box)->Write({{0, at::ones({1000}, at::kDouble)}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // twice the chunk's bytes
   EXPECT_TRUE((*box)->Free());
   auto written =
       (*box)->Write({{0, at::arange(1000, at::kFloat)}, {2, at::ones({150}, at::kDouble)}});
