@@ -145,7 +145,7 @@ class SameHost {
   // A trainer (re)joined as `session`: maps the box it announced (or forgets
   // its old one) and announces the board.
   void Join(const internal::JoinRequest& req, int64_t session, internal::JoinReply* reply,
-            const std::function<void(const std::string&)>& log) {
+            ServerShard& shard) {
     std::shared_ptr<internal::GradientBox> box;
     if (board_ != nullptr && !req.box.empty()) {
       auto opened = internal::GradientBox::Open({req.box, req.box_nonce, req.box_bytes}, layout_);
@@ -154,8 +154,8 @@ class SameHost {
       } else {
         // SD4: another host's trainer (or a box of another layout): its
         // gradients come in its messages.
-        log(absl::StrCat("trainer ", req.trainer,
-                         "'s gradient box is not mapped: ", opened.status().ToString()));
+        shard.Log(absl::StrCat("trainer ", req.trainer,
+                               "'s gradient box is not mapped: ", opened.status().ToString()));
       }
     }
     {
@@ -247,32 +247,28 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   so.server = options.server;
   so.num_servers = options.num_servers;
   so.log = options.log;
-  auto log = [server = options.server, user = options.log](const std::string& line) {
-    const std::string text = absl::StrCat("ps server ", server, ": ", line);
-    if (user) {
-      user(text);
-    } else {
-      std::fprintf(stderr, "%s\n", text.c_str());
-    }
-  };
   internal::DenseLayout layout;
   if (ValidateSpec(spec).ok() && options.server >= 0 && options.server < options.num_servers) {
     layout =
         internal::MakeDenseLayout(spec, ShardPlan::Make(spec, options.num_servers), options.server);
   }
+  absl::Status no_board;
   if (options.same_host_shm && !layout.empty()) {
     auto board = internal::ParameterBoard::Create(layout, options.server);
     if (board.ok()) {
       so.board = *std::move(board);
     } else {
-      log(absl::StrCat("no parameter board (dense pulls carry their values): ",
-                       board.status().ToString()));
+      no_board = board.status();
     }
   }
   auto same_host = std::make_shared<SameHost>(so.board, layout);
   auto shard_or = ServerShard::Create(std::move(spec), so);
   if (!shard_or.ok()) return shard_or.status();
   std::shared_ptr<ServerShard> shard = *std::move(shard_or);
+  if (!no_board.ok()) {
+    shard->Log(
+        absl::StrCat("no parameter board (dense pulls carry their values): ", no_board.ToString()));
+  }
   std::unique_ptr<PsServer> server(new PsServer(shard, options));
   server->shared_bytes_ = [same_host] { return same_host->bytes(); };
   if (!options.checkpoint_dir.empty()) {
@@ -397,20 +393,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pulls"), pulls);
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pushes"), pushes);
   });
-  absl::Status s =
-      registry.Register(internal::kJoinFn,
-                        [shard, ranks, same_host, log](
-                            const rpc::CallContext& ctx,
-                            internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
-                          ranks->Note(req.trainer, ctx);
-                          auto r = shard->Join(req.trainer, req.fingerprint);
-                          if (!r.ok()) return r.status();
-                          internal::JoinReply reply;
-                          reply.clock = r->clock;
-                          reply.session = r->session;
-                          same_host->Join(req, r->session, &reply, log);
-                          return reply;
-                        });
+  absl::Status s = registry.Register(
+      internal::kJoinFn,
+      [shard, ranks, same_host](const rpc::CallContext& ctx,
+                                internal::JoinRequest req) -> absl::StatusOr<internal::JoinReply> {
+        ranks->Note(req.trainer, ctx);
+        auto r = shard->Join(req.trainer, req.fingerprint);
+        if (!r.ok()) return r.status();
+        internal::JoinReply reply;
+        reply.clock = r->clock;
+        reply.session = r->session;
+        same_host->Join(req, r->session, &reply, *shard);
+        return reply;
+      });
   if (s.ok()) {
     s = registry.Register(
         internal::kInitFn,

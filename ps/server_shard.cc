@@ -135,6 +135,14 @@ void ServerShard::LogLocked(std::string line, Deferred* after) {
   after->logged = true;
 }
 
+void ServerShard::Log(const std::string& line) {
+  {
+    absl::MutexLock lock(&mu_);
+    log_.push_back(absl::StrCat("ps server ", options_.server, ": ", line));
+  }
+  EmitLog();
+}
+
 void ServerShard::EmitLog() {
   absl::MutexLock lock(&mu_);
   // One thread hands lines over at a time, so the callback sees them in the

@@ -166,6 +166,10 @@ class ServerShard {
   // it periodically; tests call it with a fake clock.
   void CheckWaits();
 
+  // Hands `line` (prefixed "ps server <k>: ") to Options::log after the
+  // lines the shard queued before it (see Thread-safety above).
+  void Log(const std::string& line) ABSL_LOCKS_EXCLUDED(mu_);
+
   ShardStats Stats() const;
 
   // For the hang report: each trainer's finished clock and liveness, and
