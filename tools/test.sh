@@ -2,8 +2,10 @@
 # Runs every check a change must pass before the long CI stages: installs
 # what is missing, then the seconds-long checks (every protocol guarantee
 # label defined once, tools/check_labels.py; every C++ file formatted,
-# tools/format.sh --check), then `bazel test //...`. .ci/run starts with
-# this script, so the README's test command and CI's first stage are one.
+# tools/format.sh --check), then `bazel test //...`, which builds the tests
+# and what they run, not the benchmarks and tools (--build_tests_only; CI's
+# next stage builds those, tools/build_all.sh). .ci/run starts with this
+# script, so the README's test command and CI's first stage are one.
 # Builds come from the disk cache when nothing changed, but the tests always
 # run: a cached pass would hide a test that fails on this machine now.
 set -euo pipefail
@@ -11,4 +13,4 @@ cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
 /usr/bin/python3 tools/check_labels.py
 bash tools/format.sh --check
-bazel test //... --nocache_test_results "$@"
+bazel test //... --build_tests_only --nocache_test_results "$@"
