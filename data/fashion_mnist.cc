@@ -1,5 +1,7 @@
 #include "data/fashion_mnist.h"
 
+#include <ATen/ops/from_blob.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -53,12 +55,12 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
   try {
     const int64_t pixels = int64_t{kFashionMnistRows} * kFashionMnistCols;
     Split split;
-    split.images = torch::from_blob(images->values.data(), {n, pixels}, torch::kUInt8)
-                       .to(torch::kFloat32)
+    split.images = at::from_blob(images->values.data(), {n, pixels}, at::kByte)
+                       .to(at::kFloat)
                        .div_(255.0)
                        .sub_(kFashionMnistMean)
                        .div_(kFashionMnistStd);
-    split.labels = torch::from_blob(labels->values.data(), {n}, torch::kUInt8).to(torch::kInt64);
+    split.labels = at::from_blob(labels->values.data(), {n}, at::kByte).to(at::kLong);
     return split;
   } catch (const std::bad_alloc& e) {
     return absl::ResourceExhaustedError(

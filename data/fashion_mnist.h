@@ -14,7 +14,7 @@
 #ifndef BATON_DATA_FASHION_MNIST_H_
 #define BATON_DATA_FASHION_MNIST_H_
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 
@@ -33,8 +33,8 @@ inline constexpr int kFashionMnistCols = 28;
 inline constexpr int kFashionMnistClasses = 10;
 
 struct Split {
-  torch::Tensor images;  // float32 [N, 784], (x / 255 - 0.2860) / 0.3530
-  torch::Tensor labels;  // int64 [N], values in 0..9
+  at::Tensor images;  // float32 [N, 784], (x / 255 - 0.2860) / 0.3530
+  at::Tensor labels;  // int64 [N], values in 0..9
 };
 
 // Loads the training split (train-images-idx3-ubyte.gz,

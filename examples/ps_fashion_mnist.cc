@@ -38,7 +38,12 @@
 //       rejoin and continue at their clock.
 // Data: $BATON_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist
 // (Debian's dataset-fashion-mnist).
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdio>

@@ -47,7 +47,7 @@
 #ifndef BATON_PIPELINE_DRIVER_H_
 #define BATON_PIPELINE_DRIVER_H_
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>

@@ -27,7 +27,7 @@
 #ifndef BATON_PIPELINE_MODEL_H_
 #define BATON_PIPELINE_MODEL_H_
 
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
 #include <string>

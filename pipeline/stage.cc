@@ -4,7 +4,9 @@
 #include <exception>
 #include <utility>
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"

@@ -63,7 +63,7 @@
 #ifndef BATON_PIPELINE_STAGE_H_
 #define BATON_PIPELINE_STAGE_H_
 
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
 #include <functional>

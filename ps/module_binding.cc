@@ -1,6 +1,7 @@
 #include "ps/module_binding.h"
 
-#include <torch/torch.h>
+#include <ATen/ops/zeros.h>
+#include <torch/nn/module.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"

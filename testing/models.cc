@@ -1,5 +1,9 @@
 #include "testing/models.h"
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
 namespace baton::testing {
 
 torch::nn::Sequential MakeMlp(const MlpSpec& spec) {

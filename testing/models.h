@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
 
 namespace baton::testing {
 

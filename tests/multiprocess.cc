@@ -13,11 +13,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/fork_server.h"
 
 extern char** environ;
 
@@ -43,26 +45,101 @@ bool RegisterScenario(const std::string& name, Scenario fn) {
   return true;
 }
 
+namespace {
+
+int RunScenario(const std::string& name) {
+  auto it = Scenarios().find(name);
+  if (it == Scenarios().end()) {
+    std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
+    return 3;
+  }
+  const int code = it->second();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  return code;
+}
+
+}  // namespace
+
 int MaybeRunScenario(int argc, char** argv) {
   const std::string flag = "--baton_scenario=";
   for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], flag)) {
-      const std::string name = std::string(argv[i]).substr(flag.size());
-      auto it = Scenarios().find(name);
-      if (it == Scenarios().end()) {
-        std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
-        return 3;
-      }
-      const int code = it->second();
-      std::fflush(stdout);
-      std::fflush(stderr);
-      return code;
-    }
+    if (absl::StartsWith(argv[i], flag))
+      return RunScenario(std::string(argv[i]).substr(flag.size()));
+    if (std::strcmp(argv[i], kForkServerFlag) == 0) RunForkServer(&RunScenario);
   }
   return -1;
 }
 
 namespace {
+
+// The test process's fork server (tests/fork_server.h), started on the first
+// RunWorkers; null where it cannot be used, and then workers are spawned.
+ForkServer* Server() {
+  static ForkServer* const server = []() -> ForkServer* {
+    const char* off = std::getenv("BATON_TEST_NO_FORK_SERVER");
+    if (off != nullptr && std::string(off) == "1") return nullptr;
+    absl::StatusOr<std::unique_ptr<ForkServer>> started = ForkServer::Start();
+    if (!started.ok()) {
+      std::fprintf(stderr, "multiprocess: spawning workers (%s)\n",
+                   started.status().ToString().c_str());
+      return nullptr;
+    }
+    return started->release();  // lives as long as the test process
+  }();
+  return server;
+}
+
+// Runs the workers through the fork server: the same results as spawning
+// them, or an error (the server went away) before any worker started.
+absl::Status RunThroughServer(ForkServer& server, const std::string& scenario,
+                              const std::vector<std::map<std::string, std::string>>& envs,
+                              const std::vector<std::string>& logs, absl::Duration timeout,
+                              std::vector<WorkerResult>& results) {
+  std::map<pid_t, int> rank_of;
+  for (size_t rank = 0; rank < envs.size(); ++rank) {
+    absl::StatusOr<pid_t> pid = server.Spawn(scenario, logs[rank], envs[rank]);
+    if (!pid.ok()) {
+      for (const auto& [p, r] : rank_of) server.Kill(p).IgnoreError();
+      if (rank_of.empty()) return pid.status();
+      results[rank].output = pid.status().ToString();
+      continue;
+    }
+    rank_of[*pid] = static_cast<int>(rank);
+  }
+  absl::Time deadline = absl::Now() + timeout;
+  bool killed = false;
+  while (!rank_of.empty()) {
+    pid_t pid = -1;
+    int status = 0;
+    absl::StatusOr<bool> exited = server.WaitExit(deadline, &pid, &status);
+    if (!exited.ok()) {
+      for (const auto& [p, r] : rank_of) {
+        results[r].output = absl::StrCat("fork server: ", exited.status().ToString(), "\n");
+      }
+      return absl::OkStatus();
+    }
+    if (*exited) {
+      auto it = rank_of.find(pid);
+      if (it == rank_of.end()) continue;  // a worker of an earlier run, killed then
+      if (WIFEXITED(status)) results[it->second].exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) results[it->second].signal = WTERMSIG(status);
+      rank_of.erase(it);
+      continue;
+    }
+    if (killed) {  // killed and still not reported: give up on them
+      for (const auto& [p, r] : rank_of) results[r].output = "not reaped after SIGKILL\n";
+      return absl::OkStatus();
+    }
+    for (const auto& [p, r] : rank_of) {
+      results[r].timed_out = true;
+      server.Kill(p).IgnoreError();
+    }
+    killed = true;
+    deadline = absl::Now() + absl::Seconds(30);
+  }
+  return absl::OkStatus();
+}
 
 std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_size,
                                          absl::Duration timeout,
@@ -71,10 +148,12 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";
   std::vector<WorkerResult> results(world_size);
+  for (int r = 0; r < world_size; ++r) results[r].rank = r;
   std::vector<pid_t> pids(world_size, -1);
   std::vector<std::string> logs(world_size);
+  std::vector<std::map<std::string, std::string>> envs(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
-    std::map<std::string, std::string> env;
+    std::map<std::string, std::string>& env = envs[rank];
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv = *e;
       const auto eq = kv.find('=');
@@ -85,13 +164,24 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(port);
     for (const auto& [k, v] : extra_env) env[k] = v;
+    logs[rank] = absl::StrCat(dir, "/", scenario, ".", getpid(), ".", rank, ".log");
+  }
+  if (ForkServer* server = Server();
+      server != nullptr && RunThroughServer(*server, scenario, envs, logs, timeout, results).ok()) {
+    for (int r = 0; r < world_size; ++r) {
+      results[r].output += ReadFile(logs[r]);
+      unlink(logs[r].c_str());
+    }
+    return results;
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    const std::map<std::string, std::string>& env = envs[rank];
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
 
-    logs[rank] = absl::StrCat(dir, "/", scenario, ".", getpid(), ".", rank, ".log");
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, logs[rank].c_str(), O_WRONLY | O_CREAT | O_TRUNC,
@@ -111,7 +201,6 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
   const absl::Time deadline = absl::Now() + timeout;
   int remaining = 0;
   for (int r = 0; r < world_size; ++r) {
-    results[r].rank = r;
     if (pids[r] > 0) ++remaining;
   }
   bool killed = false;

@@ -6,6 +6,9 @@
 #include <new>
 #include <utility>
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 

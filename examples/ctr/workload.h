@@ -21,7 +21,7 @@
 #ifndef BATON_EXAMPLES_CTR_WORKLOAD_H_
 #define BATON_EXAMPLES_CTR_WORKLOAD_H_
 
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <array>
 #include <cstdint>

@@ -4,6 +4,7 @@
 #include "examples/ctr/workload.h"
 
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 
 #include <chrono>
 #include <cstdio>

@@ -40,7 +40,11 @@
 #include <map>
 #include <string>
 
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -37,7 +37,7 @@
 //   --max_episodes N (10000)  --log_every N (10)      --observer_timeout S (5)
 //   --max_batch_delay_ms X (5)  --min_observers N (agent: all other ranks)
 //   --first_round_wait S (60) --job_timeout S (1800)  --join_after_episodes E (0)
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
 
 #include <unistd.h>
 
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach baton-run at once
-  torch::set_num_threads(1);
+  at::set_num_threads(1);
   try {
     return is_agent ? RunAgent(*flags, *env, *options) : RunObserver(*flags, *env, *options);
   } catch (const std::exception& e) {  // LibTorch errors, baton::Error

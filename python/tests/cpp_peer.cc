@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "base/status.h"
 #include "rpc/agent.h"
@@ -18,11 +18,11 @@ namespace {
 
 using baton::rpc::Function;
 
-const Function<torch::Tensor(torch::Tensor, torch::Tensor)> kAdd("cpp.add");
+const Function<at::Tensor(at::Tensor, at::Tensor)> kAdd("cpp.add");
 const Function<std::tuple<int64_t, double, std::string>(
     std::vector<int64_t>, std::map<std::string, double>, std::optional<std::string>)>
     kDescribe("cpp.describe");
-const Function<std::vector<torch::Tensor>(int32_t, bool)> kMake("cpp.make");
+const Function<std::vector<at::Tensor>(int32_t, bool)> kMake("cpp.make");
 const Function<void(std::string)> kFail("cpp.fail");
 const Function<void()> kNoop("cpp.noop");
 
@@ -36,7 +36,7 @@ int main() {
       std::exit(1);
     }
   };
-  check(registry->Register(kAdd, [](torch::Tensor a, torch::Tensor b) { return a + b; }));
+  check(registry->Register(kAdd, [](at::Tensor a, at::Tensor b) { return a + b; }));
   check(registry->Register(kDescribe, [](std::vector<int64_t> v, std::map<std::string, double> m,
                                          std::optional<std::string> note) {
     int64_t sum = 0;
@@ -46,9 +46,8 @@ int main() {
     return std::make_tuple(sum, total, note.value_or("none"));
   }));
   check(registry->Register(kMake, [](int32_t n, bool ones) {
-    std::vector<torch::Tensor> out;
-    for (int32_t i = 0; i < n; ++i)
-      out.push_back(ones ? torch::ones({i + 1}) : torch::zeros({i + 1}));
+    std::vector<at::Tensor> out;
+    for (int32_t i = 0; i < n; ++i) out.push_back(ones ? at::ones({i + 1}) : at::zeros({i + 1}));
     return out;
   }));
   check(registry->Register(kNoop, [] {}));

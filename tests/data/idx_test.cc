@@ -3,11 +3,11 @@
 // only where the data set is installed.
 #include "data/idx.h"
 
+#include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -310,9 +310,9 @@ TEST(FashionMnist, LoadsSmallSplitNormalized) {
   absl::StatusOr<Split> split = LoadFashionMnist(dir, /*train=*/true);
   ASSERT_TRUE(split.ok()) << split.status();
   ASSERT_EQ(split->images.sizes(), (std::vector<int64_t>{3, 784}));
-  ASSERT_EQ(split->images.scalar_type(), torch::kFloat32);
-  ASSERT_EQ(split->labels.scalar_type(), torch::kInt64);
-  EXPECT_TRUE(torch::equal(split->labels, torch::tensor({9, 0, 4}, torch::kInt64)));
+  ASSERT_EQ(split->images.scalar_type(), at::kFloat);
+  ASSERT_EQ(split->labels.scalar_type(), at::kLong);
+  EXPECT_TRUE(at::equal(split->labels, at::tensor({9, 0, 4}, at::kLong)));
   auto images = split->images.accessor<float, 2>();
   for (int64_t i = 0; i < 3; ++i) {
     for (int64_t j = 0; j < 784; ++j) {
@@ -394,10 +394,10 @@ TEST(FashionMnist, RealDataSetLoads) {
     EXPECT_EQ(split->labels.sizes(), (std::vector<int64_t>{n}));
     EXPECT_GE(split->labels.min().item<int64_t>(), 0);
     EXPECT_LE(split->labels.max().item<int64_t>(), 9);
-    const torch::Tensor counts = torch::bincount(split->labels, {}, 10);
+    const at::Tensor counts = at::bincount(split->labels, {}, 10);
     EXPECT_GT(counts.min().item<int64_t>(), 0) << counts;
     if (train) {
-      const torch::Tensor images = split->images.to(torch::kFloat64);
+      const at::Tensor images = split->images.to(at::kDouble);
       EXPECT_NEAR(images.mean().item<double>(), 0.0, 0.01);
       EXPECT_NEAR(images.std().item<double>(), 1.0, 0.01);
     }

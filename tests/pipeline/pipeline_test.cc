@@ -13,6 +13,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <torch/utils.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -9,6 +9,12 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -6,8 +6,8 @@
 #include <string>
 #include <tuple>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "ps/internal/functions.h"
@@ -23,7 +23,7 @@ using dist_optim::OptimizerOptions;
 
 PsSpec OneTableSpec() {
   PsSpec spec;
-  spec.tables = {TableSpec::Dense("w", {4}, torch::kFloat32, OptimizerOptions::SGD(1))};
+  spec.tables = {TableSpec::Dense("w", {4}, at::kFloat, OptimizerOptions::SGD(1))};
   spec.consistency = Consistency::Async();
   return spec;
 }
@@ -121,7 +121,7 @@ TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
 
   internal::InitRequest init;
   init.tables = {"w"};
-  init.values = {torch::zeros({4})};
+  init.values = {at::zeros({4})};
   auto inited = Decode<internal::InitReply>(
       CallRaw(registry, "baton.ps.init_dense", rpc::EncodeMessage(std::make_tuple(init))));
   ASSERT_TRUE(inited.ok()) << inited.status();
@@ -132,7 +132,7 @@ TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {
   push.end_clock = true;
   push.tables = {"w"};
   push.ids = {at::Tensor()};
-  push.gradients = {torch::ones({4})};
+  push.gradients = {at::ones({4})};
   auto pushed = Decode<internal::PushReply>(
       CallRaw(registry, "baton.ps.push", rpc::EncodeMessage(std::make_tuple(push))));
   ASSERT_TRUE(pushed.ok()) << pushed.status();
