@@ -247,7 +247,8 @@ void RunForkServer(int (*run_scenario)(const std::string& name)) {
   if (::getppid() == 1) std::_Exit(0);  // the test process is already gone
   const int threads = ThreadCount();
   if (threads != 1) {
-    WriteMessage(kServerFd, {"refused", absl::StrCat(threads, " threads at start; fork is unsafe")});
+    WriteMessage(kServerFd,
+                 {"refused", absl::StrCat(threads, " threads at start; fork is unsafe")});
     std::_Exit(0);
   }
   sigset_t chld, old;

@@ -57,8 +57,8 @@ TEST(Harness, ForkServerStartsInASingleThreadedBinary) {
 
 TEST(Harness, WorkersGetTheirEnvironmentExitCodeAndOutput) {
   ::setenv("HARNESS_ONLY_IN_PARENT_AT_START", "set-later", 1);
-  const auto results = RunWorkers("env_and_output", 3, absl::Seconds(60),
-                                  {{"HARNESS_EXTRA", "x y=z"}});
+  const auto results =
+      RunWorkers("env_and_output", 3, absl::Seconds(60), {{"HARNESS_EXTRA", "x y=z"}});
   ::unsetenv("HARNESS_ONLY_IN_PARENT_AT_START");
   ASSERT_EQ(results.size(), 3u);
   for (int r = 0; r < 3; ++r) {
