@@ -81,6 +81,15 @@ def main():
     for k, s in totals.most_common():
         print(f"| {k} | {counts[k]} | {s:.0f} |")
     print(f"| all | {sum(counts.values())} | {sum(totals.values()):.0f} |\n")
+    per_source = collections.defaultdict(list)
+    for e in events:
+        src = source_path(e["name"])
+        if src:
+            per_source[src].append(e["dur"] / 1e6)
+    twice = {k: v for k, v in per_source.items() if len(v) > 1}
+    extra = sum(sum(v) - max(v) for v in twice.values())
+    print(f"{len(per_source)} sources compiled, {len(twice)} of them more than once "
+          f"(the extra compiles: {extra:.0f} s)\n")
     print(f"| the {args.top} most expensive actions | seconds |\n| --- | ---: |")
     for e in sorted(events, key=lambda e: -e["dur"])[: args.top]:
         print(f"| {e['name']} | {e['dur'] / 1e6:.1f} |")
