@@ -107,6 +107,12 @@ absl::StatusOr<Message> ReadMessage(int fd, absl::Time deadline) {
   return message;
 }
 
+// An exit report, {"exit", pid, wait status}.
+bool ParseExit(const Message& m, int* pid, int* wait_status) {
+  return m.size() == 3 && m[0] == "exit" && absl::SimpleAtoi(m[1], pid) &&
+         absl::SimpleAtoi(m[2], wait_status);
+}
+
 int ThreadCount() {
   DIR* dir = ::opendir("/proc/self/task");
   if (dir == nullptr) return -1;
@@ -187,11 +193,8 @@ absl::StatusOr<std::string> ForkServer::ReadReply(absl::Time deadline) {
   for (;;) {
     absl::StatusOr<Message> m = ReadMessage(fd_, deadline);
     if (!m.ok()) return m.status();
-    if (m->size() == 3 && (*m)[0] == "exit") {
-      int pid = 0, status = 0;
-      if (!absl::SimpleAtoi((*m)[1], &pid) || !absl::SimpleAtoi((*m)[2], &status)) {
-        return absl::DataLossError("fork server: bad exit report");
-      }
+    int pid = 0, status = 0;
+    if (ParseExit(*m, &pid, &status)) {
       early_exits_[pid] = status;
       continue;
     }
@@ -223,23 +226,20 @@ absl::Status ForkServer::Kill(pid_t pid) {
 }
 
 absl::StatusOr<bool> ForkServer::WaitExit(absl::Time deadline, pid_t* pid, int* wait_status) {
-  for (;;) {
-    if (!early_exits_.empty()) {
-      *pid = early_exits_.begin()->first;
-      *wait_status = early_exits_.begin()->second;
-      early_exits_.erase(early_exits_.begin());
-      return true;
-    }
-    absl::StatusOr<Message> m = ReadMessage(fd_, deadline);
-    if (absl::IsDeadlineExceeded(m.status())) return false;
-    if (!m.ok()) return m.status();
-    int p = 0, status = 0;
-    if (m->size() != 3 || (*m)[0] != "exit" || !absl::SimpleAtoi((*m)[1], &p) ||
-        !absl::SimpleAtoi((*m)[2], &status)) {
-      return absl::DataLossError("fork server: unexpected message");
-    }
-    early_exits_[p] = status;
+  if (!early_exits_.empty()) {
+    *pid = early_exits_.begin()->first;
+    *wait_status = early_exits_.begin()->second;
+    early_exits_.erase(early_exits_.begin());
+    return true;
   }
+  absl::StatusOr<Message> m = ReadMessage(fd_, deadline);
+  if (absl::IsDeadlineExceeded(m.status())) return false;
+  if (!m.ok()) return m.status();
+  int p = 0;
+  if (!ParseExit(*m, &p, wait_status))
+    return absl::DataLossError("fork server: unexpected message");
+  *pid = p;
+  return true;
 }
 
 void RunForkServer(int (*run_scenario)(const std::string& name)) {
