@@ -212,6 +212,7 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
     s.episodes = r.episodes;
     s.running_reward = r.running_reward;
     s.solved_at = r.solved_at;
+    s.solved_reward = r.solved_reward;
     s.steps = r.steps;
     s.forwards = forwards_.load();
     s.joined = r.joined;

@@ -120,7 +120,8 @@ struct ReinforceStats {
   int64_t episodes = 0;
   double running_reward = 0;
   int64_t solved_at = -1;
-  int64_t steps = 0;  // env steps acted on, all rounds
+  double solved_reward = 0;  // the running reward at solved_at
+  int64_t steps = 0;         // env steps acted on, all rounds
   int64_t forwards = 0;
   int64_t joined = 0;
   int64_t dropped = 0;

@@ -205,6 +205,7 @@ Rounds::RoundEnd Rounds::EndUpdate(const absl::Status& update, Effects* out) {
       ++episodes_by_session_[p.session];
       if (solved_at_ < 0 && running_.value > options_.solve_threshold) {
         solved_at_ = running_.episodes;
+        solved_reward_ = running_.value;
       }
     }
     steps_ += options_.steps_per_round;
@@ -217,7 +218,7 @@ Rounds::RoundEnd Rounds::EndUpdate(const absl::Status& update, Effects* out) {
   end.seconds = absl::ToDoubleSeconds(now - first_round_start_);
   end.steps = steps_;
   if (solved_at_ >= 0) {
-    StopAt(absl::StrCat("solved at episode ", solved_at_, " (running reward ", running_.value,
+    StopAt(absl::StrCat("solved at episode ", solved_at_, " (running reward ", solved_reward_,
                         " > ", options_.solve_threshold, ")"),
            now, out);
   } else if (options_.max_episodes > 0 && running_.episodes >= options_.max_episodes) {
@@ -253,6 +254,7 @@ Rounds::Stats Rounds::stats() const {
   s.episodes = running_.episodes;
   s.running_reward = running_.value;
   s.solved_at = solved_at_;
+  s.solved_reward = solved_reward_;
   s.steps = steps_;
   s.joined = joined_;
   s.dropped = dropped_;

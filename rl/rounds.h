@@ -126,7 +126,8 @@ class Rounds {
     int64_t rounds = 0;  // ended
     int64_t episodes = 0;
     double running_reward = RunningReward::kStart;
-    int64_t solved_at = -1;  // the episode at which it was solved
+    int64_t solved_at = -1;    // the episode at which it was solved
+    double solved_reward = 0;  // the running reward then (the round's later episodes move it)
     int64_t steps = 0;
     int64_t joined = 0;
     int64_t dropped = 0;
@@ -240,6 +241,7 @@ class Rounds {
   bool stopped_ = false;
   RunningReward running_;
   int64_t solved_at_ = -1;
+  double solved_reward_ = 0;
   int64_t steps_ = 0;
   int64_t joined_ = 0;
   int64_t dropped_ = 0;

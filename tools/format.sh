@@ -11,12 +11,13 @@ command -v "$CLANG_FORMAT" >/dev/null ||
   { echo "format.sh: $CLANG_FORMAT not found (bash tools/install_deps.sh)" >&2; exit 2; }
 mode=${1:-fix}
 mapfile -t files < <(git ls-files '*.cc' '*.h' | grep -v '^third_party/')
-bad=()
-for f in "${files[@]}"; do
-  if ! "$CLANG_FORMAT" --style=file "$f" | cmp -s - "$f"; then
-    bad+=("$f")
-  fi
-done
+# One clang-format per core over batches of files (--dry-run names each
+# unformatted file in its "code should be clang-formatted" diagnostics); a
+# process per file cost 15 s of the test command.
+mapfile -t bad < <(printf '%s\0' "${files[@]}" |
+  xargs -0 -n 64 -P "$(nproc)" "$CLANG_FORMAT" --style=file --dry-run 2>&1 |
+  sed -n 's/^\(.*\):[0-9]*:[0-9]*: \(warning\|error\): code should be clang-formatted.*/\1/p' |
+  sort -u)
 if [ "$mode" = --check ]; then
   if [ ${#bad[@]} -gt 0 ]; then
     echo "format.sh: ${#bad[@]} file(s) are not formatted (run bash tools/format.sh):" >&2

@@ -2,11 +2,12 @@
 # Observers come and go (2): a fifth observer joins mid-training. The agent
 # starts with three (--min_observers 3); late_observer0 waits until the agent
 # counted 150 episodes (--join_after_episodes), joins, is admitted at the next
-# round, and contributes episodes; CartPole is still solved.
+# round, and contributes episodes; CartPole is still solved (--solve_reward
+# 200: what this checks is membership).
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 PROG="$RUNFILES/examples/rl/rl_cartpole"
-COMMON="--log_every 5 --job_timeout 540"
+COMMON="--log_every 5 --job_timeout 540 --solve_reward 200"
 fail() { echo "FAIL: $*"; exit 1; }
 
 out=$(timeout 600 "$RUNFILES/launcher/baton-run" --standalone \

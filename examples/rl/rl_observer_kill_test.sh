@@ -4,7 +4,7 @@
 # with the other three; baton-run restarts that observer alone
 # (--restart_policy observer=worker), the new process rejoins the running job,
 # joins the agent as a new session and contributes episodes; CartPole is
-# still solved.
+# still solved (--solve_reward 200: what this checks is membership).
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 LOG="${TEST_TMPDIR:-$(mktemp -d)}/kill.log"
@@ -13,6 +13,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 timeout 600 "$RUNFILES/launcher/baton-run" --standalone --role agent:1 --role observer:4 \
   --restart_policy observer=worker --max_restarts 3 \
   "$RUNFILES/examples/rl/rl_cartpole" --log_every 5 --observer_timeout 2 --job_timeout 540 \
+  --solve_reward 200 \
   >"$LOG" 2>&1 &
 job=$!
 waited=0

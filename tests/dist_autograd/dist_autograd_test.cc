@@ -441,7 +441,10 @@ TEST_P(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
 // 10,000 contexts, each forward over RPC, backward and release: no worker
 // keeps a context afterwards.
 BATON_SCENARIO(many_contexts) {
-  Worker w = Start();
+  // w1 and w2 wait in Shutdown() for w0's loop, which takes 7-16 s alone on
+  // two cores and more beside other tests: a 30 s shutdown barrier timed out
+  // under load (w2 then failed w0's next backward). The run's bound is 240 s.
+  Worker w = Start(absl::Seconds(200));
   auto& agent = *w.agent;
   if (agent.self().id == 0) {
     at::Tensor x = at::randn({8, 8}, at::kFloat).requires_grad_(true);

@@ -397,8 +397,11 @@ TEST_F(RoundsTest, R6_SolvedStopsAtTheEpisodeThatCrossesTheThreshold) {
   EXPECT_EQ(end.solved_at, 1);
   EXPECT_EQ(end.episodes, 2);
   EXPECT_DOUBLE_EQ(end.running_reward, 0.05 * 3 + 0.95 * (0.05 * 30 + 0.95 * 10));
+  // The log and the stats name the running reward that crossed, not the
+  // round's last one (which fell back under the threshold here).
   EXPECT_THAT(end_effects.log,
-              ElementsAre("training stops: solved at episode 1 (running reward 10.6 > 10.5)"));
+              ElementsAre("training stops: solved at episode 1 (running reward 11 > 10.5)"));
+  EXPECT_DOUBLE_EQ(r->stats().solved_reward, 0.05 * 30 + 0.95 * 10);
   EXPECT_THAT(Finishes(end_effects), ElementsAre("1 next 1 stop"));
   EXPECT_TRUE(r->stopped());
 }

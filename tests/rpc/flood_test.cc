@@ -7,7 +7,7 @@
 // - w0 serves `work` (a 16 KiB tensor and ~200 us of arithmetic: two cores
 //   run at most ~10k of them a second) and `echo`, and samples its own
 //   VmRSS every 20 ms;
-// - w1 floods: for 20 s it calls `work` on w0 with rpc_async in a loop and
+// - w1 floods: for kFloodTime (8 s) it calls `work` on w0 with rpc_async in a loop and
 //   never waits for a reply (a callback counts each result);
 // - w2 is another caller: it calls `echo` on w0 every 5 ms and records
 //   each call's latency.
@@ -26,7 +26,7 @@
 // Scenario "deaf" (three workers, gRPC): w1 opens four raw gRPC streams to
 // w0 with the job token and its own worker identity (docs/flow_control.md,
 // W1-W3; a stream can only be its opener's), and writes `work` requests on
-// them as fast as gRPC takes them for 10 s, never reading a reply. w0
+// them as fast as gRPC takes them for kDeafTime (5 s), never reading a reply. w0
 // refuses what exceeds w1's limit (RESOURCE_EXHAUSTED replies), stops
 // reading w1's streams once 64 MiB of replies wait unread among them (the
 // bound is per caller, not per stream), stays within kServerRssBound plus
@@ -74,8 +74,11 @@ using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
 
 constexpr char kToken[] = "flood-test-job-token";
-constexpr absl::Duration kFloodTime = absl::Seconds(20);
-constexpr absl::Duration kDeafTime = absl::Seconds(10);
+// Long enough that w0 without flow control would exceed kServerRssBound
+// (below), short enough for the test command's time (docs/build.md).
+constexpr absl::Duration kFloodTime = absl::Seconds(8);
+// The deaf streams hit the unread-reply bound within the first second.
+constexpr absl::Duration kDeafTime = absl::Seconds(5);
 constexpr int kDeafStreams = 4;
 constexpr int64_t kMillion = 1'000'000;
 constexpr int64_t kTensorFloats = 4096;  // 16 KiB per `work` call
@@ -84,7 +87,8 @@ constexpr int64_t kTensorFloats = 4096;  // 16 KiB per `work` call
 // threads as cores, rpc/executor.h E1; with a thread per waiting request it
 // grew by 70-125 MiB), by ~20-40 MiB for a million small calls; the
 // caller's by 2-5 MiB. Without flow control w0 would hold every call w1 can
-// send in 20 s: ~60k calls of 16 KiB, about 1 GiB.
+// send in kFloodTime: at the measured 2,200-2,700 calls/s, 18-22k calls of
+// 16 KiB in 8 s, 280-340 MiB.
 constexpr int64_t kServerRssBound = int64_t{256} << 20;
 constexpr int64_t kCallerRssBound = int64_t{64} << 20;
 constexpr int64_t kDeafRssBound = kServerRssBound + (int64_t{64} << 20);
