@@ -109,3 +109,26 @@ def test_rl_example_learns_cartpole_with_batched_async_execution():
     text = run_under_baton_run(["agent:1", "observer:3"], "examples/rl_cartpole.py",
                                "--target", "150")
     assert "RESULT OK" in text and "solved after" in text, text
+
+def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
+    """`python3 -m baton.torch_rpc PROGRAM`: a program that imports only
+    torch.distributed.rpc, .autograd and .optim runs on baton, in its
+    spawned workers too, and computes what it computes under torch."""
+    program = os.path.join(harness.HERE, "torch_rpc_program.py")
+    out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc", program],
+                         env=harness.env_for(), capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "MODULE baton.rpc baton.distributed.autograd baton.distributed.optim" in text, text
+    assert "SYNC 9.0" in text and "ASYNC 16.0" in text, text
+    assert "TRAINED 4.5" in text, text  # w = 2 - 0.5 * 1 on each of 3 entries
+    assert "PROGRAM OK" in text, text
+
+
+def test_drop_in_mode_refuses_what_it_cannot_run():
+    out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc"], env=harness.env_for(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "usage: python3 -m baton.torch_rpc" in out.stderr, out
+    out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc", "/nonexistent/job.py"],
+                         env=harness.env_for(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "/nonexistent/job.py: no such file" in out.stderr, out

@@ -34,19 +34,15 @@ __all__ = [
     "CppFunction",
 ]
 
-UNSET_RPC_TIMEOUT = -1.0
-DEFAULT_RPC_TIMEOUT_SEC = 60.0
-DEFAULT_INIT_METHOD = "env://"
+from baton.rpc.constants import (  # noqa: E402
+    DEFAULT_INIT_METHOD, DEFAULT_RPC_TIMEOUT_SEC, UNSET_RPC_TIMEOUT)
 
 
 def is_available():
     return True
 
 
-class BackendType:
-    """torch's backend names; baton has one backend and accepts them all."""
-    TENSORPIPE = "TENSORPIPE"
-    BATON = "BATON"
+from baton.rpc.backend_registry import BackendType  # noqa: E402
 
 
 class RpcBackendOptions:
@@ -549,3 +545,4 @@ class RRef:
 
 _pickle.RREF_TYPES = (RRef,)
 _pickle.WRAP_RREF = RRef._wrap
+from baton.rpc import api, backend_registry, constants, internal, options, rref_proxy  # noqa: E402,F401,E501  (torch.distributed.rpc layout)

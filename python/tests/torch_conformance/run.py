@@ -1,0 +1,155 @@
+"""Runs PyTorch's RPC test suites against baton (drop-in mode) or against
+torch's own agent, and reports per suite.
+
+    python3 run.py [--agent baton|torch] [--filter REGEX] [--json OUT]
+                   [--reference torch.json --table docs/conformance.md]
+
+Each test is torch's own MultiProcessTestCase: world_size processes started
+with multiprocessing's spawn, bounded by DISTRIBUTED_TESTS_DEFAULT_TIMEOUT
+seconds (set here: --timeout, 60). --json writes every test's outcome;
+--table, given the torch run's JSON as --reference, writes the per-suite
+table (pass, fail, error, listed; and how many of the tests that pass under
+torch pass on baton). Exit status 0 when every test ran (failures are
+results here; the conformance target is checked by the table's totals).
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class _Recorder(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes = {}
+        self.details = {}
+        self._started = {}
+
+    def startTest(self, test):
+        self._started[test.id()] = time.monotonic()
+        super().startTest(test)
+
+    def _put(self, test, outcome, detail=""):
+        self.outcomes[test.id()] = outcome
+        seconds = time.monotonic() - self._started.get(test.id(), time.monotonic())
+        self.details[test.id()] = {"detail": detail[-2000:], "seconds": round(seconds, 1)}
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._put(test, "pass")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._put(test, "fail", self._exc_info_to_string(err, test))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._put(test, "error", self._exc_info_to_string(err, test))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._put(test, "listed" if reason.startswith("listed: ") else "skipped", reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._put(test, "pass")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._put(test, "fail", "unexpected success")
+
+
+def _tests(suite):
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            yield from _tests(t)
+        else:
+            yield t
+
+
+def table(results, reference, suite_of):
+    """The markdown table: per suite, baton's outcomes and the share of the
+    tests that pass under torch that pass on baton."""
+    rows = collections.OrderedDict()
+    for test_id in sorted(set(results) | set(reference)):
+        suite = suite_of(test_id)
+        r = rows.setdefault(suite, collections.Counter())
+        outcome = results.get(test_id, "not run")
+        r[outcome] += 1
+        if reference.get(test_id) == "pass":
+            r["torch pass"] += 1
+            if outcome == "pass":
+                r["both pass"] += 1
+    cols = ["pass", "fail", "error", "listed", "skipped", "not run"]
+    lines = ["| suite | " + " | ".join(cols) + " | pass under torch | of those, pass on baton |",
+             "| --- |" + " ---: |" * (len(cols) + 2)]
+    total = collections.Counter()
+    for suite, r in rows.items():
+        total.update(r)
+        share = f"{r['both pass']} ({100.0 * r['both pass'] / r['torch pass']:.0f}%)" \
+            if r["torch pass"] else "-"
+        lines.append(f"| {suite} | " + " | ".join(str(r[c]) for c in cols) +
+                     f" | {r['torch pass']} | {share} |")
+    share = f"{total['both pass']} ({100.0 * total['both pass'] / total['torch pass']:.1f}%)" \
+        if total["torch pass"] else "-"
+    lines.append("| **all** | " + " | ".join(f"**{total[c]}**" for c in cols) +
+                 f" | **{total['torch pass']}** | **{share}** |")
+    return "\n".join(lines) + "\n", total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agent", choices=["baton", "torch"], default="baton")
+    ap.add_argument("--filter", default="", help="regex over test ids")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds per test")
+    ap.add_argument("--json", help="write every test's outcome here")
+    ap.add_argument("--reference", help="the torch run's --json, for --table")
+    ap.add_argument("--table", help="write the per-suite markdown table here")
+    args = ap.parse_args()
+
+    os.environ["BATON_CONFORMANCE_AGENT"] = args.agent
+    os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.timeout)
+    os.environ["RPC_INIT_WITH_TCP"] = "1"
+    # The spawned test processes import suites.py by name.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    sys.path.insert(0, HERE)
+    if args.agent == "baton":
+        from baton import torch_rpc
+        torch_rpc.install()
+    import suites
+
+    loaded = unittest.defaultTestLoader.loadTestsFromModule(suites)
+    pattern = re.compile(args.filter) if args.filter else None
+    chosen = unittest.TestSuite(t for t in _tests(loaded)
+                                if pattern is None or pattern.search(t.id()))
+    print(f"conformance: {chosen.countTestCases()} tests, agent {args.agent}", flush=True)
+    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=2, stream=sys.stdout)
+    started = time.monotonic()
+    result = runner.run(chosen)
+    print(f"conformance: {time.monotonic() - started:.0f} s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"agent": args.agent, "outcomes": result.outcomes,
+                       "details": result.details}, f, indent=1, sort_keys=True)
+    if args.table:
+        with open(args.reference) as f:
+            reference = json.load(f)["outcomes"]
+        strip = re.compile(r"^suites\.(Baton|TensorPipe)")
+        norm = lambda d: {strip.sub("suites.", k): v for k, v in d.items()}  # noqa: E731
+        text, _ = table(norm(result.outcomes), norm(reference),
+                        lambda t: re.sub(r"WithSpawn$", "", t.split(".")[-2]))
+        with open(args.table, "w") as f:
+            f.write(text)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""A program written for torch.distributed.rpc, with torch's imports only:
+the drop-in test (test_rpc.py) runs it unchanged with
+`python3 -m baton.torch_rpc`. It starts its two workers as torch's tutorials
+do (torch.multiprocessing.spawn), so they get drop-in mode from the
+environment, and prints what it checks.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+import torch.multiprocessing as mp
+from torch.distributed.optim import DistributedOptimizer
+from torch.distributed.rpc.api import rpc_async
+
+
+def square(x):
+    return x * x
+
+
+class Table:
+    def __init__(self, n):
+        self.w = torch.nn.Parameter(torch.full((n,), 2.0))
+
+    def forward(self, x):
+        return (self.w * x).sum()
+
+    def param_rrefs(self):
+        return [rpc.RRef(self.w)]
+
+
+def run(rank, world_size, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=30)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size,
+                 backend=rpc.BackendType.TENSORPIPE, rpc_backend_options=options)
+    if rank == 0:
+        print("MODULE", rpc.__name__, dist_autograd.__name__, DistributedOptimizer.__module__,
+              flush=True)
+        print("SYNC", rpc.rpc_sync("worker1", square, args=(torch.tensor([3.0]),)).item(),
+              flush=True)
+        print("ASYNC", rpc_async("worker1", square, args=(torch.tensor([4.0]),)).wait().item(),
+              flush=True)
+        table = rpc.remote("worker1", Table, args=(3,))
+        opt = DistributedOptimizer(torch.optim.SGD, table.rpc_sync().param_rrefs(), lr=0.5)
+        with dist_autograd.context() as ctx:
+            loss = table.rpc_sync().forward(torch.ones(3))
+            dist_autograd.backward(ctx, [loss])
+            opt.step(ctx)
+        # d(sum(w * 1))/dw = 1; w = 2 - 0.5 * 1
+        print("TRAINED", table.rpc_sync().forward(torch.ones(3)).item(), flush=True)
+    rpc.shutdown()
+
+
+if __name__ == "__main__":
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(2, port), nprocs=2, join=True)
+    print("PROGRAM OK")
+    sys.exit(0)
