@@ -36,7 +36,6 @@ import importlib
 import os
 import runpy
 import sys
-import types
 from typing import Dict, List, Optional
 
 __all__ = ["install", "installed", "ENV_FLAG", "main"]
@@ -111,16 +110,14 @@ def install() -> None:
 
 
 def _mark_environment(env) -> None:
+    """The hook directory first on PYTHONPATH, and the directory that holds
+    the package (the hook imports baton) where it is, else last."""
     env[ENV_FLAG] = "1"
-    path = env.get("PYTHONPATH", "")
-    parts = [p for p in path.split(os.pathsep) if p]
-    if _HOOK_DIR not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([_HOOK_DIR] + parts)
-    # The hook imports baton: the directory that holds the package travels too.
     package_root = os.path.dirname(os.path.dirname(_HOOK_DIR))
-    parts = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _HOOK_DIR]
     if package_root not in parts:
-        env["PYTHONPATH"] = os.pathsep.join(parts + [package_root])
+        parts.append(package_root)
+    env["PYTHONPATH"] = os.pathsep.join([_HOOK_DIR] + parts)
 
 
 def _usage() -> str:
@@ -151,12 +148,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
     return 0
-
-
-def _after_torch_import(module: types.ModuleType) -> None:
-    """Called by the startup hook once `import torch` completed."""
-    del module
-    install()
 
 
 if __name__ == "__main__":

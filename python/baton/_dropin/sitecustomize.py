@@ -27,7 +27,7 @@ class _RunAfterTorch(importlib.abc.Loader):
     def exec_module(self, module):
         self._loader.exec_module(module)
         from baton import torch_rpc
-        torch_rpc._after_torch_import(module)
+        torch_rpc.install()
 
     def __getattr__(self, name):  # get_source, get_filename, resource readers
         return getattr(self._loader, name)

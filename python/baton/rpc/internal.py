@@ -4,6 +4,8 @@ Python function record)."""
 import collections
 import enum
 
+from baton._errors import RemoteException  # noqa: F401
+
 __all__ = ["RPCExecMode", "PythonUDF", "RemoteException", "_build_rpc_profiling_key"]
 
 
@@ -16,8 +18,6 @@ class RPCExecMode(enum.Enum):
 
 # A Python function call as it travels: the function and its arguments.
 PythonUDF = collections.namedtuple("PythonUDF", ["func", "args", "kwargs"])
-
-from baton._errors import RemoteException  # noqa: E402
 
 
 def _build_rpc_profiling_key(exec_type: RPCExecMode, func_name: str, current_worker_name: str,

@@ -13,7 +13,6 @@ skipped with their reason. Every spawned test process imports this module
 by name (torch's MultiProcessTestCase pickles the test class).
 """
 import os
-import re
 import unittest
 
 import torch.distributed.rpc as rpc
@@ -74,8 +73,3 @@ if AGENT == "baton":
     _exclude(_classes)
 globals().update(_classes)
 
-
-def suite_of(test_id: str) -> str:
-    """'suites.BatonRpcTestWithSpawn.test_x' -> 'RpcTest'."""
-    cls = test_id.split(".")[-2]
-    return re.sub(r"WithSpawn$", "", cls[len(_PREFIX):])
