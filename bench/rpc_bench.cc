@@ -26,8 +26,10 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
 
 #include "absl/strings/str_cat.h"
 #include "dist_autograd/dist_autograd.h"

@@ -1,6 +1,6 @@
 #include "dist_autograd/ddp_gradients.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace baton::dist_autograd {
 

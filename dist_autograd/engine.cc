@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"

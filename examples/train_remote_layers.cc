@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/numbers.h"

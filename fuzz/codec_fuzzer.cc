@@ -13,8 +13,8 @@
 // with a hook, the tensor addresses the hook received are exactly those of
 // the tensors in the decoded value (hooks attach autograd history through
 // them); a decoded value encodes and decodes again to the same bytes.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>

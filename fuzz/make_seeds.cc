@@ -5,7 +5,10 @@
 // mutates. Inputs saved from crashes (crash_*) are left alone. Built and run
 // by `tools/fuzz.sh --seeds`; the layouts are those in each target's header
 // comment.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 
 #include <cstdio>
 #include <cstring>

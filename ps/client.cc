@@ -4,7 +4,11 @@
 #include <cstring>
 #include <functional>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_unique2.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -5,7 +5,11 @@
 #include <cstring>
 #include <numeric>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/floor_divide.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adam.h>
 

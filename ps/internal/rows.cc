@@ -5,7 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 namespace baton::ps::internal {
 namespace {

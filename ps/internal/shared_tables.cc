@@ -6,7 +6,8 @@
 #include <random>
 #include <utility>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/channel/shm/shm_channel.h"

@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "dist_optim/functional_optimizer.h"
 #include "ps/internal/rows.h"

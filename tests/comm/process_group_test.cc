@@ -4,7 +4,14 @@
 // cases (wrong device, destroyed group, non-member, op mismatch in debug
 // mode, timeouts naming the missing ranks) and subgroups. The CUDA build
 // (CMakeLists.txt, BATON_CUDA) adds NCCL and may leave Gloo out.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/imag.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/real.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,7 +3,10 @@
 // only where the data set is installed.
 #include "data/idx.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>

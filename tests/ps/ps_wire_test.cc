@@ -6,7 +6,9 @@
 #include <string>
 #include <tuple>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <thread>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

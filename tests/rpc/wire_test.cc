@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
