@@ -470,8 +470,8 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
   if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
   auto state = c->Find(context_id);
   if (state == nullptr) {
-    return absl::NotFoundError(absl::StrCat("distributed autograd context ", context_id,
-                                            " is not known on worker '", agent.self().name, "'"));
+    return absl::NotFoundError(absl::StrCat("Could not find autograd context with id: ", context_id,
+                                            " on worker '", agent.self().name, "'"));
   }
   return state;
 }

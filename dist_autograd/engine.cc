@@ -252,7 +252,8 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
                                         " from worker '", agent.self().name, "'");
   auto state = c->Find(context_id);
   if (state == nullptr) {
-    return absl::NotFoundError(absl::StrCat(what, ": the context is not known here"));
+    return absl::NotFoundError(
+        absl::StrCat(what, ": Could not find autograd context with id: ", context_id));
   }
   if (roots.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no roots"));
   torch::autograd::edge_list edges;

@@ -304,9 +304,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
       timeout == absl::InfiniteDuration()
           ? 0
           : timer_->Schedule(deadline, [this, id, to, function, timeout] {
-              Complete(id, absl::DeadlineExceededError(absl::StrCat(CallContextText(to, function),
-                                                                    ": timed out after ",
-                                                                    DurationText(timeout))));
+              Complete(id, absl::DeadlineExceededError(
+                               absl::StrCat(CallContextText(to, function),
+                                            ": timed out: RPC ran for more than its timeout (",
+                                            DurationText(timeout), ")")));
             });
   {
     absl::MutexLock lock(&mu_);

@@ -573,8 +573,8 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
     auto [it, inserted] = by_name_.emplace(records[r].name(), r);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat("worker name '", records[r].name(),
-                                                   "' is used by ranks ", it->second, " and ", r,
-                                                   "; names must be unique"));
+                                                   "' is not unique: ranks ", it->second, " and ",
+                                                   r, " both use it"));
     }
   }
   if (absl::Status s = ResolveDeviceMaps(records); !s.ok()) return s;

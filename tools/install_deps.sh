@@ -27,6 +27,8 @@ PACKAGES=(
   # internals version; never vendor another), its tests, and torchvision for
   # the pytorch/examples compatibility runs.
   pybind11-dev python3-pytest python3-torchvision python3-venv
+  # pip, for the one PyPI package below.
+  python3-pip
   # The CMake build (CMakeLists.txt): the same libraries for machines without
   # Bazel, the GPU machine first; CI builds it in CPU mode (tools/cmake_ci.sh).
   cmake ninja-build
@@ -44,8 +46,22 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# PyTorch's own RPC test suites (python/tests/torch_conformance) import
+# expecttest, which Debian does not package: pinned, from PyPI, into a
+# directory of baton's cache that the conformance runner puts on
+# PYTHONPATH (never into the system's site-packages).
+PYDEPS="${HOME}/.cache/baton/pydeps"
+install_pydeps() {
+  if [ ! -f "${PYDEPS}/expecttest/__init__.py" ]; then
+    echo "install_deps: pip install expecttest==0.2.1 into ${PYDEPS}" >&2
+    /usr/bin/python3 -m pip install -q --no-deps --disable-pip-version-check \
+      --target "${PYDEPS}" expecttest==0.2.1 >&2
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#PACKAGES[@]} packages present" >&2
+  install_pydeps
   exit 0
 fi
 
@@ -61,3 +77,4 @@ fi
 echo "install_deps: installing ${missing[*]}" >&2
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+install_pydeps

@@ -4,6 +4,8 @@ Every error carries `code` (the absl status code name, e.g. "DEADLINE_EXCEEDED")
 `worker` (the worker called, when known) and `function` (what was called).
 - DEADLINE_EXCEEDED: RpcTimeoutError, a TimeoutError.
 - UNAVAILABLE: WorkerUnavailableError, a ConnectionError (dead or unreachable worker).
+- Both are also RuntimeErrors, as torch raises them ("except RuntimeError"
+  catches a timeout).
 - A Python exception raised by the remote function is raised again with its own
   type when that type can be imported and built from a message; otherwise
   RemoteException. The message holds the remote traceback.
@@ -37,11 +39,11 @@ class RpcRuntimeError(RpcError, RuntimeError):
     """An RPC failed (torch raises RuntimeError for these)."""
 
 
-class RpcTimeoutError(RpcError, TimeoutError):
+class RpcTimeoutError(RpcRuntimeError, TimeoutError):
     """The call did not complete by its deadline (DEADLINE_EXCEEDED)."""
 
 
-class WorkerUnavailableError(RpcError, ConnectionError):
+class WorkerUnavailableError(RpcRuntimeError, ConnectionError):
     """The worker is dead or cannot be reached (UNAVAILABLE)."""
 
 

@@ -8,6 +8,8 @@ reference, as torch.distributed.rpc does, so the callee must be able to
 import them (for a job started by baton-run or mp.spawn, __main__ is the same
 script on every worker).
 """
+import copyreg
+import importlib
 import io
 import pickle
 
@@ -19,8 +21,37 @@ WRAP_RREF = None
 
 _PLAIN, _PARAMETER = 0, 1
 
+_TORCHSCRIPT_PREFIX = "__torch__."
+
+
+def _script_function(qualified_name):
+    """The TorchScript function (@torch.jit.script) of that qualified name,
+    from its Python module: functions travel by name, as Python functions
+    do, and the callee imports the module that defines them."""
+    path = qualified_name[len(_TORCHSCRIPT_PREFIX):] if qualified_name.startswith(
+        _TORCHSCRIPT_PREFIX) else qualified_name
+    module_name, _, name = path.rpartition(".")
+    # TorchScript leaves __main__ out of the names of the script's functions.
+    fn = getattr(importlib.import_module(module_name or "__main__"), name, None)
+    if not isinstance(fn, torch.jit.ScriptFunction):
+        raise pickle.UnpicklingError(f"TorchScript function {qualified_name} is not defined at "
+                                     f"the top level of module {module_name}")
+    return fn
+
+
+def _reduce_script_function(fn):
+    return _script_function, (fn.qualified_name,)
+
+
+# torch's reducers, and TorchScript functions by name (torch refuses to
+# pickle them; its RPC sends their qualified name).
+_DISPATCH = copyreg.dispatch_table.copy()
+_DISPATCH[torch.jit.ScriptFunction] = _reduce_script_function
+
 
 class _Pickler(pickle.Pickler):
+    dispatch_table = _DISPATCH
+
     def __init__(self, buffer, tensors, rrefs):
         super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
         self._tensors = tensors

@@ -105,6 +105,12 @@ def install() -> None:
     dnn = sys.modules.get("torch.distributed.nn")
     if dnn is not None:
         dnn.RemoteModule = replacements["torch.distributed.nn.api.remote_module"].RemoteModule
+    # TorchScript recognizes RRef[T] annotations by torch's RRef class:
+    # baton's takes its place there too, so scripted functions that name
+    # RRef types compile.
+    jit_internal = sys.modules.get("torch._jit_internal")
+    if jit_internal is not None and hasattr(jit_internal, "RRef"):
+        jit_internal.RRef = replacements["torch.distributed.rpc"].RRef
     _mark_environment(os.environ)
     _installed = True
 

@@ -36,6 +36,7 @@
 #include "python/src/cpp_call.h"
 #include "python/src/hosted_optimizer.h"
 #include "python/src/py_value.h"
+#include "python/src/torch_future.h"
 #include "rl/cartpole.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
@@ -512,6 +513,37 @@ class PyAgent {
     d["text"] = st.ToString();
     return d;
   }
+  // torch's _rref_context_get_debug_info() counts: owned RRefs that some
+  // other worker holds (a local RRef(value) never sent is not counted, as
+  // in torch), the forks of them that this owner knows, user RRefs forked
+  // on from here and not yet confirmed by their owner, and ids seen before
+  // their creation message.
+  py::dict RRefDebugCounts() const {
+    rref::RRefDebugState st = rrefs_->DebugState();
+    size_t shared = 0;
+    size_t forks = 0;
+    for (const auto& owned : st.owned) {
+      if (!owned.forks.empty()) ++shared;
+      forks += owned.forks.size();
+    }
+    py::dict d;
+    d["num_owner_rrefs"] = shared;
+    d["num_forks"] = forks;
+    d["num_pending_users"] = st.unconfirmed.size();
+    d["num_pending_futures"] = st.early_entries;
+    return d;
+  }
+  // Releases every user RRef this worker holds and waits (up to `timeout`
+  // seconds) until their owners confirmed (G6); what a graceful shutdown
+  // does after every worker arrived.
+  void SettleRRefs(double timeout) const {
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = rrefs_->context()->Settle(absl::Now() + absl::Seconds(timeout));
+    }
+    Check(s);
+  }
   void WaitRRefsEmpty(double timeout) const {
     absl::Status s;
     {
@@ -775,6 +807,7 @@ PYBIND11_MODULE(_C, m) {
 
   static py::exception<std::runtime_error> status_error(m, "StatusError");
   g_status_error = status_error.ptr();
+  BindTorchFuture(m);
 
   py::class_<PyFuture, std::shared_ptr<PyFuture>>(m, "Future")
       .def(py::init(&PyFuture::Make))
@@ -856,6 +889,8 @@ PYBIND11_MODULE(_C, m) {
       .def("incarnation", &PyAgent::Incarnation)
       .def("shutdown", &PyAgent::Shutdown)
       .def("rref_state", &PyAgent::RRefState)
+      .def("rref_debug_counts", &PyAgent::RRefDebugCounts)
+      .def("settle_rrefs", &PyAgent::SettleRRefs)
       .def("wait_rrefs_empty", &PyAgent::WaitRRefsEmpty)
       .def("stats", &PyAgent::Stats)
       // The hang report's snapshot of this worker (obs/state.h), as JSON.
@@ -888,6 +923,8 @@ PYBIND11_MODULE(_C, m) {
              Check(g.status());
              return g->items();
            })
+      .def("live_autograd_contexts",
+           [](PyAgent& a) { return baton::dist_autograd::LiveContexts(a.agent()); })
       .def("current_context_id",
            [](PyAgent& a) { return baton::dist_autograd::CurrentContextId(a.agent()); });
 

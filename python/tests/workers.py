@@ -326,6 +326,11 @@ def scenario_dtypes(rank, world_size):
     print("SCENARIO OK")
 
 
+@torch.jit.script
+def scripted_add(x: torch.Tensor, y: float) -> torch.Tensor:
+    return x + y
+
+
 def scenario_errors(rank, world_size):
     """Every error class, and nothing lost after one."""
     init(rank, world_size, rpc_timeout=20)
@@ -348,6 +353,21 @@ def scenario_errors(rank, world_size):
         assert "custom failure" in str(e)
         fut = rpc.rpc_async("worker1", raise_value_error, args=(6,))
         expect(ValueError, fut.wait)
+        expect(ValueError, fut.wait)  # the same error each time it is waited for
+        # Timeouts are RuntimeErrors too, with torch's phrase.
+        e = expect(RuntimeError, rpc.rpc_sync, "worker1", sleep_then, args=(3, 1), timeout=0.2)
+        assert "RPC ran for more than" in str(e), e
+        # A failed call fails its future (torch's wait_all returns at the
+        # first error instead of waiting for the slow call).
+        slow = rpc.rpc_async("worker1", sleep_then, args=(5, 1))
+        started = time.monotonic()
+        expect(ValueError, torch.futures.wait_all,
+               [slow, rpc.rpc_async("worker1", raise_value_error, args=(7,))])
+        assert time.monotonic() - started < 4, time.monotonic() - started
+        assert slow.wait() == 1
+        # A TorchScript function travels by name.
+        assert torch.equal(rpc.rpc_sync("worker1", scripted_add, args=(torch.ones(2), 2.0)),
+                           torch.full((2,), 3.0))
         # Unpicklable argument: a clear TypeError here; nothing was sent.
         e = expect(TypeError, rpc.rpc_sync, "worker1", echo, args=(lambda: 1,))
         assert "cannot send" in str(e), e
@@ -360,7 +380,7 @@ def scenario_errors(rank, world_size):
         assert "missing_module_xyz" in str(e), e
         e = expect(rpc.RpcError, rpc.rpc_sync, "nobody", echo, args=(1,))
         assert e.code == "NOT_FOUND" and "nobody" in str(e), e
-        e = expect(TypeError, rpc.rpc_sync, 3.5, echo, args=(1,))
+        e = expect(ValueError, rpc.rpc_sync, 3.5, echo, args=(1,))  # torch's class
         # Still works after all of that.
         assert rpc.rpc_sync("worker1", echo, args=(41,)) == 41
         # A result the callee cannot pickle fails the call with its reason.
@@ -448,6 +468,21 @@ class RemoteLinear:
         return self.w.detach().clone()
 
 
+class SignSGD(torch.optim.Optimizer):
+    """A custom optimizer (none of baton's five fast-path classes):
+    p -= lr * sign(grad)."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+
+
 def grads_on_owner(rref, context_id):
     grads = dist_autograd.get_gradients(context_id)
     return grads.get(rref.local_value().w)
@@ -483,7 +518,10 @@ def scenario_autograd(rank, world_size):
                                 (torch.optim.Adam, {"lr": 0.01, "betas": (0.8, 0.99)}),
                                 (torch.optim.AdamW, {"lr": 0.01}),
                                 (torch.optim.Adagrad, {"lr": 0.1}),
-                                (torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.5})]:
+                                (torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.5}),
+                                # Not on the fast path: run as torch runs them.
+                                (torch.optim.Adadelta, {"lr": 1.0}),
+                                (SignSGD, {"lr": 0.01})]:
             layer = rpc.remote("worker1", RemoteLinear, args=(w0,))
             lw = torch.nn.Parameter(local_w.detach().clone())
             params = layer.rpc_sync().param_rrefs() + [rpc.RRef(lw)]
@@ -503,10 +541,10 @@ def scenario_autograd(rank, world_size):
             assert torch.allclose(remote_w, ref_w.detach(), atol=1e-5), (opt_cls, remote_w, ref_w)
             assert torch.allclose(lw.detach(), ref_lw.detach(), atol=1e-5), opt_cls
         try:
-            DistributedOptimizer(torch.optim.LBFGS, params, lr=1)
-            raise AssertionError("LBFGS must be refused")
-        except ValueError as e:
-            assert "torch.optim.SGD" in str(e) and "LBFGS" in str(e), e
+            DistributedOptimizer(dict, params, lr=1)
+            raise AssertionError("a class that is not an optimizer must be refused")
+        except TypeError as e:
+            assert "torch.optim.Optimizer" in str(e) and "dict" in str(e), e
         # Owners step through a C++ function by key; an unknown key is named.
         step = rpc.CppFunction(*_C.OPTIMIZER_STEP)
         try:

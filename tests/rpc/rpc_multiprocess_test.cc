@@ -450,7 +450,7 @@ BATON_SCENARIO(duplicate_name) {
   o->init_timeout = absl::Seconds(20);
   auto agent = RpcAgent::Create(*o, MakeRegistry());
   ExpectError(agent.status(), absl::StatusCode::kAlreadyExists,
-              {"worker name 'same' is used by ranks 0 and 1"});
+              {"worker name 'same' is not unique: ranks 0 and 1"});
   return 0;
 }
 

@@ -5,13 +5,17 @@
         ...; dist_autograd.backward(cid, [loss]); opt.step(cid)
 
 Each worker that owns parameters keeps one optimizer for them and steps it
-with the context's gradients there. The update rules are baton's functional
-optimizers (dist_optim/functional_optimizer.h), which compute exactly what
-LibTorch's SGD, Adam, AdamW, Adagrad and RMSprop compute; steps on one owner
-are serialized.
+with the context's gradients there; steps on one owner are serialized.
+- SGD, Adam, AdamW, Adagrad and RMSprop (the fast path): baton's functional
+  optimizers (dist_optim/functional_optimizer.h), which compute exactly what
+  LibTorch's compute, stepped in C++ without pickling or the GIL.
+- Any other torch.optim.Optimizer (custom ones included), as torch runs
+  them: an instance on each owner over its parameters; a step puts the
+  context's gradients into the parameters' .grad and calls its step().
 """
 import itertools
 import os
+import threading
 
 import torch
 
@@ -61,18 +65,43 @@ class _LocalOptimizer:
         return True
 
 
+class _TorchLocalOptimizer:
+    """Any torch.optim.Optimizer class on a parameter owner (created there
+    by remote()), stepped as torch's DistributedOptimizer steps one."""
+
+    # Steps of every such optimizer in this process, one at a time: two
+    # optimizers over one parameter would otherwise race on its .grad.
+    _lock = threading.Lock()
+
+    def __init__(self, optimizer_class, param_rrefs, args, kwargs):
+        self._params = [r.local_value() for r in param_rrefs]
+        self._opt = optimizer_class(self._params, *args, **kwargs)
+
+    def step(self, context_id):
+        from baton.distributed import autograd
+        grads = autograd.get_gradients(context_id)
+        with self._lock:
+            for param, grad in grads.items():
+                param.grad = grad
+            self._opt.step()
+        return True
+
+
+def _step_torch_optimizer(optimizer_rref, context_id):
+    return optimizer_rref.local_value().step(context_id)
+
+
 class DistributedOptimizer:
-    """optimizer_class: torch.optim.SGD, Adam, AdamW, Adagrad or RMSprop;
-    params_rref: RRefs of the parameters (on any workers); kwargs: the
-    optimizer's options (lr, momentum, betas, ...)."""
+    """optimizer_class: any torch.optim.Optimizer class (SGD, Adam, AdamW,
+    Adagrad and RMSprop take the fast path); params_rref: RRefs of the
+    parameters (on any workers); args, kwargs: the optimizer's options (lr,
+    momentum, betas, ...)."""
 
     def __init__(self, optimizer_class, params_rref, *args, **kwargs):
         kind = _SUPPORTED.get(optimizer_class)
         if kind is None:
-            names = ", ".join(f"torch.optim.{k}" for k in _SUPPORTED.values())
-            raise ValueError(
-                f"DistributedOptimizer supports {names}; not "
-                f"{getattr(optimizer_class, '__qualname__', optimizer_class)!r}")
+            self._init_torch(optimizer_class, params_rref, args, kwargs)
+            return
         if args:
             if "lr" in kwargs or len(args) > 1:
                 raise TypeError("pass the optimizer's options by keyword (lr=..., ...)")
@@ -102,9 +131,43 @@ class DistributedOptimizer:
             except _C.StatusError as e:
                 raise _errors.translate(e, o.owner().name, f"creating {kind} there") from None
 
+    def _init_torch(self, optimizer_class, params_rref, args, kwargs):
+        if not (isinstance(optimizer_class, type)
+                and issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError(f"DistributedOptimizer needs a torch.optim.Optimizer class, not "
+                            f"{optimizer_class!r}")
+        by_owner = {}
+        for r in params_rref:
+            by_owner.setdefault(r.owner().name, []).append(r)
+        if not by_owner:
+            raise ValueError("DistributedOptimizer got no parameters")
+        self._keys = None
+        self._optimizers = [
+            _rpc.remote(owner, _TorchLocalOptimizer,
+                        args=(optimizer_class, rrefs, tuple(args), dict(kwargs)))
+            for owner, rrefs in by_owner.items()]
+        what = getattr(optimizer_class, "__qualname__", repr(optimizer_class))
+        for o in self._optimizers:  # an owner's refusal (bad option, parameter) surfaces here
+            try:
+                o._c.created().wait()
+            except _C.StatusError as e:
+                raise _errors.translate(e, o.owner().name, f"creating {what} there") from None
+
     def step(self, context_id):
         """Steps every owner's optimizer with the context's gradients there,
         all at once; returns when all are done (raising the first error)."""
+        if self._keys is None:
+            futures = [_rpc.rpc_async(o.owner(), _step_torch_optimizer, args=(o, int(context_id)))
+                       for o in self._optimizers]
+            first = None
+            for f in futures:
+                try:
+                    f.wait()
+                except Exception as e:  # noqa: BLE001  (every owner's step is waited for)
+                    first = first or e
+            if first is not None:
+                raise first
+            return
         agent = _rpc._current()
         calls = [(o, _rpc._invoke(agent, o._c.owner_id(), _STEP, (key, int(context_id)), None,
                                   None)) for o, key in zip(self._optimizers, self._keys)]

@@ -10,6 +10,11 @@ from baton import rpc as _rpc
 
 __all__ = ["RemoteModule"]
 
+# The attributes of a RemoteModule that travel when it is sent through RPC
+# (torch's list; the rest of an nn.Module's state stays behind).
+_REMOTE_MODULE_PICKLED_ATTRIBUTES = (
+    "on", "device", "is_device_map_set", "is_scriptable", "generated_methods", "module_rref")
+
 
 def _create(module_cls, args, kwargs, device):
     module = module_cls(*args, **kwargs)
@@ -68,3 +73,7 @@ class RemoteModule(torch.nn.Module):
     parameters = named_parameters = buffers = named_buffers = children = _unsupported
     cuda = cpu = to = half = float = double = type = share_memory = _unsupported
     state_dict = load_state_dict = apply = zero_grad = _unsupported
+
+
+# torch's base class name (its TorchScript interface argument aside).
+_RemoteModule = RemoteModule

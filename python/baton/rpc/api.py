@@ -1,8 +1,878 @@
-"""torch.distributed.rpc.api: the calls of baton's RPC API, where torch's
-programs import them from."""
-from baton.rpc import (  # noqa: F401
-    RRef, WorkerInfo, get_worker_info, get_worker_infos, init_rpc, remote, rpc_async, rpc_sync,
-    shutdown)
+"""torch.distributed.rpc.api: the RPC API's implementation (baton.rpc
+re-exports it, as torch's package does). Module-level names that torch's
+programs and tests replace (`_wait_all_workers`,
+`_delete_all_user_and_unforked_owner_rrefs`, `_default_pickler`) are looked
+up here at each call, as torch's shutdown() looks them up."""
+import atexit
+import collections
+import contextlib
+import os
+import re
+import threading
+import time
+from typing import Any, Dict, Generic, Iterable, Optional, TypeVar
 
-__all__ = ["RRef", "WorkerInfo", "get_worker_info", "get_worker_infos", "init_rpc", "remote",
-           "rpc_async", "rpc_sync", "shutdown"]
+import torch
+
+from baton import _C, _errors, _pickle
+from baton._errors import (  # noqa: F401
+    RemoteException, RpcError, RpcRuntimeError, RpcTimeoutError, WorkerUnavailableError)
+from baton.rpc import functions  # noqa: F401
+from baton.rpc.internal import PythonUDF, _internal_rpc_pickler
+
+__all__ = [
+    "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
+    "get_worker_infos",
+    "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
+    "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
+    "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
+    "CppFunction", "get_rpc_timeout",
+]
+
+from baton.rpc.constants import (  # noqa: E402
+    DEFAULT_INIT_METHOD, DEFAULT_RPC_TIMEOUT_SEC, DEFAULT_SHUTDOWN_TIMEOUT, UNSET_RPC_TIMEOUT)
+
+
+def is_available():
+    return True
+
+
+from baton.rpc.backend_registry import BackendType  # noqa: E402
+
+
+class RpcBackendOptions:
+    """torch's TensorPipeRpcBackendOptions, read by init_rpc.
+
+    rpc_timeout: default timeout of calls, in seconds (0: none).
+    init_method: "env://" (MASTER_ADDR, MASTER_PORT) or "tcp://host:port".
+    num_worker_threads: accepted for compatibility; baton's executor sizes
+    itself (E1-E3 in docs/threading.md).
+    device_maps (set_device_map): where CUDA tensors sent to a worker
+    arrive, as in torch (docs/cuda.md); devices, _transports, _channels:
+    accepted and unused.
+    """
+
+    def __init__(self, num_worker_threads=16, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
+                 init_method=DEFAULT_INIT_METHOD, device_maps=None, devices=None,
+                 _transports=None, _channels=None, **kwargs):
+        self.num_worker_threads = num_worker_threads
+        self.rpc_timeout = rpc_timeout
+        self.init_method = init_method
+        self.device_maps = dict(device_maps or {})
+        self.devices = list(devices or [])
+        self.init_timeout = kwargs.pop("init_timeout", None)
+        self.shutdown_timeout = kwargs.pop("shutdown_timeout", None)
+        self.restart_wait = kwargs.pop("restart_wait", None)
+        # How long shutdown() waits for the other workers to call theirs:
+        # 0 (torch's behaviour) waits as long as they live.
+        self.shutdown_wait_for_peers = kwargs.pop("shutdown_wait_for_peers", 0)
+        if kwargs:
+            raise TypeError(f"unknown RPC backend options: {sorted(kwargs)}")
+
+    def set_device_map(self, to, device_map):
+        self.device_maps[to] = dict(device_map)
+
+    def set_devices(self, devices):
+        self.devices = list(devices)
+
+
+TensorPipeRpcBackendOptions = RpcBackendOptions
+
+
+def _cuda_index(device, to):
+    """A device map's key or value as a CUDA device index, as torch accepts
+    them: an int, "cuda:N" or a torch.device of type cuda."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    d = torch.device(device)
+    if d.type != "cuda" or d.index is None:
+        raise ValueError(f"device map for {to!r}: {device!r} is not a CUDA device with an index "
+                         "(use an int, 'cuda:N' or torch.device('cuda', N))")
+    return d.index
+
+
+_WORKER_NAME = re.compile(r"[A-Za-z0-9_.:-]*")
+_MAX_NAME_LEN = 128
+
+
+def _check_worker_name(name):
+    """torch's rules for worker names, with its messages."""
+    if not isinstance(name, str):
+        raise TypeError(f"a worker name is a str, not {type(name).__name__}")
+    if not name:
+        raise RpcRuntimeError("Worker name must be non-empty")
+    if len(name) >= _MAX_NAME_LEN:
+        raise RpcRuntimeError(f"Worker name must be shorter than {_MAX_NAME_LEN} characters, "
+                              f"got {len(name)}")
+    if not _WORKER_NAME.fullmatch(name):
+        raise RpcRuntimeError("Worker name must match ^[A-Za-z0-9_.:-]*$ (letters, digits and "
+                              f"_ . : -), got {name!r}")
+
+
+class WorkerInfo:
+    """A worker's name and id (its rank)."""
+    __slots__ = ("name", "id")
+
+    def __init__(self, name: str, id: int):  # noqa: A002  (torch's field name)
+        _check_worker_name(name)
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerInfo) and (self.name, self.id) == (other.name, other.id)
+
+    def __hash__(self):
+        return hash((self.name, self.id))
+
+    def __repr__(self):
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+    def __reduce__(self):
+        return (WorkerInfo, (self.name, self.id))
+
+
+# ---- The agent of this process (torch's API has one per process) ----
+
+_lock = threading.Lock()
+_agent = None
+
+
+# The default timeout of this worker's calls, in seconds (0: none); init_rpc
+# sets it from RpcBackendOptions.rpc_timeout.
+_rpc_timeout = DEFAULT_RPC_TIMEOUT_SEC
+# torch's flag for shutdown's leak check of user RRefs (its tests set it).
+_ignore_rref_leak = True
+# How calls are pickled (_use_rpc_pickler replaces it for a block).
+_default_pickler = _internal_rpc_pickler
+# Per thread: the futures rpc_async() made inside _wait_all().
+_thread_local_var = threading.local()
+
+_initializing = threading.Event()  # set while init_rpc runs
+_ready = threading.Event()  # set once _agent is assigned
+
+
+def _current():
+    agent = _agent
+    if agent is None and _initializing.is_set():
+        # Another worker's call can arrive while init_rpc() still waits for
+        # the rest of the job: its function runs once init_rpc() returns.
+        _ready.wait(timeout=600)
+        agent = _agent
+    if agent is None:
+        raise RpcRuntimeError(
+            "RPC has not been initialized: call baton.rpc.init_rpc() first (or it was shut down)")
+    return agent
+
+
+def _parse_init_method(init_method):
+    if init_method in (None, "", DEFAULT_INIT_METHOD):
+        return None, None
+    if init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://"):].rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"init_method '{init_method}' is not tcp://host:port")
+        return host.strip("[]"), int(port)
+    raise ValueError(f"init_method '{init_method}': baton supports env:// and tcp://host:port")
+
+
+def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_options=None,
+             ps_server=None):
+    """Starts this worker's agent and meets the other workers.
+
+    rank and world_size default to RANK and WORLD_SIZE (set by baton-run);
+    MASTER_ADDR and MASTER_PORT say where rank 0 serves the rendezvous.
+    name None (baton's addition): the name baton-run gives, its role and
+    rank within the role ("trainer0"), else "worker<rank>".
+    ps_server (baton's addition): a baton.ps.PsServer this worker hosts.
+    """
+    global _agent
+    if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
+        backend, rpc_backend_options = None, backend
+    if backend is not None and not isinstance(backend, BackendType):
+        raise TypeError("Argument backend must be a member of BackendType, "
+                        f"got {type(backend).__name__}")
+    if rpc_backend_options is not None:
+        if not isinstance(rpc_backend_options, RpcBackendOptions):
+            raise TypeError("Argument rpc_backend_options must be an instance of "
+                            f"RpcBackendOptions, got {type(rpc_backend_options).__name__}")
+        if backend is None and type(rpc_backend_options) not in (
+                RpcBackendOptions, TensorPipeRpcBackendOptions):
+            raise TypeError(f"Could not infer backend for options {rpc_backend_options!r}: "
+                            "pass backend= (baton runs every BackendType)")
+    if name is not None:
+        _check_worker_name(name)
+    options = rpc_backend_options or RpcBackendOptions()
+    config = _C.AgentConfig()
+    config.name = name or ""
+    if ps_server is not None:
+        config.installers = [ps_server._c]
+    if rank is not None and rank >= 0:
+        config.rank = int(rank)
+    if world_size is not None:
+        config.world_size = int(world_size)
+    host, port = _parse_init_method(options.init_method)
+    if host is not None:
+        config.master_addr = "127.0.0.1" if host == "localhost" else host
+        config.master_port = port
+    elif os.environ.get("MASTER_ADDR") == "localhost":
+        config.master_addr = "127.0.0.1"
+    if options.rpc_timeout is not None:
+        config.rpc_timeout = float(options.rpc_timeout)
+    config.device_maps = {
+        str(to): {_cuda_index(k, to): _cuda_index(v, to) for k, v in dict(m).items()}
+        for to, m in options.device_maps.items()}
+    for field in ("init_timeout", "shutdown_timeout", "restart_wait", "shutdown_wait_for_peers"):
+        value = getattr(options, field, None)
+        if value is not None:
+            setattr(config, field, float(value))
+    with _lock:
+        if _agent is not None:
+            raise RpcRuntimeError("RPC is already initialized: init_rpc() was called twice in "
+                                  "this process")
+        _ready.clear()
+        _initializing.set()
+        try:
+            _agent = _C.Agent.create(config, _pickle.dumps, _run)
+            _set_rpc_timeout(DEFAULT_RPC_TIMEOUT_SEC if options.rpc_timeout is None
+                             else options.rpc_timeout)
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
+        finally:
+            _initializing.clear()
+            _ready.set()
+
+
+def shutdown(graceful=True, timeout=0):
+    """Stops the agent: graceful waits for every worker to finish its calls.
+
+    A graceful shutdown first waits for every other worker to call shutdown()
+    (as torch's does: without limit while they live, unless
+    RpcBackendOptions(shutdown_wait_for_peers=seconds) says otherwise; a
+    worker found dead ends the wait with WorkerUnavailableError). The steps
+    after that are bounded by RpcBackendOptions(shutdown_timeout=...).
+    timeout is accepted for torch's signature.
+    """
+    global _agent
+    with _lock:
+        agent = _agent
+        if agent is None:
+            return
+        # Calls keep arriving until every worker agreed to stop: the agent
+        # stays reachable from the functions they run until then.
+        try:
+            agent.shutdown(bool(graceful))
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
+        finally:
+            _agent = None
+
+
+@atexit.register
+def _shutdown_at_exit():
+    # A script that never called shutdown(): stop without the agreement, so
+    # no runtime thread outlives the interpreter.
+    global _agent
+    agent, _agent = _agent, None
+    if agent is not None:
+        try:
+            agent.shutdown(False)
+        except _C.StatusError:
+            pass
+
+
+def get_worker_info(worker_name=None):
+    agent = _current()
+    try:
+        name, wid = agent.worker(worker_name) if worker_name is not None else agent.self_info()
+    except _C.StatusError as e:
+        raise _errors.translate(e) from None
+    return WorkerInfo(name, wid)
+
+
+def get_worker_infos():
+    """Every worker of the job, by rank (baton's addition)."""
+    return [WorkerInfo(n, i) for n, i in _current().workers()]
+
+
+def get_rpc_timeout() -> float:
+    """The default timeout of this worker's calls, in seconds (0: none)."""
+    return _rpc_timeout
+
+
+def _set_rpc_timeout(rpc_timeout: float) -> None:
+    """Sets the default timeout of this worker's calls that name none."""
+    global _rpc_timeout
+    if rpc_timeout < 0:
+        raise ValueError(f"rpc_timeout {rpc_timeout}: use seconds > 0, or 0 for none")
+    _rpc_timeout = float(rpc_timeout)
+
+
+@contextlib.contextmanager
+def _use_rpc_pickler(rpc_pickler):
+    """Calls made inside the block are pickled by rpc_pickler (its
+    serialize(PythonUDF) -> (bytes, tensors)); then the internal pickler
+    again."""
+    global _default_pickler
+    _default_pickler = rpc_pickler
+    try:
+        yield
+    finally:
+        _default_pickler = _internal_rpc_pickler
+
+
+@contextlib.contextmanager
+def _wait_all():
+    """Waits, at the end of the block, for every future that rpc_async()
+    returned to this thread inside it (torch.futures.wait_all: raises the
+    first error)."""
+    _thread_local_var.future_list = []
+    try:
+        yield
+    finally:
+        try:
+            torch.futures.wait_all(_thread_local_var.future_list)
+        finally:
+            del _thread_local_var.future_list
+
+
+def _rref_context_get_debug_info() -> Dict[str, str]:
+    """This worker's RRef table, counted as torch counts it (values are
+    strings): owned RRefs, forks of them known here, user RRefs not yet
+    confirmed by their owner, and calls waiting for an RRef still being
+    created."""
+    return {k: str(v) for k, v in _current().rref_debug_counts().items()}
+
+
+def _delete_all_user_and_unforked_owner_rrefs(timeout: float = 300.0) -> None:
+    """Releases every user RRef this worker holds and waits up to `timeout`
+    seconds until their owners confirmed. A graceful shutdown() does this
+    itself once every worker arrived; use no RRef of this worker after
+    calling it."""
+    try:
+        _current().settle_rrefs(float(timeout))
+    except _C.StatusError as e:
+        raise _errors.translate(e) from None
+
+
+class _AgentView:
+    """What torch's _get_current_rpc_agent() returns, for the calls programs
+    make on it."""
+
+    def __init__(self, agent):
+        self._agent = agent
+
+    def get_worker_info(self, worker_name: Optional[str] = None) -> WorkerInfo:
+        return get_worker_info(worker_name)
+
+    def get_worker_infos(self):
+        return get_worker_infos()
+
+    def get_debug_info(self) -> Dict[str, str]:
+        info = {f"agent.{k}": str(v) for k, v in self._agent.stats().items()}
+        info["agent.rpc_timeout"] = str(_rpc_timeout)
+        return info
+
+
+def _get_current_rpc_agent() -> _AgentView:
+    return _AgentView(_current())
+
+
+def _is_current_rpc_agent_set() -> bool:
+    return _agent is not None
+
+
+def _get_debug_info() -> Dict[str, str]:
+    """torch's merged debug info: the agent's, the RRef table's and
+    distributed autograd's keys in one dict."""
+    from baton.distributed import autograd
+    info = _rref_context_get_debug_info()
+    info.update(_get_current_rpc_agent().get_debug_info())
+    info.update(autograd._get_debug_info())
+    return info
+
+
+# ---- Gathering a value from every worker (torch's _all_gather, _barrier,
+# _wait_all_workers) ----
+#
+# The worker whose name sorts first leads: every other worker sends it its
+# value (_gather_to_leader), the leader waits until all arrived, then sends
+# the whole {name: value} dict to each (_broadcast_to_followers). Calls with
+# the same set of names pair up across workers by sequence number: the k-th
+# gather over a set on one worker meets the k-th on the others (threads of
+# one worker that gather over the same set at once draw distinct numbers).
+# A gather that timed out leaves no state behind on its own worker; a value
+# that reaches a leader after the leader gave up stays there (one entry).
+
+
+class _GatherState:
+    def __init__(self, names):
+        self.names = frozenset(names)
+        self.gathered = {}
+        self.all_arrived = threading.Event()  # on the leader
+        self.result = None
+        self.released = threading.Event()  # on a follower: the leader's broadcast came
+
+
+_gather_lock = threading.Lock()
+_gather_sequence: Dict[tuple, int] = {}
+_gather_states: Dict[tuple, _GatherState] = {}
+
+
+def _gather_state(key, names):
+    with _gather_lock:
+        state = _gather_states.get(key)
+        if state is None:
+            state = _gather_states[key] = _GatherState(names)
+        return state
+
+
+def _gather_to_leader(key, worker_name, obj, names):
+    """Runs on the leader: records one worker's value."""
+    state = _gather_state(key, names)
+    with _gather_lock:
+        if worker_name in state.gathered:
+            raise RuntimeError(f"_all_gather {key[1]} over {sorted(state.names)}: "
+                               f"{worker_name} sent its value twice")
+        if worker_name not in state.names:
+            raise RuntimeError(f"_all_gather {key[1]} over {sorted(state.names)}: "
+                               f"{worker_name} is not one of them")
+        state.gathered[worker_name] = obj
+        if len(state.gathered) == len(state.names):
+            state.all_arrived.set()
+
+
+def _broadcast_to_followers(key, objects):
+    """Runs on each follower: the leader's {name: value} of a gather."""
+    with _gather_lock:
+        state = _gather_states.get(key)
+    if state is not None:  # None: this follower gave up waiting
+        state.result = objects
+        state.released.set()
+
+
+def _all_gather(obj: Any, worker_names: Optional[Iterable[str]] = None,
+                timeout: float = UNSET_RPC_TIMEOUT) -> Dict[str, Any]:
+    """{worker name: obj} from every worker in worker_names (default: all);
+    each of them must call it. timeout (seconds, 0: none) bounds every
+    step; unset, the default RPC timeout."""
+    self_name = get_worker_info().name
+    if worker_names is None:
+        names = tuple(sorted(info.name for info in get_worker_infos()))
+    else:
+        names = tuple(sorted(set(worker_names)))
+    if self_name not in names:
+        raise ValueError(f"_all_gather: {self_name} gathers over {list(names)} without "
+                         "being one of them")
+    seconds = get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else float(timeout)
+    with _gather_lock:
+        sequence = _gather_sequence.get(names, 0)
+        _gather_sequence[names] = sequence + 1
+    key = (names, sequence)
+    leader = names[0]
+    state = _gather_state(key, names)
+    try:
+        if self_name == leader:
+            _gather_to_leader(key, self_name, obj, names)
+            if not state.all_arrived.wait(seconds or None):
+                missing = sorted(state.names - set(state.gathered))
+                raise RuntimeError(f"{self_name} timed out in _all_gather after {seconds:.2f} "
+                                   f"seconds: no value from {missing}")
+            futures = [rpc_async(name, _broadcast_to_followers, args=(key, state.gathered),
+                                 timeout=seconds) for name in names if name != leader]
+            torch.futures.wait_all(futures)
+            return dict(state.gathered)
+        rpc_sync(leader, _gather_to_leader, args=(key, self_name, obj, names), timeout=seconds)
+        if not state.released.wait(seconds or None):
+            raise RuntimeError(f"{self_name} timed out in _all_gather after {seconds:.2f} "
+                               f"seconds waiting for the leader {leader}")
+        return state.result
+    finally:
+        with _gather_lock:
+            _gather_states.pop(key, None)
+
+
+def _barrier(worker_names: Iterable[str]) -> None:
+    """Returns once every worker in worker_names called it."""
+    try:
+        _all_gather(None, set(worker_names))
+    except RuntimeError as e:
+        raise RuntimeError(f"Failed to complete barrier, got error {e}") from e
+
+
+def _wait_all_workers(timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
+    """Returns once every worker of the job called it (0: no time limit)."""
+    _all_gather(None, timeout=timeout)
+
+
+def _to(to):
+    if isinstance(to, WorkerInfo):
+        return to.id
+    if isinstance(to, (str, int)) and not isinstance(to, bool):
+        return to
+    if isinstance(to, float):
+        raise ValueError(f"an RPC destination rank is an int, not {to!r}")
+    raise TypeError(f"an RPC destination is a worker name, rank or WorkerInfo, not {to!r}")
+
+
+def _timeout(timeout):
+    if timeout is None or timeout == UNSET_RPC_TIMEOUT:
+        return _rpc_timeout  # this worker's default (_set_rpc_timeout)
+    if timeout < 0:
+        raise ValueError(f"timeout {timeout}: use seconds > 0, 0 for none, or leave it unset")
+    return float(timeout)  # 0: no timeout
+
+
+def _name_of(func):
+    if isinstance(func, CppFunction):
+        return func.name
+    if isinstance(func, torch.jit.ScriptFunction):
+        return func.qualified_name
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if qualname is None:
+        return repr(func)
+    return f"{module}.{qualname}" if module else qualname
+
+
+def _describe_to(agent, to):
+    if isinstance(to, str):
+        return to
+    try:
+        return agent.worker(to)[0]
+    except _C.StatusError:
+        return str(to)
+
+
+def _pack(func, args, kwargs):
+    args = tuple(args) if args is not None else ()
+    kwargs = dict(kwargs) if kwargs is not None else {}
+    if not callable(func):
+        raise TypeError(f"{func!r} is not callable")
+    pickler = _default_pickler
+    if pickler is _internal_rpc_pickler:
+        return pickler._serialize_call(func, args, kwargs)
+    data, tensors = pickler.serialize(PythonUDF(func, args, kwargs))
+    return data, tensors, []
+
+
+def _value_of(result):
+    """The Python value of a (live, obj) / (False, parts) pair from _C."""
+    live, payload = result
+    if live:
+        return payload
+    return _pickle.loads(*payload)
+
+
+class CppFunction:
+    """A function registered in C++ (rpc/function.h) on another worker, named
+    with its signature as C++ spells it:
+
+        add = rpc.CppFunction("cpp.add", "(Tensor,Tensor)->Tensor")
+        c = rpc.rpc_sync("cpp1", add, args=(a, b))
+
+    Arguments are encoded by the signature's types (python/src/cpp_call.h:
+    tensors, bool, int, float, str, lists/tuples for vector/pair/tuple,
+    dicts with str keys for maps, None for an empty optional) and the typed
+    result comes back as Python values. The callee checks the signature."""
+
+    def __init__(self, name, signature):
+        self.name = name
+        try:
+            self.signature = _C.canonical_signature(signature)
+        except _C.StatusError as e:
+            raise ValueError(e.args[1] if len(e.args) == 2 else str(e)) from None
+
+    def __repr__(self):
+        return f"CppFunction({self.name!r}, {self.signature!r})"
+
+
+def _label_of(func, args):
+    """How a call is named in baton's metrics, hang reports and timeline: the
+    Python function (all Python calls share one C++ entry point), or for an
+    RRef proxy the method and what made the RRef."""
+    if func is _invoke_method and args and len(args) >= 2:
+        rref, method_name = args[0], args[1]
+        what = getattr(rref, "_what", None)
+        return f"{what}.{method_name}" if what else f"RRef.{method_name}"
+    return _name_of(func)
+
+
+def _invoke(agent, to, func, args, kwargs, timeout):
+    if isinstance(func, CppFunction):
+        if kwargs:
+            raise TypeError(f"{func!r} takes positional arguments only")
+        try:
+            return agent.call_cpp(to, func.name, func.signature, tuple(args or ()),
+                                  _timeout(timeout))
+        except _C.StatusError as e:
+            raise _errors.translate(e, _describe_to(agent, to), func.name) from None
+    data, tensors, rrefs = _pack(func, args, kwargs)
+    try:
+        return agent.call(to, data, tensors, rrefs, _timeout(timeout), _label_of(func, args))
+    except _C.StatusError as e:
+        raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
+
+
+def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Runs func(*args, **kwargs) on worker `to` and returns its result."""
+    agent = _current()
+    to = _to(to)
+    future = _invoke(agent, to, func, args, kwargs, timeout)
+    try:
+        return _value_of(future.wait())
+    except _C.StatusError as e:
+        raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
+
+
+def _torch_future(cfuture, worker, function):
+    """A torch.futures.Future completed (on baton's executor) with cfuture's value."""
+    out = torch.futures.Future()
+
+    def complete():
+        try:
+            value = _value_of(cfuture.wait())
+        except _C.StatusError as e:
+            _C.fail_torch_future(out, _errors.translate(e, worker, function))
+        except BaseException as e:  # noqa: BLE001  (an unpickling error fails the future)
+            _C.fail_torch_future(out, e)
+        else:
+            out.set_result(value)
+
+    cfuture.then(complete)
+    return out
+
+
+def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Like rpc_sync, but returns a torch.futures.Future at once."""
+    agent = _current()
+    to = _to(to)
+    cfuture = _invoke(agent, to, func, args, kwargs, timeout)
+    future = _torch_future(cfuture, _describe_to(agent, to), _name_of(func))
+    pending = getattr(_thread_local_var, "future_list", None)
+    if pending is not None:  # inside _wait_all()
+        pending.append(future)
+    return future
+
+
+def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
+    """Runs func on worker `to`, keeps the result there, and returns an RRef to it."""
+    agent = _current()
+    to = _to(to)
+    if isinstance(func, CppFunction):
+        raise TypeError(f"remote() of {func!r}: a C++ function's result is fetched with "
+                        "rpc_sync/rpc_async (RRefs of C++ values are made by C++ callers)")
+    data, tensors, rrefs = _pack(func, args, kwargs)
+    try:
+        c = agent.remote(to, data, tensors, rrefs, _timeout(timeout), _label_of(func, args))
+    except _C.StatusError as e:
+        raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
+    return RRef._wrap(c, _name_of(func))
+
+
+# ---- Running calls from other workers ----
+
+def _is_async(func):
+    return getattr(func, "_baton_async_execution", False) or hasattr(
+        func, "_wrapped_async_rpc_function")
+
+
+def _invoke_method(rref, method_name, args, kwargs):
+    """Runs on an RRef's owner for the rpc_sync()/rpc_async()/remote() proxies."""
+    return getattr(rref.local_value(), method_name)(*args, **kwargs)
+
+
+def _as_cfuture(result, what):
+    # torch.futures.Future, or the torch._C.Future that its then() returns.
+    if isinstance(result, torch._C.Future):
+        cfuture = _C.Future()
+
+        def settle(fut):
+            try:
+                value = fut.value()
+            except BaseException as e:  # noqa: BLE001  (the exception fails the call)
+                cfuture.set_error(*_errors.status_of(e))
+            else:
+                cfuture.set_result(value)
+
+        result.add_done_callback(settle)
+        return cfuture
+    raise TypeError(f"{what} is decorated with @async_execution but returned "
+                    f"{type(result).__name__}, not a torch.futures.Future")
+
+
+def _run(data, tensors, rrefs, caller):
+    """Called by the runtime (holding the GIL) for each Python call to this worker:
+    returns (is_async, value), value being a _C.Future when is_async."""
+    func, args, kwargs = _pickle.loads(data, tensors, rrefs)
+    if func is _invoke_method:
+        rref, method_name = args[0], args[1]
+        target = getattr(type(rref.local_value()), method_name, None)
+        result = func(*args, **kwargs)
+        if target is not None and _is_async(target):
+            return True, _as_cfuture(result, _name_of(target))
+        return False, result
+    result = func(*args, **kwargs)
+    if _is_async(func):
+        return True, _as_cfuture(result, _name_of(func))
+    return False, result
+
+
+# ---- RRef ----
+
+class _Proxy:
+    def __init__(self, rref, kind, timeout):
+        self._rref = rref
+        self._kind = kind
+        self._timeout = timeout
+
+    def __getattr__(self, method_name):
+        rref, kind, timeout = self._rref, self._kind, self._timeout
+
+        def call(*args, **kwargs):
+            target = kind
+            return target(rref.owner(), _invoke_method,
+                          args=(rref, method_name, args, kwargs), timeout=timeout)
+        call.__name__ = method_name
+        return call
+
+
+T = TypeVar("T")
+
+
+class RRef(Generic[T]):
+    """A reference to a value on its owner worker (torch.distributed.rpc.RRef).
+
+    RRef(value) makes one owned by this worker. Copies sent to other workers
+    are counted by the owner (baton's RRef protocol, G1-G10): the value lives
+    exactly as long as some reference to it does.
+    """
+
+    def __init__(self, value, type_hint=None):
+        self._c = _current().make_owned(value)
+        self._what = type(value).__name__
+
+    @classmethod
+    def _wrap(cls, c, what=None):
+        self = cls.__new__(cls)
+        self._c = c
+        self._what = what
+        return self
+
+    def is_owner(self):
+        return self._c.is_owner()
+
+    def owner(self):
+        return get_worker_info(self._c.owner_id())
+
+    def owner_name(self):
+        return self.owner().name
+
+    def confirmed_by_owner(self):
+        return self._c.confirmed_by_owner()
+
+    def _describe(self):
+        return f"RRef {self._c.id()}" + (f" ({self._what})" if self._what else "")
+
+    def to_here(self, timeout=UNSET_RPC_TIMEOUT):
+        """A copy of the value (the value itself on its owner)."""
+        agent = _current()
+        try:
+            return _value_of(self._c.to_here(_timeout(timeout)).wait())
+        except _C.StatusError as e:
+            raise _errors.translate(e, _describe_to(agent, self._c.owner_id()),
+                                    f"to_here() of {self._describe()}") from None
+
+    def local_value(self):
+        """The value itself; on the owner only."""
+        try:
+            return _value_of(self._c.local_value())
+        except _C.StatusError as e:
+            raise _errors.translate(e, None, f"local_value() of {self._describe()}") from None
+
+    def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+        """The type of the value, asked of its owner once and remembered.
+        blocking=False returns a torch.futures.Future of it."""
+        known = getattr(self, "_type", None)
+        if known is not None:
+            if blocking:
+                return known
+            done = torch.futures.Future()
+            done.set_result(known)
+            return done
+        future = rpc_async(self._c.owner_id(), _type_of_value, args=(self,), timeout=timeout)
+
+        def remember(f):
+            try:
+                self._type = f.value()
+            except Exception:  # noqa: BLE001  (the error stays the future's)
+                pass
+        future.add_done_callback(remember)
+        return future.wait() if blocking else future
+
+    def _get_future(self):
+        """A torch.futures.Future completed when the value exists on its
+        owner (failed with the creating call's error)."""
+        out = torch.futures.Future()
+        created = self._c.created()
+
+        def settle():
+            try:
+                created.wait()
+            except _C.StatusError as e:
+                _C.fail_torch_future(out, _errors.translate(e, None, f"creating {self._describe()}"))
+            else:
+                out.set_result(None)
+        created.then(settle)
+        return out
+
+    def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
+        """Backward from the value (a scalar tensor) on its owner: in the
+        distributed autograd context given, or with local autograd (into
+        .grad) when it is -1, on the owner only."""
+        if dist_autograd_ctx_id == -1 and not self.is_owner():
+            raise RpcRuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified: "
+                                  "without one, RRef.backward() runs local autograd, on the "
+                                  "owner only")
+        if self.is_owner():
+            value = self.local_value()
+            if not isinstance(value, torch.Tensor):
+                raise RpcRuntimeError("RRef should contain a tensor for .backward(), not "
+                                      f"{type(value).__name__}")
+            if dist_autograd_ctx_id == -1:
+                torch.autograd.backward(value, retain_graph=retain_graph)
+                return
+            from baton.distributed import autograd
+            autograd.backward(dist_autograd_ctx_id, [value], retain_graph)
+            return
+        rpc_sync(self._c.owner_id(), _backward_on_owner,
+                 args=(self, int(dist_autograd_ctx_id), bool(retain_graph)))
+
+    def rpc_sync(self, timeout=UNSET_RPC_TIMEOUT):
+        """rref.rpc_sync().method(*args): runs the method on the owner."""
+        return _Proxy(self, rpc_sync, timeout)
+
+    def rpc_async(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, rpc_async, timeout)
+
+    def remote(self, timeout=UNSET_RPC_TIMEOUT):
+        return _Proxy(self, remote, timeout)
+
+    def __repr__(self):
+        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
+        return f"{kind}({self._c.id()}, owner={self._c.owner_id()})"
+
+    def __reduce__(self):
+        raise TypeError(
+            "an RRef is sent as an argument or result of an RPC, not pickled by hand")
+
+
+def _type_of_value(rref):
+    return type(rref.local_value())
+
+
+def _backward_on_owner(rref, context_id, retain_graph):
+    rref.backward(context_id, retain_graph)
+
+
+_pickle.RREF_TYPES = (RRef,)
+_pickle.WRAP_RREF = RRef._wrap

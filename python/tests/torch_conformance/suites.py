@@ -15,6 +15,7 @@ by name (torch's MultiProcessTestCase pickles the test class).
 import os
 import unittest
 
+import torch
 import torch.distributed.rpc as rpc
 from torch.testing._internal.distributed import rpc_utils
 from torch.testing._internal.distributed.rpc.rpc_agent_test_fixture import RpcAgentTestFixture
@@ -31,10 +32,43 @@ if AGENT == "baton" and not rpc.__name__.startswith("baton"):
                        f"is {rpc.__name__} (run it through run.py)")
 
 
-class BatonRpcAgentTestFixture(RpcAgentTestFixture):
+class _ForkServerWorkers:
+    """How both fixtures start a test's worker processes: from a fork
+    server that imported torch, baton (in drop-in mode) and the suites once.
+    Upstream spawns a fresh interpreter per worker, which imports torch each
+    time: most of a test's time on two cores, where the whole run would take
+    over an hour instead of minutes.
+
+    The init method is tcp:// at the MASTER_PORT that upstream's SpawnHelper
+    picks per test (RPC_INIT_WITH_TCP=1); it reaches the workers in a file
+    beside the test's own, not in their environment (a forked child has the
+    fork server's)."""
+
+    def _spawn_processes(self):
+        with open(self._port_file, "w") as f:
+            f.write(os.environ["MASTER_PORT"])
+        self._start_processes(_fork_server().Process)
+
+    def tearDown(self):
+        super().tearDown()
+        try:
+            os.remove(self._port_file)
+        except FileNotFoundError:
+            pass
+
+    @property
+    def _port_file(self):
+        return self.file_name + ".port"
+
+    @property
+    def init_method(self):
+        with open(self._port_file) as f:
+            return f"tcp://127.0.0.1:{f.read().strip()}"
+
+
+class BatonRpcAgentTestFixture(_ForkServerWorkers, RpcAgentTestFixture):
     """baton's agent: torch's options class and backend name (both are
-    baton's in drop-in mode), rendezvous over tcp:// (RPC_INIT_WITH_TCP=1:
-    upstream's SpawnHelper picks a free MASTER_PORT per test)."""
+    baton's in drop-in mode)."""
 
     @property
     def rpc_backend(self):
@@ -52,8 +86,25 @@ class BatonRpcAgentTestFixture(RpcAgentTestFixture):
         return "RPC ran for more than"
 
 
+_SERVER = None
+
+
+def _fork_server():
+    """multiprocessing's forkserver context, its server preloaded with this
+    module (so torch, baton in drop-in mode, and PyTorch's suites)."""
+    global _SERVER
+    if _SERVER is None:
+        _SERVER = torch.multiprocessing.get_context("forkserver")
+        _SERVER.set_forkserver_preload([__name__])
+    return _SERVER
+
+
 SUITES = rpc_utils.GENERIC_TESTS + rpc_utils.TENSORPIPE_TESTS
-_FIXTURE = BatonRpcAgentTestFixture if AGENT == "baton" else TensorPipeRpcAgentTestFixture
+class TorchRpcAgentTestFixture(_ForkServerWorkers, TensorPipeRpcAgentTestFixture):
+    """torch's own agent (TensorPipe), the reference."""
+
+
+_FIXTURE = BatonRpcAgentTestFixture if AGENT == "baton" else TorchRpcAgentTestFixture
 _PREFIX = "Baton" if AGENT == "baton" else "TensorPipe"
 
 
