@@ -70,6 +70,21 @@ absl::StatusOr<torch::autograd::edge_list> ContextState::SendEdges(int64_t messa
   return it->second;
 }
 
+std::vector<std::pair<int64_t, torch::autograd::edge_list>> ContextState::Sends() const {
+  absl::MutexLock lock(&mu_);
+  return {sends_.begin(), sends_.end()};
+}
+
+void ContextState::AddRecv(std::shared_ptr<RecvRpcBackward> node) {
+  absl::MutexLock lock(&mu_);
+  recvs_.push_back(std::move(node));
+}
+
+std::vector<std::shared_ptr<RecvRpcBackward>> ContextState::Recvs() const {
+  absl::MutexLock lock(&mu_);
+  return recvs_;
+}
+
 size_t ContextState::num_sends() const {
   absl::MutexLock lock(&mu_);
   return sends_.size();
@@ -335,6 +350,7 @@ absl::Status AutogradHook::OnReceive(const rpc::MessageInfo& message,
     const uint32_t input_nr = node->add_input_metadata(t);
     torch::autograd::impl::set_gradient_edge(t, torch::autograd::Edge(node, input_nr));
   }
+  (*state)->AddRecv(std::move(node));
   return absl::OkStatus();
 }
 
@@ -477,6 +493,21 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
 }
 
 }  // namespace
+
+const std::type_info& RecvFunctionType() { return typeid(internal::RecvRpcBackward); }
+
+absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t context_id) {
+  auto state = FindState(agent, context_id);
+  if (!state.ok()) return state.status();
+  ContextGraph graph;
+  graph.id = context_id;
+  graph.known_workers = (*state)->Participants();
+  graph.sends = (*state)->Sends();
+  for (auto& recv : (*state)->Recvs()) {
+    graph.recvs.emplace_back(recv->sender_message_id(), std::move(recv));
+  }
+  return graph;
+}
 
 absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id) {
   auto state = FindState(agent, context_id);

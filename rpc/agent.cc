@@ -185,7 +185,8 @@ absl::StatusOr<WorkerInfo> AgentImpl::worker(const WorkerRef& ref) const {
   if (it == by_name_.end()) {
     std::vector<std::string> names;
     for (const auto& w : workers_) names.push_back(w.name);
-    return absl::NotFoundError(absl::StrCat("no worker named '", ref.name(), "'; workers are ",
+    return absl::NotFoundError(absl::StrCat("could not find destination: no worker named '",
+                                            ref.name(), "'; workers are ",
                                             absl::StrJoin(names, ", ")));
   }
   return workers_[it->second];

@@ -71,7 +71,9 @@ class RecvRpcBackward : public torch::autograd::Node {
   RecvRpcBackward(int64_t context_id, int sender, int64_t sender_message_id)
       : context_id_(context_id), sender_(sender), sender_message_id_(sender_message_id) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
-  std::string name() const override { return "baton::dist_autograd::RecvRpcBackward"; }
+  // torch's name for the node that plays this role, so that graph tools
+  // and programs that look for it by name find it.
+  std::string name() const override { return "torch::distributed::autograd::RecvRpcBackward"; }
 
   int64_t context_id() const { return context_id_; }
   int sender() const { return sender_; }
@@ -95,6 +97,13 @@ class ContextState {
   // The edges of a send function; NOT_FOUND if this context has none by that id.
   absl::StatusOr<torch::autograd::edge_list> SendEdges(int64_t message_id) const;
   size_t num_sends() const;
+  // Every send function, by message id (a copy).
+  std::vector<std::pair<int64_t, torch::autograd::edge_list>> Sends() const;
+
+  // The recv function of a message received in this context, kept while
+  // the context lives (the received tensors' history, D3).
+  void AddRecv(std::shared_ptr<RecvRpcBackward> node);
+  std::vector<std::shared_ptr<RecvRpcBackward>> Recvs() const;
 
   void Accumulate(const at::Tensor& leaf, const at::Tensor& grad);
   GradientMap Gradients() const;
@@ -112,6 +121,7 @@ class ContextState {
   mutable absl::Mutex mu_;
   absl::flat_hash_set<int> participants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, torch::autograd::edge_list> sends_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<RecvRpcBackward>> recvs_ ABSL_GUARDED_BY(mu_);
   GradientMap grads_ ABSL_GUARDED_BY(mu_);
   bool graph_released_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex exec_mu_;

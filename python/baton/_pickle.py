@@ -49,6 +49,13 @@ _DISPATCH = copyreg.dispatch_table.copy()
 _DISPATCH[torch.jit.ScriptFunction] = _reduce_script_function
 
 
+def register_reducer(cls, reducer):
+    """How objects of exactly type `cls` travel through RPC (pickling them
+    by hand takes the class's own way); what torch's internal pickler's
+    _register_reducer does."""
+    _DISPATCH[cls] = reducer
+
+
 class _Pickler(pickle.Pickler):
     dispatch_table = _DISPATCH
 
@@ -129,6 +136,9 @@ def loads(data, tensors, rrefs):
 
 
 def _describe(obj):
-    text = repr(obj)
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001  (a repr that raises still gets named)
+        text = f"<{type(obj).__qualname__} object>"
     return text if len(text) <= 120 else text[:117] + "..."
 

@@ -33,6 +33,7 @@
 #include "ps/client.h"
 #include "ps/server.h"
 #include "ps/spec.h"
+#include "python/src/autograd_context.h"
 #include "python/src/cpp_call.h"
 #include "python/src/hosted_optimizer.h"
 #include "python/src/py_value.h"
@@ -808,6 +809,7 @@ PYBIND11_MODULE(_C, m) {
   static py::exception<std::runtime_error> status_error(m, "StatusError");
   g_status_error = status_error.ptr();
   BindTorchFuture(m);
+  BindAutogradNodes(m);
 
   py::class_<PyFuture, std::shared_ptr<PyFuture>>(m, "Future")
       .def(py::init(&PyFuture::Make))
@@ -925,6 +927,12 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("live_autograd_contexts",
            [](PyAgent& a) { return baton::dist_autograd::LiveContexts(a.agent()); })
+      .def("describe_autograd_context",
+           [](PyAgent& a, int64_t context_id) {
+             auto described = DescribeAutogradContext(a.agent(), context_id);
+             Check(described.status());
+             return *std::move(described);
+           })
       .def("current_context_id",
            [](PyAgent& a) { return baton::dist_autograd::CurrentContextId(a.agent()); });
 

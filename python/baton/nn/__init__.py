@@ -3,9 +3,22 @@
     layer = RemoteModule("ps/cpu", torch.nn.Linear, args=(4, 2))
     y = layer(x)                          # forward runs on worker "ps"
     params = layer.remote_parameters()    # RRefs for DistributedOptimizer
+
+As torch's: the module is created on the remote worker; forward and
+forward_async are installed on each RemoteModule (and on every copy that
+arrives through RPC); train()/eval() set the remote module's mode; the
+nn.Module methods that would act on a local copy raise ValueError. A
+RemoteModule travels as an argument or result of an RPC with exactly the
+attributes in _REMOTE_MODULE_PICKLED_ATTRIBUTES; pickling one by hand
+(torch.save) raises RuntimeError. TorchScript module interfaces
+(_module_interface_cls) are not supported.
 """
+import types
+from typing import Any, Dict, List, Optional, Tuple, Type
+
 import torch
 
+from baton import _pickle
 from baton import rpc as _rpc
 
 __all__ = ["RemoteModule"]
@@ -17,7 +30,11 @@ _REMOTE_MODULE_PICKLED_ATTRIBUTES = (
 
 
 def _create(module_cls, args, kwargs, device):
+    """Runs on the remote worker: the module itself."""
     module = module_cls(*args, **kwargs)
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError("Expect `module_cls(*args, **kwargs)` returns an instance of "
+                         f"<class nn.Module>, but it returns an instance of {type(module)}.")
     if device and device != "cpu":
         module = module.to(device)
     return module
@@ -29,6 +46,10 @@ def _forward(module_rref, args, kwargs):
 
 def _parameter_rrefs(module_rref, recurse):
     return [_rpc.RRef(p) for p in module_rref.local_value().parameters(recurse)]
+
+
+def _set_training(module_rref, mode):
+    module_rref.local_value().train(mode)
 
 
 def _parse_remote_device(remote_device):
@@ -43,37 +64,130 @@ def _parse_remote_device(remote_device):
     return worker, device or "cpu"
 
 
-class RemoteModule(torch.nn.Module):
+# The methods installed on every RemoteModule (torch's generated methods).
+def forward_async(self, *args, **kwargs):
+    """Runs the remote module's forward; returns a torch.futures.Future."""
+    return _rpc.rpc_async(self.module_rref.owner(), _forward, args=(self.module_rref, args, kwargs))
+
+
+def forward(self, *args, **kwargs):
+    """Runs the remote module's forward and returns its result."""
+    return _rpc.rpc_sync(self.module_rref.owner(), _forward, args=(self.module_rref, args, kwargs))
+
+
+_GENERATED_METHODS = (forward_async, forward)
+
+
+def _not_supported(name):
+    hint = ("Please use ``remote_parameters`` instead." if name == "parameters" else
+            "Call it on the module itself, through get_module_rref().")
+
+    def method(self, *args, **kwargs):
+        raise ValueError(f"Method ``{name}`` not supported for RemoteModule. {hint}")
+    method.__name__ = name
+    return method
+
+
+class _RemoteModule(torch.nn.Module):
     """A module created and run on another worker. remote_device is
     "<worker name>/<device>" or "rank:<n>/<device>"."""
 
-    def __init__(self, remote_device, module_cls, args=None, kwargs=None):
+    def __init__(self, remote_device: str, module_cls: Type[torch.nn.Module],
+                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None,
+                 _module_interface_cls: Any = None):
         super().__init__()
+        if _module_interface_cls is not None:
+            raise NotImplementedError(
+                "RemoteModule with a TorchScript module interface (_module_interface_cls) is "
+                "not supported by baton")
         self.on, self.device = _parse_remote_device(remote_device)
+        self.is_device_map_set = False
+        self.is_scriptable = False
+        self.generated_methods = _GENERATED_METHODS
         self.module_rref = _rpc.remote(
             self.on, _create, args=(module_cls, tuple(args or ()), dict(kwargs or {}), self.device))
-        self.is_scriptable = False
+        self._install_generated_methods()
 
-    def forward(self, *args, **kwargs):
-        return _rpc.rpc_sync(self.on, _forward, args=(self.module_rref, args, kwargs))
+    @classmethod
+    def init_from_module_rref(cls, remote_device: str, module_rref: "_rpc.RRef",
+                              _module_interface_cls: Any = None) -> "RemoteModule":
+        """A RemoteModule over a module that already lives on its worker
+        (module_rref, as get_module_rref() of another RemoteModule gives)."""
+        if _module_interface_cls is not None:
+            raise NotImplementedError(
+                "RemoteModule with a TorchScript module interface (_module_interface_cls) is "
+                "not supported by baton")
+        remote_module = object.__new__(RemoteModule)
+        torch.nn.Module.__init__(remote_module)
+        remote_module.on, remote_module.device = _parse_remote_device(remote_device)
+        remote_module.is_device_map_set = False
+        remote_module.is_scriptable = False
+        remote_module.generated_methods = _GENERATED_METHODS
+        remote_module.module_rref = module_rref
+        remote_module._install_generated_methods()
+        return remote_module
 
-    def forward_async(self, *args, **kwargs):
-        return _rpc.rpc_async(self.on, _forward, args=(self.module_rref, args, kwargs))
+    def _install_generated_methods(self):
+        for method in self.generated_methods:
+            setattr(self, method.__name__, types.MethodType(method, self))
 
-    def remote_parameters(self, recurse=True):
-        return _rpc.rpc_sync(self.on, _parameter_rrefs, args=(self.module_rref, recurse))
+    def remote_parameters(self, recurse: bool = True) -> List["_rpc.RRef"]:
+        """RRefs of the remote module's parameters (for DistributedOptimizer)."""
+        return _rpc.rpc_sync(self.module_rref.owner(), _parameter_rrefs,
+                             args=(self.module_rref, recurse))
 
-    def get_module_rref(self):
+    def get_module_rref(self) -> "_rpc.RRef":
         return self.module_rref
 
-    def _unsupported(self, *args, **kwargs):
-        raise ValueError("this method is not supported on a RemoteModule: "
-                         "call it on the module itself through get_module_rref()")
+    def train(self, mode: bool = True):
+        """Sets the remote module's training mode."""
+        _rpc.rpc_sync(self.module_rref.owner(), _set_training, args=(self.module_rref, mode))
+        self.training = mode
+        return self
 
-    parameters = named_parameters = buffers = named_buffers = children = _unsupported
-    cuda = cpu = to = half = float = double = type = share_memory = _unsupported
-    state_dict = load_state_dict = apply = zero_grad = _unsupported
+    def eval(self):
+        return self.train(False)
+
+    def __getstate__(self):
+        raise RuntimeError("Cannot pickle RemoteModule in python pickler. RemoteModule can only "
+                           "be pickled when using RPC")
+
+    def __setstate__(self, state):
+        raise RuntimeError("Cannot unpickle RemoteModule in python pickler. RemoteModule can "
+                           "only be unpickled when using RPC")
+
+    for _name in ("register_buffer", "register_parameter", "add_module", "apply", "cuda", "ipu",
+                  "xpu", "cpu", "type", "float", "double", "half", "bfloat16", "to",
+                  "register_backward_hook", "register_full_backward_hook",
+                  "register_forward_pre_hook", "register_forward_hook", "state_dict",
+                  "load_state_dict", "parameters", "named_parameters", "buffers",
+                  "named_buffers", "children", "named_children", "modules", "named_modules",
+                  "requires_grad_", "zero_grad", "share_memory", "extra_repr"):
+        locals()[_name] = _not_supported(_name)
+    del _name
 
 
-# torch's base class name (its TorchScript interface argument aside).
-_RemoteModule = RemoteModule
+class RemoteModule(_RemoteModule):
+    """torch.distributed.nn.RemoteModule (see _RemoteModule)."""
+
+    def __init__(self, remote_device: str, module_cls: Type[torch.nn.Module],
+                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None):
+        super().__init__(remote_device, module_cls, args, kwargs)
+
+
+def _remote_module_receiver(*attributes):
+    """Rebuilds a RemoteModule sent through RPC: its pickled attributes, and
+    the generated methods installed again."""
+    remote_module = object.__new__(RemoteModule)
+    remote_module.__dict__.update(zip(_REMOTE_MODULE_PICKLED_ATTRIBUTES, attributes))
+    remote_module._install_generated_methods()
+    return remote_module
+
+
+def _remote_module_reducer(remote_module):
+    return (_remote_module_receiver,
+            tuple(remote_module.__dict__[name] for name in _REMOTE_MODULE_PICKLED_ATTRIBUTES))
+
+
+_pickle.register_reducer(_RemoteModule, _remote_module_reducer)
+_pickle.register_reducer(RemoteModule, _remote_module_reducer)

@@ -55,6 +55,10 @@ class RpcBackendOptions:
     def __init__(self, num_worker_threads=16, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
                  init_method=DEFAULT_INIT_METHOD, device_maps=None, devices=None,
                  _transports=None, _channels=None, **kwargs):
+        if rpc_timeout is not None and (not isinstance(rpc_timeout, (int, float))
+                                        or isinstance(rpc_timeout, bool)):
+            raise TypeError("incompatible constructor arguments: rpc_timeout is a number of "
+                            f"seconds, not {type(rpc_timeout).__name__}")
         self.num_worker_threads = num_worker_threads
         self.rpc_timeout = rpc_timeout
         self.init_method = init_method
@@ -195,10 +199,12 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         if not isinstance(rpc_backend_options, RpcBackendOptions):
             raise TypeError("Argument rpc_backend_options must be an instance of "
                             f"RpcBackendOptions, got {type(rpc_backend_options).__name__}")
-        if backend is None and type(rpc_backend_options) not in (
-                RpcBackendOptions, TensorPipeRpcBackendOptions):
-            raise TypeError(f"Could not infer backend for options {rpc_backend_options!r}: "
-                            "pass backend= (baton runs every BackendType)")
+        if type(rpc_backend_options) not in (RpcBackendOptions, TensorPipeRpcBackendOptions):
+            if backend is None:
+                raise TypeError(f"Could not infer backend for options {rpc_backend_options!r}: "
+                                "pass backend= (baton runs every BackendType)")
+            raise TypeError("`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`, not "
+                            f"{type(rpc_backend_options).__name__}")
     if name is not None:
         _check_worker_name(name)
     options = rpc_backend_options or RpcBackendOptions()
@@ -862,8 +868,8 @@ class RRef(Generic[T]):
         return f"{kind}({self._c.id()}, owner={self._c.owner_id()})"
 
     def __reduce__(self):
-        raise TypeError(
-            "an RRef is sent as an argument or result of an RPC, not pickled by hand")
+        raise RpcRuntimeError("Can not pickle rref in python pickler: an RRef is sent as an "
+                              "argument or result of an RPC, not pickled by hand")
 
 
 def _type_of_value(rref):
