@@ -12,8 +12,10 @@
 #   pipeline ddp_rpc (default: all). Each runs in a fresh temporary copy;
 #   prints one "RESULT <program> PASS|FAIL|NEEDS-GPU <detail>" line each.
 # Environment: BATON_EXAMPLES_TORCH=1 runs the unchanged programs on torch's
-# own RPC instead (the comparison); BATON_EXAMPLES_TIMEOUT (seconds, default
-# 900) bounds each program.
+# own RPC instead (the comparison); BATON_EXAMPLES_DROPIN=1 runs the
+# unchanged programs on baton in drop-in mode (python3 -m baton.torch_rpc,
+# no line edited); BATON_EXAMPLES_TIMEOUT (seconds, default 900) bounds each
+# program.
 # What is supplied from outside the programs (python/compat/shims):
 # torch.accelerator for torch 1.13 (CPU-only), a local gymnasium CartPole,
 # and Fashion-MNIST in MNIST's layout where a program downloads MNIST.
@@ -27,6 +29,10 @@ programs=("$@")
                                        batch_reinforce pipeline ddp_rpc)
 timeout_s="${BATON_EXAMPLES_TIMEOUT:-900}"
 PY=/usr/bin/python3
+# How each program's Python starts: drop-in mode puts baton under the
+# unchanged torch.distributed.rpc imports.
+RUN="$PY"
+[ "${BATON_EXAMPLES_DROPIN:-0}" = 1 ] && RUN="$PY -m baton.torch_rpc"
 [ -f "$repo/python/baton/_C.so" ] || { echo "run tools/python.sh first" >&2; exit 2; }
 
 work="$(mktemp -d /tmp/baton-examples.XXXXXX)"
@@ -48,7 +54,7 @@ run_one() {  # $1 program, $2 dir, $3 expected output (regex), then the command
   local copy="$work/$program/$(basename "$dir")" log="$work/$program.log"
   mkdir -p "$work/$program"
   cp -r "$src/$dir" "$copy"
-  if [ "${BATON_EXAMPLES_TORCH:-0}" != 1 ]; then
+  if [ "${BATON_EXAMPLES_TORCH:-0}" != 1 ] && [ "${BATON_EXAMPLES_DROPIN:-0}" != 1 ]; then
     sed -i -E \
       -e 's/^(\s*)import torch\.distributed\.rpc as/\1import baton.rpc as/' \
       -e 's/^(\s*)from torch\.distributed\.rpc import/\1from baton.rpc import/' \
@@ -80,8 +86,8 @@ has_gpus() { $PY -c "import torch,sys; sys.exit(0 if torch.cuda.device_count() >
 
 for program in "${programs[@]}"; do
   case "$program" in
-    rnn) run_one rnn rnn "Training epoch 9" $PY main.py ;;
-    rl) run_one rl rl "Solved!" $PY main.py ;;
+    rnn) run_one rnn rnn "Training epoch 9" $RUN main.py ;;
+    rl) run_one rl rl "Solved!" $RUN main.py ;;
     parameter_server)
       fashion_as_mnist "$work/parameter_server/data"
       # One command per rank, as its README says: 1 server, 1 trainer. With
@@ -90,8 +96,8 @@ for program in "${programs[@]}"; do
       # another trainer's backward pass still needs ("modified by an inplace
       # operation").
       run_one parameter_server parameter_server "Accuracy" bash -c "
-        $PY rpc_parameter_server.py --world_size=2 --rank=0 & s=\$!
-        $PY rpc_parameter_server.py --world_size=2 --rank=1; c=\$?
+        $RUN rpc_parameter_server.py --world_size=2 --rank=0 & s=\$!
+        $RUN rpc_parameter_server.py --world_size=2 --rank=1; c=\$?
         wait \$s; p=\$?; exit \$((c || p))" ;;
     batch_parameter_server|batch_reinforce)
       if has_gpus 1; then
