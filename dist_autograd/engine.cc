@@ -74,7 +74,7 @@ void TraceAutograd(rpc::RpcAgent& agent, const std::string& name, int64_t contex
 
 }  // namespace
 
-absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, const edge_list& roots,
+absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, const edge_list& roots,
                                                const std::vector<at::Tensor>& grads) {
   if (roots.size() != grads.size()) {
     return absl::InvalidArgumentError(
@@ -104,12 +104,13 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, const edge_lis
             engine_roots, engine_grads, /*keep_graph=*/true, /*create_graph=*/false,
             /*accumulate_grad=*/false, outputs);
       } catch (const Error& e) {
-        return Annotate(e.status(), "local backward failed");
+        return Annotate(e.status(), absl::StrCat("local backward failed: Error on Node ", self));
       } catch (const c10::Error& e) {
-        return absl::InternalError(
-            absl::StrCat("local backward failed: ", e.what_without_backtrace()));
+        return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self, ": ",
+                                                e.what_without_backtrace()));
       } catch (const std::exception& e) {
-        return absl::InternalError(absl::StrCat("local backward failed: ", e.what()));
+        return absl::InternalError(
+            absl::StrCat("local backward failed: Error on Node ", self, ": ", e.what()));
       }
       for (size_t i = 0; i < outputs.size() && i < results.size(); ++i) {
         if (results[i].defined()) captured.emplace_back(outputs[i], std::move(results[i]));
@@ -219,7 +220,7 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
                            " tensors but got ", grads.size(), " gradients")));
         }
         const absl::Time local_start = absl::Now();
-        auto outgoing = RunLocal(*state, *edges, grads);
+        auto outgoing = RunLocal(*state, call.agent->self().id, *edges, grads);
         TraceAutograd(*call.agent, absl::StrCat("local backward, context ", context_id), context_id,
                       local_start, outgoing.status());
         if (!outgoing.ok()) {
@@ -275,7 +276,7 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
   if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
-  auto outgoing = internal::RunLocal(*state, edges, grads);
+  auto outgoing = internal::RunLocal(*state, agent.self().id, edges, grads);
   internal::TraceAutograd(agent, absl::StrCat("local backward, context ", context_id), context_id,
                           start, outgoing.status());
   absl::Status s = outgoing.status();

@@ -214,7 +214,9 @@ struct Outgoing {
 
 // Steps 1-3 of the mode: runs the local engine from `roots` with `grads`,
 // accumulates leaf gradients into `ctx`, and returns the gradients to send.
-absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx,
+// An error of the engine names this worker (`self`, its rank) as torch's
+// do: "Error on Node <rank>: <the node's error>".
+absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self,
                                                const torch::autograd::edge_list& roots,
                                                const std::vector<at::Tensor>& grads);
 
