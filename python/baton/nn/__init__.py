@@ -11,7 +11,8 @@ nn.Module methods that would act on a local copy raise ValueError. A
 RemoteModule travels as an argument or result of an RPC with exactly the
 attributes in _REMOTE_MODULE_PICKLED_ATTRIBUTES; pickling one by hand
 (torch.save) raises RuntimeError. TorchScript module interfaces
-(_module_interface_cls) are not supported.
+are not supported (torch's private _module_interface_cls argument is not
+accepted).
 """
 import types
 from typing import Any, Dict, List, Optional, Tuple, Type
@@ -93,39 +94,29 @@ class _RemoteModule(torch.nn.Module):
     "<worker name>/<device>" or "rank:<n>/<device>"."""
 
     def __init__(self, remote_device: str, module_cls: Type[torch.nn.Module],
-                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None,
-                 _module_interface_cls: Any = None):
+                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None):
         super().__init__()
-        if _module_interface_cls is not None:
-            raise NotImplementedError(
-                "RemoteModule with a TorchScript module interface (_module_interface_cls) is "
-                "not supported by baton")
-        self.on, self.device = _parse_remote_device(remote_device)
+        on, device = _parse_remote_device(remote_device)
+        self._attach(on, device, _rpc.remote(
+            on, _create, args=(module_cls, tuple(args or ()), dict(kwargs or {}), device)))
+
+    @classmethod
+    def init_from_module_rref(cls, remote_device: str,
+                              module_rref: "_rpc.RRef") -> "RemoteModule":
+        """A RemoteModule over a module that already lives on its worker
+        (module_rref, as get_module_rref() of another RemoteModule gives)."""
+        remote_module = object.__new__(RemoteModule)
+        torch.nn.Module.__init__(remote_module)
+        remote_module._attach(*_parse_remote_device(remote_device), module_rref)
+        return remote_module
+
+    def _attach(self, on, device, module_rref):
+        self.on, self.device = on, device
         self.is_device_map_set = False
         self.is_scriptable = False
         self.generated_methods = _GENERATED_METHODS
-        self.module_rref = _rpc.remote(
-            self.on, _create, args=(module_cls, tuple(args or ()), dict(kwargs or {}), self.device))
+        self.module_rref = module_rref
         self._install_generated_methods()
-
-    @classmethod
-    def init_from_module_rref(cls, remote_device: str, module_rref: "_rpc.RRef",
-                              _module_interface_cls: Any = None) -> "RemoteModule":
-        """A RemoteModule over a module that already lives on its worker
-        (module_rref, as get_module_rref() of another RemoteModule gives)."""
-        if _module_interface_cls is not None:
-            raise NotImplementedError(
-                "RemoteModule with a TorchScript module interface (_module_interface_cls) is "
-                "not supported by baton")
-        remote_module = object.__new__(RemoteModule)
-        torch.nn.Module.__init__(remote_module)
-        remote_module.on, remote_module.device = _parse_remote_device(remote_device)
-        remote_module.is_device_map_set = False
-        remote_module.is_scriptable = False
-        remote_module.generated_methods = _GENERATED_METHODS
-        remote_module.module_rref = module_rref
-        remote_module._install_generated_methods()
-        return remote_module
 
     def _install_generated_methods(self):
         for method in self.generated_methods:
@@ -169,10 +160,6 @@ class _RemoteModule(torch.nn.Module):
 
 class RemoteModule(_RemoteModule):
     """torch.distributed.nn.RemoteModule (see _RemoteModule)."""
-
-    def __init__(self, remote_device: str, module_cls: Type[torch.nn.Module],
-                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None):
-        super().__init__(remote_device, module_cls, args, kwargs)
 
 
 def _remote_module_receiver(*attributes):
