@@ -85,8 +85,9 @@ void Tensors(std::tuple<Ts...>& t, std::vector<at::Tensor*>* out) {
 
 bool HasRecvFunction(const at::Tensor& t) {
   if (!t.defined()) return false;
+  // By type, not by name(): the name is torch's, chosen for compatibility.
   const auto& fn = torch::autograd::impl::gradient_edge(t).function;
-  return fn != nullptr && fn->name() == "baton::dist_autograd::RecvRpcBackward";
+  return dynamic_cast<internal::RecvRpcBackward*>(fn.get()) != nullptr;
 }
 
 // `ordered`: the value's tensors can be listed in codec order (not so for a
