@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "dist_autograd/context_graph.h"
 #include "dist_autograd/internal/container.h"
 #include "obs/state.h"
 #include "proto/dist_autograd.pb.h"
@@ -75,12 +76,12 @@ std::vector<std::pair<int64_t, torch::autograd::edge_list>> ContextState::Sends(
   return {sends_.begin(), sends_.end()};
 }
 
-void ContextState::AddRecv(std::shared_ptr<RecvRpcBackward> node) {
+void ContextState::AddRecv(torch_compat::NodePtr<RecvRpcBackward> node) {
   absl::MutexLock lock(&mu_);
   recvs_.push_back(std::move(node));
 }
 
-std::vector<std::shared_ptr<RecvRpcBackward>> ContextState::Recvs() const {
+std::vector<torch_compat::NodePtr<RecvRpcBackward>> ContextState::Recvs() const {
   absl::MutexLock lock(&mu_);
   return recvs_;
 }
@@ -337,7 +338,8 @@ absl::Status AutogradHook::OnReceive(const rpc::MessageInfo& message,
   if (!state.ok()) return state.status();
   (*state)->AddParticipant(message.peer);
   if (tag->grad_indices_size() == 0) return absl::OkStatus();
-  auto node = std::make_shared<RecvRpcBackward>(tag->context_id(), message.peer, tag->message_id());
+  auto node =
+      torch_compat::MakeNode<RecvRpcBackward>(tag->context_id(), message.peer, tag->message_id());
   for (uint32_t index : tag->grad_indices()) {
     if (index >= tensors.size() || !tensors[index]->defined() ||
         !(tensors[index]->is_floating_point() || tensors[index]->is_complex())) {

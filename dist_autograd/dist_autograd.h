@@ -100,12 +100,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/edge.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -197,22 +195,6 @@ absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
 // averaged gradient in the DDP+RPC hybrid, dist_autograd/ddp_gradients.h).
 absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Tensor& leaf,
                          at::Tensor grad);
-
-// What a context holds on this worker, as torch's context API shows it
-// (Python's dist_autograd._retrieve_context): the workers it exchanged
-// messages with, its send functions (their gradient edges) by message id,
-// and its recv functions by the sender's message id. NOT_FOUND for an
-// unknown context ("Could not find autograd context with id: N").
-struct ContextGraph {
-  int64_t id = 0;
-  std::vector<int> known_workers;
-  std::vector<std::pair<int64_t, std::vector<torch::autograd::Edge>>> sends;
-  std::vector<std::pair<int64_t, std::shared_ptr<torch::autograd::Node>>> recvs;
-};
-absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t context_id);
-// The C++ type of the recv function nodes (for a binding that gives them a
-// Python type).
-const std::type_info& RecvFunctionType();
 
 // Debugging and leak checks: the contexts this worker currently holds.
 std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent);

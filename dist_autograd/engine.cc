@@ -57,7 +57,7 @@ edge_list FindOutputs(const edge_list& roots) {
 
 // Gradients captured at one recv function, by input.
 struct RecvGrads {
-  std::shared_ptr<Node> node;
+  torch_compat::NodePtr<> node;
   std::vector<at::Tensor> grads;
 };
 

@@ -1,38 +1,101 @@
 #!/usr/bin/env bash
-# CI for the CMake build (CMakeLists.txt), which the GPU machine uses
-# (tools/gpu/build_and_test.sh): so that it cannot rot between GPU runs,
-#  1. the CPU configuration builds every library and test and runs the tests
-#     (ctest; Gloo is the backend, NCCL cases skip saying it is not compiled);
-#  2. the CUDA configuration's sources (the NCCL backend, the CUDA tests, the
-#     latency benchmark) compile against the CUDA 13 headers under
-#     /usr/local/cuda and the CPU LibTorch's c10/cuda headers, as C++20 (what
-#     newer LibTorch needs); nothing links there.
+# CI for the CMake build and the wheel, on pip's PyTorch 2.x (Bazel builds
+# and tests everything against Debian's 1.13; this stage keeps the 2.x line
+# and the GPU machine's build from rotting):
+#  1. the venv with pip's torch (tools/torch2_venv.sh, downloads cached);
+#  2. one configuration against that torch (a CUDA build): every library,
+#     test and benchmark, baton._C and baton-run, and the CUDA targets (the
+#     NCCL backend, CUDA IPC, the CUDA tests and benchmarks) compiled and
+#     linked against pip's CUDA LibTorch, its NCCL and the CUDA 13 toolkit
+#     under /usr/local/cuda; the tests that need no GPU run under ctest;
+#  3. the wheel from that build (pip wheel, tools/pybuild/baton_build.py),
+#     installed into a fresh venv that sees only the torch venv's packages;
+#     tools/pybuild/check_wheel.py checks what its files load, then, with the
+#     system's copies of the bundled libraries hidden, trains
+#     python/examples/train_remote_layers.py under the wheel's baton-run
+#     (prints RESULT OK);
+#  4. the pytest suite (python/tests) on the installed wheel.
 #
 #   bash tools/cmake_ci.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root="$PWD"
 build="${1:-$(mktemp -d /tmp/baton-cmake.XXXXXX)}"
 jobs="$(nproc)"
-echo "cmake_ci: CPU build in $build/cpu" >&2
-cmake -G Ninja -S . -B "$build/cpu" >/dev/null
-ninja -C "$build/cpu" -j"$jobs"
-(cd "$build/cpu" && ctest --output-on-failure --timeout 600)
+stage_start=$(date +%s)
+stage() {
+  local now
+  now=$(date +%s)
+  echo "cmake_ci: [$((now - stage_start)) s] $*" >&2
+}
+
+py="$(bash tools/torch2_venv.sh)"
+eval "$("$py" - <<'PY'
+import glob, os, torch, torch.utils
+site = os.path.dirname(os.path.dirname(torch.__file__))
+nccl = glob.glob(os.path.join(site, "nvidia", "nccl*", "include", "nccl.h")) + \
+       glob.glob(os.path.join(site, "nvidia", "**", "include", "nccl.h"), recursive=True)
+print(f"torch_prefix={torch.utils.cmake_prefix_path}")
+print(f"torch_version={torch.__version__}")
+print(f"torch_site={site}")
+print(f"nccl_root={os.path.dirname(os.path.dirname(nccl[0])) if nccl else ''}")
+PY
+)"
+stage "torch $torch_version ($py)"
 
 if [ ! -f /usr/local/cuda/include/nccl.h ] || [ ! -x /usr/local/cuda/bin/nvcc ]; then
-  echo "cmake_ci: FAILED: no CUDA 13 toolkit with nccl.h under /usr/local/cuda;" \
-       "the CUDA sources cannot be compile-checked" >&2
+  echo "cmake_ci: FAILED: no CUDA 13 toolkit under /usr/local/cuda" >&2
   exit 1
 fi
-echo "cmake_ci: CUDA compile check in $build/cuda-check" >&2
-cmake -G Ninja -S . -B "$build/cuda-check" -DBATON_CUDA=ON \
-  -DBATON_CUDA_COMPILE_CHECK=ON -DBATON_GLOO=OFF -DCMAKE_CXX_STANDARD=20 >/dev/null
-mapfile -t objects < <(ninja -C "$build/cuda-check" -t targets all |
-  grep -oE 'CMakeFiles/(baton_comm|baton_comm_test_util|cm_process_group_test|cm_ddp_test|nccl_latency_bench|cuda_rpc_bench|pipeline_bench|baton_rpc_cuda|cm_cuda_rpc_test)\.dir/[^:]*\.o' |
-  sort -u)
-if [ "${#objects[@]}" -lt 10 ]; then
-  echo "cmake_ci: FAILED: expected the CUDA configuration's objects, found ${#objects[@]}" >&2
-  exit 1
-fi
-ninja -C "$build/cuda-check" -j"$jobs" "${objects[@]}"
-echo "cmake_ci: CPU build and tests passed; ${#objects[@]} CUDA-configuration objects compiled" >&2
+export PATH="/usr/local/cuda/bin:$PATH"
+# One configuration for the whole 2.x line: pip's torch is a CUDA build, so
+# the CUDA targets (the NCCL backend, CUDA IPC, the CUDA tests and
+# benchmarks) compile and link in the same build as everything else, against
+# pip's NCCL and the toolkit, while the CPU tests run.
+stage "configure against pip's torch in $build/t2 (CUDA, Python)"
+cmake -G Ninja -S . -B "$build/t2" -DBATON_CUDA=ON -DBATON_GLOO=OFF -DBATON_PYTHON=ON \
+  -DPython3_EXECUTABLE="$py" -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DTORCH_SITE="$torch_site/torch" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
+  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+stage "build: every library, test and benchmark, baton._C, baton-run"
+ninja -C "$build/t2" -j"$jobs"
+cuda_targets=(cuda_rpc_bench nccl_latency_bench cm_process_group_test cm_ddp_test
+  cm_cuda_rpc_test pipeline_bench ps_bench)
+for t in "${cuda_targets[@]}"; do
+  [ -x "$build/t2/$t" ] || { echo "cmake_ci: FAILED: $t was not linked" >&2; exit 1; }
+done
+# The GPU machine runs these (tools/gpu/build_and_test.sh): the collective
+# suites have no backend without a GPU here (Gloo stays off beside pip's
+# torch), and the CUDA IPC test needs the driver's libcuda.so.1. Bazel runs
+# the Gloo collectives and the device-map cases against Debian's torch.
+stage "ctest (all but the GPU suites)"
+(cd "$build/t2" && ctest --output-on-failure --timeout 600 \
+  -E '^(cm_process_group_test|cm_ddp_test|cm_cuda_rpc_test)$')
+
+stage "the wheel"
+rm -rf "$build/wheels" "$build/venv"
+BATON_BUILD_DIR="$build/t2" "$py" -m pip wheel -q --no-build-isolation --no-deps \
+  -w "$build/wheels" .
+wheel=$(ls "$build/wheels"/*.whl)
+echo "cmake_ci: $(basename "$wheel") $(du -h "$wheel" | cut -f1)" >&2
+# A fresh venv that sees the torch venv's packages and nothing else of this
+# machine's Python (no --system-site-packages).
+/usr/bin/python3 -m venv "$build/venv"
+vpy="$build/venv/bin/python"
+torch_purelib=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$torch_purelib" >"$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch-venv.pth"
+# torch's own requirements (a newer setuptools than the venv's) come from
+# the wheels tools/torch2_venv.sh keeps: no download.
+"$vpy" -m pip install -q --no-index --find-links "${HOME}/.cache/baton/wheels/torch-${torch_version%%+*}" "$wheel"
+stage "check_wheel, then train_remote_layers.py with the system's copies hidden"
+(cd python/examples && "$vpy" "$root/tools/pybuild/check_wheel.py" --python "$vpy" -- \
+  "$build/venv/bin/baton-run" --standalone --role trainer:1 --role ps:2 \
+  "$vpy" train_remote_layers.py --epochs 1)
+
+stage "pytest on the installed wheel"
+(cd python/tests && BATON_RUN="$build/venv/bin/baton-run" BATON_CPP_PEER="$build/t2/bin/cpp_peer" \
+  PYTHONPATH="$root/python/tests" PYTHONDONTWRITEBYTECODE=1 \
+  "$vpy" -m pytest -p no:cacheprovider -q -ra .)
+
+stage "passed: the build and its tests, ${#cuda_targets[@]} CUDA targets linked, the wheel and its tests"
 rm -rf "$build"

@@ -32,6 +32,9 @@ PACKAGES=(
   # The CMake build (CMakeLists.txt): the same libraries for machines without
   # Bazel, the GPU machine first; CI builds it in CPU mode (tools/cmake_ci.sh).
   cmake ninja-build
+  # The wheel (tools/pybuild/baton_build.py) carries the libraries it needs
+  # besides torch, their run paths set to find each other there.
+  patchelf
   # etcd as the job's store and rendezvous (store/etcd_store.h,
   # --rdzv_backend etcd); its tests start a real etcd (testing/etcd_server.h).
   etcd-server etcd-client

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/torch_compat.h"
 #include "dist_autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
@@ -102,8 +102,8 @@ class ContextState {
 
   // The recv function of a message received in this context, kept while
   // the context lives (the received tensors' history, D3).
-  void AddRecv(std::shared_ptr<RecvRpcBackward> node);
-  std::vector<std::shared_ptr<RecvRpcBackward>> Recvs() const;
+  void AddRecv(torch_compat::NodePtr<RecvRpcBackward> node);
+  std::vector<torch_compat::NodePtr<RecvRpcBackward>> Recvs() const;
 
   void Accumulate(const at::Tensor& leaf, const at::Tensor& grad);
   GradientMap Gradients() const;
@@ -121,7 +121,7 @@ class ContextState {
   mutable absl::Mutex mu_;
   absl::flat_hash_set<int> participants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, torch::autograd::edge_list> sends_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<RecvRpcBackward>> recvs_ ABSL_GUARDED_BY(mu_);
+  std::vector<torch_compat::NodePtr<RecvRpcBackward>> recvs_ ABSL_GUARDED_BY(mu_);
   GradientMap grads_ ABSL_GUARDED_BY(mu_);
   bool graph_released_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex exec_mu_;

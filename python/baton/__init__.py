@@ -12,6 +12,10 @@ import os as _os
 
 import torch  # noqa: F401  (baton._C needs LibTorch's Python bindings loaded)
 
+from baton import _torch_check
+
+_torch_check.check()  # before baton._C loads: it was built for one torch
+
 from baton import _C  # noqa: F401
 
 __all__ = ["rpc", "distributed", "nn", "ps", "futures", "is_elastic_launched",

@@ -5,6 +5,8 @@
 
 #include <torch/csrc/autograd/python_cpp_function.h>
 
+#include "base/torch_compat.h"
+#include "dist_autograd/context_graph.h"
 #include "dist_autograd/dist_autograd.h"
 
 namespace baton::python {
@@ -18,9 +20,17 @@ using namespace torch::autograd;  // NOLINT(build/namespaces)
 
 PyTypeObject recv_type;
 PyGetSetDef recv_properties[] = {THP_FUNCTION_DEFAULT_PROPERTIES, {nullptr}};
-PyMethodDef recv_methods[] = {THP_FUNCTION_DEFAULT_METHODS, {nullptr}};
+// THP_FUNCTION_DEFAULT_METHODS's entries that every supported torch has:
+// torch 2.15's macro also names THPCppFunction_set_sequence_nr, which its
+// headers do not declare.
+PyMethodDef recv_methods[] = {
+    {(char*)"_register_hook_dict", THPCppFunction_register_hook_dict, METH_O, nullptr},
+    {(char*)"register_hook", THPCppFunction_register_hook, METH_O, nullptr},
+    {(char*)"register_prehook", THPCppFunction_register_prehook, METH_O, nullptr},
+    {(char*)"name", THPCppFunction_name, METH_NOARGS, nullptr},
+    {nullptr}};
 
-py::object NodeObject(const std::shared_ptr<torch::autograd::Node>& node) {
+py::object NodeObject(const torch_compat::NodePtr<>& node) {
   if (node == nullptr) return py::none();
   PyObject* obj = torch::autograd::functionToPyObject(node);
   if (obj == nullptr) throw py::error_already_set();

@@ -136,8 +136,8 @@ bool FitInt(py::handle h, I* out) {
 
 absl::Status Mismatch(const TypeNode& t, py::handle h, const std::string& path) {
   return absl::InvalidArgumentError(
-      absl::StrCat(path, ": a ", std::string(py::str(h.get_type().attr("__name__"))), " (",
-                   std::string(py::repr(h)).substr(0, 60), ") is not a ", t.Spell()));
+      absl::StrCat(path, ": a ", std::string(py::str(py::type::handle_of(h).attr("__name__"))),
+                   " (", std::string(py::repr(h)).substr(0, 60), ") is not a ", t.Spell()));
 }
 
 absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const std::string& path) {
@@ -450,18 +450,18 @@ py::object ToPython(const DynValue& v, const std::deque<at::Tensor>& tensors) {
     case Kind::kList: {
       py::list l;
       for (const DynValue& e : v.items) l.append(ToPython(e, tensors));
-      return std::move(l);
+      return py::object(std::move(l));
     }
     case Kind::kTuple: {
       py::tuple t(v.items.size());
       for (size_t i = 0; i < v.items.size(); ++i) t[i] = ToPython(v.items[i], tensors);
-      return std::move(t);
+      return py::object(std::move(t));
     }
     case Kind::kDict: {
       py::dict d;
       for (size_t i = 0; i < v.items.size(); ++i)
         d[py::str(v.keys[i])] = ToPython(v.items[i], tensors);
-      return std::move(d);
+      return py::object(std::move(d));
     }
   }
   return py::none();

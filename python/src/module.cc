@@ -574,7 +574,7 @@ class PyAgent {
     if (py::isinstance<py::int_>(to)) return rpc::WorkerRef(to.cast<int>());
     Raise(absl::InvalidArgumentError(
         absl::StrCat("a worker is named by its name, rank or WorkerInfo, not by a ",
-                     std::string(py::str(to.get_type().attr("__name__"))))));
+                     std::string(py::str(py::type::handle_of(to).attr("__name__"))))));
   }
   static py::tuple Info(const rpc::WorkerInfo& w) { return py::make_tuple(w.name, w.id); }
 

@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 
-PYTHON = "/usr/bin/python3"  # the interpreter that has torch
+# The interpreter running pytest, the one with torch and baton: /usr/bin/python3
+# under Bazel (Debian's torch), a venv's for a wheel (tools/pybuild/).
+PYTHON = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers.py")
 
