@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # Runs PyTorch's RPC (the peer) and baton one after the other on this machine
 # and prints the metrics side by side with ratios.
-#   bench/compare.sh [--quick]
+#   bench/compare.sh [--quick] [--peer-python PATH]
 # The peer script is looked up in $BATON_PEER_DIR, else ../shared/peer beside
-# the repository. Needs Debian's python3 with python3-torch (tools/install_deps.sh).
+# the repository. The peers run under Debian's python3 with python3-torch
+# 1.13 (tools/install_deps.sh), or under the interpreter --peer-python names
+# (BATON_PEER_PYTHON for the compare_*.sh scripts), for example the venv of
+# pip's torch 2.x: --peer-python "$(bash tools/torch2_venv.sh)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=${1:-}
+QUICK=""
+export BATON_PEER_PYTHON="${BATON_PEER_PYTHON:-/usr/bin/python3}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=--quick ;;
+    --peer-python) BATON_PEER_PYTHON="$2"; shift ;;
+    *) echo "usage: bench/compare.sh [--quick] [--peer-python PATH]" >&2; exit 2 ;;
+  esac
+  shift
+done
+echo "== peers under $BATON_PEER_PYTHON: torch $("$BATON_PEER_PYTHON" -c 'import torch; print(torch.__version__)')" >&2
 PEER_DIR=${BATON_PEER_DIR:-$(cd .. && pwd)/shared/peer}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -15,7 +28,7 @@ bazel build -c opt //bench:rpc_bench >/dev/null 2>&1 || bazel build -c opt //ben
 
 if [ -f "$PEER_DIR/torch_rpc_bench.py" ]; then
   echo "== peer: torch.distributed.rpc ($PEER_DIR/torch_rpc_bench.py $QUICK)" >&2
-  MASTER_PORT=$((20000 + RANDOM % 20000)) /usr/bin/python3 "$PEER_DIR/torch_rpc_bench.py" $QUICK \
+  MASTER_PORT=$((20000 + RANDOM % 20000)) "$BATON_PEER_PYTHON" "$PEER_DIR/torch_rpc_bench.py" $QUICK \
     2>"$OUT/peer.err" | grep '^{' >"$OUT/peer.jsonl" || { cat "$OUT/peer.err" >&2; }
 else
   echo "peer script not found in $PEER_DIR; showing baton only" >&2

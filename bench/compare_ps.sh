@@ -13,7 +13,8 @@
 #     --out DIR keep every run's JSON lines and stderr in DIR
 # Runs, each peer first: dense local, sync, async; sparse local, ps.
 # The peer scripts are looked up in $BATON_PEER_DIR, else ../shared/peer
-# beside the repository. Needs Debian's python3 with python3-torch.
+# beside the repository. The peers run under Debian's python3 with python3-torch,
+# or under $BATON_PEER_PYTHON (bench/compare.sh --peer-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
@@ -55,12 +56,12 @@ done
 
 for mode in local sync async; do
   [ "$HAVE_PEER" = 1 ] &&
-    run peer "dense-$mode" /usr/bin/python3 "$PEER_DIR/torch_ps_bench.py" --mode "$mode" "${DENSE_ARGS[@]}"
+    run peer "dense-$mode" "${BATON_PEER_PYTHON:-/usr/bin/python3}" "$PEER_DIR/torch_ps_bench.py" --mode "$mode" "${DENSE_ARGS[@]}"
   run baton "dense-$mode" "$BIN/ps_bench" --mode "$mode" "${DENSE_ARGS[@]}"
 done
 for mode in local ps; do
   [ "$HAVE_PEER" = 1 ] &&
-    run peer "sparse-$mode" /usr/bin/python3 "$PEER_DIR/torch_ps_sparse_bench.py" --mode "$mode" "${SPARSE_ARGS[@]}"
+    run peer "sparse-$mode" "${BATON_PEER_PYTHON:-/usr/bin/python3}" "$PEER_DIR/torch_ps_sparse_bench.py" --mode "$mode" "${SPARSE_ARGS[@]}"
   run baton "sparse-$mode" "$BIN/ps_sparse_bench" --mode "$mode" "${SPARSE_ARGS[@]}"
 done
 

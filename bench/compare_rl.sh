@@ -9,7 +9,8 @@
 #     --solve-only  only that (no throughput points)
 #     --out DIR keep every run's JSON lines and stderr in DIR
 # The peer script is looked up in $BATON_PEER_DIR, else ../shared/peer beside
-# the repository. Needs Debian's python3 with python3-torch.
+# the repository. The peer runs under Debian's python3 with python3-torch, or
+# under $BATON_PEER_PYTHON (bench/compare.sh --peer-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARGS=()
@@ -36,7 +37,7 @@ run() {  # run <system> <command...>: the run's JSON lines go to $OUT/<system>.j
 
 : >"$OUT/peer.jsonl"
 if [ -f "$PEER_DIR/torch_rl_bench.py" ]; then
-  run peer /usr/bin/python3 "$PEER_DIR/torch_rl_bench.py" "${ARGS[@]}"
+  run peer "${BATON_PEER_PYTHON:-/usr/bin/python3}" "$PEER_DIR/torch_rl_bench.py" "${ARGS[@]}"
 else
   echo "peer script not found in $PEER_DIR; showing baton only" >&2
 fi

@@ -324,8 +324,7 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
   ddp->reducer_->InitCounts();
   if (hooks) {
     for (size_t i = 0; i < ddp->params_.size(); ++i) {
-      std::shared_ptr<torch::autograd::Node> acc =
-          torch::autograd::impl::grad_accumulator(ddp->params_[i]);
+      torch_compat::NodePtr<> acc = torch::autograd::impl::grad_accumulator(ddp->params_[i]);
       if (acc == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("DDP: parameter '", ddp->names_[i], "' is not a leaf tensor"));

@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/torch_compat.h"
 #include "comm/process_group.h"
 
 namespace torch::autograd {
@@ -145,7 +146,7 @@ class DistributedDataParallel {
   std::vector<std::string> names_;
   std::shared_ptr<internal::Reducer> reducer_;
   // Keeps the AccumulateGrad nodes (and so our hooks) alive with the module.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<torch_compat::NodePtr<>> accumulators_;
 };
 
 }  // namespace baton::comm

@@ -14,14 +14,28 @@
 #     system's copies of the bundled libraries hidden, trains
 #     python/examples/train_remote_layers.py under the wheel's baton-run
 #     (prints RESULT OK);
-#  4. the pytest suite (python/tests) on the installed wheel.
+#  4. the pytest suite (python/tests) on the installed wheel;
+#  5. (first) a configure against a torch it does not support fails, naming it.
 #
 #   bash tools/cmake_ci.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-build="${1:-$(mktemp -d /tmp/baton-cmake.XXXXXX)}"
+# Inside the checkout (build/ is git-ignored), so that ccache's base_dir
+# makes every path relative and a fresh clone elsewhere hits the cache.
+build="${1:-$root/build/cmake-ci}"
+rm -rf "$build"
 jobs="$(nproc)"
+# ccache is to this build what Bazel's disk cache is to Bazel's
+# (~/.cache/baton/bazel-disk): compiled objects kept on this machine between
+# runs, found by content, so an unchanged file is not compiled again.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/baton/ccache}" CCACHE_BASEDIR="$root"
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-6G}" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  ccache -z >/dev/null
+fi
 stage_start=$(date +%s)
 stage() {
   local now
@@ -43,6 +57,27 @@ PY
 )"
 stage "torch $torch_version ($py)"
 
+# A torch the build does not support is refused at configure time, naming
+# it and the versions supported (a stand-in config that reports torch 3.1).
+stage "configure against an unsupported torch: refused"
+fake="$build/fake-torch/share/cmake/Torch"
+mkdir -p "$fake"
+printf 'set(TORCH_INSTALL_PREFIX "%s")\nset(TORCH_LIBRARIES "")\nset(Torch_FOUND TRUE)\n' \
+  "$build/fake-torch" >"$fake/TorchConfig.cmake"
+printf 'set(PACKAGE_VERSION "3.1.0")\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n' \
+  >"$fake/TorchConfigVersion.cmake"
+if cmake -S . -B "$build/fake" -DCMAKE_PREFIX_PATH="$build/fake-torch/share/cmake" \
+  >"$build/fake.log" 2>&1; then
+  echo "cmake_ci: FAILED: configuring against torch 3.1 succeeded" >&2
+  exit 1
+fi
+if ! tr -s ' \n' ' ' <"$build/fake.log" |
+  grep -q "does not support the torch found: 3.1.0 .* Supported: 1.13 and 2.x up to"; then
+  cat "$build/fake.log" >&2
+  echo "cmake_ci: FAILED: the refusal does not name the torch found and those supported" >&2
+  exit 1
+fi
+
 if [ ! -f /usr/local/cuda/include/nccl.h ] || [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "cmake_ci: FAILED: no CUDA 13 toolkit under /usr/local/cuda" >&2
   exit 1
@@ -56,7 +91,7 @@ stage "configure against pip's torch in $build/t2 (CUDA, Python)"
 cmake -G Ninja -S . -B "$build/t2" -DBATON_CUDA=ON -DBATON_GLOO=OFF -DBATON_PYTHON=ON \
   -DPython3_EXECUTABLE="$py" -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DTORCH_SITE="$torch_site/torch" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]}" >/dev/null
 stage "build: every library, test and benchmark, baton._C, baton-run"
 ninja -C "$build/t2" -j"$jobs"
 cuda_targets=(cuda_rpc_bench nccl_latency_bench cm_process_group_test cm_ddp_test
@@ -97,5 +132,6 @@ stage "pytest on the installed wheel"
   PYTHONPATH="$root/python/tests" PYTHONDONTWRITEBYTECODE=1 \
   "$vpy" -m pytest -p no:cacheprovider -q -ra .)
 
+[ ${#launcher[@]} -gt 0 ] && ccache -s | grep -E "Hits|Misses" | tr -s ' ' >&2
 stage "passed: the build and its tests, ${#cuda_targets[@]} CUDA targets linked, the wheel and its tests"
 rm -rf "$build"

@@ -35,6 +35,8 @@ PACKAGES=(
   # The wheel (tools/pybuild/baton_build.py) carries the libraries it needs
   # besides torch, their run paths set to find each other there.
   patchelf
+  # tools/cmake_ci.sh keeps its compiled objects between runs with ccache.
+  ccache
   # etcd as the job's store and rendezvous (store/etcd_store.h,
   # --rdzv_backend etcd); its tests start a real etcd (testing/etcd_server.h).
   etcd-server etcd-client

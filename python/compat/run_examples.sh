@@ -15,7 +15,9 @@
 # own RPC instead (the comparison); BATON_EXAMPLES_DROPIN=1 runs the
 # unchanged programs on baton in drop-in mode (python3 -m baton.torch_rpc,
 # no line edited); BATON_EXAMPLES_TIMEOUT (seconds, default 900) bounds each
-# program.
+# program; BATON_EXAMPLES_PYTHON runs them under another interpreter whose
+# baton is installed (a venv with pip's torch 2.x and the wheel: docs/build.md)
+# instead of /usr/bin/python3 with the source tree's baton (tools/python.sh).
 # What is supplied from outside the programs (python/compat/shims):
 # torch.accelerator for torch 1.13 (CPU-only), a local gymnasium CartPole,
 # and Fashion-MNIST in MNIST's layout where a program downloads MNIST.
@@ -28,12 +30,19 @@ programs=("$@")
 [ ${#programs[@]} -eq 0 ] && programs=(rnn rl parameter_server batch_parameter_server
                                        batch_reinforce pipeline ddp_rpc)
 timeout_s="${BATON_EXAMPLES_TIMEOUT:-900}"
-PY=/usr/bin/python3
+PY="${BATON_EXAMPLES_PYTHON:-/usr/bin/python3}"
+# Where baton comes from: the source tree (built by tools/python.sh) for
+# Debian's python3, the interpreter's own site-packages otherwise.
+BATON_PATH="$repo/python"
+[ -n "${BATON_EXAMPLES_PYTHON:-}" ] && BATON_PATH=""
 # How each program's Python starts: drop-in mode puts baton under the
 # unchanged torch.distributed.rpc imports.
 RUN="$PY"
 [ "${BATON_EXAMPLES_DROPIN:-0}" = 1 ] && RUN="$PY -m baton.torch_rpc"
-[ -f "$repo/python/baton/_C.so" ] || { echo "run tools/python.sh first" >&2; exit 2; }
+if [ -n "$BATON_PATH" ]; then
+  [ -f "$repo/python/baton/_C.so" ] || { echo "run tools/python.sh first" >&2; exit 2; }
+fi
+echo "run_examples: $PY, torch $($PY -c 'import torch; print(torch.__version__)')" >&2
 
 work="$(mktemp -d /tmp/baton-examples.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -68,7 +77,7 @@ run_one() {  # $1 program, $2 dir, $3 expected output (regex), then the command
     port_free "$port" || { echo "RESULT $program FAIL port $port is busy"; return; }
   done
   local start=$SECONDS rc
-  (cd "$copy" && PYTHONPATH="$here/shims:$repo/python" timeout -k 10 "$timeout_s" "$@") \
+  (cd "$copy" && PYTHONPATH="$here/shims${BATON_PATH:+:$BATON_PATH}" timeout -k 10 "$timeout_s" "$@") \
     > "$log" 2>&1
   rc=$?
   local took=$((SECONDS - start))
