@@ -14,7 +14,9 @@
 #     system's copies of the bundled libraries hidden, trains
 #     python/examples/train_remote_layers.py under the wheel's baton-run
 #     (prints RESULT OK);
-#  4. the pytest suite (python/tests) on the installed wheel;
+#  4. the pytest suite (python/tests) on the installed wheel, and PyTorch's
+#     RPC suites from torch 2.x's wheel in drop-in mode (tools/conformance.sh
+#     runs Debian's 1.13 suites);
 #  5. (first) a configure against a torch it does not support fails, naming it.
 #
 #   bash tools/cmake_ci.sh [build-dir]
@@ -131,6 +133,20 @@ stage "pytest on the installed wheel"
 (cd python/tests && BATON_RUN="$build/venv/bin/baton-run" BATON_CPP_PEER="$build/t2/bin/cpp_peer" \
   PYTHONPATH="$root/python/tests" PYTHONDONTWRITEBYTECODE=1 \
   "$vpy" -m pytest -p no:cacheprovider -q -ra .)
+
+# The share of the tests passing under torch 2.x's own agent that pass on
+# baton (python/tests/torch_conformance/torch_reference_2.15.json); the
+# level reached so far, raise it as it grows (docs/conformance.md).
+stage "PyTorch's RPC suites from torch $torch_version's wheel, on the installed wheel"
+# Each test's output (torch 2.x logs every process it starts) goes to a log.
+if ! (cd python/tests/torch_conformance && PYTHONDONTWRITEBYTECODE=1 \
+  "$vpy" run.py --agent baton --timeout 30 --min-share "${BATON_CONFORMANCE_MIN_SHARE_2X:-0.62}" \
+  >"$build/conformance-2x.log" 2>&1); then
+  tail -n 60 "$build/conformance-2x.log" >&2
+  echo "cmake_ci: FAILED: PyTorch's RPC suites on the wheel (log above)" >&2
+  exit 1
+fi
+grep -E "^conformance:|^\|" "$build/conformance-2x.log" >&2
 
 [ ${#launcher[@]} -gt 0 ] && ccache -s | grep -E "Hits|Misses" | tr -s ' ' >&2
 stage "passed: the build and its tests, ${#cuda_targets[@]} CUDA targets linked, the wheel and its tests"

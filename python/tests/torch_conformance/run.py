@@ -10,9 +10,10 @@ with multiprocessing's spawn, bounded by DISTRIBUTED_TESTS_DEFAULT_TIMEOUT
 seconds (set here: --timeout, 60). --json writes every test's outcome;
 --table, given the torch run's JSON as --reference, writes the per-suite
 table (pass, fail, error, listed; and how many of the tests that pass under
-torch pass on baton). The reference defaults to torch_reference.json here:
-the outcomes of `--agent torch` on a CPU machine with Debian's torch 1.13
-(rerun it with --json after a torch upgrade). Exit status 0 when every test
+torch pass on baton). The reference defaults to the committed outcomes of
+`--agent torch` on a CPU machine for the torch this Python imports:
+torch_reference.json for Debian's 1.13, torch_reference_<major.minor>.json
+for another release (rerun it with --json after a torch upgrade). Exit status 0 when every test
 ran and, with --min-share, at least that fraction of the tests that pass
 under torch passed on baton (failures are otherwise results here).
 """
@@ -26,7 +27,16 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REFERENCE = os.path.join(HERE, "torch_reference.json")
+
+
+def default_reference():
+    """The committed torch run for the torch this Python imports: Debian's
+    1.13 in torch_reference.json, another release in
+    torch_reference_<major.minor>.json (its suites differ)."""
+    import torch
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    name = "torch_reference.json" if release == "1.13" else f"torch_reference_{release}.json"
+    return os.path.join(HERE, name)
 
 
 class _Recorder(unittest.TextTestResult):
@@ -114,12 +124,13 @@ def main():
     ap.add_argument("--filter", default="", help="regex over test ids")
     ap.add_argument("--timeout", type=int, default=60, help="seconds per test")
     ap.add_argument("--json", help="write every test's outcome here")
-    ap.add_argument("--reference", default=REFERENCE,
-                    help="the torch run's --json (default: the committed one)")
+    ap.add_argument("--reference", default=None,
+                    help="the torch run's --json (default: the committed one for this torch)")
     ap.add_argument("--table", help="write the per-suite markdown table here")
     ap.add_argument("--min-share", type=float, default=None,
                     help="fail unless this fraction of the reference's passing tests pass")
     args = ap.parse_args()
+    args.reference = args.reference or default_reference()
 
     os.environ["BATON_CONFORMANCE_AGENT"] = args.agent
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.timeout)
