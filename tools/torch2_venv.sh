@@ -18,9 +18,10 @@ if [ ! -f "$stamp" ]; then
   echo "torch2_venv: creating $venv (torch==$version)" >&2
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
-  # numpy: torch's tensor<->array paths; pytest and expecttest: the pytest
-  # suite and PyTorch's RPC suites run on the wheel.
-  reqs=("torch==$version" numpy pytest expecttest==0.2.1)
+  # torchvision (the release pip pairs with this torch): pytorch/examples'
+  # parameter server; numpy: torch's tensor<->array paths; pytest and
+  # expecttest: the pytest suite and PyTorch's RPC suites run on the wheel.
+  reqs=("torch==$version" torchvision numpy pytest expecttest==0.2.1)
   wheels="${HOME}/.cache/baton/wheels/torch-${version}"
   if [ ! -f "$wheels/.complete" ]; then
     mkdir -p "$wheels"
