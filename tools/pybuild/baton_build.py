@@ -88,10 +88,11 @@ def _wheel_version(project, torch):
 
 
 def _requires_torch(torch):
-    """Requires-Dist on the torch release it was built for, when that torch
-    has package metadata (Debian's python3-torch has an egg-info pip reads)."""
+    """Requires-Dist on the torch release it was built for. The lower bound
+    admits that release's pre-releases: Debian's python3-torch calls itself
+    1.13.0a0 in the egg-info pip reads."""
     major, minor = (int(x) for x in torch["release"].split("."))
-    return f"torch>={major}.{minor},<{major}.{minor + 1}"
+    return f"torch>={major}.{minor}.0a0,<{major}.{minor + 1}"
 
 
 def _metadata(project, version, torch):
