@@ -49,8 +49,7 @@ py="$(bash tools/torch2_venv.sh)"
 eval "$("$py" - <<'PY'
 import glob, os, torch, torch.utils
 site = os.path.dirname(os.path.dirname(torch.__file__))
-nccl = glob.glob(os.path.join(site, "nvidia", "nccl*", "include", "nccl.h")) + \
-       glob.glob(os.path.join(site, "nvidia", "**", "include", "nccl.h"), recursive=True)
+nccl = glob.glob(os.path.join(site, "nvidia", "**", "include", "nccl.h"), recursive=True)
 print(f"torch_prefix={torch.utils.cmake_prefix_path}")
 print(f"torch_version={torch.__version__}")
 print(f"torch_site={site}")

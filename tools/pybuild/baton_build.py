@@ -165,20 +165,23 @@ def _cmake_build(torch, build):
 # --- staging and bundling ---------------------------------------------------------
 
 
+def ldd(path, library_path):
+    """(soname, resolved path or "not found") of every library `path` loads,
+    with `library_path` as LD_LIBRARY_PATH (check_wheel.py uses it too)."""
+    env = dict(os.environ, LD_LIBRARY_PATH=library_path)
+    out = subprocess.run(["ldd", path], env=env, capture_output=True, text=True)
+    return [(m.group(1), m.group(2)) for m in
+            re.finditer(r"^\s*(\S+)\s+=>\s+(.*?)(?:\s+\(0x[0-9a-f]+\))?$", out.stdout, re.M)]
+
+
 def _ldd(path, torch):
-    """(soname, resolved path) of every library `path` loads, torch's found
-    where torch keeps them."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.path.join(torch["dir"], "lib")
-    out = subprocess.run(["ldd", path], env=env, capture_output=True, text=True, check=True)
-    libs = []
-    for line in out.stdout.splitlines():
-        m = re.match(r"\s*(\S+)\s+=>\s+(.*?)\s+\(0x", line)
-        if m:
-            if m.group(2) == "not found":
-                raise BuildError(f"{os.path.basename(path)} needs {m.group(1)}, which this "
-                                 f"machine does not have")
-            libs.append((m.group(1), m.group(2)))
+    """ldd with torch's libraries found where torch keeps them; a library
+    this machine lacks stops the build."""
+    libs = ldd(path, os.path.join(torch["dir"], "lib"))
+    for soname, resolved in libs:
+        if resolved == "not found":
+            raise BuildError(f"{os.path.basename(path)} needs {soname}, which this "
+                             f"machine does not have")
     return libs
 
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from baton_build import SYSTEM_LIBS  # noqa: E402
+from baton_build import SYSTEM_LIBS, ldd  # noqa: E402
 
 PROBE = """
 import json, os, torch, baton
@@ -44,15 +44,6 @@ def elf_files(pkg):
             with open(p, "rb") as f:
                 if f.read(4) == b"\x7fELF":
                     yield p
-
-
-def ldd(path, torch_lib):
-    env = dict(os.environ, LD_LIBRARY_PATH=torch_lib)
-    out = subprocess.run(["ldd", path], env=env, capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        m = re.match(r"\s*(\S+)\s+=>\s+(.*?)(\s+\(0x|$)", line)
-        if m:
-            yield m.group(1), m.group(2)
 
 
 def check_links(pkg, site, torch_lib):
