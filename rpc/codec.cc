@@ -15,6 +15,10 @@ constexpr uint8_t kDenseTensor = 1;
 // device index, then how its bytes travel: kHostStaged, a host copy in the
 // blob; kCudaIpc, what the CudaTensorChannel exported (same host).
 constexpr uint8_t kCudaTensor = 2;
+// A sparse COO tensor (CPU): dtype, requires_grad, sizes, the number of
+// sparse dimensions and whether the sender's tensor was coalesced, then its
+// indices and its values as two dense tensors.
+constexpr uint8_t kSparseCooTensor = 3;
 constexpr uint8_t kHostStaged = 0;
 constexpr uint8_t kCudaIpc = 1;
 constexpr uint64_t kMaxDims = 64;
@@ -151,6 +155,69 @@ absl::Status Decoder::ExpectEnd() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc);
+void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc);
+absl::Status DecodeStrided(Decoder& dec, uint8_t tag, at::Tensor* out);
+absl::Status DecodeSparseCoo(Decoder& dec, at::Tensor* out);
+
+// What every tensor layout writes after its tag: dtype, requires_grad and
+// the sizes.
+struct TensorHeader {
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool requires_grad = false;
+  std::vector<int64_t> sizes;
+  uint64_t numel = 1;
+};
+
+void WriteTensorHeader(c10::ScalarType dtype, bool requires_grad, c10::IntArrayRef sizes,
+                       Encoder& enc) {
+  enc.WritePod<int8_t>(static_cast<int8_t>(dtype));
+  enc.WritePod<uint8_t>(requires_grad ? 1 : 0);
+  enc.WriteVarint(sizes.size());
+  for (int64_t d : sizes) enc.WriteVarint(static_cast<uint64_t>(d));
+}
+
+absl::Status ReadTensorHeader(Decoder& dec, TensorHeader* h) {
+  absl::Status s;
+  int8_t dtype = 0;
+  uint8_t requires_grad = 0;
+  uint64_t ndim = 0;
+  if (!(s = dec.ReadPod(&dtype, "tensor dtype")).ok()) return s;
+  if (!IsSupportedDtype(dtype)) {
+    return absl::DataLossError(absl::StrCat("bad tensor dtype code ", int{dtype}));
+  }
+  if (!(s = dec.ReadPod(&requires_grad, "tensor requires_grad")).ok()) return s;
+  if (!(s = dec.ReadVarint(&ndim, "tensor rank")).ok()) return s;
+  if (ndim > kMaxDims) {
+    return absl::DataLossError(absl::StrCat("tensor rank ", ndim, " exceeds ", kMaxDims));
+  }
+  h->dtype = static_cast<c10::ScalarType>(dtype);
+  // Only floating-point and complex tensors can require grad.
+  h->requires_grad =
+      requires_grad != 0 && (c10::isFloatingType(h->dtype) || c10::isComplexType(h->dtype));
+  h->sizes.resize(ndim);
+  h->numel = 1;
+  // The product of the nonzero sizes, which also bounds the strides of a
+  // tensor with no elements.
+  uint64_t extent = 1;
+  for (uint64_t i = 0; i < ndim; ++i) {
+    uint64_t d = 0;
+    if (!(s = dec.ReadVarint(&d, "tensor size")).ok()) return s;
+    if (d > kMaxExtent || (d > 1 && extent > kMaxExtent / d)) {
+      return absl::DataLossError(absl::StrCat("tensor shape overflows: size ", d, " of dimension ",
+                                              i, " takes it past 2^48 elements"));
+    }
+    h->sizes[i] = static_cast<int64_t>(d);
+    h->numel *= d;
+    extent *= std::max<uint64_t>(d, 1);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   const CodecContext* context = enc.context();
   if (context != nullptr && context->sent_tensors != nullptr) {
@@ -160,6 +227,35 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
     enc.WritePod<uint8_t>(kUndefinedTensor);
     return;
   }
+  if (tensor.layout() == c10::kSparse) {
+    EncodeSparseCoo(tensor, enc);
+  } else {
+    EncodeStrided(tensor, enc);
+  }
+}
+
+absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
+  if (const CodecContext* c = dec.context(); c != nullptr && c->received_tensors != nullptr) {
+    c->received_tensors->push_back(out);
+  }
+  uint8_t tag = 0;
+  absl::Status s = dec.ReadPod(&tag, "tensor tag");
+  if (!s.ok()) return s;
+  switch (tag) {
+    case kUndefinedTensor: *out = at::Tensor(); return absl::OkStatus();
+    case kDenseTensor:
+    case kCudaTensor: return DecodeStrided(dec, tag, out);
+    case kSparseCooTensor: return DecodeSparseCoo(dec, out);
+    default: return absl::DataLossError(absl::StrCat("bad tensor tag ", int{tag}));
+  }
+}
+
+namespace {
+
+// The dense layout (and CUDA tensors), after the tag's caller checked that
+// `tensor` is defined.
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc) {
+  const CodecContext* context = enc.context();
   int destination_device = -1;
   const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
   if (tensor.device().is_cuda()) {
@@ -184,7 +280,9 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   }
   if (tensor.layout() != c10::kStrided) {
     enc.Fail(absl::InvalidArgumentError(
-        "cannot send a sparse or non-strided tensor; convert it with .to_dense()"));
+        absl::StrCat("cannot send a tensor of layout ", c10::toString(tensor.layout()),
+                     ": baton sends strided and sparse COO tensors (convert it with "
+                     ".to_dense() or .to_sparse())")));
     return;
   }
   if (!IsSupportedDtype(static_cast<int>(tensor.scalar_type()))) {
@@ -198,10 +296,7 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   at::Tensor c = tensor.detach();
   if (!c.is_contiguous()) c = c.contiguous();
   enc.WritePod<uint8_t>(destination_device >= 0 ? kCudaTensor : kDenseTensor);
-  enc.WritePod<int8_t>(static_cast<int8_t>(c.scalar_type()));
-  enc.WritePod<uint8_t>(tensor.requires_grad() ? 1 : 0);
-  enc.WriteVarint(c.dim());
-  for (int64_t d : c.sizes()) enc.WriteVarint(static_cast<uint64_t>(d));
+  WriteTensorHeader(c.scalar_type(), tensor.requires_grad(), c.sizes(), enc);
   if (destination_device >= 0) {
     enc.WriteVarint(static_cast<uint64_t>(destination_device));
     CudaTensorChannel* channel = router->CudaChannelFor(context->peer);
@@ -223,49 +318,13 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   enc.WriteVarint(enc.AddBlob(std::move(blob)));
 }
 
-absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
-  if (const CodecContext* c = dec.context(); c != nullptr && c->received_tensors != nullptr) {
-    c->received_tensors->push_back(out);
-  }
-  uint8_t tag = 0;
-  absl::Status s = dec.ReadPod(&tag, "tensor tag");
+absl::Status DecodeStrided(Decoder& dec, uint8_t tag, at::Tensor* out) {
+  TensorHeader header;
+  absl::Status s = ReadTensorHeader(dec, &header);
   if (!s.ok()) return s;
-  if (tag == kUndefinedTensor) {
-    *out = at::Tensor();
-    return absl::OkStatus();
-  }
-  if (tag != kDenseTensor && tag != kCudaTensor) {
-    return absl::DataLossError(absl::StrCat("bad tensor tag ", int{tag}));
-  }
-  int8_t dtype = 0;
-  uint8_t requires_grad = 0;
-  uint64_t ndim = 0;
-  if (!(s = dec.ReadPod(&dtype, "tensor dtype")).ok()) return s;
-  if (!IsSupportedDtype(dtype)) {
-    return absl::DataLossError(absl::StrCat("bad tensor dtype code ", int{dtype}));
-  }
-  if (!(s = dec.ReadPod(&requires_grad, "tensor requires_grad")).ok()) return s;
-  if (!(s = dec.ReadVarint(&ndim, "tensor rank")).ok()) return s;
-  if (ndim > kMaxDims) {
-    return absl::DataLossError(absl::StrCat("tensor rank ", ndim, " exceeds ", kMaxDims));
-  }
-  const auto st = static_cast<c10::ScalarType>(dtype);
-  std::vector<int64_t> sizes(ndim);
-  uint64_t numel = 1;
-  // The product of the nonzero sizes, which also bounds the strides of a
-  // tensor with no elements.
-  uint64_t extent = 1;
-  for (uint64_t i = 0; i < ndim; ++i) {
-    uint64_t d = 0;
-    if (!(s = dec.ReadVarint(&d, "tensor size")).ok()) return s;
-    if (d > kMaxExtent || (d > 1 && extent > kMaxExtent / d)) {
-      return absl::DataLossError(absl::StrCat("tensor shape overflows: size ", d, " of dimension ",
-                                              i, " takes it past 2^48 elements"));
-    }
-    sizes[i] = static_cast<int64_t>(d);
-    numel *= d;
-    extent *= std::max<uint64_t>(d, 1);
-  }
+  const c10::ScalarType st = header.dtype;
+  const std::vector<int64_t>& sizes = header.sizes;
+  const uint64_t numel = header.numel;
   int64_t cuda_device = -1;
   if (tag == kCudaTensor) {
     uint64_t device = 0;
@@ -299,9 +358,7 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
       auto imported = channel->Import(dec, context->peer, static_cast<int>(device), sizes, st);
       if (!imported.ok()) return imported.status();
       *out = *std::move(imported);
-      if (requires_grad != 0 && (c10::isFloatingType(st) || c10::isComplexType(st))) {
-        out->set_requires_grad(true);
-      }
+      if (header.requires_grad) out->set_requires_grad(true);
       return absl::OkStatus();
     }
   }
@@ -332,10 +389,103 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
     // waits for the copy, so the received bytes may be released after.
     *out = out->to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
   }
-  if (requires_grad != 0 && (c10::isFloatingType(st) || c10::isComplexType(st))) {
-    out->set_requires_grad(true);
+  if (header.requires_grad) out->set_requires_grad(true);
+  return absl::OkStatus();
+}
+
+void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc) {
+  if (!tensor.device().is_cpu()) {
+    enc.Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot send a sparse tensor on device ", tensor.device().str(),
+                     ": baton sends sparse tensors from the CPU only (move it with .cpu())")));
+    return;
+  }
+  if (!IsSupportedDtype(static_cast<int>(tensor.scalar_type()))) {
+    enc.Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
+    return;
+  }
+  enc.WritePod<uint8_t>(kSparseCooTensor);
+  WriteTensorHeader(tensor.scalar_type(), tensor.requires_grad(), tensor.sizes(), enc);
+  enc.WriteVarint(static_cast<uint64_t>(tensor.sparse_dim()));
+  enc.WritePod<uint8_t>(tensor.is_coalesced() ? 1 : 0);
+  // Their own entries in the message, not in CodecContext::sent_tensors:
+  // autograd sees the sparse tensor, not its parts.
+  EncodeStrided(tensor._indices().detach(), enc);
+  EncodeStrided(tensor._values().detach(), enc);
+}
+
+// One part of a sparse tensor: a CPU dense tensor of the given dtype and rank.
+absl::Status DecodeSparsePart(Decoder& dec, absl::string_view what, c10::ScalarType dtype,
+                              size_t rank, at::Tensor* out) {
+  uint8_t tag = 0;
+  absl::Status s = dec.ReadPod(&tag, what);
+  if (!s.ok()) return s;
+  if (tag != kDenseTensor) {
+    return absl::DataLossError(
+        absl::StrCat("sparse tensor's ", what, " has tag ", int{tag}, ", not a CPU dense tensor"));
+  }
+  if (!(s = DecodeStrided(dec, tag, out)).ok()) return s;
+  if (out->requires_grad()) out->set_requires_grad(false);  // the sparse tensor carries the flag
+  if (out->scalar_type() != dtype || static_cast<size_t>(out->dim()) != rank) {
+    return absl::DataLossError(absl::StrCat(
+        "sparse tensor's ", what, " is ", c10::toString(out->scalar_type()), " of rank ",
+        out->dim(), ", expected ", c10::toString(dtype), " of rank ", rank));
   }
   return absl::OkStatus();
 }
+
+absl::Status DecodeSparseCoo(Decoder& dec, at::Tensor* out) {
+  TensorHeader header;
+  absl::Status s = ReadTensorHeader(dec, &header);
+  if (!s.ok()) return s;
+  uint64_t sparse_dim = 0;
+  uint8_t coalesced = 0;
+  if (!(s = dec.ReadVarint(&sparse_dim, "sparse tensor's sparse_dim")).ok()) return s;
+  if (sparse_dim > header.sizes.size()) {
+    return absl::DataLossError(absl::StrCat("sparse tensor has ", sparse_dim,
+                                            " sparse dimensions but rank ", header.sizes.size()));
+  }
+  if (!(s = dec.ReadPod(&coalesced, "sparse tensor's coalesced flag")).ok()) return s;
+  at::Tensor indices, values;
+  const size_t dense_dim = header.sizes.size() - sparse_dim;
+  if (!(s = DecodeSparsePart(dec, "indices", at::kLong, 2, &indices)).ok()) return s;
+  if (!(s = DecodeSparsePart(dec, "values", header.dtype, 1 + dense_dim, &values)).ok()) return s;
+  const int64_t nnz = values.size(0);
+  if (indices.size(0) != static_cast<int64_t>(sparse_dim) || indices.size(1) != nnz) {
+    return absl::DataLossError(absl::StrCat("sparse tensor's indices are ", indices.size(0), "x",
+                                            indices.size(1), ", expected ", sparse_dim, "x", nnz));
+  }
+  for (size_t d = 0; d < dense_dim; ++d) {
+    if (values.size(1 + d) != header.sizes[sparse_dim + d]) {
+      return absl::DataLossError(absl::StrCat(
+          "sparse tensor's values have size ", values.size(1 + d), " in dense dimension ", d,
+          ", but the tensor's size there is ", header.sizes[sparse_dim + d]));
+    }
+  }
+  // Every index within its dimension: kernels index memory with them.
+  if (nnz > 0) {
+    const at::Tensor lowest = std::get<0>(indices.min(1));
+    const at::Tensor highest = std::get<0>(indices.max(1));
+    const int64_t* lo = lowest.data_ptr<int64_t>();
+    const int64_t* hi = highest.data_ptr<int64_t>();
+    for (uint64_t d = 0; d < sparse_dim; ++d) {
+      if (lo[d] < 0 || hi[d] >= header.sizes[d]) {
+        return absl::DataLossError(absl::StrCat("sparse tensor's indices in dimension ", d,
+                                                " span [", lo[d], ", ", hi[d],
+                                                "], outside its size ", header.sizes[d]));
+      }
+    }
+  }
+  *out = at::_sparse_coo_tensor_unsafe(indices, values, header.sizes);
+  // The sender's flag is not trusted (kernels rely on coalesced tensors
+  // having no duplicates): a tensor sent coalesced is coalesced again here,
+  // which keeps it coalesced and checks it.
+  if (coalesced != 0) *out = out->coalesce();
+  if (header.requires_grad) out->set_requires_grad(true);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 }  // namespace baton::rpc

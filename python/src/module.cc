@@ -36,6 +36,7 @@
 #include "python/src/autograd_context.h"
 #include "python/src/cpp_call.h"
 #include "python/src/hosted_optimizer.h"
+#include "python/src/profiler.h"
 #include "python/src/py_value.h"
 #include "python/src/torch_future.h"
 #include "rl/cartpole.h"
@@ -810,6 +811,7 @@ PYBIND11_MODULE(_C, m) {
   g_status_error = status_error.ptr();
   BindTorchFuture(m);
   BindAutogradNodes(m);
+  BindProfiler(m);
 
   py::class_<PyFuture, std::shared_ptr<PyFuture>>(m, "Future")
       .def(py::init(&PyFuture::Make))

@@ -61,6 +61,10 @@ def test_distributed_autograd_and_optimizer_match_local_torch():
     harness.check(harness.run("autograd", 2, timeout=120))
 
 
+def test_rpc_profiler_merges_the_callees_events_into_the_callers_profile():
+    harness.check(harness.run("profiler", 2))
+
+
 def test_ten_thousand_rrefs_leave_every_table_empty():
     workers = harness.run("rrefs_10k", 3, timeout=180)
     harness.check(workers)

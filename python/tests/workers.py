@@ -322,6 +322,14 @@ def scenario_dtypes(rank, world_size):
         p = torch.nn.Parameter(torch.ones(3))
         q = rpc.rpc_sync("worker1", echo, args=(p,))
         assert isinstance(q, torch.nn.Parameter) and q.requires_grad
+        # Sparse COO tensors travel as their indices and values, coalesced or not.
+        sp = torch.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
+        hybrid = torch.arange(12.0).view(4, 3).to_sparse(1)
+        for t in (sp, sp.coalesce(), hybrid):
+            back = rpc.rpc_sync("worker1", echo, args=(t,))
+            assert back.is_sparse and back.is_coalesced() == t.is_coalesced(), t
+            assert back.sparse_dim() == t.sparse_dim(), t
+            assert torch.equal(back.to_dense(), t.to_dense()), t
     rpc.shutdown()
     print("SCENARIO OK")
 
@@ -483,6 +491,10 @@ class SignSGD(torch.optim.Optimizer):
                     p.add_(p.grad.sign(), alpha=-group["lr"])
 
 
+def sparse_mm_loss(sparse, dense):
+    return torch.sparse.mm(sparse, dense).pow(2).sum()
+
+
 def grads_on_owner(rref, context_id):
     grads = dist_autograd.get_gradients(context_id)
     return grads.get(rref.local_value().w)
@@ -513,6 +525,22 @@ def scenario_autograd(rank, world_size):
         ((x @ w_ref) @ lw_ref).pow(2).sum().backward()
         assert torch.allclose(remote_grad, w_ref.grad, atol=1e-5), (remote_grad, w_ref.grad)
         assert torch.allclose(local_grad, lw_ref.grad, atol=1e-5)
+
+        # A sparse leaf sent to a remote function gets its gradient back,
+        # sparse, as local autograd gives it.
+        sp = torch.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.2, 4.1, 5.3], (3, 3),
+                                     requires_grad=True)
+        dense = torch.randn(3, 2, requires_grad=True)
+        with dist_autograd.context() as cid:
+            loss = rpc.rpc_sync("worker1", sparse_mm_loss, args=(sp, dense))
+            dist_autograd.backward(cid, [loss])
+            grads = dist_autograd.get_gradients(cid)
+        sp_ref = sp.detach().clone().requires_grad_(True)
+        dense_ref = dense.detach().clone().requires_grad_(True)
+        sparse_mm_loss(sp_ref, dense_ref).backward()
+        assert grads[sp].is_sparse, grads[sp]
+        assert torch.allclose(grads[sp].to_dense(), sp_ref.grad.to_dense(), atol=1e-5)
+        assert torch.allclose(grads[dense], dense_ref.grad, atol=1e-5)
 
         for opt_cls, kwargs in [(torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
                                 (torch.optim.Adam, {"lr": 0.01, "betas": (0.8, 0.99)}),
@@ -565,6 +593,57 @@ def scenario_autograd(rank, world_size):
             first = first if first is not None else loss.item()
             last = loss.item()
         assert last < first * 0.5, (first, last)
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+def torch_ops():
+    t = torch.ones(4, 4)
+    return (t + t).mul(2).sum()
+
+
+def scenario_profiler(rank, world_size):
+    """Inside torch's legacy profiler, each call is an event named torch's
+    way on the caller, and the callee's events join the caller's profile,
+    carrying the callee's id; outside one nothing is recorded."""
+    from torch.autograd.profiler_legacy import profile
+    from baton.rpc.internal import RPCExecMode, _build_rpc_profiling_key
+    init(rank, world_size)
+    if rank == 0:
+        for mode in (RPCExecMode.SYNC, RPCExecMode.ASYNC, RPCExecMode.REMOTE):
+            with profile(record_shapes=True) as prof:
+                if mode is RPCExecMode.SYNC:
+                    value = rpc.rpc_sync("worker1", torch_ops)
+                elif mode is RPCExecMode.ASYNC:
+                    value = rpc.rpc_async("worker1", torch_ops).wait()
+                else:
+                    rref = rpc.remote("worker1", torch_ops)
+                    value = rref.to_here()
+                    rref._get_profiling_future().wait()
+            assert value.item() == 64.0, value
+            key = _build_rpc_profiling_key(mode, "torch_ops", "worker0", "worker1")
+            events = prof.function_events
+            calls = [e for e in events if e.name == key]
+            assert len(calls) == 1 and calls[0].node_id == 0, [e.name for e in events]
+            remote = {e.name: e for e in events if e.is_remote}
+            for op in ("aten::ones", "aten::add", "aten::mul", "aten::sum"):
+                name = key + "#remote_op: " + op
+                assert name in remote, (name, sorted(remote))
+                assert remote[name].node_id == 1, remote[name].node_id
+            add = remote[key + "#remote_op: aten::add"]
+            assert add.input_shapes[:2] == [[4, 4], [4, 4]], add.input_shapes
+        # A failing call fails its future with the callee's error, profiled
+        # or not, and the profile still closes.
+        with profile() as prof:
+            try:
+                rpc.rpc_sync("worker1", raise_value_error, args=("profiled",))
+                raise AssertionError("the call must fail")
+            except ValueError as e:
+                assert "profiled" in str(e), e
+        assert any("raise_value_error" in e.name for e in prof.function_events)
+        # Outside a profile, the callee runs the function unprofiled.
+        assert rpc.rpc_sync("worker1", torch_ops).item() == 64.0
+        assert rpc.remote("worker1", torch_ops)._get_profiling_future().done()
     rpc.shutdown()
     print("SCENARIO OK")
 

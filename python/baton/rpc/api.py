@@ -17,8 +17,8 @@ import torch
 from baton import _C, _errors, _pickle
 from baton._errors import (  # noqa: F401
     RemoteException, RpcError, RpcRuntimeError, RpcTimeoutError, WorkerUnavailableError)
-from baton.rpc import functions  # noqa: F401
-from baton.rpc.internal import PythonUDF, _internal_rpc_pickler
+from baton.rpc import _profiling, functions  # noqa: F401
+from baton.rpc.internal import PythonUDF, RPCExecMode, _internal_rpc_pickler
 
 __all__ = [
     "init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info",
@@ -239,6 +239,9 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         _initializing.set()
         try:
             _agent = _C.Agent.create(config, _pickle.dumps, _run)
+            # This worker's own profiler events carry its id (torch's
+            # _set_profiler_node_id).
+            _C.profiler_set_node_id(_agent.self_info()[1])
             _set_rpc_timeout(DEFAULT_RPC_TIMEOUT_SEC if options.rpc_timeout is None
                              else options.rpc_timeout)
         except _C.StatusError as e:
@@ -619,10 +622,22 @@ def _invoke(agent, to, func, args, kwargs, timeout):
         raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
 
 
+def _profiled(mode, agent, to, func, args, kwargs, timeout):
+    """rpc_sync/rpc_async inside a legacy profile (baton/rpc/_profiling.py)."""
+    worker, function = _describe_to(agent, to), _name_of(func)
+
+    def send(f, a, k):
+        return _torch_future(_invoke(agent, to, f, a, k, timeout), worker, function)
+    return _profiling.call(mode, func, args, kwargs, get_worker_info().name,
+                           (worker, agent.worker(to)[1]), send)
+
+
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Runs func(*args, **kwargs) on worker `to` and returns its result."""
     agent = _current()
     to = _to(to)
+    if _profiling.enabled() and not isinstance(func, CppFunction):
+        return _profiled(RPCExecMode.SYNC, agent, to, func, args, kwargs, timeout).wait()
     future = _invoke(agent, to, func, args, kwargs, timeout)
     try:
         return _value_of(future.wait())
@@ -652,8 +667,11 @@ def rpc_async(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     """Like rpc_sync, but returns a torch.futures.Future at once."""
     agent = _current()
     to = _to(to)
-    cfuture = _invoke(agent, to, func, args, kwargs, timeout)
-    future = _torch_future(cfuture, _describe_to(agent, to), _name_of(func))
+    if _profiling.enabled() and not isinstance(func, CppFunction):
+        future = _profiled(RPCExecMode.ASYNC, agent, to, func, args, kwargs, timeout)
+    else:
+        cfuture = _invoke(agent, to, func, args, kwargs, timeout)
+        future = _torch_future(cfuture, _describe_to(agent, to), _name_of(func))
     pending = getattr(_thread_local_var, "future_list", None)
     if pending is not None:  # inside _wait_all()
         pending.append(future)
@@ -667,12 +685,24 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
     if isinstance(func, CppFunction):
         raise TypeError(f"remote() of {func!r}: a C++ function's result is fetched with "
                         "rpc_sync/rpc_async (RRefs of C++ values are made by C++ callers)")
-    data, tensors, rrefs = _pack(func, args, kwargs)
-    try:
-        c = agent.remote(to, data, tensors, rrefs, _timeout(timeout), _label_of(func, args))
-    except _C.StatusError as e:
-        raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
-    return RRef._wrap(c, _name_of(func))
+    label, what = _label_of(func, args), _name_of(func)
+
+    def create(f, a, k):
+        data, tensors, rrefs = _pack(f, a, k)
+        try:
+            c = agent.remote(to, data, tensors, rrefs, _timeout(timeout), label)
+        except _C.StatusError as e:
+            raise _errors.translate(e, _describe_to(agent, to), what) from None
+        return RRef._wrap(c, what)
+
+    if not _profiling.enabled():
+        return create(func, args, kwargs)
+    worker = _describe_to(agent, to)
+
+    def send(f, a, k):
+        return _torch_future(_invoke(agent, to, f, a, k, timeout), worker, what)
+    return _profiling.remote(func, args, kwargs, get_worker_info().name,
+                             (worker, agent.worker(to)[1]), create, send)
 
 
 # ---- Running calls from other workers ----
@@ -706,20 +736,30 @@ def _as_cfuture(result, what):
                     f"{type(result).__name__}, not a torch.futures.Future")
 
 
-def _run(data, tensors, rrefs, caller):
-    """Called by the runtime (holding the GIL) for each Python call to this worker:
-    returns (is_async, value), value being a _C.Future when is_async."""
-    func, args, kwargs = _pickle.loads(data, tensors, rrefs)
+def _call(func, args, kwargs):
+    """Runs one call: (its name, its torch Future) for an @async_execution
+    function, else (None, its result)."""
     if func is _invoke_method:
         rref, method_name = args[0], args[1]
         target = getattr(type(rref.local_value()), method_name, None)
         result = func(*args, **kwargs)
         if target is not None and _is_async(target):
-            return True, _as_cfuture(result, _name_of(target))
-        return False, result
+            return _name_of(target), result
+        return None, result
     result = func(*args, **kwargs)
-    if _is_async(func):
-        return True, _as_cfuture(result, _name_of(func))
+    return (_name_of(func), result) if _is_async(func) else (None, result)
+
+
+def _run(data, tensors, rrefs, caller):
+    """Called by the runtime (holding the GIL) for each Python call to this worker:
+    returns (is_async, value), value being a _C.Future when is_async."""
+    func, args, kwargs = _pickle.loads(data, tensors, rrefs)
+    if func is _profiling.profiled_call:
+        async_name, result = _profiling.run_profiled(_call, *args, **kwargs)
+    else:
+        async_name, result = _call(func, args, kwargs)
+    if async_name is not None:
+        return True, _as_cfuture(result, async_name)
     return False, result
 
 
@@ -830,6 +870,16 @@ class RRef(Generic[T]):
                 out.set_result(None)
         created.then(settle)
         return out
+
+    def _get_profiling_future(self):
+        """Inside a legacy profile, the future completed when this RRef's
+        creation and its owner's events joined the caller's profile; a
+        completed one for an RRef not made under a profile."""
+        future = getattr(self, "_profiling_future", None)
+        if future is None:
+            future = torch.futures.Future()
+            future.set_result(None)
+        return future
 
     def backward(self, dist_autograd_ctx_id=-1, retain_graph=False):
         """Backward from the value (a scalar tensor) on its owner: in the
