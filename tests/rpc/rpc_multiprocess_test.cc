@@ -259,9 +259,9 @@ BATON_SCENARIO(error_cases) {
     // Unknown worker.
     ExpectError(agent->rpc_async("w9", echo_int_fn, 1).status(), absl::StatusCode::kNotFound,
                 {"no worker named 'w9'", "w0, w1"});
-    // A value the codec cannot send.
-    ExpectError(agent->rpc_async("w1", echo_tensor_fn, at::ones({2, 2}).to_sparse()).status(),
-                absl::StatusCode::kInvalidArgument, {"sparse", "echo_tensor"});
+    // A value the codec cannot send (sparse COO travels; CSR does not).
+    ExpectError(agent->rpc_async("w1", echo_tensor_fn, at::ones({2, 2}).to_sparse_csr()).status(),
+                absl::StatusCode::kInvalidArgument, {"layout", "echo_tensor"});
     // Timeout: the callee is slow; the caller gives up on time.
     const absl::Time t0 = absl::Now();
     ExpectError(
