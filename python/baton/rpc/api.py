@@ -8,8 +8,10 @@ import collections
 import contextlib
 import os
 import re
+import sys
 import threading
 import time
+import traceback
 from typing import Any, Dict, Generic, Iterable, Optional, TypeVar
 
 import torch
@@ -732,8 +734,10 @@ def _as_cfuture(result, what):
 
         result.add_done_callback(settle)
         return cfuture
-    raise TypeError(f"{what} is decorated with @async_execution but returned "
-                    f"{type(result).__name__}, not a torch.futures.Future")
+    # torch's class and phrase (its suites match them), with the function named.
+    raise RuntimeError("Functions decorated with @rpc.async_function must return a "
+                       f"torch.futures.Future object, but {what} returned "
+                       f"{type(result).__name__}")
 
 
 def _call(func, args, kwargs):
@@ -754,10 +758,16 @@ def _run(data, tensors, rrefs, caller):
     """Called by the runtime (holding the GIL) for each Python call to this worker:
     returns (is_async, value), value being a _C.Future when is_async."""
     func, args, kwargs = _pickle.loads(data, tensors, rrefs)
-    if func is _profiling.profiled_call:
-        async_name, result = _profiling.run_profiled(_call, *args, **kwargs)
-    else:
-        async_name, result = _call(func, args, kwargs)
+    try:
+        if func is _profiling.profiled_call:
+            async_name, result = _profiling.run_profiled(_call, *args, **kwargs)
+        else:
+            async_name, result = _call(func, args, kwargs)
+    except Exception as e:
+        # The callee's log says what failed, as torch's RPC prints it; the
+        # caller gets the exception itself.
+        print(f"On {get_worker_info()}:\n{e!r}\n{traceback.format_exc()}", file=sys.stderr)
+        raise
     if async_name is not None:
         return True, _as_cfuture(result, async_name)
     return False, result
@@ -837,23 +847,25 @@ class RRef(Generic[T]):
 
     def _get_type(self, timeout=UNSET_RPC_TIMEOUT, blocking=True):
         """The type of the value, asked of its owner once and remembered.
-        blocking=False returns a torch.futures.Future of it."""
-        known = getattr(self, "_type", None)
-        if known is not None:
-            if blocking:
-                return known
-            done = torch.futures.Future()
-            done.set_result(known)
-            return done
-        future = rpc_async(self._c.owner_id(), _type_of_value, args=(self,), timeout=timeout)
+        blocking=False returns a torch.futures.Future of it: the first
+        call's future, as torch returns it (a failed one is forgotten, so
+        the next call asks again)."""
+        future = getattr(self, "_type_future", None)
+        if future is None:
+            future = rpc_async(self._c.owner_id(), _rref_typeof_on_owner, args=(self,),
+                               timeout=timeout)
+            self._type_future = future
 
-        def remember(f):
-            try:
-                self._type = f.value()
-            except Exception:  # noqa: BLE001  (the error stays the future's)
-                pass
-        future.add_done_callback(remember)
-        return future.wait() if blocking else future
+            def remember(f):
+                try:
+                    self._type = f.value()
+                except Exception:  # noqa: BLE001  (the error stays the future's)
+                    self._type_future = None
+            future.add_done_callback(remember)
+        if not blocking:
+            return future
+        known = getattr(self, "_type", None)
+        return known if known is not None else future.wait()
 
     def _get_future(self):
         """A torch.futures.Future completed when the value exists on its
@@ -922,7 +934,9 @@ class RRef(Generic[T]):
                               "argument or result of an RPC, not pickled by hand")
 
 
-def _type_of_value(rref):
+def _rref_typeof_on_owner(rref):
+    """On an RRef's owner: its value's type (torch's function of the same
+    name, which profiles name the call after)."""
     return type(rref.local_value())
 
 
