@@ -179,11 +179,11 @@ def call(mode: RPCExecMode, func, args, kwargs, self_name: str, dst: Tuple[str, 
         return rf._call_end_callbacks_on_future(out)
 
 
-def remote(func, args, kwargs, self_name: str, dst: Tuple[str, int], create: Callable,
-           send: Callable):
-    """On the caller, for remote(): create(func, args, kwargs) -> RRef, made
-    as a profiled call; send(func, args, kwargs) -> torch Future, an
-    unprofiled call to the owner. Returns the RRef, its profiling future set."""
+def remote(func, args, kwargs, self_name: str, dst: Tuple[str, int], send: Callable,
+           create: Callable):
+    """On the caller, for remote(): send(func, args, kwargs) -> torch Future,
+    an unprofiled call to the owner; create(func, args, kwargs) -> RRef, made
+    as a profiled call. Returns the RRef, its profiling future set."""
     dst_name, dst_id = dst
     key = _key(RPCExecMode.REMOTE, func, self_name, dst_name)
     config = _C.profiler_config()

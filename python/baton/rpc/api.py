@@ -624,14 +624,21 @@ def _invoke(agent, to, func, args, kwargs, timeout):
         raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
 
 
-def _profiled(mode, agent, to, func, args, kwargs, timeout):
-    """rpc_sync/rpc_async inside a legacy profile (baton/rpc/_profiling.py)."""
-    worker, function = _describe_to(agent, to), _name_of(func)
+def _profiling_target(agent, to, timeout, function):
+    """What baton/rpc/_profiling.py needs of a call's destination: this
+    worker's name, the destination's (name, id), and an unprofiled send
+    there, (func, args, kwargs) -> torch Future."""
+    worker = _describe_to(agent, to)
 
     def send(f, a, k):
         return _torch_future(_invoke(agent, to, f, a, k, timeout), worker, function)
-    return _profiling.call(mode, func, args, kwargs, get_worker_info().name,
-                           (worker, agent.worker(to)[1]), send)
+    return get_worker_info().name, (worker, agent.worker(to)[1]), send
+
+
+def _profiled(mode, agent, to, func, args, kwargs, timeout):
+    """rpc_sync/rpc_async inside a legacy profile (baton/rpc/_profiling.py)."""
+    return _profiling.call(mode, func, args, kwargs,
+                           *_profiling_target(agent, to, timeout, _name_of(func)))
 
 
 def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
@@ -699,12 +706,8 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
 
     if not _profiling.enabled():
         return create(func, args, kwargs)
-    worker = _describe_to(agent, to)
-
-    def send(f, a, k):
-        return _torch_future(_invoke(agent, to, f, a, k, timeout), worker, what)
-    return _profiling.remote(func, args, kwargs, get_worker_info().name,
-                             (worker, agent.worker(to)[1]), create, send)
+    return _profiling.remote(func, args, kwargs, *_profiling_target(agent, to, timeout, what),
+                             create)
 
 
 # ---- Running calls from other workers ----
