@@ -15,6 +15,8 @@
 //
 //   cuda_rpc_bench                      host-staged
 //   BATON_BENCH_CUDA_IPC=1 cuda_rpc_bench   through CUDA IPC (rpc/cuda/ipc_channel.h)
+//   BATON_BENCH_CUDA_IPC_HOST_WAIT=1 as well: each receive waits for its copy
+//                                       on the host (Options::stream_ordered off)
 // (built by CMakeLists.txt with BATON_CUDA=ON)
 #include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
@@ -49,14 +51,20 @@ double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
 void Report(const char* metric, double value) {
-  const char* ipc = std::getenv("BATON_BENCH_CUDA_IPC");
   // Set by tools/gpu/build_and_test.sh when the processes run under MPS.
   const char* sharing = std::getenv("BATON_BENCH_GPU_SHARING");
   std::printf(
       "{\"system\": \"baton\", \"path\": \"%s\", \"gpu_sharing\": \"%s\", \"metric\": \"%s\", "
       "\"value\": %.6g}\n",
-      ipc != nullptr && std::string(ipc) == "1" ? "cuda_ipc" : "host",
+      !EnvIs("BATON_BENCH_CUDA_IPC", "1")            ? "host"
+      : EnvIs("BATON_BENCH_CUDA_IPC_HOST_WAIT", "1") ? "cuda_ipc_host_wait"
+                                                     : "cuda_ipc",
       sharing != nullptr ? sharing : "time-sliced", metric, value);
   std::fflush(stdout);
 }
@@ -83,12 +91,13 @@ BATON_SCENARIO(cuda_rpc_bench) {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
   if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
-  const char* ipc_env = std::getenv("BATON_BENCH_CUDA_IPC");
-  const bool ipc = ipc_env != nullptr && std::string(ipc_env) == "1";
   baton::rpc::AgentCollaborators collaborators;
   std::shared_ptr<baton::rpc::cuda::CudaIpcChannel> channel;
-  if (ipc) {
-    channel = baton::rpc::cuda::CudaIpcChannel::Install(*registry);
+  if (EnvIs("BATON_BENCH_CUDA_IPC", "1")) {
+    baton::rpc::cuda::CudaIpcChannel::Options ipc_options;
+    // The receive before stream ordering (rpc/cuda/ipc_channel.h, I2).
+    ipc_options.stream_ordered = !EnvIs("BATON_BENCH_CUDA_IPC_HOST_WAIT", "1");
+    channel = baton::rpc::cuda::CudaIpcChannel::Install(*registry, ipc_options);
     collaborators.cuda_channel = channel;
   }
   auto made = RpcAgent::Create(*opts, registry, std::move(collaborators));
@@ -105,10 +114,16 @@ BATON_SCENARIO(cuda_rpc_bench) {
     torch::cuda::synchronize();
     Report("d2d_copy_64MB_GBps", 50 * src.nbytes() / (NowS() - t0) / 1e9);
     for (int i = 0; i < 3; ++i) (void)agent.rpc_sync(1, echo_fn, src);
+    torch::cuda::synchronize();
     t0 = NowS();
-    const int reps = 10;
-    for (int i = 0; i < reps; ++i) (void)agent.rpc_sync(1, echo_fn, src);
+    const int reps = 30;
+    at::Tensor back;
+    for (int i = 0; i < reps; ++i) back = agent.rpc_sync(1, echo_fn, src);
+    // A stream-ordered receive hands the result on before its copy ends:
+    // the time counts until the last copy has run.
+    torch::cuda::synchronize();
     Report("cuda_echo_64MB_GBps", 2.0 * reps * src.nbytes() / (NowS() - t0) / 1e9);
+    WCHECK(back.equal(src));
     const double cuda_us = MedianCallUs(agent, at::ones({4}, cuda));
     const double cpu_us = MedianCallUs(agent, at::ones({4}));
     Report("small_cuda_call_us", cuda_us);

@@ -91,9 +91,32 @@ def _rebuild_python_error(type_name, text):
 _WIRE_CALL = re.compile(r"rpc to worker '[^']*' \(id -?\d+\), function '__baton\.py\.(?:call|remote)': ")
 
 
+# This worker's name, set by init_rpc: a reply that could not be sent back
+# to it names it.
+SELF_NAME = None
+_NO_MAP = re.compile(r"cannot send a tensor on device \S+ to worker '([^']*)': no device map applies")
+
+
+def _device_map_hint(message):
+    """torch's words for a CUDA tensor with no device map (its suites match
+    them), after baton's own."""
+    m = _NO_MAP.search(message)
+    if m is None:
+        return message
+    if SELF_NAME is not None and m.group(1) == SELF_NAME:
+        return (f"{message}. Response device mapping is not available for destination "
+                f"{SELF_NAME}: the callee returned a CUDA tensor, and neither side set a "
+                "device map for the reply")
+    return (f"{message}. TensorPipe RPC backend only supports CPU tensors by default, please "
+            "move your tensors to CPU before sending them over RPC, or call `set_device_map` on "
+            "`TensorPipeRpcBackendOptions` to explicitly configure device mapping")
+
+
 def from_status(code, message, worker=None, function=None):
     """The exception for a failed call's (code number, message)."""
     name = CODES.get(code, "UNKNOWN")
+    if name == "INVALID_ARGUMENT":
+        message = _device_map_hint(message)
     where = []
     if worker is not None:
         where.append(f"on worker '{worker}'")

@@ -21,9 +21,12 @@ WRAP_RREF = None
 
 _PLAIN, _PARAMETER = 0, 1
 
-# Layouts baton's tensor codec carries (with their autograd edges); others
-# take torch's own reducers.
+# Layouts and devices baton's tensor codec carries (with their autograd
+# edges); others take torch's own reducers. CUDA tensors arrive on the
+# device the sender's device map names, through CUDA IPC between the
+# processes of one host where the build has it (docs/cuda.md).
 _CODEC_LAYOUTS = (torch.strided, torch.sparse_coo)
+_CODEC_DEVICES = ("cpu", "cuda")
 
 _TORCHSCRIPT_PREFIX = "__torch__."
 
@@ -91,8 +94,10 @@ class _Pickler(pickle.Pickler):
                 tag = _PLAIN
             else:
                 return None  # a tensor subclass pickles itself
-            if obj.is_quantized or obj.device.type != "cpu" or obj.layout not in _CODEC_LAYOUTS:
-                return None  # quantized, device and other sparse tensors pickle themselves
+            if (obj.is_quantized or obj.device.type not in _CODEC_DEVICES or
+                    obj.layout not in _CODEC_LAYOUTS or
+                    (obj.device.type == "cuda" and obj.layout != torch.strided)):
+                return None  # quantized, other devices' and other sparse tensors pickle themselves
             self._tensors.append(obj)
             return ("t", len(self._tensors) - 1, tag, obj.requires_grad and obj.is_leaf)
         if RREF_TYPES and isinstance(obj, RREF_TYPES):

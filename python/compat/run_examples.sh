@@ -56,7 +56,23 @@ fashion_as_mnist() {  # $1: the data root the program reads (../data)
   done
 }
 
-port_free() { ! ss -ltn "( sport = :$1 )" | grep -q ":$1"; }
+# Whether nothing listens on TCP port $1: ss (iproute2) where it is there,
+# else the interpreter binds the port (SO_REUSEADDR: a port left in TIME_WAIT
+# counts as free, as ss -l sees it; a listener on any address, v4 or v6, not).
+port_free() {
+  if command -v ss > /dev/null 2>&1; then
+    ! ss -ltn "( sport = :$1 )" | grep -q ":$1"
+  else
+    $PY -c '
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)' "$1"
+  fi
+}
 
 run_one() {  # $1 program, $2 dir, $3 expected output (regex), then the command
   local program="$1" dir="$2" expect="$3"; shift 3
@@ -109,17 +125,24 @@ for program in "${programs[@]}"; do
         $RUN rpc_parameter_server.py --world_size=2 --rank=1; c=\$?
         wait \$s; p=\$?; exit \$((c || p))" ;;
     batch_parameter_server|batch_reinforce)
+      # What shows the program finished: parameter_server.py's server logs
+      # "Finish training" once every trainer's batches are in; reinforce.py's
+      # last line is "<world size>, <seconds batched>, <seconds unbatched>",
+      # printed after both of its runs (batched and not) joined.
       if has_gpus 1; then
-        file=parameter_server.py; [ "$program" = batch_reinforce ] && file=reinforce.py
-        run_one "$program" batch "." $PY "$file"
+        if [ "$program" = batch_parameter_server ]; then
+          run_one "$program" batch "Finish training" $RUN parameter_server.py
+        else
+          run_one "$program" batch "^[0-9]+, [0-9.]+, [0-9.]+$" $RUN reinforce.py
+        fi
       else
         echo "RESULT $program NEEDS-GPU it calls .cuda() unconditionally"
       fi ;;
     pipeline)
-      if has_gpus 2; then run_one pipeline pipeline "execution time" $PY main.py
+      if has_gpus 2; then run_one pipeline pipeline "execution time" $RUN main.py
       else echo "RESULT pipeline NEEDS-GPU it places its shards on cuda:0 and cuda:1"; fi ;;
     ddp_rpc)
-      if has_gpus 2; then run_one ddp_rpc ddp_rpc "completed successfully" $PY main.py
+      if has_gpus 2; then run_one ddp_rpc ddp_rpc "completed successfully" $RUN main.py
       else echo "RESULT ddp_rpc NEEDS-GPU it needs 2 GPUs (it exits 0 saying so without them)"; fi ;;
     *) echo "unknown program $program" >&2; exit 2 ;;
   esac

@@ -14,6 +14,7 @@
 // absl::StatusCode number; baton/_errors.py maps them to exception classes.
 #include <sched.h>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,9 @@
 #include "rl/cartpole.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
+#ifdef BATON_PYTHON_CUDA_IPC
+#include "rpc/cuda/ipc_channel.h"
+#endif
 
 namespace baton::python {
 namespace {
@@ -382,13 +386,28 @@ class PyAgent {
         kPyRemote, [runner](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
           return RunPython(runner, nullptr, ctx, std::move(msg));
         }));
+    rpc::AgentCollaborators collaborators;
+#ifdef BATON_PYTHON_CUDA_IPC
+    // CUDA tensors to the other processes of this host go through CUDA IPC
+    // (docs/cuda.md) unless BATON_CUDA_IPC=0; the host carries them
+    // otherwise, and always between hosts.
+    std::shared_ptr<rpc::cuda::CudaIpcChannel> channel;
+    if (const char* ipc = std::getenv("BATON_CUDA_IPC");
+        ipc == nullptr || std::string(ipc) != "0") {
+      channel = rpc::cuda::CudaIpcChannel::Install(*self->registry_);
+      collaborators.cuda_channel = channel;
+    }
+#endif
     absl::StatusOr<std::unique_ptr<rpc::RpcAgent>> agent;
     {
       py::gil_scoped_release nogil;
-      agent = rpc::RpcAgent::Create(*options, self->registry_);
+      agent = rpc::RpcAgent::Create(*options, self->registry_, std::move(collaborators));
     }
     Check(agent.status());
     self->agent_ = *std::move(agent);
+#ifdef BATON_PYTHON_CUDA_IPC
+    if (channel != nullptr) channel->Attach(self->agent_.get());
+#endif
     self->rrefs_->Attach(self->agent_.get());
     return self;
   }

@@ -43,6 +43,61 @@ def test_device_maps_reach_the_agent_and_are_checked_at_init():
     harness.check(harness.run("device_maps", 2))
 
 
+
+def require_a_cuda_device():
+    """Skips a CUDA case where this (the pytest) process sees no CUDA device;
+    its two workers share cuda:0."""
+    import torch
+    if torch.cuda.device_count() == 0:
+        pytest.skip("no CUDA device is visible (torch.cuda.device_count() == 0): this case "
+                    "needs one GPU, shared by its two workers")
+
+
+def test_cuda_tensors_travel_through_rpc_sync_and_remote_with_device_maps():
+    """Device map {0: 0} set by the caller (worker0) only: float32, a
+    non-contiguous view, bfloat16 and int64 CUDA tensors arrive on the
+    callee's cuda:0 through rpc_sync, rpc_async and remote(), and its CUDA
+    results come back to cuda:0 (the inverse map) with their values; a CPU
+    tensor beside a CUDA one stays on the CPU; a call to itself keeps the
+    device; worker1, with no map of its own, sends to worker0's cuda:0."""
+    require_a_cuda_device()
+    harness.check(harness.run("cuda_tensors", 2, timeout=180))
+
+
+def test_a_cuda_tensor_with_no_device_map_fails_naming_device_and_worker():
+    """No device map on either worker: a CUDA tensor sent to the other
+    worker (argument or result) fails the call with "cannot send a tensor
+    on device cuda:0 to worker '...': no device map applies"; calls to
+    itself and CPU tensors still work (docs/cuda.md, "No map, no send")."""
+    require_a_cuda_device()
+    harness.check(harness.run("cuda_no_map", 2, timeout=180))
+
+
+def test_distributed_autograd_and_optimizer_on_cuda_parameters():
+    """Device map {0: 0} set by both workers: an nn.Linear on worker1's
+    cuda:0 (in an RRef) and a CUDA parameter on worker0; distributed
+    autograd's gradients equal local autograd's on worker0's GPU, the
+    DistributedOptimizer's 3 SGD steps equal torch.optim.SGD's there, and a
+    RemoteModule on "worker1/cuda:0" learns."""
+    require_a_cuda_device()
+    harness.check(harness.run("cuda_autograd", 2, timeout=180))
+
+
+def test_module_binding_trains_a_cuda_module():
+    """No device map (nothing on the GPU travels): a server hosted by
+    worker1, worker0's module on cuda:0 bound to it; after every pull the
+    parameters on the GPU equal the server's host values, 20 steps follow
+    torch.optim.SGD on the GPU, and the loss goes down."""
+    require_a_cuda_device()
+    workers = harness.run("cuda_ps", 2, timeout=180)
+    harness.check(workers)
+    assert len(workers[0].lines("LOSS")) == 1, workers[0].output
+
+
+def test_init_rpc_after_init_process_group_on_the_same_master_port():
+    harness.check(harness.run("after_process_group", 3))
+
+
 def test_every_error_class_is_raised_with_its_code_and_worker():
     harness.check(harness.run("errors", 2))
 

@@ -5,6 +5,7 @@ itself, asserts what it checks (a failed assert exits non-zero with its
 traceback), prints 'SCENARIO OK' and shuts down. Functions and classes that
 travel by reference live at module level, as in any RPC job.
 """
+import copy
 import json
 import os
 import sys
@@ -834,6 +835,391 @@ def scenario_device_maps(rank, world_size):
     except rpc.RpcError as e:
         want = f"maps cuda:{gpus}, but worker '{name(rank)}' has {gpus} CUDA device(s)"
         assert want in str(e), e
+    print("SCENARIO OK")
+
+
+# ---- CUDA scenarios (docs/cuda.md): two workers sharing one GPU ----
+#
+# test_rpc.py skips them where no CUDA device is visible. Both workers use
+# cuda:0; where a scenario sets a device map it is {0: 0} to the other worker.
+
+CUDA = torch.device("cuda", 0)
+# float32 results compared across processes or between GPU and host.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def cuda_prepare():
+    """The start of every CUDA scenario, before init_rpc: cuda:0 current,
+    both RNGs seeded, TF32 off (so matrix products equal their float32
+    reference on any GPU)."""
+    torch.cuda.set_device(CUDA)
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def cuda_init(rank, world_size, map_to_peer, ps_server=None):
+    """init_rpc with rpc_timeout 60 and, where map_to_peer, the device map
+    {0: 0} to the other worker (set_device_map)."""
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=60)
+    if map_to_peer:
+        options.set_device_map(name(1 - rank), {0: 0})
+    rpc.init_rpc(name(rank), rank=rank, world_size=world_size, rpc_backend_options=options,
+                 ps_server=ps_server)
+
+
+def expect_close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    """Asserts `actual` is a tensor with expected's device, dtype, shape and
+    values (within rtol/atol; 0 and 0: equal)."""
+    assert isinstance(actual, torch.Tensor), (
+        f"{what}: got {type(actual).__name__} {actual!r}, want a tensor")
+    assert actual.device == expected.device, (
+        f"{what}: the tensor is on {actual.device}, want {expected.device}")
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype}, want {expected.dtype}"
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {tuple(actual.shape)}, want {tuple(expected.shape)}")
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: values differ (rtol {rtol}, atol {atol}): {e}\n"
+                             f"got  {actual}\nwant {expected}") from None
+
+
+def expect_close_numbers(actual, expected, what, rtol=RTOL, atol=ATOL):
+    assert abs(actual - expected) <= atol + rtol * abs(expected), (
+        f"{what}: {actual!r}, want {expected!r} (rtol {rtol}, atol {atol})")
+
+
+def arrived_as(*tensors):
+    """Runs on the callee: (device, dtype, shape) of each argument as it
+    arrived here, and the argument doubled here, on its device."""
+    return [(str(t.device), str(t.dtype), tuple(t.shape), t * 2) for t in tensors]
+
+
+def check_arrived(record, sent, what):
+    """record: arrived_as's entry for `sent`. The callee got it on sent's
+    device with its dtype and shape, and its double came back to sent's
+    device with the right values."""
+    device, dtype, shape, doubled = record
+    assert device == str(sent.device), (
+        f"{what}: the callee got the tensor on {device}, want {sent.device}")
+    assert (dtype, shape) == (str(sent.dtype), tuple(sent.shape)), (
+        f"{what}: the callee got {dtype}{list(shape)}, want {sent.dtype}{list(sent.shape)}")
+    expect_close(doubled, sent * 2, f"{what}: its double computed by the callee, returned")
+
+
+def cuda_arange(n):
+    """Runs on the callee: a CUDA tensor made there."""
+    return torch.arange(n, dtype=torch.float32, device=CUDA) * 3
+
+
+def scenario_cuda_tensors(rank, world_size):
+    """CUDA tensors through rpc_sync, rpc_async and remote(), with a device
+    map {0: 0} set by the caller (worker0) only: the callee (worker1) sends
+    its replies, and its own calls to worker0, through the inverse map."""
+    cuda_prepare()
+    cuda_init(rank, world_size, map_to_peer=(rank == 0))
+    peer = name(1 - rank)
+    if rank == 0:
+        base = torch.randn(6, 8, device=CUDA)
+        view = base.t()[1:7:2, 2:5]  # transposed, every other row, some columns
+        assert not view.is_contiguous(), view.stride()
+        cases = [("float32", torch.randn(3, 4, device=CUDA)),
+                 ("non-contiguous float32 view", view),
+                 ("bfloat16", torch.randn(5, device=CUDA).to(torch.bfloat16)),
+                 ("int64", torch.arange(-3, 9, device=CUDA).reshape(3, 4))]
+        for what, t in cases:
+            check_arrived(rpc.rpc_sync(peer, arrived_as, args=(t,))[0], t,
+                          f"rpc_sync of a {what} CUDA tensor")
+            check_arrived(rpc.rpc_async(peer, arrived_as, args=(t,)).wait()[0], t,
+                          f"rpc_async of a {what} CUDA tensor")
+            check_arrived(rpc.remote(peer, arrived_as, args=(t,)).to_here()[0], t,
+                          f"remote() with a {what} CUDA tensor, then to_here()")
+        # A CUDA tensor made by the callee, held there in an RRef, fetched.
+        made = rpc.remote(peer, cuda_arange, args=(5,))
+        expect_close(made.to_here(), torch.arange(5, dtype=torch.float32, device=CUDA) * 3,
+                     "to_here() of a CUDA tensor made by the callee in remote()")
+        # A CPU tensor beside a CUDA one keeps its device, both ways.
+        cpu = torch.arange(4, dtype=torch.float32) + 0.5
+        gpu = torch.arange(4, dtype=torch.float32, device=CUDA) - 0.25
+        on_cpu, on_gpu = rpc.rpc_sync(peer, arrived_as, args=(cpu, gpu))
+        check_arrived(on_cpu, cpu, "a CPU tensor beside a CUDA tensor in one call")
+        check_arrived(on_gpu, gpu, "a CUDA tensor beside a CPU tensor in one call")
+        # A call to itself keeps the device.
+        t = cases[0][1]
+        check_arrived(rpc.rpc_sync(name(rank), arrived_as, args=(t,))[0], t,
+                      "rpc_sync of a CUDA tensor to the caller itself")
+        print("CHECKED worker0's calls")
+    else:
+        # worker1 set no map: its calls to worker0 use the inverse of worker0's.
+        t = torch.randn(2, 3, device=CUDA)
+        check_arrived(rpc.rpc_sync(peer, arrived_as, args=(t,))[0], t,
+                      "rpc_sync of a CUDA tensor from worker1 (no map of its own) to worker0")
+        print("CHECKED worker1's call")
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+def expect_no_device_map(call, to, what):
+    """call() must fail as docs/cuda.md says a CUDA tensor sent to a worker
+    with no device map fails: naming the device and that worker."""
+    want = f"cannot send a tensor on device cuda:0 to worker '{to}': no device map applies"
+    try:
+        result = call()
+    except Exception as e:  # noqa: BLE001  (the class is checked by its message)
+        assert want in str(e), (f"{what}: failed with {type(e).__name__}: {e}\n"
+                                f"but the message should contain: {want}")
+        print(f"REFUSED {what}: {type(e).__name__} code {getattr(e, 'code', None)}")
+        return
+    raise AssertionError(f"{what}: succeeded without a device map (returned {result!r}); "
+                         f"docs/cuda.md says it fails with: {want}")
+
+
+def scenario_cuda_no_map(rank, world_size):
+    """No worker sets a device map (docs/cuda.md, "No map, no send"): a CUDA
+    tensor sent to the other worker fails the call naming the device and the
+    worker, in a request and in a reply, both ways; CPU tensors and calls to
+    itself still work, and so does the job after the failures."""
+    cuda_prepare()
+    cuda_init(rank, world_size, map_to_peer=False)
+    peer = name(1 - rank)
+    t = torch.arange(6, dtype=torch.float32, device=CUDA).reshape(2, 3)
+    expect_no_device_map(lambda: rpc.rpc_sync(peer, arrived_as, args=(t,)), peer,
+                         f"rpc_sync of a CUDA tensor from {name(rank)} to {peer}")
+    expect_no_device_map(lambda: rpc.rpc_async(peer, arrived_as, args=(t,)).wait(), peer,
+                         f"rpc_async of a CUDA tensor from {name(rank)} to {peer}")
+    if rank == 0:
+        # The reply: the callee makes a CUDA tensor and cannot send it back.
+        expect_no_device_map(lambda: rpc.rpc_sync(peer, cuda_arange, args=(3,)), name(rank),
+                             f"a CUDA result returned by {peer} to {name(rank)}")
+    check_arrived(rpc.rpc_sync(name(rank), arrived_as, args=(t,))[0], t,
+                  "rpc_sync of a CUDA tensor to the caller itself, with no map")
+    cpu = torch.arange(3, dtype=torch.float32)
+    check_arrived(rpc.rpc_sync(peer, arrived_as, args=(cpu,))[0], cpu,
+                  "rpc_sync of a CPU tensor with no map, after the refused calls")
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+class CudaLinear:
+    """An nn.Linear on this worker's cuda:0 with the given weight and bias
+    (sent from the caller's GPU)."""
+
+    def __init__(self, weight, bias):
+        for what, t in (("weight", weight), ("bias", bias)):
+            assert t.device == CUDA, f"CudaLinear's {what} arrived on {t.device}, want {CUDA}"
+        # Made on the host, then moved: its (overwritten) initial values come
+        # from the seeded CPU generator, as a run on the host would draw them.
+        self.fc = torch.nn.Linear(weight.shape[1], weight.shape[0]).to(CUDA)
+        with torch.no_grad():
+            self.fc.weight.copy_(weight)
+            self.fc.bias.copy_(bias)
+
+    def forward(self, x):
+        assert x.device == CUDA, f"CudaLinear.forward's input arrived on {x.device}, want {CUDA}"
+        return self.fc(x)
+
+    def param_rrefs(self):
+        return [rpc.RRef(p) for p in self.fc.parameters()]
+
+    def values(self):
+        return [p.detach().clone() for p in self.fc.parameters()]
+
+    def grads(self, context_id):
+        """The context's gradients of the weight and the bias here (None: none)."""
+        grads = dist_autograd.get_gradients(context_id)
+        return [grads.get(p) for p in self.fc.parameters()]
+
+
+def local_linear(weight, bias):
+    fc = torch.nn.Linear(weight.shape[1], weight.shape[0]).to(weight.device)
+    with torch.no_grad():
+        fc.weight.copy_(weight)
+        fc.bias.copy_(bias)
+    return fc
+
+
+def scenario_cuda_autograd(rank, world_size):
+    """scenario_autograd on the GPU, with a device map {0: 0} set by both
+    workers: worker1 owns an nn.Linear on its cuda:0 (in an RRef), worker0
+    runs it through RPC with CUDA inputs and its own CUDA parameter after
+    it. Distributed autograd's gradients equal local autograd's on worker0's
+    GPU; the DistributedOptimizer (SGD) equals torch.optim.SGD on worker0's
+    GPU over 3 steps; a RemoteModule on worker1/cuda:0 trains."""
+    cuda_prepare()
+    cuda_init(rank, world_size, map_to_peer=True)
+    if rank == 0:
+        # Drawn on the host (seeded), then moved to the GPU.
+        x = torch.randn(5, 4).to(CUDA)
+        w0 = (torch.randn(3, 4) * 0.5).to(CUDA)
+        b0 = (torch.randn(3) * 0.1).to(CUDA)
+        local_w = torch.nn.Parameter((torch.randn(3, 2) * 0.5).to(CUDA))
+        target = torch.randn(5, 2).to(CUDA)
+
+        def loss_of(h, lw):
+            return ((h @ lw) - target).pow(2).mean()
+
+        # Gradients against local autograd.
+        layer = rpc.remote("worker1", CudaLinear, args=(w0, b0))
+        with dist_autograd.context() as cid:
+            h = layer.rpc_sync().forward(x)
+            assert h.device == CUDA, f"the remote forward's result arrived on {h.device}"
+            loss = loss_of(h, local_w)
+            dist_autograd.backward(cid, [loss])
+            remote_grads = layer.rpc_sync().grads(cid)
+            local_grad = dist_autograd.get_gradients(cid).get(local_w)
+        assert local_w.grad is None, "distributed backward accumulated into .grad"
+        ref = local_linear(w0, b0)
+        lw_ref = local_w.detach().clone().requires_grad_(True)
+        ref_loss = loss_of(ref(x), lw_ref)
+        ref_loss.backward()
+        expect_close_numbers(loss.item(), ref_loss.item(), "the loss through RPC vs local")
+        expect_close(remote_grads[0], ref.weight.grad,
+                     "worker1's weight gradient (dist autograd) vs local autograd")
+        expect_close(remote_grads[1], ref.bias.grad,
+                     "worker1's bias gradient (dist autograd) vs local autograd")
+        expect_close(local_grad, lw_ref.grad,
+                     "worker0's own parameter's gradient (dist autograd) vs local autograd")
+        print("CHECKED gradients")
+
+        # The DistributedOptimizer against torch.optim.SGD, 3 steps.
+        kwargs = {"lr": 0.05, "momentum": 0.9}
+        layer = rpc.remote("worker1", CudaLinear, args=(w0, b0))
+        lw = torch.nn.Parameter(local_w.detach().clone())
+        opt = DistributedOptimizer(torch.optim.SGD, layer.rpc_sync().param_rrefs() + [rpc.RRef(lw)],
+                                   **kwargs)
+        ref = local_linear(w0, b0)
+        ref_lw = torch.nn.Parameter(local_w.detach().clone())
+        ref_opt = torch.optim.SGD(list(ref.parameters()) + [ref_lw], **kwargs)
+        for step in range(3):
+            with dist_autograd.context() as cid:
+                loss = loss_of(layer.rpc_sync().forward(x), lw)
+                dist_autograd.backward(cid, [loss])
+                opt.step(cid)
+            ref_opt.zero_grad()
+            ref_loss = loss_of(ref(x), ref_lw)
+            ref_loss.backward()
+            ref_opt.step()
+            expect_close_numbers(loss.item(), ref_loss.item(),
+                                 f"step {step}: the loss through RPC vs local")
+        remote_w, remote_b = layer.rpc_sync().values()
+        expect_close(remote_w, ref.weight.detach(),
+                     "worker1's weight after 3 DistributedOptimizer SGD steps vs torch.optim.SGD")
+        expect_close(remote_b, ref.bias.detach(),
+                     "worker1's bias after 3 DistributedOptimizer SGD steps vs torch.optim.SGD")
+        expect_close(lw.detach(), ref_lw.detach(),
+                     "worker0's parameter after 3 DistributedOptimizer SGD steps vs torch.optim.SGD")
+        print("CHECKED optimizer")
+
+        # A RemoteModule on worker1's GPU, trained through remote_parameters().
+        remote_fc = RemoteModule("worker1/cuda:0", torch.nn.Linear, args=(4, 2))
+        opt = DistributedOptimizer(torch.optim.SGD, remote_fc.remote_parameters(), lr=0.1)
+        losses = []
+        for _ in range(20):
+            with dist_autograd.context() as cid:
+                out = remote_fc(x)
+                assert out.device == CUDA, f"RemoteModule's output arrived on {out.device}"
+                loss = (out - 1).pow(2).mean()
+                dist_autograd.backward(cid, [loss])
+                opt.step(cid)
+            losses.append(loss.item())
+        assert losses[-1] < losses[0] * 0.5, f"RemoteModule on cuda:0 did not learn: {losses}"
+        print("CHECKED RemoteModule, loss", f"{losses[0]:.5f}", f"{losses[-1]:.5f}")
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+def ps_net():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def scenario_cuda_ps(rank, world_size):
+    """scenario_ps's ModuleBinding with the trainer's module on cuda:0: a
+    server hosted by worker1 (host tensors), worker0 trains. No device map:
+    no CUDA tensor travels (pushes send host copies, pulls copy onto the
+    GPU). The parameters stay on cuda:0, equal the server's values after
+    every pull, follow torch.optim.SGD on the GPU, and the loss goes down."""
+    import baton.ps as ps
+    cuda_prepare()
+    steps, lr = 20, 0.1
+    net = ps_net()  # seeded: the same on both workers (the server reads its shapes)
+    spec = ps.PsSpec(ps.ModuleBinding.tables(net, "net", torch.optim.SGD, lr=lr),
+                     consistency="sync", num_trainers=1)
+    if rank == 1:
+        server = ps.PsServer(spec, server=0, num_servers=1)
+        cuda_init(rank, world_size, map_to_peer=False, ps_server=server)
+        rpc.shutdown()
+        print("STATS", server.stats().splitlines()[0])
+        print("SCENARIO OK")
+        return
+    cuda_init(rank, world_size, map_to_peer=False)
+    net = net.to(CUDA)
+    names = [f"net.{n}" for n, _ in net.named_parameters()]
+    params = list(net.parameters())
+    ref = copy.deepcopy(net)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g).to(CUDA)
+    y = (x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]], device=CUDA)).tanh()
+
+    def expect_server_values(when):
+        """The parameters are on cuda:0 and equal the server's values."""
+        server = client.pull_dense(names).wait()
+        for n, p, s in zip(names, params, server):
+            assert p.device == CUDA, f"{when}: parameter {n} is on {p.device}, want {CUDA}"
+            expect_close(p.detach().cpu(), s, f"{when}: parameter {n} on the GPU vs the server's",
+                         rtol=0, atol=0)
+
+    client = ps.PsClient(spec, servers=["worker1"], trainer=0)
+    binding = ps.ModuleBinding(client, net, "net")
+    now = list(net.parameters())
+    assert len(now) == len(params) and all(a is b for a, b in zip(now, params)), (
+        "ModuleBinding replaced the module's parameters (it must load them in place)")
+    expect_server_values("after binding")
+    for p, r in zip(params, ref.parameters()):
+        expect_close(p.detach(), r.detach(), "after binding: a parameter vs its initial value",
+                     rtol=0, atol=0)
+    losses = []
+    for step in range(steps):
+        net.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        binding.push()
+        binding.pull()
+        losses.append(loss.item())
+        ref_opt.zero_grad()
+        ref_loss = torch.nn.functional.mse_loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        expect_close_numbers(loss.item(), ref_loss.item(),
+                             f"step {step}: the bound module's loss vs torch.optim.SGD's")
+    expect_server_values(f"after {steps} steps")
+    for n, p, r in zip(names, params, ref.parameters()):
+        expect_close(p.detach(), r.detach(),
+                     f"after {steps} steps: {n} trained through the server vs torch.optim.SGD")
+    assert losses[-1] < losses[0] * 0.8, f"the loss did not go down: {losses}"
+    assert client.clock() == steps, f"clock {client.clock()} after {steps} steps"
+    print("LOSS", f"{losses[0]:.5f}", f"{losses[-1]:.5f}")
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+def scenario_after_process_group(rank, world_size):
+    """torch.distributed's process group first, then RPC, both told to meet
+    at the same MASTER_ADDR and MASTER_PORT (pytorch/examples' batch
+    parameter server does this): torch's TCPStore holds the port in rank 0's
+    process, and baton's store meets through it on another port. Twice, as a
+    job that restarts RPC would."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    for round_ in range(2):
+        init(rank, world_size, rpc_timeout=30)
+        got = rpc.rpc_sync(name((rank + 1) % world_size), add, args=(torch.ones(2), round_))
+        assert got.tolist() == [1.0 + round_] * 2, got
+        rpc.shutdown()
+    dist.barrier()
+    dist.destroy_process_group()
     print("SCENARIO OK")
 
 

@@ -6,16 +6,21 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace baton::rpc::cuda {
 namespace {
@@ -30,6 +35,26 @@ absl::Status CudaStatus(cudaError_t e, absl::string_view call, int peer) {
 
 std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
 
+// cuMemGetAddressRange, found through the runtime: the channel does not link
+// the driver's library (libcuda.so.1), so that a module holding it loads on
+// a machine without a GPU driver, as torch's own libraries do.
+using MemGetAddressRange = decltype(&cuMemGetAddressRange);
+
+absl::StatusOr<MemGetAddressRange> FindMemGetAddressRange(int peer) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  absl::Status s =
+      CudaStatus(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, CUDART_VERSION,
+                                                  cudaEnableDefault, &found),
+                 "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)", peer);
+  if (!s.ok()) return s;
+  if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+    return absl::InternalError(
+        absl::StrCat("CUDA IPC with worker ", peer, ": the driver has no cuMemGetAddressRange"));
+  }
+  return reinterpret_cast<MemGetAddressRange>(fn);
+}
+
 }  // namespace
 
 class CudaIpcChannel::Impl {
@@ -37,6 +62,7 @@ class CudaIpcChannel::Impl {
   explicit Impl(Options options) : options_(options) {}
 
   ~Impl() {
+    StopWatcher();
     // I5: everything still held goes back; mappings close with their
     // shared pointers.
     absl::MutexLock lock(&mu_);
@@ -54,16 +80,21 @@ class CudaIpcChannel::Impl {
     c10::cuda::CUDAGuard guard(device);
     // The allocation (the caching allocator's cudaMalloc segment) the
     // tensor lies in: what an IPC handle covers.
+    absl::StatusOr<MemGetAddressRange> range = AddressRange(peer);
+    if (!range.ok()) return range.status();
+    // The driver's call needs the device's context current on this thread,
+    // which the guard does not make so on a thread that never used the
+    // device (it skips setting the device it believes is set).
+    if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice", peer); !s.ok()) {
+      return s;
+    }
     CUdeviceptr base_address = 0;
     size_t base_size = 0;
-    if (const CUresult r = cuMemGetAddressRange(&base_address, &base_size,
-                                                reinterpret_cast<CUdeviceptr>(t.data_ptr()));
+    if (const CUresult r =
+            (*range)(&base_address, &base_size, reinterpret_cast<CUdeviceptr>(t.data_ptr()));
         r != CUDA_SUCCESS) {
-      const char* text = nullptr;
-      cuGetErrorString(r, &text);
       return absl::InternalError(
-          absl::StrCat("CUDA IPC with worker ", peer,
-                       ": cuMemGetAddressRange: ", text != nullptr ? text : "unknown error"));
+          absl::StrCat("CUDA IPC with worker ", peer, ": cuMemGetAddressRange: CUresult ", r));
     }
     void* base = reinterpret_cast<void*>(base_address);
     cudaIpcMemHandle_t memory;
@@ -134,29 +165,70 @@ class CudaIpcChannel::Impl {
     absl::StatusOr<cudaEvent_t> event =
         OpenEvent(peer, device, Bytes(&event_handle, sizeof(event_handle)));
     if (!event.ok()) return event.status();
-    c10::cuda::CUDAStream stream = CopyStream(device);
-    // I6: the copy's destination belongs to the decoding thread's current
-    // stream, where the tensor is used: freed, the caching allocator hands
-    // the block out again only in that stream's order. The copy stream first
-    // waits for that stream, so work still queued there on the block's
-    // previous tensor ends before the copy overwrites it.
+    // I2, I6: the copy runs on the decoding thread's current stream, where
+    // the tensor is used, into memory of that stream: it follows the work
+    // queued there (freed, the caching allocator hands a block out again only
+    // in that stream's order, so nothing still reading the block's previous
+    // tensor is overwritten), and whatever is queued there next sees the
+    // copied values.
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
     at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
-    s = OrderAfter(current, stream, peer);
-    if (s.ok()) {
-      s = CudaStatus(cudaStreamWaitEvent(stream.stream(), *event, 0), "cudaStreamWaitEvent", peer);
-    }
+    s = CudaStatus(cudaStreamWaitEvent(current.stream(), *event, 0), "cudaStreamWaitEvent", peer);
     if (s.ok() && bytes > 0) {
       s = CudaStatus(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mapping->get()) + offset,
-                                     bytes, cudaMemcpyDeviceToDevice, stream.stream()),
+                                     bytes, cudaMemcpyDeviceToDevice, current.stream()),
                      "cudaMemcpyAsync", peer);
     }
-    if (s.ok())
-      s = CudaStatus(cudaStreamSynchronize(stream.stream()), "cudaStreamSynchronize", peer);
+    if (s.ok() && options_.stream_ordered) {
+      // I3 once the copy has run: the watcher sends the release.
+      absl::StatusOr<cudaEvent_t> done = TakeEvent(static_cast<c10::DeviceIndex>(device), peer);
+      if (done.ok()) {
+        s = CudaStatus(cudaEventRecord(*done, current.stream()), "cudaEventRecord", peer);
+        if (s.ok()) {
+          Watch({peer, static_cast<int64_t>(token), device, *done, *std::move(mapping)});
+          return out;
+        }
+        DestroyEvent(device, *done);
+      } else {
+        s = done.status();
+      }
+    }
+    if (s.ok()) {
+      s = CudaStatus(cudaStreamSynchronize(current.stream()), "cudaStreamSynchronize", peer);
+    }
     // I3, also after a failed copy: the sender has nothing more to keep.
     SendRelease(peer, static_cast<int64_t>(token));
     if (!s.ok()) return s;
     return out;
+  }
+
+  // Sends what the watcher still holds (graceful shutdown: before the
+  // drain), waiting for its copies until `deadline`.
+  absl::Status Flush(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return pending_.empty() && watching_ == 0;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("CUDA IPC: ", pending_.size() + watching_,
+                       " imported copies still running at the shutdown deadline"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Stops the watcher: no release is sent any more (the senders release
+  // at our death or their end, I4/I5). A copy still running keeps its
+  // mapping until it ends, waited for up to kCopyWait; past that the mapping
+  // is left open rather than closed under the copy.
+  void StopWatcher() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      agent_closed_ = true;
+    }
+    if (watcher_.joinable()) watcher_.join();
   }
 
   // Drops `tokens` (I3); `peer` -1: the exporter's own undo.
@@ -211,6 +283,115 @@ class CudaIpcChannel::Impl {
   std::weak_ptr<CudaIpcChannel> weak_self_;
 
  private:
+  // An import whose copy is queued: the sender's memory is released when
+  // `done` has completed.
+  struct Pending {
+    int peer;
+    int64_t token;
+    int device;
+    cudaEvent_t done;
+    std::shared_ptr<void> mapping;  // open until the copy has read it
+  };
+  static constexpr absl::Duration kCopyWait = absl::Seconds(10);
+
+  void Watch(Pending p) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stopping_) {
+        if (!watcher_.joinable()) watcher_ = std::thread([this] { WatchLoop(); });
+        pending_.push_back(std::move(p));
+        return;
+      }
+    }
+    // The agent is closing: nobody will take the release; the copy still
+    // needs its mapping until it ends.
+    cudaEventSynchronize(p.done);
+    Finish(p);
+  }
+
+  // The watcher thread: takes new imports, polls their events (backing off
+  // from 10 us to 1 ms while copies run), and releases what has been copied.
+  void WatchLoop() {
+    std::vector<Pending> inflight;
+    absl::Duration nap = absl::Microseconds(10);
+    bool stop = false;
+    while (!stop) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !pending_.empty();
+        };
+        if (inflight.empty()) {
+          mu_.AwaitWithTimeout(absl::Condition(&work), absl::Seconds(1));
+          nap = absl::Microseconds(10);
+        }
+        for (Pending& p : pending_) inflight.push_back(std::move(p));
+        pending_.clear();
+        watching_ = inflight.size();
+        stop = stopping_;
+      }
+      if (stop) break;
+      std::vector<Pending> copied;
+      for (auto it = inflight.begin(); it != inflight.end();) {
+        if (cudaEventQuery(it->done) == cudaErrorNotReady) {
+          ++it;
+        } else {
+          copied.push_back(std::move(*it));
+          it = inflight.erase(it);
+        }
+      }
+      for (Pending& p : copied) {
+        SendRelease(p.peer, p.token);
+        Finish(p);
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        watching_ = inflight.size();
+      }
+      if (copied.empty() && !inflight.empty()) {
+        absl::SleepFor(nap);
+        nap = std::min(nap * 2, absl::Milliseconds(1));
+      }
+    }
+    // Stopped: wait (bounded) for what is still copying, send nothing.
+    const absl::Time until = absl::Now() + kCopyWait;
+    {
+      absl::MutexLock lock(&mu_);
+      for (Pending& p : pending_) inflight.push_back(std::move(p));
+      pending_.clear();
+    }
+    for (Pending& p : inflight) {
+      while (cudaEventQuery(p.done) == cudaErrorNotReady && absl::Now() < until) {
+        absl::SleepFor(absl::Microseconds(100));
+      }
+      if (cudaEventQuery(p.done) == cudaErrorNotReady) {
+        // Left open for good: closing it under a running copy could fault.
+        new std::shared_ptr<void>(std::move(p.mapping));
+        continue;
+      }
+      Finish(p);
+    }
+    absl::MutexLock lock(&mu_);
+    watching_ = 0;
+  }
+
+  // The event goes back to the pool; the mapping is let go.
+  void Finish(Pending& p) {
+    p.mapping.reset();
+    absl::MutexLock lock(&mu_);
+    free_events_[p.device].push_back(p.done);
+  }
+
+  absl::StatusOr<MemGetAddressRange> AddressRange(int peer) {
+    absl::MutexLock lock(&mu_);
+    if (address_range_ == nullptr) {
+      absl::StatusOr<MemGetAddressRange> fn = FindMemGetAddressRange(peer);
+      if (!fn.ok()) return fn.status();
+      address_range_ = *fn;
+    }
+    return address_range_;
+  }
+
   struct Held {
     int peer;
     at::Tensor tensor;  // keeps the memory out of the caching allocator
@@ -221,6 +402,8 @@ class CudaIpcChannel::Impl {
   struct PeerState {
     // Mapped allocations, most recently used first.
     std::list<std::pair<std::string, std::shared_ptr<void>>> mappings;
+    // Every mapping still open, cached or held by an import in progress.
+    absl::flat_hash_map<std::string, std::weak_ptr<void>> live;
     // Opened events of the peer's pool, by handle: (device, event).
     absl::flat_hash_map<std::string, std::pair<int, cudaEvent_t>> events;
   };
@@ -250,14 +433,28 @@ class CudaIpcChannel::Impl {
   }
 
   absl::StatusOr<std::shared_ptr<void>> Map(int peer, const std::string& handle) {
+    // One open at a time: CUDA maps an allocation once per process, so two
+    // imports of one allocation must not both miss and both open it.
+    absl::MutexLock opening(&open_mu_);
     {
       absl::MutexLock lock(&mu_);
-      auto& list = peers_[peer].mappings;
+      PeerState& state = peers_[peer];
+      auto& list = state.mappings;
       for (auto it = list.begin(); it != list.end(); ++it) {
         if (it->first == handle) {
           list.splice(list.begin(), list, it);
           return list.front().second;
         }
+      }
+      // Evicted from the cache while an import still copies from it: still
+      // mapped, so it is taken again rather than opened twice.
+      if (auto live = state.live.find(handle); live != state.live.end()) {
+        if (std::shared_ptr<void> mapped = live->second.lock()) {
+          list.emplace_front(handle, mapped);
+          while (list.size() > options_.max_mappings) list.pop_back();
+          return mapped;
+        }
+        state.live.erase(live);
       }
     }
     cudaIpcMemHandle_t h;
@@ -278,9 +475,21 @@ class CudaIpcChannel::Impl {
       cudaIpcCloseMemHandle(p);
     });
     absl::MutexLock lock(&mu_);
-    auto& list = peers_[peer].mappings;
+    PeerState& state = peers_[peer];
+    state.live[handle] = mapped;
+    auto& list = state.mappings;
     list.emplace_front(handle, mapped);
     while (list.size() > options_.max_mappings) list.pop_back();
+    // Forget mappings that closed.
+    if (state.live.size() > 2 * options_.max_mappings) {
+      for (auto it = state.live.begin(); it != state.live.end();) {
+        if (it->second.expired()) {
+          state.live.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
     return mapped;
   }
 
@@ -301,37 +510,11 @@ class CudaIpcChannel::Impl {
     return event;
   }
 
-  // Makes `later` wait for the work queued on `earlier` so far, through an
-  // event of the pool: a wait binds to the event's last record at the time
-  // of the call, so the event may go back to the pool at once.
-  absl::Status OrderAfter(const c10::cuda::CUDAStream& earlier, const c10::cuda::CUDAStream& later,
-                          int peer) {
-    const c10::DeviceIndex device = earlier.device_index();
-    absl::StatusOr<cudaEvent_t> taken = TakeEvent(device, peer);
-    if (!taken.ok()) return taken.status();
-    cudaEvent_t event = *taken;
-    absl::Status s = CudaStatus(cudaEventRecord(event, earlier.stream()), "cudaEventRecord", peer);
-    if (s.ok()) {
-      s = CudaStatus(cudaStreamWaitEvent(later.stream(), event, 0), "cudaStreamWaitEvent", peer);
-    }
-    absl::MutexLock lock(&mu_);
-    free_events_[device].push_back(event);
-    return s;
-  }
-
-  c10::cuda::CUDAStream CopyStream(int device) {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(device);
-    if (it == streams_.end()) {
-      it = streams_
-               .emplace(device,
-                        c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)))
-               .first;
-    }
-    return it->second;
-  }
-
   void SendRelease(int peer, int64_t token) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (agent_closed_) return;
+    }
     if (agent_ == nullptr) return;
     // Fire and forget, from the executor: the decode may run on a thread
     // that must not wait for room in the peer's window. If it never
@@ -344,13 +527,22 @@ class CudaIpcChannel::Impl {
     if (agent->executor() == nullptr || !agent->executor()->Submit(send)) send();
   }
 
+  // Serialises Map's opens (held around mu_, never inside it).
+  absl::Mutex open_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   int64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, Held> held_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, std::vector<cudaEvent_t>> free_events_ ABSL_GUARDED_BY(mu_);
   std::map<int, PeerState> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<int, c10::cuda::CUDAStream> streams_ ABSL_GUARDED_BY(mu_);
+  MemGetAddressRange address_range_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Imports for the watcher, and how many it polls.
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  size_t watching_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once the agent can send nothing more (its shutdown's release step).
+  bool agent_closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watcher_;
 };
 
 CudaIpcChannel::CudaIpcChannel(Options options) : impl_(std::make_unique<Impl>(options)) {}
@@ -375,6 +567,17 @@ void CudaIpcChannel::Attach(RpcAgent* agent) {
   agent->AddPeerFailureListener([weak](const PeerFailure& failure) {
     if (auto self = weak.lock()) self->impl_->PeerDied(failure.peer);
   });
+  // Releases of copies still running go out before the drain; none is sent
+  // once the agent can no longer send (the watcher stops).
+  RpcAgent::ShutdownHook hook;
+  hook.settle = [weak](absl::Time deadline) {
+    auto self = weak.lock();
+    return self != nullptr ? self->impl_->Flush(deadline) : absl::OkStatus();
+  };
+  hook.release = [weak] {
+    if (auto self = weak.lock()) self->impl_->StopWatcher();
+  };
+  agent->AddShutdownHook(std::move(hook));
 }
 
 bool CudaIpcChannel::Wants(size_t bytes) const { return bytes >= impl_->options_.min_bytes; }

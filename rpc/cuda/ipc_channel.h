@@ -19,12 +19,20 @@
 //     the token: the memory stays out of the caching allocator meanwhile.
 //  I2 Import: the receiver maps the allocation (cudaIpcOpenMemHandle;
 //     mappings are cached per sender, at most Options::max_mappings of them,
-//     least recently used closed first), makes a stream of its own wait for the event, copies the
-//     bytes on the GPU into memory of its own, and waits for that copy on the
-//     host before the decode returns: the tensor it hands on owns its memory.
-//  I3 Release: the receiver then sends the token back
+//     least recently used closed first), makes the decoding thread's current
+//     stream wait for the event, and queues there a copy of the bytes into
+//     memory of its own. The decode returns without waiting for the copy
+//     (Options::stream_ordered): the tensor it hands on owns its memory, and
+//     its values are ready in that stream's order. That stream is the
+//     device's default stream unless the program made another one current;
+//     work on another stream must wait for it first
+//     (torch.cuda.current_stream().wait_stream(...), as for any tensor
+//     produced on another stream).
+//  I3 Release: once the copy has run (an event after it, polled by the
+//     channel's watcher thread), the receiver sends the token back
 //     (baton.cuda_ipc.release); the sender drops the tensor and returns the
-//     event to its pool.
+//     event to its pool. A graceful shutdown sends the releases of copies
+//     still running before it drains (RpcAgent::ShutdownHook).
 //  I4 A peer found dead (RpcAgent::AddPeerFailureListener) releases every
 //     token held for it and closes its mappings: a dead receiver leaves no
 //     device memory held on the sender.
@@ -58,6 +66,10 @@ class CudaIpcChannel final : public CudaTensorChannel,
     size_t min_bytes = 0;
     // Allocations of other processes kept mapped, per sender.
     size_t max_mappings = 64;
+    // false: the decode waits on the host for each copy before it returns
+    // (and releases at once), for programs that use received tensors on a
+    // stream other than the decoding thread's current one without waiting.
+    bool stream_ordered = true;
   };
 
   // Registers the release function; call on every worker before Create.

@@ -4,7 +4,9 @@
 // pipeline/model.h are tested at the end.
 #include "pipeline/stage.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -67,7 +69,7 @@ dist_optim::OptimizerOptions Sgd() {
 class LocalPipeline {
  public:
   LocalPipeline(const Schedule& schedule, torch::Dtype dtype, int64_t batch,
-                dist_optim::OptimizerOptions opt = Sgd())
+                dist_optim::OptimizerOptions opt = Sgd(), torch::Device device = torch::kCPU)
       : schedule_(schedule) {
     const ScheduleSpec& spec = schedule.spec;
     for (int w = 0; w < spec.workers; ++w) {
@@ -80,6 +82,7 @@ class LocalPipeline {
         chunks.push_back(Slice(*model, (*cuts)[s], (*cuts)[s + 1]));
       }
       StageConfig config{spec, w, schedule.per_worker[w], batch, opt};
+      config.device = device;
       auto r = StageRunner::Create(config, std::move(chunks));
       EXPECT_TRUE(r.ok()) << r.status();
       runners_.push_back(std::move(*r));
@@ -165,7 +168,7 @@ void ExpectClose(const std::vector<torch::Tensor>& a, const std::vector<torch::T
                  double tol, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double diff = (a[i] - b[i]).abs().max().item<double>();
+    const double diff = (a[i].cpu() - b[i].cpu()).abs().max().item<double>();
     EXPECT_LE(diff, tol) << what << " parameter " << i;
   }
 }
@@ -472,6 +475,45 @@ TEST(PP9_Device, ADeviceThisProcessCannotUseIsRefusedByName) {
       << st;
   config.device = torch::kCPU;
   EXPECT_TRUE(StageRunner::Create(config, {Slice(*model, 0, 2)}).ok());
+}
+
+// PP9 with PP6, on a GPU: a checkpoint taken on the host restores onto a
+// GPU, whose runners then train on as the host's do, and one taken on the
+// GPU restores onto the host (checkpoints are host bytes).
+TEST(PP9_Device, CheckpointsMoveBetweenTheHostAndAGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto s = OneFOneB({2, 4, 1});
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto batches = MakeBatches(3, 8, torch::kFloat32);
+  LocalPipeline host(*s, torch::kFloat32, 8);
+  ASSERT_TRUE(host.Step(0, batches[0]).ok());
+  std::vector<std::string> saved;
+  for (int w = 0; w < 2; ++w) saved.push_back(*host.runner(w).SaveState());
+
+  LocalPipeline device(*s, torch::kFloat32, 8, Sgd(), gpu);  // fresh init
+  for (int w = 0; w < 2; ++w) {
+    absl::Status loaded = device.runner(w).LoadState(saved[w]);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_EQ(device.runner(w).steps_taken(), 1);
+  }
+  for (const torch::Tensor& p : device.Parameters()) EXPECT_TRUE(p.is_cuda());
+  ExpectClose(device.Parameters(), host.Parameters(), 0, "restored onto the GPU");
+  for (int step = 1; step < 3; ++step) {
+    absl::StatusOr<double> on_host = host.Step(step, batches[step]);
+    absl::StatusOr<double> on_device = device.Step(step, batches[step]);
+    ASSERT_TRUE(on_host.ok()) << on_host.status();
+    ASSERT_TRUE(on_device.ok()) << on_device.status();
+    EXPECT_NEAR(*on_device, *on_host, 1e-4 * std::max(1.0, std::abs(*on_host))) << step;
+  }
+  ExpectClose(device.Parameters(), host.Parameters(), 1e-4, "trained on after the restore");
+
+  LocalPipeline back(*s, torch::kFloat32, 8);
+  for (int w = 0; w < 2; ++w) {
+    absl::StatusOr<std::string> state = device.runner(w).SaveState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_TRUE(back.runner(w).LoadState(*state).ok());
+  }
+  ExpectClose(back.Parameters(), device.Parameters(), 0, "restored onto the host");
 }
 
 TEST(StageConfig, MismatchesAreInvalidArgument) {

@@ -44,18 +44,8 @@ want() { [[ "$steps" == *" $1 "* ]]; }
 orig_ld="${LD_LIBRARY_PATH:-}"
 mkdir -p "$out" "$prefix"
 step() { echo "== $(date +%T) +${SECONDS}s $*"; }
-mps_control="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null | head -1)"
-mps_on=0
-mps_start() {
-  [ -n "$mps_control" ] || return 1
-  export CUDA_MPS_PIPE_DIRECTORY="$build/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$build/mps/log"
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  "$mps_control" -d && mps_on=1 && export BATON_BENCH_GPU_SHARING=mps
-}
-mps_stop() {
-  if [ $mps_on -eq 1 ]; then echo quit | "$mps_control"; mps_on=0; fi
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY BATON_BENCH_GPU_SHARING
-}
+# shellcheck source=tools/gpu/mps.sh
+source "$root/tools/gpu/mps.sh"
 pack() {
   mps_stop
   if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-logs.tar.gz" -C "$build" logs; fi
@@ -108,7 +98,8 @@ tail -5 "$out/configure.log"; grep -E "NCCL:|Torch" "$out/configure.log"
 
 step "build (only what the GPU steps need; -k 0, so that one run shows every error)"
 targets=(cuda_rpc_bench)
-want suites && targets+=(cm_process_group_test cm_ddp_test cm_cuda_rpc_test)
+suites=(${BATON_GPU_SUITES:-cm_process_group_test cm_ddp_test cm_cuda_rpc_test})
+want suites && targets+=("${suites[@]}")
 want nccl_bench && targets+=(nccl_latency_bench)
 want ps_bench && targets+=(ps_bench)
 want pipeline_bench && targets+=(pipeline_bench)
@@ -123,7 +114,7 @@ have() { [ -x "$build/$1" ] || { echo "not built: $1"; failed=1; return 1; }; }
 export LD_LIBRARY_PATH="$deplib:$torch_site/lib${nccl_root:+:$nccl_root/lib}:${LD_LIBRARY_PATH:-}"
 # For commands run after this script on the same machine.
 echo "export LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$build/env.sh"
-want suites && for t in ${BATON_GPU_SUITES:-cm_process_group_test cm_ddp_test cm_cuda_rpc_test}; do
+want suites && for t in "${suites[@]}"; do
   step "$t"
   have $t || continue
   if ! timeout "${BATON_GPU_TEST_TIMEOUT_S:-180}" "$build/$t" --gtest_color=no >"$out/$t.log" 2>&1; then failed=1; fi
@@ -171,9 +162,12 @@ bench_rounds() {  # label rounds command...
     "$@" || failed=1
   done
 }
-cuda_rpc() {  # path (host or cuda_ipc)
-  local ipc=0; [ "$1" = cuda_ipc ] && ipc=1
-  BATON_BENCH_CUDA_IPC=$ipc timeout 120 "$build/cuda_rpc_bench" 2>>"$out/cuda_rpc_bench.err" |
+cuda_rpc() {  # path: host, cuda_ipc or cuda_ipc_host_wait (the receive before stream ordering)
+  local ipc=0 host_wait=0
+  [ "$1" != host ] && ipc=1
+  [ "$1" = cuda_ipc_host_wait ] && host_wait=1
+  BATON_BENCH_CUDA_IPC=$ipc BATON_BENCH_CUDA_IPC_HOST_WAIT=$host_wait timeout 120 \
+    "$build/cuda_rpc_bench" 2>>"$out/cuda_rpc_bench.err" |
     tee -a "$out/cuda_rpc_bench.jsonl" |
     grep -E '"(d2d_copy_64MB_GBps|cuda_echo_64MB_GBps|small_cuda_call_us|small_cpu_call_us|cuda_over_cpu_call)"'
 }
@@ -194,10 +188,12 @@ pipeline_run() {  # label
 
 if want cuda_rpc_bench && have cuda_rpc_bench; then
   step "CUDA tensors through RPC, time-sliced (a context per process)"
-  for path in host cuda_ipc; do bench_rounds "$path" "${BATON_CUDA_RPC_ROUNDS:-3}" cuda_rpc $path; done
-  if mps_start; then
+  for path in ${BATON_CUDA_RPC_PATHS:-host cuda_ipc cuda_ipc_host_wait}; do
+    bench_rounds "$path" "${BATON_CUDA_RPC_ROUNDS:-3}" cuda_rpc $path
+  done
+  if mps_start "$build"; then
     step "CUDA tensors through RPC under MPS"
-    for path in cuda_ipc host; do
+    for path in ${BATON_CUDA_RPC_MPS_PATHS:-cuda_ipc cuda_ipc_host_wait host}; do
       bench_rounds "$path" "${BATON_CUDA_RPC_MPS_ROUNDS:-3}" cuda_rpc $path
     done
     mps_stop
@@ -205,7 +201,7 @@ if want cuda_rpc_bench && have cuda_rpc_bench; then
 fi
 
 if want pipeline_bench && have pipeline_bench; then
-  if mps_start; then sharing=mps; else sharing=time-sliced; fi
+  if mps_start "$build"; then sharing=mps; else sharing=time-sliced; fi
   step "pipeline_bench on the GPU ($sharing): single-process baselines, then 2 and 4 stages"
   pipeline_run $sharing || failed=1
   mps_stop
@@ -214,7 +210,7 @@ fi
 if want ps_bench && have ps_bench; then
   step "ps_bench on the GPU: single-process training (local), then 4 trainers through one server (sync, async)"
   bench_rounds time-sliced "${BATON_PS_ROUNDS:-3}" ps_run time-sliced
-  if mps_start; then
+  if mps_start "$build"; then
     bench_rounds mps "${BATON_PS_MPS_ROUNDS:-1}" ps_run mps
     mps_stop
   fi
@@ -226,7 +222,7 @@ if want probe; then
   LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
     2>"$out/probe.err" | tee "$out/probe.jsonl"
   tail -3 "$out/probe.err"
-  if [ "${BATON_PROBE_MPS:-1}" = 1 ] && mps_start; then
+  if [ "${BATON_PROBE_MPS:-1}" = 1 ] && mps_start "$build"; then
     step "the probe under MPS"
     LD_LIBRARY_PATH="$orig_ld" timeout 120 "$py" "$root/tools/gpu/probe_cuda_rpc.py" \
       2>>"$out/probe.err" | sed 's/^{/{"gpu_sharing": "mps", /' | tee -a "$out/probe.jsonl"

@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 dest="${1:-.gpu/debs}"
 # The -dev packages give headers and link symlinks; the others the shared
 # objects they point at and what those need beyond Ubuntu 24.04's base
-# (c-ares and RE2 for gRPC). Gloo is not here on purpose: the pip LibTorch
+# (c-ares and RE2 for gRPC), and patchelf, which the wheel's build uses
+# (tools/pybuild/baton_build.py). Gloo is not here on purpose: the pip LibTorch
 # there exports its own gloo:: symbols (see comm/README.md).
 packages=(
   libabsl-dev libabsl20220623
@@ -23,6 +24,7 @@ packages=(
   libgtest-dev libgmock-dev
   libssl-dev libssl3
   libc-ares2 libre2-9
+  patchelf
 )
 mkdir -p "$dest"
 cd "$dest"

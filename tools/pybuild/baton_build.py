@@ -9,6 +9,12 @@ with backend-path, so it needs nothing from PyPI). It
   1. imports that interpreter's torch and configures CMakeLists.txt with
      BATON_PYTHON=ON against it (torch.utils.cmake_prefix_path); CMake refuses
      a torch whose version or C++ ABI baton does not support;
+     With a CUDA torch and a CUDA toolkit (nvcc on PATH, or under
+     $CUDA_HOME or /usr/local/cuda) it builds the CUDA configuration:
+     CUDA tensors then travel between the processes of one host through
+     CUDA IPC (docs/cuda.md). BATON_CUDA=0 or 1 overrides the choice;
+     CMAKE_ARGS (as scikit-build reads it) adds configure arguments, such as
+     -DBATON_DEPS_PREFIX=<root> for dependencies unpacked outside the system;
   2. builds baton._C and baton-run in build/pip-<torch>-<python>/ (kept, so
      that a second install compiles only what changed; BATON_BUILD_DIR or the
      config setting build-dir names another folder);
@@ -28,7 +34,9 @@ import csv
 import hashlib
 import io
 import os
+import glob
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -76,6 +84,7 @@ def _torch():
         "release": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
         "cmake_prefix": torch.utils.cmake_prefix_path,
         "dir": os.path.dirname(os.path.abspath(torch.__file__)),
+        "cuda": torch.version.cuda,
     }
 
 
@@ -148,6 +157,50 @@ def _build_dir(torch, config_settings):
     return os.path.abspath(d)
 
 
+def _nvcc():
+    """The CUDA compiler this build would use, or None."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+            return os.path.join(home, "bin", "nvcc")
+    return None
+
+
+def _cuda_args(torch):
+    """The CUDA configuration's arguments, or [] for the CPU one. A CUDA torch
+    gets it where a toolkit is found; BATON_CUDA=1 insists, BATON_CUDA=0
+    declines."""
+    want = os.environ.get("BATON_CUDA", "auto").lower()
+    if want not in ("auto", "0", "1"):
+        raise BuildError(f"BATON_CUDA={want!r}: expected 0, 1 or unset (auto)")
+    if want == "0":
+        return []
+    nvcc = _nvcc()
+    if torch["cuda"] is None or nvcc is None:
+        if want == "1":
+            raise BuildError(
+                "BATON_CUDA=1, but " + ("this torch is a CPU build" if torch["cuda"] is None
+                                        else "no CUDA toolkit was found (nvcc on PATH, "
+                                        "$CUDA_HOME or /usr/local/cuda)"))
+        why = "a CPU torch" if torch["cuda"] is None else "no CUDA toolkit (nvcc) found"
+        print(f"baton_build: the CPU configuration ({why}); CUDA tensors, if any, travel "
+              "through host memory", file=sys.stderr)
+        return []
+    # The NCCL that this torch loads (pip's nvidia-nccl beside it), whose
+    # header the CUDA configuration compiles against.
+    site = os.path.dirname(torch["dir"])
+    headers = sorted(glob.glob(os.path.join(site, "nvidia", "**", "include", "nccl.h"),
+                               recursive=True))
+    args = ["-DBATON_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DTORCH_SITE={torch['dir']}"]
+    if headers:
+        args.append(f"-DNCCL_ROOT={os.path.dirname(os.path.dirname(headers[0]))}")
+    print(f"baton_build: the CUDA configuration (torch CUDA {torch['cuda']}, {nvcc})",
+          file=sys.stderr)
+    return args
+
+
 def _cmake_build(torch, build):
     for tool in ("cmake", "ninja", "patchelf"):
         if shutil.which(tool) is None:
@@ -157,7 +210,8 @@ def _cmake_build(torch, build):
         _run(["cmake", "-G", "Ninja", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
               "-DBATON_PYTHON=ON", "-DBATON_GLOO=OFF",
               f"-DPython3_EXECUTABLE={sys.executable}",
-              f"-DCMAKE_PREFIX_PATH={torch['cmake_prefix']}"])
+              f"-DCMAKE_PREFIX_PATH={torch['cmake_prefix']}",
+              *_cuda_args(torch), *shlex.split(os.environ.get("CMAKE_ARGS", ""))])
     jobs = os.environ.get("BATON_BUILD_JOBS", str(os.cpu_count() or 1))
     _run(["ninja", "-C", build, f"-j{jobs}", "baton_python", "baton-run"])
 
@@ -174,12 +228,35 @@ def ldd(path, library_path):
             re.finditer(r"^\s*(\S+)\s+=>\s+(.*?)(?:\s+\(0x[0-9a-f]+\))?$", out.stdout, re.M)]
 
 
+# The GPU driver's library: the machine's, never bundled, and absent from a
+# build machine without a GPU.
+DRIVER_LIBS = re.compile(r"^libcuda\.so")
+
+
+def _torch_wheel_lib(soname, torch):
+    """The folder in site-packages where torch's wheel keeps `soname` (the
+    CUDA runtime of pip's nvidia-* packages, say), or None."""
+    site = os.path.dirname(torch["dir"])
+    found = sorted(glob.glob(os.path.join(site, "nvidia", "**", "lib", soname), recursive=True))
+    return os.path.dirname(found[0]) if found else None
+
+
+def _needed(path):
+    """The libraries `path` names itself (DT_NEEDED), not what they load."""
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True)
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out.stdout)
+
+
 def _ldd(path, torch):
     """ldd with torch's libraries found where torch keeps them; a library
-    this machine lacks stops the build."""
-    libs = ldd(path, os.path.join(torch["dir"], "lib"))
+    this machine lacks stops the build (but the GPU driver's, and what
+    torch's wheel provides)."""
+    search = os.pathsep.join(p for p in (os.path.join(torch["dir"], "lib"),
+                                         os.environ.get("LD_LIBRARY_PATH")) if p)
+    libs = ldd(path, search)
     for soname, resolved in libs:
-        if resolved == "not found":
+        if resolved == "not found" and not DRIVER_LIBS.match(soname) and \
+                _torch_wheel_lib(soname, torch) is None:
             raise BuildError(f"{os.path.basename(path)} needs {soname}, which this "
                              f"machine does not have")
     return libs
@@ -202,7 +279,8 @@ def _bundle(stage, binaries, torch):
     bundled = {}
     for binary in binaries:
         for soname, path in _ldd(binary, torch):
-            if SYSTEM_LIBS.match(soname) or _is_torch_lib(path, torch):
+            if (SYSTEM_LIBS.match(soname) or DRIVER_LIBS.match(soname) or
+                    _is_torch_lib(path, torch) or _torch_wheel_lib(soname, torch)):
                 continue
             bundled[soname] = path
     for soname, path in sorted(bundled.items()):
@@ -232,8 +310,17 @@ def _stage(torch, build, stage):
     _run(["strip", "--strip-unneeded", module, launcher])
     bundled = _bundle(stage, [module, launcher], torch)
     # The extension finds the bundled libraries, then torch's beside it in
-    # site-packages (torch, imported first, has loaded them already).
-    _run(["patchelf", "--set-rpath", "$ORIGIN/_libs:$ORIGIN/../torch/lib", module])
+    # site-packages (torch, imported first, has loaded them already), and
+    # what it loads from torch's wheel (the CUDA runtime) where that keeps it.
+    site = os.path.dirname(torch["dir"])
+    rpath = ["$ORIGIN/_libs", "$ORIGIN/../torch/lib"]
+    for soname in _needed(module):
+        wheel_dir = _torch_wheel_lib(soname, torch)
+        if wheel_dir is not None:
+            entry = "$ORIGIN/../" + os.path.relpath(wheel_dir, site)
+            if entry not in rpath:
+                rpath.append(entry)
+    _run(["patchelf", "--set-rpath", ":".join(rpath), module])
     _run(["patchelf", "--set-rpath", "$ORIGIN/../_libs", launcher])
     print(f"baton_build: bundled {len(bundled)} libraries: {' '.join(bundled)}",
           file=sys.stderr)

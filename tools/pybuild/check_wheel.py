@@ -91,6 +91,9 @@ def main():
     ap.add_argument("--python", required=True, help="the interpreter the wheel is installed in")
     ap.add_argument("command", nargs="*", help="run in the namespace after the import")
     args = ap.parse_args()
+    # A bare name ("python3") as the shell finds it: its libraries must be
+    # known (the interpreter's own are never hidden).
+    args.python = shutil.which(args.python) or args.python
     probe = subprocess.run([args.python, "-c", PROBE], capture_output=True, text=True)
     if probe.returncode != 0:
         print(f"check_wheel: FAILED: import baton failed:\n{probe.stderr}", file=sys.stderr)

@@ -8,6 +8,7 @@ import collections
 import contextlib
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -76,7 +77,17 @@ class RpcBackendOptions:
             raise TypeError(f"unknown RPC backend options: {sorted(kwargs)}")
 
     def set_device_map(self, to, device_map):
-        self.device_maps[to] = dict(device_map)
+        """Adds to the map for worker `to`, as torch's does: keys and values
+        become torch.device (a negative index raises torch's RuntimeError),
+        and a device mapped to two devices raises ValueError."""
+        added = {torch.device(k): torch.device(v) for k, v in dict(device_map).items()}
+        current = {torch.device(k): torch.device(v)
+                   for k, v in dict(self.device_maps.get(to, {})).items()}
+        for k, v in added.items():
+            if k in current and current[k] != v:
+                raise ValueError(f"`set_device_map` only supports 1-to-1 mapping, trying to map "
+                                 f"{k} to {v} and {current[k]}")
+        self.device_maps[to] = {**current, **added}
 
     def set_devices(self, devices):
         self.devices = list(devices)
@@ -92,9 +103,72 @@ def _cuda_index(device, to):
         return device
     d = torch.device(device)
     if d.type != "cuda" or d.index is None:
-        raise ValueError(f"device map for {to!r}: {device!r} is not a CUDA device with an index "
+        raise ValueError(f"device map for {to!r}: '{d}' is not a CUDA device with an index "
                          "(use an int, 'cuda:N' or torch.device('cuda', N))")
     return d.index
+
+
+def _is_cpu(device):
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
+
+
+def _device_map(to, device_map, self_name):
+    """A device map as the agent takes it, CUDA index to CUDA index. Entries
+    that say what happens anyway are dropped: CPU to CPU (torch accepts
+    {"cpu": "cpu"}), and a device to itself in a map for this very worker
+    (a call to itself keeps its devices). A CPU tensor landing on a GPU, or
+    the other way, is refused by _cuda_index."""
+    out = {}
+    for k, v in dict(device_map).items():
+        if _is_cpu(k) and _is_cpu(v):
+            continue
+        k, v = _cuda_index(k, to), _cuda_index(v, to)
+        if not (to == self_name and k == v):
+            out[k] = v
+    return out
+
+
+def _share_torch_store_port(config, host, port):
+    """torch.distributed's process group and baton's RPC told to meet at the
+    same MASTER_PORT (pytorch/examples' batch parameter server calls
+    init_process_group, then init_rpc, with one MASTER_ADDR and MASTER_PORT):
+    torch's TCPStore already serves that port in rank 0's process, where
+    torch's own RPC shares it. baton's store takes another port instead: rank
+    0 picks a free one and passes it to the others through torch's store,
+    under a key of this init round. Applies only where this process's
+    default process group has a TCPStore on that very port."""
+    try:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        store = dist.distributed_c10d._get_default_store()
+    except (ImportError, AttributeError, RuntimeError):
+        return
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    if port is None:
+        port = os.environ.get("MASTER_PORT")
+    rank = config.rank if config.rank is not None else os.environ.get("RANK")
+    if port is None or rank is None or getattr(store, "port", None) != int(port):
+        return
+    global _torch_store_rounds
+    _torch_store_rounds += 1
+    key = f"baton/rpc_store_port/{_torch_store_rounds}"
+    if int(rank) == 0:
+        addr = config.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+            s.bind(("127.0.0.1" if addr == "localhost" else addr, 0))
+            free = s.getsockname()[1]
+        store.set(key, str(free))
+        config.master_port = free
+    else:
+        config.master_port = int(store.get(key))
+    if host is None and config.master_addr is None:
+        config.master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+# init_rpc calls that met through torch's store, in this process.
+_torch_store_rounds = 0
 
 
 _WORKER_NAME = re.compile(r"[A-Za-z0-9_.:-]*")
@@ -226,9 +300,13 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         config.master_addr = "127.0.0.1"
     if options.rpc_timeout is not None:
         config.rpc_timeout = float(options.rpc_timeout)
-    config.device_maps = {
-        str(to): {_cuda_index(k, to): _cuda_index(v, to) for k, v in dict(m).items()}
-        for to, m in options.device_maps.items()}
+    device_maps = {}
+    for to, m in options.device_maps.items():
+        mapped = _device_map(to, m, name)
+        if mapped or to != name:  # a map for itself that kept every device is no map
+            device_maps[str(to)] = mapped
+    config.device_maps = device_maps
+    _share_torch_store_port(config, host, port)
     for field in ("init_timeout", "shutdown_timeout", "restart_wait", "shutdown_wait_for_peers"):
         value = getattr(options, field, None)
         if value is not None:
@@ -241,6 +319,7 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         _initializing.set()
         try:
             _agent = _C.Agent.create(config, _pickle.dumps, _run)
+            _errors.SELF_NAME = _agent.self_info()[0]
             # This worker's own profiler events carry its id (torch's
             # _set_profiler_node_id).
             _C.profiler_set_node_id(_agent.self_info()[1])
@@ -649,14 +728,35 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
         return _profiled(RPCExecMode.SYNC, agent, to, func, args, kwargs, timeout).wait()
     future = _invoke(agent, to, func, args, kwargs, timeout)
     try:
-        return _value_of(future.wait())
+        value = _value_of(future.wait())
     except _C.StatusError as e:
         raise _errors.translate(e, _describe_to(agent, to), _name_of(func)) from None
+    _wait_for_received_cuda_tensors()
+    return value
+
+
+def _cuda_devices():
+    """The CUDA devices of this process, once it uses CUDA: a received CUDA
+    tensor is copied on its device's default stream (docs/cuda.md)."""
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+
+
+def _wait_for_received_cuda_tensors():
+    """Makes the current stream, where it is not the default one, wait for
+    the copies of received CUDA tensors (torch's CUDA futures do the same in
+    wait())."""
+    if torch.cuda.is_initialized():
+        current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
+        if current != default:
+            current.wait_stream(default)
 
 
 def _torch_future(cfuture, worker, function):
-    """A torch.futures.Future completed (on baton's executor) with cfuture's value."""
-    out = torch.futures.Future()
+    """A torch.futures.Future completed (on baton's executor) with cfuture's
+    value. Where this process uses CUDA it is a CUDA future: its wait() makes
+    the waiter's current streams wait for the copies of received CUDA
+    tensors."""
+    out = torch.futures.Future(devices=_cuda_devices())
 
     def complete():
         try:
@@ -729,7 +829,10 @@ def _as_cfuture(result, what):
 
         def settle(fut):
             try:
-                value = fut.value()
+                # wait(), not value(): a CUDA future's result is ready only
+                # in its streams' order, and this thread's current streams
+                # (where the reply is encoded) must wait for them.
+                value = fut.wait()
             except BaseException as e:  # noqa: BLE001  (the exception fails the call)
                 cfuture.set_error(*_errors.status_of(e))
             else:
