@@ -15,7 +15,7 @@ if [ $# -gt 0 ]; then
   FILES=("$@")
 else
   # The libraries (not tests, benches or examples). The CUDA-only ones
-  # (the NCCL backend, the CUDA IPC channel) are checked against the CUDA 13
+  # (the NCCL backend, DataParallel, the CUDA IPC channel) are checked against the CUDA 13
   # headers and the CPU LibTorch's c10/cuda headers (comm/cuda/compat).
   mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' 'rpc/testing/*.cc' \
     'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
@@ -26,7 +26,8 @@ fi
 check() {
   local cuda=()
   case "$1" in
-    comm/nccl_backend.cc|rpc/cuda/*) cuda=(-isystem /usr/local/cuda/include -I comm/cuda/compat) ;;
+    comm/nccl_backend.cc|comm/data_parallel.cc|rpc/cuda/*)
+      cuda=(-isystem /usr/local/cuda/include -I comm/cuda/compat) ;;
   esac
   clang++ -std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety \
     -Wno-unknown-warning-option -I. -I"$GEN" -isystem /usr/include/torch/csrc/api/include \

@@ -8,6 +8,12 @@
 //                        (forward, backward, SGD step, device synchronize)
 //   ddp_step_us          the same step under DDP over the NCCL group
 //   ddp_overhead         ddp_step_us / plain_step_us
+//   dp_step_us           the same step through DataParallel over every GPU
+//                        this process sees (comm/data_parallel.h)
+//   dp_overhead          dp_step_us / plain_step_us
+//   gpus                 how many GPUs that is: with one, DataParallel runs
+//                        the module on it directly, so dp_overhead shows only
+//                        the wrapper's per-step cost, not its scaling
 //
 //   nccl_latency_bench [--iters 2000]
 //
@@ -25,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/data_parallel.h"
 #include "comm/ddp.h"
 #include "comm/nccl_backend.h"
 #include "comm/process_group.h"
@@ -32,6 +39,7 @@
 
 namespace {
 
+using baton::comm::DataParallel;
 using baton::comm::DistributedDataParallel;
 using baton::comm::ProcessGroup;
 using baton::comm::WorkPtr;
@@ -61,8 +69,10 @@ void Report(const std::string& metric, double value, const std::string& unit) {
   std::fflush(stdout);
 }
 
-struct Mlp : torch::nn::Module {
-  Mlp() {
+// Cloneable: DataParallel replicates it onto each GPU.
+struct Mlp : torch::nn::Cloneable<Mlp> {
+  Mlp() { reset(); }
+  void reset() override {
     fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
     fc2 = register_module("fc2", torch::nn::Linear(1024, 1024));
     fc3 = register_module("fc3", torch::nn::Linear(1024, 10));
@@ -73,8 +83,10 @@ struct Mlp : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
-// Median step time of `model` (the DDP wrapper, if any, hooks its backward).
-double StepUs(Mlp& model, int iters) {
+// Median step time of `model` through `forward` (the DDP wrapper, if any,
+// hooks its backward).
+template <typename Forward>
+double StepUs(Mlp& model, int iters, Forward forward) {
   torch::optim::SGD opt(model.parameters(), 0.01);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   torch::Tensor x = torch::randn({64, 784}, cuda);
@@ -83,7 +95,7 @@ double StepUs(Mlp& model, int iters) {
   for (int i = 0; i < iters + 20; ++i) {
     const double t0 = NowUs();
     opt.zero_grad();
-    torch::nn::functional::cross_entropy(model.forward(x), y).backward();
+    torch::nn::functional::cross_entropy(forward(x), y).backward();
     opt.step();
     cudaDeviceSynchronize();
     if (i >= 20) times.push_back(NowUs() - t0);
@@ -135,16 +147,33 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   auto plain = std::make_shared<Mlp>();
   plain->to(torch::kCUDA);
-  const double plain_us = StepUs(*plain, iters / 4);
+  const double plain_us =
+      StepUs(*plain, iters / 4, [&](const torch::Tensor& x) { return plain->forward(x); });
   torch::manual_seed(0);
   auto wrapped = std::make_shared<Mlp>();
   wrapped->to(torch::kCUDA);
   auto ddp = DistributedDataParallel::Create(wrapped, *pg);
   Check(ddp.status(), "DDP");
-  const double ddp_us = StepUs(*wrapped, iters / 4);
+  const double ddp_us =
+      StepUs(*wrapped, iters / 4, [&](const torch::Tensor& x) { return wrapped->forward(x); });
   Report("plain_step_us", plain_us, "us");
   Report("ddp_step_us", ddp_us, "us");
   Report("ddp_overhead", ddp_us / plain_us, "x");
+
+  // DataParallel over every GPU of this process, the same model and data.
+  torch::manual_seed(0);
+  auto replicated = std::make_shared<Mlp>();
+  baton::comm::DataParallelOptions dp_options;
+  for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+    dp_options.devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  auto dp = DataParallel<Mlp>::Create(replicated, dp_options);
+  Check(dp.status(), "DataParallel");
+  const double dp_us =
+      StepUs(*replicated, iters / 4, [&](const torch::Tensor& x) { return (*dp)->Forward(x); });
+  Report("gpus", static_cast<double>(dp_options.devices.size()), "");
+  Report("dp_step_us", dp_us, "us");
+  Report("dp_overhead", dp_us / plain_us, "x");
   ddp->reset();
   Check(pg->Destroy(), "destroy");
   return 0;

@@ -8,6 +8,9 @@ names, JSON lines on stdout.
   plain_step_us     median step of an MLP 784-1024-1024-10, batch 64
   ddp_step_us       the same step under torch's DistributedDataParallel
   ddp_overhead      ddp_step_us / plain_step_us
+  dp_step_us        the same step under torch.nn.DataParallel over every GPU
+  dp_overhead       dp_step_us / plain_step_us
+  gpus              how many GPUs that is
 
   python3 comm/bench/nccl_latency_peer.py [--iters 2000]
 """
@@ -87,6 +90,13 @@ def main():
         report("plain_step_us", plain, "us")
         report("ddp_step_us", wrapped, "us")
         report("ddp_overhead", wrapped / plain, "x")
+        torch.manual_seed(0)
+        gpus = torch.cuda.device_count()
+        replicated = step_us(nn.DataParallel(mlp(), device_ids=list(range(gpus))),
+                             args.iters // 4)
+        report("gpus", gpus, "")
+        report("dp_step_us", replicated, "us")
+        report("dp_overhead", replicated / plain, "x")
         dist.destroy_process_group()
 
 

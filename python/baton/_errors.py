@@ -94,7 +94,8 @@ _WIRE_CALL = re.compile(r"rpc to worker '[^']*' \(id -?\d+\), function '__baton\
 # This worker's name, set by init_rpc: a reply that could not be sent back
 # to it names it.
 SELF_NAME = None
-_NO_MAP = re.compile(r"cannot send a tensor on device \S+ to worker '([^']*)': no device map applies")
+_NO_MAP = re.compile(
+    r"cannot send a tensor on device \S+ to worker '([^']*)': no device map applies")
 
 
 def _device_map_hint(message):

@@ -1109,7 +1109,8 @@ def scenario_cuda_autograd(rank, world_size):
         expect_close(remote_b, ref.bias.detach(),
                      "worker1's bias after 3 DistributedOptimizer SGD steps vs torch.optim.SGD")
         expect_close(lw.detach(), ref_lw.detach(),
-                     "worker0's parameter after 3 DistributedOptimizer SGD steps vs torch.optim.SGD")
+                     "worker0's parameter after 3 DistributedOptimizer SGD steps vs "
+                     "torch.optim.SGD")
         print("CHECKED optimizer")
 
         # A RemoteModule on worker1's GPU, trained through remote_parameters().

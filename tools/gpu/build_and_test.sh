@@ -98,7 +98,7 @@ tail -5 "$out/configure.log"; grep -E "NCCL:|Torch" "$out/configure.log"
 
 step "build (only what the GPU steps need; -k 0, so that one run shows every error)"
 targets=(cuda_rpc_bench)
-suites=(${BATON_GPU_SUITES:-cm_process_group_test cm_ddp_test cm_cuda_rpc_test})
+suites=(${BATON_GPU_SUITES:-cm_process_group_test cm_ddp_test cm_cuda_rpc_test cm_data_parallel_test})
 want suites && targets+=("${suites[@]}")
 want nccl_bench && targets+=(nccl_latency_bench)
 want ps_bench && targets+=(ps_bench)
@@ -143,7 +143,8 @@ def load(system):
         rounds.append({r["metric"]: r["value"] for r in rows})
     return rounds
 ours, theirs = load("baton"), load("torch")
-metrics = ["op_wait_us", "queued_us_per_op", "plain_step_us", "ddp_step_us", "ddp_overhead"]
+metrics = ["op_wait_us", "queued_us_per_op", "plain_step_us", "ddp_step_us", "ddp_overhead",
+           "gpus", "dp_step_us", "dp_overhead"]
 print(f"{'metric':18} {'baton (3 rounds)':>26} {'torch (3 rounds)':>26} {'ratio b/t':>18}")
 for m in metrics:
     b = [r.get(m) for r in ours if m in r]

@@ -113,7 +113,8 @@ if [ $wheel = 1 ]; then
 fi
 
 step "C++ GPU suites (CUDA IPC with I6, the pipeline with PP9), in the same build folder"
-BATON_GPU_STEPS="suites" BATON_GPU_SUITES="cm_cuda_rpc_test cm_pipeline_stage_test" \
+BATON_GPU_STEPS="suites" \
+  BATON_GPU_SUITES="cm_cuda_rpc_test cm_pipeline_stage_test cm_data_parallel_test" \
   BATON_GPU_BUDGET_S=200 OUT= bash "$root/tools/gpu/build_and_test.sh" "$build" \
   >"$logs/cpp_suites.log" 2>&1 || failed=1
 grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|PASSED|FAILED|not built|error:" "$logs/cpp_suites.log" |

@@ -3,10 +3,12 @@
     python3 tools/pybuild/check_wheel.py --python VENV/bin/python [-- COMMAND...]
 
 1. Every ELF file of the installed package (the extension, bin/baton-run,
-   _libs/*) loads, through `ldd` with only the imported torch's lib/ on
-   LD_LIBRARY_PATH (baton imports torch before its extension, so torch's
-   libraries are the ones loaded), only libraries of three kinds: the package's own (baton/_libs), torch's (its wheel's folders
-   in site-packages), and the C and C++ runtime. Anything else (Debian's
+   _libs/*) loads, through `ldd` with only the imported torch's lib/ and its
+   wheel's CUDA libraries (site-packages/nvidia/*/lib) on LD_LIBRARY_PATH
+   (baton imports torch before its extension, so torch's libraries are the
+   ones loaded), only libraries of three kinds: the package's own
+   (baton/_libs), torch's (its wheel's folders in site-packages), and the C
+   and C++ runtime. Anything else (Debian's
    gRPC, say) means the wheel works only on machines like the build's.
 2. Then, in a private mount namespace where each system library that the
    wheel bundles is hidden (/dev/null bound over the file; not those the
@@ -29,10 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from baton_build import SYSTEM_LIBS, ldd  # noqa: E402
 
 PROBE = """
-import json, os, torch, baton
+import glob, json, os, torch, baton
+site = os.path.dirname(os.path.dirname(torch.__file__))
 print(json.dumps({"pkg": os.path.dirname(baton.__file__),
-                  "site": os.path.dirname(os.path.dirname(torch.__file__)),
-                  "torch_lib": os.path.join(os.path.dirname(torch.__file__), "lib"),
+                  "site": site,
+                  "torch_lib": os.pathsep.join(
+                      [os.path.join(os.path.dirname(torch.__file__), "lib")] +
+                      sorted(glob.glob(os.path.join(site, "nvidia", "**", "lib"), recursive=True))),
                   "torch": torch.__version__}))
 """
 
