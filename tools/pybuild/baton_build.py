@@ -31,10 +31,11 @@ machine would see it.
 """
 import base64
 import csv
+import functools
+import glob
 import hashlib
 import io
 import os
-import glob
 import re
 import shlex
 import shutil
@@ -233,12 +234,21 @@ def ldd(path, library_path):
 DRIVER_LIBS = re.compile(r"^libcuda\.so")
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_wheel_libs(site):
+    """{soname: folder} of the libraries torch's wheel brings along in
+    `site` (pip's nvidia-* packages: site-packages/nvidia/*/lib), read once."""
+    found = {}
+    for lib_dir in sorted(glob.glob(os.path.join(site, "nvidia", "**", "lib"), recursive=True)):
+        for name in sorted(os.listdir(lib_dir)):
+            found.setdefault(name, lib_dir)
+    return found
+
+
 def _torch_wheel_lib(soname, torch):
     """The folder in site-packages where torch's wheel keeps `soname` (the
     CUDA runtime of pip's nvidia-* packages, say), or None."""
-    site = os.path.dirname(torch["dir"])
-    found = sorted(glob.glob(os.path.join(site, "nvidia", "**", "lib", soname), recursive=True))
-    return os.path.dirname(found[0]) if found else None
+    return _torch_wheel_libs(os.path.dirname(torch["dir"])).get(soname)
 
 
 def _needed(path):
