@@ -17,4 +17,4 @@ export BATON_RUN="$root/launcher/baton-run"
 export BATON_CPP_PEER="$root/python/cpp_peer"
 export PYTHONDONTWRITEBYTECODE=1
 cd "$root/python/tests"
-exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -ra "$@" .
+exec /usr/bin/python3 -m pytest -p no:cacheprovider -q -ra --durations=8 "$@" .
