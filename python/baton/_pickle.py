@@ -40,6 +40,8 @@ def _script_function(qualified_name):
     module_name, _, name = path.rpartition(".")
     # TorchScript leaves __main__ out of the names of the script's functions.
     fn = getattr(importlib.import_module(module_name or "__main__"), name, None)
+    # @async_execution over @torch.jit.script: the module holds the wrapper.
+    fn = getattr(fn, "_wrapped_async_rpc_function", fn)
     if not isinstance(fn, torch.jit.ScriptFunction):
         raise pickle.UnpicklingError(f"TorchScript function {qualified_name} is not defined at "
                                      f"the top level of module {module_name}")

@@ -39,6 +39,7 @@
 #include "python/src/hosted_optimizer.h"
 #include "python/src/profiler.h"
 #include "python/src/py_value.h"
+#include "python/src/torch_agent.h"
 #include "python/src/torch_future.h"
 #include "rl/cartpole.h"
 #include "rpc/agent.h"
@@ -377,6 +378,9 @@ class PyAgent {
     self->installers_ = config.installers;
     Check(dist_autograd::Install(*self->registry_));
     Check(InstallOptimizerHost(*self->registry_));
+    auto torch_host = TorchAgentHost::Install(*self->registry_);
+    Check(torch_host.status());
+    self->torch_ = *std::move(torch_host);
     PyRef runner(std::move(run));
     Check(self->registry_->Register(
         kPyCall, [runner, runtime](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
@@ -415,7 +419,14 @@ class PyAgent {
   ~PyAgent() {
     // Threads of the agent may wait for the GIL: let them finish.
     py::gil_scoped_release nogil;
+    torch_->Stop().IgnoreError();  // it calls through agent_
     agent_.reset();
+  }
+
+  // Drop-in mode: torch's current RPC agent becomes this agent's (what
+  // TorchScript's RPC operators call; python/src/torch_agent.h).
+  void StartTorchAgent(double rpc_timeout_s) {
+    Check(torch_->Start(&agent(), absl::Seconds(rpc_timeout_s)));
   }
 
   rpc::RpcAgent& agent() const {
@@ -514,6 +525,10 @@ class PyAgent {
     {
       py::gil_scoped_release nogil;
       s = agent_->Shutdown(graceful);
+      // After the shutdown agreement (no scripted call is coming), before
+      // the agent it calls through goes.
+      absl::Status torch_stopped = torch_->Stop();
+      if (s.ok()) s = torch_stopped;
       for (const auto& installer : installers_) {
         absl::Status stopped = installer->Stop();
         if (s.ok()) s = stopped;
@@ -638,6 +653,7 @@ class PyAgent {
   std::shared_ptr<rpc::FunctionRegistry> registry_;
   std::vector<std::shared_ptr<RegistryInstaller>> installers_;
   std::shared_ptr<rref::RRefService> rrefs_;
+  std::shared_ptr<TorchAgentHost> torch_;
   std::unique_ptr<rpc::RpcAgent> agent_;
 };
 
@@ -911,6 +927,7 @@ PYBIND11_MODULE(_C, m) {
       .def("workers", &PyAgent::Workers)
       .def("incarnation", &PyAgent::Incarnation)
       .def("shutdown", &PyAgent::Shutdown)
+      .def("start_torch_agent", &PyAgent::StartTorchAgent, py::arg("rpc_timeout"))
       .def("rref_state", &PyAgent::RRefState)
       .def("rref_debug_counts", &PyAgent::RRefDebugCounts)
       .def("settle_rrefs", &PyAgent::SettleRRefs)

@@ -172,7 +172,8 @@ def test_rl_example_learns_cartpole_with_batched_async_execution():
 def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     """`python3 -m baton.torch_rpc PROGRAM`: a program that imports only
     torch.distributed.rpc, .autograd and .optim runs on baton, in its
-    spawned workers too, and computes what it computes under torch."""
+    spawned workers too, and computes what it computes under torch,
+    TorchScript functions that call rpc_async and remote included."""
     program = os.path.join(harness.HERE, "torch_rpc_program.py")
     out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc", program],
                          env=harness.env_for(), capture_output=True, text=True, timeout=120)
@@ -181,6 +182,9 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     assert "MODULE baton.rpc baton.distributed.autograd baton.distributed.optim" in text, text
     assert "SYNC 9.0" in text and "ASYNC 16.0" in text, text
     assert "TRAINED 4.5" in text, text  # w = 2 - 0.5 * 1 on each of 3 entries
+    # TorchScript's own rpc_async and remote, and a scripted callee's error.
+    assert "SCRIPT RPC_ASYNC 10.0" in text and "SCRIPT REMOTE 6.0" in text, text
+    assert "SCRIPT ERROR True" in text, text
     assert "PROGRAM OK" in text, text
 
 

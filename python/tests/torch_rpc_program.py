@@ -2,7 +2,10 @@
 the drop-in test (test_rpc.py) runs it unchanged with
 `python3 -m baton.torch_rpc`. It starts its two workers as torch's tutorials
 do (torch.multiprocessing.spawn), so they get drop-in mode from the
-environment, and prints what it checks.
+environment, and prints what it checks: Python calls, an RRef, distributed
+autograd and the optimizer, and TorchScript code that calls rpc_async and
+remote itself (TorchScript's RPC operators, served by torch's C++ agent
+interface, which baton implements in drop-in mode).
 """
 import os
 import sys
@@ -30,6 +33,35 @@ class Table:
         return [rpc.RRef(self.w)]
 
 
+@torch.jit.script
+def script_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+@torch.jit.script
+def script_fail(x: torch.Tensor) -> torch.Tensor:
+    if bool(x.sum() > 0):
+        raise RuntimeError("scripted failure on the callee")
+    return x
+
+
+@torch.jit.script
+def rpc_async_in_script(dst: str, x: torch.Tensor) -> torch.Tensor:
+    fut = rpc.rpc_async(dst, script_add, (x, x))
+    return fut.wait()
+
+
+@torch.jit.script
+def remote_in_script(dst: str, x: torch.Tensor) -> torch.Tensor:
+    rref = rpc.remote(dst, script_add, (x, torch.ones(1)))
+    return rref.to_here()
+
+
+@torch.jit.script
+def failing_call_in_script(dst: str, x: torch.Tensor) -> torch.Tensor:
+    return rpc.rpc_async(dst, script_fail, (x,)).wait()
+
+
 def run(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -51,6 +83,14 @@ def run(rank, world_size, port):
             opt.step(ctx)
         # d(sum(w * 1))/dw = 1; w = 2 - 0.5 * 1
         print("TRAINED", table.rpc_sync().forward(torch.ones(3)).item(), flush=True)
+        print("SCRIPT RPC_ASYNC", rpc_async_in_script("worker1", torch.tensor([5.0])).item(),
+              flush=True)
+        print("SCRIPT REMOTE", remote_in_script("worker1", torch.tensor([5.0])).item(), flush=True)
+        try:
+            failing_call_in_script("worker1", torch.ones(1))
+            print("SCRIPT ERROR none", flush=True)
+        except RuntimeError as e:
+            print("SCRIPT ERROR", "scripted failure on the callee" in str(e), flush=True)
     rpc.shutdown()
 
 

@@ -20,6 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "pipeline/model.h"
 #include "pipeline/schedule.h"
 
@@ -93,12 +95,19 @@ class LocalPipeline {
   }
 
   // Runs one step on every worker not in `skip`; a worker that fails aborts
-  // the others (as the driver does). Returns the loss or the first error.
+  // the others (as the driver does). Returns the loss, or, as the driver
+  // reports a failed step, every failed worker's error, causes first: a
+  // worker whose send was refused because its neighbour had already ended
+  // the step (FAILED_PRECONDITION "already ended") failed because of that
+  // neighbour's failure, whichever thread noticed first. The code is the
+  // first cause's.
   absl::StatusOr<double> Step(int64_t step, const Batch& b, std::vector<int> skip = {},
                               absl::Duration timeout = absl::Seconds(20)) {
     const int p = schedule_.spec.workers;
     const int last = schedule_.spec.worker_of(schedule_.spec.stages() - 1);
     std::vector<absl::StatusOr<StepReport>> results(p, absl::UnknownError("not run"));
+    absl::Mutex failed_mu;
+    std::vector<int> failed;  // in the order the workers failed
     std::vector<std::thread> threads;
     const absl::Time deadline = absl::Now() + timeout;
     for (int w = 0; w < p; ++w) {
@@ -108,6 +117,10 @@ class LocalPipeline {
                       deadline};
         results[w] = runners_[w]->RunStep(in, *link_);
         if (!results[w].ok()) {
+          {
+            absl::MutexLock lock(&failed_mu);
+            failed.push_back(w);
+          }
           for (int o = 0; o < p; ++o) {
             if (o != w) runners_[o]->Abort(step, results[w].status());
           }
@@ -116,9 +129,20 @@ class LocalPipeline {
     }
     for (auto& t : threads) t.join();
     reports_.clear();
+    if (!failed.empty()) {
+      std::stable_partition(failed.begin(), failed.end(), [&](int w) {
+        const absl::Status& st = results[w].status();
+        return !(absl::IsFailedPrecondition(st) &&
+                 absl::StrContains(st.message(), "already ended on pipeline worker"));
+      });
+      std::vector<std::string> parts;
+      for (int w : failed) {
+        parts.push_back(absl::StrCat("pipeline worker ", w, ": ", results[w].status().ToString()));
+      }
+      return absl::Status(results[failed.front()].status().code(), absl::StrJoin(parts, "; "));
+    }
     for (int w = 0; w < p; ++w) {
       if (std::find(skip.begin(), skip.end(), w) != skip.end()) continue;
-      if (!results[w].ok()) return results[w].status();
       reports_.push_back(*results[w]);
     }
     double loss = 0;

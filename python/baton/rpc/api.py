@@ -18,6 +18,7 @@ from typing import Any, Dict, Generic, Iterable, Optional, TypeVar
 import torch
 
 from baton import _C, _errors, _pickle
+from baton import torch_rpc as _torch_rpc
 from baton._errors import (  # noqa: F401
     RemoteException, RpcError, RpcRuntimeError, RpcTimeoutError, WorkerUnavailableError)
 from baton.rpc import _profiling, functions  # noqa: F401
@@ -325,6 +326,13 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
             _C.profiler_set_node_id(_agent.self_info()[1])
             _set_rpc_timeout(DEFAULT_RPC_TIMEOUT_SEC if options.rpc_timeout is None
                              else options.rpc_timeout)
+            if _torch_rpc.installed():
+                # TorchScript's RPC operators call torch's C++ agent, which
+                # drop-in mode makes this one (python/src/torch_agent.h).
+                _agent.start_torch_agent(_rpc_timeout)
+                # Scripted calls consult torch's own distributed-autograd
+                # container (torch's init_rpc initializes it too).
+                torch._C._distributed_autograd._init(_agent.self_info()[1])
         except _C.StatusError as e:
             raise _errors.translate(e) from None
         finally:
@@ -617,6 +625,8 @@ def _name_of(func):
         return func.name
     if isinstance(func, torch.jit.ScriptFunction):
         return func.qualified_name
+    if isinstance(func, _AsyncScript):
+        return func.fn.qualified_name
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if qualname is None:
@@ -633,11 +643,52 @@ def _describe_to(agent, to):
         return str(to)
 
 
+class _AsyncScript:
+    """An @async_execution TorchScript function as it travels: the script
+    function itself (sent by its qualified name, as torch sends it), run on
+    the callee as an async_execution function."""
+
+    _baton_async_execution = True
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        result = self.fn(*args, **kwargs)
+        if not isinstance(result, torch._C.Future):
+            # TorchScript's phrase for the same mistake under torch.
+            kind = "Tensor" if isinstance(result, torch.Tensor) else type(result).__name__
+            raise RuntimeError(f"Async functions must return an IValue of Future type, but got "
+                               f"{kind}")
+        return result
+
+
+def _check_script_args(func, args, kwargs):
+    """A TorchScript function's arguments against its schema, on the caller
+    (torch refuses them before sending, remote() included), in torch's words."""
+    schema = func.schema
+    params = schema.arguments
+    if len(args) > len(params):
+        raise RuntimeError(f"{func.name}() expected at most {len(params)} argument(s) but "
+                           f"received {len(args)} argument(s). Declaration: {schema}")
+    names = {a.name for a in params}
+    for key in kwargs:
+        if key not in names:
+            raise RuntimeError(f"Unknown keyword argument '{key}' for operator '{func.name}'. "
+                               f"Schema: {schema}")
+
+
 def _pack(func, args, kwargs):
     args = tuple(args) if args is not None else ()
     kwargs = dict(kwargs) if kwargs is not None else {}
     if not callable(func):
         raise TypeError(f"{func!r} is not callable")
+    wrapped = getattr(func, "_wrapped_async_rpc_function", None)
+    if isinstance(wrapped, torch.jit.ScriptFunction):
+        _check_script_args(wrapped, args, kwargs)
+        func = _AsyncScript(wrapped)
+    elif isinstance(func, torch.jit.ScriptFunction):
+        _check_script_args(func, args, kwargs)
     pickler = _default_pickler
     if pickler is _internal_rpc_pickler:
         return pickler._serialize_call(func, args, kwargs)
@@ -910,6 +961,11 @@ class RRef(Generic[T]):
     """
 
     def __init__(self, value, type_hint=None):
+        if isinstance(value, torch.jit.ScriptModule) and type_hint is None:
+            # torch's check and phrase: scripted code sees the module through
+            # its interface.
+            raise RuntimeError("The RRef being created contains a ScriptModule, must provide "
+                               "its ModuleInterface type hint.")
         self._c = _current().make_owned(value)
         self._what = type(value).__name__
 
@@ -1044,6 +1100,13 @@ def _rref_typeof_on_owner(rref):
     """On an RRef's owner: its value's type (torch's function of the same
     name, which profiles name the call after)."""
     return type(rref.local_value())
+
+
+def _rref_typeof_on_user(rref, timeout=UNSET_RPC_TIMEOUT, blocking=True):
+    """On an RRef's user: its value's type, asked of the owner (torch's
+    function of the same name)."""
+    fut = rpc_async(rref.owner(), _rref_typeof_on_owner, args=(rref,), timeout=timeout)
+    return fut.wait() if blocking else fut
 
 
 def _backward_on_owner(rref, context_id, retain_graph):

@@ -1,8 +1,12 @@
 """torch.distributed.rpc.internal: the names programs and tests import from
 it that baton implements (the execution modes, the profiling key, the
-Python function record)."""
+Python function record), and the functions torch's C++ RPC handler looks up
+here when drop-in mode makes baton torch's RPC agent (serialize,
+deserialize, _run_function, _handle_exception; python/src/torch_agent.h)."""
 import collections
 import enum
+import sys
+import traceback
 from typing import Any, List, Tuple
 
 import torch
@@ -11,7 +15,8 @@ from baton import _pickle
 from baton._errors import RemoteException  # noqa: F401
 
 __all__ = ["RPCExecMode", "PythonUDF", "RemoteException", "_build_rpc_profiling_key",
-           "_InternalRPCPickler", "_internal_rpc_pickler"]
+           "_InternalRPCPickler", "_internal_rpc_pickler", "serialize", "deserialize",
+           "_run_function", "_handle_exception"]
 
 
 class RPCExecMode(enum.Enum):
@@ -54,3 +59,32 @@ class _InternalRPCPickler:
 
 
 _internal_rpc_pickler = _InternalRPCPickler()
+
+
+# torch's C++ handler (PythonRpcHandler) takes these by name when it starts.
+serialize = _internal_rpc_pickler.serialize
+deserialize = _internal_rpc_pickler.deserialize
+
+
+def _run_function(python_udf: Any) -> Any:
+    """Runs a PythonUDF for torch's handler: its result, or a
+    RemoteException that names this worker and carries the traceback."""
+    try:
+        if isinstance(python_udf, AttributeError):
+            raise python_udf
+        return python_udf.func(*python_udf.args, **python_udf.kwargs)
+    except Exception as e:  # noqa: BLE001 (travels to the caller)
+        from baton.rpc.api import get_worker_info
+        text = f"On {get_worker_info()}:\n{e!r}\n{traceback.format_exc()}"
+        print(text, file=sys.stderr)
+        return _RemoteFailure(text, type(e))
+
+
+# A Python function's failure as torch's handler passes it back.
+_RemoteFailure = collections.namedtuple("_RemoteFailure", ["msg", "exception_type"])
+
+
+def _handle_exception(result: Any) -> None:
+    """Raises the exception a failed _run_function result stands for."""
+    if isinstance(result, _RemoteFailure):
+        raise result.exception_type(result.msg)

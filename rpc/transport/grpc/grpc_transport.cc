@@ -350,8 +350,18 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
     StartCall();
   }
 
-  bool Send(std::vector<grpc::Slice> slices, size_t bytes) {
-    return outbox_->Send(std::move(slices), bytes);
+  // True when the frame is this stream's to deliver or to account for:
+  // written or queued, or refused by an outbox that closed while the stream
+  // has not reported its end yet (the ending, OnStreamClosed or
+  // OnStreamRefused with the real cause, covers the frame: a refused token
+  // closes the outbox before OnDone brings UNAUTHENTICATED). False once the
+  // end was reported; `*ended` is then its cause.
+  bool Send(std::vector<grpc::Slice> slices, size_t bytes, absl::Status* ended) {
+    if (outbox_->Send(std::move(slices), bytes)) return true;
+    absl::MutexLock lock(&end_mu_);
+    if (!end_reported_) return true;
+    *ended = end_cause_;
+    return false;
   }
   void Close(bool cancel) {
     outbox_->Close();
@@ -386,6 +396,13 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   void OnDone(const grpc::Status& status) override {
     absl::Status cause = parse_error_.ok() ? FromGrpcStatus(status) : parse_error_;
     if (cause.ok()) cause = absl::UnavailableError("stream closed");
+    {
+      // Before the report: a Send() that sees the end not reported yet can
+      // count on it.
+      absl::MutexLock lock(&end_mu_);
+      end_reported_ = true;
+      end_cause_ = cause;
+    }
     // Every reaction ran before OnDone: accepted_ is final.
     done_(peer_, id_, cause, accepted_);
     self_.reset();  // may delete this
@@ -401,6 +418,9 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   std::unique_ptr<Outbox> outbox_;
   absl::Status parse_error_;
   bool accepted_ = false;
+  absl::Mutex end_mu_;
+  bool end_reported_ ABSL_GUARDED_BY(end_mu_) = false;
+  absl::Status end_cause_ ABSL_GUARDED_BY(end_mu_);
   std::shared_ptr<ClientStream> self_;
 };
 
@@ -588,12 +608,16 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
     }
     stream = it->second.stream;
   }
-  if (stream->Send(std::move(slices), bytes)) return stream->id();
-  // The stream is ending (its peer went away); the next call opens a new one.
+  absl::Status ended;
+  if (stream->Send(std::move(slices), bytes, &ended)) return stream->id();
+  // The stream ended (its peer went away, or refused it); the next call
+  // opens a new one.
   absl::MutexLock lock(&mu_);
   auto it = peers_.find(peer);
   if (it != peers_.end() && it->second.stream == stream) it->second.stream.reset();
-  return absl::UnavailableError("the stream to the peer closed");
+  return absl::Status(
+      absl::IsUnauthenticated(ended) ? ended.code() : absl::StatusCode::kUnavailable,
+      absl::StrCat("the stream to the peer closed: ", ended.message()));
 }
 
 void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& cause,

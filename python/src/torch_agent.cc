@@ -1,0 +1,225 @@
+#include "python/src/torch_agent.h"
+
+#include <chrono>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/rpc/message.h>
+#include <torch/csrc/distributed/rpc/python_rpc_handler.h>
+#include <torch/csrc/distributed/rpc/request_callback_impl.h>
+#include <torch/csrc/distributed/rpc/rpc_agent.h>
+#include <torch/csrc/distributed/rpc/rref_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/future.h"
+
+namespace baton::python {
+namespace {
+
+namespace trpc = torch::distributed::rpc;
+
+// (message type, payload, tensors): a torch Message on the wire.
+using WireMessage = std::tuple<int64_t, std::string, std::vector<at::Tensor>>;
+const rpc::Function<WireMessage(int64_t, std::string, std::vector<at::Tensor>)> kTorchMessage(
+    "__baton.torch.message");
+
+trpc::WorkerInfo TorchInfo(const rpc::WorkerInfo& w) {
+  return trpc::WorkerInfo(w.name, static_cast<int64_t>(w.id));
+}
+
+// torch's wording for a call that ran past its deadline (the suites match
+// "RPC ran for more than set timeout"); baton's status text otherwise, which
+// names the worker and the cause.
+std::string TorchErrorText(const absl::Status& status, absl::Duration timeout) {
+  if (absl::IsDeadlineExceeded(status)) {
+    return absl::StrCat("RPC ran for more than set timeout (", absl::ToInt64Milliseconds(timeout),
+                        " ms) and will now be marked with an error: ", status.message());
+  }
+  return status.ToString();
+}
+
+}  // namespace
+
+class TorchAgent final : public trpc::RpcAgent {
+ public:
+  TorchAgent(rpc::RpcAgent* agent, absl::Duration rpc_timeout)
+      : trpc::RpcAgent(TorchInfo(agent->self()), std::make_unique<trpc::RequestCallbackImpl>(),
+                       std::chrono::milliseconds(absl::ToInt64Milliseconds(rpc_timeout))),
+        agent_(agent) {
+    for (const rpc::WorkerInfo& w : agent->workers()) infos_.push_back(TorchInfo(w));
+  }
+
+  c10::intrusive_ptr<trpc::JitFuture> send(const trpc::WorkerInfo& to,
+                                           c10::intrusive_ptr<trpc::Message> message,
+                                           const float timeout_s,
+                                           const trpc::DeviceMap& /*device_map*/) override {
+    TORCH_CHECK(rpcAgentRunning_.load(), "Node ", workerInfo_.id_, " tried to send() a message ",
+                "of type ", message->type(), " but RPC is no longer running on this node.");
+    absl::Duration timeout =
+        timeout_s == trpc::kUnsetRpcTimeout
+            ? absl::Milliseconds(getRpcTimeout().count())
+            : absl::Milliseconds(static_cast<int64_t>(static_cast<double>(timeout_s) * 1000));
+    if (timeout <= absl::ZeroDuration()) timeout = absl::InfiniteDuration();  // torch's 0: none
+    auto future = c10::make_intrusive<trpc::JitFuture>(at::AnyClassType::get());
+    const int64_t type = message->type();
+    std::string payload(message->payload().begin(), message->payload().end());
+    rpc::Future<WireMessage> reply = agent_->rpc_async(
+        rpc::CallOptions{timeout, "torch message"}, rpc::WorkerRef(static_cast<int>(to.id_)),
+        kTorchMessage, type, std::move(payload), message->tensors());
+    // Then: on the agent's executor, since torch's callbacks may take the GIL.
+    reply.Then([future, timeout](const rpc::Future<WireMessage>& done) {
+      const auto& r = done.result();
+      if (!r.ok()) {
+        future->setError(
+            std::make_exception_ptr(std::runtime_error(TorchErrorText(r.status(), timeout))));
+        return;
+      }
+      const auto& [reply_type, reply_payload, reply_tensors] = *r;
+      if (reply_type == trpc::MessageType::EXCEPTION) {
+        future->setError(std::make_exception_ptr(std::runtime_error(reply_payload)));
+        return;
+      }
+      auto response = c10::make_intrusive<trpc::Message>(
+          std::vector<char>(reply_payload.begin(), reply_payload.end()),
+          std::vector<at::Tensor>(reply_tensors), static_cast<trpc::MessageType>(reply_type));
+      auto storages = response->getStorages();
+      future->markCompleted(c10::IValue(std::move(response)), std::move(storages));
+    });
+    return future;
+  }
+
+  // One request from another worker's TorchAgent: torch's handler's
+  // response, or its EXCEPTION response, is the reply.
+  rpc::Future<WireMessage> Serve(int64_t type, std::string payload,
+                                 std::vector<at::Tensor> tensors) {
+    auto request = c10::make_intrusive<trpc::Message>(
+        std::vector<char>(payload.begin(), payload.end()), std::move(tensors),
+        static_cast<trpc::MessageType>(type), next_id_.fetch_add(1));
+    rpc::Promise<WireMessage> promise;
+    c10::intrusive_ptr<trpc::JitFuture> handled = (*cb_)(*request, {});
+    handled->addCallback([promise, request](trpc::JitFuture& f) {
+      if (f.hasError()) {
+        promise.SetError(absl::UnknownError(f.tryRetrieveErrorMessage()));
+        return;
+      }
+      auto response = f.value().toCustomClass<trpc::Message>();
+      const std::vector<char>& p = response->payload();
+      promise.SetValue(WireMessage{static_cast<int64_t>(response->type()),
+                                   std::string(p.begin(), p.end()), response->tensors()});
+    });
+    return promise.future();
+  }
+
+  const trpc::WorkerInfo& getWorkerInfo(const std::string& name) const override {
+    for (const trpc::WorkerInfo& w : infos_) {
+      if (w.name_ == name) return w;
+    }
+    TORCH_CHECK(false, "Unknown destination worker ", name);
+  }
+  const trpc::WorkerInfo& getWorkerInfo(trpc::worker_id_t id) const override {
+    for (const trpc::WorkerInfo& w : infos_) {
+      if (w.id_ == id) return w;
+    }
+    TORCH_CHECK(false, "Unknown destination worker ", id);
+  }
+  std::vector<trpc::WorkerInfo> getWorkerInfos() const override { return infos_; }
+  // baton's shutdown agreement joins the job (baton.rpc.shutdown).
+  void join(bool /*shutdown*/, float /*timeout*/) override {}
+  void sync() override {}
+  void startImpl() override {}
+  void shutdownImpl() override {}
+  std::unordered_map<std::string, std::string> getMetrics() override {
+    return {{"agent", "baton"}, {"world_size", std::to_string(infos_.size())}};
+  }
+
+ private:
+  void addGilWaitTime(const std::chrono::microseconds /*gil_wait*/) override {}
+
+  rpc::RpcAgent* const agent_;
+  std::vector<trpc::WorkerInfo> infos_;
+  std::atomic<int64_t> next_id_{0};
+};
+
+absl::StatusOr<std::shared_ptr<TorchAgentHost>> TorchAgentHost::Install(
+    rpc::FunctionRegistry& registry) {
+  auto host = std::make_shared<TorchAgentHost>();
+  std::weak_ptr<TorchAgentHost> weak = host;
+  absl::Status s = registry.Register(
+      kTorchMessage,
+      [weak](const rpc::CallContext& ctx, int64_t type, std::string payload,
+             std::vector<at::Tensor> tensors) -> rpc::Future<WireMessage> {
+        std::shared_ptr<TorchAgent> agent;
+        if (auto host = weak.lock()) {
+          absl::MutexLock lock(&host->mu_);
+          agent = host->agent_;
+        }
+        if (agent == nullptr) {
+          return rpc::MakeErrorFuture<WireMessage>(absl::UnavailableError(
+              absl::StrCat("a TorchScript RPC reached worker '", ctx.agent->self().name,
+                           "', where torch's RPC agent is not running (drop-in mode starts it in "
+                           "init_rpc and stops it in shutdown)")));
+        }
+        return agent->Serve(type, std::move(payload), std::move(tensors));
+      });
+  if (!s.ok()) return s;
+  return host;
+}
+
+absl::Status TorchAgentHost::Start(rpc::RpcAgent* agent, absl::Duration rpc_timeout) {
+  absl::MutexLock lock(&mu_);
+  if (agent_ != nullptr)
+    return absl::FailedPreconditionError("torch's RPC agent is started already");
+  if (trpc::RpcAgent::isCurrentRpcAgentSet()) {
+    return absl::FailedPreconditionError(
+        "torch's own RPC agent runs in this process (torch.distributed.rpc.init_rpc before "
+        "drop-in mode); baton cannot serve TorchScript's RPC beside it");
+  }
+  try {
+    auto torch_agent = std::make_shared<TorchAgent>(agent, rpc_timeout);
+    // As torch's _set_and_start_rpc_agent: scripted types by qualified name
+    // from Python's compilation unit.
+    torch_agent->setTypeResolver(
+        std::make_shared<trpc::TypeResolver>([](const c10::QualifiedName& name) {
+          auto& handler = trpc::PythonRpcHandler::getInstance();
+          return c10::StrongTypePtr(handler.jitCompilationUnit(),
+                                    handler.parseTypeFromStr(name.qualifiedName()));
+        }));
+    trpc::RpcAgent::setCurrentRpcAgent(torch_agent);
+    torch_agent->start();
+    agent_ = std::move(torch_agent);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("starting torch's RPC agent over baton: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TorchAgentHost::Stop() {
+  std::shared_ptr<TorchAgent> agent;
+  {
+    absl::MutexLock lock(&mu_);
+    agent = std::move(agent_);
+  }
+  if (agent == nullptr) return absl::OkStatus();
+  try {
+    agent->shutdown();
+    // Scripted RRefs still held are released here, as torch's shutdown()
+    // does; baton's shutdown agreement already settled the job.
+    auto released = trpc::RRefContext::getInstance().destroyInstance(/*ignoreRRefLeak=*/true);
+    if (!released.empty()) {
+      pybind11::gil_scoped_acquire gil;  // they hold Python objects
+      released.clear();
+    }
+    trpc::RpcAgent::setCurrentRpcAgent(nullptr);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("stopping torch's RPC agent: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton::python

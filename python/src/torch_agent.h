@@ -1,0 +1,74 @@
+// torch's C++ RPC agent, served by baton's agent (drop-in mode).
+//
+// TorchScript's RPC operators do not go through Python: rpc_async, rpc_sync
+// and remote called inside @torch.jit.script code, and the RRef methods of
+// scripted code, build torch's Message and hand it to
+// torch::distributed::rpc::RpcAgent::getCurrentRpcAgent(). In drop-in mode
+// (baton.torch_rpc) that agent is a TorchAgent: it carries each request
+// Message as one baton call of the function "__baton.torch.message" to the
+// destination worker, whose TorchAgentHost hands it to torch's own request
+// handler (torch::distributed::rpc::RequestCallbackImpl: script calls,
+// torch's RRef protocol for scripted RRefs) and returns the response Message
+// as the call's reply.
+//
+// Contract:
+// - One TorchAgent per process at a time: Start() makes it torch's current
+//   agent, with torch's type resolver (scripted types by qualified name);
+//   Stop() stops it and clears torch's current agent. (baton.rpc's
+//   init_rpc also initializes torch's distributed autograd container, which
+//   scripted calls consult, for this worker's id.)
+// - A request Message reaches the destination's handler with its type,
+//   payload and tensors unchanged; its response (or torch's EXCEPTION
+//   response, which fails the caller's future with the remote message)
+//   completes the JitFuture that send() returned.
+// - A call's deadline is send()'s timeout (torch's unset timeout: the agent's
+//   rpc timeout; 0: none); a call that runs past it fails with torch's
+//   phrase ("RPC ran for more than set timeout"), a call to a dead worker
+//   with baton's UNAVAILABLE error naming it.
+// - A request that arrives while no TorchAgent is started here fails with
+//   UNAVAILABLE naming this worker.
+// - Device maps are not carried: a Message's tensors travel as baton's codec
+//   sends them (CPU tensors; CUDA tensors by baton's device rules).
+//
+// Thread-safety: TorchAgentHost is safe for concurrent use; requests are
+// served on the baton agent's executor, and futures complete there (never on
+// a transport thread), so torch's callbacks may take the GIL.
+#ifndef BATON_PYTHON_SRC_TORCH_AGENT_H_
+#define BATON_PYTHON_SRC_TORCH_AGENT_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/agent.h"
+#include "rpc/function.h"
+
+namespace baton::python {
+
+class TorchAgent;
+
+class TorchAgentHost {
+ public:
+  // Registers "__baton.torch.message" on `registry` (before or after the
+  // agent starts); requests fail with UNAVAILABLE until Start().
+  static absl::StatusOr<std::shared_ptr<TorchAgentHost>> Install(rpc::FunctionRegistry& registry);
+
+  // Makes torch's current RPC agent a TorchAgent over `agent` (which must
+  // outlive Stop()). FAILED_PRECONDITION if one is started already or torch
+  // has a current agent of its own.
+  absl::Status Start(rpc::RpcAgent* agent, absl::Duration rpc_timeout);
+
+  // Stops the TorchAgent, clears torch's current agent and torch's RRef
+  // context. Idempotent; OK when never started.
+  absl::Status Stop();
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<TorchAgent> agent_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton::python
+
+#endif  // BATON_PYTHON_SRC_TORCH_AGENT_H_
