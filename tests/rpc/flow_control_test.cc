@@ -195,19 +195,24 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
     absl::MutexLock lock(&mu);
     return !order.empty();
   }));
+  // Counted and submitted under `mu`, which every request takes to record
+  // itself: none of peer 0's can finish between the count and the
+  // submission, however long this thread is descheduled there (on a loaded
+  // machine it was, and the requests that finished meanwhile were counted
+  // as delaying peer 1's).
   size_t started_before;
+  absl::Notification done;
   {
     absl::MutexLock lock(&mu);
     started_before = order.size();
+    ASSERT_TRUE(gate.Submit(1, 1,
+                            [&] {
+                              absl::MutexLock lock(&mu);
+                              order.push_back(-1);
+                              done.Notify();
+                            })
+                    .ok());
   }
-  absl::Notification done;
-  ASSERT_TRUE(gate.Submit(1, 1,
-                          [&] {
-                            absl::MutexLock lock(&mu);
-                            order.push_back(-1);
-                            done.Notify();
-                          })
-                  .ok());
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   size_t position;
   {
@@ -215,7 +220,7 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
     position = order.size() - 1;
   }
   // Behind peer 0's runners already in the executor's queue (<= fanout) and
-  // the one running (and one finishing while we read `started_before`).
+  // the one running (waiting for `mu` to record itself), with one to spare.
   EXPECT_LE(position - started_before, static_cast<size_t>(fanout + 2))
       << "peer 1's request waited behind " << position - started_before << " of peer 0's";
   EXPECT_LT(position, 100u);
