@@ -19,6 +19,8 @@ def pytest_collection_modifyitems(config, items):
     if status:
         with open(status, "a"):
             pass
-    keep = [item for i, item in enumerate(items) if i % total == index]
-    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    keep, drop = [], []
+    for i, item in enumerate(items):
+        (keep if i % total == index else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep
