@@ -57,7 +57,7 @@ struct PendingAct {
 
 // What a call carries out once the agent's lock is released, in this order:
 // the log lines (so a line is out before the reply that reveals its event),
-// then the replies.
+// then the replies and the submission of a round's end.
 struct Later {
   std::vector<std::string> log;
   std::function<void(const std::string&)> log_fn;  // the agent's, when there are lines
@@ -277,17 +277,20 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
     if (const int64_t playing = rounds_->playing(); batcher_ != nullptr && playing > 0) {
       batcher_->set_max_batch(static_cast<int>(playing));
     }
-    if (effects.round_ended) {
-      std::weak_ptr<Impl> weak = weak_from_this();
-      if (!executor_->Submit([weak] {
-            if (auto self = weak.lock()) self->EndRound();
-          })) {
-        effects.log.push_back("the executor is closed; the round cannot end");
-      }
-    }
     later->log.insert(later->log.end(), std::make_move_iterator(effects.log.begin()),
                       std::make_move_iterator(effects.log.end()));
     if (!later->log.empty()) later->log_fn = log_;
+    if (effects.round_ended) {
+      // After the log lines: what ended the round (a drop, a leave) is
+      // logged before the update can answer anyone and the job go on.
+      later->replies.push_back([weak = weak_from_this(), executor = executor_, log = log_] {
+        if (!executor->Submit([weak] {
+              if (auto self = weak.lock()) self->EndRound();
+            })) {
+          log("the executor is closed; the round cannot end");
+        }
+      });
+    }
     ArmTimerLocked();
   }
 

@@ -4,31 +4,60 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <random>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
 namespace baton::testing {
+namespace {
+
+// Ports from here up to the ephemeral range: above the well-known and most
+// registered services' ports.
+constexpr int kLowest = 10000;
+
+// The first port the kernel hands out to connections and bind(0); 32768
+// when it cannot be read (Linux's default).
+int EphemeralLow() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  if (in >> low >> high && low > kLowest + 1000) return low;
+  return 32768;
+}
+
+// Whether `port` can be bound on every interface now.
+bool Bindable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
 
 int FreePort() {
   static absl::Mutex mu;
   static auto* given = new absl::flat_hash_set<int>();
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = 0;
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      socklen_t len = sizeof(addr);
-      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-        port = ntohs(addr.sin_port);
-      }
+  static const int high = EphemeralLow();  // exclusive
+  std::random_device seed;
+  std::mt19937 gen(seed() ^ static_cast<unsigned>(::getpid()));
+  std::uniform_int_distribution<int> draw(kLowest, high - 1);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = draw(gen);
+    {
+      absl::MutexLock lock(&mu);
+      if (given->contains(port)) continue;
     }
-    ::close(fd);
+    if (!Bindable(port)) continue;
     absl::MutexLock lock(&mu);
-    if (port > 0 && given->insert(port).second) return port;
+    if (given->insert(port).second) return port;
   }
   return -1;
 }

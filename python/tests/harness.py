@@ -6,6 +6,7 @@ child is reaped (killed with its process group on timeout).
 """
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers.py")
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+        return low if low > 11000 else 32768
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, drawn at random from below the kernel's ephemeral
+    range, as testing/ports.h does: a port from that range (bind to 0) can be
+    handed to any process's outgoing connection before the worker listens on
+    it, and the tests beside this one connect all the time."""
+    high = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(10000, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclasses.dataclass

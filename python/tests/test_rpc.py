@@ -175,7 +175,8 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     spawned workers too, and computes what it computes under torch,
     TorchScript functions that call rpc_async and remote included."""
     program = os.path.join(harness.HERE, "torch_rpc_program.py")
-    out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc", program],
+    out = subprocess.run([harness.PYTHON, "-m", "baton.torch_rpc", program,
+                          str(harness.free_port())],
                          env=harness.env_for(), capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text

@@ -95,10 +95,13 @@ def run(rank, world_size, port):
 
 
 if __name__ == "__main__":
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if len(sys.argv) > 1:  # the port to rendezvous on, as a launcher passes it
+        port = int(sys.argv[1])
+    else:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     mp.spawn(run, args=(2, port), nprocs=2, join=True)
     print("PROGRAM OK")
     sys.exit(0)

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -441,20 +442,31 @@ TEST_P(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
 // 10,000 contexts, each forward over RPC, backward and release: no worker
 // keeps a context afterwards.
 BATON_SCENARIO(many_contexts) {
-  // w1 and w2 wait in Shutdown() for w0's loop, which takes 7-16 s alone on
-  // two cores and more beside other tests: a 30 s shutdown barrier timed out
+  // w1 and w2 wait in Shutdown() for w0's loops, which took 7-16 s alone on
+  // two cores (one thread) and more beside other tests: a 30 s shutdown barrier timed out
   // under load (w2 then failed w0's next backward). The run's bound is 240 s.
   Worker w = Start(absl::Seconds(200));
   auto& agent = *w.agent;
   if (agent.self().id == 0) {
-    at::Tensor x = at::randn({8, 8}, at::kFloat).requires_grad_(true);
-    at::Tensor m = at::randn({8, 8}, at::kFloat);
-    for (int i = 0; i < 10000; ++i) {
-      Context ctx(agent);
-      at::Tensor y = agent.rpc_sync(1 + i % 2, mm_fn, x, m);
-      WCHECK_OK(Backward(agent, ctx.id(), {y.sum()}));
-      WCHECK(GetGradients(agent, ctx.id())->size() == 1);
+    // Four threads, each with its own contexts in flight: contexts are
+    // current per thread, and their creation, backward and release
+    // interleave on every worker as in a job with several trainer threads.
+    constexpr int kThreads = 4;
+    constexpr int kContexts = 10000;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&agent, t] {
+        at::Tensor x = at::randn({8, 8}, at::kFloat).requires_grad_(true);
+        at::Tensor m = at::randn({8, 8}, at::kFloat);
+        for (int i = t; i < kContexts; i += kThreads) {
+          Context ctx(agent);
+          at::Tensor y = agent.rpc_sync(1 + i % 2, mm_fn, x, m);
+          WCHECK_OK(Backward(agent, ctx.id(), {y.sum()}));
+          WCHECK(GetGradients(agent, ctx.id())->size() == 1);
+        }
+      });
     }
+    for (std::thread& thread : threads) thread.join();
     ExpectNoContexts(agent);
   }
   WCHECK_OK(w.agent->Shutdown());

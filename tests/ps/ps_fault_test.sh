@@ -73,9 +73,21 @@ resumed=$(grep -o "\[trainer0\] resuming at step [0-9]*" "$log" | tail -1 | awk 
 [ -n "$resumed" ] && [ "$resumed" -ge 80 ] ||
   fail "server_kill: trainer0 resumed at '$resumed'; lost work must be at most 20 clocks"
 # 3. Rank 0 dies, with the job's store on etcd: it rejoins alone.
-free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-client_port=$(free_port)
-peer_port=$(free_port)
+# Two distinct free ports from below the ephemeral range (as testing/ports.h).
+read -r client_port peer_port < <(/usr/bin/python3 -c '
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports = []
+while len(ports) < 2:
+    p = random.randrange(10000, low if low > 11000 else 32768)
+    with socket.socket() as s:
+        try:
+            s.bind(("", p))
+        except OSError:
+            continue
+    if p not in ports:
+        ports.append(p)
+print(*ports)')
 /usr/bin/etcd --name ps-fault --data-dir "$TMP/etcd" \
   --listen-client-urls "http://127.0.0.1:$client_port" \
   --advertise-client-urls "http://127.0.0.1:$client_port" \
