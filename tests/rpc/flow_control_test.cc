@@ -3,6 +3,7 @@
 // are named after the guarantees F1-F4.
 #include "rpc/internal/flow_control.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -214,10 +215,12 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
                     .ok());
   }
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // Where peer 1's request recorded itself (peer 0's go on meanwhile: the
+  // size of `order` now says nothing).
   size_t position;
   {
     absl::MutexLock lock(&mu);
-    position = order.size() - 1;
+    position = static_cast<size_t>(std::find(order.begin(), order.end(), -1) - order.begin());
   }
   // Behind peer 0's runners already in the executor's queue (<= fanout) and
   // the one running (waiting for `mu` to record itself), with one to spare.
