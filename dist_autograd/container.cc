@@ -544,4 +544,9 @@ std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent) {
   return c == nullptr ? std::vector<int64_t>() : c->Ids();
 }
 
+int BackwardPassesRunning(rpc::RpcAgent& agent) {
+  auto c = ContainerOf(agent);
+  return c == nullptr ? 0 : c->passes();
+}
+
 }  // namespace baton::dist_autograd

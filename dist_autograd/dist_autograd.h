@@ -199,6 +199,12 @@ absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Ten
 // Debugging and leak checks: the contexts this worker currently holds.
 std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent);
 
+// Debugging: backward passes running on this worker now (torch's
+// "num_current_backward_passes"): each one started here, from Backward()'s
+// start to its end, and the local part of each one started elsewhere while
+// it runs here.
+int BackwardPassesRunning(rpc::RpcAgent& agent);
+
 }  // namespace baton::dist_autograd
 
 #endif  // BATON_DIST_AUTOGRAD_DIST_AUTOGRAD_H_

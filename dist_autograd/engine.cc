@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,51 @@ edge_list FindOutputs(const edge_list& roots) {
     }
   }
   return outputs;
+}
+
+// Whether a gradient may be kept as the context's gradient of `leaf`
+// without a copy, as torch's accumulation decides: nothing else holds it
+// (`refs` references are the caller's own) and it is laid out as the leaf is
+// (dense: the leaf's strides, or contiguous). Otherwise the context keeps a
+// copy: a kept gradient must not alias a tensor the user still has (two
+// leaves given one gradient tensor, an expanded view), which an in-place
+// change to one would change in the other.
+bool MayKeep(const at::Tensor& grad, const at::Tensor& leaf, size_t refs) {
+  if (grad.use_count() > refs) return false;
+  if (grad.layout() != at::kStrided) return true;
+  if (leaf.layout() == at::kStrided && leaf.is_non_overlapping_and_dense()) {
+    return grad.strides() == leaf.strides();
+  }
+  return grad.is_contiguous();
+}
+
+at::Tensor CopyForLeaf(const at::Tensor& grad, const at::Tensor& leaf) {
+  if (grad.layout() != at::kStrided) return grad.clone();
+  if (leaf.layout() == at::kStrided && leaf.is_non_overlapping_and_dense()) {
+    return at::empty_strided(leaf.sizes(), leaf.strides(), grad.options()).copy_(grad);
+  }
+  return grad.clone(at::MemoryFormat::Contiguous);
+}
+
+// At a leaf, what torch's distributed engine does instead of accumulating
+// into `.grad`: the leaf's tensor hooks (`register_hook`) and its
+// accumulator's pre-hooks transform the gradient, the context accumulates
+// the result (MayKeep, or a copy), then the accumulator's post-hooks run
+// with it as their inputs (and no outputs, as torch passes them). `grad` is
+// the engine's, still held by the caller until every leaf took its own
+// (torch holds them so too). Hooks may throw (a Python hook's exception);
+// the caller reports that as the local backward's failure.
+void AccumulateAtLeaf(ContextState& ctx, AccumulateGrad& acc, const at::Tensor& grad) {
+  torch::autograd::variable_list grads{grad};
+  for (const auto& hook : torch::autograd::impl::hooks(acc.variable)) grads = (*hook)(grads);
+  for (const auto& hook : acc.pre_hooks()) grads = (*hook)(grads);
+  if (!grads.empty() && grads[0].defined()) {
+    // References: `grads` and, when no hook replaced it, the caller's.
+    const size_t refs = grads[0].is_same(grad) ? 2 : 1;
+    if (!MayKeep(grads[0], acc.variable, refs)) grads[0] = CopyForLeaf(grads[0], acc.variable);
+    ctx.Accumulate(acc.variable, grads[0]);
+  }
+  for (const auto& hook : acc.post_hooks()) (*hook)(torch::autograd::variable_list{}, grads);
 }
 
 // Gradients captured at one recv function, by input.
@@ -122,7 +168,15 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
   for (auto& [edge, grad] : captured) {
     Node* n = edge.function.get();
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      ctx.Accumulate(acc->variable, grad);
+      try {
+        AccumulateAtLeaf(ctx, *acc, grad);
+      } catch (const c10::Error& e) {
+        return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self,
+                                                ": a leaf's hook: ", e.what_without_backtrace()));
+      } catch (const std::exception& e) {
+        return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self,
+                                                ": a leaf's hook: ", e.what()));
+      }
       continue;
     }
     auto* recv = static_cast<RecvRpcBackward*>(n);
@@ -220,7 +274,11 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
                            " tensors but got ", grads.size(), " gradients")));
         }
         const absl::Time local_start = absl::Now();
-        auto outgoing = RunLocal(*state, call.agent->self().id, *edges, grads);
+        absl::StatusOr<std::vector<Outgoing>> outgoing;
+        {
+          Container::PassScope pass(*c);
+          outgoing = RunLocal(*state, call.agent->self().id, *edges, grads);
+        }
         TraceAutograd(*call.agent, absl::StrCat("local backward, context ", context_id), context_id,
                       local_start, outgoing.status());
         if (!outgoing.ok()) {
@@ -273,6 +331,7 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
     grads.push_back(at::ones_like(r, at::MemoryFormat::Preserve));
   }
   if (absl::Status s = state->BeginBackward(retain_graph); !s.ok()) return s;
+  internal::Container::PassScope pass(*c);
   if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;

@@ -164,6 +164,21 @@ class Container : public std::enable_shared_from_this<Container> {
     return MakeId(self, incarnation, next_message_.fetch_add(1));
   }
 
+  // Backward passes running on this worker (BackwardPassesRunning): one
+  // started here, until it ends; the local part of one started elsewhere,
+  // while it runs. A PassScope counts one for its lifetime.
+  class PassScope {
+   public:
+    explicit PassScope(Container& c) : c_(c) { c_.passes_.fetch_add(1); }
+    ~PassScope() { c_.passes_.fetch_sub(1); }
+    PassScope(const PassScope&) = delete;
+    PassScope& operator=(const PassScope&) = delete;
+
+   private:
+    Container& c_;
+  };
+  int passes() const { return passes_.load(); }
+
   // The context current on this thread, if it belongs to this container.
   int64_t Current() const;
   // Makes `id` current on this thread for `c` (0: none); returns nothing.
@@ -176,6 +191,7 @@ class Container : public std::enable_shared_from_this<Container> {
 
   std::atomic<uint64_t> next_context_{1};
   std::atomic<uint64_t> next_message_{1};
+  std::atomic<int> passes_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int64_t, std::shared_ptr<ContextState>> contexts_ ABSL_GUARDED_BY(mu_);
   // Recently released ids (bounded), so late messages cannot resurrect them.

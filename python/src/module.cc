@@ -965,6 +965,8 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("live_autograd_contexts",
            [](PyAgent& a) { return baton::dist_autograd::LiveContexts(a.agent()); })
+      .def("backward_passes_running",
+           [](PyAgent& a) { return baton::dist_autograd::BackwardPassesRunning(a.agent()); })
       .def("describe_autograd_context",
            [](PyAgent& a, int64_t context_id) {
              auto described = DescribeAutogradContext(a.agent(), context_id);

@@ -492,6 +492,32 @@ class SignSGD(torch.optim.Optimizer):
                     p.add_(p.grad.sign(), alpha=-group["lr"])
 
 
+class PassesDuringBackward(torch.autograd.Function):
+    """Identity; its backward records the debug counts as they are then."""
+    seen = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        PassesDuringBackward.seen.append(dist_autograd._get_debug_info())
+        return grad
+
+
+class SameGradTwice(torch.autograd.Function):
+    """a + b, whose backward gives both inputs one gradient tensor."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
 def sparse_mm_loss(sparse, dense):
     return torch.sparse.mm(sparse, dense).pow(2).sum()
 
@@ -542,6 +568,64 @@ def scenario_autograd(rank, world_size):
         assert grads[sp].is_sparse, grads[sp]
         assert torch.allclose(grads[sp].to_dense(), sp_ref.grad.to_dense(), atol=1e-5)
         assert torch.allclose(grads[dense], dense_ref.grad, atol=1e-5)
+
+        # A leaf's hooks run as local autograd runs them: its tensor hook
+        # changes the gradient the context keeps (not .grad), and its
+        # accumulator's post-hooks see that gradient once per backward.
+        leaf = torch.ones(3, 3, requires_grad=True)
+        leaf.register_hook(lambda g: g * 2)
+        seen = []
+        y = leaf * 3
+        y.grad_fn.next_functions[0][0].register_hook(
+            lambda outputs, inputs: seen.append(inputs[0].clone()))
+        with dist_autograd.context() as cid:
+            loss = rpc.rpc_sync("worker1", torch.add, args=(y, 1)).sum()
+            dist_autograd.backward(cid, [loss])
+            hooked = dist_autograd.get_gradients(cid)[leaf]
+        assert torch.equal(hooked, torch.full((3, 3), 6.0)), hooked
+        assert len(seen) == 1 and torch.equal(seen[0], hooked), seen
+        assert leaf.grad is None
+
+        # Two leaves given one gradient tensor keep a copy each: an in-place
+        # change to one (clipping, say) leaves the other as it was.
+        a = torch.ones(2, 2, requires_grad=True)
+        b = torch.ones(2, 2, requires_grad=True)
+        with dist_autograd.context() as cid:
+            out = rpc.rpc_sync("worker1", torch.mul, args=(SameGradTwice.apply(a, b), 3))
+            dist_autograd.backward(cid, [out.sum()])
+            ga, gb = dist_autograd.get_gradients(cid)[a], dist_autograd.get_gradients(cid)[b]
+            assert ga.data_ptr() != gb.data_ptr()
+            ga.mul_(0.5)
+            assert torch.equal(gb, torch.full((2, 2), 3.0)), gb
+
+        # torch's context API: a context made without `with`, read while it
+        # records (its send functions grow), released on its thread; the
+        # debug counts while a backward pass runs here and after.
+        assert dist_autograd._get_max_id() == (0 << 48) + (1 << 48) - 1
+        made = dist_autograd._new_context()
+        cid = made._context_id()
+        assert cid >> 48 == 0 and dist_autograd._current_context()._context_id() == cid
+        chain = torch.ones(2, requires_grad=True)
+        for _ in range(3):
+            chain = rpc.rpc_sync("worker1", torch.add, args=(chain, 1))
+        assert len(made._send_functions()) == 3, made._send_functions()
+        loss = PassesDuringBackward.apply(chain).sum()
+        dist_autograd.backward(cid, [loss])
+        during = PassesDuringBackward.seen[-1]
+        assert during["num_current_backward_passes"] == "1", during
+        assert set(during) == {"num_current_backward_passes", "num_autograd_contexts"}, during
+        assert dist_autograd._get_debug_info()["num_current_backward_passes"] == "0"
+        dist_autograd._release_context(cid)
+        try:
+            dist_autograd._retrieve_context(cid)
+            raise AssertionError("a released context is still retrievable")
+        except RuntimeError as e:
+            assert f"Could not find autograd context with id: {cid}" in str(e), e
+        try:
+            dist_autograd.backward(cid, 1)
+            raise AssertionError("backward took an int for its roots")
+        except TypeError as e:
+            assert "incompatible function arguments: roots must be a list" in str(e), e
 
         for opt_cls, kwargs in [(torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
                                 (torch.optim.Adam, {"lr": 0.01, "betas": (0.8, 0.99)}),

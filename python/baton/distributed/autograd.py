@@ -10,18 +10,26 @@ recv functions (dist_autograd/dist_autograd.h) record Python forward passes
 as they record C++ ones: inside a context, every RPC's tensors that require
 grad are linked to the backward pass on the worker that sent them.
 """
-from typing import Any, Dict, Set, Tuple
+import operator
+import threading
+from typing import Any, Dict, List, Set, Tuple
+
+import torch
 
 from baton import _C, _errors
-from baton.rpc import _current
+from baton.rpc import _current, get_worker_info
 
 __all__ = ["context", "backward", "get_gradients"]
 
 
-def _get_debug_info():
+def _get_debug_info() -> Dict[str, str]:
     """torch's debug counts of distributed autograd on this worker (values
-    are strings): the contexts alive here."""
-    return {"num_autograd_contexts": str(len(_current().live_autograd_contexts()))}
+    are strings): the contexts alive here, and the backward passes running
+    here (one started here until it ends, the local part of one started
+    elsewhere while it runs)."""
+    agent = _current()
+    return {"num_current_backward_passes": str(agent.backward_passes_running()),
+            "num_autograd_contexts": str(len(agent.live_autograd_contexts()))}
 
 
 class _SendFunction:
@@ -40,28 +48,49 @@ class _SendFunction:
         return "torch::distributed::autograd::SendRpcBackward"
 
 
+def _first(pair):
+    return pair[0]
+
+
 class DistAutogradContext:
-    """What a context recorded on this worker, when it was retrieved
-    (torch's DistAutogradContext): its id, the workers it exchanged messages
-    with, its send functions and its recv functions (autograd nodes), by
-    message id."""
+    """A context on this worker as torch's DistAutogradContext shows it: its
+    id, the workers it exchanged messages with, its send functions and its
+    recv functions (autograd nodes), by message id. Each accessor reads what
+    the context holds now; once the context is released here, what it held
+    when last read."""
 
     def __init__(self, described):
-        self._id, workers, sends, recvs = described
+        self._id = described[0]
+        self._take(described)
+
+    def _take(self, described):
+        _, workers, sends, recvs = described
         self._workers = set(workers)
-        self._sends = {mid: _SendFunction(edges) for mid, edges in sends}
-        self._recvs = dict(recvs)
+        # By message id, as torch's are: a worker's ids grow, so the first
+        # send function is its first message's (a nested call's before the
+        # response that follows it).
+        self._sends = {mid: _SendFunction(edges) for mid, edges in sorted(sends, key=_first)}
+        self._recvs = dict(sorted(recvs, key=_first))
+
+    def _refresh(self):
+        try:
+            self._take(_current().describe_autograd_context(self._id))
+        except (_C.StatusError, RuntimeError):
+            pass  # released here (or RPC shut down): what it last held
 
     def _context_id(self) -> int:
         return self._id
 
     def _known_worker_ids(self) -> Set[int]:
+        self._refresh()
         return set(self._workers)
 
     def _send_functions(self) -> Dict[int, _SendFunction]:
+        self._refresh()
         return dict(self._sends)
 
     def _recv_functions(self) -> Dict[int, Any]:
+        self._refresh()
         return dict(self._recvs)
 
 
@@ -72,6 +101,44 @@ def _retrieve_context(context_id: int) -> DistAutogradContext:
         return DistAutogradContext(_current().describe_autograd_context(int(context_id)))
     except _C.StatusError as e:
         raise _errors.translate(e) from None
+
+
+# Contexts made by _new_context(), until _release_context(): id -> (the
+# context, the thread that made it and has it current).
+_unmanaged: Dict[int, Tuple[Any, int]] = {}
+
+
+def _new_context() -> DistAutogradContext:
+    """A new context, current on this thread until _release_context(id) on
+    this thread (torch's; `with context()` is the usual form). Refused
+    inside another context: contexts do not nest."""
+    agent = _current()
+    if agent.current_context_id() != 0:
+        raise RuntimeError("Already have an autograd context id for this thread: "
+                           "distributed autograd contexts do not nest")
+    c = agent.autograd_context()
+    _unmanaged[c.id()] = (c, threading.get_ident())
+    return _retrieve_context(c.id())
+
+
+def _release_context(context_id: int) -> None:
+    """Releases a context made by _new_context() on this thread, here and on
+    every worker it reached."""
+    entry = _unmanaged.get(int(context_id))
+    if entry is None:
+        raise RuntimeError(f"Could not find autograd context with id: {context_id} "
+                           "(among the contexts _new_context() made on this worker)")
+    if entry[1] != threading.get_ident():
+        raise RuntimeError(f"autograd context {context_id} is current on the thread that made "
+                           "it with _new_context(); release it on that thread")
+    del _unmanaged[int(context_id)]
+    entry[0].release()
+
+
+def _get_max_id() -> int:
+    """The largest context or message id this worker can make: its worker id
+    in the top 16 bits, as in torch."""
+    return (get_worker_info().id << 48) + (1 << 48) - 1
 
 
 def _current_context() -> DistAutogradContext:
@@ -102,10 +169,33 @@ class context:
         return False
 
 
-def backward(context_id, roots, retain_graph=False):
+def _check_roots(context_id: Any, roots: Any) -> None:
+    """Refuses what torch's backward refuses, in its words (programs and
+    PyTorch's suites match them), saying which argument or root is wrong."""
+    try:
+        operator.index(context_id)
+    except TypeError:
+        raise TypeError("backward(): incompatible function arguments: context_id must be an "
+                        f"int, got {type(context_id).__name__}") from None
+    if not isinstance(roots, (list, tuple)) or not all(isinstance(r, torch.Tensor)
+                                                       for r in roots):
+        raise TypeError("backward(): incompatible function arguments: roots must be a list of "
+                        f"tensors, got {type(roots).__name__}")
+    if not roots:
+        raise RuntimeError("No tensors provided for gradient computation.")
+    for i, root in enumerate(roots):
+        if not root.requires_grad:
+            raise RuntimeError(f"requires_grad not set on root {i} of the backward pass")
+        if root.numel() != 1:
+            raise RuntimeError(f"Root {i} of shape {tuple(root.shape)} is not a scalar, all roots "
+                               "need to be scalar")
+        if root.grad_fn is None:
+            raise RuntimeError(f"Root {i} is a leaf: it does not have a valid gradient function")
+
+
+def backward(context_id: int, roots: List[torch.Tensor], retain_graph: bool = False) -> None:
     """Runs the backward pass from `roots` (scalars) across every worker."""
-    if not isinstance(roots, (list, tuple)):
-        raise TypeError("roots must be a list of tensors")
+    _check_roots(context_id, roots)
     try:
         _current().backward(int(context_id), list(roots), bool(retain_graph), None)
     except _C.StatusError as e:
