@@ -12,6 +12,11 @@
 //   does not compile on its own (Edge's destructor needs Node complete), so
 //   this header includes autograd's function.h: it costs its includers
 //   seconds of parsing, keep it out of widely included headers.
+// - A leaf's tensor hooks (`register_hook`): from torch 2.0 on, autograd's
+//   engine runs them on a gradient it captures at the leaf's accumulator
+//   (`execute()` with outputs), as Node::tensor_pre_hooks(); 1.13's engine
+//   captures the gradient as it comes. kEngineRunsLeafHooksOnCapture says
+//   which, from whether Node has tensor_pre_hooks().
 //
 // Thread-safety: types and functions only, no state.
 #ifndef BATON_BASE_TORCH_COMPAT_H_
@@ -49,6 +54,12 @@ struct Rebind<c10::intrusive_ptr<N, Null>, T> {
 // The pointer torch's Edge holds: the torch being compiled against decides.
 using EdgeFunction = std::remove_cv_t<decltype(std::declval<torch::autograd::Edge>().function)>;
 
+template <typename N, typename = void>
+struct HasTensorPreHooks : std::false_type {};
+template <typename N>
+struct HasTensorPreHooks<N, std::void_t<decltype(std::declval<N&>().tensor_pre_hooks())>>
+    : std::true_type {};
+
 }  // namespace internal
 
 template <typename T = torch::autograd::Node>
@@ -58,6 +69,9 @@ template <typename T, typename... Args>
 NodePtr<T> MakeNode(Args&&... args) {
   return internal::Rebind<internal::EdgeFunction, T>::Make(std::forward<Args>(args)...);
 }
+
+inline constexpr bool kEngineRunsLeafHooksOnCapture =
+    internal::HasTensorPreHooks<torch::autograd::Node>::value;
 
 }  // namespace baton::torch_compat
 

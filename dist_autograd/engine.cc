@@ -8,9 +8,11 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/torch_compat.h"
 #include "dist_autograd/internal/container.h"
 #include "obs/trace.h"
 #include "proto/dist_autograd.pb.h"
@@ -57,14 +59,16 @@ edge_list FindOutputs(const edge_list& roots) {
 }
 
 // Whether a gradient may be kept as the context's gradient of `leaf`
-// without a copy, as torch's accumulation decides: nothing else holds it
-// (`refs` references are the caller's own) and it is laid out as the leaf is
-// (dense: the leaf's strides, or contiguous). Otherwise the context keeps a
-// copy: a kept gradient must not alias a tensor the user still has (two
-// leaves given one gradient tensor, an expanded view), which an in-place
-// change to one would change in the other.
-bool MayKeep(const at::Tensor& grad, const at::Tensor& leaf, size_t refs) {
-  if (grad.use_count() > refs) return false;
+// without a copy: no other leaf of this run was given the same tensor
+// (`shared` is false) and it is laid out as the leaf is (dense: the leaf's
+// strides, or contiguous). Otherwise the context keeps a copy: a kept
+// gradient must not alias another leaf's or a view's storage, which an
+// in-place change to one would change in the other. (torch decides by the
+// tensor's reference count, which also catches a gradient a user's function
+// kept a reference to; the count the engine leaves differs between torch
+// releases, so baton looks at what it can see: this run's gradients.)
+bool MayKeep(const at::Tensor& grad, const at::Tensor& leaf, bool shared) {
+  if (shared) return false;
   if (grad.layout() != at::kStrided) return true;
   if (leaf.layout() == at::kStrided && leaf.is_non_overlapping_and_dense()) {
     return grad.strides() == leaf.strides();
@@ -81,21 +85,27 @@ at::Tensor CopyForLeaf(const at::Tensor& grad, const at::Tensor& leaf) {
 }
 
 // At a leaf, what torch's distributed engine does instead of accumulating
-// into `.grad`: the leaf's tensor hooks (`register_hook`) and its
-// accumulator's pre-hooks transform the gradient, the context accumulates
+// into `.grad`: the leaf's tensor hooks (`register_hook`; `leaf_hooks` is
+// false when autograd's engine already ran them, see
+// torch_compat::kEngineRunsLeafHooksOnCapture) and its accumulator's
+// pre-hooks transform the gradient, the context accumulates
 // the result (MayKeep, or a copy), then the accumulator's post-hooks run
-// with it as their inputs (and no outputs, as torch passes them). `grad` is
-// the engine's, still held by the caller until every leaf took its own
-// (torch holds them so too). Hooks may throw (a Python hook's exception);
-// the caller reports that as the local backward's failure.
-void AccumulateAtLeaf(ContextState& ctx, AccumulateGrad& acc, const at::Tensor& grad) {
+// with it as their inputs (and no outputs, as torch passes them). `shared`:
+// another leaf of this run got the same gradient tensor. Hooks may throw (a
+// Python hook's exception); the caller reports that as the local backward's
+// failure.
+void AccumulateAtLeaf(ContextState& ctx, AccumulateGrad& acc, const at::Tensor& grad,
+                      bool leaf_hooks, bool shared) {
   torch::autograd::variable_list grads{grad};
-  for (const auto& hook : torch::autograd::impl::hooks(acc.variable)) grads = (*hook)(grads);
+  if (leaf_hooks) {
+    for (const auto& hook : torch::autograd::impl::hooks(acc.variable)) grads = (*hook)(grads);
+  }
   for (const auto& hook : acc.pre_hooks()) grads = (*hook)(grads);
   if (!grads.empty() && grads[0].defined()) {
-    // References: `grads` and, when no hook replaced it, the caller's.
-    const size_t refs = grads[0].is_same(grad) ? 2 : 1;
-    if (!MayKeep(grads[0], acc.variable, refs)) grads[0] = CopyForLeaf(grads[0], acc.variable);
+    const bool still_shared = shared && grads[0].is_same(grad);
+    if (!MayKeep(grads[0], acc.variable, still_shared)) {
+      grads[0] = CopyForLeaf(grads[0], acc.variable);
+    }
     ctx.Accumulate(acc.variable, grads[0]);
   }
   for (const auto& hook : acc.post_hooks()) (*hook)(torch::autograd::variable_list{}, grads);
@@ -129,13 +139,18 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
   absl::MutexLock exec(&ctx.exec_mu());
   // Root edges that point straight at an output are captured here; the
   // engine would run a single such root instead of capturing it.
-  std::vector<std::pair<Edge, at::Tensor>> captured;
+  struct Captured {
+    Edge edge;
+    at::Tensor grad;
+    bool by_engine;  // an output of the engine's run, not a root
+  };
+  std::vector<Captured> captured;
   edge_list engine_roots;
   std::vector<at::Tensor> engine_grads;
   for (size_t i = 0; i < roots.size(); ++i) {
     if (!grads[i].defined() || !roots[i].is_valid()) continue;
     if (IsOutputNode(roots[i].function.get())) {
-      captured.emplace_back(roots[i], grads[i]);
+      captured.push_back({roots[i], grads[i], false});
     } else {
       engine_roots.push_back(roots[i]);
       engine_grads.push_back(grads[i]);
@@ -159,17 +174,26 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
             absl::StrCat("local backward failed: Error on Node ", self, ": ", e.what()));
       }
       for (size_t i = 0; i < outputs.size() && i < results.size(); ++i) {
-        if (results[i].defined()) captured.emplace_back(outputs[i], std::move(results[i]));
+        if (results[i].defined()) captured.push_back({outputs[i], std::move(results[i]), true});
       }
     }
   }
   std::vector<RecvGrads> recvs;
   absl::flat_hash_map<Node*, size_t> recv_index;
-  for (auto& [edge, grad] : captured) {
+  // How many leaves were given each gradient tensor (MayKeep).
+  absl::flat_hash_map<const void*, int> given;
+  for (const Captured& c : captured) {
+    if (dynamic_cast<AccumulateGrad*>(c.edge.function.get()) != nullptr) {
+      ++given[c.grad.unsafeGetTensorImpl()];
+    }
+  }
+  for (auto& [edge, grad, by_engine] : captured) {
     Node* n = edge.function.get();
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
       try {
-        AccumulateAtLeaf(ctx, *acc, grad);
+        AccumulateAtLeaf(ctx, *acc, grad,
+                         !by_engine || !torch_compat::kEngineRunsLeafHooksOnCapture,
+                         given[grad.unsafeGetTensorImpl()] > 1);
       } catch (const c10::Error& e) {
         return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self,
                                                 ": a leaf's hook: ", e.what_without_backtrace()));
