@@ -27,8 +27,9 @@ int EphemeralLow() {
   return 32768;
 }
 
-// Whether `port` can be bound on every interface now.
-bool Bindable(int port) {
+}  // namespace
+
+bool PortIsFree(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   sockaddr_in addr{};
@@ -39,8 +40,6 @@ bool Bindable(int port) {
   ::close(fd);
   return ok;
 }
-
-}  // namespace
 
 int FreePort() {
   static absl::Mutex mu;
@@ -55,7 +54,7 @@ int FreePort() {
       absl::MutexLock lock(&mu);
       if (given->contains(port)) continue;
     }
-    if (!Bindable(port)) continue;
+    if (!PortIsFree(port)) continue;
     absl::MutexLock lock(&mu);
     if (given->insert(port).second) return port;
   }

@@ -20,6 +20,9 @@ namespace baton::testing {
 
 int FreePort();
 
+// Whether `port` can be bound on every interface now.
+bool PortIsFree(int port);
+
 }  // namespace baton::testing
 
 #endif  // BATON_TESTING_PORTS_H_

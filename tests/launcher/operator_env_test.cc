@@ -3,8 +3,6 @@
 // (tests/launcher/torchrun_env_test.cc lists it), with the pods' names
 // replaced by loopback addresses. Checks the ranks, world sizes and
 // addresses every worker gets.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <memory>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/ports.h"
 #include "tests/launcher/fixture.h"
 
 namespace baton::launcher::testing {
@@ -20,24 +19,12 @@ namespace {
 constexpr absl::Duration kJobTimeout = absl::Seconds(60);
 constexpr char kToken[] = "operator-env-test-token-0123456789";
 
-bool CanBind(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  ::close(fd);
-  return ok;
-}
-
 // MASTER_PORT: baton-run's rendezvous takes the next port, so both must be
 // free.
 int MasterPort() {
   for (int tries = 0; tries < 50; ++tries) {
     const int p = FreePort();
-    if (p > 0 && p < 65535 && CanBind(p + 1)) return p;
+    if (p > 0 && p < 65535 && baton::testing::PortIsFree(p + 1)) return p;
   }
   return -1;
 }
