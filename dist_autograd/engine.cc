@@ -161,7 +161,18 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
     if (!outputs.empty()) {
       torch::autograd::variable_list results;
       try {
-        results = torch::autograd::Engine::get_default_engine().execute(
+        // The default engine's own run (its threads, anomaly metadata and
+        // saved-tensor hooks are the Python engine's when Python is loaded),
+        // without the Python engine's override of execute(): on a failed
+        // run that override puts a Python function's exception back into
+        // the interpreter of the calling thread, for a Python caller to
+        // raise. Here the error becomes a status and no Python frame sees
+        // the interpreter's error, which would stay pending on this thread
+        // (a runtime thread keeps its Python thread state) and break the
+        // next Python code it runs: the next pass's backward function
+        // would fail its own attribute lookup.
+        torch::autograd::Engine& engine = torch::autograd::Engine::get_default_engine();
+        results = engine.torch::autograd::Engine::execute(
             engine_roots, engine_grads, /*keep_graph=*/true, /*create_graph=*/false,
             /*accumulate_grad=*/false, outputs);
       } catch (const Error& e) {

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,43 @@ ForkServer* Server() {
   return server;
 }
 
+// Appends every thread's stack of the live worker `pid` to its log, through
+// gdb when the machine has it (tools/install_deps.sh installs it): a timed-out
+// run then shows where each worker waited. Bounded: gdb is killed after 60 s.
+void AppendStacks(pid_t pid, const std::string& log) {
+  static const char* const kGdb = "/usr/bin/gdb";
+  {
+    std::ofstream out(log, std::ios::app);
+    out << "\n[multiprocess] timed out; the stacks of worker pid " << pid
+        << (access(kGdb, X_OK) == 0 ? " follow\n" : " are not shown: no /usr/bin/gdb\n");
+  }
+  if (access(kGdb, X_OK) != 0) return;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  const std::string pid_text = std::to_string(pid);
+  std::vector<std::string> args = {"gdb", "-nx",    "-q",  "-batch",
+                                   "-p",  pid_text, "-ex", "thread apply all bt"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t gdb = -1;
+  if (posix_spawn(&gdb, kGdb, &actions, nullptr, argv.data(), environ) == 0) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    int status = 0;
+    while (waitpid(gdb, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(gdb, SIGKILL);
+        waitpid(gdb, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  posix_spawn_file_actions_destroy(&actions);
+}
+
 // Runs the workers through the fork server: the same results as spawning
 // them, or an error (the server went away) before any worker started.
 absl::Status RunThroughServer(ForkServer& server, const std::string& scenario,
@@ -131,6 +169,7 @@ absl::Status RunThroughServer(ForkServer& server, const std::string& scenario,
       for (const auto& [p, r] : rank_of) results[r].output = "not reaped after SIGKILL\n";
       return absl::OkStatus();
     }
+    for (const auto& [p, r] : rank_of) AppendStacks(p, logs[r]);
     for (const auto& [p, r] : rank_of) {
       results[r].timed_out = true;
       server.Kill(p).IgnoreError();
@@ -218,6 +257,9 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
     }
     if (remaining == 0) break;
     if (!killed && absl::Now() > deadline) {
+      for (int r = 0; r < world_size; ++r) {
+        if (pids[r] > 0) AppendStacks(pids[r], logs[r]);
+      }
       for (int r = 0; r < world_size; ++r) {
         if (pids[r] > 0) {
           results[r].timed_out = true;

@@ -9,7 +9,9 @@
 // MASTER_PORT that was free when chosen; when another process took it first
 // (rank 0 reports that its store server could not listen), the whole run is
 // repeated on a new port, at most twice. RunWorkers always reaps every child:
-// past the timeout it SIGKILLs the whole group and marks the run timed out.
+// past the timeout it appends every live worker's thread stacks to that
+// worker's output (through gdb, when installed), then SIGKILLs the whole group
+// and marks the run timed out.
 // Each worker's stdout+stderr is captured. The test binary's main must call
 // MaybeRunScenario first (tests/multiprocess_main.cc does).
 //

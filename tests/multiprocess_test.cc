@@ -94,6 +94,13 @@ TEST(Harness, AWorkerPastTheTimeoutIsKilledAndMarked) {
     EXPECT_TRUE(r.timed_out) << Describe(results);
     EXPECT_EQ(r.signal, SIGKILL);
     EXPECT_NE(r.output.find("started\n"), std::string::npos);
+    // Where it waited, before the kill: every thread's stack, by gdb.
+    EXPECT_NE(r.output.find("[multiprocess] timed out; the stacks of worker pid"),
+              std::string::npos)
+        << r.output;
+    if (access("/usr/bin/gdb", X_OK) == 0) {
+      EXPECT_NE(r.output.find("\n#0 "), std::string::npos) << r.output;
+    }
   }
 }
 

@@ -42,6 +42,9 @@ PACKAGES=(
   etcd-server etcd-client
   # promtool checks every metrics page the tests scrape (testing/promtool.h).
   prometheus
+  # A multi-process test that times out shows each live worker's thread
+  # stacks (tests/multiprocess.cc), taken with gdb.
+  gdb
 )
 
 missing=()

@@ -518,6 +518,29 @@ class SameGradTwice(torch.autograd.Function):
         return grad, grad
 
 
+class FailsBackward(torch.autograd.Function):
+    """Identity whose backward raises while `failing` is set."""
+    failing = True
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if FailsBackward.failing:
+            raise ValueError("backward refused on purpose")
+        return grad
+
+
+def through_failing_backward(t):
+    return FailsBackward.apply(t * 2)
+
+
+def set_backward_failing(value):
+    FailsBackward.failing = value
+
+
 def sparse_mm_loss(sparse, dense):
     return torch.sparse.mm(sparse, dense).pow(2).sum()
 
@@ -597,6 +620,26 @@ def scenario_autograd(rank, world_size):
             assert ga.data_ptr() != gb.data_ptr()
             ga.mul_(0.5)
             assert torch.equal(gb, torch.full((2, 2), 3.0)), gb
+
+        # A Python function that raises in a backward pass on the callee
+        # fails that pass with its own message, pass after pass, and leaves
+        # the callee's runtime threads able to run Python: other calls and,
+        # once it stops raising, the same backward on the same graph.
+        t = torch.ones(2, 2, requires_grad=True)
+        with dist_autograd.context() as cid:
+            loss = rpc.rpc_sync("worker1", through_failing_backward, args=(t,)).sum()
+            for _ in range(20):
+                try:
+                    dist_autograd.backward(cid, [loss], retain_graph=True)
+                    raise AssertionError("the backward function's error was lost")
+                except RuntimeError as e:
+                    assert "backward refused on purpose" in str(e), e
+                futs = [rpc.rpc_async("worker1", add, args=(i, 1)) for i in range(8)]
+                assert [f.wait() for f in futs] == [i + 1 for i in range(8)]
+            rpc.rpc_sync("worker1", set_backward_failing, args=(False,))
+            for _ in range(5):
+                dist_autograd.backward(cid, [loss], retain_graph=True)
+            assert torch.equal(dist_autograd.get_gradients(cid)[t], torch.full((2, 2), 10.0))
 
         # torch's context API: a context made without `with`, read while it
         # records (its send functions grow), released on its thread; the
