@@ -111,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool structured = (in.U8() & 1) != 0;
   grpc::ByteBuffer packet = ToPacket(structured ? BuildPacket(in) : in.Rest(), piece);
   std::vector<Frame> frames;
-  if (!ParsePacket(&packet, &frames).ok()) return 0;
+  if (!ParsePacket(&packet, PacketSource::kGrpc, &frames).ok()) return 0;
   std::vector<grpc::Slice> slices;
   for (const Frame& f : frames) {
     CheckSizes(f);
@@ -120,7 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   grpc::ByteBuffer again(slices.data(), slices.size());
   std::vector<Frame> reparsed;
-  FUZZ_CHECK(ParsePacket(&again, &reparsed).ok());
+  FUZZ_CHECK(ParsePacket(&again, PacketSource::kGrpc, &reparsed).ok());
   FUZZ_CHECK(reparsed.size() == frames.size());
   for (size_t i = 0; i < frames.size(); ++i) CheckSame(frames[i], reparsed[i]);
   return 0;

@@ -19,6 +19,10 @@ constexpr uint8_t kCudaTensor = 2;
 // sparse dimensions and whether the sender's tensor was coalesced, then its
 // indices and its values as two dense tensors.
 constexpr uint8_t kSparseCooTensor = 3;
+// A non-contiguous view of a CPU tensor (ViewLayout::kKeep): the dense
+// header, then one stride per dimension, then the blob of the storage range
+// the view spans (from its first element to its last, in storage order).
+constexpr uint8_t kDenseView = 4;
 constexpr uint8_t kHostStaged = 0;
 constexpr uint8_t kCudaIpc = 1;
 constexpr uint64_t kMaxDims = 64;
@@ -157,9 +161,9 @@ absl::Status Decoder::ExpectEnd() const {
 
 namespace {
 
-void EncodeStrided(const at::Tensor& tensor, Encoder& enc);
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views);
 void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc);
-absl::Status DecodeStrided(Decoder& dec, uint8_t tag, at::Tensor* out);
+absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tensor* out);
 absl::Status DecodeSparseCoo(Decoder& dec, at::Tensor* out);
 
 // What every tensor layout writes after its tag: dtype, requires_grad and
@@ -218,7 +222,7 @@ absl::Status ReadTensorHeader(Decoder& dec, TensorHeader* h) {
 
 }  // namespace
 
-void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
+void EncodeTensor(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   const CodecContext* context = enc.context();
   if (context != nullptr && context->sent_tensors != nullptr) {
     context->sent_tensors->push_back(tensor);
@@ -230,11 +234,11 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc) {
   if (tensor.layout() == c10::kSparse) {
     EncodeSparseCoo(tensor, enc);
   } else {
-    EncodeStrided(tensor, enc);
+    EncodeStrided(tensor, enc, views);
   }
 }
 
-absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
+absl::Status DecodeTensor(Decoder& dec, at::Tensor* out, ViewLayout views) {
   if (const CodecContext* c = dec.context(); c != nullptr && c->received_tensors != nullptr) {
     c->received_tensors->push_back(out);
   }
@@ -244,17 +248,50 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out) {
   switch (tag) {
     case kUndefinedTensor: *out = at::Tensor(); return absl::OkStatus();
     case kDenseTensor:
-    case kCudaTensor: return DecodeStrided(dec, tag, out);
+    case kCudaTensor:
+    case kDenseView: return DecodeStrided(dec, tag, views, out);
     case kSparseCooTensor: return DecodeSparseCoo(dec, out);
     default: return absl::DataLossError(absl::StrCat("bad tensor tag ", int{tag}));
   }
 }
 
+void EncodeTensors(const std::vector<at::Tensor>& v, Encoder& enc, ViewLayout views) {
+  Codec<std::vector<at::Tensor>>::EncodeWith(
+      v, enc, [views](const at::Tensor& t, Encoder& e) { EncodeTensor(t, e, views); });
+}
+
+absl::Status DecodeTensors(Decoder& dec, std::vector<at::Tensor>* out, ViewLayout views) {
+  return Codec<std::vector<at::Tensor>>::DecodeWith(
+      dec, out, [views](Decoder& d, at::Tensor* t) { return DecodeTensor(d, t, views); });
+}
+
 namespace {
+
+// The elements of storage a view with these sizes and (nonnegative)
+// strides spans, from its first element to its last; 0 without elements.
+uint64_t SpannedElements(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  uint64_t last = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) return 0;
+    last += static_cast<uint64_t>(sizes[i] - 1) * static_cast<uint64_t>(strides[i]);
+  }
+  return last + 1;
+}
+
+// Whether a non-contiguous CPU view travels as a view (ViewLayout::kKeep):
+// unless the range it spans is both large and mostly not its own.
+bool KeepsView(const at::Tensor& t) {
+  for (int64_t s : t.strides()) {
+    if (s < 0) return false;
+  }
+  const size_t spanned = SpannedElements(t.sizes(), t.strides()) * t.element_size();
+  const size_t own = static_cast<size_t>(t.numel()) * t.element_size();
+  return spanned < kKeepViewMaxWaste || spanned < 2 * own;
+}
 
 // The dense layout (and CUDA tensors), after the tag's caller checked that
 // `tensor` is defined.
-void EncodeStrided(const at::Tensor& tensor, Encoder& enc) {
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   const CodecContext* context = enc.context();
   int destination_device = -1;
   const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
@@ -290,6 +327,21 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc) {
         absl::StrCat("cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
     return;
   }
+  if (views == ViewLayout::kKeep && destination_device < 0 && !tensor.is_contiguous() &&
+      KeepsView(tensor)) {
+    const at::Tensor v = tensor.detach();
+    enc.WritePod<uint8_t>(kDenseView);
+    WriteTensorHeader(v.scalar_type(), tensor.requires_grad(), v.sizes(), enc);
+    for (int64_t s : v.strides()) enc.WriteVarint(static_cast<uint64_t>(s));
+    Blob blob;
+    const size_t nbytes = SpannedElements(v.sizes(), v.strides()) * v.element_size();
+    if (nbytes > 0) {
+      blob.pieces.emplace_back(static_cast<const char*>(v.data_ptr()), nbytes);
+      blob.owner = std::make_shared<at::Tensor>(v);
+    }
+    enc.WriteVarint(enc.AddBlob(std::move(blob)));
+    return;
+  }
   // Only the viewed elements travel: a non-contiguous view is compacted; a
   // contiguous view sends its own range of the storage. A CUDA tensor is
   // copied to the host on the current stream (after the work queued on it).
@@ -318,13 +370,35 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc) {
   enc.WriteVarint(enc.AddBlob(std::move(blob)));
 }
 
-absl::Status DecodeStrided(Decoder& dec, uint8_t tag, at::Tensor* out) {
+absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tensor* out) {
   TensorHeader header;
   absl::Status s = ReadTensorHeader(dec, &header);
   if (!s.ok()) return s;
   const c10::ScalarType st = header.dtype;
   const std::vector<int64_t>& sizes = header.sizes;
-  const uint64_t numel = header.numel;
+  // The elements the blob holds: the tensor's own, or a view's span.
+  uint64_t numel = header.numel;
+  std::vector<int64_t> strides;
+  if (tag == kDenseView) {
+    strides.resize(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      uint64_t stride = 0;
+      if (!(s = dec.ReadVarint(&stride, "tensor stride")).ok()) return s;
+      // Each step (size - 1) * stride at most 2^48, so the span, a sum of
+      // at most 64 of them, stays far within 64 bits.
+      const uint64_t steps = sizes[i] > 0 ? static_cast<uint64_t>(sizes[i] - 1) : 0;
+      if (stride > kMaxExtent || (steps > 0 && stride > kMaxExtent / steps)) {
+        return absl::DataLossError(absl::StrCat("tensor view's stride ", stride, " of dimension ",
+                                                i, " takes its span past 2^48 elements"));
+      }
+      strides[i] = static_cast<int64_t>(stride);
+    }
+    numel = SpannedElements(sizes, strides);
+    if (numel > kMaxExtent) {
+      return absl::DataLossError(
+          absl::StrCat("a tensor view spans ", numel, " elements, past 2^48"));
+    }
+  }
   int64_t cuda_device = -1;
   if (tag == kCudaTensor) {
     uint64_t device = 0;
@@ -374,7 +448,21 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, at::Tensor* out) {
   }
   const auto options = at::TensorOptions().dtype(st);
   const char* data = (*blob)->contiguous();
-  if (nbytes == 0) {
+  if (tag == kDenseView) {
+    // The view over its span, aliasing the receive buffer when it can.
+    if (nbytes == 0) {
+      *out = at::empty(sizes, options);
+    } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
+      std::shared_ptr<const void> owner = (*blob)->owner;
+      *out = at::from_blob(
+          const_cast<char*>(data), sizes, strides, [owner](void*) mutable { owner.reset(); },
+          options);
+    } else {
+      *out = at::empty_strided(sizes, strides, options);
+      (*blob)->CopyTo(out->data_ptr());
+    }
+    if (views == ViewLayout::kCompact) *out = out->contiguous();
+  } else if (nbytes == 0) {
     *out = at::empty(sizes, options);
   } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
     std::shared_ptr<const void> owner = (*blob)->owner;
@@ -411,8 +499,8 @@ void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc) {
   enc.WritePod<uint8_t>(tensor.is_coalesced() ? 1 : 0);
   // Their own entries in the message, not in CodecContext::sent_tensors:
   // autograd sees the sparse tensor, not its parts.
-  EncodeStrided(tensor._indices().detach(), enc);
-  EncodeStrided(tensor._values().detach(), enc);
+  EncodeStrided(tensor._indices().detach(), enc, ViewLayout::kCompact);
+  EncodeStrided(tensor._values().detach(), enc, ViewLayout::kCompact);
 }
 
 // One part of a sparse tensor: a CPU dense tensor of the given dtype and rank.
@@ -425,7 +513,7 @@ absl::Status DecodeSparsePart(Decoder& dec, absl::string_view what, c10::ScalarT
     return absl::DataLossError(
         absl::StrCat("sparse tensor's ", what, " has tag ", int{tag}, ", not a CPU dense tensor"));
   }
-  if (!(s = DecodeStrided(dec, tag, out)).ok()) return s;
+  if (!(s = DecodeStrided(dec, tag, ViewLayout::kCompact, out)).ok()) return s;
   if (out->requires_grad()) out->set_requires_grad(false);  // the sparse tensor carries the flag
   if (out->scalar_type() != dtype || static_cast<size_t>(out->dim()) != rank) {
     return absl::DataLossError(absl::StrCat(

@@ -285,8 +285,20 @@ void GrowKeepingTensorAddresses(V& v, const CodecContext* context) {
 }  // namespace internal
 
 // ---- Tensor ----
-void EncodeTensor(const at::Tensor& t, Encoder& enc);
-absl::Status DecodeTensor(Decoder& dec, at::Tensor* out);
+// How a dense CPU tensor that is a non-contiguous view travels.
+// - kCompact (the C++ codec's, and so every typed function's): only the
+//   viewed elements, and the tensor arrives contiguous.
+// - kKeep (torch.distributed.rpc's rule, for the Python layer): the view
+//   keeps its sizes and strides, with the range of its storage that it
+//   spans, unless that range is at least kKeepViewMaxWaste bytes and twice
+//   the view's own bytes; such a sparse view is compacted. A view received
+//   by a kCompact decoder is made contiguous on arrival (one copy), so a
+//   C++ function never sees one, whoever sent it.
+enum class ViewLayout { kCompact, kKeep };
+inline constexpr size_t kKeepViewMaxWaste = 8 << 10;
+
+void EncodeTensor(const at::Tensor& t, Encoder& enc, ViewLayout views = ViewLayout::kCompact);
+absl::Status DecodeTensor(Decoder& dec, at::Tensor* out, ViewLayout views = ViewLayout::kCompact);
 
 template <>
 struct Codec<at::Tensor> {
@@ -378,12 +390,22 @@ template <typename T, typename A>
 struct Codec<std::vector<T, A>> {
   static std::string Name() { return absl::StrCat("vector<", TypeName<T>(), ">"); }
   static void Encode(const std::vector<T, A>& v, Encoder& enc) {
+    EncodeWith(v, enc, [](const T& e, Encoder& en) { Codec<T>::Encode(e, en); });
+  }
+  static absl::Status Decode(Decoder& dec, std::vector<T, A>* out) {
+    return DecodeWith(dec, out, [](Decoder& de, T* e) { return Codec<T>::Decode(de, e); });
+  }
+  // The same encoding with another codec for the elements (one with an
+  // option, such as EncodeTensors's).
+  template <typename EncodeElement>
+  static void EncodeWith(const std::vector<T, A>& v, Encoder& enc, EncodeElement encode) {
     Encoder::Nested nested(enc, "vector");
     if (!nested.ok()) return;
     enc.WriteVarint(v.size());
-    for (const auto& e : v) Codec<T>::Encode(static_cast<const T&>(e), enc);
+    for (const auto& e : v) encode(static_cast<const T&>(e), enc);
   }
-  static absl::Status Decode(Decoder& dec, std::vector<T, A>* out) {
+  template <typename DecodeElement>
+  static absl::Status DecodeWith(Decoder& dec, std::vector<T, A>* out, DecodeElement decode) {
     Decoder::Nested nested(dec, "vector");
     if (!nested.status().ok()) return nested.status();
     constexpr size_t kMinBytes = internal::MinEncodedBytes<T>::value;
@@ -394,7 +416,7 @@ struct Codec<std::vector<T, A>> {
     if constexpr (std::is_same_v<T, bool>) {
       for (uint64_t i = 0; i < n; ++i) {
         bool e = false;
-        s = Codec<bool>::Decode(dec, &e);
+        s = decode(dec, &e);
         if (!s.ok()) return s;
         out->push_back(e);
       }
@@ -407,13 +429,17 @@ struct Codec<std::vector<T, A>> {
           internal::GrowKeepingTensorAddresses(*out, dec.context());
         }
         out->emplace_back();
-        s = Codec<T>::Decode(dec, &out->back());
+        s = decode(dec, &out->back());
         if (!s.ok()) return s;
       }
     }
     return absl::OkStatus();
   }
 };
+
+// vector<Tensor>'s encoding (the same bytes), with the view layout chosen.
+void EncodeTensors(const std::vector<at::Tensor>& v, Encoder& enc, ViewLayout views);
+absl::Status DecodeTensors(Decoder& dec, std::vector<at::Tensor>* out, ViewLayout views);
 
 namespace internal {
 template <typename M>

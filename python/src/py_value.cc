@@ -94,7 +94,8 @@ void Codec<python::PyObj>::Encode(const python::PyObj& v, Encoder& enc) {
   Encoder::Nested nested(enc, "py");
   if (!nested.ok()) return;
   enc.WriteString(src->pickle);
-  Codec<std::vector<at::Tensor>>::Encode(src->tensors, enc);
+  // torch.distributed.rpc keeps a view's strides (rpc/codec.h, ViewLayout).
+  EncodeTensors(src->tensors, enc, ViewLayout::kKeep);
   Codec<std::vector<rref::RRef<python::PyObj>>>::Encode(src->rrefs, enc);
 }
 
@@ -103,7 +104,7 @@ absl::Status Codec<python::PyObj>::Decode(Decoder& dec, python::PyObj* out) {
   if (!nested.status().ok()) return nested.status();
   out->live = python::PyRef();
   absl::Status s = dec.ReadString(&out->pickle, "pickle");
-  if (s.ok()) s = Codec<std::vector<at::Tensor>>::Decode(dec, &out->tensors);
+  if (s.ok()) s = DecodeTensors(dec, &out->tensors, ViewLayout::kKeep);
   if (s.ok()) s = Codec<std::vector<rref::RRef<python::PyObj>>>::Decode(dec, &out->rrefs);
   return s;
 }

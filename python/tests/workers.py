@@ -290,6 +290,15 @@ def scenario_dtypes(rank, world_size):
             # its elements, not the 4 MB base.
             held = rpc.rpc_sync("worker1", storage_bytes, args=(v,))
             assert held == v.numel() * v.element_size(), (label, held)
+        # As under torch's RPC, a view keeps its strides unless the storage
+        # it spans is at least 8 KiB and twice its own bytes (then it arrives
+        # compact, as the strided, narrow and row views above).
+        small = torch.rand(5, 5).narrow(1, 2, 2)
+        for label, v in {"small": small, "transposed": views["transposed"]}.items():
+            back = rpc.rpc_sync("worker1", echo, args=(v,))
+            assert torch.equal(back, v) and back.stride() == v.stride(), (label, back.stride())
+            assert not back.is_contiguous(), label
+        assert views["strided"].stride() != rpc.rpc_sync("worker1", echo, args=(views["strided"],)).stride()
         # Copies on one host: a 4 MB tensor crosses through shared memory,
         # copied once into a segment by each sender; each receiver's tensor
         # is the segment's pages (no copy out), and the Python layer adds

@@ -231,7 +231,7 @@ size_t AppendFrame(Frame frame, std::vector<grpc::Slice>* out) {
   return total;
 }
 
-absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
+absl::Status ParsePacket(grpc::ByteBuffer* packet, PacketSource source, std::vector<Frame>* out) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   grpc::Status dumped = packet->Dump(slices.get());
   if (!dumped.ok()) {
@@ -295,6 +295,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out) {
       if (!reader.Reference(frame.header.blob_sizes(i), &frame.payload.blobs[i])) {
         return absl::DataLossError(absl::StrCat("truncated blob ", i));
       }
+      frame.payload.blobs[i].written_by_grpc = source == PacketSource::kGrpc;
     }
     for (const auto& [k, v] : frame.header.extensions()) frame.payload.extensions[k] = v;
     out->push_back(std::move(frame));

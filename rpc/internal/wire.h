@@ -33,8 +33,12 @@ size_t AppendFrame(Frame frame, std::vector<grpc::Slice>* out);
 // Bytes that AppendFrame would produce, for size-limit checks.
 size_t FrameSize(const Frame& frame);
 
+// Who wrote a packet's bytes: gRPC (received from a socket) or baton itself
+// (the shared-memory transport's rings). Marks the blobs (Blob::written_by_grpc).
+enum class PacketSource { kGrpc, kBaton };
+
 // Splits a received packet into frames. DATA_LOSS if it is malformed.
-absl::Status ParsePacket(grpc::ByteBuffer* packet, std::vector<Frame>* out);
+absl::Status ParsePacket(grpc::ByteBuffer* packet, PacketSource source, std::vector<Frame>* out);
 
 }  // namespace baton::rpc::internal
 

@@ -171,7 +171,7 @@ class RawStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   void OnReadDone(bool ok) override {
     if (!ok) return;
     std::vector<Frame> frames;
-    absl::Status s = internal::ParsePacket(&in_, &frames);
+    absl::Status s = internal::ParsePacket(&in_, internal::PacketSource::kGrpc, &frames);
     in_.Clear();
     {
       absl::MutexLock lock(&mu_);

@@ -181,6 +181,88 @@ TEST(Codec, ViewsSendOnlyTheirBytes) {
   EXPECT_EQ(p->blobs[0].contiguous(), static_cast<const char*>(rows.data_ptr()));
 }
 
+// Tensors as the Python layer sends them (ViewLayout::kKeep), decoded with
+// `views`.
+absl::StatusOr<std::vector<at::Tensor>> KeepViewsRoundTrip(const std::vector<at::Tensor>& sent,
+                                                           ViewLayout views, size_t piece = 0,
+                                                           size_t* blob_bytes = nullptr) {
+  Encoder enc;
+  EncodeTensors(sent, enc, ViewLayout::kKeep);
+  absl::StatusOr<Payload> p = std::move(enc).Finish();
+  if (!p.ok()) return p.status();
+  if (blob_bytes != nullptr) {
+    *blob_bytes = 0;
+    for (const Blob& b : p->blobs) *blob_bytes += b.size();
+  }
+  const Payload received = piece == 0 ? *std::move(p) : AsReceived(*p, piece);
+  Decoder dec(received);
+  std::vector<at::Tensor> out;
+  absl::Status s = DecodeTensors(dec, &out, views);
+  if (s.ok()) s = dec.ExpectEnd();
+  if (!s.ok()) return s;
+  return out;
+}
+
+TEST(Codec, PythonViewsKeepTheirStridesUnlessMostlyNotTheirOwn) {
+  at::Tensor small = at::arange(25, at::kFloat).reshape({5, 5}).narrow(1, 2, 2);
+  at::Tensor base = at::arange(10000, at::kFloat).reshape({100, 100});
+  at::Tensor transposed = base.t();                                   // spans only its own bytes
+  at::Tensor expanded = at::arange(3, at::kFloat).expand({1000, 3});  // stride 0
+  at::Tensor column = base.select(1, 7);  // 400 bytes spread over 39,604
+  const std::vector<at::Tensor> kept = {small, transposed, expanded};
+  for (size_t piece : {size_t{0}, size_t{7}}) {  // aliased, then copied
+    size_t blob_bytes = 0;
+    auto back = KeepViewsRoundTrip({small, transposed, expanded, column}, ViewLayout::kKeep, piece,
+                                   &blob_bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_EQ(back->size(), 4u);
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor& sent = kept[i];
+      EXPECT_FALSE((*back)[i].is_contiguous()) << i;
+      EXPECT_EQ((*back)[i].strides(), sent.strides()) << i;
+      EXPECT_TRUE((*back)[i].equal(sent)) << i;
+    }
+    EXPECT_TRUE((*back)[3].is_contiguous());
+    EXPECT_TRUE((*back)[3].equal(column));
+    // Spans, not storages: 5x5's narrow spans 22 of its 25 elements; the
+    // expanded row is sent once; the column only by its own 100 elements.
+    EXPECT_EQ(blob_bytes, (22 + 10000 + 3 + 100) * sizeof(float));
+  }
+  // A C++ function's decoder gets every one of them contiguous.
+  auto compact = KeepViewsRoundTrip(kept, ViewLayout::kCompact);
+  ASSERT_TRUE(compact.ok()) << compact.status();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE((*compact)[i].is_contiguous()) << i;
+    EXPECT_TRUE((*compact)[i].equal(kept[i])) << i;
+  }
+}
+
+TEST(Codec, AViewWhoseSpanOverflowsOrDisagreesWithItsBlobIsDataLoss) {
+  at::Tensor small = at::arange(25, at::kFloat).reshape({5, 5}).narrow(1, 2, 2);
+  Encoder enc;
+  EncodeTensors({small}, enc, ViewLayout::kKeep);
+  absl::StatusOr<Payload> p = std::move(enc).Finish();
+  ASSERT_TRUE(p.ok());
+  // bytes: vector length, tag 4, dtype, requires_grad, rank 2, sizes 5 2,
+  // strides 5 1, blob index.
+  ASSERT_EQ(p->bytes.size(), 10u);
+  ASSERT_EQ(p->bytes[1], 4);
+  Payload huge = *p;
+  huge.bytes = std::string(p->bytes.substr(0, 7)) +
+               std::string("\x80\x80\x80\x80\x80\x80\x80\x01", 8) +
+               std::string(p->bytes.substr(8));  // stride 2^49 on a dimension of size 5
+  Decoder dec(huge);
+  std::vector<at::Tensor> out;
+  absl::Status s = DecodeTensors(dec, &out, ViewLayout::kKeep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "stride")) << s;
+  Payload wider = *p;
+  wider.bytes[7] = 6;  // a stride of 6 spans 26 elements; the blob holds 22
+  Decoder dec2(wider);
+  s = DecodeTensors(dec2, &out, ViewLayout::kKeep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
 TEST(Codec, SplitAndMisalignedReceiveBuffersAreCopiedCorrectly) {
   at::Tensor t = at::randn({33, 17}, at::kDouble);
   auto p = EncodeMessage(t);

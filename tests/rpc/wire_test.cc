@@ -31,14 +31,34 @@ std::string Flatten(const std::vector<grpc::Slice>& slices) {
 }
 
 // `bytes` as a received packet cut into slices of `piece` bytes (0: one).
-absl::Status Parse(const std::string& bytes, std::vector<Frame>* out, size_t piece = 0) {
+absl::Status Parse(const std::string& bytes, std::vector<Frame>* out, size_t piece = 0,
+                   PacketSource source = PacketSource::kGrpc) {
   std::vector<grpc::Slice> slices;
   if (piece == 0) piece = std::max<size_t>(bytes.size(), 1);
   for (size_t off = 0; off < bytes.size(); off += piece) {
     slices.emplace_back(bytes.data() + off, std::min(piece, bytes.size() - off));
   }
   grpc::ByteBuffer packet(slices.data(), slices.size());
-  return ParsePacket(&packet, out);
+  return ParsePacket(&packet, source, out);
+}
+
+// A blob says whether gRPC wrote its bytes (ThreadSanitizer builds do not
+// check the copy out of such a blob: Blob::written_by_grpc).
+TEST(Wire, BlobsSayWhoWroteThem) {
+  Frame a;
+  a.header.set_kind(proto::FrameHeader::REQUEST);
+  a.payload = *EncodeMessage(std::make_tuple(at::arange(10, at::kFloat)));
+  std::vector<grpc::Slice> slices;
+  AppendFrame(a, &slices);
+  const std::string bytes = Flatten(slices);
+  for (PacketSource source : {PacketSource::kGrpc, PacketSource::kBaton}) {
+    std::vector<Frame> frames;
+    ASSERT_TRUE(Parse(bytes, &frames, 0, source).ok());
+    ASSERT_EQ(frames.size(), 1u);
+    ASSERT_EQ(frames[0].payload.blobs.size(), 1u);
+    EXPECT_EQ(frames[0].payload.blobs[0].written_by_grpc, source == PacketSource::kGrpc);
+    EXPECT_EQ(Contents(frames[0].payload.blobs[0]), Contents(a.payload.blobs[0]));
+  }
 }
 
 // A frame whose header is `header` as is, followed by `rest`.

@@ -232,7 +232,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       return;
     }
     std::vector<Frame> frames;
-    absl::Status s = ParsePacket(&in_, &frames);
+    absl::Status s = ParsePacket(&in_, PacketSource::kGrpc, &frames);
     in_.Clear();
     if (!s.ok()) {
       // The peer speaks something else; drop the stream rather than guess,
@@ -375,7 +375,7 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
       return;
     }
     std::vector<Frame> frames;
-    absl::Status s = ParsePacket(&in_, &frames);
+    absl::Status s = ParsePacket(&in_, PacketSource::kGrpc, &frames);
     in_.Clear();
     if (!s.ok()) {
       parse_error_ = s;

@@ -412,7 +412,7 @@ bool ShmTransport::Poll() {
       }
       grpc::ByteBuffer packet(&slice, 1);
       std::vector<Frame> frames;
-      if (absl::Status s = ParsePacket(&packet, &frames); !s.ok()) {
+      if (absl::Status s = ParsePacket(&packet, PacketSource::kBaton, &frames); !s.ok()) {
         CloseLink(p, s);
         break;
       }
