@@ -425,6 +425,7 @@ AgentStats AgentImpl::stats() const {
     s.calls_waiting_for_restart = waiting_for_restart_;
   }
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
+  s.executor_parallelism = executor_ ? executor_->parallelism() : 0;
   s.timers = timer_ ? timer_->pending() : 0;
   s.live_streams = transport_ ? transport_->live_streams() : 0;
   s.shm_busy_segments = shm_ ? shm_->busy_segments() : 0;
@@ -589,12 +590,20 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
     store_server_->Shutdown(absl::Milliseconds(200));
     if (!token_file_.empty()) ::unlink(token_file_.c_str());
   } else if (store_ != nullptr && !ns_.empty()) {
-    (void)store_->Set(absl::StrCat(ns_, "shutdown/left/", rank_), "1");
+    auto* client = dynamic_cast<store::StoreClient*>(store_.get());
+    const std::string left_key = absl::StrCat(ns_, "shutdown/left/", rank_);
+    if (client != nullptr) {
+      // Rank 0 may have stopped its store already (it waits a bounded time
+      // for the others, and a worker whose init failed comes late): never
+      // wait here for a store that is gone.
+      (void)client->TrySet(left_key, "1", std::min(absl::Seconds(5), left()));
+    } else {
+      (void)store_->Set(left_key, "1");
+    }
     // Rank 0 stops its store once every rank has left. Wait (bounded) until
     // it is gone, so that an immediate init in this process cannot reach the
     // old store and register into a finished round.
-    if (auto* client = dynamic_cast<store::StoreClient*>(store_.get());
-        client != nullptr && options_.store == nullptr && !store_instance_.empty()) {
+    if (client != nullptr && options_.store == nullptr && !store_instance_.empty()) {
       const absl::Time until = absl::Now() + std::min(absl::Seconds(5), left());
       const std::string key = ns_ + "store_instance";
       while (absl::Now() < until) {

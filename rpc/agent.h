@@ -304,6 +304,8 @@ struct AgentStats {
   int64_t pending_outgoing = 0;
   int64_t running_incoming = 0;
   int executor_threads = 0;
+  // User functions the executor runs at once (AgentOptions::parallelism, E1).
+  int executor_parallelism = 0;
   size_t timers = 0;
   int live_streams = 0;
   size_t shm_busy_segments = 0;

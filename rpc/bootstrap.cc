@@ -355,6 +355,28 @@ absl::Status AgentImpl::Rendezvous() {
   if (absl::Status s = Step(RendezvousStep::kAfterInitBarrier); !s.ok()) return s;
   auto superseded = FollowSuccessors(reg);
   if (!superseded.ok()) return superseded.status();
+  // No rank leaves init while another still needs the store for its own
+  // (FollowSuccessors above, the barrier's answer): the store lives in
+  // rank 0's process, which may exit as soon as its init returns. So every
+  // other rank, past the barrier, says so, and the store's host returns
+  // only once all did. That last word needs no answer: once the barrier
+  // passed the job is formed, and the host may be gone before it replies.
+  // A rank that rejoins finds every key of the round already there.
+  if (absl::Status s = store::Barrier(*store_, ns_ + "init/done", rank_, options_.world_size,
+                                      options_.init_timeout);
+      !s.ok()) {
+    return s;
+  }
+  if (store_server_ != nullptr) {
+    std::vector<std::string> passed;
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r != rank_) passed.push_back(absl::StrCat(ns_, "init/passed/", r));
+    }
+    // Bounded: a rank that died right after the barrier never says so.
+    (void)store_->Wait(passed, options_.init_timeout);
+  } else {
+    (void)store_->Set(absl::StrCat(ns_, "init/passed/", rank_), "1");
+  }
   if (shm_ != nullptr) shm_->RemoveProbe();
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
   // Calls to self go through the loopback server like any other call.

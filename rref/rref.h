@@ -127,6 +127,9 @@ class RRef {
   bool is_owner() const { return handle_->is_owner(); }
   int owner_id() const { return handle_->owner(); }
   std::string id() const { return handle_->rref().ToString(); }
+  // The RRef's id and, on a user, its fork's id ({-1, 0} on the owner).
+  RRefId rref_id() const { return handle_->rref(); }
+  ForkId fork_id() const { return handle_->fork(); }
   rpc::WorkerInfo owner() const {
     rpc::RpcAgent* a = Agent();
     auto w = a->worker(handle_->owner());

@@ -136,6 +136,20 @@ absl::StatusOr<int64_t> StoreClient::NumKeys() {
   return resp.count();
 }
 
+absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
+                                 absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(false);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (!options_.job_token.empty()) ctx.AddMetadata(kTokenMetadataKey, options_.job_token);
+  proto::SetRequest req;
+  req.set_key(std::string(key));
+  req.set_value(std::string(value));
+  proto::SetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Set(&ctx, req, &resp));
+  return s.ok() ? s : Fail("set", key, s);
+}
+
 absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(false);

@@ -55,6 +55,10 @@ class StoreClient final : public Store {
   // (UNAVAILABLE, NOT_FOUND-like DEADLINE_EXCEEDED) instead of waiting for
   // the server or the key, bounded by `deadline`.
   absl::StatusOr<std::string> TryGet(absl::string_view key, absl::Duration deadline);
+  // Set() that fails fast (UNAVAILABLE) when the server is not up, instead
+  // of waiting for it, bounded by `deadline`: for a worker leaving a job
+  // whose store may already be gone.
+  absl::Status TrySet(absl::string_view key, absl::string_view value, absl::Duration deadline);
 
   const std::string& address() const { return options_.address; }
 

@@ -594,6 +594,7 @@ class PyAgent {
     d["pending_outgoing"] = s.pending_outgoing;
     d["running_incoming"] = s.running_incoming;
     d["executor_threads"] = s.executor_threads;
+    d["executor_parallelism"] = s.executor_parallelism;
     d["shm_frames_sent"] = s.shm_frames_sent;
     d["shm_bulk_bytes_copied_out"] = s.shm_bulk_bytes_copied_out;
     d["shm_bulk_bytes_copied_in"] = s.shm_bulk_bytes_copied_in;
@@ -860,6 +861,14 @@ PYBIND11_MODULE(_C, m) {
       .def("is_owner", &PyRRef::is_owner)
       .def("owner_id", &PyRRef::owner_id)
       .def("id", &PyRRef::id)
+      // ((worker, local), (worker, local)): the RRef's id and its fork's.
+      .def("ids",
+           [](const PyRRef& r) {
+             const auto rref = r.rref_id();
+             const auto fork = r.fork_id();
+             return py::make_tuple(py::make_tuple(rref.worker, rref.local),
+                                   py::make_tuple(fork.worker, fork.local));
+           })
       .def("confirmed_by_owner", [](const PyRRef& r) { return r.handle()->confirmed_by_owner(); })
       .def("created",
            [](const PyRRef& r) {

@@ -197,7 +197,9 @@ def scenario_api(rank, world_size):
             raise AssertionError("local_value on a non-owner must fail")
         except rpc.RpcError as e:
             assert e.code == "FAILED_PRECONDITION", e
-            assert "not its owner" in str(e), e
+            # torch's words: the RRef, this worker and the owner to call.
+            assert "can't call localValue() on user WorkerInfo(id=0, name=worker0)" in str(e), e
+            assert "Call it on owner WorkerInfo(id=1, name=worker1)" in str(e), e
         # RRef(value): owned here; its to_here is the value itself.
         local = rpc.RRef(torch.ones(2))
         assert local.is_owner() and local.confirmed_by_owner()

@@ -379,6 +379,32 @@ BATON_SCENARIO(killed_peer) {
   return 2;
 }
 
+// Rank 0 hosts the store and leaves the moment its init returns, without a
+// shutdown (a script that ends, a process that _exits): every other rank's
+// init still completes, as under torch.distributed.rpc, whose init ends in
+// a barrier for the same reason.
+BATON_SCENARIO(host_exits_after_init) {
+  AgentOptions opts;
+  opts.shutdown_timeout = absl::Seconds(3);
+  auto agent = InitFromEnv(&opts);
+  if (agent->self().id == 0) {
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  // Init returned: this rank had everything it needs from the store.
+  WCHECK(agent->self().id > 0);
+  WCHECK(agent->worker("w3").ok());
+  // Rank 0 is gone: no shutdown agreement to reach, a bounded teardown.
+  (void)agent->Shutdown(/*graceful=*/false);
+  return 0;
+}
+
+TEST_P(RpcMultiProcess, InitCompletesOnEveryRankWhenTheStoreHostExitsRightAfterItsOwn) {
+  for (int i = 0; i < 3; ++i) {
+    ExpectAllSucceeded(Run("host_exits_after_init", 4, absl::Seconds(90)));
+  }
+}
+
 TEST_P(RpcMultiProcess, PeerKilledMidCallFailsWithinTimeout) {
   auto results = Run("killed_peer", 2, absl::Seconds(60));
   EXPECT_EQ(results[0].exit_code, 0) << Describe(results);

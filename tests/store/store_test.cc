@@ -229,6 +229,25 @@ TEST(StoreClient, UnreachableServerFailsWithinDeadline) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
 }
 
+// A leaving worker's TrySet does not wait out the client's call timeout for
+// a store that is gone: it fails at once (UNAVAILABLE), or at its own bound.
+TEST(StoreClient, TrySetOnAStoppedServerFailsFastNamingIt) {
+  auto probe = *StoreServer::Start({});
+  const std::string address = probe->address();
+  probe->Shutdown();
+  StoreClient client({address, "", absl::Seconds(60)});
+  const absl::Time t0 = absl::Now();
+  absl::Status s = client.TrySet("k", "v", absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), address)) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  // And it sets, where the server is up.
+  auto server = *StoreServer::Start({});
+  StoreClient live({server->address(), "", absl::Seconds(60)});
+  ASSERT_TRUE(live.TrySet("k", "v", absl::Seconds(10)).ok());
+  EXPECT_EQ(*live.Get("k", absl::Seconds(1)), "v");
+}
+
 EtcdStoreOptions EtcdOptions(const std::string& endpoint) {
   EtcdStoreOptions o;
   o.endpoint = endpoint;

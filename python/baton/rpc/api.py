@@ -30,7 +30,7 @@ __all__ = [
     "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
     "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
-    "CppFunction", "get_rpc_timeout",
+    "CppFunction", "get_rpc_timeout", "RpcAgent", "TensorPipeAgent",
 ]
 
 from baton.rpc.constants import (  # noqa: E402
@@ -49,21 +49,26 @@ class RpcBackendOptions:
 
     rpc_timeout: default timeout of calls, in seconds (0: none).
     init_method: "env://" (MASTER_ADDR, MASTER_PORT) or "tcp://host:port".
-    num_worker_threads: accepted for compatibility; baton's executor sizes
-    itself (E1-E3 in docs/threading.md).
+    num_worker_threads: how many user functions run at once (the
+    executor's parallelism, E1 in docs/threading.md; a function waiting in
+    an RPC does not count, so nested calls never exhaust it). Unset, it is
+    the number of hardware threads (at least 2); it reads 16, torch's
+    default, as torch's options do.
     device_maps (set_device_map): where CUDA tensors sent to a worker
     arrive, as in torch (docs/cuda.md); devices, _transports, _channels:
     accepted and unused.
     """
 
-    def __init__(self, num_worker_threads=16, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
+    def __init__(self, num_worker_threads=None, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
                  init_method=DEFAULT_INIT_METHOD, device_maps=None, devices=None,
                  _transports=None, _channels=None, **kwargs):
         if rpc_timeout is not None and (not isinstance(rpc_timeout, (int, float))
                                         or isinstance(rpc_timeout, bool)):
             raise TypeError("incompatible constructor arguments: rpc_timeout is a number of "
                             f"seconds, not {type(rpc_timeout).__name__}")
-        self.num_worker_threads = num_worker_threads
+        self._num_worker_threads = None
+        if num_worker_threads is not None:
+            self.num_worker_threads = num_worker_threads
         self.rpc_timeout = rpc_timeout
         self.init_method = init_method
         self.device_maps = dict(device_maps or {})
@@ -76,6 +81,16 @@ class RpcBackendOptions:
         self.shutdown_wait_for_peers = kwargs.pop("shutdown_wait_for_peers", 0)
         if kwargs:
             raise TypeError(f"unknown RPC backend options: {sorted(kwargs)}")
+
+    @property
+    def num_worker_threads(self) -> int:
+        return 16 if self._num_worker_threads is None else self._num_worker_threads
+
+    @num_worker_threads.setter
+    def num_worker_threads(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"num_worker_threads must be a positive int, not {value!r}")
+        self._num_worker_threads = value
 
     def set_device_map(self, to, device_map):
         """Adds to the map for worker `to`, as torch's does: keys and values
@@ -301,6 +316,8 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         config.master_addr = "127.0.0.1"
     if options.rpc_timeout is not None:
         config.rpc_timeout = float(options.rpc_timeout)
+    if getattr(options, "_num_worker_threads", None) is not None:
+        config.parallelism = options._num_worker_threads
     device_maps = {}
     for to, m in options.device_maps.items():
         mapped = _device_map(to, m, name)
@@ -452,9 +469,10 @@ def _delete_all_user_and_unforked_owner_rrefs(timeout: float = 300.0) -> None:
         raise _errors.translate(e) from None
 
 
-class _AgentView:
-    """What torch's _get_current_rpc_agent() returns, for the calls programs
-    make on it."""
+class RpcAgent:
+    """The current agent as torch's _get_current_rpc_agent() returns it, for
+    the calls programs make on it. baton has one agent for every
+    BackendType, so it is also the TensorPipeAgent below."""
 
     def __init__(self, agent):
         self._agent = agent
@@ -466,13 +484,20 @@ class _AgentView:
         return get_worker_infos()
 
     def get_debug_info(self) -> Dict[str, str]:
-        info = {f"agent.{k}": str(v) for k, v in self._agent.stats().items()}
+        stats = self._agent.stats()
+        info = {f"agent.{k}": str(v) for k, v in stats.items()}
         info["agent.rpc_timeout"] = str(_rpc_timeout)
+        # torch's key for its request threads: baton's functions at once.
+        info["agent.thread_pool_size"] = str(stats["executor_parallelism"])
         return info
 
 
-def _get_current_rpc_agent() -> _AgentView:
-    return _AgentView(_current())
+# torch's name for the agent of BackendType.TENSORPIPE, which baton serves.
+TensorPipeAgent = RpcAgent
+
+
+def _get_current_rpc_agent() -> RpcAgent:
+    return RpcAgent(_current())
 
 
 def _is_current_rpc_agent_set() -> bool:
@@ -914,7 +939,16 @@ def _call(func, args, kwargs):
 def _run(data, tensors, rrefs, caller):
     """Called by the runtime (holding the GIL) for each Python call to this worker:
     returns (is_async, value), value being a _C.Future when is_async."""
-    func, args, kwargs = _pickle.loads(data, tensors, rrefs)
+    try:
+        func, args, kwargs = _pickle.loads(data, tensors, rrefs)
+    except AttributeError as e:
+        # The function (or a class of an argument) is missing here: pickle
+        # sends functions by name only. A RuntimeError at the caller, as
+        # under torch (the function's own errors keep their types).
+        raise RuntimeError(
+            f"{e}. The RPC pickler does not serialize function code: define the function "
+            f"(and the classes of its arguments) in the same module on worker "
+            f"{get_worker_info().name!r} as on the caller") from e
     try:
         if func is _profiling.profiled_call:
             async_name, result = _profiling.run_profiled(_call, *args, **kwargs)
@@ -1002,6 +1036,13 @@ class RRef(Generic[T]):
 
     def local_value(self):
         """The value itself; on the owner only."""
+        if not self.is_owner():
+            rref_id, fork_id = self._c.ids()
+            raise _errors.from_status(
+                9,  # FAILED_PRECONDITION
+                f"For UserRRef(rref_id={_unique_id_text(rref_id)}, "
+                f"fork_id={_unique_id_text(fork_id)}), can't call localValue() on user "
+                f"{get_worker_info()}. Call it on owner {self.owner()}")
         try:
             return _value_of(self._c.local_value())
         except _C.StatusError as e:
@@ -1088,12 +1129,25 @@ class RRef(Generic[T]):
         return _Proxy(self, remote, timeout)
 
     def __repr__(self):
-        kind = "OwnerRRef" if self.is_owner() else "UserRRef"
-        return f"{kind}({self._c.id()}, owner={self._c.owner_id()})"
+        rref_id, fork_id = self._c.ids()
+        if self.is_owner():
+            return f"OwnerRRef({_unique_id_text(rref_id)})"
+        return (f"UserRRef(RRefId = {_unique_id_text(rref_id)}, "
+                f"ForkId = {_unique_id_text(fork_id)})")
 
     def __reduce__(self):
         raise RpcRuntimeError("Can not pickle rref in python pickler: an RRef is sent as an "
                               "argument or result of an RPC, not pickled by hand")
+
+
+def _unique_id_text(worker_and_local):
+    """An RRef or fork id as torch prints it: its creator and the creator's
+    count of ids before it. baton's ids also carry the creator's
+    incarnation (docs/peer_failures.md), shown after a restart."""
+    worker, local = worker_and_local
+    incarnation, count = local >> 48, local & ((1 << 48) - 1)
+    text = f"GloballyUniqueId(created_on={worker}, local_id={count - 1}"
+    return text + (f", incarnation={incarnation})" if incarnation > 1 else ")")
 
 
 def _rref_typeof_on_owner(rref):
