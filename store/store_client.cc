@@ -40,6 +40,12 @@ void StoreClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) cons
   }
 }
 
+void StoreClient::PrepareFailFast(grpc::ClientContext* ctx, absl::Duration deadline) const {
+  ctx->set_wait_for_ready(false);
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (!options_.job_token.empty()) ctx->AddMetadata(kTokenMetadataKey, options_.job_token);
+}
+
 absl::Status StoreClient::Fail(const char* op, absl::string_view key, const absl::Status& s) const {
   std::string what = absl::StrCat("store ", options_.address, ": ", op);
   if (!key.empty()) absl::StrAppend(&what, " '", key, "'");
@@ -139,9 +145,7 @@ absl::StatusOr<int64_t> StoreClient::NumKeys() {
 absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
                                  absl::Duration deadline) {
   grpc::ClientContext ctx;
-  ctx.set_wait_for_ready(false);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  if (!options_.job_token.empty()) ctx.AddMetadata(kTokenMetadataKey, options_.job_token);
+  PrepareFailFast(&ctx, deadline);
   proto::SetRequest req;
   req.set_key(std::string(key));
   req.set_value(std::string(value));
@@ -152,9 +156,7 @@ absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
 
 absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {
   grpc::ClientContext ctx;
-  ctx.set_wait_for_ready(false);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  if (!options_.job_token.empty()) ctx.AddMetadata(kTokenMetadataKey, options_.job_token);
+  PrepareFailFast(&ctx, deadline);
   proto::GetRequest req;
   req.set_key(std::string(key));
   req.set_timeout_ms(0);

@@ -64,6 +64,9 @@ class StoreClient final : public Store {
 
  private:
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  // For the Try* calls: no waiting for the server, the whole call within
+  // `deadline`.
+  void PrepareFailFast(grpc::ClientContext* ctx, absl::Duration deadline) const;
   absl::Status Fail(const char* op, absl::string_view key, const absl::Status& s) const;
 
   const StoreClientOptions options_;
