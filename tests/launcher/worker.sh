@@ -9,8 +9,9 @@ record() {
   local f="$out/env.$RANK.$BATON_RESTART_COUNT"
   env | grep -E '^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|BATON_[A-Z_]+)=' \
     | sort > "$f.tmp.$$"
-  mv "$f.tmp.$$" "$f"
+  # The start first: a worker whose environment file exists has both.
   echo "$RANK $BATON_RESTART_COUNT $$" >> "$out/starts.$BATON_ROLE"
+  mv "$f.tmp.$$" "$f"
 }
 record
 case "$mode" in
@@ -61,7 +62,16 @@ case "$mode" in
       exit 9
     fi
     if [ "$BATON_RESTART_COUNT" = 0 ]; then
-      [ "$BATON_ROLE_RANK" = 0 ] && exit 5
+      if [ "$BATON_ROLE_RANK" = 0 ]; then
+        # Fail once the other trainer (the next rank) has recorded its
+        # first start: the role's restart stops it, and the test reads
+        # every trainer's first environment (bounded: 50 s).
+        for _ in $(seq 250); do
+          [ -e "$out/env.$((RANK + 1)).0" ] && break
+          sleep 0.2
+        done
+        exit 5
+      fi
       sleep 300 & wait $!
     fi
     touch "$out/trainers_restarted"
