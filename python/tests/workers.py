@@ -192,6 +192,14 @@ def scenario_api(rank, world_size):
         assert n_rref.to_here() == 16
         assert counter.confirmed_by_owner()
         assert counter.rpc_sync().add_later(4) == 20  # async method through the proxy
+        # A method the value's type lacks fails at the call, as under torch,
+        # the remote() proxy's too (not later in the RRef it would make).
+        for proxy in (counter.rpc_sync(), counter.remote()):
+            try:
+                proxy.no_such_method()
+                raise AssertionError("a missing method must raise AttributeError")
+            except AttributeError as e:
+                assert "has no attribute 'no_such_method'" in str(e), e
         try:
             counter.local_value()
             raise AssertionError("local_value on a non-owner must fail")

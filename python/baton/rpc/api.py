@@ -976,9 +976,15 @@ class _Proxy:
         rref, kind, timeout = self._rref, self._kind, self._timeout
 
         def call(*args, **kwargs):
-            target = kind
-            return target(rref.owner(), _invoke_method,
-                          args=(rref, method_name, args, kwargs), timeout=timeout)
+            if kind is remote:
+                # A missing method fails here, as under torch, not later in
+                # the new RRef: its type comes from the owner (once, cached).
+                value_type = rref._get_type(timeout=timeout)
+                if not hasattr(value_type, method_name):
+                    raise AttributeError(f"'{value_type.__name__}' object has no attribute "
+                                         f"'{method_name}'")
+            return kind(rref.owner(), _invoke_method,
+                        args=(rref, method_name, args, kwargs), timeout=timeout)
         call.__name__ = method_name
         return call
 
