@@ -64,11 +64,16 @@ absl::Status StoreClient::Fail(const char* op, absl::string_view key, const absl
 absl::Status StoreClient::Set(absl::string_view key, absl::string_view value) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.call_timeout);
+  return SetIn(&ctx, key, value);
+}
+
+absl::Status StoreClient::SetIn(grpc::ClientContext* ctx, absl::string_view key,
+                                absl::string_view value) {
   proto::SetRequest req;
   req.set_key(std::string(key));
   req.set_value(std::string(value));
   proto::SetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Set(&ctx, req, &resp));
+  absl::Status s = FromGrpcStatus(stub_->Set(ctx, req, &resp));
   return s.ok() ? s : Fail("set", key, s);
 }
 
@@ -146,12 +151,7 @@ absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
                                  absl::Duration deadline) {
   grpc::ClientContext ctx;
   PrepareFailFast(&ctx, deadline);
-  proto::SetRequest req;
-  req.set_key(std::string(key));
-  req.set_value(std::string(value));
-  proto::SetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Set(&ctx, req, &resp));
-  return s.ok() ? s : Fail("set", key, s);
+  return SetIn(&ctx, key, value);
 }
 
 absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {

@@ -67,6 +67,8 @@ class StoreClient final : public Store {
   // For the Try* calls: no waiting for the server, the whole call within
   // `deadline`.
   void PrepareFailFast(grpc::ClientContext* ctx, absl::Duration deadline) const;
+  // Set's call, in a context prepared by one of the two above.
+  absl::Status SetIn(grpc::ClientContext* ctx, absl::string_view key, absl::string_view value);
   absl::Status Fail(const char* op, absl::string_view key, const absl::Status& s) const;
 
   const StoreClientOptions options_;
