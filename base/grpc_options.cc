@@ -24,7 +24,8 @@ void ApplyBulkTuning(SetInt set) {
 
 }  // namespace
 
-grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const TlsConfig& tls) {
+grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const TlsConfig& tls,
+                                             absl::Duration silence_timeout) {
   grpc::ChannelArguments args;
   if (tls.enabled() && !tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
   const int limit = Limit(max_message_bytes);
@@ -41,7 +42,11 @@ grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const Tl
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Also gRPC's TCP_USER_TIMEOUT: unacknowledged data breaks the
+  // connection after this long.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(silence_timeout), 1000,
+                                                   3600 * 1000)));
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   ApplyBulkTuning([&args](const char* key, int value) { args.SetInt(key, value); });
   // Each channel gets its own connection, even to the same address.

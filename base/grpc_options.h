@@ -12,6 +12,7 @@
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/time/time.h"
 #include "base/tls.h"
 
 namespace baton {
@@ -23,7 +24,14 @@ inline constexpr char kTokenMetadataKey[] = "x-baton-token";
 // to their own hosts), fast reconnect backoff (peers may start late),
 // keepalive to notice a silent peer, and the given message limit. With TLS
 // and a server_name, peers' certificates are checked against that name.
-grpc::ChannelArguments BatonChannelArguments(int64_t max_message_bytes, const TlsConfig& tls = {});
+// `silence_timeout`: how long the connection outlives silence (data or a
+// keepalive ping unanswered: TCP_USER_TIMEOUT and the keepalive's timeout)
+// before it breaks, so that a partition shorter than it costs no
+// connection (the agent passes its partition tolerance).
+inline constexpr absl::Duration kDefaultSilenceTimeout = absl::Seconds(30);
+grpc::ChannelArguments BatonChannelArguments(
+    int64_t max_message_bytes, const TlsConfig& tls = {},
+    absl::Duration silence_timeout = kDefaultSilenceTimeout);
 
 // Credentials of every baton endpoint (base/tls.h): plain text without TLS;
 // with it, mutual TLS: a server requires and verifies the client's

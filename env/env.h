@@ -72,6 +72,10 @@ inline constexpr char kEnvRejoin[] = "BATON_REJOIN";
 // baton-run sets it for jobs that restart a worker or a role alone
 // (--restart_wait); "0" or unset: such calls fail at once.
 inline constexpr char kEnvRestartWait[] = "BATON_RESTART_WAIT";
+// Seconds a peer may stay silent (a network partition) before it is
+// reported dead (rpc::AgentOptions::partition_tolerance, "Partitions" in
+// docs/peer_failures.md); baton-run sets it from --partition_tolerance.
+inline constexpr char kEnvPartitionTolerance[] = "BATON_PARTITION_TOLERANCE";
 // Set to "1" by baton-run; its presence is what is_elastic_launched() checks.
 inline constexpr char kEnvLaunched[] = "BATON_ELASTIC_LAUNCHED";
 

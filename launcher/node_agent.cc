@@ -58,6 +58,7 @@ namespace {
 using internal::IsMissingKey;
 using internal::kExitAckTimeout;
 using internal::kFollowUpTimeout;
+using internal::kHeartbeatPeriodMax;
 using internal::Log;
 using internal::Worker;
 using internal::WorkerGroup;
@@ -231,8 +232,11 @@ absl::Status NodeAgent::Impl::Setup() {
     }
   }
   if (store_ == nullptr) {  // another node hosts the rendezvous
-    own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
-        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, o_.heartbeat_timeout, *tls});
+    own_store_ = std::make_unique<store::StoreClient>(
+        store::StoreClientOptions{absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_,
+                                  // A partition shorter than the tolerance delays a store call; a
+                                  // longer one fails it, and this node fences itself (RunRound).
+                                  o_.PartitionTolerance() + kHeartbeatPeriodMax, *tls});
     store_ = own_store_.get();
   }
 
@@ -247,7 +251,7 @@ absl::Status NodeAgent::Impl::Setup() {
   rc.dynamic_host = dynamic_host_;
   rc.claim_host = [this] { return ClaimHost(); };
   rc.watch_period =
-      std::max(o_.monitor_interval, std::min(absl::Seconds(1), o_.heartbeat_timeout / 4));
+      std::max(o_.monitor_interval, std::min(absl::Seconds(1), o_.HeartbeatTimeout() / 4));
   rdzv_ = std::make_unique<Rendezvous>(store_, rc);
 
   std::vector<std::string> roles;
@@ -357,11 +361,19 @@ int NodeAgent::Impl::Run() {
       group_->Stop(-1, out.local_signal != 0 ? out.local_signal : SIGTERM, o_.stop_timeout);
     }
     if (!last) {
-      Log(absl::StrCat("round ", round->round, " ended (", kind,
-                       kind == "failure"
-                           ? absl::StrCat(": rank ", out.record["rank"], " ", out.record["reason"])
-                           : "",
-                       "); rendezvous again"));
+      std::string why;
+      if (kind == "failure") {
+        why = absl::StrCat(": rank ", out.record["rank"], " ", out.record["reason"]);
+      } else if (kind == "node_lost") {
+        why = absl::StrCat(": node rank ", out.record["node_rank"], " (", out.record["host"],
+                           ") sent no heart-beat for ", DurationText(o_.HeartbeatTimeout()),
+                           ": it is cut off from the job by the network, hung, or dead");
+      }
+      Log(absl::StrCat("round ", round->round, " ended (", kind, why, "); rendezvous again",
+                       kind == "node_lost" && o_.min_nodes == o_.max_nodes
+                           ? absl::StrCat(", waiting up to ", DurationText(o_.rdzv_timeout),
+                                          " (--rdzv_timeout) for every node to rejoin")
+                           : ""));
       next_round = round->round + 1;
       continue;
     }
@@ -454,7 +466,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
     }
   }
   const absl::Duration heartbeat_period =
-      std::max(o_.monitor_interval, std::min(absl::Seconds(1), o_.heartbeat_timeout / 5));
+      std::max(o_.monitor_interval, std::min(kHeartbeatPeriodMax, o_.HeartbeatTimeout() / 5));
   std::vector<int> role_gen(o_.roles.size(), 0);
   bool reported_done = false;
   while (true) {
@@ -499,7 +511,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
     const absl::Time now = absl::Now();
     if (!rdzv_->is_host() && now - last_heartbeat_sent_ >= heartbeat_period) {
       auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", round.group_rank)), 1);
-      if (!hb.ok()) return fail(Annotate(hb.status(), "heartbeat"));
+      if (!hb.ok()) return fail(CutOff(hb.status(), "heartbeat"));
       last_heartbeat_sent_ = now;
     }
     if (rdzv_->is_host()) {
@@ -510,10 +522,28 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
     auto end = ReadEnd(round);
     if (end.ok()) return *std::move(end);
     if (!IsMissingKey(end.status())) {
-      return fail(Annotate(end.status(), "watching the round"));
+      return fail(CutOff(end.status(), "watching the round"));
     }
     Tick(o_.monitor_interval);
   }
+}
+
+absl::Status NodeAgent::Impl::CutOff(const absl::Status& s, absl::string_view doing) const {
+  // Only a node that reaches the built-in store over the network can be cut
+  // off from it (etcd's lease fences an etcd node: docs/peer_failures.md).
+  const bool store_client = server_ == nullptr && etcd_ == nullptr && o_.max_nodes > 1;
+  if (!store_client || !(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s))) {
+    return Annotate(s, doing);
+  }
+  return absl::Status(
+      s.code(),
+      absl::StrCat("this node is cut off from the job (a network partition?): the rendezvous "
+                   "store at ",
+                   o_.master_addr, ":", o_.rdzv_port, " did not answer for ",
+                   DurationText(o_.PartitionTolerance()),
+                   " (--partition_tolerance), so this node stops its workers; the master node "
+                   "takes it for lost after ",
+                   DurationText(o_.HeartbeatTimeout()), " (", doing, ": ", s.message(), ")"));
 }
 
 void NodeAgent::Impl::PrintSummary(const RoundOutcome& out) {

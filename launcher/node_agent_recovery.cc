@@ -137,7 +137,7 @@ absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, i
 // (Rendezvous::Join). A host that finds the key no longer its own steps
 // down.
 absl::StatusOr<bool> NodeAgent::Impl::ClaimHost() {
-  auto created = etcd_->CreateOnSession(kHostKey, host_claim_, o_.heartbeat_timeout);
+  auto created = etcd_->CreateOnSession(kHostKey, host_claim_, o_.HeartbeatTimeout());
   if (!created.ok() || !*created) return created;
   const bool first = node_rank_ < 0 && !rdzv_;
   node_rank_ = 0;
@@ -199,7 +199,7 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
     if (!hb.ok()) return hb.status();
     if (*hb != heartbeats_[g].first) {
       heartbeats_[g] = {*hb, now};
-    } else if (now - heartbeats_[g].second > o_.heartbeat_timeout) {
+    } else if (now - heartbeats_[g].second > o_.HeartbeatTimeout()) {
       return store_
           ->CompareSet(end_key, "",
                        EncodeRecord({{"kind", "node_lost"},

@@ -104,6 +104,17 @@ int LaunchOptions::local_world_size() const {
   return n;
 }
 
+absl::Duration LaunchOptions::PartitionTolerance() const {
+  if (partition_tolerance.has_value()) return *partition_tolerance;
+  if (heartbeat_timeout.has_value()) return *heartbeat_timeout;
+  return kDefaultPartitionTolerance;
+}
+
+absl::Duration LaunchOptions::HeartbeatTimeout() const {
+  if (heartbeat_timeout.has_value()) return *heartbeat_timeout;
+  return PartitionTolerance() + kLostNodeMargin;
+}
+
 absl::Duration LaunchOptions::RestartWait() const {
   if (restart_wait.has_value()) return *restart_wait;
   if (max_restarts == 0) return absl::ZeroDuration();
@@ -245,7 +256,18 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"log_dir", SetString(&o.log_dir, "log_dir")},
       {"rdzv_timeout", SetSeconds(&o.rdzv_timeout, "rdzv_timeout", false)},
       {"rdzv_last_call", SetSeconds(&o.rdzv_last_call, "rdzv_last_call", true)},
-      {"heartbeat_timeout", SetSeconds(&o.heartbeat_timeout, "heartbeat_timeout", false)},
+      {"heartbeat_timeout",
+       [&o](const std::string& v) -> absl::Status {
+         auto d = ParseSeconds("heartbeat_timeout", v, /*zero=*/false);
+         if (d.ok()) o.heartbeat_timeout = *d;
+         return d.status();
+       }},
+      {"partition_tolerance",
+       [&o](const std::string& v) -> absl::Status {
+         auto d = ParseSeconds("partition_tolerance", v, /*zero=*/false);
+         if (d.ok()) o.partition_tolerance = *d;
+         return d.status();
+       }},
       {"stop_timeout", SetSeconds(&o.stop_timeout, "stop_timeout", true)},
       {"restart_wait",
        [&o](const std::string& v) -> absl::Status {
@@ -560,7 +582,14 @@ nodes, restarts the group on failure. Flags accept --flag=v or --flag v.
                          only the worker that failed (worker)
   --rdzv_timeout S       bound on each rendezvous wait (default 300)
   --rdzv_last_call S     elastic: wait for more nodes after MIN (default 5)
-  --heartbeat_timeout S  declare a silent node lost after S (default 30)
+  --partition_tolerance S
+                         how long a node may be cut off from the job's
+                         store, and a worker from a peer, before they give
+                         up: a shorter partition costs only the calls whose
+                         deadlines pass during it; past it, the cut-off
+                         node stops its workers (default 30)
+  --heartbeat_timeout S  declare a silent node lost after S (default: the
+                         partition tolerance + 10)
   --stop_timeout S       grace period before SIGKILL (default 10)
   --restart_wait S       how long a worker's call to a peer found dead waits
                          for that peer's restart (default 60 when a role

@@ -88,8 +88,17 @@ struct LaunchOptions {
   absl::Duration rdzv_timeout = absl::Seconds(300);
   // Elastic jobs: after MIN nodes arrived, how long to wait for more.
   absl::Duration rdzv_last_call = absl::Seconds(5);
-  // A node whose agent stops heart-beating for this long is declared lost.
-  absl::Duration heartbeat_timeout = absl::Seconds(30);
+  // --partition_tolerance: how long a node may be cut off from the job's
+  // store, and a worker from a peer, before either gives up (see
+  // docs/peer_failures.md, "Partitions"). Unset: --heartbeat_timeout if
+  // given (its old meaning), else kDefaultPartitionTolerance.
+  std::optional<absl::Duration> partition_tolerance;
+  // --heartbeat_timeout: the master node declares a node lost once its
+  // heart-beat stood still this long. Unset: the partition tolerance plus
+  // kLostNodeMargin, so a node cut off that long has fenced itself first.
+  std::optional<absl::Duration> heartbeat_timeout;
+  absl::Duration PartitionTolerance() const;
+  absl::Duration HeartbeatTimeout() const;
   // Grace period between the stop signal and SIGKILL.
   absl::Duration stop_timeout = absl::Seconds(10);
   // --restart_wait: how long a worker's call to a peer found dead waits for
@@ -159,6 +168,11 @@ struct LaunchOptions {
 // which rejoins without a rendezvous; each call's own deadline still bounds
 // its wait.
 inline constexpr absl::Duration kDefaultRestartWait = absl::Seconds(60);
+// --partition_tolerance's default, and what the master node waits beyond
+// it before it declares a silent node lost (HeartbeatTimeout()): by then
+// the node, cut off for the tolerance, stopped its workers.
+inline constexpr absl::Duration kDefaultPartitionTolerance = absl::Seconds(30);
+inline constexpr absl::Duration kLostNodeMargin = absl::Seconds(10);
 
 // Parses `args` (without argv[0]). `env` supplies the SLURM_*, PET_* and
 // operator variables; `machine` resolves --nproc_per_node auto|cpu|gpu and

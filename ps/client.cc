@@ -40,6 +40,15 @@ PsClient::~PsClient() = default;
 
 namespace {
 
+// Pulls and pushes go again after a partition broke their stream
+// (rpc::CallOptions::idempotent): a pull reads, and a server applies a push
+// id once (PS9 in ps/server_shard.h).
+rpc::CallOptions Idempotent(absl::Duration timeout) {
+  rpc::CallOptions o{timeout};
+  o.idempotent = true;
+  return o;
+}
+
 // Completes one promise when every one of n results arrived (first error
 // wins). Results are kept in slot order.
 template <typename T>
@@ -105,6 +114,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent,
     absl::MutexLock lock(&c->mu_);
     c->clock_.assign(c->server_ids_.size(), 0);
     c->session_.assign(c->server_ids_.size(), 0);
+    c->next_push_id_.assign(c->server_ids_.size(), 1);
   }
   if (absl::Status s = c->Join(); !s.ok()) return s;
   return c;
@@ -145,6 +155,7 @@ absl::Status PsClient::Join() {
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("ps client: joining server ", s));
     clock_[s] = r->clock;
     session_[s] = r->session;
+    next_push_id_[s] = 1;
     SameHostServer& host = *same_host_[s];
     if (!r->box_mapped) host.box.reset();  // another host's server: unlinked
     if (options_.same_host_shm && agent_.uses_shm(server_ids_[s]) && !r->board.empty()) {
@@ -278,18 +289,17 @@ rpc::Future<std::vector<std::vector<at::Tensor>>> PsClient::SendPulls(std::vecto
           k, std::move(values), [g](std::vector<Out>& all) { g->promise.SetValue(std::move(all)); },
           what);
     };
-    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server, internal::kPullFn,
-                              std::move(req));
-    f.OnReady([this, server, deliver, read = std::move(p.read_board),
+    // A pull reads: it may go again after a partition broke its connection.
+    auto f =
+        agent_.rpc_async(Idempotent(options_.timeout), server, internal::kPullFn, std::move(req));
+    f.OnReady([this, server, deliver, read = std::move(p.read_board), timeout = options_.timeout,
                again = std::move(again)](const absl::StatusOr<internal::PullReply>& r) mutable {
       if (!r.ok() || r->board_version < 0 || read(r->board_version, r->board_nonce).ok()) {
         deliver(r);
         return;
       }
       // SD1: no whole version could be read; pull the values themselves.
-      agent_
-          .rpc_async(rpc::CallOptions{options_.timeout}, server, internal::kPullFn,
-                     std::move(again))
+      agent_.rpc_async(Idempotent(timeout), server, internal::kPullFn, std::move(again))
           .OnReady(deliver);
     });
   }
@@ -305,11 +315,13 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
     return done.future();
   }
   std::vector<int64_t> clocks, sessions;
+  std::vector<uint64_t> push_ids;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& p : parts) {
       clocks.push_back(clock_[p.server]);
       sessions.push_back(session_[p.server]);
+      push_ids.push_back(next_push_id_[p.server]++);
       if (end_step) ++clock_[p.server];
     }
   }
@@ -325,8 +337,11 @@ rpc::Future<void> PsClient::SendPushes(std::vector<Part> parts, bool end_step,
     req.ids = std::move(p.ids);
     req.gradients = std::move(p.grads);
     req.box_generation = p.box_generation;
-    auto f = agent_.rpc_async(rpc::CallOptions{options_.timeout}, server_ids_[server],
-                              internal::kPushFn, std::move(req));
+    req.push_id = push_ids[k];
+    // PS9: the server applies a push id once, so a push may go again after
+    // a partition broke its connection.
+    auto f = agent_.rpc_async(Idempotent(options_.timeout), server_ids_[server], internal::kPushFn,
+                              std::move(req));
     f.OnReady([this, g, k, server, done, what](const absl::StatusOr<internal::PushReply>& r) {
       absl::StatusOr<int64_t> at_clock;
       if (r.ok()) {

@@ -172,6 +172,8 @@ class PsClient {
   mutable absl::Mutex mu_;
   std::vector<int64_t> clock_ ABSL_GUARDED_BY(mu_);    // per server
   std::vector<int64_t> session_ ABSL_GUARDED_BY(mu_);  // per server, from Join
+  // Per server: the id of the next push of this session (PS9).
+  std::vector<uint64_t> next_push_id_ ABSL_GUARDED_BY(mu_);
   int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
   SameHostStats same_host_stats_ ABSL_GUARDED_BY(mu_);
   // Per server, what the last push's reply named: a pull at `clock` may

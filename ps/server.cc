@@ -476,8 +476,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           if (req.box_generation > 0) {
             if (absl::Status b = same_host->FillGradients(shard->spec(), req); !b.ok()) return b;
           }
-          auto clock = shard->Push(req.trainer, req.clock, req.end_clock,
-                                   Requests(req.tables, req.ids, &req.gradients), req.session);
+          auto clock =
+              shard->Push(req.trainer, req.clock, req.end_clock,
+                          Requests(req.tables, req.ids, &req.gradients), req.session, req.push_id);
           if (!clock.ok()) return clock.status();
           if (dir && every > 0 && req.end_clock) {
             // A new multiple of checkpoint_every_clocks: checkpoint now, not

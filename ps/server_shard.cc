@@ -131,6 +131,8 @@ absl::Status ServerShard::Init() {
   finished_.assign(spec_.num_trainers, 0);
   live_.assign(spec_.num_trainers, true);
   session_.assign(spec_.num_trainers, 0);
+  push_ids_.assign(spec_.num_trainers, {});
+  push_order_.assign(spec_.num_trainers, {});
   return absl::OkStatus();
 }
 
@@ -218,6 +220,9 @@ absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fing
   {
     absl::MutexLock lock(&mu_);
     reply.session = ++session_[trainer];
+    // PS9: push ids count per session.
+    push_ids_[trainer].clear();
+    push_order_[trainer].clear();
     RejoinLocked(trainer, &after);
     if (sync_) {
       // It redoes the clock being aggregated: drop what it pushed for it.
@@ -513,7 +518,8 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
 }
 
 absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_clock,
-                                          std::vector<TableRequest> grads, int64_t session) {
+                                          std::vector<TableRequest> grads, int64_t session,
+                                          uint64_t push_id) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
   Deferred after;
   int64_t at_clock;
@@ -521,6 +527,18 @@ absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_c
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckSession(trainer, session); !s.ok()) return s;
     if (absl::Status s = ValidatePush(grads); !s.ok()) return s;
+    if (push_id > 0) {
+      // PS9: a repeat changes nothing.
+      if (!push_ids_[trainer].insert(push_id).second) {
+        ++duplicate_pushes_;
+        return sync_ ? std::max(finished_[trainer], applied_clock_) : finished_[trainer];
+      }
+      push_order_[trainer].push_back(push_id);
+      if (push_order_[trainer].size() > kRememberedPushes) {
+        push_ids_[trainer].erase(push_order_[trainer].front());
+        push_order_[trainer].pop_front();
+      }
+    }
     RejoinLocked(trainer, &after);
     for (const auto& g : grads) {
       const int i = TableIndex(g.table);
@@ -717,6 +735,7 @@ ShardStats ServerShard::Stats() const {
   s.max_staleness = max_staleness_;
   s.applied_pushes = applied_pushes_;
   s.stale_pushes = stale_pushes_;
+  s.duplicate_pushes = duplicate_pushes_;
   s.live_trainers = std::count(live_.begin(), live_.end(), true);
   s.dropped_trainers = dropped_;
   s.parked_pulls = static_cast<int64_t>(waiters_.size());

@@ -41,6 +41,13 @@
 //   PS8 Checkpoints. Serialize() captures parameters, optimizer state and
 //      clocks at one instant (under the lock, between two applied updates);
 //      Restore() of those bytes gives back an identical shard.
+//   PS9 A repeated push counts once. A push with a push id (> 0, unique per
+//      trainer session; PsClient numbers them) that this shard applied or
+//      recorded already changes nothing (duplicate_pushes) and is answered
+//      with the trainer's clock: a trainer whose push went out again after
+//      a network partition broke its connection (the push may have been
+//      applied; rpc::CallOptions::idempotent) does not apply it twice. The
+//      last kRememberedPushes ids of each trainer session are kept.
 //
 // Thread-safety: safe for concurrent use. One mutex guards the shard, and
 // no user code runs under it except a custom RowInit (ps/spec.h), which
@@ -53,11 +60,14 @@
 #define BATON_PS_SERVER_SHARD_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -150,7 +160,10 @@ class ServerShard {
   // `end_clock` marks the trainer's last push of that clock. Returns the
   // clock the trainer is at afterwards.
   absl::StatusOr<int64_t> Push(int trainer, int64_t clock, bool end_clock,
-                               std::vector<TableRequest> grads, int64_t session = kAnySession);
+                               std::vector<TableRequest> grads, int64_t session = kAnySession,
+                               uint64_t push_id = 0);
+  // PS9: how many push ids of a trainer session are remembered.
+  static constexpr size_t kRememberedPushes = 1024;
 
   // If a pull at `clock` could be served now (PS1, PS4) and every dense
   // table has a value: publishes the dense values on Options::board (if
@@ -277,6 +290,11 @@ class ServerShard {
   int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_pushes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t stale_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t duplicate_pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  // PS9: per trainer, the push ids of its session seen (and their order,
+  // oldest first, to forget the oldest past kRememberedPushes).
+  std::vector<absl::flat_hash_set<uint64_t>> push_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::deque<uint64_t>> push_order_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Log lines not yet handed to the callback, oldest first, and whether a
   // thread is handing them over (it takes lines queued meanwhile too).

@@ -9,6 +9,7 @@ std::string ShardStats::DebugString() const {
       absl::StrCat("server ", server, ": clock ", applied_clock, " (trainers ", min_clock, "..",
                    max_clock, ", live ", live_trainers, ", dropped ", dropped_trainers,
                    "), max staleness ", max_staleness, ", applied pushes ", applied_pushes);
+  if (duplicate_pushes > 0) absl::StrAppend(&out, " (", duplicate_pushes, " repeats not applied)");
   for (const auto& t : tables) {
     absl::StrAppend(&out, "; ", t.table, ": pulls ", t.pulls, " pushes ", t.pushes, " updates ",
                     t.applied_updates, " bytes out/in ", t.bytes_pulled, "/", t.bytes_pushed);

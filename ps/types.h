@@ -37,12 +37,13 @@ struct TableStats {
 struct ShardStats {
   int server = 0;
   std::vector<TableStats> tables;
-  int64_t applied_clock = 0;   // kSync: clocks fully applied
-  int64_t min_clock = 0;       // slowest live trainer's finished clock
-  int64_t max_clock = 0;       // fastest trainer's finished clock
-  int64_t max_staleness = 0;   // largest staleness a pull returned with
-  int64_t applied_pushes = 0;  // push requests applied (PS3; kSync: when their clock applied)
-  int64_t stale_pushes = 0;    // kSync pushes for clocks already applied
+  int64_t applied_clock = 0;     // kSync: clocks fully applied
+  int64_t min_clock = 0;         // slowest live trainer's finished clock
+  int64_t max_clock = 0;         // fastest trainer's finished clock
+  int64_t max_staleness = 0;     // largest staleness a pull returned with
+  int64_t applied_pushes = 0;    // push requests applied (PS3; kSync: when their clock applied)
+  int64_t stale_pushes = 0;      // kSync pushes for clocks already applied
+  int64_t duplicate_pushes = 0;  // repeats of a push id, not applied (PS9)
   int64_t live_trainers = 0;
   int64_t dropped_trainers = 0;  // drops so far (PS5)
   int64_t parked_pulls = 0;

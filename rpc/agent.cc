@@ -276,9 +276,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   // P8: a request that is known undelivered may go to the rank's next
   // incarnation. Not for probes, calls to self, or requests whose tensors
   // wait in shared-memory segments (Export above) for this incarnation.
+  // An idempotent call may go again after a partition (CallOptions).
   std::shared_ptr<const Frame> resend;
-  if (options_.restart_wait > absl::ZeroDuration() && windowed && to != rank_ &&
-      frame.header.shm_blobs_size() == 0) {
+  if ((options_.restart_wait > absl::ZeroDuration() || opts.idempotent) && windowed &&
+      to != rank_ && frame.header.shm_blobs_size() == 0) {
     resend = std::make_shared<const Frame>(frame);
   }
   Promise<Payload> promise(executor_.get());
@@ -298,6 +299,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     call.window_bytes = window_bytes;
     call.undo = std::move(undo);
     call.resend = std::move(resend);
+    call.idempotent = opts.idempotent;
     call.started = absl::Now();  // the state report's age, and metrics
     if (metrics_ != nullptr) call.metrics = metrics_->Rpc(call.function);
   }

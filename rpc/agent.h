@@ -152,6 +152,14 @@ struct AgentOptions {
   // goes to it; zero (the default) fails such calls at once with
   // UNAVAILABLE. For jobs whose launcher restarts failed workers.
   absl::Duration restart_wait = absl::ZeroDuration();
+  // Partitions (docs/peer_failures.md, "Partitions"): a peer that stops
+  // answering without a sign of death (no refusal, no reset: silence) is
+  // probed again and again, and reported dead only once it stayed silent
+  // this long; calls meanwhile fail at their own deadlines, and go through
+  // again when the link comes back. A refused or reset connection still
+  // proves a death at once. FromEnv reads BATON_PARTITION_TOLERANCE
+  // (seconds; baton-run --partition_tolerance sets it).
+  absl::Duration partition_tolerance = absl::Seconds(30);
   // User functions running at once, not counting those waiting in a baton
   // wait (rpc/executor.h, E1-E3); 0: the number of hardware threads, at
   // least 2.
@@ -283,6 +291,15 @@ struct CallOptions {
   // errors, on both sides, when not the function's name (a function behind
   // a generic entry point, such as a Python function). Empty: the function.
   std::string label;
+  // The function may run more than once for one call without harm (a read,
+  // or a write that its callee recognises when repeated). A call whose
+  // stream broke (UNAVAILABLE: a network partition outlasted the
+  // connection, or the connection was reset) is then sent again once the
+  // peer answers a probe, within the call's deadline, instead of failing
+  // because it may have run; it fails if the probe proves the peer dead
+  // ("Partitions" in docs/peer_failures.md). Costs a copy of the request
+  // per call.
+  bool idempotent = false;
 };
 
 // A worker named by name, id or WorkerInfo.

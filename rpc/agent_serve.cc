@@ -50,16 +50,28 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   const uint64_t id = frame.header.id();
   const int caller = frame.header.caller_id();
   const int64_t caller_incarnation = frame.header.caller_incarnation();
-  bool other_incarnation;
+  bool other_incarnation, reported_dead;
   {
     absl::MutexLock lock(&mu_);
     ++incoming_;
     const absl::Time now = absl::Now();
     incoming_calls_[{caller, id}] =
         IncomingCall{ShownName(frame.header), now, false, now, caller_incarnation};
-    other_incarnation = caller_incarnation > 0 && caller >= 0 &&
-                        caller < static_cast<int>(peers_.size()) &&
-                        caller_incarnation != peers_[caller].incarnation;
+    const bool known =
+        caller_incarnation > 0 && caller >= 0 && caller < static_cast<int>(peers_.size());
+    other_incarnation = known && caller_incarnation != peers_[caller].incarnation;
+    reported_dead = known && caller_incarnation <= peers_[caller].dead;
+  }
+  // P4: an incarnation reported dead (for one cut off past the partition
+  // tolerance, its state here was released) never acts for its rank again.
+  if (reported_dead && !other_incarnation) {
+    Refuse(channel, id, caller,
+           absl::UnavailableError(absl::StrCat(
+               "worker '", options_.name, "' refuses a request from incarnation ",
+               caller_incarnation, " of worker id ", caller,
+               ": it was reported dead (cut off or silent past the partition tolerance, or "
+               "gone); a worker reported dead must restart to rejoin the job")));
+    return;
   }
   // P1, P4: a newer incarnation replaces its predecessor here at once; an
   // older one is a replaced process.

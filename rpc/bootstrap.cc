@@ -156,6 +156,14 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
     }
     o.restart_wait = absl::Seconds(seconds);
   }
+  if (const std::string v = get(baton::kEnvPartitionTolerance); !v.empty()) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(v, &seconds) || !(seconds > 0) || seconds > 1e9) {
+      return absl::InvalidArgumentError(absl::StrCat(baton::kEnvPartitionTolerance, " is '", v,
+                                                     "'; expected seconds, more than 0"));
+    }
+    o.partition_tolerance = absl::Seconds(seconds);
+  }
   if (const std::string v = get("BATON_METRICS_ADDRESS"); !v.empty()) {
     o.metrics_address = v;
   } else if (const std::string port = get("BATON_METRICS_PORT"); !port.empty()) {
@@ -476,7 +484,8 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   auto identity = WorkerIdentity::Generate();
   if (!identity.ok()) return identity.status();
   identity_ = *std::move(identity);
-  NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_};
+  NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_,
+                                  options_.partition_tolerance};
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
     transport = network_factory_(network, this);

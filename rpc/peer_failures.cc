@@ -53,23 +53,59 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   }
   CallOptions probe;
   probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
+  const absl::Time probed = absl::Now();
   Call(peer, kPingFunction, "", Payload(), probe, /*windowed=*/false)
-      .OnReady([this, peer, incarnation, cause](const absl::StatusOr<Payload>& r) {
-        const bool dead =
-            !r.ok() && (absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()));
+      .OnReady([this, peer, incarnation, cause, probed](const absl::StatusOr<Payload>& r) {
+        // Silence (no answer, no refusal) is not a death within the
+        // partition tolerance: since when the peer has been silent.
+        absl::Time silent_since = absl::InfiniteFuture();
         {
           absl::MutexLock lock(&mu_);
           suspects_.erase(peer);
+          PeerState& p = peers_[peer];
+          if (r.ok()) {
+            p.silent_since = absl::InfiniteFuture();
+          } else if (IsSilence(r.status())) {
+            p.silent_since = std::min(p.silent_since, probed);
+            silent_since = p.silent_since;
+          }
         }
+        const bool dead =
+            !r.ok() && (absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()));
         if (!dead) return;
-        ReportDead(peer, incarnation,
-                   absl::UnavailableError(
-                       absl::StrCat("worker '", workers_[peer].name, "' (id ", peer,
-                                    ", incarnation ", incarnation, ") is dead: ", cause.message(),
-                                    "; a probe call then failed: ", r.status().message())));
+        if (silent_since != absl::InfiniteFuture()) {
+          const absl::Duration silent = absl::Now() - silent_since;
+          if (silent < options_.partition_tolerance) {
+            ProbeAgain(peer, cause);
+            return;
+          }
+          ReportDead(
+              peer, incarnation,
+              absl::UnavailableError(absl::StrCat(
+                  "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
+                  ") is dead: it did not answer for ", DurationText(silent),
+                  ", past the partition tolerance (", DurationText(options_.partition_tolerance),
+                  ", AgentOptions::partition_tolerance): it is cut off from this worker "
+                  "by the network, or hung (first sign: ",
+                  cause.message(), "; the last probe: ", r.status().message(), ")")));
+          // Calls that wait for the link to it end now.
+          transport_->ResetPeer(peer);
+        } else {
+          ReportDead(peer, incarnation,
+                     absl::UnavailableError(
+                         absl::StrCat("worker '", workers_[peer].name, "' (id ", peer,
+                                      ", incarnation ", incarnation, ") is dead: ", cause.message(),
+                                      "; a probe call then failed: ", r.status().message())));
+        }
         // Its successor may have registered already (P1).
         RefreshPeer(peer);
       });
+}
+
+void AgentImpl::ProbeAgain(int peer, const absl::Status& cause) {
+  timer_->Schedule(absl::Now() + kSilentProbePeriod, [this, peer, cause] {
+    (void)executor_->Submit([this, peer, cause] { SuspectPeer(peer, cause); });
+  });
 }
 
 void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& cause) {
@@ -238,7 +274,10 @@ void AgentImpl::OnPeerLost(int peer, const absl::Status& cause) {
 }
 
 void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status& cause) {
-  if (!absl::IsUnavailable(cause) || options_.restart_wait <= absl::ZeroDuration()) {
+  // P8 with a restart wait; without one, only a refusal by silence (the link
+  // is down: the calls wait for it within their deadlines).
+  if (!absl::IsUnavailable(cause) ||
+      (options_.restart_wait <= absl::ZeroDuration() && !IsSilence(cause))) {
     OnStreamClosed(peer, stream_id, cause);
     return;
   }
@@ -269,7 +308,9 @@ void AgentImpl::RedeliverUnread(int peer,
                                 const std::vector<std::pair<uint64_t, std::string>>& calls,
                                 absl::string_view why, const absl::Status& cause) {
   for (const auto& [id, function] : calls) {
-    if (options_.restart_wait > absl::ZeroDuration() && Redeliver(id)) continue;
+    if ((options_.restart_wait > absl::ZeroDuration() || IsSilence(cause)) && Redeliver(id)) {
+      continue;
+    }
     Complete(id,
              Annotate(absl::UnavailableError(absl::StrCat("worker is dead or unreachable (", why,
                                                           ": ", cause.message(), ")")),
@@ -296,9 +337,17 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
   const auto failed = CallsOnStream(peer, stream_id);
   if (absl::IsUnavailable(cause)) SuspectPeer(peer, cause);
   for (const auto& [id, function] : failed) {
+    // The stream broke (a partition, or a connection reset at its end): an
+    // idempotent call goes again once the peer answers a probe, unless the
+    // probe proves it dead.
+    if (absl::IsUnavailable(cause) && Idempotent(id) && Redeliver(id)) continue;
     const absl::Status s =
-        cause.code() == absl::StatusCode::kUnauthenticated
-            ? cause
+        cause.code() == absl::StatusCode::kUnauthenticated ? cause
+        : IsSilence(cause)
+            ? absl::UnavailableError(absl::StrCat(
+                  "worker unreachable: no answer on its stream (a network partition or a hung "
+                  "host; the call may have run there): ",
+                  cause.message()))
             : absl::UnavailableError(absl::StrCat(
                   "worker is dead or unreachable (stream ended: ", cause.message(), ")"));
     Complete(id, Annotate(s, CallContextText(peer, function)));
@@ -359,8 +408,17 @@ void AgentImpl::RedeliverTo(int peer) {
   }
 }
 
+bool AgentImpl::Idempotent(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(id);
+  return it != pending_.end() && it->second.idempotent && it->second.resend != nullptr;
+}
+
 absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Time until) {
-  until = std::min(until, absl::Now() + options_.restart_wait);
+  // A successor within the restart wait; a partition's end within the
+  // tolerance; either within the calls' deadlines.
+  until =
+      std::min(until, absl::Now() + std::max(options_.restart_wait, options_.partition_tolerance));
   auto left = [&until] { return std::max(absl::Milliseconds(1), until - absl::Now()); };
   // Its successor registered already: follow it.
   (void)LoadPeerRecord(peer, std::min(left(), absl::Seconds(2)));
@@ -375,15 +433,31 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
   }
   absl::Status probe;
   if (!dead) {
-    // The refusal may have been passing (the process is alive): a probe
-    // that gets through says so.
-    CallOptions o;
-    o.timeout = std::min(left(), absl::Seconds(2));
-    auto ping = Call(peer, kPingFunction, "", Payload(), o, /*windowed=*/false);
-    probe = ping.Wait(o.timeout + absl::Seconds(1));
-    if (probe.ok()) return absl::OkStatus();
+    // The refusal may have been passing (the process is alive), or the
+    // link down for a while (a partition): a probe that gets through says
+    // so. Silence is probed again, until an answer, a death or `until`.
+    for (;;) {
+      CallOptions o;
+      o.timeout = std::min(left(), absl::Seconds(2));
+      const absl::Time sent = absl::Now();
+      auto ping = Call(peer, kPingFunction, "", Payload(), o, /*windowed=*/false);
+      probe = ping.Wait(o.timeout + absl::Seconds(1));
+      if (probe.ok()) return absl::OkStatus();
+      if (!IsSilence(probe) || absl::Now() >= until || !running()) break;
+      // A probe that failed at once (the link is down) waits for its turn.
+      absl::SleepFor(std::min(until, sent + kSilentProbePeriod) - absl::Now());
+    }
+    if (IsSilence(probe) && options_.restart_wait <= absl::ZeroDuration()) {
+      return absl::UnavailableError(absl::StrCat(
+          "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
+          ") did not answer (cut off by the network, or hung) within the partition tolerance (",
+          DurationText(options_.partition_tolerance),
+          ", AgentOptions::partition_tolerance) or the call's deadline: ", probe.message()));
+    }
   }
-  if (AwaitSuccessor(peer, incarnation, until)) return absl::OkStatus();
+  if (options_.restart_wait > absl::ZeroDuration() && AwaitSuccessor(peer, incarnation, until)) {
+    return absl::OkStatus();
+  }
   return absl::UnavailableError(absl::StrCat(
       "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
       probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),

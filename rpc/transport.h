@@ -26,6 +26,12 @@
 //   OnRequestsUnread just before OnStreamClosed. When a peer's incoming
 //   stream is cancelled (not closed cleanly), OnPeerLost names the peer.
 // - Frames from one sender thread to one peer arrive in order.
+// - A stream's end says why (IsSilence below): silence (no answer within a
+//   time: a network partition or a hung host) or an answer that the peer is
+//   gone (refused, reset or closed). After a stream to a peer ended in
+//   silence, the next stream to it waits for the link to come back, and
+//   frames sent meanwhile are delivered once it does (or fail with their
+//   calls' deadlines), until ResetPeer() gives the peer up.
 //
 // Thread-safety: Send() and ReplyChannel::Send() may be called from any
 // thread. Handler callbacks run on the transport's threads and must not
@@ -41,6 +47,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/tls.h"
@@ -54,6 +62,23 @@ struct Frame {
   proto::FrameHeader header;
   Payload payload;
 };
+
+// Whether a stream's or call's failure is silence: the peer did not answer
+// in time (DEADLINE_EXCEEDED; UNAVAILABLE from a connection that timed out
+// or a route that is gone), which a network partition or a hung host
+// causes, as opposed to an answer that the peer is gone (a refused or
+// reset connection, a closed stream). Only the latter proves a death
+// (docs/peer_failures.md, "Partitions").
+inline bool IsSilence(const absl::Status& s) {
+  if (absl::IsDeadlineExceeded(s)) return true;
+  if (!absl::IsUnavailable(s)) return false;
+  const std::string m = absl::AsciiStrToLower(s.message());
+  for (const char* mark : {"timed out", "timeout", "no route to host", "network is unreachable",
+                           "host is down", "keepalive"}) {
+    if (absl::StrContains(m, mark)) return true;
+  }
+  return false;
+}
 
 // Where a request's reply goes: the stream or link it came in on.
 class ReplyChannel {
@@ -125,6 +150,10 @@ class NetworkTransport : public Transport {
   // Where peers reach this worker (e.g. host:port).
   virtual const std::string& address() const = 0;
   virtual void AddPeer(int id, const std::string& address, const std::string& identity) = 0;
+  // The agent gave `peer` up (it stayed silent past the partition
+  // tolerance): a stream waiting for the link to it ends now (its calls
+  // fail), and the next one does not wait.
+  virtual void ResetPeer(int /*peer*/) {}
   virtual absl::Status CloseStreams(bool cancel, absl::Duration timeout) = 0;
   virtual void StopServer(absl::Duration grace) = 0;
   virtual int live_streams() const = 0;
@@ -135,6 +164,9 @@ struct NetworkTransportOptions {
   std::string job_token;       // every incoming stream must carry it
   int64_t max_message_bytes = 0;
   TlsConfig tls;  // mutual TLS (base/tls.h); empty: plain text
+  // How long a connection outlives silence (BatonChannelArguments): the
+  // agent's partition tolerance.
+  absl::Duration silence_timeout = absl::Seconds(30);
 };
 
 // Starts a network transport that delivers to `handler` (the agent).

@@ -2,11 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <random>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
+#include "store/store_server.h"
 
 namespace baton::store {
 namespace {
@@ -14,15 +17,31 @@ namespace {
 // Slack added to a blocking call's gRPC deadline so the server's own timeout
 // (which names the keys) fires first.
 constexpr absl::Duration kServerSlack = absl::Seconds(2);
+// Between the attempts of a call whose connection broke.
+constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
 
 int64_t ToMillis(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return INT64_MAX / 2;
   return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
 }
 
+proto::SetRequest SetRequestFor(absl::string_view key, absl::string_view value) {
+  proto::SetRequest req;
+  req.set_key(std::string(key));
+  req.set_value(std::string(value));
+  return req;
+}
+
+std::string RandomClientId() {
+  std::random_device rd;
+  return absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8),
+                      absl::Hex(rd(), absl::kZeroPad8));
+}
+
 }  // namespace
 
-StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)) {
+StoreClient::StoreClient(StoreClientOptions options)
+    : options_(std::move(options)), client_id_(RandomClientId()) {
   channel_ = grpc::CreateCustomChannel(options_.address, BatonChannelCredentials(options_.tls),
                                        BatonChannelArguments(64 << 20, options_.tls));
   stub_ = proto::Store::NewStub(channel_);
@@ -30,11 +49,9 @@ StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(option
 
 StoreClient::~StoreClient() = default;
 
-void StoreClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+void StoreClient::Prepare(grpc::ClientContext* ctx, absl::Time deadline) const {
   ctx->set_wait_for_ready(true);
-  if (timeout != absl::InfiniteDuration()) {
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  }
+  if (deadline != absl::InfiniteFuture()) ctx->set_deadline(absl::ToChronoTime(deadline));
   if (!options_.job_token.empty()) {
     ctx->AddMetadata(kTokenMetadataKey, options_.job_token);
   }
@@ -61,42 +78,57 @@ absl::Status StoreClient::Fail(const char* op, absl::string_view key, const absl
   return Annotate(s, what);
 }
 
-absl::Status StoreClient::Set(absl::string_view key, absl::string_view value) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
-  return SetIn(&ctx, key, value);
+template <typename Attempt>
+absl::Status StoreClient::Retrying(absl::Time deadline, Attempt attempt) const {
+  for (;;) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, deadline);
+    const absl::Status s = FromGrpcStatus(attempt(&ctx));
+    // UNAVAILABLE without the server's mark: the connection broke (or could
+    // not be made) before an answer. With the mark it is the server's own
+    // answer (its store closed), which a repeat would not change.
+    if (s.ok() || !absl::IsUnavailable(s) || absl::Now() >= deadline ||
+        ctx.GetServerTrailingMetadata().count(kStoreAnsweredKey) > 0) {
+      return s;
+    }
+    absl::SleepFor(std::min(kRetryPause, deadline - absl::Now()));
+  }
 }
 
-absl::Status StoreClient::SetIn(grpc::ClientContext* ctx, absl::string_view key,
-                                absl::string_view value) {
-  proto::SetRequest req;
-  req.set_key(std::string(key));
-  req.set_value(std::string(value));
+absl::Status StoreClient::Set(absl::string_view key, absl::string_view value) {
+  const proto::SetRequest req = SetRequestFor(key, value);
   proto::SetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Set(ctx, req, &resp));
+  absl::Status s = Retrying(absl::Now() + options_.call_timeout,
+                            [&](grpc::ClientContext* ctx) { return stub_->Set(ctx, req, &resp); });
   return s.ok() ? s : Fail("set", key, s);
 }
 
 absl::StatusOr<std::string> StoreClient::Get(absl::string_view key, absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
+  const absl::Time start = absl::Now();
   proto::GetRequest req;
   req.set_key(std::string(key));
-  req.set_timeout_ms(ToMillis(timeout));
   proto::GetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Get(&ctx, req, &resp));
+  absl::Status s = Retrying(start + std::max(timeout, options_.call_timeout) + kServerSlack,
+                            [&](grpc::ClientContext* ctx) {
+                              // A repeat waits only for what is left of the caller's timeout.
+                              req.set_timeout_ms(ToMillis(timeout == absl::InfiniteDuration()
+                                                              ? timeout
+                                                              : timeout - (absl::Now() - start)));
+                              return stub_->Get(ctx, req, &resp);
+                            });
   if (!s.ok()) return Fail("get", key, s);
   return std::move(*resp.mutable_value());
 }
 
 absl::StatusOr<int64_t> StoreClient::Add(absl::string_view key, int64_t delta) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
   proto::AddRequest req;
   req.set_key(std::string(key));
   req.set_delta(delta);
+  // A repeat after a broken connection must not count twice.
+  req.set_request_id(absl::StrCat(client_id_, ":", next_request_.fetch_add(1)));
   proto::AddResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Add(&ctx, req, &resp));
+  absl::Status s = Retrying(absl::Now() + options_.call_timeout,
+                            [&](grpc::ClientContext* ctx) { return stub_->Add(ctx, req, &resp); });
   if (!s.ok()) return Fail("add", key, s);
   return resp.value();
 }
@@ -104,45 +136,51 @@ absl::StatusOr<int64_t> StoreClient::Add(absl::string_view key, int64_t delta) {
 absl::StatusOr<std::string> StoreClient::CompareSet(absl::string_view key,
                                                     absl::string_view expected,
                                                     absl::string_view desired) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
+  // A repeat of a swap that was applied finds `desired` and answers it: the
+  // caller sees that its value is in place, as the first answer would say.
   proto::CompareSetRequest req;
   req.set_key(std::string(key));
   req.set_expected(std::string(expected));
   req.set_desired(std::string(desired));
   proto::CompareSetResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->CompareSet(&ctx, req, &resp));
+  absl::Status s = Retrying(absl::Now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->CompareSet(ctx, req, &resp);
+  });
   if (!s.ok()) return Fail("compare_set", key, s);
   return std::move(*resp.mutable_value());
 }
 
 absl::Status StoreClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, std::max(timeout, options_.call_timeout) + kServerSlack);
+  const absl::Time start = absl::Now();
   proto::WaitRequest req;
   for (const auto& k : keys) req.add_keys(k);
-  req.set_timeout_ms(ToMillis(timeout));
   proto::WaitResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Wait(&ctx, req, &resp));
+  absl::Status s = Retrying(start + std::max(timeout, options_.call_timeout) + kServerSlack,
+                            [&](grpc::ClientContext* ctx) {
+                              req.set_timeout_ms(ToMillis(timeout == absl::InfiniteDuration()
+                                                              ? timeout
+                                                              : timeout - (absl::Now() - start)));
+                              return stub_->Wait(ctx, req, &resp);
+                            });
   return s.ok() ? s : Fail("wait", "", s);
 }
 
 absl::StatusOr<bool> StoreClient::Delete(absl::string_view key) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
   proto::DeleteRequest req;
   req.set_key(std::string(key));
   proto::DeleteResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->Delete(&ctx, req, &resp));
+  absl::Status s = Retrying(absl::Now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->Delete(ctx, req, &resp);
+  });
   if (!s.ok()) return Fail("delete", key, s);
   return resp.deleted();
 }
 
 absl::StatusOr<int64_t> StoreClient::NumKeys() {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.call_timeout);
   proto::NumKeysResponse resp;
-  absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
+  absl::Status s = Retrying(absl::Now() + options_.call_timeout, [&](grpc::ClientContext* ctx) {
+    return stub_->NumKeys(ctx, proto::NumKeysRequest(), &resp);
+  });
   if (!s.ok()) return Fail("num_keys", "", s);
   return resp.count();
 }
@@ -151,7 +189,9 @@ absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
                                  absl::Duration deadline) {
   grpc::ClientContext ctx;
   PrepareFailFast(&ctx, deadline);
-  return SetIn(&ctx, key, value);
+  proto::SetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->Set(&ctx, SetRequestFor(key, value), &resp));
+  return s.ok() ? s : Fail("set", key, s);
 }
 
 absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {
@@ -170,7 +210,7 @@ absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     grpc::ClientContext ctx;
-    Prepare(&ctx, std::max(absl::Milliseconds(1), deadline - absl::Now()));
+    Prepare(&ctx, std::max(deadline, absl::Now() + absl::Milliseconds(1)));
     proto::NumKeysResponse resp;
     absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
     if (s.ok()) return s;

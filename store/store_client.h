@@ -6,10 +6,22 @@
 // timeout; the others by `options.call_timeout`. Errors name the store
 // address and, for waits, the keys.
 //
+// A partition between client and server: a call whose connection breaks
+// before its answer (UNAVAILABLE: the connection timed out, was reset, or
+// could not be made again) is sent again on a new connection, until the
+// call's deadline. So `call_timeout` is how long a partition may last
+// before the non-blocking calls fail (baton-run sets it to
+// --partition_tolerance). A repeated call has the effect of one: Set, Get,
+// Wait and Delete are idempotent; a repeated CompareSet that was applied
+// answers with the value it set; an Add carries a request id, and the
+// server applies each id once (store_server.h). The Try* calls fail fast
+// and are not repeated.
+//
 // Thread-safety: safe for concurrent use.
 #ifndef BATON_STORE_STORE_CLIENT_H_
 #define BATON_STORE_STORE_CLIENT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -63,15 +75,20 @@ class StoreClient final : public Store {
   const std::string& address() const { return options_.address; }
 
  private:
-  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  void Prepare(grpc::ClientContext* ctx, absl::Time deadline) const;
+  // Runs attempt(ctx), each time in a new context bounded by `deadline`,
+  // again while it fails with UNAVAILABLE and the deadline is not reached.
+  template <typename Attempt>
+  absl::Status Retrying(absl::Time deadline, Attempt attempt) const;
   // For the Try* calls: no waiting for the server, the whole call within
   // `deadline`.
   void PrepareFailFast(grpc::ClientContext* ctx, absl::Duration deadline) const;
-  // Set's call, in a context prepared by one of the two above.
-  absl::Status SetIn(grpc::ClientContext* ctx, absl::string_view key, absl::string_view value);
   absl::Status Fail(const char* op, absl::string_view key, const absl::Status& s) const;
 
   const StoreClientOptions options_;
+  // Names this client's Add requests (with next_request_) for the server.
+  const std::string client_id_;
+  std::atomic<uint64_t> next_request_{1};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Store::Stub> stub_;
 };

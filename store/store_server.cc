@@ -2,7 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
@@ -40,8 +44,28 @@ class StoreServer::Service final : public proto::Store::Service {
   grpc::Status Add(grpc::ServerContext* ctx, const proto::AddRequest* req,
                    proto::AddResponse* resp) override {
     if (auto s = CheckToken(ctx); !s.ok()) return s;
+    if (req->request_id().empty()) {
+      auto v = store_->Add(req->key(), req->delta());
+      if (!v.ok()) return ToGrpcStatus(v.status());
+      resp->set_value(*v);
+      return grpc::Status::OK;
+    }
+    // A client's repeat of an Add whose answer it lost (StoreClient retries
+    // after a broken connection) gets the first answer: a counter moves once.
+    absl::MutexLock lock(&adds_mu_);
+    auto seen = applied_adds_.find(req->request_id());
+    if (seen != applied_adds_.end()) {
+      resp->set_value(seen->second);
+      return grpc::Status::OK;
+    }
     auto v = store_->Add(req->key(), req->delta());
     if (!v.ok()) return ToGrpcStatus(v.status());
+    applied_adds_.emplace(req->request_id(), *v);
+    add_order_.push_back(req->request_id());
+    if (add_order_.size() > kRememberedAdds) {
+      applied_adds_.erase(add_order_.front());
+      add_order_.pop_front();
+    }
     resp->set_value(*v);
     return grpc::Status::OK;
   }
@@ -77,7 +101,11 @@ class StoreServer::Service final : public proto::Store::Service {
   }
 
  private:
+  // Every handler starts here: its answer, whatever its status, says that
+  // the server answered (kStoreAnsweredKey), so that a client tells this
+  // server's UNAVAILABLE (its store closed) from a lost connection's.
   grpc::Status CheckToken(grpc::ServerContext* ctx) const {
+    ctx->AddTrailingMetadata(kStoreAnsweredKey, "1");
     if (token_.empty()) return grpc::Status::OK;
     const auto& md = ctx->client_metadata();
     auto it = md.find(kTokenMetadataKey);
@@ -93,6 +121,13 @@ class StoreServer::Service final : public proto::Store::Service {
 
   MemoryStore* const store_;
   const std::string token_;
+  // The answers of the last kRememberedAdds Adds that carried a request id,
+  // oldest first in add_order_. A client repeats an Add only within its
+  // partition tolerance, so a bounded memory is enough.
+  static constexpr size_t kRememberedAdds = 1 << 16;
+  absl::Mutex adds_mu_;
+  absl::flat_hash_map<std::string, int64_t> applied_adds_ ABSL_GUARDED_BY(adds_mu_);
+  std::deque<std::string> add_order_ ABSL_GUARDED_BY(adds_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {

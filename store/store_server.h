@@ -24,6 +24,10 @@ class Server;
 
 namespace baton::store {
 
+// Trailing metadata of every answer of a StoreServer (store_client.h: a
+// call that got it is not repeated).
+inline constexpr char kStoreAnsweredKey[] = "x-baton-store-answered";
+
 struct StoreServerOptions {
   // host:port to listen on; port 0 picks a free port.
   std::string address = "127.0.0.1:0";

@@ -109,12 +109,21 @@ void SlowLink::Relay(int client) {
   char buf[64 << 10];
   pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
   bool open = true;
+  const int generation = cuts_.load();
   while (open && !stop_.load()) {
+    if (cuts_.load() != generation) {
+      // A reset, not a clean close: linger 0.
+      const linger hard{1, 0};
+      (void)::setsockopt(client, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+      (void)::setsockopt(server, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+      break;
+    }
     if (::poll(fds, 2, kPollMs) <= 0) continue;
     for (int i = 0; i < 2 && open; ++i) {
       if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const ssize_t n = ::recv(fds[i].fd, buf, sizeof(buf), 0);
       open = n > 0 && WriteAll(fds[1 - i].fd, buf, n);
+      if (open && i == 0) bytes_to_target_.fetch_add(n);
     }
   }
   ::close(server);

@@ -4,6 +4,9 @@
 // Tests put it between a gRPC client and its server to check that a
 // handshake slower than the reconnect backoff still completes.
 //
+// Cut() breaks the connections relayed at the time, to check that a client
+// whose connection broke mid-call makes a new one.
+//
 // Thread-safety: address() may be called from any thread; the destructor
 // closes every connection and joins its threads (within about 50 ms).
 #ifndef BATON_TESTS_SLOW_LINK_H_
@@ -35,6 +38,11 @@ class SlowLink {
   const std::string& address() const { return address_; }
   // Connections accepted so far.
   int accepted() const { return accepted_.load(); }
+  // Bytes relayed from clients to the target so far.
+  int64_t bytes_to_target() const { return bytes_to_target_.load(); }
+  // Breaks every connection relayed now, as a partition that outlasted it
+  // does: the client's end gets a reset. Later connections are relayed.
+  void Cut() { cuts_.fetch_add(1); }
 
  private:
   SlowLink(int listen_fd, int target_port, absl::Duration delay);
@@ -47,6 +55,8 @@ class SlowLink {
   std::string address_;
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
+  std::atomic<int64_t> bytes_to_target_{0};
+  std::atomic<int> cuts_{0};
   std::thread acceptor_;
   absl::Mutex mu_;
   std::vector<std::thread> relays_ ABSL_GUARDED_BY(mu_);

@@ -2,10 +2,14 @@
 # Runs the PyTorch peer (../shared/peer/torch_allreduce_bench.py, Gloo) and
 # baton's allreduce_bench back to back on 2 ranks and prints a side-by-side
 # table. "speedup" is how many times faster baton is (peer latency / ours, or
-# our GB/s / theirs); the issue's targets are in the last column.
+# our GB/s / theirs); the issue's targets are in the last column. The peer
+# runs under Debian's torch 1.13 (/usr/bin/python3) or under the interpreter
+# that BATON_PEER_PYTHON names (bench/compare.sh --peer-python), for example
+# the venv of pip's torch 2.x.
 #
 #   comm/bench/compare_allreduce.sh            # from the repository root
 #   BATON_ALLREDUCE_BENCH=path/to/binary comm/bench/compare_allreduce.sh
+#   BATON_PEER_PYTHON="$(bash tools/torch2_venv.sh)" comm/bench/compare_allreduce.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 peer="$root/../shared/peer/torch_allreduce_bench.py"
@@ -16,7 +20,9 @@ fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 port="$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-MASTER_PORT="$port" timeout 600 /usr/bin/python3 "$peer" --ranks 2 >"$tmp/peer.jsonl"
+peer_python="${BATON_PEER_PYTHON:-/usr/bin/python3}"
+echo "== allreduce peer under $peer_python: torch $("$peer_python" -c 'import torch; print(torch.__version__)')" >&2
+MASTER_PORT="$port" timeout 600 "$peer_python" "$peer" --ranks 2 >"$tmp/peer.jsonl"
 timeout 600 "$ours" --ranks 2 >"$tmp/ours.jsonl"
 /usr/bin/python3 - "$tmp/peer.jsonl" "$tmp/ours.jsonl" <<'PY'
 import json, sys

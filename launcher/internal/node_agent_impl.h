@@ -41,6 +41,8 @@ inline constexpr int kSummaryTailLines = 30;
 inline constexpr absl::Duration kExitAckTimeout = absl::Seconds(10);
 // Bound on reading a key that its writer sets right after another one.
 inline constexpr absl::Duration kFollowUpTimeout = absl::Seconds(30);
+// The longest pause between two heart-beats of a node.
+inline constexpr absl::Duration kHeartbeatPeriodMax = absl::Seconds(1);
 
 // "baton-run: <text>" on stderr, in one write.
 void Log(absl::string_view text);
@@ -124,6 +126,11 @@ class NodeAgent::Impl {
   void FinishAsHost(int64_t round, int others);
   absl::StatusOr<std::unique_ptr<store::EtcdStore>> ConnectEtcd();
   void PrintSummary(const RoundOutcome& outcome);
+  // A store failure of RunRound's `doing`; for a node that reaches the
+  // rendezvous store over the network and got no answer within the
+  // partition tolerance, the error says that this node is cut off and
+  // fences itself.
+  absl::Status CutOff(const absl::Status& s, absl::string_view doing) const;
 
   const LaunchOptions o_;
   // --node_rank, or 0 once this node won the rendezvous port

@@ -84,6 +84,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
       {kEnvRestartCount, absl::StrCat(w.restart_count)},
       {kEnvMaxRestarts, absl::StrCat(o.max_restarts)},
       {kEnvRestartWait, absl::StrCat(absl::ToDoubleSeconds(o.RestartWait()))},
+      {kEnvPartitionTolerance, absl::StrCat(absl::ToDoubleSeconds(o.PartitionTolerance()))},
       {kEnvJobToken, config_.job_token},
       {kEnvRole, o.roles[w.role_index].name},
       {kEnvRoleRank, absl::StrCat(w.role_rank)},

@@ -21,6 +21,7 @@ proto::ShardStats ToProto(const ShardStats& stats) {
   out.set_max_staleness(stats.max_staleness);
   out.set_applied_pushes(stats.applied_pushes);
   out.set_stale_pushes(stats.stale_pushes);
+  out.set_duplicate_pushes(stats.duplicate_pushes);
   out.set_live_trainers(stats.live_trainers);
   out.set_dropped_trainers(stats.dropped_trainers);
   out.set_parked_pulls(stats.parked_pulls);
@@ -46,6 +47,7 @@ ShardStats FromProto(const proto::ShardStats& stats) {
   out.max_staleness = stats.max_staleness();
   out.applied_pushes = stats.applied_pushes();
   out.stale_pushes = stats.stale_pushes();
+  out.duplicate_pushes = stats.duplicate_pushes();
   out.live_trainers = stats.live_trainers();
   out.dropped_trainers = stats.dropped_trainers();
   out.parked_pulls = stats.parked_pulls();

@@ -105,8 +105,11 @@ struct PushRequest {
   // > 0: the dense gradients left undefined in `gradients` are this
   // generation of the trainer's gradient box (SD3).
   uint64_t box_generation = 0;
+  // > 0: this push's id in the trainer's session, for the server to apply
+  // it once however often it arrives (PS9).
+  uint64_t push_id = 0;
   BATON_CODEC_FIELDS(PushRequest, trainer, session, clock, end_clock, tables, ids, gradients,
-                     box_generation);
+                     box_generation, push_id);
 };
 struct PushReply {
   int64_t clock = 0;  // the clock the trainer is at afterwards

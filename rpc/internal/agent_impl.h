@@ -187,6 +187,9 @@ class AgentImpl : private TransportHandler {
     // P8: the request, kept (with options_.restart_wait) so that it can go
     // again to the rank's next incarnation if it is known undelivered.
     std::shared_ptr<const Frame> resend;
+    // CallOptions::idempotent: with `resend`, it also goes again after its
+    // stream ended in silence, although it may have been read.
+    bool idempotent = false;
     int deliveries = 1;  // sends of the request so far
     // Metrics (AgentOptions::metrics_address): null when off.
     obs::RpcMetrics* metrics = nullptr;
@@ -259,8 +262,16 @@ class AgentImpl : private TransportHandler {
                        Payload args, const CallOptions& opts, bool windowed);
 
   // Confirms a suspected death of `peer`'s latest known incarnation with a
-  // probe call, then reports it (ReportDead).
+  // probe call, then reports it (ReportDead). A probe that meets silence
+  // (IsSilence) is made again (ProbeAgain) until the peer answers or it was
+  // silent for options_.partition_tolerance.
   void SuspectPeer(int peer, const absl::Status& cause);
+  void ProbeAgain(int peer, const absl::Status& cause);
+  // Whether pending call `id` may go again after a partition
+  // (CallOptions::idempotent, with its request kept).
+  bool Idempotent(uint64_t id) const;
+  // Between the probes of a silent peer.
+  static constexpr absl::Duration kSilentProbePeriod = absl::Seconds(1);
   // `peer` has `incarnation` (from a request or its registration): if that
   // is newer than known, it replaces the entry, turns shared-memory blobs
   // toward the rank off, reports the older incarnation dead and refreshes
@@ -413,6 +424,10 @@ class AgentImpl : private TransportHandler {
     int64_t key_incarnation = 0;
     bool refreshing = false;  // a store read in flight
     absl::Time next_refresh = absl::InfinitePast();
+    // When a probe it did not answer started, without a sign of death
+    // (IsSilence); InfiniteFuture while it answers. Reported dead once
+    // silent for options_.partition_tolerance.
+    absl::Time silent_since = absl::InfiniteFuture();
   };
   std::vector<PeerState> peers_ ABSL_GUARDED_BY(mu_);  // sized during Rendezvous
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;

@@ -397,6 +397,39 @@ absl::Status LoopbackNetwork::Kill(int rank) {
   return absl::OkStatus();
 }
 
+absl::Status LoopbackNetwork::TimeOutStreams(int a, int b) {
+  std::shared_ptr<Endpoint> ends[2];
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [address, ep] : endpoints_) {
+      absl::MutexLock elock(&ep->mu);
+      if (ep->killed) continue;
+      if (ep->rank == a && ends[0] == nullptr) ends[0] = ep;
+      if (ep->rank == b && ends[1] == nullptr) ends[1] = ep;
+    }
+  }
+  if (ends[0] == nullptr || ends[1] == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no live loopback transport has rank ", ends[0] == nullptr ? a : b));
+  }
+  const int ranks[2] = {a, b};
+  for (int side = 0; side < 2; ++side) {
+    const int other = ranks[1 - side];
+    uint64_t stream = 0;
+    {
+      absl::MutexLock lock(&ends[side]->mu);
+      auto it = ends[side]->streams.find(other);
+      if (it != ends[side]->streams.end()) stream = it->second;
+    }
+    if (stream != 0) {
+      CloseStream(ends[side], other, stream,
+                  absl::UnavailableError(absl::StrCat("loopback stream to worker ", other,
+                                                      ": recvmsg:Connection timed out")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool LoopbackNetwork::killed(int rank) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [address, ep] : endpoints_) {

@@ -21,6 +21,8 @@
 //   hears OnStreamClosed(w, stream, UNAVAILABLE) once, and every other that
 //   knows w hears OnPeerLost(w) (its incoming stream cancelled); w's own
 //   streams close too; later sends to w fail with UNAVAILABLE.
+// - TimeOutStreams(a, b) ends the streams between a and b with a silence
+//   cause, as a partition that outlasts the connection's timeouts does.
 // - A request that reaches a worker whose server stopped closes the
 //   sender's stream with UNAVAILABLE, as a refused connection does.
 // - Every stream checks the job token of the receiving transport; a wrong
@@ -113,6 +115,13 @@ class LoopbackNetwork {
   // that rank yet.
   absl::Status Kill(int rank);
   bool killed(int rank) const;
+  // The streams between workers `a` and `b`, both ways, end as TCP ends a
+  // connection that a network partition left unanswered: each side's
+  // stream to the other closes with UNAVAILABLE "... Connection timed out"
+  // (silence: IsSilence in rpc/transport.h). The frames themselves are a
+  // rule's (a partition is a rule that drops the frames between them).
+  // NOT_FOUND if no live transport has one of the ranks.
+  absl::Status TimeOutStreams(int a, int b);
   LoopbackStats stats() const;
   // Waits (bounded) until no frame is queued for delivery; held frames do
   // not count. False at the deadline.

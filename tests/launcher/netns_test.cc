@@ -8,58 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/launcher/fixture.h"
+#include "tests/launcher/netns.h"
 
 namespace baton::launcher::testing {
 namespace {
-
-int Sh(const std::string& command) {
-  return std::system(absl::StrCat(command, " >/dev/null 2>&1").c_str());
-}
-
-class NetnsTest : public LauncherTest {
- protected:
-  void SetUp() override {
-    LauncherTest::SetUp();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root for ip netns";
-    const int id = ::getpid() % 200 + 20;
-    ns_[0] = absl::StrCat("baton", ::getpid(), "a");
-    ns_[1] = absl::StrCat("baton", ::getpid(), "b");
-    addr_[0] = absl::StrCat("10.231.", id, ".1");
-    addr_[1] = absl::StrCat("10.231.", id, ".2");
-    if (Sh(absl::StrCat("ip netns add ", ns_[0])) != 0) {
-      GTEST_SKIP() << "ip netns is not available here";
-    }
-    created_ = true;
-    const std::string va = absl::StrCat("bv", ::getpid(), "a"),
-                      vb = absl::StrCat("bv", ::getpid(), "b");
-    const std::vector<std::string> setup = {
-        absl::StrCat("ip netns add ", ns_[1]),
-        absl::StrCat("ip link add ", va, " type veth peer name ", vb),
-        absl::StrCat("ip link set ", va, " netns ", ns_[0]),
-        absl::StrCat("ip link set ", vb, " netns ", ns_[1]),
-        absl::StrCat("ip -n ", ns_[0], " addr add ", addr_[0], "/24 dev ", va),
-        absl::StrCat("ip -n ", ns_[1], " addr add ", addr_[1], "/24 dev ", vb),
-        absl::StrCat("ip -n ", ns_[0], " link set ", va, " up"),
-        absl::StrCat("ip -n ", ns_[1], " link set ", vb, " up"),
-        absl::StrCat("ip -n ", ns_[0], " link set lo up"),
-        absl::StrCat("ip -n ", ns_[1], " link set lo up"),
-    };
-    for (const std::string& c : setup) {
-      if (Sh(c) != 0) GTEST_SKIP() << "could not set up the veth pair: " << c;
-    }
-  }
-  void TearDown() override {
-    LauncherTest::TearDown();
-    if (created_) {
-      // Deleting a namespace removes its end of the veth pair, and the pair.
-      Sh(absl::StrCat("ip netns del ", ns_[0]));
-      Sh(absl::StrCat("ip netns del ", ns_[1]));
-    }
-  }
-  std::string ns_[2], addr_[2];
-  bool created_ = false;
-};
 
 TEST_F(NetnsTest, TwoNodesWithTheirOwnAddresses) {
   const int port = 29600, rdzv = 29601;  // Fresh namespaces: all ports free.

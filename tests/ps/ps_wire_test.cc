@@ -61,7 +61,7 @@ TEST(PsWire, EveryFunctionTakesAndReturnsNamedTypes) {
             "->JoinReply{int64,int64,bool,string,uint64,int64}");
   EXPECT_EQ(internal::kPushFn.signature(),
             "(PushRequest{int32,int64,int64,bool,vector<string>,vector<Tensor>,"
-            "vector<Tensor>,uint64})->PushReply{int64,int64,uint64}");
+            "vector<Tensor>,uint64,uint64})->PushReply{int64,int64,uint64}");
   EXPECT_EQ(internal::kPullFn.signature(),
             "(PullRequest{int32,int64,int64,vector<string>,vector<Tensor>,bool})"
             "->PullReply{int64,vector<Tensor>,int64,uint64}");
@@ -82,6 +82,7 @@ TEST(PsWire, ShardStatsTravelAsAProtoWithEveryCounter) {
   in.live_trainers = 19;
   in.dropped_trainers = 20;
   in.parked_pulls = 21;
+  in.duplicate_pushes = 22;
   auto out = Decode<proto::ShardStats>(rpc::EncodeMessage(internal::ToProto(in)));
   ASSERT_TRUE(out.ok()) << out.status();
   const ShardStats back = internal::FromProto(*out);
@@ -96,12 +97,12 @@ TEST(PsWire, ShardStatsTravelAsAProtoWithEveryCounter) {
               std::tie(b.table, b.pulls, b.pushes, b.bytes_pulled, b.bytes_pushed,
                        b.applied_updates, b.rows));
   }
-  EXPECT_EQ(
-      std::tie(in.applied_clock, in.min_clock, in.max_clock, in.max_staleness, in.applied_pushes,
-               in.stale_pushes, in.live_trainers, in.dropped_trainers, in.parked_pulls),
-      std::tie(back.applied_clock, back.min_clock, back.max_clock, back.max_staleness,
-               back.applied_pushes, back.stale_pushes, back.live_trainers, back.dropped_trainers,
-               back.parked_pulls));
+  EXPECT_EQ(std::tie(in.applied_clock, in.min_clock, in.max_clock, in.max_staleness,
+                     in.applied_pushes, in.stale_pushes, in.live_trainers, in.dropped_trainers,
+                     in.parked_pulls, in.duplicate_pushes),
+            std::tie(back.applied_clock, back.min_clock, back.max_clock, back.max_staleness,
+                     back.applied_pushes, back.stale_pushes, back.live_trainers,
+                     back.dropped_trainers, back.parked_pulls, back.duplicate_pushes));
 }
 
 TEST(PsWire, ServerAnswersTypedRequestsAndRefusesBadOnesNamingTheField) {

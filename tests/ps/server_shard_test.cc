@@ -1,6 +1,6 @@
 // The parameter server's protocol, in one process: ServerShard objects
 // driven directly, as servers, by a small in-test router. Tests are named
-// after the guarantees of ps/server_shard.h (PS1-PS8).
+// after the guarantees of ps/server_shard.h (PS1-PS9).
 #include "ps/server_shard.h"
 
 #include <atomic>
@@ -547,6 +547,42 @@ TEST(PsGuarantees, PS6_JoinRedoesTheCurrentClockFencesTheOldSessionAndRejectsAno
 // callback calls the shard (which would deadlock on its own mutex if it ran
 // under it), even a call that logs again, and still sees the lines one at a
 // time in the order of the events.
+// A push that went again after a partition broke its connection (its first
+// send may have been applied) carries the same push id: applied once.
+TEST(PsGuarantees, PS9_ARepeatedPushIdIsAppliedOnce) {
+  PsSpec spec = LinearSpec(torch::kFloat64, OptimizerOptions::SGD(1), Consistency::Async(), 1);
+  Cluster cluster(spec, 1);
+  cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
+  cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
+  ServerShard& s = cluster.shard(0);
+  auto push = [&](uint64_t id, bool end) {
+    return s.Push(0, 0, end, {{"b", {}, torch::ones({7}, torch::kFloat64)}}, kAnySession, id);
+  };
+  ASSERT_TRUE(push(1, false).ok());
+  auto repeated = push(1, false);  // the repeat
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_EQ(*repeated, 0);
+  auto ended = push(2, true);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(*ended, 1);
+  auto repeated_end = push(2, true);  // answered with the trainer's clock
+  ASSERT_TRUE(repeated_end.ok());
+  EXPECT_EQ(*repeated_end, 1);
+  EXPECT_EQ(s.Stats().applied_pushes, 2);
+  EXPECT_EQ(s.Stats().duplicate_pushes, 2);
+  // Two gradients of one, SGD with lr 1: -2, not -4.
+  EXPECT_EQ(cluster.PullDense(0, 1, 1).value()[0].item<double>(), -2.0);
+  // Pushes without an id (in-process callers) are applied every time.
+  ASSERT_TRUE(push(0, false).ok());
+  ASSERT_TRUE(push(0, false).ok());
+  EXPECT_EQ(s.Stats().applied_pushes, 4);
+  // A new session (Join) numbers its pushes anew.
+  ASSERT_TRUE(s.Join(0, spec.Fingerprint()).ok());
+  ASSERT_TRUE(
+      s.Push(0, 1, false, {{"b", {}, torch::ones({7}, torch::kFloat64)}}, kAnySession, 1).ok());
+  EXPECT_EQ(s.Stats().applied_pushes, 5);
+}
+
 TEST(PsShardThreading, LogCallbackRunsWithoutTheLockMayCallTheShardAndKeepsEventOrder) {
   FakeTime time;
   Cluster* cluster_ptr = nullptr;

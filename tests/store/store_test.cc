@@ -6,12 +6,14 @@
 #include <thread>
 
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/tls.h"
+#include "proto/store.grpc.pb.h"
 #include "store/etcd_store.h"
 #include "store/memory_store.h"
 #include "store/store_client.h"
@@ -246,6 +248,73 @@ TEST(StoreClient, TrySetOnAStoppedServerFailsFastNamingIt) {
   StoreClient live({server->address(), "", absl::Seconds(60)});
   ASSERT_TRUE(live.TrySet("k", "v", absl::Seconds(10)).ok());
   EXPECT_EQ(*live.Get("k", absl::Seconds(1)), "v");
+}
+
+// A partition that outlasts the connection: a blocking Get in flight when
+// its connection breaks is sent again on a new one, and still returns the
+// value set later, within its own timeout.
+TEST(StoreClient, ACallWhoseConnectionBreaksIsSentAgainOnANewOne) {
+  auto server = *StoreServer::Start({});
+  auto link = testing::SlowLink::Start(server->address(), absl::ZeroDuration());
+  ASSERT_TRUE(link.ok()) << link.status();
+  StoreClient client({(*link)->address(), "", absl::Seconds(20)});
+  ASSERT_TRUE(client.Set("ready", "1").ok());
+  const int64_t before = (*link)->bytes_to_target();
+  absl::StatusOr<std::string> got = absl::UnknownError("not yet");
+  std::thread getter([&] { got = client.Get("late", absl::Seconds(20)); });
+  // The Get reached the server; then its connection breaks.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*link)->bytes_to_target() > before; }));
+  (*link)->Cut();
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*link)->accepted() >= 2; }));
+  ASSERT_TRUE(server->store().Set("late", "value").ok());
+  getter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "value");
+}
+
+// Add is the one call whose repeat would change the result: each request id
+// is applied once, and a repeat gets the first answer.
+TEST(StoreServer, AnAddRepeatedWithItsRequestIdCountsOnce) {
+  auto server = *StoreServer::Start({});
+  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
+  auto stub = proto::Store::NewStub(channel);
+  auto add = [&](const std::string& id) -> int64_t {
+    grpc::ClientContext ctx;
+    proto::AddRequest req;
+    req.set_key("n");
+    req.set_delta(5);
+    req.set_request_id(id);
+    proto::AddResponse resp;
+    const grpc::Status s = stub->Add(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.value();
+  };
+  EXPECT_EQ(add("client-a:1"), 5);
+  EXPECT_EQ(add("client-a:1"), 5);  // the repeat
+  EXPECT_EQ(add("client-a:2"), 10);
+  EXPECT_EQ(add(""), 15);  // no id: applied every time
+  EXPECT_EQ(add(""), 20);
+  EXPECT_EQ(*server->store().Add("n", 0), 20);
+}
+
+// The server's own UNAVAILABLE (its store closed) is an answer: the client
+// does not repeat the call until its deadline.
+TEST(StoreClient, TheServersOwnUnavailableIsNotRepeated) {
+  auto server = *StoreServer::Start({});
+  auto link = testing::SlowLink::Start(server->address(), absl::ZeroDuration());
+  ASSERT_TRUE(link.ok()) << link.status();
+  StoreClient client({(*link)->address(), "", absl::Seconds(30)});
+  ASSERT_TRUE(client.Set("k", "v").ok());
+  const int64_t before = (*link)->bytes_to_target();
+  absl::Status s;
+  const absl::Time t0 = absl::Now();
+  std::thread waiter([&] { s = client.Wait({"never"}, absl::Seconds(20)); });
+  // The Wait reached the server, which then stops.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*link)->bytes_to_target() > before; }));
+  server->Shutdown();
+  waiter.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10)) << s;
 }
 
 EtcdStoreOptions EtcdOptions(const std::string& endpoint) {

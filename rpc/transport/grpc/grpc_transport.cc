@@ -340,8 +340,12 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
                                        });
   }
 
-  void Start(grpc::GenericStub* stub, const std::string& token, const std::string& identity) {
+  // `wait_for_link`: the stream waits for the connection to come back
+  // (a partition), instead of ending when it cannot be made now.
+  void Start(grpc::GenericStub* stub, const std::string& token, const std::string& identity,
+             bool wait_for_link) {
     self_ = shared_from_this();
+    ctx_.set_wait_for_ready(wait_for_link);
     if (!token.empty()) ctx_.AddMetadata(kTokenMetadataKey, token);
     if (!identity.empty()) ctx_.AddMetadata(kIdentityMetadataKey, identity);
     stub->PrepareBidiStreamingCall(&ctx_, kStreamMethod, grpc::StubOptions(), this);
@@ -567,10 +571,24 @@ void GrpcTransport::AddPeer(int id, const std::string& address, const std::strin
   }
   p.address = address;
   p.identity = identity;
-  p.channel = grpc::CreateCustomChannel(
-      address, BatonChannelCredentials(options_.tls),
-      BatonChannelArguments(options_.max_message_bytes + (1 << 20), options_.tls));
+  p.channel =
+      grpc::CreateCustomChannel(address, BatonChannelCredentials(options_.tls),
+                                BatonChannelArguments(options_.max_message_bytes + (1 << 20),
+                                                      options_.tls, options_.silence_timeout));
   p.stub = std::make_unique<grpc::GenericStub>(p.channel);
+}
+
+void GrpcTransport::ResetPeer(int peer) {
+  std::shared_ptr<ClientStream> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return;
+    it->second.silent = false;
+    waiting = it->second.stream;
+  }
+  // Its OnDone (CANCELLED) fails what is still pending on it.
+  if (waiting != nullptr) waiting->Close(/*cancel=*/true);
 }
 
 bool GrpcTransport::connected(int peer) const {
@@ -604,7 +622,8 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
             lifetimes->Destroyed();
           });
       ++live_streams_;
-      it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity);
+      it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity,
+                               it->second.silent);
     }
     stream = it->second.stream;
   }
@@ -628,6 +647,7 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id, const absl:
     if (it != peers_.end() && it->second.stream != nullptr &&
         it->second.stream->id() == stream_id) {
       it->second.stream.reset();
+      it->second.silent = IsSilence(cause);
     }
     for (Peer& old : retired_) {
       if (old.stream != nullptr && old.stream->id() == stream_id) old.stream.reset();

@@ -84,6 +84,7 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   // retires its stream and channel (kept until the stream ends, and closed
   // by CloseStreams).
   void AddPeer(int id, const std::string& address, const std::string& identity) override;
+  void ResetPeer(int peer) override;
 
   // Every peer added (a new stream opens on demand).
   bool connected(int peer) const override;
@@ -106,6 +107,9 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<grpc::GenericStub> stub;
     std::shared_ptr<ClientStream> stream;
+    // The last stream ended in silence (IsSilence): the next one waits for
+    // the link (gRPC's wait-for-ready) until accepted or ResetPeer().
+    bool silent = false;
   };
 
   GrpcTransport(TransportOptions options, TransportHandler* handler);
