@@ -162,7 +162,10 @@ absl::StatusOr<std::unique_ptr<store::EtcdStore>> NodeAgent::Impl::ConnectEtcd()
   store::EtcdStoreOptions eo;
   eo.endpoint = o_.etcd.endpoint;
   eo.prefix = absl::StrCat("/baton/", o_.run_id, "/rdzv/");
-  eo.call_timeout = o_.rdzv_timeout;
+  // etcd may come up after the nodes (within the rendezvous timeout); once
+  // it answered, a partition from it may last the tolerance.
+  eo.connect_timeout = o_.rdzv_timeout;
+  eo.call_timeout = o_.PartitionTolerance() + kHeartbeatPeriodMax;
   eo.user = o_.etcd.user;
   eo.password = o_.etcd.password;
   if (!o_.etcd.password_file.empty()) {
@@ -515,9 +518,9 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       last_heartbeat_sent_ = now;
     }
     if (rdzv_->is_host()) {
-      if (absl::Status s = HostChecks(round); !s.ok()) return fail(s);
+      if (absl::Status s = HostChecks(round); !s.ok()) return fail(CutOff(s, "checking the round"));
     } else if (dynamic_host_) {
-      if (absl::Status s = WatchHost(round); !s.ok()) return fail(s);
+      if (absl::Status s = WatchHost(round); !s.ok()) return fail(CutOff(s, "watching the host"));
     }
     auto end = ReadEnd(round);
     if (end.ok()) return *std::move(end);
@@ -529,18 +532,19 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
 }
 
 absl::Status NodeAgent::Impl::CutOff(const absl::Status& s, absl::string_view doing) const {
-  // Only a node that reaches the built-in store over the network can be cut
-  // off from it (etcd's lease fences an etcd node: docs/peer_failures.md).
-  const bool store_client = server_ == nullptr && etcd_ == nullptr && o_.max_nodes > 1;
-  if (!store_client || !(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s))) {
+  // A node that reaches the store over the network (the built-in one on
+  // another node, or etcd) can be cut off from it.
+  const bool remote = etcd_ != nullptr || (server_ == nullptr && o_.max_nodes > 1);
+  if (!remote || !(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s))) {
     return Annotate(s, doing);
   }
   return absl::Status(
       s.code(),
       absl::StrCat("this node is cut off from the job (a network partition?): the rendezvous "
                    "store at ",
-                   o_.master_addr, ":", o_.rdzv_port, " did not answer for ",
-                   DurationText(o_.PartitionTolerance()),
+                   etcd_ != nullptr ? absl::StrCat("etcd ", o_.etcd.endpoint)
+                                    : absl::StrCat(o_.master_addr, ":", o_.rdzv_port),
+                   " did not answer for ", DurationText(o_.PartitionTolerance()),
                    " (--partition_tolerance), so this node stops its workers; the master node "
                    "takes it for lost after ",
                    DurationText(o_.HeartbeatTimeout()), " (", doing, ": ", s.message(), ")"));

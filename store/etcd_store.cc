@@ -19,6 +19,9 @@
 namespace baton::store {
 namespace {
 
+// Between the attempts of a call that met UNAVAILABLE.
+constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
+
 using etcdserverpb::Compare;
 using etcdserverpb::RequestOp;
 
@@ -90,6 +93,7 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(EtcdStoreOptions o
     return absl::InvalidArgumentError("etcd: an empty key prefix would share keys across jobs");
   }
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
+  if (absl::Status up = store->WaitForEtcd(); !up.ok()) return up;
   if (!store->options_.user.empty()) {
     if (absl::Status s = store->Authenticate(); !s.ok()) return s;
   }
@@ -161,6 +165,26 @@ absl::Status EtcdStore::Fail(const char* op, absl::string_view key, const absl::
   return Annotate(s, what);
 }
 
+absl::Status EtcdStore::WaitForEtcd() {
+  const absl::Time deadline =
+      absl::Now() + (options_.connect_timeout > absl::ZeroDuration() ? options_.connect_timeout
+                                                                     : options_.call_timeout);
+  etcdserverpb::RangeRequest rq;
+  rq.set_key(LeaseKey());
+  rq.set_count_only(true);
+  for (;;) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, deadline);
+    etcdserverpb::RangeResponse resp;
+    const absl::Status s = FromGrpcStatus(kv_->Range(&ctx, rq, &resp));
+    // Any answer but UNAVAILABLE (an authentication error included) says
+    // that etcd is up; the calls that follow report their own errors.
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return absl::OkStatus();
+    if (absl::Now() >= deadline) return Fail("connect", "", s);
+    absl::SleepFor(std::min(kRetryPause, deadline - absl::Now()));
+  }
+}
+
 absl::Status EtcdStore::Authenticate() {
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);
@@ -187,6 +211,12 @@ absl::Status EtcdStore::Rpc(const char* op, absl::string_view key, absl::Time de
     // An expired auth token: authenticate again, once.
     if (s.code() == absl::StatusCode::kUnauthenticated && attempt == 0 && !options_.user.empty() &&
         Authenticate().ok()) {
+      continue;
+    }
+    // A broken connection, or etcd without a leader: again, until the
+    // deadline (a partition shorter than call_timeout only delays a call).
+    if (absl::IsUnavailable(s) && absl::Now() < deadline) {
+      absl::SleepFor(std::min(kRetryPause, deadline - absl::Now()));
       continue;
     }
     return s.ok() ? s : Fail(op, key, s);

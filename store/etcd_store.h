@@ -18,7 +18,12 @@
 //   INVALID_ARGUMENT and OUT_OF_RANGE errors.
 // - The server may come up after the client: every call waits for the
 //   connection, bounded by its own deadline (call_timeout for the
-//   non-blocking ones). Errors name the endpoint and the key.
+//   non-blocking ones; connect_timeout for Connect's first answer). A call
+//   that failed with UNAVAILABLE (its connection broke: a partition, or
+//   etcd restarted or has no leader) goes again until its deadline; an Add
+//   whose first transaction was applied but whose answer was lost may then
+//   count twice (etcd's transactions carry no request id). Errors name the
+//   endpoint and the key.
 // - Authentication: with `user` set, Connect() authenticates (etcd's
 //   Authenticate) and every call carries the token; an expired token is
 //   renewed once per call. TLS: `tls` (base/tls.h) with etcd's CA, and a
@@ -53,8 +58,15 @@ struct EtcdStoreOptions {
   std::string endpoint;
   // Every key of this store lives under it, e.g. "/baton/<run id>/".
   std::string prefix;
-  // Bound on the non-blocking calls, including waiting for etcd to come up.
+  // Bound on the non-blocking calls, including waiting for etcd to come up
+  // again: a call whose connection broke, or that etcd answered with
+  // UNAVAILABLE (no leader yet), goes again until then. So it is also how
+  // long a partition from etcd may last before calls fail (baton-run sets
+  // it from --partition_tolerance).
   absl::Duration call_timeout = absl::Seconds(30);
+  // Bound on Connect()'s wait for etcd to answer at all (etcd may start
+  // after the job); zero: call_timeout.
+  absl::Duration connect_timeout = absl::ZeroDuration();
   // The job's lease (see the contract); zero: none.
   absl::Duration lease_ttl = absl::Seconds(60);
   // etcd's own authentication; empty user: none.
@@ -106,6 +118,8 @@ class EtcdStore final : public Store {
 
   // Sets deadline, wait-for-ready and the auth token.
   void Prepare(grpc::ClientContext* ctx, absl::Time deadline) const;
+  // Waits until etcd answers a call, at most connect_timeout.
+  absl::Status WaitForEtcd();
   absl::Status Authenticate();
   // Runs `call` (one etcd RPC) with a fresh context; renews an expired auth
   // token once.

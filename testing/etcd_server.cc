@@ -28,6 +28,8 @@ namespace {
 
 constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
+// iproute2, for EtcdServerOptions::netns.
+constexpr char kIp[] = "/usr/bin/ip";
 
 // Runs argv with stdout and stderr into `out_fd` (or /dev/null if -1); the
 // child dies with this thread's process.
@@ -78,9 +80,10 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(EtcdServerOptions 
   const int client = FreePort();
   const int peer = FreePort();
   if (client <= 0 || peer <= 0) return absl::UnavailableError("etcd: no free port");
-  s->endpoint_ = absl::StrCat("127.0.0.1:", client);
+  // Ports are free here; in a fresh network namespace every port is.
+  s->endpoint_ = absl::StrCat(options.host, ":", client);
   s->data_dir_ = MakeTempDir("etcd");
-  const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer);
+  const std::string peer_url = absl::StrCat("http://", options.host, ":", peer);
   const bool tls = !options.tls_dir.empty();
   const std::string client_url = absl::StrCat(tls ? "https://" : "http://", s->endpoint_);
   int fds[2];
@@ -108,6 +111,9 @@ absl::StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(EtcdServerOptions 
     const std::string& d = options.tls_dir;
     argv.insert(argv.end(), {"--cert-file", d + "/etcd.pem", "--key-file", d + "/etcd.key",
                              "--trusted-ca-file", d + "/ca.pem", "--client-cert-auth"});
+  }
+  if (!options.netns.empty()) {
+    argv.insert(argv.begin(), {kIp, "netns", "exec", options.netns});
   }
   s->pid_ = Spawn(argv, fds[1]);
   ::close(fds[1]);

@@ -39,6 +39,10 @@ struct EtcdServerOptions {
   // (tools/make_certs.sh DIR etcd); etcd then requires a client certificate
   // signed by that CA. Not with `auth`.
   std::string tls_dir;
+  // Run etcd in this network namespace (`ip netns exec`, as root), listening
+  // on `host` there; empty: this process's namespace, on loopback.
+  std::string netns;
+  std::string host = "127.0.0.1";
 };
 
 class EtcdServer {
@@ -47,7 +51,7 @@ class EtcdServer {
   static absl::StatusOr<std::unique_ptr<EtcdServer>> Start(EtcdServerOptions options = {});
   ~EtcdServer();
 
-  // 127.0.0.1:<client port>
+  // host:<client port>
   const std::string& endpoint() const { return endpoint_; }
   pid_t pid() const { return pid_; }
   void Stop();

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/etcd_server.h"
 #include "testing/eventually.h"
 #include "tests/launcher/netns.h"
 
@@ -40,7 +41,8 @@ std::vector<CallRecord> ReadCalls(const std::string& path) {
     if (f.size() != 3 || !absl::SimpleAtoi(f[0], &start_ms) || !absl::SimpleAtoi(f[1], &took_ms)) {
       continue;  // a line being written
     }
-    calls.push_back({absl::FromUnixMillis(start_ms), absl::Milliseconds(took_ms), std::string(f[2])});
+    calls.push_back(
+        {absl::FromUnixMillis(start_ms), absl::Milliseconds(took_ms), std::string(f[2])});
   }
   return calls;
 }
@@ -60,36 +62,37 @@ class PartitionTest : public NetnsTest {
       job = {Runfile("tests/launcher/partition_job"), absl::StrCat("--out=", out_)};
     }
     for (int n = 0; n < 2; ++n) {
-      std::vector<std::string> args = {"--nnodes",         "2",
-                                        "--node_rank",      absl::StrCat(n),
-                                        "--master_addr",    addr_[0],
-                                        "--master_port",    "29600",
-                                        "--rdzv_port",      "29601",
-                                        "--monitor_interval", "0.05",
-                                        "--stop_timeout",   "2"};
+      std::vector<std::string> args = {
+          "--nnodes",       "2",     "--node_rank", absl::StrCat(n), "--master_addr",      addr_[0],
+          "--master_port",  "29600", "--rdzv_port", "29601",         "--monitor_interval", "0.05",
+          "--stop_timeout", "2"};
       args.insert(args.end(), extra.begin(), extra.end());
       if (std::find(extra.begin(), extra.end(), "--role") == extra.end()) {
         args.insert(args.end(), {"--nproc_per_node", "1"});
       }
       args.insert(args.end(), job.begin(), job.end());
       nodes_.push_back(std::make_unique<Launcher>(
-          marker_, args,
-          std::map<std::string, std::string>{
-              {"BATON_JOB_TOKEN", "partition-test-token-0123456789"},
-              // Both namespaces share one kernel: keep to the network.
-              {"BATON_TRANSPORT", "grpc"},
-              {"BATON_SHM", "0"}},
-          std::vector<std::string>{"ip", "netns", "exec", ns_[n]}));
+          marker_, args, Environment(), std::vector<std::string>{"ip", "netns", "exec", ns_[n]}));
     }
+  }
+  std::map<std::string, std::string> Environment() const {
+    std::map<std::string, std::string> env = {
+        {"BATON_JOB_TOKEN", "partition-test-token-0123456789"},
+        // Both namespaces share one kernel: keep to the network.
+        {"BATON_TRANSPORT", "grpc"},
+        {"BATON_SHM", "0"}};
+    env.insert(extra_env_.begin(), extra_env_.end());
+    return env;
   }
   std::string CallsLog() const { return out_ + "/calls.log"; }
   // Waits for `n` successful calls started at or after `since`.
   bool WaitForCalls(int n, absl::Time since, absl::Duration timeout) {
-    return ::baton::testing::Eventually(
-        [&] { return OkSince(ReadCalls(CallsLog()), since) >= n; }, timeout);
+    return ::baton::testing::Eventually([&] { return OkSince(ReadCalls(CallsLog()), since) >= n; },
+                                        timeout);
   }
 
   std::vector<std::unique_ptr<Launcher>> nodes_;
+  std::map<std::string, std::string> extra_env_;
 };
 
 // The scenario: a 10-second silent partition, the default tolerance
@@ -161,7 +164,8 @@ TEST_F(PartitionTest, AParameterServerJobReachesItsAccuracyThroughATenSecondPart
   absl::SleepFor(absl::Seconds(10));  // the partition's length
   Heal();
   for (int n = 0; n < 2; ++n) {
-    EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(180)), 0) << "node " << n << "\n" << nodes_[n]->Output();
+    EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(180)), 0) << "node " << n << "\n"
+                                                      << nodes_[n]->Output();
   }
   EXPECT_THAT(nodes_[0]->Output() + nodes_[1]->Output(), HasSubstr("RESULT OK"));
   // 2 trainers x 938 steps, each push applied once by each server.
@@ -190,6 +194,67 @@ TEST_F(PartitionTest, ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
   EXPECT_EQ(nodes_[0]->Wait(absl::Seconds(40)), 1) << nodes_[0]->Output();
   EXPECT_THAT(nodes_[0]->Output(), HasSubstr("node_lost: node rank 1"));
   EXPECT_THAT(nodes_[0]->Output(), HasSubstr("missing node rank 1"));
+  Heal();
+}
+
+// The same two scenarios with the rendezvous in etcd, which runs on node 0's
+// host: node 1 is cut off from etcd as well as from node 0.
+class EtcdPartitionTest : public PartitionTest {
+ protected:
+  void SetUp() override {
+    PartitionTest::SetUp();
+    if (IsSkipped()) return;
+    ::baton::testing::EtcdServerOptions o;
+    o.netns = ns_[0];
+    o.host = addr_[0];
+    auto etcd = ::baton::testing::EtcdServer::Start(o);
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    // A test etcd on another "host" without TLS or users.
+    extra_env_["BATON_ETCD_INSECURE"] = "1";
+  }
+  void TearDown() override {
+    etcd_.reset();
+    PartitionTest::TearDown();
+  }
+  std::vector<std::string> EtcdFlags(const std::string& job) const {
+    return {"--rdzv_backend", "etcd", "--rdzv_endpoint", etcd_->endpoint(), "--rdzv_id", job};
+  }
+  std::unique_ptr<::baton::testing::EtcdServer> etcd_;
+};
+
+TEST_F(EtcdPartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
+  StartNodes(EtcdFlags("partition-short"));
+  ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
+      << nodes_[0]->Output() << nodes_[1]->Output();
+  Partition();
+  absl::SleepFor(absl::Seconds(10));  // the partition's length
+  Heal();
+  const absl::Time healed = absl::Now();
+  ASSERT_TRUE(WaitForCalls(20, healed, absl::Seconds(30)))
+      << nodes_[0]->Output() << nodes_[1]->Output();
+  ASSERT_EQ(Sh(absl::StrCat("touch ", out_, "/stop")), 0);
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(60)), 0) << "node " << n << "\n" << nodes_[n]->Output();
+    EXPECT_THAT(nodes_[n]->Output(), ::testing::Not(HasSubstr("cut off")));
+  }
+}
+
+TEST_F(EtcdPartitionTest, ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
+  const absl::Duration tolerance = absl::Seconds(4);
+  std::vector<std::string> flags = EtcdFlags("partition-long");
+  flags.insert(flags.end(), {"--partition_tolerance", "4", "--rdzv_timeout", "5"});
+  StartNodes(flags);
+  ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
+      << nodes_[0]->Output() << nodes_[1]->Output();
+  const absl::Time cut = absl::Now();
+  Partition();
+  EXPECT_EQ(nodes_[1]->Wait(tolerance + absl::Seconds(10)), 1) << nodes_[1]->Output();
+  EXPECT_GE(absl::Now() - cut, tolerance);
+  EXPECT_THAT(nodes_[1]->Output(), HasSubstr("this node is cut off from the job"));
+  EXPECT_THAT(nodes_[1]->Output(), HasSubstr(absl::StrCat("etcd ", etcd_->endpoint())));
+  EXPECT_EQ(nodes_[0]->Wait(absl::Seconds(40)), 1) << nodes_[0]->Output();
+  EXPECT_THAT(nodes_[0]->Output(), HasSubstr("node_lost: node rank 1"));
   Heal();
 }
 

@@ -145,7 +145,8 @@ TEST(Partition, AWorkerReportedDeadIsRefusedWhenItCallsAgain) {
   ASSERT_TRUE(Eventually([&] { return j.failure_count() > 0; }, absl::Seconds(20)));
   j.cut = false;
   // Worker 0 released what worker 1 held; worker 1, back, may not act.
-  auto r = j.job->agent(1).rpc_async(CallOptions{absl::Seconds(5)}, 0, echo_fn, int64_t{5}).result();
+  auto r =
+      j.job->agent(1).rpc_async(CallOptions{absl::Seconds(5)}, 0, echo_fn, int64_t{5}).result();
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("it was reported dead"));
@@ -157,7 +158,8 @@ TEST(Partition, CallsDuringThePartitionFailAtTheirDeadlinesNamingTheCallee) {
   j.Connect();
   j.cut = true;  // no stream ended yet: the call waits for its answer
   const absl::Time start = absl::Now();
-  auto r = j.job->agent(0).rpc_async(CallOptions{absl::Seconds(1)}, 1, echo_fn, int64_t{6}).result();
+  auto r =
+      j.job->agent(0).rpc_async(CallOptions{absl::Seconds(1)}, 1, echo_fn, int64_t{6}).result();
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("worker 'w1'"));
