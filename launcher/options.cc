@@ -151,7 +151,9 @@ Handler SetPath(std::string* out, const char* flag) {
   };
 }
 
-Handler SetSeconds(absl::Duration* out, const char* flag, bool zero) {
+// Seconds, into a Duration or an optional one (set only when given).
+template <typename Out>
+Handler SetSeconds(Out* out, const char* flag, bool zero) {
   return [=](const std::string& v) {
     auto d = ParseSeconds(flag, v, zero);
     if (d.ok()) *out = *d;
@@ -256,25 +258,10 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"log_dir", SetString(&o.log_dir, "log_dir")},
       {"rdzv_timeout", SetSeconds(&o.rdzv_timeout, "rdzv_timeout", false)},
       {"rdzv_last_call", SetSeconds(&o.rdzv_last_call, "rdzv_last_call", true)},
-      {"heartbeat_timeout",
-       [&o](const std::string& v) -> absl::Status {
-         auto d = ParseSeconds("heartbeat_timeout", v, /*zero=*/false);
-         if (d.ok()) o.heartbeat_timeout = *d;
-         return d.status();
-       }},
-      {"partition_tolerance",
-       [&o](const std::string& v) -> absl::Status {
-         auto d = ParseSeconds("partition_tolerance", v, /*zero=*/false);
-         if (d.ok()) o.partition_tolerance = *d;
-         return d.status();
-       }},
+      {"heartbeat_timeout", SetSeconds(&o.heartbeat_timeout, "heartbeat_timeout", false)},
+      {"partition_tolerance", SetSeconds(&o.partition_tolerance, "partition_tolerance", false)},
       {"stop_timeout", SetSeconds(&o.stop_timeout, "stop_timeout", true)},
-      {"restart_wait",
-       [&o](const std::string& v) -> absl::Status {
-         auto d = ParseSeconds("restart_wait", v, /*zero=*/true);
-         if (d.ok()) o.restart_wait = *d;
-         return d.status();
-       }},
+      {"restart_wait", SetSeconds(&o.restart_wait, "restart_wait", true)},
       {"role",
        [&o](const std::string& v) -> absl::Status {
          auto role = ParseRole(v);

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/agent.h"
+#include "tests/launcher/job_flags.h"
 
 namespace baton {
 namespace {
@@ -34,19 +35,8 @@ using rpc::Function;
 const Function<int64_t(int64_t)> echo_fn("echo");
 const Function<int64_t()> finish_fn("finish");
 
-int Fail(const std::string& why) {
-  std::fprintf(stderr, "FAIL: %s\n", why.c_str());
-  std::fflush(stderr);
-  return 1;
-}
-
-std::string Flag(int argc, char** argv, const std::string& name) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], prefix)) return std::string(argv[i] + prefix.size());
-  }
-  return "";
-}
+using ::baton::testing::Fail;
+using ::baton::testing::Flag;
 
 int Run(int argc, char** argv) {
   const std::string out = Flag(argc, argv, "out");

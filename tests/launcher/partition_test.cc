@@ -91,6 +91,26 @@ class PartitionTest : public NetnsTest {
                                         timeout);
   }
 
+  // With partition_job running: 10 calls, a 10-second partition, 20 calls
+  // after the heal, then the job's end, 0 on both nodes.
+  void ThroughATenSecondPartition(absl::Time* cut, absl::Time* healed) {
+    ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
+        << nodes_[0]->Output() << nodes_[1]->Output();
+    *cut = absl::Now();
+    Partition();
+    // The partition's length is the scenario, not a wait for an event.
+    absl::SleepFor(absl::Seconds(10));
+    Heal();
+    *healed = absl::Now();
+    ASSERT_TRUE(WaitForCalls(20, *healed, absl::Seconds(30)))
+        << nodes_[0]->Output() << nodes_[1]->Output();
+    ASSERT_EQ(Sh(absl::StrCat("touch ", out_, "/stop")), 0);
+    for (int n = 0; n < 2; ++n) {
+      EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(60)), 0) << "node " << n << "\n"
+                                                       << nodes_[n]->Output();
+    }
+  }
+
   std::vector<std::unique_ptr<Launcher>> nodes_;
   std::map<std::string, std::string> extra_env_;
 };
@@ -101,20 +121,9 @@ class PartitionTest : public NetnsTest {
 // nodes, and no process was killed.
 TEST_F(PartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
   StartNodes({});
-  ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
-      << nodes_[0]->Output() << nodes_[1]->Output();
-  const absl::Time cut = absl::Now();
-  Partition();
-  // The partition's length is the scenario, not a wait for an event.
-  absl::SleepFor(absl::Seconds(10));
-  Heal();
-  const absl::Time healed = absl::Now();
-  ASSERT_TRUE(WaitForCalls(20, healed, absl::Seconds(30)))
-      << nodes_[0]->Output() << nodes_[1]->Output();
-  ASSERT_EQ(Sh(absl::StrCat("touch ", out_, "/stop")), 0);
-  for (int n = 0; n < 2; ++n) {
-    EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(60)), 0) << "node " << n << "\n" << nodes_[n]->Output();
-  }
+  absl::Time cut, healed;
+  ThroughATenSecondPartition(&cut, &healed);
+  if (HasFatalFailure()) return;
   const std::vector<CallRecord> calls = ReadCalls(CallsLog());
   int failed = 0;
   absl::Time first_ok_after = absl::InfiniteFuture();
@@ -225,17 +234,10 @@ class EtcdPartitionTest : public PartitionTest {
 
 TEST_F(EtcdPartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
   StartNodes(EtcdFlags("partition-short"));
-  ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
-      << nodes_[0]->Output() << nodes_[1]->Output();
-  Partition();
-  absl::SleepFor(absl::Seconds(10));  // the partition's length
-  Heal();
-  const absl::Time healed = absl::Now();
-  ASSERT_TRUE(WaitForCalls(20, healed, absl::Seconds(30)))
-      << nodes_[0]->Output() << nodes_[1]->Output();
-  ASSERT_EQ(Sh(absl::StrCat("touch ", out_, "/stop")), 0);
+  absl::Time cut, healed;
+  ThroughATenSecondPartition(&cut, &healed);
+  if (HasFatalFailure()) return;
   for (int n = 0; n < 2; ++n) {
-    EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(60)), 0) << "node " << n << "\n" << nodes_[n]->Output();
     EXPECT_THAT(nodes_[n]->Output(), ::testing::Not(HasSubstr("cut off")));
   }
 }

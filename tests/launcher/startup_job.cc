@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/agent.h"
+#include "tests/launcher/job_flags.h"
 
 namespace baton {
 namespace {
@@ -62,20 +63,8 @@ const Function<int64_t(int64_t)> report_fn("report");
 const Function<int64_t()> die_fn("die");
 const Function<int64_t(int64_t)> ask_fn("ask");
 
-int Fail(const std::string& why) {
-  std::fprintf(stderr, "FAIL: %s\n", why.c_str());
-  std::fflush(stderr);
-  return 1;
-}
-
-std::string Flag(int argc, char** argv, const std::string& name) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], prefix)) return std::string(argv[i] + prefix.size());
-    if (name == argv[i] + 2 && absl::StartsWith(argv[i], "--")) return "1";
-  }
-  return "";
-}
+using ::baton::testing::Fail;
+using ::baton::testing::Flag;
 
 int RunCalleeRestart() {
   auto options = rpc::AgentOptions::FromEnv("w");
