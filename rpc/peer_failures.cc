@@ -436,6 +436,7 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
     // The refusal may have been passing (the process is alive), or the
     // link down for a while (a partition): a probe that gets through says
     // so. Silence is probed again, until an answer, a death or `until`.
+    Executor::BlockingScope blocking;  // a pool thread lends its place (E2)
     for (;;) {
       CallOptions o;
       o.timeout = std::min(left(), absl::Seconds(2));
@@ -455,9 +456,12 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
           ", AgentOptions::partition_tolerance) or the call's deadline: ", probe.message()));
     }
   }
-  if (options_.restart_wait > absl::ZeroDuration() && AwaitSuccessor(peer, incarnation, until)) {
-    return absl::OkStatus();
+  if (options_.restart_wait <= absl::ZeroDuration()) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
+        probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")")));
   }
+  if (AwaitSuccessor(peer, incarnation, until)) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
       "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
       probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),
