@@ -307,10 +307,12 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
       timeout == absl::InfiniteDuration()
           ? 0
           : timer_->Schedule(deadline, [this, id, to, function, timeout] {
-              Complete(id, absl::DeadlineExceededError(
-                               absl::StrCat(CallContextText(to, function),
-                                            ": timed out: RPC ran for more than its timeout (",
-                                            DurationText(timeout), ")")));
+              Complete(id,
+                       absl::DeadlineExceededError(
+                           absl::StrCat(CallContextText(to, function),
+                                        ": timed out: RPC ran for more than its timeout (",
+                                        DurationText(timeout), ")")),
+                       /*undelivered=*/false, /*timed_out=*/true);
             });
   {
     absl::MutexLock lock(&mu_);
@@ -341,7 +343,8 @@ void AgentImpl::SendRequest(uint64_t id, int to, const std::string& function, Fr
   if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
 }
 
-void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered) {
+void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered,
+                         bool timed_out) {
   PendingCall call;
   {
     absl::MutexLock lock(&mu_);
@@ -349,6 +352,16 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
     if (it == pending_.end()) return;
     call = std::move(it->second);
     pending_.erase(it);
+    if (timed_out && !call.undo.empty()) {
+      // G8: the callee may yet say that it never decoded the request
+      // (OnResponse), e.g. refused because the deadline had passed there.
+      late_undo_[id].undo = std::move(call.undo);
+      late_order_.push_back(id);
+      if (late_order_.size() > kMaxLateUndo) {
+        late_undo_.erase(late_order_.front());
+        late_order_.pop_front();
+      }
+    }
     // The call left pending_ but this thread still uses the timer and the
     // window: the drain and Teardown wait for completing_ to reach zero, or
     // the agent could be destroyed under it.
@@ -394,11 +407,27 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
     return;
   }
   std::string function;
+  bool pending = false;
+  std::vector<std::function<void()>> late_undo;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(id);
-    if (it == pending_.end()) return;  // already timed out
-    function = it->second.function;
+    pending = it != pending_.end();
+    if (!pending) {
+      // Already timed out. If the callee never decoded it, what the
+      // request took along (RRef forks) goes back now (G8).
+      auto late = late_undo_.find(id);
+      if (late != late_undo_.end()) {
+        if (frame.header.not_run()) late_undo.swap(late->second.undo);
+        late_undo_.erase(late);
+      }
+    } else {
+      function = it->second.function;
+    }
+  }
+  if (!pending) {
+    for (auto& f : late_undo) f();
+    return;
   }
   Complete(id,
            Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),

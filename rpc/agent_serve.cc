@@ -134,7 +134,9 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   CountTraffic(caller, frame.payload, /*out=*/false);
   if (absl::Now() > deadline) {
     Refuse(channel, id, caller,
-           absl::DeadlineExceededError("the call's deadline passed before the function started"),
+           absl::DeadlineExceededError(
+               "timed out: RPC ran for more than its timeout: the call's deadline passed before "
+               "its function started (it waited in this worker's queue)"),
            admitted);
     return;
   }

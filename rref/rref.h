@@ -180,6 +180,15 @@ class RRef {
   std::string Describe() const {
     return absl::StrCat("RRef ", id(), " owned by worker ", handle_->owner());
   }
+  // `what` (a use of this RRef) fails: its creation failed with `s`.
+  absl::Status CreationFailed(const absl::Status& s, absl::string_view what) const {
+    return absl::Status(s.code(),
+                        absl::StrCat(what, ": the RRef creation (remote()) failed",
+                                     absl::IsDeadlineExceeded(s)
+                                         ? " by its timeout; the value may not exist on its owner"
+                                         : "",
+                                     ": ", s.message()));
+  }
 
   std::shared_ptr<RefHandle> handle_;
   std::shared_ptr<RRefService> service_;

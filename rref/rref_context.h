@@ -69,7 +69,9 @@
 //     made while encoding the message (Unfork: the owner drops the fork, a
 //     parent stops waiting for the child), and a remote() whose creation
 //     never reached the owner is not counted there (ForgetUncreated: its
-//     user entry goes without a UserDelete). Limits: a reply that arrives
+//     user entry goes without a UserDelete). A call that timed out on the
+//     caller keeps this undo until its callee answers: a late refusal
+//     (the callee never ran it) still takes the forks back. Limits: a reply that arrives
 //     after its caller gave up is dropped undecoded, and its forks stay
 //     until the caller's worker dies or the job ends; so do the forks a
 //     request's decoder had not reached when it failed part-way.

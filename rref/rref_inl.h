@@ -43,7 +43,8 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   // Its remote() failed: the owner has no value and will get none (a fetch
   // would wait there for a creation that never comes, G3).
   if (rpc::Future<void> c = handle_->created(); c.ready() && !c.status().ok()) {
-    return rpc::MakeErrorFuture<T>(Annotate(c.status(), absl::StrCat("to_here of ", Describe())));
+    return rpc::MakeErrorFuture<T>(
+        CreationFailed(c.status(), absl::StrCat("to_here of ", Describe())));
   }
   // G10: an owner that died took the value along.
   if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {
@@ -107,7 +108,7 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   }
   if (rpc::Future<void> c = handle_->created(); c.ready() && !c.status().ok()) {
     return rpc::MakeErrorFuture<R>(
-        Annotate(c.status(), absl::StrCat(m->qualified_name, " on ", Describe())));
+        CreationFailed(c.status(), absl::StrCat(m->qualified_name, " on ", Describe())));
   }
   auto owner = agent->worker(handle_->owner());
   if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());

@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -339,7 +340,20 @@ class AgentImpl : private TransportHandler {
                        absl::string_view why, const absl::Status& cause);
   // Completes and removes pending call `id` (no-op if already gone).
   // `undelivered`: the callee never decoded the request (RRef G8: its undo runs).
-  void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false);
+  // `timed_out`: the caller's deadline passed; the callee may still answer,
+  // and if it answers that it never decoded the request, the undo runs then
+  // (late_undo_).
+  void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false,
+                bool timed_out = false);
+  // G8 after a caller's timeout: the undo of timed-out calls, by call id,
+  // until their callee answers (oldest first in late_order_; at most
+  // kMaxLateUndo are kept, the oldest dropped without running).
+  struct LateUndo {
+    std::vector<std::function<void()>> undo;
+  };
+  static constexpr size_t kMaxLateUndo = 4096;
+  absl::flat_hash_map<uint64_t, LateUndo> late_undo_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> late_order_ ABSL_GUARDED_BY(mu_);
   std::string CallContextText(int peer, const std::string& function) const;
   int64_t PeerLimit(int peer) const;
   // The names of `peer`'s shared-memory segments start with this.

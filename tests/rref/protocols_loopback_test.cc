@@ -385,6 +385,32 @@ TEST(RRefOverLoopback, G3_AFetchForAnUnknownIdEndsAtItsDeadlineAndLeavesNothing)
   EXPECT_LT(absl::Now() - shutdown_start, absl::Seconds(5));
 }
 
+// G8 after the caller's timeout: a call carrying an RRef times out before
+// its callee sees it (the network delays it), and the callee then refuses
+// it unrun (here: it has no such function; a busy callee also refuses a
+// call whose deadline passed in its queue). The late refusal takes the
+// fork back. Before, the timed-out call had dropped its undo, and the fork
+// stayed until shutdown, which then failed ("user references still waiting
+// for confirmation of their forks").
+TEST(RRefOverLoopback, G8_ACallThatTimedOutTakesItsForksBackWhenItsCalleeRefusesItUnrun) {
+  Job j(3);
+  const Function<at::Tensor(RRef<at::Tensor>)> missing_fn("not_registered_anywhere");
+  j.job->network().SetRule([](const rpc::testing::FrameInfo& f) {
+    return f.request && f.function == "not_registered_anywhere"
+               ? Fate::Delay(absl::Milliseconds(300))
+               : Fate::Deliver();
+  });
+  {
+    RRef<at::Tensor> user = rref::remote(j.agent(0), 1, make_fn, at::ones({2}));
+    ASSERT_TRUE(user.to_here().equal(at::full({2}, 10.0)));
+    absl::Status s = j.agent(0)
+                         .rpc_async(rpc::CallOptions{absl::Milliseconds(50)}, 2, missing_fn, user)
+                         .status();
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  }
+  j.ExpectEmpty(absl::Seconds(5));
+}
+
 // D1 under random delays: gradients through w0 -> w1 -> w2 -> w0 equal
 // single-process autograd.
 // G8: calls carrying RRefs that never run take their forks back: refused

@@ -6,6 +6,7 @@ up here at each call, as torch's shutdown() looks them up."""
 import atexit
 import collections
 import contextlib
+import functools
 import os
 import re
 import socket
@@ -703,6 +704,60 @@ def _check_script_args(func, args, kwargs):
                                f"Schema: {schema}")
 
 
+# torch's words when no overload of a builtin operator takes the arguments
+# (1.13's carries its own typo, "many").
+_NO_SCHEMA = ("Overloaded torch operator invoked from Python failed to "
+              f"{'match' if int(torch.__version__.split('.')[0]) >= 2 else 'many'} any schema")
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_schemas(name):
+    return tuple(torch._C._jit_get_schemas_for_operator(name))
+
+
+def _unbound(schema, nargs, kwargs):
+    """Why `schema` cannot take `nargs` positional arguments and `kwargs`
+    (by count and name: torch checks the types on the callee), or None."""
+    params = schema.arguments
+    positional = [a for a in params if not a.kwarg_only]
+    # A list parameter may take the rest as varargs (torch.ones(2, 3)).
+    if nargs > len(positional) and not any(isinstance(a.type, torch._C.ListType)
+                                           for a in positional):
+        return f"expected at most {len(positional)} argument(s) but received {nargs}"
+    names = {a.name for a in params}
+    for key in kwargs:
+        if key not in names:
+            return f"unknown keyword argument '{key}'"
+        if any(a.name == key for a in positional[:nargs]):
+            return f"argument '{key}' given by position and by keyword"
+    for i, a in enumerate(params):
+        bound = (not a.kwarg_only and i < nargs) or a.name in kwargs
+        if not bound and a.default_value is None and not _optional(a):
+            return f"argument '{a.name}' not provided"
+    return None
+
+
+def _optional(argument):
+    return isinstance(argument.type, torch._C.OptionalType)
+
+
+def _check_builtin_args(func, args, kwargs):
+    """A builtin operator's arguments (torch.add, ...) against its overloads,
+    on the caller, as torch does before sending."""
+    name = torch.jit._builtins._find_builtin(func)
+    if name is None:
+        return
+    schemas = _builtin_schemas(name)
+    reasons = []
+    for schema in schemas:
+        why = _unbound(schema, len(args), kwargs)
+        if why is None:
+            return
+        reasons.append(f"{schema}:\n{why}")
+    if schemas:
+        raise RuntimeError(f"{_NO_SCHEMA}:\n" + "\n\n".join(reasons))
+
+
 def _pack(func, args, kwargs):
     args = tuple(args) if args is not None else ()
     kwargs = dict(kwargs) if kwargs is not None else {}
@@ -714,6 +769,8 @@ def _pack(func, args, kwargs):
         func = _AsyncScript(wrapped)
     elif isinstance(func, torch.jit.ScriptFunction):
         _check_script_args(func, args, kwargs)
+    elif type(func).__name__ == "builtin_function_or_method":
+        _check_builtin_args(func, args, kwargs)
     pickler = _default_pickler
     if pickler is _internal_rpc_pickler:
         return pickler._serialize_call(func, args, kwargs)
