@@ -103,6 +103,7 @@ class _Pickler(pickle.Pickler):
             self._tensors.append(obj)
             return ("t", len(self._tensors) - 1, tag, obj.requires_grad and obj.is_leaf)
         if RREF_TYPES and isinstance(obj, RREF_TYPES):
+            obj._check_not_deleted("fork an UserRRef")
             self._rrefs.append(obj._c)
             return ("r", len(self._rrefs) - 1)
         return None

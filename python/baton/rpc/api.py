@@ -244,6 +244,9 @@ _default_pickler = _internal_rpc_pickler
 # Per thread: the futures rpc_async() made inside _wait_all().
 _thread_local_var = threading.local()
 
+# Counts init_rpc()s: an RRef made under an agent that was shut down since
+# (a user RRef that shutdown released) is deleted (RRef._check_not_deleted).
+_generation = 0
 _initializing = threading.Event()  # set while init_rpc runs
 _ready = threading.Event()  # set once _agent is assigned
 
@@ -282,7 +285,7 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
     rank within the role ("trainer0"), else "worker<rank>".
     ps_server (baton's addition): a baton.ps.PsServer this worker hosts.
     """
-    global _agent
+    global _agent, _generation
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
     if backend is not None and not isinstance(backend, BackendType):
@@ -336,6 +339,7 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
                                   "this process")
         _ready.clear()
         _initializing.set()
+        _generation += 1
         try:
             _agent = _C.Agent.create(config, _pickle.dumps, _run)
             _errors.SELF_NAME = _agent.self_info()[0]
@@ -1065,13 +1069,28 @@ class RRef(Generic[T]):
                                "its ModuleInterface type hint.")
         self._c = _current().make_owned(value)
         self._what = type(value).__name__
+        self._generation = _generation
 
     @classmethod
     def _wrap(cls, c, what=None):
         self = cls.__new__(cls)
         self._c = c
         self._what = what
+        self._generation = _generation
         return self
+
+    def _check_not_deleted(self, use):
+        """A user RRef that a shutdown released (graceful: every user RRef
+        goes) cannot be used: torch's error, naming `use`."""
+        if _agent is not None and self._generation == _generation:
+            return
+        if self._c.is_owner():
+            return
+        rref_id, fork_id = self._c.ids()
+        raise RpcRuntimeError(
+            f"User RRef with RRefId={_unique_id_text(rref_id)} and "
+            f"ForkId={_unique_id_text(fork_id)} has been deleted. Cannot call {use} after "
+            "deletion.")
 
     def is_owner(self):
         return self._c.is_owner()
@@ -1090,6 +1109,7 @@ class RRef(Generic[T]):
 
     def to_here(self, timeout=UNSET_RPC_TIMEOUT):
         """A copy of the value (the value itself on its owner)."""
+        self._check_not_deleted("to_here() on it")
         agent = _current()
         try:
             return _value_of(self._c.to_here(_timeout(timeout)).wait())
