@@ -23,6 +23,9 @@ constexpr uint8_t kSparseCooTensor = 3;
 // header, then one stride per dimension, then the blob of the storage range
 // the view spans (from its first element to its last, in storage order).
 constexpr uint8_t kDenseView = 4;
+// The largest contiguous copy of an overlapping view a kCompact decoder
+// makes (DecodeStrided).
+constexpr uint64_t kMaxExpandedBytes = uint64_t{256} << 20;
 constexpr uint8_t kHostStaged = 0;
 constexpr uint8_t kCudaIpc = 1;
 constexpr uint64_t kMaxDims = 64;
@@ -461,7 +464,21 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
       *out = at::empty_strided(sizes, strides, options);
       (*blob)->CopyTo(out->data_ptr());
     }
-    if (views == ViewLayout::kCompact) *out = out->contiguous();
+    if (views == ViewLayout::kCompact) {
+      // A view whose elements overlap (stride 0: expand()) is larger dense
+      // than the span that travelled: bounded, or a small message could ask
+      // for any amount of memory.
+      const uint64_t dense = header.numel * c10::elementSize(st);
+      if (dense > nbytes && dense > kMaxExpandedBytes) {
+        *out = at::Tensor();
+        return absl::ResourceExhaustedError(
+            absl::StrCat("a tensor view of ", nbytes,
+                         " bytes whose elements overlap (e.g. expand()) would take ", dense,
+                         " bytes to make contiguous, past the ", kMaxExpandedBytes,
+                         " bytes a C++ function accepts; send it contiguous"));
+      }
+      *out = out->contiguous();
+    }
   } else if (nbytes == 0) {
     *out = at::empty(sizes, options);
   } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {

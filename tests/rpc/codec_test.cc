@@ -263,6 +263,30 @@ TEST(Codec, AViewWhoseSpanOverflowsOrDisagreesWithItsBlobIsDataLoss) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
 }
 
+// An expanded view travels as its few bytes; a C++ function's decoder would
+// make it contiguous, so a tiny message could ask for any amount of memory
+// (the fuzzer found 20 GB): past 256 MiB it is refused, naming the sizes.
+// Python's decoder keeps the view and allocates nothing.
+TEST(Codec, AnOverlappingViewTooLargeToMakeContiguousIsRefused) {
+  at::Tensor huge = at::arange(4, at::kFloat).expand({int64_t{1} << 25, 4});  // 512 MiB dense
+  Encoder enc;
+  EncodeTensors({huge}, enc, ViewLayout::kKeep);
+  absl::StatusOr<Payload> p = std::move(enc).Finish();
+  ASSERT_TRUE(p.ok()) << p.status();
+  {
+    Decoder dec(*p);
+    std::vector<at::Tensor> out;
+    absl::Status s = DecodeTensors(dec, &out, ViewLayout::kCompact);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "536870912 bytes to make contiguous")) << s;
+  }
+  Decoder dec(*p);
+  std::vector<at::Tensor> out;
+  ASSERT_TRUE(DecodeTensors(dec, &out, ViewLayout::kKeep).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].strides(), huge.strides());
+}
+
 TEST(Codec, SplitAndMisalignedReceiveBuffersAreCopiedCorrectly) {
   at::Tensor t = at::randn({33, 17}, at::kDouble);
   auto p = EncodeMessage(t);
