@@ -471,7 +471,7 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
       const uint64_t dense = header.numel * c10::elementSize(st);
       if (dense > nbytes && dense > kMaxExpandedBytes) {
         *out = at::Tensor();
-        return absl::ResourceExhaustedError(
+        return absl::DataLossError(
             absl::StrCat("a tensor view of ", nbytes,
                          " bytes whose elements overlap (e.g. expand()) would take ", dense,
                          " bytes to make contiguous, past the ", kMaxExpandedBytes,
