@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<store::EtcdStore>> NodeAgent::Impl::ConnectEtcd()
   // etcd may come up after the nodes (within the rendezvous timeout); once
   // it answered, a partition from it may last the tolerance.
   eo.connect_timeout = o_.rdzv_timeout;
-  eo.call_timeout = o_.PartitionTolerance() + kHeartbeatPeriodMax;
+  eo.call_timeout = StoreCallTimeout();
   eo.user = o_.etcd.user;
   eo.password = o_.etcd.password;
   if (!o_.etcd.password_file.empty()) {
@@ -235,11 +235,8 @@ absl::Status NodeAgent::Impl::Setup() {
     }
   }
   if (store_ == nullptr) {  // another node hosts the rendezvous
-    own_store_ = std::make_unique<store::StoreClient>(
-        store::StoreClientOptions{absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_,
-                                  // A partition shorter than the tolerance delays a store call; a
-                                  // longer one fails it, and this node fences itself (RunRound).
-                                  o_.PartitionTolerance() + kHeartbeatPeriodMax, *tls});
+    own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
+        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, StoreCallTimeout(), *tls});
     store_ = own_store_.get();
   }
 
@@ -529,6 +526,12 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
     }
     Tick(o_.monitor_interval);
   }
+}
+
+absl::Duration NodeAgent::Impl::StoreCallTimeout() const {
+  // A partition shorter than the tolerance delays a store call; a longer one
+  // fails it, and this node fences itself (CutOff).
+  return o_.PartitionTolerance() + kHeartbeatPeriodMax;
 }
 
 absl::Status NodeAgent::Impl::CutOff(const absl::Status& s, absl::string_view doing) const {

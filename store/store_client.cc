@@ -2,12 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <random>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
+#include "base/host.h"
 #include "base/status.h"
 #include "store/store_server.h"
 
@@ -32,16 +31,16 @@ proto::SetRequest SetRequestFor(absl::string_view key, absl::string_view value) 
   return req;
 }
 
-std::string RandomClientId() {
-  std::random_device rd;
-  return absl::StrCat(absl::Hex(rd(), absl::kZeroPad8), absl::Hex(rd(), absl::kZeroPad8),
-                      absl::Hex(rd(), absl::kZeroPad8));
+// What a repeat of a blocking call may still wait of `timeout`, begun at
+// `start`, in the server's milliseconds.
+int64_t LeftMillis(absl::Duration timeout, absl::Time start) {
+  return ToMillis(timeout == absl::InfiniteDuration() ? timeout : timeout - (absl::Now() - start));
 }
 
 }  // namespace
 
 StoreClient::StoreClient(StoreClientOptions options)
-    : options_(std::move(options)), client_id_(RandomClientId()) {
+    : options_(std::move(options)), client_id_(RandomHex(12)) {
   channel_ = grpc::CreateCustomChannel(options_.address, BatonChannelCredentials(options_.tls),
                                        BatonChannelArguments(64 << 20, options_.tls));
   stub_ = proto::Store::NewStub(channel_);
@@ -111,9 +110,7 @@ absl::StatusOr<std::string> StoreClient::Get(absl::string_view key, absl::Durati
   absl::Status s = Retrying(start + std::max(timeout, options_.call_timeout) + kServerSlack,
                             [&](grpc::ClientContext* ctx) {
                               // A repeat waits only for what is left of the caller's timeout.
-                              req.set_timeout_ms(ToMillis(timeout == absl::InfiniteDuration()
-                                                              ? timeout
-                                                              : timeout - (absl::Now() - start)));
+                              req.set_timeout_ms(LeftMillis(timeout, start));
                               return stub_->Get(ctx, req, &resp);
                             });
   if (!s.ok()) return Fail("get", key, s);
@@ -157,9 +154,7 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys, absl::Durat
   proto::WaitResponse resp;
   absl::Status s = Retrying(start + std::max(timeout, options_.call_timeout) + kServerSlack,
                             [&](grpc::ClientContext* ctx) {
-                              req.set_timeout_ms(ToMillis(timeout == absl::InfiniteDuration()
-                                                              ? timeout
-                                                              : timeout - (absl::Now() - start)));
+                              req.set_timeout_ms(LeftMillis(timeout, start));
                               return stub_->Wait(ctx, req, &resp);
                             });
   return s.ok() ? s : Fail("wait", "", s);

@@ -131,6 +131,8 @@ class NodeAgent::Impl {
   // partition tolerance, the error says that this node is cut off and
   // fences itself.
   absl::Status CutOff(const absl::Status& s, absl::string_view doing) const;
+  // The bound on a store call over the network (built-in store or etcd).
+  absl::Duration StoreCallTimeout() const;
 
   const LaunchOptions o_;
   // --node_rank, or 0 once this node won the rendezvous port
