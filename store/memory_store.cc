@@ -23,7 +23,10 @@ absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys, absl:
       if (!data_.contains(k)) missing.push_back(k);
     }
     if (missing.empty()) return absl::OkStatus();
-    if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+    ++waiting_;
+    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
+    --waiting_;
+    if (timed_out && absl::Now() >= deadline) {
       // Re-check once more below the loop head; the loop returns OK if the
       // keys arrived exactly at the deadline.
       missing.clear();
@@ -87,6 +90,11 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
 absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return WaitLocked(keys, timeout);
+}
+
+int MemoryStore::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 absl::StatusOr<bool> MemoryStore::Delete(absl::string_view key) {

@@ -33,15 +33,20 @@ class MemoryStore final : public Store {
   // Fails every current and future blocking call with UNAVAILABLE.
   void Close();
 
+  // How many blocking calls (Get, Wait) are waiting for keys now. A server
+  // reports it; tests synchronise on a call having reached the store.
+  int waiting() const;
+
  private:
   // Waits until all `keys` exist, the deadline passes, or Close().
   absl::Status WaitLocked(const std::vector<std::string>& keys, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar changed_;
   absl::flat_hash_map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton::store
