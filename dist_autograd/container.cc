@@ -496,6 +496,20 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<ContextScope>> ContextScope::Enter(rpc::RpcAgent& agent,
+                                                                  int64_t context_id) {
+  auto state = FindState(agent, context_id);
+  if (!state.ok()) return state.status();
+  std::unique_ptr<ContextScope> scope(
+      new ContextScope(internal::Container::CurrentContainer(), internal::Container::CurrentId()));
+  internal::Container::SetCurrent(ContainerOf(agent).get(), context_id);
+  return scope;
+}
+
+ContextScope::~ContextScope() {
+  internal::Container::SetCurrent(previous_container_, previous_id_);
+}
+
 const std::type_info& RecvFunctionType() { return typeid(internal::RecvRpcBackward); }
 
 absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t context_id) {

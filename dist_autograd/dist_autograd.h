@@ -172,6 +172,29 @@ class Context {
 // The context current on this thread for `agent`, or 0.
 int64_t CurrentContextId(rpc::RpcAgent& agent);
 
+// Makes a context this worker holds current on this thread for the scope's
+// lifetime, and the previous one current again after it: for work of a
+// context that continues on another thread than the one holding its Context
+// (TorchScript's forks and continuations in drop-in mode). Messages sent in
+// the scope are recorded as in the context's own thread.
+// REQUIRES: destroyed on the thread that entered it.
+class ContextScope {
+ public:
+  // NOT_FOUND naming the context and worker if this worker does not hold it
+  // (never made here, nor took part in it, or released).
+  static absl::StatusOr<std::unique_ptr<ContextScope>> Enter(rpc::RpcAgent& agent,
+                                                             int64_t context_id);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  ContextScope(const internal::Container* previous_container, int64_t previous_id)
+      : previous_container_(previous_container), previous_id_(previous_id) {}
+  const internal::Container* previous_container_;
+  int64_t previous_id_;
+};
+
 // Runs the backward pass from `roots` (each a tensor of one element that
 // requires grad, seeded with gradient 1) across every worker that took part
 // in context `context_id`, and returns when all of it finished. Errors:

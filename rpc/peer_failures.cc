@@ -17,6 +17,7 @@
 #include "rpc/internal/agent_impl.h"
 #include "rpc/transport/shm/shm_transport.h"
 #include "store/store.h"
+#include "store/store_client.h"
 
 namespace baton::rpc::internal {
 
@@ -180,7 +181,14 @@ void AgentImpl::RefreshPeer(int peer) {
 }
 
 bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
-  auto v = store_->Get(absl::StrCat(ns_, "worker/", peer), timeout);
+  // The record exists since the rendezvous: this is a read bounded by
+  // `timeout`, not a wait. A store that does not answer in time (gone, or
+  // cut off) is no news, which the callers ask again later; StoreClient's
+  // Get would repeat for its whole call_timeout (the partition tolerance),
+  // holding an executor thread that the agent's shutdown then waits for.
+  const std::string key = absl::StrCat(ns_, "worker/", peer);
+  auto* client = dynamic_cast<store::StoreClient*>(store_.get());
+  auto v = client != nullptr ? client->TryGet(key, timeout) : store_->Get(key, timeout);
   proto::WorkerRecord record;
   const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
   // The transport gets the new address before address_incarnation says so:

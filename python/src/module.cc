@@ -14,6 +14,7 @@
 // absl::StatusCode number; baton/_errors.py maps them to exception classes.
 #include <sched.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -325,6 +326,22 @@ struct AgentConfig {
   std::map<std::string, std::map<int, int>> device_maps;
 };
 
+// The waits for the GIL of the Python functions a worker runs for others,
+// while profiling is on (torch's GIL profiling).
+struct GilProfile {
+  std::atomic<bool> enabled{false};
+  std::atomic<int64_t> waits{0};
+  std::atomic<int64_t> total_us{0};
+  void Record(absl::Duration wait) {
+    total_us.fetch_add(absl::ToInt64Microseconds(wait), std::memory_order_relaxed);
+    waits.fetch_add(1, std::memory_order_relaxed);
+  }
+  int64_t AverageMicros() const {
+    const int64_t n = waits.load();
+    return n == 0 ? 0 : total_us.load() / n;
+  }
+};
+
 class PyAgent {
  public:
   // dumps(obj) -> (bytes, [Tensor], [RRef]); run(bytes, tensors, rrefs,
@@ -382,13 +399,14 @@ class PyAgent {
     Check(torch_host.status());
     self->torch_ = *std::move(torch_host);
     PyRef runner(std::move(run));
+    std::shared_ptr<GilProfile> gil = self->gil_profile_;
     Check(self->registry_->Register(
-        kPyCall, [runner, runtime](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
-          return RunPython(runner, runtime.get(), ctx, std::move(msg));
+        kPyCall, [runner, runtime, gil](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return RunPython(runner, runtime.get(), *gil, ctx, std::move(msg));
         }));
     Check(self->registry_->Register(
-        kPyRemote, [runner](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
-          return RunPython(runner, nullptr, ctx, std::move(msg));
+        kPyRemote, [runner, gil](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return RunPython(runner, nullptr, *gil, ctx, std::move(msg));
         }));
     rpc::AgentCollaborators collaborators;
 #ifdef BATON_PYTHON_CUDA_IPC
@@ -428,6 +446,8 @@ class PyAgent {
   void StartTorchAgent(double rpc_timeout_s) {
     Check(torch_->Start(&agent(), absl::Seconds(rpc_timeout_s)));
   }
+
+  TorchAgentHost& torch_host() const { return *torch_; }
 
   rpc::RpcAgent& agent() const {
     if (agent_ == nullptr) Raise(absl::FailedPreconditionError("the RPC agent is shut down"));
@@ -588,6 +608,11 @@ class PyAgent {
     }
     Check(s);
   }
+  // torch's enable_gil_profiling: time each wait for the GIL of the
+  // Python functions this worker runs for others (Stats'
+  // gil_average_wait_time_us while on).
+  void EnableGilProfiling(bool on) { gil_profile_->enabled.store(on); }
+
   py::dict Stats() const {
     rpc::AgentStats s = agent().stats();
     py::dict d;
@@ -599,6 +624,7 @@ class PyAgent {
     d["shm_bulk_bytes_copied_out"] = s.shm_bulk_bytes_copied_out;
     d["shm_bulk_bytes_copied_in"] = s.shm_bulk_bytes_copied_in;
     d["peer_failures"] = s.peer_failures;
+    if (gil_profile_->enabled.load()) d["gil_average_wait_time_us"] = gil_profile_->AverageMicros();
     return d;
   }
 
@@ -617,12 +643,15 @@ class PyAgent {
   // `pickle_with`: pickle a result at once (kPyCall) with this runtime's
   // pickler; null: keep it live (kPyRemote).
   static Future<PyObj> RunPython(const PyRef& runner, const PyRuntime* pickle_with,
-                                 const rpc::CallContext& ctx, PyObj msg) {
+                                 GilProfile& profile, const rpc::CallContext& ctx, PyObj msg) {
     if (!Py_IsInitialized() || _Py_IsFinalizing()) {
       return rpc::MakeErrorFuture<PyObj>(
           absl::UnavailableError("the Python interpreter of this worker is shutting down"));
     }
+    const bool timed = profile.enabled.load(std::memory_order_relaxed);
+    const absl::Time asked = timed ? absl::Now() : absl::InfinitePast();
     AcquireGil gil;
+    if (timed) profile.Record(absl::Now() - asked);
     try {
       py::object caller =
           ctx.caller != nullptr ? py::object(py::str(ctx.caller->name)) : py::object(py::none());
@@ -655,6 +684,7 @@ class PyAgent {
   std::vector<std::shared_ptr<RegistryInstaller>> installers_;
   std::shared_ptr<rref::RRefService> rrefs_;
   std::shared_ptr<TorchAgentHost> torch_;
+  std::shared_ptr<GilProfile> gil_profile_ = std::make_shared<GilProfile>();
   std::unique_ptr<rpc::RpcAgent> agent_;
 };
 
@@ -664,16 +694,20 @@ class PyAutogradContext {
  public:
   explicit PyAutogradContext(std::shared_ptr<PyAgent> agent)
       : agent_(std::move(agent)),
-        context_(std::make_unique<dist_autograd::Context>(agent_->agent())) {}
+        context_(std::make_unique<dist_autograd::Context>(agent_->agent())),
+        torch_mirror_(agent_->torch_host().MirrorContext(context_->id())) {}
   int64_t id() const { return context_->id(); }
   void Release() {
     py::gil_scoped_release nogil;
+    torch_mirror_.reset();
     context_.reset();
   }
 
  private:
   std::shared_ptr<PyAgent> agent_;
   std::unique_ptr<dist_autograd::Context> context_;
+  // TorchScript's view of the context in drop-in mode (torch_agent.h).
+  std::unique_ptr<TorchContextMirror> torch_mirror_;
 };
 
 // Runs f with the GIL released.
@@ -942,6 +976,7 @@ PYBIND11_MODULE(_C, m) {
       .def("settle_rrefs", &PyAgent::SettleRRefs)
       .def("wait_rrefs_empty", &PyAgent::WaitRRefsEmpty)
       .def("stats", &PyAgent::Stats)
+      .def("enable_gil_profiling", &PyAgent::EnableGilProfiling)
       // The hang report's snapshot of this worker (obs/state.h), as JSON.
       .def("state_json",
            [](const PyAgent& self) {

@@ -15,8 +15,12 @@
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/distributed/rpc/rpc_agent.h>
 #include <torch/csrc/distributed/rpc/rref_context.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/library.h>
 
 #include "absl/strings/str_cat.h"
+#include "dist_autograd/dist_autograd.h"
+#include "python/src/torch_dist_autograd.h"
 #include "rpc/future.h"
 
 namespace baton::python {
@@ -44,6 +48,43 @@ std::string TorchErrorText(const absl::Status& status, absl::Duration timeout) {
   return status.ToString();
 }
 
+// A FORWARD_AUTOGRAD_REQ's parts (torch's RpcWithAutograd format): the
+// wrapped request's payload is the message's payload up to the metadata,
+// which is a pickled tuple (wrapped type, context id, message id, sender)
+// followed by its size as a big-endian int64.
+struct AutogradRequest {
+  int64_t context_id = 0;
+  int64_t wrapped_type = 0;
+  size_t wrapped_size = 0;
+};
+
+absl::StatusOr<AutogradRequest> ParseAutogradRequest(const trpc::Message& message) {
+  const std::vector<char>& p = message.payload();
+  auto bad = [](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("torch's FORWARD_AUTOGRAD_REQ message is malformed: ", why));
+  };
+  if (p.size() < sizeof(int64_t)) return bad("shorter than its metadata's size");
+  uint64_t size = 0;
+  for (size_t i = p.size() - sizeof(int64_t); i < p.size(); ++i) {
+    size = (size << 8) | static_cast<unsigned char>(p[i]);
+  }
+  if (size == 0 || size > p.size() - sizeof(int64_t)) return bad("its metadata's size is wrong");
+  const size_t start = p.size() - sizeof(int64_t) - size;
+  c10::IValue metadata;
+  try {
+    metadata = torch::jit::unpickle(p.data() + start, size);
+  } catch (const std::exception& e) {
+    return bad(absl::StrCat("its metadata does not unpickle: ", e.what()));
+  }
+  if (!metadata.isTuple() || metadata.toTupleRef().elements().size() < 4) {
+    return bad("its metadata is not a tuple of four");
+  }
+  const auto& fields = metadata.toTupleRef().elements();
+  if (!fields[0].isInt() || !fields[1].isInt()) return bad("its metadata's fields are not ints");
+  return AutogradRequest{fields[1].toInt(), fields[0].toInt(), start};
+}
+
 }  // namespace
 
 class TorchAgent final : public trpc::RpcAgent {
@@ -67,8 +108,26 @@ class TorchAgent final : public trpc::RpcAgent {
             : absl::Milliseconds(static_cast<int64_t>(static_cast<double>(timeout_s) * 1000));
     if (timeout <= absl::ZeroDuration()) timeout = absl::InfiniteDuration();  // torch's 0: none
     auto future = c10::make_intrusive<trpc::JitFuture>(at::AnyClassType::get());
-    const int64_t type = message->type();
-    std::string payload(message->payload().begin(), message->payload().end());
+    int64_t type = message->type();
+    size_t size = message->payload().size();
+    // A request torch wrapped for its autograd: the wrapped one goes, inside
+    // baton's context of that id (torch_agent.h, distributed autograd).
+    std::unique_ptr<dist_autograd::ContextScope> scope;
+    if (type == trpc::MessageType::FORWARD_AUTOGRAD_REQ) {
+      absl::StatusOr<AutogradRequest> wrapped = ParseAutogradRequest(*message);
+      absl::StatusOr<std::unique_ptr<dist_autograd::ContextScope>> entered =
+          wrapped.ok() ? dist_autograd::ContextScope::Enter(*agent_, wrapped->context_id)
+                       : wrapped.status();
+      if (!entered.ok()) {
+        future->setError(std::make_exception_ptr(std::runtime_error(absl::StrCat(
+            "a TorchScript RPC in a distributed autograd context: ", entered.status().message()))));
+        return future;
+      }
+      scope = *std::move(entered);
+      type = wrapped->wrapped_type;
+      size = wrapped->wrapped_size;
+    }
+    std::string payload(message->payload().begin(), message->payload().begin() + size);
     rpc::Future<WireMessage> reply = agent_->rpc_async(
         rpc::CallOptions{timeout, "torch message"}, rpc::WorkerRef(static_cast<int>(to.id_)),
         kTorchMessage, type, std::move(payload), message->tensors());
@@ -116,6 +175,9 @@ class TorchAgent final : public trpc::RpcAgent {
     return promise.future();
   }
 
+  // The baton agent under this one (the scripted operators' way to it).
+  rpc::RpcAgent& baton() const { return *agent_; }
+
   const trpc::WorkerInfo& getWorkerInfo(const std::string& name) const override {
     for (const trpc::WorkerInfo& w : infos_) {
       if (w.name_ == name) return w;
@@ -145,6 +207,78 @@ class TorchAgent final : public trpc::RpcAgent {
   std::vector<trpc::WorkerInfo> infos_;
   std::atomic<int64_t> next_id_{0};
 };
+
+namespace {
+
+// The baton agent of torch's current agent, for the scripted operators.
+rpc::RpcAgent& BatonAgentForScript(const char* op) {
+  auto current = trpc::RpcAgent::isCurrentRpcAgentSet()
+                     ? std::dynamic_pointer_cast<TorchAgent>(trpc::RpcAgent::getCurrentRpcAgent())
+                     : nullptr;
+  TORCH_CHECK(current != nullptr, "dist_autograd.", op,
+              "() in TorchScript needs baton's RPC agent started in drop-in mode "
+              "(python -m baton.torch_rpc, then init_rpc)");
+  return current->baton();
+}
+
+// TorchScript's dist_autograd.backward and get_gradients in drop-in mode
+// (baton.distributed.autograd registers them as the builtins of its
+// functions). Errors are torch's RuntimeError with baton's message.
+void ScriptedBackward(int64_t context_id, std::vector<at::Tensor> roots, bool retain_graph) {
+  rpc::RpcAgent& agent = BatonAgentForScript("backward");
+  absl::Status s = dist_autograd::Backward(agent, context_id, roots, retain_graph);
+  TORCH_CHECK(s.ok(), s.message());
+}
+
+c10::Dict<at::Tensor, at::Tensor> ScriptedGradients(int64_t context_id) {
+  rpc::RpcAgent& agent = BatonAgentForScript("get_gradients");
+  absl::StatusOr<dist_autograd::GradientMap> grads = dist_autograd::GetGradients(agent, context_id);
+  TORCH_CHECK(grads.ok(), grads.status().message());
+  c10::Dict<at::Tensor, at::Tensor> out;
+  for (const auto& [leaf, grad] : grads->items()) out.insert(leaf, grad);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(baton, m) {
+  // Both act on the context's state: the compiler must neither drop nor
+  // reorder them (torch declares its own the same way).
+  m.def(
+      torch::schema("dist_backward(int context_id, Tensor[] roots, bool retain_graph=False) -> ()",
+                    c10::AliasAnalysisKind::CONSERVATIVE),
+      &ScriptedBackward);
+  m.def(torch::schema("get_gradients(int context_id) -> Dict(Tensor, Tensor)",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &ScriptedGradients);
+}
+
+TorchContextMirror::TorchContextMirror(std::weak_ptr<TorchAgent> agent, int64_t id)
+    : agent_(std::move(agent)), id_(id) {
+  auto& container = torch::distributed::autograd::DistAutogradContainer::getInstance();
+  previous_id_ = container.currentContextId();
+  container.getOrCreateContext(id_);
+  container.forceCurrentContextId(id_);
+}
+
+TorchContextMirror::~TorchContextMirror() {
+  auto& container = torch::distributed::autograd::DistAutogradContainer::getInstance();
+  container.forceCurrentContextId(previous_id_);
+  // torch's release tells the workers its context sent to; it needs torch's
+  // agent. Once that stopped, torch's container is gone with the job.
+  if (agent_.lock() == nullptr) return;
+  try {
+    container.releaseContextIfPresent(id_);
+  } catch (const std::exception&) {
+    // Its agent stopped meanwhile: as above.
+  }
+}
+
+std::unique_ptr<TorchContextMirror> TorchAgentHost::MirrorContext(int64_t context_id) {
+  absl::MutexLock lock(&mu_);
+  if (agent_ == nullptr) return nullptr;
+  return std::unique_ptr<TorchContextMirror>(new TorchContextMirror(agent_, context_id));
+}
 
 absl::StatusOr<std::shared_ptr<TorchAgentHost>> TorchAgentHost::Install(
     rpc::FunctionRegistry& registry) {

@@ -27,6 +27,18 @@
 //   with baton's UNAVAILABLE error naming it.
 // - A request that arrives while no TorchAgent is started here fails with
 //   UNAVAILABLE naming this worker.
+// - Distributed autograd: while a baton context is current on a thread,
+//   torch's container holds a context with its id, current on that thread
+//   too (TorchContextMirror), so that TorchScript carries the id into its
+//   forks and continuations, and torch wraps the requests scripted code sends
+//   there as FORWARD_AUTOGRAD_REQ. TorchAgent unwraps them and sends the
+//   request inside baton's context of that id: baton records the call
+//   (dist_autograd.h) and the reply's tensors come back with baton's recv
+//   functions, so one baton backward pass covers scripted and Python calls.
+//   torch's own send function for the request stays unused in torch's
+//   context, which is released with the mirror. Scripted
+//   dist_autograd.backward and get_gradients are baton's operators
+//   (baton::dist_backward, baton::get_gradients).
 // - Device maps are not carried: a Message's tensors travel as baton's codec
 //   sends them (CPU tensors; CUDA tensors by baton's device rules).
 //
@@ -36,6 +48,7 @@
 #ifndef BATON_PYTHON_SRC_TORCH_AGENT_H_
 #define BATON_PYTHON_SRC_TORCH_AGENT_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -48,6 +61,23 @@
 namespace baton::python {
 
 class TorchAgent;
+
+// While alive, torch's distributed-autograd container holds a context with
+// the id of a baton context, current on this thread (restored and released
+// locally at destruction). REQUIRES: destroyed on the thread that made it.
+class TorchContextMirror {
+ public:
+  ~TorchContextMirror();
+  TorchContextMirror(const TorchContextMirror&) = delete;
+  TorchContextMirror& operator=(const TorchContextMirror&) = delete;
+
+ private:
+  friend class TorchAgentHost;
+  TorchContextMirror(std::weak_ptr<TorchAgent> agent, int64_t id);
+  std::weak_ptr<TorchAgent> agent_;  // torch's release messages go through it
+  int64_t id_;
+  int64_t previous_id_;
+};
 
 class TorchAgentHost {
  public:
@@ -63,6 +93,11 @@ class TorchAgentHost {
   // Stops the TorchAgent, clears torch's current agent and torch's RRef
   // context. Idempotent; OK when never started.
   absl::Status Stop();
+
+  // Mirrors baton context `context_id`, just made current on this thread,
+  // into torch's container; null when no TorchAgent is started (outside
+  // drop-in mode scripted code has no RPC to record).
+  std::unique_ptr<TorchContextMirror> MirrorContext(int64_t context_id);
 
  private:
   absl::Mutex mu_;

@@ -186,6 +186,9 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     # TorchScript's own rpc_async and remote, and a scripted callee's error.
     assert "SCRIPT RPC_ASYNC 10.0" in text and "SCRIPT REMOTE 6.0" in text, text
     assert "SCRIPT ERROR True" in text, text
+    # Scripted RPCs on TorchScript's fork and continuation threads are
+    # recorded in baton's context; scripted backward and get_gradients.
+    assert "SCRIPT AUTOGRAD [9.0, 16.0] [6.0, 16.0]" in text, text
     assert "PROGRAM OK" in text, text
 
 

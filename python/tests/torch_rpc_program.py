@@ -9,6 +9,7 @@ interface, which baton implements in drop-in mode).
 """
 import os
 import sys
+from typing import Dict
 
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -62,6 +63,31 @@ def failing_call_in_script(dst: str, x: torch.Tensor) -> torch.Tensor:
     return rpc.rpc_async(dst, script_fail, (x,)).wait()
 
 
+@torch.jit.script
+def script_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y
+
+
+@torch.jit.script
+def rpc_async_mul(dst: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return rpc.rpc_async(dst, script_mul, (x, y)).wait()
+
+
+@torch.jit.script
+def forked_product(dst: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # The RPC runs on a TorchScript fork's thread, and the code after each
+    # wait() on the thread that completed it: the context goes with them.
+    fut = torch.jit._fork(rpc_async_mul, dst, x, y)
+    z = fut.wait()
+    return rpc.rpc_async(dst, script_mul, (z, y)).wait()
+
+
+@torch.jit.script
+def scripted_backward(context_id: int, loss: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
+    dist_autograd.backward(context_id, [loss])
+    return dist_autograd.get_gradients(context_id)
+
+
 def run(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -86,6 +112,14 @@ def run(rank, world_size, port):
         print("SCRIPT RPC_ASYNC", rpc_async_in_script("worker1", torch.tensor([5.0])).item(),
               flush=True)
         print("SCRIPT REMOTE", remote_in_script("worker1", torch.tensor([5.0])).item(), flush=True)
+        # Distributed autograd through scripted RPCs and scripted backward:
+        # loss = sum(x * y * y), so dx = y * y and dy = 2 * x * y.
+        with dist_autograd.context() as ctx:
+            x = torch.tensor([1.0, 2.0], requires_grad=True)
+            y = torch.tensor([3.0, 4.0], requires_grad=True)
+            loss = forked_product("worker1", x, y).sum()
+            grads = scripted_backward(ctx, loss)
+            print("SCRIPT AUTOGRAD", grads[x].tolist(), grads[y].tolist(), flush=True)
         try:
             failing_call_in_script("worker1", torch.ones(1))
             print("SCRIPT ERROR none", flush=True)

@@ -423,6 +423,27 @@ BATON_SCENARIO(semantics) {
       WCHECK(absl::StrContains(s.message(), absl::StrCat("context ", id, " was already released")));
       WCHECK(absl::StrContains(s.message(), "'w1'"));
     }
+    // A ContextScope carries a context to another thread: a call made there
+    // is recorded in it, and the thread's own context comes back after.
+    {
+      Context ctx(agent);
+      at::Tensor y;
+      std::thread other([&] {
+        auto scope = ContextScope::Enter(agent, ctx.id());
+        WCHECK_OK(scope.status());
+        WCHECK(CurrentContextId(agent) == ctx.id());
+        y = agent.rpc_sync(1, tanh_fn, x);
+        scope->reset();
+        WCHECK(CurrentContextId(agent) == 0);
+      });
+      other.join();
+      WCHECK(CurrentContextId(agent) == ctx.id());
+      WCHECK_OK(Backward(agent, ctx.id(), {y.sum()}));
+      ExpectClose(GetGradients(agent, ctx.id())->Get(x), (1 - x.tanh().pow(2)) * 3, "scoped call");
+      auto unknown = ContextScope::Enter(agent, 12345);
+      WCHECK(unknown.status().code() == absl::StatusCode::kNotFound &&
+             absl::StrContains(unknown.status().message(), "12345"));
+    }
     ExpectNoContexts(agent);
     // Outside any context nothing is recorded: a received tensor is a leaf
     // (requires_grad travels with it, as in plain RPC).

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Dict, List, Set, Tuple
 
 import torch
+from torch.jit import _builtins as _jit_builtins
 
 from baton import _C, _errors
 from baton.rpc import _current, get_worker_info
@@ -208,3 +209,10 @@ def get_gradients(context_id):
         return dict(_current().get_gradients(int(context_id)))
     except _C.StatusError as e:
         raise _errors.translate(e, None, f"get_gradients of context {context_id}") from None
+
+
+# In TorchScript, backward and get_gradients compile to baton's operators
+# (python/src/torch_agent.cc), as torch's compile to its own: scripted code
+# runs them without Python, in drop-in mode.
+_jit_builtins._register_builtin(backward, "baton::dist_backward")
+_jit_builtins._register_builtin(get_gradients, "baton::get_gradients")

@@ -31,7 +31,7 @@ __all__ = [
     "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
     "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
-    "CppFunction", "get_rpc_timeout", "RpcAgent", "TensorPipeAgent",
+    "CppFunction", "get_rpc_timeout", "enable_gil_profiling", "RpcAgent", "TensorPipeAgent",
 ]
 
 from baton.rpc.constants import (  # noqa: E402
@@ -417,6 +417,13 @@ def get_worker_infos():
 def get_rpc_timeout() -> float:
     """The default timeout of this worker's calls, in seconds (0: none)."""
     return _rpc_timeout
+
+
+def enable_gil_profiling(flag: bool) -> None:
+    """Times (flag True) or stops timing how long the Python functions this
+    worker runs for others wait for the GIL; while on, the agent's debug
+    info has the average wait, agent.gil_average_wait_time_us."""
+    _current().enable_gil_profiling(bool(flag))
 
 
 def _set_rpc_timeout(rpc_timeout: float) -> None:
@@ -1019,6 +1026,10 @@ def _run(data, tensors, rrefs, caller):
         # The callee's log says what failed, as torch's RPC prints it; the
         # caller gets the exception itself.
         print(f"On {get_worker_info()}:\n{e!r}\n{traceback.format_exc()}", file=sys.stderr)
+        if isinstance(e, torch.jit.Error):
+            # TorchScript's interpreter error (whatever the script raised)
+            # reaches torch's callers as a RuntimeError with its text.
+            raise RuntimeError(str(e)) from None
         raise
     if async_name is not None:
         return True, _as_cfuture(result, async_name)
