@@ -39,6 +39,13 @@ RefHandle::~RefHandle() { ctx_->ReleaseHandle(*this); }
 
 bool RefHandle::is_owner() const { return owner_ == ctx_->self(); }
 
+rpc::Future<void> RefHandle::fork_answered() const {
+  if (awaits_fork_answer_.load(std::memory_order_acquire)) return fork_answered_.future();
+  rpc::Promise<void> done;
+  done.SetValue();
+  return done.future();
+}
+
 RRefContext::RRefContext(int self, ControlSender* sender, int64_t incarnation,
                          std::function<int64_t(int)> incarnation_of)
     : self_(self),
@@ -238,9 +245,12 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
   if (d.parent != d.owner) {
     rpc::Future<void> request = sender_->ForkRequest(d.owner, d.rref, d.fork, d.parent);
     if (request.valid()) {
+      handle->awaits_fork_answer_.store(true, std::memory_order_release);  // G12
       request.OnReady([weak = std::weak_ptr<RefHandle>(handle)](const auto& r) {
-        if (!r.ok()) return;
-        if (auto h = weak.lock()) h->MarkConfirmed();
+        auto h = weak.lock();
+        if (h == nullptr) return;
+        if (r.ok()) h->MarkConfirmed();
+        h->fork_answered_.SetValue();
       });
     }
     Track(std::move(request));

@@ -96,6 +96,13 @@
 //     RRef sent back to its owner costs no message of its own in a call that
 //     answers at once.
 //
+// G12 A function that receives a user's RRef forked to it by another user
+//     (not by the owner) runs once the owner answered that fork's
+//     ForkRequest, as under torch: inside it, confirmed_by_owner() is true
+//     (RefHandle::fork_answered; the Python call path waits for it without
+//     holding a thread). A ForkRequest that fails ends the wait too; the
+//     function then runs and its uses of the RRef fail as G10 says.
+//
 // Thread-safety: safe for concurrent use. No lock is held while a message is
 // sent or a value is destroyed.
 #ifndef BATON_RREF_RREF_CONTEXT_H_
@@ -198,8 +205,13 @@ class RefHandle {
     return is_owner() || confirmed_.load(std::memory_order_acquire);
   }
   void MarkConfirmed() { confirmed_.store(true, std::memory_order_release); }
+  // Completes once the owner answered this fork's ForkRequest (it confirmed
+  // the fork, or the request failed and confirmed_by_owner() stays false);
+  // complete from the start for every reference that sends none (G12).
+  rpc::Future<void> fork_answered() const;
 
  private:
+  friend class RRefContext;
   const std::shared_ptr<RRefContext> ctx_;
   const RRefId rref_;
   const ForkId fork_;
@@ -207,6 +219,9 @@ class RefHandle {
   const std::string type_;
   rpc::Promise<void> created_;
   std::atomic<bool> confirmed_{false};
+  // Set before the handle is shared, when a ForkRequest is sent for it.
+  std::atomic<bool> awaits_fork_answer_{false};
+  rpc::Promise<void> fork_answered_;
 };
 
 struct RRefDebugState {

@@ -400,13 +400,19 @@ class PyAgent {
     self->torch_ = *std::move(torch_host);
     PyRef runner(std::move(run));
     std::shared_ptr<GilProfile> gil = self->gil_profile_;
+    auto call = [runner, runtime, gil](const rpc::CallContext& c, PyObj m) {
+      return RunPython(runner, runtime.get(), *gil, c, std::move(m));
+    };
+    auto remote = [runner, gil](const rpc::CallContext& c, PyObj m) {
+      return RunPython(runner, nullptr, *gil, c, std::move(m));
+    };
     Check(self->registry_->Register(
-        kPyCall, [runner, runtime, gil](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
-          return RunPython(runner, runtime.get(), *gil, ctx, std::move(msg));
+        kPyCall, [call](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return AfterForksAnswered(ctx, std::move(msg), call);
         }));
     Check(self->registry_->Register(
-        kPyRemote, [runner, gil](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
-          return RunPython(runner, nullptr, *gil, ctx, std::move(msg));
+        kPyRemote, [remote](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
+          return AfterForksAnswered(ctx, std::move(msg), remote);
         }));
     rpc::AgentCollaborators collaborators;
 #ifdef BATON_PYTHON_CUDA_IPC
@@ -639,6 +645,41 @@ class PyAgent {
                      std::string(py::str(py::type::handle_of(to).attr("__name__"))))));
   }
   static py::tuple Info(const rpc::WorkerInfo& w) { return py::make_tuple(w.name, w.id); }
+
+  // Runs `run` at once, or, when the call brought RRefs forked to this
+  // worker by another user whose ForkRequests are not answered yet, on the
+  // executor once they are (G12, rref/rref_context.h): no thread waits.
+  template <typename Run>
+  static Future<PyObj> AfterForksAnswered(const rpc::CallContext& ctx, PyObj msg, Run run) {
+    std::vector<rpc::Future<void>> waits;
+    for (const PyRRef& r : msg.rrefs) {
+      rpc::Future<void> answered = r.handle()->fork_answered();
+      if (!answered.ready()) waits.push_back(std::move(answered));
+    }
+    if (waits.empty()) return run(ctx, std::move(msg));
+    rpc::Promise<void> all(ctx.agent != nullptr ? ctx.agent->executor() : nullptr);
+    auto left = std::make_shared<std::atomic<size_t>>(waits.size());
+    for (const rpc::Future<void>& w : waits) {
+      w.OnReady([all, left](const auto&) {
+        if (left->fetch_sub(1) == 1) all.SetValue();
+      });
+    }
+    rpc::Promise<PyObj> out;
+    // The context's function name is a view of the request: keep a copy.
+    auto call = std::make_shared<std::pair<rpc::CallContext, std::string>>(ctx, ctx.function);
+    call->first.function = call->second;
+    all.future().Then(
+        [call, msg = std::move(msg), run = std::move(run), out](const rpc::Future<void>&) mutable {
+          // What the hooks set for user code (a distributed autograd
+          // context), as on the request's own thread.
+          const rpc::CallContext& c = call->first;
+          rpc::FunctionRegistry::CallScopes scopes;
+          if (c.registry != nullptr && c.registry->has_call_hooks())
+            scopes = c.registry->EnterCall(c);
+          run(c, std::move(msg)).OnReady([out](const auto& r) { out.Set(r); });
+        });
+    return out.future();
+  }
 
   // `pickle_with`: pickle a result at once (kPyCall) with this runtime's
   // pickler; null: keep it live (kPyRemote).
