@@ -1,5 +1,6 @@
 #include "python/src/torch_agent.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <stdexcept>
@@ -11,10 +12,12 @@
 
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/rpc/message.h>
+#include <torch/csrc/distributed/rpc/py_rref.h>
 #include <torch/csrc/distributed/rpc/python_rpc_handler.h>
 #include <torch/csrc/distributed/rpc/request_callback_impl.h>
 #include <torch/csrc/distributed/rpc/rpc_agent.h>
 #include <torch/csrc/distributed/rpc/rref_context.h>
+#include <torch/csrc/jit/python/module_python.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/library.h>
 
@@ -354,6 +357,88 @@ absl::Status TorchAgentHost::Stop() {
     return absl::InternalError(absl::StrCat("stopping torch's RPC agent: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint) {
+  namespace py = pybind11;
+  if (type_hint.is_none()) {
+    if (auto module = torch::jit::as_module(value)) {
+      auto rref = trpc::RRefContext::getInstance().createOwnerRRef(module->type());
+      rref->setValue(module->_ivalue());
+      return py::cast(trpc::PyRRef(std::move(rref)));
+    }
+  }
+  return py::module_::import("torch._C._distributed_rpc").attr("PyRRef")(value, type_hint);
+}
+
+pybind11::tuple TorchForkForUser(const pybind11::object& value, const pybind11::object& type_hint) {
+  namespace py = pybind11;
+  py::object owner = TorchOwnerRRef(value, type_hint);
+  auto rref = c10::static_intrusive_pointer_cast<trpc::RRef>(
+      owner.cast<const trpc::PyRRef&>().toIValue().toRRef());
+  const trpc::RRefForkData data = trpc::RRefContext::getInstance().prepareChildFork(rref);
+  return py::make_tuple(data.ownerId_, data.rrefId_.createdOn_, data.rrefId_.localId_,
+                        data.forkId_.createdOn_, data.forkId_.localId_, data.typeStr_);
+}
+
+pybind11::object TorchUserRRef(const pybind11::tuple& fork) {
+  namespace py = pybind11;
+  if (fork.size() != 6) throw std::invalid_argument("a torch fork is 6 values");
+  auto& ctx = trpc::RRefContext::getInstance();
+  const auto owner = fork[0].cast<trpc::worker_id_t>();
+  const trpc::ForkId fork_id(fork[3].cast<trpc::worker_id_t>(), fork[4].cast<trpc::local_id_t>());
+  const std::string type = fork[5].cast<std::string>();
+  const trpc::RRefForkData data(
+      owner, trpc::RRefId(fork[1].cast<trpc::worker_id_t>(), fork[2].cast<trpc::local_id_t>()),
+      fork_id, owner, type);
+  if (owner == ctx.getWorkerId())
+    throw std::invalid_argument("a torch fork for a user, on its owner");
+  c10::intrusive_ptr<trpc::RRef> rref;
+  {
+    // torch's type parser takes the GIL itself (and refuses a caller that
+    // holds it), as its PyRRef._deserialize does.
+    py::gil_scoped_release nogil;
+    rref = ctx.getOrCreateRRef(data, trpc::PythonRpcHandler::getInstance().parseTypeFromStr(type));
+    // The owner registered the fork before it answered: torch's way to say
+    // a user is confirmed is the end of its pending state.
+    ctx.addPendingUser(fork_id, rref);
+    ctx.delPendingUser(fork_id);
+  }
+  return py::cast(trpc::PyRRef(std::move(rref)));
+}
+
+namespace {
+
+// The conversion pybind11 tries when a value that is not a torch PyRRef is
+// cast to one (TorchScript's argument and attribute conversion). It holds no
+// state: baton's RRef class and its conversion are looked up in their module.
+PyObject* BatonRRefToTorch(PyObject* obj, PyTypeObject* /*torch_type*/) {
+  namespace py = pybind11;
+  PyObject* api = PyImport_GetModule(py::str("baton.rpc.api").ptr());  // imported or null
+  if (api == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  py::module_ module = py::reinterpret_steal<py::module_>(api);
+  const int is_rref = PyObject_IsInstance(obj, module.attr("RRef").ptr());
+  if (is_rref < 0) throw py::error_already_set();
+  if (is_rref == 0) return nullptr;
+  // An error (the owner unreachable, say) reaches the scripted call's caller.
+  return module.attr("_torch_rref")(py::handle(obj)).release().ptr();
+}
+
+}  // namespace
+
+void InstallRRefConversion() {
+  namespace py = pybind11;
+  py::object torch_rref = py::module_::import("torch._C._distributed_rpc").attr("PyRRef");
+  py::detail::type_info* info =
+      py::detail::get_type_info(reinterpret_cast<PyTypeObject*>(torch_rref.ptr()));
+  if (info == nullptr) throw std::runtime_error("torch's PyRRef is not a pybind11 type here");
+  auto& conversions = info->implicit_conversions;
+  if (std::find(conversions.begin(), conversions.end(), &BatonRRefToTorch) == conversions.end()) {
+    conversions.push_back(&BatonRRefToTorch);
+  }
 }
 
 }  // namespace baton::python

@@ -51,6 +51,8 @@
 #include <cstdint>
 #include <memory>
 
+#include <pybind11/pybind11.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -103,6 +105,35 @@ class TorchAgentHost {
   absl::Mutex mu_;
   std::shared_ptr<TorchAgent> agent_ ABSL_GUARDED_BY(mu_);
 };
+
+// ---- Baton's RRefs in TorchScript (drop-in mode) ----
+// TorchScript's RRef operators (to_here, local_value, is_owner, ...) take
+// torch's C++ RRef. A baton RRef passed where scripted code expects
+// RRef[T] becomes one at the boundary: InstallRRefConversion() adds a
+// conversion to torch's PyRRef binding that calls
+// baton.rpc.api._torch_rref(rref), which makes, on the owner, a torch
+// OwnerRRef over the same value (TorchOwnerRRef) and, on a user, a torch fork
+// of one its owner makes (torch's fork protocol, carried by TorchAgent).
+// The value is shared, not copied, for tensors and Python objects; a
+// container TorchScript converts (a list, a dict) is a copy.
+
+// torch's RRef (a torch.distributed.rpc.PyRRef) owned here, over `value`: a
+// ScriptModule with its own class type unless `type_hint` names its
+// interface; anything else as torch's PyRRef(value, type_hint) makes it.
+// REQUIRES: the GIL; a TorchAgent started.
+pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint);
+
+// The two halves of a torch fork for a baton user (torch's fork protocol,
+// parent = owner): on the owner, a torch OwnerRRef over `value` with one
+// fork registered, as plain values (owner, rref id, fork id, type); on the
+// user, the torch UserRRef of that fork, confirmed by its owner (which
+// registered it before answering). REQUIRES: the GIL; a TorchAgent started.
+pybind11::tuple TorchForkForUser(const pybind11::object& value, const pybind11::object& type_hint);
+pybind11::object TorchUserRRef(const pybind11::tuple& fork);
+
+// Adds the conversion to torch's PyRRef binding (once per process; later
+// calls do nothing). REQUIRES: the GIL.
+void InstallRRefConversion();
 
 }  // namespace baton::python
 

@@ -189,6 +189,10 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     # Scripted RPCs on TorchScript's fork and continuation threads are
     # recorded in baton's context; scripted backward and get_gradients.
     assert "SCRIPT AUTOGRAD [9.0, 16.0] [6.0, 16.0]" in text, text
+    # RRefs made from Python in scripted code: to_here() of a user's
+    # (36 + 1), is_owner() on a user and an owner, an owner's fetched by the
+    # other worker (7 + 1), and an RRef a scripted callee returned.
+    assert "SCRIPT RREF 37.0 False True 8.0 36.0" in text, text
     assert "PROGRAM OK" in text, text
 
 

@@ -88,6 +88,21 @@ def scripted_backward(context_id: int, loss: torch.Tensor) -> Dict[torch.Tensor,
     return dist_autograd.get_gradients(context_id)
 
 
+@torch.jit.script
+def fetch_in_script(rref: rpc.RRef[torch.Tensor]) -> torch.Tensor:
+    return rref.to_here() + 1
+
+
+@torch.jit.script
+def owner_in_script(rref: rpc.RRef[torch.Tensor]) -> bool:
+    return rref.is_owner() and rref.confirmed_by_owner()
+
+
+@torch.jit.script
+def pass_on_in_script(rref: rpc.RRef[torch.Tensor]) -> rpc.RRef[torch.Tensor]:
+    return rref
+
+
 def run(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -120,6 +135,16 @@ def run(rank, world_size, port):
             loss = forked_product("worker1", x, y).sum()
             grads = scripted_backward(ctx, loss)
             print("SCRIPT AUTOGRAD", grads[x].tolist(), grads[y].tolist(), flush=True)
+        # RRefs made in Python, used by scripted code: a user's (fetched from
+        # its owner by TorchScript), an owner's, and one scripted code
+        # returns through an RPC.
+        remote_rref = rpc.remote("worker1", square, args=(torch.tensor([6.0]),))
+        local_rref = rpc.RRef(torch.tensor([7.0]))
+        back = rpc.rpc_sync("worker1", pass_on_in_script, args=(remote_rref,))
+        print("SCRIPT RREF", fetch_in_script(remote_rref).item(), owner_in_script(remote_rref),
+              owner_in_script(local_rref),
+              rpc.rpc_sync("worker1", fetch_in_script, args=(local_rref,)).item(),
+              back.to_here().item(), flush=True)
         try:
             failing_call_in_script("worker1", torch.ones(1))
             print("SCRIPT ERROR none", flush=True)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Dict, Generic, Iterable, Optional, TypeVar
 
 import torch
@@ -352,6 +353,10 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
                 # TorchScript's RPC operators call torch's C++ agent, which
                 # drop-in mode makes this one (python/src/torch_agent.h).
                 _agent.start_torch_agent(_rpc_timeout)
+                # baton's RRefs where scripted code takes RRef[T], and
+                # torch's RRefs (what scripted code returns) through RPC.
+                _C.install_torch_rref_conversion()
+                _pickle.register_reducer(torch._C._distributed_rpc.PyRRef, _reduce_torch_rref)
                 # Scripted calls consult torch's own distributed-autograd
                 # container (torch's init_rpc initializes it too).
                 torch._C._distributed_autograd._init(_agent.self_info()[1])
@@ -1078,8 +1083,13 @@ class RRef(Generic[T]):
             # its interface.
             raise RuntimeError("The RRef being created contains a ScriptModule, must provide "
                                "its ModuleInterface type hint.")
+        if type_hint is not None and not isinstance(value, torch.jit.ScriptModule):
+            raise RuntimeError("type_hint should only be specified when the RRef being created "
+                               f"contains a ScriptModule, not a {type(value).__name__}")
         self._c = _current().make_owned(value)
         self._what = type(value).__name__
+        if type_hint is not None:
+            _script_module_hints[value] = type_hint  # what TorchScript sees it as
         self._generation = _generation
 
     @classmethod
@@ -1242,6 +1252,50 @@ def _unique_id_text(worker_and_local):
     incarnation, count = local >> 48, local & ((1 << 48) - 1)
     text = f"GloballyUniqueId(created_on={worker}, local_id={count - 1}"
     return text + (f", incarnation={incarnation})" if incarnation > 1 else ")")
+
+
+def _torch_rref(rref: "RRef") -> Any:
+    """torch's RRef for a baton RRef that enters TorchScript (drop-in mode;
+    python/src/torch_agent.h): scripted code runs torch's RRef operators,
+    which take torch's C++ RRef. On the owner, a torch OwnerRRef over the
+    same value; on a user, a fork of one that the owner makes for it, by
+    torch's own fork protocol (carried by baton's TorchAgent)."""
+    if not _torch_rpc.installed():
+        raise RpcRuntimeError("a baton RRef enters TorchScript in drop-in mode only "
+                              "(python -m baton.torch_rpc): scripted code takes torch's RRefs")
+    if rref.is_owner():
+        value = rref.local_value()
+        return _C.torch_owner_rref(value, _script_module_hint(value))
+    return _C.torch_user_rref(rpc_sync(rref.owner(), _torch_fork_on_owner, args=(rref,)))
+
+
+def _torch_fork_on_owner(rref):
+    """On a baton RRef's owner: a torch OwnerRRef over its value, with a
+    fork registered for the asking user (torch's fork protocol)."""
+    value = rref.local_value()
+    return _C.torch_fork_for_user(value, _script_module_hint(value))
+
+
+# The interface a ScriptModule owned here was given when an RRef of it was
+# made (RRef(module, type_hint)): what scripted code on any worker sees it
+# as. Keyed by the module, while it lives.
+_script_module_hints: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _script_module_hint(value):
+    if not isinstance(value, torch.jit.ScriptModule):
+        return None
+    return _script_module_hints.get(value)
+
+
+def _torch_rref_from_fork(fork):
+    return torch._C._distributed_rpc.PyRRef._deserialize(fork)
+
+
+def _reduce_torch_rref(torch_rref):
+    """A torch RRef (one scripted code returned) travels through baton's RPC
+    as torch's RPC pickler sends it: a fork by torch's protocol."""
+    return _torch_rref_from_fork, (torch_rref._serialize(),)
 
 
 def _rref_typeof_on_owner(rref):
