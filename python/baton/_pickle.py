@@ -65,6 +65,10 @@ def register_reducer(cls, reducer):
     _DISPATCH[cls] = reducer
 
 
+def _script_module_from(saved):
+    return torch.jit.load(io.BytesIO(saved))
+
+
 class _Pickler(pickle.Pickler):
     dispatch_table = _DISPATCH
 
@@ -109,6 +113,21 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+class _ScriptModulePickler(_Pickler):
+    """The pickler for values that hold a ScriptModule (of any class:
+    scripted modules and subclasses of torch.jit.ScriptModule), which
+    travels as torch.jit.save writes it, as torch's RPC sends it. dumps()
+    takes it only when the plain pickler failed: reducer_override costs a
+    Python call for every object that is not of a type pickle writes itself."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.jit.ScriptModule):
+            saved = io.BytesIO()
+            torch.jit.save(obj, saved)
+            return _script_module_from, (saved.getvalue(),)
+        return NotImplemented
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, buffer, tensors, rrefs):
         super().__init__(buffer)
@@ -138,6 +157,17 @@ def dumps(obj):
         _Pickler(buffer, tensors, rrefs).dump(obj)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise TypeError(f"baton cannot send {_describe(obj)}: {e}") from e
+    except RuntimeError as e:
+        # A ScriptModule inside refuses the plain pickler (torch's
+        # RuntimeError): once more, saving it as torch's RPC does. Nothing
+        # the failed attempt collected is kept; any other error stays as it
+        # was raised.
+        tensors, rrefs = [], []
+        buffer = io.BytesIO()
+        try:
+            _ScriptModulePickler(buffer, tensors, rrefs).dump(obj)
+        except Exception:  # noqa: BLE001  (the first error is the one to see)
+            raise e from None
     return buffer.getvalue(), tensors, rrefs
 
 

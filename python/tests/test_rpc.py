@@ -193,6 +193,7 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     # (36 + 1), is_owner() on a user and an owner, an owner's fetched by the
     # other worker (7 + 1), and an RRef a scripted callee returned.
     assert "SCRIPT RREF 37.0 False True 8.0 36.0" in text, text
+    assert "SCRIPT MODULE True 6.0" in text, text
     assert "PROGRAM OK" in text, text
 
 

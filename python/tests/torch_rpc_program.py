@@ -103,6 +103,15 @@ def pass_on_in_script(rref: rpc.RRef[torch.Tensor]) -> rpc.RRef[torch.Tensor]:
     return rref
 
 
+class Doubler(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def make_doubler():
+    return torch.jit.script(Doubler())
+
+
 def run(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -145,6 +154,10 @@ def run(rank, world_size, port):
               owner_in_script(local_rref),
               rpc.rpc_sync("worker1", fetch_in_script, args=(local_rref,)).item(),
               back.to_here().item(), flush=True)
+        # A ScriptModule made on the callee comes back as one.
+        module = rpc.rpc_sync("worker1", make_doubler)
+        print("SCRIPT MODULE", isinstance(module, torch.jit.ScriptModule),
+              module(torch.tensor([3.0])).item(), flush=True)
         try:
             failing_call_in_script("worker1", torch.ones(1))
             print("SCRIPT ERROR none", flush=True)
