@@ -15,6 +15,12 @@ its Kineto profiler does not profile RPCs, in torch either):
 
 With no profile active, a call checks one flag (torch.autograd.
 _profiler_enabled()) and takes the usual path: nothing else is added.
+
+The server side (torch's _server_process_global_profile): while one is
+entered in a process, every Python call it serves runs under the legacy
+profiler (unless its caller profiles it: its events go back to the caller),
+and the call's events join each server profile entered, one list per call
+(torch keeps one per thread). A served call checks one list for it.
 """
 import collections
 import itertools
@@ -215,3 +221,71 @@ def remote(func, args, kwargs, self_name: str, dst: Tuple[str, int], send: Calla
         rref._get_future().add_done_callback(on_created)
         rref._profiling_future = rf._call_end_callbacks_on_future(done)
     return rref
+
+
+# The server profiles entered in this process, outermost first.
+server_profiles: "list[_server_process_global_profile]" = []
+_server_lock = threading.Lock()
+
+
+def run_server_profiled(call: Callable, func, args, kwargs):
+    """On a worker with server profiles entered: call(func, args, kwargs)
+    under the legacy profiler with the outermost one's settings, its events
+    added to every one still entered when it ends."""
+    with _server_lock:
+        outermost = server_profiles[0] if server_profiles else None
+    if outermost is None or torch.autograd._profiler_enabled():
+        return call(func, args, kwargs)
+    with torch.autograd.profiler_legacy.profile(
+            use_cuda=outermost.use_cuda, record_shapes=outermost.record_shapes,
+            profile_memory=outermost.profile_memory) as recorded:
+        out = call(func, args, kwargs)
+    events = sorted(recorded.function_events,
+                    key=lambda e: (e.time_range.start, -e.time_range.end))
+    with _server_lock:
+        for profile in server_profiles:
+            profile._served.append(events)
+    return out
+
+
+class _server_process_global_profile(torch.autograd.profiler.profile):
+    """torch.distributed.rpc._server_process_global_profile: profiles every
+    call this worker serves while entered (see the module's docstring), for
+    example from another worker through an RRef:
+
+        prof = rpc.remote("worker1", rpc._server_process_global_profile)
+        prof.rpc_sync().__enter__()
+        ...                                  # calls to worker1
+        prof.rpc_sync().__exit__(None, None, None)
+
+    After exit: function_events (every call's events) and
+    process_global_function_events (one list per call), as torch's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._served: "list[list]" = []
+        self.process_global_function_events: "list[list]" = []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        if self.entered:
+            raise RuntimeError("autograd profiler traces are not reentrant")
+        self.entered = True
+        with _server_lock:
+            server_profiles.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if not self.enabled:
+            return False
+        with _server_lock:
+            if self in server_profiles:
+                server_profiles.remove(self)
+            served, self._served = self._served, []
+        self.process_global_function_events = served
+        self.function_events = torch.autograd.profiler_util.EventList(
+            list(itertools.chain.from_iterable(served)), use_cuda=self.use_cuda,
+            profile_memory=self.profile_memory)
+        self.function_events._build_tree()
+        return False

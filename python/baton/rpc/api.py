@@ -1025,6 +1025,8 @@ def _run(data, tensors, rrefs, caller):
     try:
         if func is _profiling.profiled_call:
             async_name, result = _profiling.run_profiled(_call, *args, **kwargs)
+        elif _profiling.server_profiles:
+            async_name, result = _profiling.run_server_profiled(_call, func, args, kwargs)
         else:
             async_name, result = _call(func, args, kwargs)
     except Exception as e:
