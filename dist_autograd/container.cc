@@ -111,6 +111,16 @@ void ContextState::SetGradient(const at::Tensor& leaf, at::Tensor grad) {
   grads_.Set(leaf, std::move(grad));
 }
 
+void ContextState::set_profiled_pass(std::shared_ptr<const at::ThreadLocalState> state) {
+  absl::MutexLock lock(&mu_);
+  profiled_pass_ = std::move(state);
+}
+
+std::shared_ptr<const at::ThreadLocalState> ContextState::profiled_pass() const {
+  absl::MutexLock lock(&mu_);
+  return profiled_pass_;
+}
+
 absl::Status ContextState::BeginBackward(bool retain_graph) {
   absl::MutexLock lock(&mu_);
   if (graph_released_) {

@@ -1,12 +1,17 @@
 // Distributed backward ("FAST" mode, see dist_autograd.h): local engine runs
 // that capture leaf and recv gradients, and the gradient messages between
 // workers.
+#include <optional>
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -228,6 +233,8 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
   std::vector<Outgoing> out;
   out.reserve(recvs.size());
   for (auto& r : recvs) {
+    // A profile sees each recv function's part of the pass (torch's event).
+    RECORD_FUNCTION("RecvRpcBackward", std::vector<c10::IValue>());
     auto* recv = static_cast<RecvRpcBackward*>(r.node.get());
     for (uint32_t i = 0; i < r.grads.size(); ++i) {
       if (r.grads[i].defined()) continue;
@@ -312,6 +319,11 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
         absl::StatusOr<std::vector<Outgoing>> outgoing;
         {
           Container::PassScope pass(*c);
+          // A pass profiled here records its send functions' runs too.
+          std::shared_ptr<const at::ThreadLocalState> profiled = state->profiled_pass();
+          std::optional<at::ThreadLocalStateGuard> in_profile;
+          if (profiled != nullptr) in_profile.emplace(*profiled);
+          RECORD_FUNCTION("SendRpcBackward", std::vector<c10::IValue>());
           outgoing = RunLocal(*state, call.agent->self().id, *edges, grads);
         }
         TraceAutograd(*call.agent, absl::StrCat("local backward, context ", context_id), context_id,
@@ -367,6 +379,18 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
   }
   if (absl::Status s = state->BeginBackward(retain_graph); !s.ok()) return s;
   internal::Container::PassScope pass(*c);
+  // Under a profiler (torch's event name); the gradients that come back to
+  // this worker's send functions run in this thread's profile.
+  RECORD_FUNCTION("torch::distributed::autograd::backward", std::vector<c10::IValue>());
+  const bool profiled =
+      c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr;
+  if (profiled) state->set_profiled_pass(std::make_shared<const at::ThreadLocalState>());
+  struct EndProfiledPass {
+    internal::ContextState* state;
+    ~EndProfiledPass() {
+      if (state != nullptr) state->set_profiled_pass(nullptr);
+    }
+  } end_profiled_pass{profiled ? state.get() : nullptr};
   if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;

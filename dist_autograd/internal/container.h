@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/function.h>
 
 #include "absl/base/thread_annotations.h"
@@ -116,6 +117,13 @@ class ContextState {
 
   absl::Mutex& exec_mu() { return exec_mu_; }
 
+  // While a Backward that started on this worker under a profiler runs: the
+  // thread-local state of the thread that called it, so that the local
+  // runs of its gradients arriving here record into that profile (torch's
+  // distributed engine does the same). Null otherwise.
+  void set_profiled_pass(std::shared_ptr<const at::ThreadLocalState> state);
+  std::shared_ptr<const at::ThreadLocalState> profiled_pass() const;
+
  private:
   const int64_t id_;
   mutable absl::Mutex mu_;
@@ -124,6 +132,7 @@ class ContextState {
   std::vector<torch_compat::NodePtr<RecvRpcBackward>> recvs_ ABSL_GUARDED_BY(mu_);
   GradientMap grads_ ABSL_GUARDED_BY(mu_);
   bool graph_released_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const at::ThreadLocalState> profiled_pass_ ABSL_GUARDED_BY(mu_);
   absl::Mutex exec_mu_;
 };
 
