@@ -39,13 +39,6 @@ RefHandle::~RefHandle() { ctx_->ReleaseHandle(*this); }
 
 bool RefHandle::is_owner() const { return owner_ == ctx_->self(); }
 
-rpc::Future<void> RefHandle::fork_answered() const {
-  if (awaits_fork_answer_.load(std::memory_order_acquire)) return fork_answered_.future();
-  rpc::Promise<void> done;
-  done.SetValue();
-  return done.future();
-}
-
 RRefContext::RRefContext(int self, ControlSender* sender, int64_t incarnation,
                          std::function<int64_t(int)> incarnation_of)
     : self_(self),

@@ -205,10 +205,14 @@ class RefHandle {
     return is_owner() || confirmed_.load(std::memory_order_acquire);
   }
   void MarkConfirmed() { confirmed_.store(true, std::memory_order_release); }
-  // Completes once the owner answered this fork's ForkRequest (it confirmed
-  // the fork, or the request failed and confirmed_by_owner() stays false);
-  // complete from the start for every reference that sends none (G12).
-  rpc::Future<void> fork_answered() const;
+  // Whether a ForkRequest sent for this fork waits for the owner's answer
+  // (G12); fork_answered() completes when it comes (the owner confirmed the
+  // fork, or the request failed and confirmed_by_owner() stays false).
+  // REQUIRES for fork_answered(): fork_answer_pending() was true.
+  bool fork_answer_pending() const {
+    return awaits_fork_answer_.load(std::memory_order_acquire) && !fork_answered_.future().ready();
+  }
+  rpc::Future<void> fork_answered() const { return fork_answered_.future(); }
 
  private:
   friend class RRefContext;

@@ -653,8 +653,7 @@ class PyAgent {
   static Future<PyObj> AfterForksAnswered(const rpc::CallContext& ctx, PyObj msg, Run run) {
     std::vector<rpc::Future<void>> waits;
     for (const PyRRef& r : msg.rrefs) {
-      rpc::Future<void> answered = r.handle()->fork_answered();
-      if (!answered.ready()) waits.push_back(std::move(answered));
+      if (r.handle()->fork_answer_pending()) waits.push_back(r.handle()->fork_answered());
     }
     if (waits.empty()) return run(ctx, std::move(msg));
     rpc::Promise<void> all(ctx.agent != nullptr ? ctx.agent->executor() : nullptr);
