@@ -324,6 +324,9 @@ struct AgentConfig {
   std::optional<double> restart_wait;
   // TensorPipeRpcBackendOptions.device_maps, as CUDA device indexes.
   std::map<std::string, std::map<int, int>> device_maps;
+  // Drop-in mode: torch's agent starts right after the rendezvous (what
+  // TorchScript's requests need; one that arrives first waits for it).
+  bool torch_agent = false;
 };
 
 // The waits for the GIL of the Python functions a worker runs for others,
@@ -395,7 +398,7 @@ class PyAgent {
     self->installers_ = config.installers;
     Check(dist_autograd::Install(*self->registry_));
     Check(InstallOptimizerHost(*self->registry_));
-    auto torch_host = TorchAgentHost::Install(*self->registry_);
+    auto torch_host = TorchAgentHost::Install(*self->registry_, config.torch_agent);
     Check(torch_host.status());
     self->torch_ = *std::move(torch_host);
     PyRef runner(std::move(run));
@@ -985,6 +988,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def_readwrite("name", &AgentConfig::name)
       .def_readwrite("installers", &AgentConfig::installers)
+      .def_readwrite("torch_agent", &AgentConfig::torch_agent)
       .def_readwrite("rank", &AgentConfig::rank)
       .def_readwrite("master_addr", &AgentConfig::master_addr)
       .def_readwrite("master_port", &AgentConfig::master_port)

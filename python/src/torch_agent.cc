@@ -283,19 +283,29 @@ std::unique_ptr<TorchContextMirror> TorchAgentHost::MirrorContext(int64_t contex
   return std::unique_ptr<TorchContextMirror>(new TorchContextMirror(agent_, context_id));
 }
 
+std::shared_ptr<TorchAgent> TorchAgentHost::Current(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return agent_ != nullptr || !expect_start_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&settled), std::min(deadline, absl::Now() + kStartWait));
+  return agent_;
+}
+
 absl::StatusOr<std::shared_ptr<TorchAgentHost>> TorchAgentHost::Install(
-    rpc::FunctionRegistry& registry) {
+    rpc::FunctionRegistry& registry, bool expect_start) {
   auto host = std::make_shared<TorchAgentHost>();
+  {
+    absl::MutexLock lock(&host->mu_);
+    host->expect_start_ = expect_start;
+  }
   std::weak_ptr<TorchAgentHost> weak = host;
   absl::Status s = registry.Register(
       kTorchMessage,
       [weak](const rpc::CallContext& ctx, int64_t type, std::string payload,
              std::vector<at::Tensor> tensors) -> rpc::Future<WireMessage> {
         std::shared_ptr<TorchAgent> agent;
-        if (auto host = weak.lock()) {
-          absl::MutexLock lock(&host->mu_);
-          agent = host->agent_;
-        }
+        if (auto host = weak.lock()) agent = host->Current(ctx.deadline);
         if (agent == nullptr) {
           return rpc::MakeErrorFuture<WireMessage>(absl::UnavailableError(
               absl::StrCat("a TorchScript RPC reached worker '", ctx.agent->self().name,
@@ -310,6 +320,7 @@ absl::StatusOr<std::shared_ptr<TorchAgentHost>> TorchAgentHost::Install(
 
 absl::Status TorchAgentHost::Start(rpc::RpcAgent* agent, absl::Duration rpc_timeout) {
   absl::MutexLock lock(&mu_);
+  expect_start_ = false;  // started, or failed to: nobody waits any more
   if (agent_ != nullptr)
     return absl::FailedPreconditionError("torch's RPC agent is started already");
   if (trpc::RpcAgent::isCurrentRpcAgentSet()) {
@@ -340,6 +351,7 @@ absl::Status TorchAgentHost::Stop() {
   std::shared_ptr<TorchAgent> agent;
   {
     absl::MutexLock lock(&mu_);
+    expect_start_ = false;
     agent = std::move(agent_);
   }
   if (agent == nullptr) return absl::OkStatus();

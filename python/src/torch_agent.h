@@ -26,7 +26,10 @@
 //   phrase ("RPC ran for more than set timeout"), a call to a dead worker
 //   with baton's UNAVAILABLE error naming it.
 // - A request that arrives while no TorchAgent is started here fails with
-//   UNAVAILABLE naming this worker.
+//   UNAVAILABLE naming this worker; when the host expects one (drop-in
+//   mode: it starts at the end of init_rpc, after the rendezvous that lets
+//   peers call), the request first waits for it, bounded by its deadline
+//   and kStartWait.
 // - Distributed autograd: while a baton context is current on a thread,
 //   torch's container holds a context with its id, current on that thread
 //   too (TorchContextMirror), so that TorchScript carries the id into its
@@ -85,7 +88,10 @@ class TorchAgentHost {
  public:
   // Registers "__baton.torch.message" on `registry` (before or after the
   // agent starts); requests fail with UNAVAILABLE until Start().
-  static absl::StatusOr<std::shared_ptr<TorchAgentHost>> Install(rpc::FunctionRegistry& registry);
+  static absl::StatusOr<std::shared_ptr<TorchAgentHost>> Install(rpc::FunctionRegistry& registry,
+                                                                 bool expect_start = false);
+  // How long a request waits for the expected Start.
+  static constexpr absl::Duration kStartWait = absl::Seconds(60);
 
   // Makes torch's current RPC agent a TorchAgent over `agent` (which must
   // outlive Stop()). FAILED_PRECONDITION if one is started already or torch
@@ -102,8 +108,12 @@ class TorchAgentHost {
   std::unique_ptr<TorchContextMirror> MirrorContext(int64_t context_id);
 
  private:
+  // The started agent, or null (with whether one is still to come).
+  std::shared_ptr<TorchAgent> Current(absl::Time deadline);
+
   absl::Mutex mu_;
   std::shared_ptr<TorchAgent> agent_ ABSL_GUARDED_BY(mu_);
+  bool expect_start_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // ---- Baton's RRefs in TorchScript (drop-in mode) ----

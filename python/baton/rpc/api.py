@@ -307,6 +307,7 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
     options = rpc_backend_options or RpcBackendOptions()
     config = _C.AgentConfig()
     config.name = name or ""
+    config.torch_agent = _torch_rpc.installed()
     if ps_server is not None:
         config.installers = [ps_server._c]
     if rank is not None and rank >= 0:
@@ -1268,14 +1269,29 @@ def _torch_rref(rref: "RRef") -> Any:
     if rref.is_owner():
         value = rref.local_value()
         return _C.torch_owner_rref(value, _script_module_hint(value))
-    return _C.torch_user_rref(rpc_sync(rref.owner(), _torch_fork_on_owner, args=(rref,)))
+    return _C.torch_user_rref(rpc_sync(rref.owner(), _torch_fork_on_owner,
+                                       args=(rref, get_worker_info().name)))
 
 
-def _torch_fork_on_owner(rref):
+def _torch_fork_on_owner(rref, user):
     """On a baton RRef's owner: a torch OwnerRRef over its value, with a
-    fork registered for the asking user (torch's fork protocol)."""
+    fork registered for the asking user (torch's fork protocol). A
+    ScriptModule stays on its owner, as torch keeps it (its users' to_here()
+    fails with this message): its class exists only where it was scripted."""
+    if _initializing.is_set():
+        # A user that finished init_rpc() first: torch's agent here starts
+        # at the end of this worker's init_rpc().
+        _ready.wait(timeout=600)
     value = rref.local_value()
-    return _C.torch_fork_for_user(value, _script_module_hint(value))
+    hint = _script_module_hint(value)
+    # A module scripted code returned is torch._C's, not torch.jit's.
+    module = value._c if isinstance(value, torch.jit.ScriptModule) else value
+    if isinstance(module, torch._C.ScriptModule) and hint is None:
+        raise RpcRuntimeError(
+            f"{module._type().qualified_name()} is an RRef to a ScriptModule. It can't be "
+            f"sent through RPC from owner, {get_worker_info()}, to user, {user}. Call its "
+            "methods on the owner (rref.rpc_sync().forward(...)) instead")
+    return _C.torch_fork_for_user(value, hint)
 
 
 # The interface a ScriptModule owned here was given when an RRef of it was
