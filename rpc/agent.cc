@@ -113,6 +113,7 @@ void RpcAgent::AddPeerFailureListener(PeerFailureListener listener) {
 int64_t RpcAgent::incarnation() const { return impl_->incarnation(); }
 int64_t RpcAgent::peer_incarnation(int peer) const { return impl_->peer_incarnation(peer); }
 absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
+absl::Status RpcAgent::EnterShutdown() { return impl_->EnterShutdown(); }
 bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
 obs::MetricsRegistry* RpcAgent::metrics() const { return impl_->metrics(); }
@@ -505,8 +506,9 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     if (first.ok() && !s.ok()) first = s;
   };
   if (graceful) {
-    // 1. Everyone stops issuing new top-level calls.
-    const absl::Status entered = AwaitPeersAtShutdown();
+    // 1. Everyone stops issuing new top-level calls (EnterShutdown may have
+    // waited for that already).
+    const absl::Status entered = EnterShutdown();
     note(entered);
     if (options_.shutdown_wait_for_peers != absl::ZeroDuration()) {
       // The wait for the others had its own bound; the rest has its own.
@@ -550,6 +552,22 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     return Annotate(first, absl::StrCat("shutdown of worker '", options_.name, "'"));
   }
   return first;
+}
+
+absl::Status AgentImpl::EnterShutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (entered_.has_value()) return *entered_;
+    if (!running_) return absl::FailedPreconditionError("the agent was shut down");
+  }
+  if (executor_->InPool()) {
+    return absl::FailedPreconditionError(
+        "shutdown called from a remote function; call it from the main thread");
+  }
+  absl::Status s = AwaitPeersAtShutdown();
+  absl::MutexLock lock(&mu_);
+  entered_ = s;
+  return s;
 }
 
 absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {

@@ -116,6 +116,10 @@ struct AgentOptions {
   absl::Duration shutdown_wait_for_peers = absl::ZeroDuration();
   // Largest message (request or reply, tensors included) sent or accepted.
   int64_t max_message_bytes = int64_t{1} << 30;
+  // What runs on this worker above the C++ API ("python" for baton.rpc),
+  // published at rendezvous: WorkerInfo::front_ends of every worker, so a
+  // front end knows which workers take part in its own steps.
+  std::vector<std::string> front_ends;
   // Send large tensors to workers on the same host through shared memory
   // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
   bool same_host_shm = true;
@@ -453,6 +457,16 @@ class RpcAgent final : public DeviceRouter {
   int64_t peer_incarnation(int peer) const;
 
   absl::Status Shutdown(bool graceful = true);
+  // The first step of a graceful Shutdown() on its own: returns once every
+  // worker entered its shutdown (this call or Shutdown(true)), bounded as
+  // that step is (shutdown_wait_for_peers); UNAVAILABLE naming a missing
+  // worker confirmed dead. Calls keep working until Shutdown(), which then
+  // does not wait again and reports this outcome. Front ends run their own
+  // steps in between (python: torch's _wait_all_workers and RRef release,
+  // which every worker reaches only once all of them stopped their work).
+  // Call it from the thread that calls Shutdown(), never from a remote
+  // function; a second call returns the first outcome.
+  absl::Status EnterShutdown();
   bool running() const;
   AgentStats stats() const;
   // The worker's metrics (AgentOptions::metrics_address), for components to

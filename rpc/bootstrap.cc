@@ -560,6 +560,7 @@ absl::Status AgentImpl::Register(Registration& reg) {
   if (shm_transport_ != nullptr) mine.set_shm_hub(shm_transport_->hub_name());
   PublishDeviceMaps(options_, mine);
   mine.set_cuda_ipc(cuda_channel_ != nullptr);
+  for (const std::string& f : options_.front_ends) mine.add_front_ends(f);
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
       !s.ok()) {
     return s;
@@ -600,7 +601,10 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
     peer_limits_[r] = records[r].max_message_bytes();
-    workers_[r] = WorkerInfo{records[r].name(), r, records[r].address()};
+    workers_[r] = WorkerInfo{records[r].name(),
+                             r,
+                             records[r].address(),
+                             {records[r].front_ends().begin(), records[r].front_ends().end()}};
     auto [it, inserted] = by_name_.emplace(records[r].name(), r);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat("worker name '", records[r].name(),

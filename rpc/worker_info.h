@@ -7,6 +7,7 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace baton::rpc {
 
@@ -15,6 +16,8 @@ struct WorkerInfo {
   int id = -1;
   // host:port of the worker's RPC server.
   std::string address;
+  // What runs on it above the C++ API (AgentOptions::front_ends).
+  std::vector<std::string> front_ends;
 
   bool operator==(const WorkerInfo& o) const { return id == o.id && name == o.name; }
 };

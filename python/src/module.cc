@@ -387,6 +387,7 @@ class PyAgent {
       options->restart_wait = absl::Seconds(*config.restart_wait);
     }
     options->device_maps = config.device_maps;
+    options->front_ends = {"python"};
 
     auto self = std::shared_ptr<PyAgent>(new PyAgent());
     self->registry_ = std::make_shared<rpc::FunctionRegistry>();
@@ -546,6 +547,17 @@ class PyAgent {
     for (const auto& w : agent().workers()) out.append(Info(w));
     return out;
   }
+  // The names of the workers that run baton's Python front end (a mixed
+  // job's C++ workers do not).
+  py::list PythonWorkers() const {
+    py::list out;
+    for (const auto& w : agent().workers()) {
+      if (std::find(w.front_ends.begin(), w.front_ends.end(), "python") != w.front_ends.end()) {
+        out.append(w.name);
+      }
+    }
+    return out;
+  }
   int64_t Incarnation() const { return agent().incarnation(); }
 
   void Shutdown(bool graceful) {
@@ -563,6 +575,17 @@ class PyAgent {
         if (s.ok()) s = stopped;
       }
       agent_.reset();
+    }
+    Check(s);
+  }
+
+  // Shutdown's agreement on its own (RpcAgent::EnterShutdown).
+  void EnterShutdown() {
+    if (agent_ == nullptr) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = agent_->EnterShutdown();
     }
     Check(s);
   }
@@ -597,6 +620,16 @@ class PyAgent {
     d["num_pending_users"] = st.unconfirmed.size();
     d["num_pending_futures"] = st.early_entries;
     return d;
+  }
+  // The user RRefs this worker still holds, as (RRef id, fork id, owner):
+  // shutdown's leak check, after the step that releases them.
+  py::list HeldRRefs() const {
+    rref::RRefDebugState st = rrefs_->DebugState();
+    py::list out;
+    for (const auto& held : st.held) {
+      out.append(py::make_tuple(held.rref.ToString(), held.fork.ToString(), held.owner));
+    }
+    return out;
   }
   // Releases every user RRef this worker holds and waits (up to `timeout`
   // seconds) until their owners confirmed (G6); what a graceful shutdown
@@ -1012,11 +1045,18 @@ PYBIND11_MODULE(_C, m) {
       .def("self_info", &PyAgent::Self)
       .def("worker", &PyAgent::Worker)
       .def("workers", &PyAgent::Workers)
+      .def("python_workers", &PyAgent::PythonWorkers)
       .def("incarnation", &PyAgent::Incarnation)
       .def("shutdown", &PyAgent::Shutdown)
+      .def("enter_shutdown", &PyAgent::EnterShutdown)
+      .def("shutdown_timeout",
+           [](const PyAgent& self) {
+             return absl::ToDoubleSeconds(self.agent().options().shutdown_timeout);
+           })
       .def("start_torch_agent", &PyAgent::StartTorchAgent, py::arg("rpc_timeout"))
       .def("rref_state", &PyAgent::RRefState)
       .def("rref_debug_counts", &PyAgent::RRefDebugCounts)
+      .def("held_rrefs", &PyAgent::HeldRRefs)
       .def("settle_rrefs", &PyAgent::SettleRRefs)
       .def("wait_rrefs_empty", &PyAgent::WaitRRefsEmpty)
       .def("stats", &PyAgent::Stats)

@@ -98,6 +98,10 @@ def test_init_rpc_after_init_process_group_on_the_same_master_port():
     harness.check(harness.run("after_process_group", 3))
 
 
+def test_shutdown_runs_torchs_replaceable_steps_and_reports_leaked_rrefs():
+    harness.check(harness.run("shutdown_steps", 3, timeout=120))
+
+
 def test_every_error_class_is_raised_with_its_code_and_worker():
     harness.check(harness.run("errors", 2))
 

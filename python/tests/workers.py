@@ -1370,6 +1370,120 @@ def scenario_after_process_group(rank, world_size):
     print("SCENARIO OK")
 
 
+def scenario_shutdown_steps(rank, world_size):
+    """torch's backend step and shutdown steps, as torch's programs and tests
+    reach them: _init_rpc_backend over a torch TCPStore (a duplicate name
+    refused on every rank, then a job that works); a graceful shutdown calls
+    rpc.api's _wait_all_workers(timeout) and
+    _delete_all_user_and_unforked_owner_rrefs() as they are when it runs (a
+    program may replace them); with _ignore_rref_leak False a worker that
+    still holds user RRefs after that step gets "Leaking RRef"; a step that
+    raises still stops the agent, and a peer that stopped this way fails the
+    others' calls to it at once (not at their timeout)."""
+    import datetime
+    import torch.distributed as dist
+    from baton.rpc import api
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world_size, rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+
+    def barrier(tag):  # through torch's store, independent of RPC
+        store.set(f"{tag}/{rank}", "1")
+        store.wait([f"{tag}/{r}" for r in range(world_size)])
+
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
+    try:
+        api._init_rpc_backend(store=store, name="same", rank=rank, world_size=world_size,
+                              rpc_backend_options=options)
+        raise AssertionError("a duplicate name was accepted")
+    except RuntimeError as e:
+        assert "is not unique" in str(e), e
+    def start():  # MASTER_PORT is the TCPStore's: baton's store meets through it
+        api._init_rpc_backend(store=store, name=name(rank), rank=rank, world_size=world_size,
+                              rpc_backend_options=options)
+
+    start()
+    got = rpc.rpc_sync(name((rank + 1) % world_size), add, args=(torch.ones(2), rank))
+    assert got.tolist() == [1.0 + rank] * 2, got
+
+    calls = []
+    original_wait, original_delete = api._wait_all_workers, api._delete_all_user_and_unforked_owner_rrefs
+
+    def wait_all_workers(timeout):
+        calls.append(("wait", timeout))
+        original_wait(timeout)
+
+    def delete_all():
+        calls.append(("delete", None))
+        original_delete()
+
+    api._wait_all_workers, api._delete_all_user_and_unforked_owner_rrefs = wait_all_workers, delete_all
+    try:
+        rpc.shutdown(timeout=7)
+    finally:
+        api._wait_all_workers, api._delete_all_user_and_unforked_owner_rrefs = \
+            original_wait, original_delete
+    assert calls == [("wait", 7.0), ("delete", None)], calls
+
+    # The leak check: every worker keeps an RRef that worker rank+1 owns.
+    start()
+    kept = rpc.remote(name((rank + 1) % world_size), add, args=(torch.ones(1), 1))
+    assert kept.to_here().tolist() == [2.0]
+    api._ignore_rref_leak = False
+    api._delete_all_user_and_unforked_owner_rrefs = lambda: None
+    try:
+        rpc.shutdown()
+        raise AssertionError("no leak reported")
+    except RuntimeError as e:
+        assert f"Leaking RRef {rank}:" in str(e) and f"(owner {(rank + 1) % world_size})" in str(e), e
+    finally:
+        api._ignore_rref_leak = True
+        api._delete_all_user_and_unforked_owner_rrefs = original_delete
+    assert not api._is_current_rpc_agent_set()
+
+    # A worker that stopped (its process lives on) fails the others' calls
+    # to it at once, not at their timeout.
+    start()
+    barrier("started")
+    if rank == 1:
+        rpc.shutdown(graceful=False)
+        barrier("stopped")
+    else:
+        barrier("stopped")
+        begin = time.monotonic()
+        try:
+            rpc.rpc_sync(name(1), echo, args=(1,), timeout=20)
+            raise AssertionError("a call to a stopped worker returned")
+        except RuntimeError as e:
+            assert isinstance(e, rpc.WorkerUnavailableError), e
+        assert time.monotonic() - begin < 5, time.monotonic() - begin
+        rpc.shutdown(graceful=False)
+
+    # A step that raises on worker 1: its agent stops anyway, with that
+    # error; the others' gather fails within their timeout.
+    start()
+    barrier("restarted")
+    if rank == 1:
+        def failing(timeout):
+            raise RuntimeError("step failed")
+        api._wait_all_workers = failing
+        try:
+            rpc.shutdown()
+            raise AssertionError("the step's error was not raised")
+        except RuntimeError as e:
+            assert str(e) == "step failed", e
+        finally:
+            api._wait_all_workers = original_wait
+    else:
+        try:
+            rpc.shutdown(timeout=3)
+            raise AssertionError("the gather without worker 1 did not fail")
+        except RuntimeError as e:
+            assert "timed out in _all_gather" in str(e), e
+    assert not api._is_current_rpc_agent_set()
+    barrier("done")
+    print("SCENARIO OK")
+
+
 def _role_name():
     return f"{os.environ.get('BATON_ROLE', 'worker')}{os.environ.get('BATON_ROLE_RANK', '0')}"
 

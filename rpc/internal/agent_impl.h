@@ -133,6 +133,7 @@ class AgentImpl : private TransportHandler {
   int64_t incarnation() const { return incarnation_; }
   int64_t peer_incarnation(int peer) const;
   absl::Status Shutdown(bool graceful);
+  absl::Status EnterShutdown();
   // Shutdown's first step: every worker reached its Shutdown()
   // (AgentOptions::shutdown_wait_for_peers).
   absl::Status AwaitPeersAtShutdown();
@@ -476,6 +477,8 @@ class AgentImpl : private TransportHandler {
   int64_t completing_ ABSL_GUARDED_BY(mu_) = 0;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The outcome of Shutdown's first step once EnterShutdown() ran it.
+  std::optional<absl::Status> entered_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton::rpc::internal

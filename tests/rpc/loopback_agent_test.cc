@@ -236,5 +236,32 @@ TEST(LoopbackAgents, ShutdownWaitingForAPeerThatDiedEndsWithUnavailableNamingIt)
   EXPECT_TRUE((*job)->ShutdownAll(/*graceful=*/false).ok());
 }
 
+// EnterShutdown(): the agreement on its own. Every worker returns once all
+// entered; calls between it and Shutdown() still work (a front end's own
+// steps run there), and Shutdown() does not wait again.
+TEST(LoopbackAgents, EnterShutdownAgreesAndCallsStillWorkUntilShutdown) {
+  auto job = LoopbackJob::Start(Options(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::Status entered1;
+  absl::Notification one_entered;
+  std::thread t1([&] {
+    entered1 = (*job)->agent(1).EnterShutdown();
+    one_entered.Notify();
+  });
+  // Worker 1 waits there for worker 0, which is still at work.
+  EXPECT_FALSE(one_entered.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  EXPECT_TRUE((*job)->agent(0).EnterShutdown().ok());
+  t1.join();
+  EXPECT_TRUE(entered1.ok()) << entered1;
+  EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 11), 11);
+  EXPECT_EQ((*job)->agent(1).rpc_sync(0, echo_fn, 12), 12);
+  EXPECT_TRUE((*job)->agent(0).EnterShutdown().ok());  // the first outcome again
+  absl::Status shut1;
+  std::thread s1([&] { shut1 = (*job)->agent(1).Shutdown(); });
+  EXPECT_TRUE((*job)->agent(0).Shutdown().ok());
+  s1.join();
+  EXPECT_TRUE(shut1.ok()) << shut1;
+}
+
 }  // namespace
 }  // namespace baton::rpc

@@ -197,6 +197,29 @@ TEST(ShmTransport, T3_PeerDeathIsNoticedAndSendsFailAfterwards) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// T3: a peer whose transport closed (its agent shut down) while its process
+// lives on is noticed as a dead one is: pending calls must not wait out their
+// deadline for replies that cannot come.
+TEST(ShmTransport, T3_APeerThatClosedItsTransportIsNoticedLikeADeadOne) {
+  Pair p;
+  ASSERT_TRUE(p.t0->connected(1));
+  const absl::Time start = absl::Now();
+  p.t1->Close();
+  ASSERT_TRUE(p.h0.WaitClosed(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  {
+    absl::MutexLock lock(&p.h0.mu_);
+    ASSERT_EQ(p.h0.closed_.size(), 1u);
+    EXPECT_EQ(p.h0.closed_[0].first, 1);
+    EXPECT_EQ(p.h0.closed_[0].second.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(absl::StrContains(p.h0.closed_[0].second.message(),
+                                  "worker 1 closed its shared-memory link"))
+        << p.h0.closed_[0].second;
+  }
+  EXPECT_FALSE(p.t0->connected(1));
+  EXPECT_EQ(p.t0->Send(1, Request(1, 10)).status().code(), absl::StatusCode::kUnavailable);
+}
+
 // T5: a peer that read requests 1-3 and then stopped reading dies; the
 // requests 4-6 it never read are named unread, before the link's close, and
 // the ones it read are not (they may have run).

@@ -151,10 +151,9 @@ def _share_torch_store_port(config, host, port):
     same MASTER_PORT (pytorch/examples' batch parameter server calls
     init_process_group, then init_rpc, with one MASTER_ADDR and MASTER_PORT):
     torch's TCPStore already serves that port in rank 0's process, where
-    torch's own RPC shares it. baton's store takes another port instead: rank
-    0 picks a free one and passes it to the others through torch's store,
-    under a key of this init round. Applies only where this process's
-    default process group has a TCPStore on that very port."""
+    torch's own RPC shares it. baton's store takes another port instead, met
+    through torch's store (_meet_through_store). Applies only where this
+    process's default process group has a TCPStore on that very port."""
     try:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
@@ -169,20 +168,29 @@ def _share_torch_store_port(config, host, port):
     rank = config.rank if config.rank is not None else os.environ.get("RANK")
     if port is None or rank is None or getattr(store, "port", None) != int(port):
         return
+    _meet_through_store(config, store, int(rank))
+
+
+def _meet_through_store(config, store, rank):
+    """Where baton's store serves, agreed through a torch.distributed Store
+    every worker shares: rank 0 picks a free port on its address and
+    publishes both under a key of this init round; the others read them
+    (waiting as long as the store's own timeout)."""
     global _torch_store_rounds
     _torch_store_rounds += 1
-    key = f"baton/rpc_store_port/{_torch_store_rounds}"
-    if int(rank) == 0:
-        addr = config.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    key = f"baton/rpc_store/{_torch_store_rounds}"
+    if rank == 0:
+        addr = config.master_addr or os.environ.get("MASTER_ADDR") or \
+            getattr(store, "host", None) or "127.0.0.1"
+        addr = "127.0.0.1" if addr == "localhost" else addr
         with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
-            s.bind(("127.0.0.1" if addr == "localhost" else addr, 0))
+            s.bind((addr, 0))
             free = s.getsockname()[1]
-        store.set(key, str(free))
-        config.master_port = free
+        store.set(key, f"{addr} {free}")
     else:
-        config.master_port = int(store.get(key))
-    if host is None and config.master_addr is None:
-        config.master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        addr, free = store.get(key).decode().split()
+    config.master_addr = addr
+    config.master_port = int(free)
 
 
 # init_rpc calls that met through torch's store, in this process.
@@ -286,6 +294,28 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
     rank within the role ("trainer0"), else "worker<rank>".
     ps_server (baton's addition): a baton.ps.PsServer this worker hosts.
     """
+    _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store=None)
+
+
+def _init_rpc_backend(backend=BackendType.TENSORPIPE, store=None, name=None, rank=-1,
+                      world_size=None, rpc_backend_options=None):
+    """torch's step below init_rpc: starts this worker's agent, meeting the
+    others through `store`, a torch.distributed Store they all share (from
+    torch.distributed.rendezvous, or a process group's): rank 0 serves
+    baton's rendezvous on a free port and publishes where in that store."""
+    import torch.distributed as dist
+    if not isinstance(store, dist.Store):
+        raise TypeError(f"_init_rpc_backend: store is a torch.distributed.Store, not "
+                        f"{type(store).__name__}")
+    if not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"_init_rpc_backend: rank {rank!r}: a rank >= 0")
+    if not isinstance(world_size, int) or world_size <= 0:
+        raise ValueError(f"_init_rpc_backend: world_size {world_size!r}: a size > 0 (the store "
+                         "meets a fixed group)")
+    _init(name, backend, rank, world_size, rpc_backend_options, None, store=store)
+
+
+def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store):
     global _agent, _generation
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
@@ -305,6 +335,14 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
     if name is not None:
         _check_worker_name(name)
     options = rpc_backend_options or RpcBackendOptions()
+    if rank is None or rank < 0:  # torch's errors: from RANK (env://) only
+        if options.init_method not in (None, "", DEFAULT_INIT_METHOD):
+            raise ValueError(f"rank parameter missing (init_method {options.init_method} "
+                             "takes the rank from init_rpc(rank=...))")
+        if "RANK" not in os.environ:
+            raise ValueError("Error initializing baton.rpc using env:// rendezvous: environment "
+                             "variable RANK expected, but not set (start the program with "
+                             "baton-run, or pass rank=)")
     config = _C.AgentConfig()
     config.name = name or ""
     config.torch_agent = _torch_rpc.installed()
@@ -330,7 +368,10 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
         if mapped or to != name:  # a map for itself that kept every device is no map
             device_maps[str(to)] = mapped
     config.device_maps = device_maps
-    _share_torch_store_port(config, host, port)
+    if store is not None:
+        _meet_through_store(config, store, int(rank))
+    else:
+        _share_torch_store_port(config, host, port)
     for field in ("init_timeout", "shutdown_timeout", "restart_wait", "shutdown_wait_for_peers"):
         value = getattr(options, field, None)
         if value is not None:
@@ -368,15 +409,22 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
             _ready.set()
 
 
-def shutdown(graceful=True, timeout=0):
+def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
     """Stops the agent: graceful waits for every worker to finish its calls.
 
-    A graceful shutdown first waits for every other worker to call shutdown()
-    (as torch's does: without limit while they live, unless
-    RpcBackendOptions(shutdown_wait_for_peers=seconds) says otherwise; a
-    worker found dead ends the wait with WorkerUnavailableError). The steps
-    after that are bounded by RpcBackendOptions(shutdown_timeout=...).
-    timeout is accepted for torch's signature.
+    A graceful shutdown runs torch's steps, in its order: it waits for every
+    other worker to call shutdown() (as torch's does: without limit while
+    they live, unless RpcBackendOptions(shutdown_wait_for_peers=seconds) says
+    otherwise; a worker found dead ends the wait with WorkerUnavailableError),
+    then calls this module's _wait_all_workers(timeout) and
+    _delete_all_user_and_unforked_owner_rrefs() (looked up when it runs, so
+    a program may replace them, as torch's tests do), and, where
+    _ignore_rref_leak is False, raises "Leaking RRef ..." for user RRefs
+    this worker still holds after that release. Then every worker drains its
+    calls and stops (bounded by RpcBackendOptions(shutdown_timeout=...)). A
+    step that raises still stops this worker's agent, without the drain, and
+    the error is raised. timeout bounds _wait_all_workers (0:
+    shutdown_timeout).
     """
     global _agent
     with _lock:
@@ -386,11 +434,40 @@ def shutdown(graceful=True, timeout=0):
         # Calls keep arriving until every worker agreed to stop: the agent
         # stays reachable from the functions they run until then.
         try:
-            agent.shutdown(bool(graceful))
-        except _C.StatusError as e:
-            raise _errors.translate(e) from None
+            try:
+                leaks = _graceful_steps(agent, timeout) if graceful else None
+            except BaseException:
+                try:
+                    agent.shutdown(False)
+                except _C.StatusError:
+                    pass  # the step's error says more
+                raise
+            try:
+                agent.shutdown(bool(graceful))
+            except _C.StatusError as e:
+                raise _errors.translate(e) from None
         finally:
             _agent = None
+        if leaks:
+            raise RpcRuntimeError("".join(f"Leaking RRef {rref} with fork Id {fork} (owner "
+                                          f"{owner}): still held at shutdown\n"
+                                          for rref, fork, owner in leaks))
+
+
+def _graceful_steps(agent, timeout):
+    """torch's steps of a graceful shutdown, between the agreement that every
+    worker arrived and the drain. Returns the user RRefs still held (leak
+    check on)."""
+    try:
+        agent.enter_shutdown()
+    except _C.StatusError:
+        return None  # a worker is dead: agent.shutdown(True) reports it
+    seconds = float(timeout) if timeout and timeout > 0 else agent.shutdown_timeout()
+    _wait_all_workers(seconds)
+    _delete_all_user_and_unforked_owner_rrefs()
+    # torch's leak check (its owners raise; here the worker that still holds
+    # the references does, which is where the code that kept them runs).
+    return None if _ignore_rref_leak else agent.held_rrefs()
 
 
 @atexit.register
@@ -593,12 +670,13 @@ def _broadcast_to_followers(key, objects):
 
 def _all_gather(obj: Any, worker_names: Optional[Iterable[str]] = None,
                 timeout: float = UNSET_RPC_TIMEOUT) -> Dict[str, Any]:
-    """{worker name: obj} from every worker in worker_names (default: all);
-    each of them must call it. timeout (seconds, 0: none) bounds every
-    step; unset, the default RPC timeout."""
+    """{worker name: obj} from every worker in worker_names (default: every
+    worker that runs Python: a mixed job's C++ workers take no part); each
+    of them must call it. timeout (seconds, 0: none) bounds every step;
+    unset, the default RPC timeout."""
     self_name = get_worker_info().name
     if worker_names is None:
-        names = tuple(sorted(info.name for info in get_worker_infos()))
+        names = tuple(sorted(_current().python_workers()))
     else:
         names = tuple(sorted(set(worker_names)))
     if self_name not in names:
@@ -618,9 +696,18 @@ def _all_gather(obj: Any, worker_names: Optional[Iterable[str]] = None,
                 missing = sorted(state.names - set(state.gathered))
                 raise RuntimeError(f"{self_name} timed out in _all_gather after {seconds:.2f} "
                                    f"seconds: no value from {missing}")
-            futures = [rpc_async(name, _broadcast_to_followers, args=(key, state.gathered),
-                                 timeout=seconds) for name in names if name != leader]
-            torch.futures.wait_all(futures)
+            futures = {name: rpc_async(name, _broadcast_to_followers, args=(key, state.gathered),
+                                       timeout=seconds) for name in names if name != leader}
+            errors = []
+            for name, fut in futures.items():
+                try:
+                    fut.wait()
+                except RuntimeError as e:
+                    errors.append((name, e))
+            if errors:  # torch's message, which programs match
+                raise RuntimeError(f"Followers {[name for name, _ in errors]} timed out in "
+                                   f"_all_gather after {seconds:.2f} seconds. The first "
+                                   f"exception is {errors[0][1]}")
             return dict(state.gathered)
         rpc_sync(leader, _gather_to_leader, args=(key, self_name, obj, names), timeout=seconds)
         if not state.released.wait(seconds or None):
@@ -641,7 +728,8 @@ def _barrier(worker_names: Iterable[str]) -> None:
 
 
 def _wait_all_workers(timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
-    """Returns once every worker of the job called it (0: no time limit)."""
+    """Returns once every worker of the job that runs Python called it (0: no
+    time limit)."""
     _all_gather(None, timeout=timeout)
 
 

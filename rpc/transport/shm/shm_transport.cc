@@ -75,6 +75,9 @@ struct LinkHeader {
   uint64_t magic;
   uint64_t ring_bytes;
   alignas(64) std::atomic<uint32_t> opened;
+  // Set by a side whose transport closed (its agent shut down) while its
+  // process lives on: [0] the creator, [1] the opener (T3).
+  std::atomic<uint32_t> closed_by[2];
   RingHeader rings[2];  // 0: creator -> opener, 1: opener -> creator
 };
 static_assert(sizeof(LinkHeader) <= kHeaderBytes);
@@ -179,6 +182,8 @@ absl::StatusOr<std::string> ShmTransport::CreateLink(int peer, const std::string
   h->magic = kMagic;
   h->ring_bytes = link->cap;
   h->opened.store(0);
+  h->closed_by[0].store(0);
+  h->closed_by[1].store(0);
   for (RingHeader& r : h->rings) {
     r.head.store(0);
     r.tail.store(0);
@@ -446,6 +451,11 @@ void ShmTransport::CheckPeers() {
     if (PeerExited(*link)) {
       CloseLink(p, absl::UnavailableError(absl::StrCat("the process of worker ", p, " (pid ",
                                                        link->peer_pid, ") exited")));
+    } else if (link->header()->closed_by[link->creator ? 1 : 0].load(std::memory_order_acquire)) {
+      CloseLink(
+          p, absl::UnavailableError(absl::StrCat("worker ", p,
+                                                 " closed its shared-memory link (its agent shut "
+                                                 "down)")));
     }
   }
 }
@@ -544,7 +554,11 @@ void ShmTransport::Close() {
   }
   if (receiver_.joinable()) receiver_.join();
   for (auto& link : links_) {
-    if (link != nullptr) link->closed.store(true, std::memory_order_release);
+    if (link == nullptr) continue;
+    link->closed.store(true, std::memory_order_release);
+    // T3: the peer learns it at its next check, as if this process exited.
+    link->header()->closed_by[link->creator ? 0 : 1].store(1, std::memory_order_release);
+    link->Ring();
   }
 }
 

@@ -27,7 +27,8 @@
 //     receiver polls a pidfd of every linked peer): the link is closed,
 //     OnStreamClosed reports UNAVAILABLE naming the process, and later sends
 //     to that peer fail, so the agent uses gRPC for it again (a restarted
-//     incarnation rejoins over gRPC).
+//     incarnation rejoins over gRPC). A peer whose transport closed while
+//     its process lives on (its agent shut down) is noticed the same way.
 // T4. Memory per pair is 2 * ring_bytes plus 4 KiB of headers, in /dev/shm,
 //     reserved when the link is created (base/shm_segment.h), so a full
 //     /dev/shm means no link (gRPC carries the pair), never a SIGBUS.
