@@ -30,15 +30,21 @@ if [ -f "$PEER_DIR/torch_rpc_bench.py" ]; then
   echo "== peer: torch.distributed.rpc ($PEER_DIR/torch_rpc_bench.py $QUICK)" >&2
   MASTER_PORT=$((20000 + RANDOM % 20000)) "$BATON_PEER_PYTHON" "$PEER_DIR/torch_rpc_bench.py" $QUICK \
     2>"$OUT/peer.err" | grep '^{' >"$OUT/peer.jsonl" || { cat "$OUT/peer.err" >&2; }
+  # The fair peer of the gRPC column: TensorPipe as between hosts (TCP
+  # through libuv, the basic channel).
+  echo "== peer: PEER_NETWORK_ONLY=1 $PEER_DIR/torch_rpc_bench.py $QUICK" >&2
+  PEER_NETWORK_ONLY=1 MASTER_PORT=$((20000 + RANDOM % 20000)) "$BATON_PEER_PYTHON" "$PEER_DIR/torch_rpc_bench.py" $QUICK \
+    2>"$OUT/peer_net.err" | grep '^{' >"$OUT/peer_net.jsonl" || { cat "$OUT/peer_net.err" >&2; }
 else
   echo "peer script not found in $PEER_DIR; showing baton only" >&2
   : >"$OUT/peer.jsonl"
+  : >"$OUT/peer_net.jsonl"
 fi
 # baton three times: the same-host transport (shared-memory rings, the
 # default on one host), gRPC forced (what calls between hosts use), and gRPC
 # with mutual TLS (certificates made by tools/make_certs.sh for 127.0.0.1).
 bash tools/make_certs.sh "$OUT/certs" node
-for t in shm grpc tls; do
+for t in shm grpc tls bulk; do
   tls_env=()
   if [ "$t" = tls ]; then
     tls_env=(BATON_TLS_CA="$OUT/certs/ca.pem" BATON_TLS_CERT="$OUT/certs/node.pem"
@@ -48,7 +54,10 @@ for t in shm grpc tls; do
   # gRPC and TLS: large tensors on the stream too (BATON_SHM=0), as between hosts.
   shm_env=(BATON_SHM=1)
   [ "$t" != shm ] && shm_env=(BATON_SHM=0)
-  env "${tls_env[@]}" "${shm_env[@]}" BATON_TRANSPORT="${t/tls/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \
+  # bulk: gRPC with the network bulk channel on (opt-in, docs/wire_format.md).
+  [ "$t" = bulk ] && shm_env+=(BATON_NET_BULK=1)
+  transport=${t/tls/grpc}
+  env "${tls_env[@]}" "${shm_env[@]}" BATON_TRANSPORT="${transport/bulk/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \
     "$(bazel info -c opt bazel-bin 2>/dev/null)/bench/rpc_bench" $QUICK | grep '^{' >"$OUT/baton.$t.jsonl"
 done
 
@@ -63,7 +72,7 @@ else
   : >"$OUT/baton.python.jsonl"
 fi
 
-/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" "$OUT/baton.tls.jsonl" "$OUT/baton.python.jsonl" <<'PY'
+/usr/bin/python3 - "$OUT/peer.jsonl" "$OUT/baton.shm.jsonl" "$OUT/baton.grpc.jsonl" "$OUT/baton.tls.jsonl" "$OUT/baton.python.jsonl" "$OUT/peer_net.jsonl" "$OUT/baton.bulk.jsonl" <<'PY'
 import json, sys
 def load(p):
     out = {}
@@ -103,6 +112,22 @@ if python:
         base = m[len("python_"):]
         p, c = peer.get(base), shm.get(base)
         print(f"| {m} | {d['unit']} | {fmt(p)} | {fmt(d)} | {ratio(d, p)} | {fmt(c)} | {tls_cost(d, c)} |")
+net_peer, bulk = load(sys.argv[6]), load(sys.argv[7])
+if net_peer:
+    # Between hosts: baton's gRPC path, without and with the bulk channel
+    # (opt-in), beside TensorPipe's TCP, and one TCP connection's echo (the
+    # floor, measured by the bulk run).
+    print()
+    print("| network row | unit | peer (TensorPipe TCP) | baton, gRPC | vs peer | baton, gRPC + bulk | vs peer | TCP floor | bulk / floor |")
+    print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | ---: |")
+    for m in ("rpc_sync_noop_latency_p50", "rpc_async_echo_64B_throughput", "rpc_sync_echo_1MB_bandwidth",
+              "rpc_sync_echo_16MB_bandwidth", "rpc_sync_echo_64MB_bandwidth", "dist_autograd_step_remote_linear256"):
+        g, b, p = grpc.get(m), bulk.get(m), net_peer.get(m)
+        if g is None and b is None:
+            continue
+        f = bulk.get(m.replace("rpc_sync_echo_", "tcp_echo_floor_")) if "echo_" in m and "MB" in m else None
+        share = f"{b['value'] / f['value']:.0%}" if b and f and f["value"] else ""
+        print(f"| {m} | {(g or b)['unit']} | {fmt(p)} | {fmt(g)} | {ratio(g, p)} | {fmt(b)} | {ratio(b, p)} | {fmt(f) if f else ''} | {share} |")
 floor = shm.get("shm_pingpong_floor_latency_p50")
 noop = shm.get("rpc_sync_noop_latency_p50")
 if floor and noop and floor["value"]:

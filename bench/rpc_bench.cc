@@ -8,11 +8,27 @@
 // First, the floors: shm_pingpong_floor_latency_p50 is a bare futex
 // ping-pong between two processes over one shared page (each side sleeps on
 // a futex until the other wakes it), no agent; shm_spin_floor_latency_p50
-// is the same with both sides spinning (what two busy cores allow).
+// is the same with both sides spinning (what two busy cores allow);
+// tcp_echo_floor_<n>MB_bandwidth echoes n MiB over one TCP connection
+// between two processes (blocking reads and writes, buffers reused), the
+// floor of the network rows (issue: 16 MB echo over the bulk channel >= 70%
+// of it).
+//
+// Two "hosts" (bench/netns_bench.sh): BATON_BENCH_PEER_NETNS=<name> runs
+// rank 1, and the floor's echoing end, in that network namespace
+// (/var/run/netns/<name>, entered with setns(2) before anything else), at
+// BATON_BENCH_PEER_ADDR; rank 0 stays where it was started (MASTER_ADDR is
+// its address there).
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -144,6 +160,95 @@ void PingPongFloor(bool quick, bool spin) {
                       spin ? "both spinning" : "futex wait and wake", "; no agent\""));
 }
 
+// Enters the peer's network namespace (BATON_BENCH_PEER_NETNS), if any.
+bool EnterPeerNetns() {
+  const char* ns = std::getenv("BATON_BENCH_PEER_NETNS");
+  if (ns == nullptr || *ns == '\0') return true;
+  const int fd = open(absl::StrCat("/var/run/netns/", ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    std::perror("setns");
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
+// The network floor: one TCP connection, a child echoing what it reads
+// (in the peer's namespace, at its address, if set). Runs before any thread
+// exists (it forks).
+void TcpEchoFloor(bool quick) {
+  int ready[2];
+  if (pipe(ready) != 0) return;
+  const char* peer_addr = std::getenv("BATON_BENCH_PEER_ADDR");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (peer_addr != nullptr && *peer_addr != '\0') inet_pton(AF_INET, peer_addr, &addr.sin_addr);
+  auto full = [](int fd, char* p, size_t n, bool write_it) {
+    while (n > 0) {
+      const ssize_t r = write_it ? write(fd, p, n) : read(fd, p, n);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  };
+  const size_t max = size_t{64} << 20;
+  const pid_t child = fork();
+  if (child == 0) {
+    socklen_t len = sizeof addr;
+    const int listener = EnterPeerNetns() ? socket(AF_INET, SOCK_STREAM, 0) : -1;
+    if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      addr.sin_port = 0;
+    }
+    (void)!write(ready[1], &addr.sin_port, sizeof addr.sin_port);
+    if (addr.sin_port == 0) _exit(1);
+    const int fd = accept(listener, nullptr, nullptr);
+    std::vector<char> buf(max);
+    uint64_t n = 0;
+    while (full(fd, reinterpret_cast<char*>(&n), 8, false) && n > 0 && n <= max &&
+           full(fd, buf.data(), n, false) && full(fd, reinterpret_cast<char*>(&n), 8, true) &&
+           full(fd, buf.data(), n, true)) {
+    }
+    _exit(0);
+  }
+  if (read(ready[0], &addr.sin_port, sizeof addr.sin_port) != sizeof addr.sin_port ||
+      addr.sin_port == 0) {
+    waitpid(child, nullptr, 0);
+    return;
+  }
+  close(ready[0]);
+  close(ready[1]);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    std::vector<char> buf(max, 1);
+    for (uint64_t mb : {1, 16, 64}) {
+      uint64_t n = mb << 20;
+      const int reps = quick ? 5 : 20;
+      bool ok = true;
+      double t0 = 0;
+      for (int i = -1; i < reps && ok; ++i) {
+        if (i == 0) t0 = Now();
+        ok = full(fd, reinterpret_cast<char*>(&n), 8, true) && full(fd, buf.data(), n, true) &&
+             full(fd, reinterpret_cast<char*>(&n), 8, false) && full(fd, buf.data(), n, false);
+      }
+      if (!ok) break;
+      Report(absl::StrCat("tcp_echo_floor_", mb, "MB_bandwidth"),
+             2.0 * static_cast<double>(mb) * reps / 1024 / (Now() - t0), "GB/s",
+             ", \"note\": \"one loopback TCP connection between two processes, no agent\"");
+    }
+    const uint64_t zero = 0;
+    full(fd, const_cast<char*>(reinterpret_cast<const char*>(&zero)), 8, true);
+  }
+  close(fd);
+  int status = 0;
+  waitpid(child, &status, 0);
+}
+
 void Drive(RpcAgent& agent, bool quick) {
   const int n = quick ? 300 : 3000;
   const std::string peer = "w1";
@@ -261,6 +366,12 @@ int RunRank(int rank, bool quick) {
               env("BATON_TLS_SERVER_NAME")};
   // BATON_SHM=0: large tensors travel on the stream, as between hosts.
   if (env("BATON_SHM") == "0") opts.same_host_shm = false;
+  // BATON_NET_BULK=1: large tensors between hosts on the network bulk
+  // channel (rpc/channel/tcp/bulk_channel.h).
+  opts.network_bulk = env("BATON_NET_BULK") == "1";
+  // Rank 0's address where the two run on two "hosts" (netns_bench.sh).
+  if (const std::string addr = env("MASTER_ADDR"); !addr.empty()) opts.master_addr = addr;
+  opts.job_token = env("BATON_JOB_TOKEN");
   // BATON_METRICS=1: metrics collected, as a job with metrics on
   // (bench/metrics_cost.sh compares).
   opts.collect_metrics = env("BATON_METRICS") == "1";
@@ -291,13 +402,19 @@ int main(int argc, char** argv) {
   if (rank >= 0) return RunRank(rank, quick);
   PingPongFloor(quick, /*spin=*/false);
   PingPongFloor(quick, /*spin=*/true);
+  TcpEchoFloor(quick);
   if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
   std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
   char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};
-  pid_t child = -1;
-  if (posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, child_argv, environ) != 0) {
-    std::perror("posix_spawn");
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("fork");
     return 1;
+  }
+  if (child == 0) {
+    if (!EnterPeerNetns()) _exit(1);
+    execv("/proc/self/exe", child_argv);
+    _exit(127);
   }
   const int code = RunRank(0, quick);
   int status = 0;

@@ -243,6 +243,27 @@ void ShmSeeds() {
         FuzzWriter().U8(1).U8(0).U16(large).U8(1).U8(1).U8(6).U8(0).str());
 }
 
+// ---- bulk: flags, the bytes after the hello, frames ----
+void BulkSeeds() {
+  auto record = [](uint64_t id, const std::string& bytes) {
+    return FuzzWriter().U64(id).U64(bytes.size()).str() + bytes;
+  };
+  const std::string two = record(1, std::string(100, 'a')) + record(2, std::string(9, 'b'));
+  // One frame naming blob 1 (index 0, id 1, 100 bytes) of a frame with one blob.
+  const std::string frame_1 = FuzzWriter().U8(0).U8(0).U8(1).U16(100).U8(1).str();
+  Write("bulk", "two_records_one_frame", FuzzWriter().U8(1).U16(two.size()).str() + two + frame_1);
+  Write("bulk", "wrong_token", FuzzWriter().U8(0).U16(two.size()).str() + two + frame_1);
+  const std::string truncated = record(1, std::string(100, 'a')).substr(0, 60);
+  Write("bulk", "truncated_record",
+        FuzzWriter().U8(1).U16(truncated.size()).str() + truncated + frame_1);
+  const std::string huge = FuzzWriter().U64(1).U64(uint64_t{1} << 40).str();
+  Write("bulk", "oversized_record", FuzzWriter().U8(1).U16(huge.size()).str() + huge + frame_1);
+  const std::string twice = record(3, "xy") + record(3, "zw");
+  Write("bulk", "repeated_id",
+        FuzzWriter().U8(1).U16(twice.size()).str() + twice +
+            FuzzWriter().U8(1).U8(0).U8(3).U16(2).U8(1).U8(3).U16(2).U8(2).str());
+}
+
 // ---- store: method, token mode, request ----
 void StoreSeeds() {
   proto::SetRequest set;
@@ -462,6 +483,7 @@ int main(int argc, char** argv) {
   WireSeeds();
   CodecSeeds();
   ShmSeeds();
+  BulkSeeds();
   StoreSeeds();
   RRefSeeds();
   AutogradSeeds();

@@ -121,6 +121,9 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (get("BATON_SHM") == "0") {
     o.same_host_shm = false;
   }
+  if (const std::string v = get("BATON_NET_BULK"); !v.empty()) {
+    o.network_bulk = v == "1";
+  }
   // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
   // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
   const bool launched = get(baton::kEnvLaunched) == "1";
@@ -486,6 +489,8 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   identity_ = *std::move(identity);
   NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_,
                                   options_.partition_tolerance};
+  network.bulk_channel = options_.network_bulk;
+  network.bulk_min_bytes = options_.network_bulk_min_bytes;
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
     transport = network_factory_(network, this);
@@ -561,6 +566,7 @@ absl::Status AgentImpl::Register(Registration& reg) {
   PublishDeviceMaps(options_, mine);
   mine.set_cuda_ipc(cuda_channel_ != nullptr);
   for (const std::string& f : options_.front_ends) mine.add_front_ends(f);
+  mine.set_bulk_address(transport_->bulk_address());
   if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
       !s.ok()) {
     return s;

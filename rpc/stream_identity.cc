@@ -80,6 +80,7 @@ void AgentImpl::AddNetworkPeer(int peer, const proto::WorkerRecord& record) {
   }
   transport_->AddPeer(peer, record.address(),
                       IdentityToward(peer, incarnation, record.identity_key()));
+  if (peer != rank_) transport_->AddBulkPeer(peer, record.bulk_address());
 }
 
 std::string AgentImpl::StreamIdentity(int peer) const {

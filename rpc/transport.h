@@ -25,7 +25,10 @@
 //   that knows which requests a dead peer never read names them with
 //   OnRequestsUnread just before OnStreamClosed. When a peer's incoming
 //   stream is cancelled (not closed cleanly), OnPeerLost names the peer.
-// - Frames from one sender thread to one peer arrive in order.
+// - Frames from one sender thread to one peer arrive in order, except that
+//   a frame whose blobs travel on a network transport's bulk channel
+//   arrives once they did, and later frames may pass it
+//   (rpc/channel/tcp/bulk_channel.h, B4).
 // - A stream's end says why (IsSilence below): silence (no answer within a
 //   time: a network partition or a hung host) or an answer that the peer is
 //   gone (refused, reset or closed). After a stream to a peer ended in
@@ -157,6 +160,11 @@ class NetworkTransport : public Transport {
   virtual absl::Status CloseStreams(bool cancel, absl::Duration timeout) = 0;
   virtual void StopServer(absl::Duration grace) = 0;
   virtual int live_streams() const = 0;
+  // Where its bulk channel for large blobs listens, "" without one
+  // (rpc/channel/tcp/bulk_channel.h); the agent publishes it.
+  virtual std::string bulk_address() const { return ""; }
+  // Where peer `id`'s bulk channel listens (after AddPeer).
+  virtual void AddBulkPeer(int /*id*/, const std::string& /*bulk_address*/) {}
 };
 
 struct NetworkTransportOptions {
@@ -167,6 +175,10 @@ struct NetworkTransportOptions {
   // How long a connection outlives silence (BatonChannelArguments): the
   // agent's partition tolerance.
   absl::Duration silence_timeout = absl::Seconds(30);
+  // Blobs of at least bulk_min_bytes go through a TCP connection of their
+  // own beside the stream (rpc/channel/tcp/bulk_channel.h); not under TLS.
+  bool bulk_channel = false;
+  size_t bulk_min_bytes = size_t{1} << 18;
 };
 
 // Starts a network transport that delivers to `handler` (the agent).

@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(wire codec shm store rref dist_autograd)
+ALL_TARGETS=(wire codec shm bulk store rref dist_autograd)
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 FUZZ_JOBS=${FUZZ_JOBS:-$(nproc)}
 FUZZ_BUILD=${FUZZ_BUILD:-.fuzz-build}
@@ -32,13 +32,14 @@ declare -A SOURCES=(
   [wire]="@base rpc/internal/wire.cc proto:rpc.pb.cc"
   [codec]="@base rpc/codec.cc rpc/function.cc"
   [shm]="@base rpc/channel/shm/shm_channel.cc rpc/internal/wire.cc proto:rpc.pb.cc"
+  [bulk]="@base rpc/channel/tcp/bulk_channel.cc proto:rpc.pb.cc"
   [store]="@store"
   [rref]="@rpc rref/rref_context.cc rref/rref_service.cc proto:rref.pb.cc"
   [dist_autograd]="@rpc dist_autograd/container.cc dist_autograd/engine.cc
                    proto:dist_autograd.pb.cc"
 )
 # Longest input each target is given (-max_len).
-declare -A MAX_LEN=([wire]=4096 [codec]=4096 [shm]=512 [store]=2048 [rref]=1024
+declare -A MAX_LEN=([wire]=4096 [codec]=4096 [shm]=512 [bulk]=4096 [store]=2048 [rref]=1024
                     [dist_autograd]=2048)
 
 die() { echo "fuzz.sh: $*" >&2; exit 1; }

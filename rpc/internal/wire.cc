@@ -25,6 +25,7 @@ struct HeaderCounts {
   uint64_t payload_size = 0;
   uint64_t blob_sizes = 0;
   uint64_t shm_blobs = 0;
+  uint64_t tcp_blobs = 0;
   uint64_t extensions = 0;
   uint64_t notes = 0;
 };
@@ -48,7 +49,7 @@ bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
   const uint8_t* const end = p + n;
   // Field numbers of FrameHeader (proto/rpc.proto).
   constexpr uint64_t kPayloadSize = 9, kBlobSizes = 10, kExtensions = 11, kShmBlobs = 12,
-                     kNotes = 17;
+                     kNotes = 17, kTcpBlobs = 18;
   while (p < end) {
     uint64_t tag = 0;
     if (!ReadWireVarint(p, end, &tag)) return false;
@@ -77,6 +78,7 @@ bool CountHeader(const char* data, size_t n, HeaderCounts* c) {
           for (uint64_t i = 0; i < len; ++i) c->blob_sizes += (p[i] & 0x80) == 0;
         }
         if (field == kShmBlobs) ++c->shm_blobs;
+        if (field == kTcpBlobs) ++c->tcp_blobs;
         if (field == kExtensions) ++c->extensions;
         if (field == kNotes) ++c->notes;
         p += len;
@@ -110,6 +112,11 @@ absl::Status CheckHeaderCounts(const char* data, size_t n, size_t left) {
   if (c.shm_blobs > c.blob_sizes) {
     return absl::DataLossError(absl::StrCat("frame header lists ", c.shm_blobs,
                                             " shared-memory blobs but only ", c.blob_sizes,
+                                            " blobs"));
+  }
+  if (c.tcp_blobs > c.blob_sizes) {
+    return absl::DataLossError(absl::StrCat("frame header lists ", c.tcp_blobs,
+                                            " bulk-channel blobs but only ", c.blob_sizes,
                                             " blobs"));
   }
   if (c.extensions > kMaxExtensions) {

@@ -97,6 +97,139 @@ TEST(GrpcTransport, AStreamIsBoundToTheCallerIdOfItsFirstRequest) {
   callee->StopServer(absl::ZeroDuration());
 }
 
+// A Recorder whose streams prove ranks by identity "w<rank>".
+class RankedRecorder : public Recorder {
+ public:
+  void AuthenticateStream(absl::string_view identity,
+                          std::function<void(absl::StatusOr<int>)> done) override {
+    if (identity.size() == 2 && identity[0] == 'w') {
+      done(identity[1] - '0');
+    } else {
+      done(absl::PermissionDeniedError("unknown identity"));
+    }
+  }
+};
+
+Frame WithBlob(uint64_t id, size_t bytes, std::shared_ptr<std::string>* keep) {
+  Frame f = Request(id);
+  f.header.set_caller_id(0);
+  *keep = std::make_shared<std::string>(bytes, static_cast<char>('a' + id));
+  f.payload.bytes = "a tensor";  // what names the blob (the wire checks that it can)
+  if (bytes > 0) {
+    Blob b;
+    b.pieces.emplace_back((*keep)->data(), bytes);
+    b.owner = *keep;
+    f.payload.blobs.push_back(std::move(b));
+  }
+  return f;
+}
+
+// B3, B4 through the transport: large blobs of requests go through the
+// bulk channel (the frames arrive naming them), small frames do not; the
+// callee sees every frame once and whole, the small ones in order.
+TEST(GrpcTransport, LargeBlobsGoThroughTheBulkChannelAndArriveWhole) {
+  RankedRecorder caller_side, callee_side;
+  NetworkTransportOptions o{"127.0.0.1:0", "token", 64 << 20};
+  o.bulk_channel = true;
+  o.bulk_min_bytes = 64 << 10;
+  auto callee = GrpcTransport::Start(o, &callee_side);
+  ASSERT_TRUE(callee.ok()) << callee.status();
+  auto caller = GrpcTransport::Start(o, &caller_side);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  ASSERT_FALSE((*callee)->bulk_address().empty());
+  (*caller)->AddPeer(1, (*callee)->address(), "w0");
+  (*caller)->AddBulkPeer(1, (*callee)->bulk_address());
+  std::vector<std::shared_ptr<std::string>> kept(40);
+  // The first large blob starts the connection and travels on the stream.
+  ASSERT_TRUE((*caller)->Send(1, WithBlob(0, 1 << 20, &kept[0])).ok());
+  ASSERT_TRUE(callee_side.WaitRequests(1, absl::Seconds(10)));
+  int via_bulk = 0;
+  for (uint64_t id = 1; id < 40; ++id) {
+    const size_t bytes = id % 3 == 0 ? 100 : (id % 3 == 1 ? (1 << 20) + id : 3 << 20);
+    ASSERT_TRUE((*caller)->Send(1, WithBlob(id, bytes, &kept[id])).ok());
+  }
+  ASSERT_TRUE(callee_side.WaitRequests(40, absl::Seconds(30)));
+  {
+    absl::MutexLock lock(&callee_side.mu_);
+    std::vector<const Frame*> by_id(40, nullptr);
+    uint64_t last_small = 0;
+    for (const Frame& f : callee_side.requests_) {
+      ASSERT_LT(f.header.id(), 40u);
+      ASSERT_EQ(by_id[f.header.id()], nullptr) << f.header.id();
+      by_id[f.header.id()] = &f;
+      if (f.header.tcp_blobs_size() == 0 && f.header.id() > 0) {
+        EXPECT_GT(f.header.id(), last_small);  // frames without bulk blobs keep their order
+        last_small = f.header.id();
+      }
+    }
+    for (uint64_t id = 0; id < 40; ++id) {
+      const Frame& f = *by_id[id];
+      ASSERT_EQ(f.payload.blobs.size(), 1u);
+      std::string got(f.payload.blobs[0].size(), '\0');
+      f.payload.blobs[0].CopyTo(got.data());
+      EXPECT_EQ(got, *kept[id]) << id;
+      via_bulk += f.header.tcp_blobs_size();
+      if (f.payload.blobs[0].size() < (64 << 10)) {
+        EXPECT_EQ(f.header.tcp_blobs_size(), 0) << id;
+      }
+    }
+  }
+  EXPECT_GE(via_bulk, 20);  // all the large ones once the connection was up
+  ASSERT_TRUE(caller_side.WaitResponses(40, absl::Seconds(10)));
+  EXPECT_TRUE((*caller)->CloseStreams(/*cancel=*/false, absl::Seconds(5)).ok());
+  (*caller)->StopServer(absl::ZeroDuration());
+  (*callee)->StopServer(absl::ZeroDuration());
+}
+
+// B6 through the transport: a request naming a bulk blob that cannot
+// arrive (no connection from its caller) is answered UNAVAILABLE before it
+// ran (not_run), and the handler never sees it; a worker without a bulk
+// channel answers such a request with DATA_LOSS.
+TEST(GrpcTransport, ARequestWhoseBulkBlobsCannotArriveIsAnsweredNotRun) {
+  RankedRecorder caller_side, with_bulk_side, without_bulk_side;
+  NetworkTransportOptions o{"127.0.0.1:0", "token", 64 << 20};
+  auto caller = GrpcTransport::Start(o, &caller_side);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  o.bulk_channel = true;
+  auto with_bulk = GrpcTransport::Start(o, &with_bulk_side);
+  ASSERT_TRUE(with_bulk.ok()) << with_bulk.status();
+  o.bulk_channel = false;
+  auto without_bulk = GrpcTransport::Start(o, &without_bulk_side);
+  ASSERT_TRUE(without_bulk.ok()) << without_bulk.status();
+  (*caller)->AddPeer(1, (*with_bulk)->address(), "w0");
+  (*caller)->AddPeer(2, (*without_bulk)->address(), "w0");
+  for (int peer : {1, 2}) {
+    std::shared_ptr<std::string> keep;
+    Frame f = WithBlob(static_cast<uint64_t>(peer), 0, &keep);
+    f.payload.blobs.emplace_back();  // travels empty, named below
+    proto::TcpBlob* e = f.header.add_tcp_blobs();
+    e->set_id(99);
+    e->set_size(1 << 20);
+    ASSERT_TRUE((*caller)->Send(peer, std::move(f)).ok());
+  }
+  ASSERT_TRUE(caller_side.WaitResponses(2, absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&caller_side.mu_);
+    for (const auto& [peer, r] : caller_side.responses_) {
+      EXPECT_EQ(r.header.id(), static_cast<uint64_t>(peer));
+      EXPECT_TRUE(r.header.not_run()) << peer;
+      EXPECT_EQ(r.header.status_code(), static_cast<int>(peer == 1 ? absl::StatusCode::kUnavailable
+                                                                   : absl::StatusCode::kDataLoss))
+          << r.header.error_message();
+      EXPECT_TRUE(absl::StrContains(r.header.error_message(),
+                                    "the request's tensors did not arrive on the bulk channel"))
+          << r.header.error_message();
+    }
+  }
+  for (Recorder* r : {&with_bulk_side, &without_bulk_side}) {
+    absl::MutexLock lock(&r->mu_);
+    EXPECT_TRUE(r->requests_.empty());
+  }
+  (*caller)->StopServer(absl::ZeroDuration());
+  (*with_bulk)->StopServer(absl::ZeroDuration());
+  (*without_bulk)->StopServer(absl::ZeroDuration());
+}
+
 // A handler that answers AuthenticateStream when the test says so.
 class Gatekeeper : public Recorder {
  public:

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "tests/transport_recorder.h"
 
 namespace baton::rpc::internal {
@@ -220,8 +222,25 @@ TEST(ShmTransport, T3_APeerThatClosedItsTransportIsNoticedLikeADeadOne) {
   EXPECT_EQ(p.t0->Send(1, Request(1, 10)).status().code(), absl::StatusCode::kUnavailable);
 }
 
-// T5: a peer that read requests 1-3 and then stopped reading dies; the
-// requests 4-6 it never read are named unread, before the link's close, and
+// A Recorder whose receiver, once stall_ is set, stays in the handler of the
+// next request until the process exits (a peer that stopped reading).
+// It writes one byte to stalled_fd_ when it stalls.
+class StallingRecorder : public Recorder {
+ public:
+  void OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) override {
+    if (stall_.load()) {
+      (void)!write(stalled_fd_, "t", 1);
+      never_.WaitForNotification();
+    }
+    Recorder::OnRequest(std::move(channel), std::move(frame));
+  }
+  std::atomic<bool> stall_{false};
+  int stalled_fd_ = -1;
+  absl::Notification never_;
+};
+
+// T5: a peer that read requests 1-4 and then stopped reading dies; the
+// requests 5-6 it never read are named unread, before the link's close, and
 // the ones it read are not (they may have run).
 TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
   Recorder h0;
@@ -232,10 +251,13 @@ TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
   const pid_t child = fork();
   if (child == 0) {
     // The peer: reads (and answers) until told to stop, then stops reading
-    // and exits when the parent closes its pipe.
+    // (its receiver stays in the handler of the next request, which it has
+    // read) and exits when the parent closes its pipe. (Closing its
+    // transport instead would tell the parent, T3.)
     close(to_child[1]);
     close(to_parent[0]);
-    Recorder h1;
+    StallingRecorder h1;
+    h1.stalled_fd_ = to_parent[1];
     auto t1 = *ShmTransport::Create({}, 1, 2, &h1);
     char name[256] = {};
     if (read(to_child[0], name, sizeof(name)) <= 0) _exit(2);
@@ -244,7 +266,7 @@ TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
     (void)!write(to_parent[1], "k", 1);
     char c;
     if (read(to_child[0], &c, 1) != 1) _exit(5);
-    t1->Close();  // reads nothing more
+    h1.stall_.store(true);  // reads nothing after the next request
     (void)!write(to_parent[1], "s", 1);
     while (read(to_child[0], &c, 1) > 0) {
     }
@@ -263,6 +285,7 @@ TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
   reply.header.set_kind(proto::FrameHeader::RESPONSE);
   reply.header.set_id(77);
   ASSERT_TRUE(t0->Send(1, Request(4, 100)).ok());
+  ASSERT_EQ(read(to_parent[0], &ack, 1), 1);  // 4 was read; its handler stalls
   ASSERT_TRUE(t0->Send(1, std::move(reply)).ok());
   ASSERT_TRUE(t0->Send(1, Request(5, 150 << 10)).ok());  // in fragments: over half the ring
   ASSERT_TRUE(t0->Send(1, Request(6, 10)).ok());
@@ -274,7 +297,7 @@ TEST(ShmTransport, T5_RequestsADeadPeerNeverReadAreNamedUnread) {
   absl::MutexLock lock(&h0.mu_);
   ASSERT_EQ(h0.unread_.size(), 1u);
   EXPECT_EQ(h0.unread_[0].first, 1);
-  EXPECT_EQ(h0.unread_[0].second, (std::vector<uint64_t>{4, 5, 6}));
+  EXPECT_EQ(h0.unread_[0].second, (std::vector<uint64_t>{5, 6}));  // 4 was read
   EXPECT_TRUE(h0.unread_before_close_);
   ASSERT_EQ(h0.closed_.size(), 1u);
   EXPECT_EQ(h0.closed_[0].second.code(), absl::StatusCode::kUnavailable);

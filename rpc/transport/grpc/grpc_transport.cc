@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
@@ -171,6 +172,41 @@ class CallerStreams {
   absl::flat_hash_map<int, int> count_ ABSL_GUARDED_BY(mu_);
 };
 
+// Hands `frame` to `deliver` once the blobs it names on the bulk channel
+// arrived (B6, rpc/channel/tcp/bulk_channel.h), at once if they already
+// did, else on the channel's thread; or its error to `fail` if they cannot
+// arrive. The stream reads on meanwhile: later frames may pass this one.
+void DeliverWithBlobs(BulkChannel* bulk, int peer, std::shared_ptr<Frame> frame,
+                      std::function<void(Frame)> deliver,
+                      std::function<void(const absl::Status&)> fail) {
+  absl::StatusOr<bool> got =
+      bulk == nullptr ? absl::DataLossError(
+                            "a frame names bulk-channel blobs but this worker has no bulk channel")
+                      : bulk->Import(peer, *frame, [bulk, peer, frame, deliver, fail] {
+                          DeliverWithBlobs(bulk, peer, frame, deliver, fail);
+                        });
+  if (!got.ok()) {
+    fail(got.status());
+  } else if (*got) {
+    deliver(std::move(*frame));
+  }
+}
+
+// The reply to a request, or what stands for a response, whose bulk blobs
+// did not arrive: the call fails with it (a request: before it ran).
+Frame LostBlobsResponse(uint64_t id, const absl::Status& cause, bool request) {
+  Frame f;
+  f.header.set_kind(proto::FrameHeader::RESPONSE);
+  f.header.set_id(id);
+  f.header.set_status_code(static_cast<int>(
+      absl::IsDataLoss(cause) ? absl::StatusCode::kDataLoss : absl::StatusCode::kUnavailable));
+  f.header.set_error_message(
+      absl::StrCat(request ? "the request's" : "the reply's",
+                   " tensors did not arrive on the bulk channel: ", cause.message()));
+  f.header.set_not_run(request);
+  return f;
+}
+
 // Finishes a stream that failed the token check.
 class RejectReactor : public grpc::ServerGenericBidiReactor {
  public:
@@ -182,10 +218,11 @@ class RejectReactor : public grpc::ServerGenericBidiReactor {
 // writes replies through its outbox.
 class ServerStream : public grpc::ServerGenericBidiReactor {
  public:
-  ServerStream(TransportHandler* handler, std::shared_ptr<CallerStreams> callers,
+  ServerStream(TransportHandler* handler, std::shared_ptr<CallerStreams> callers, BulkChannel* bulk,
                absl::string_view identity)
-      : handler_(handler), callers_(std::move(callers)) {
+      : handler_(handler), callers_(std::move(callers)), bulk_(bulk) {
     sink_ = std::make_shared<Sink>();
+    sink_->bulk = bulk;
     auto outbox =
         std::make_unique<Outbox>([this](const grpc::ByteBuffer* b) { StartWrite(b); },
                                  [this] { Finish(finish_status_); }, [this] { StartRead(&in_); });
@@ -208,6 +245,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     }
     if (*bound >= 0) {
       caller_.store(*bound, std::memory_order_relaxed);
+      sink_->caller.store(*bound, std::memory_order_relaxed);
       callers_->Add(*bound);
     }
     // The caller learns that the stream was accepted from these metadata
@@ -251,6 +289,7 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
       int bound = -1;
       const int claimed = f.header.caller_id();
       if (caller_.compare_exchange_strong(bound, claimed, std::memory_order_relaxed)) {
+        sink_->caller.store(claimed, std::memory_order_relaxed);
         callers_->Add(claimed);
       } else if (bound != claimed) {
         finish_status_ = grpc::Status(
@@ -259,6 +298,18 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
                          " on a stream bound to caller id ", bound, "; stream closed"));
         outbox_->Close();
         return;
+      }
+      if (f.header.tcp_blobs_size() > 0) {
+        const uint64_t id = f.header.id();
+        TransportHandler* handler = handler_;
+        std::shared_ptr<Sink> sink = sink_;
+        DeliverWithBlobs(
+            bulk_, claimed, std::make_shared<Frame>(std::move(f)),
+            [handler, sink](Frame g) { handler->OnRequest(sink, std::move(g)); },
+            [sink, id](const absl::Status& cause) {
+              sink->Send(LostBlobsResponse(id, cause, /*request=*/true));
+            });
+        continue;
       }
       handler_->OnRequest(sink_, std::move(f));
     }
@@ -295,6 +346,8 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
  private:
   struct Sink : ReplyChannel {
     bool Send(Frame frame) override {
+      const int to = caller.load(std::memory_order_relaxed);
+      if (bulk != nullptr && to >= 0) bulk->Export(to, frame);
       std::vector<grpc::Slice> slices;
       const size_t bytes = AppendFrame(std::move(frame), &slices);
       absl::MutexLock lock(&mu);
@@ -309,10 +362,15 @@ class ServerStream : public grpc::ServerGenericBidiReactor {
     }
     absl::Mutex mu;
     std::unique_ptr<Outbox> outbox ABSL_GUARDED_BY(mu);
+    // The transport's; it stays until every stream's outbox is detached
+    // (StopServer), and closed it lets Export do nothing.
+    BulkChannel* bulk = nullptr;
+    std::atomic<int> caller{-1};  // the stream's, once bound
   };
 
   TransportHandler* const handler_;
   const std::shared_ptr<CallerStreams> callers_;
+  BulkChannel* const bulk_;  // null: none
   std::shared_ptr<Sink> sink_;
   Outbox* outbox_ = nullptr;  // owned by sink_ until OnDone()
   grpc::ByteBuffer in_;
@@ -331,8 +389,8 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   // (peer, stream id, cause, whether the peer accepted the stream).
   using DoneFn = std::function<void(int, uint64_t, const absl::Status&, bool)>;
 
-  ClientStream(TransportHandler* handler, int peer, uint64_t id, DoneFn done)
-      : handler_(handler), peer_(peer), id_(id), done_(std::move(done)) {
+  ClientStream(TransportHandler* handler, BulkChannel* bulk, int peer, uint64_t id, DoneFn done)
+      : handler_(handler), bulk_(bulk), peer_(peer), id_(id), done_(std::move(done)) {
     outbox_ = std::make_unique<Outbox>([this](const grpc::ByteBuffer* b) { StartWrite(b); },
                                        [this] {
                                          StartWritesDone();
@@ -387,7 +445,21 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
       ctx_.TryCancel();
       return;
     }
-    for (auto& f : frames) handler_->OnResponse(peer_, std::move(f));
+    for (auto& f : frames) {
+      if (f.header.tcp_blobs_size() > 0) {
+        const uint64_t id = f.header.id();
+        TransportHandler* handler = handler_;
+        const int peer = peer_;
+        DeliverWithBlobs(
+            bulk_, peer, std::make_shared<Frame>(std::move(f)),
+            [handler, peer](Frame g) { handler->OnResponse(peer, std::move(g)); },
+            [handler, peer, id](const absl::Status& cause) {
+              handler->OnResponse(peer, LostBlobsResponse(id, cause, /*request=*/false));
+            });
+        continue;
+      }
+      handler_->OnResponse(peer_, std::move(f));
+    }
     StartRead(&in_);
   }
 
@@ -414,6 +486,7 @@ class ClientStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
 
  private:
   TransportHandler* const handler_;
+  BulkChannel* const bulk_;  // the transport's (null: none)
   const int peer_;
   const uint64_t id_;
   const DoneFn done_;
@@ -486,6 +559,8 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
  public:
   Service(TransportHandler* handler, std::string token)
       : handler_(handler), token_(std::move(token)) {}
+  // Before the server starts.
+  void set_bulk(BulkChannel* bulk) { bulk_ = bulk; }
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     if (ctx->method() != kStreamMethod) {
@@ -504,7 +579,7 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
     }
     const auto& md = ctx->client_metadata();
     auto id = md.find(kIdentityMetadataKey);
-    return new ServerStream(handler_, callers_,
+    return new ServerStream(handler_, callers_, bulk_,
                             id == md.end()
                                 ? absl::string_view()
                                 : absl::string_view(id->second.data(), id->second.size()));
@@ -514,6 +589,7 @@ class GrpcTransport::Service : public grpc::CallbackGenericService {
   TransportHandler* const handler_;
   const std::string token_;
   const std::shared_ptr<CallerStreams> callers_ = std::make_shared<CallerStreams>();
+  BulkChannel* bulk_ = nullptr;
 };
 
 GrpcTransport::GrpcTransport(TransportOptions options, TransportHandler* handler)
@@ -525,6 +601,40 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOpt
                                                                     TransportHandler* handler) {
   std::unique_ptr<GrpcTransport> t(new GrpcTransport(std::move(options), handler));
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
+  if (t->options_.bulk_channel && !t->options_.tls.enabled()) {
+    // Under TLS every byte stays on the encrypted stream (docs/wire_format.md).
+    BulkChannelOptions bulk;
+    const std::string& la = t->options_.listen_address;
+    bulk.host = la.substr(0, la.rfind(':'));
+    if (bulk.host.size() >= 2 && bulk.host.front() == '[')
+      bulk.host = bulk.host.substr(1, bulk.host.size() - 2);
+    bulk.job_token = t->options_.job_token;
+    bulk.min_bytes = t->options_.bulk_min_bytes;
+    bulk.max_blob_bytes = static_cast<uint64_t>(t->options_.max_message_bytes);
+    bulk.unclaimed_budget = static_cast<uint64_t>(t->options_.max_message_bytes);
+    bulk.silence_timeout = t->options_.silence_timeout;
+    auto channel = BulkChannel::Start(bulk, [handler](const std::string& identity) {
+      // The stream authenticator answers through a callback; this is the
+      // channel's own reader thread, which may wait for it. The answer may
+      // come after the wait gave up: it lands in shared state.
+      struct Answer {
+        absl::Notification done;
+        absl::StatusOr<int> bound;
+      };
+      auto answer = std::make_shared<Answer>();
+      handler->AuthenticateStream(identity, [answer](absl::StatusOr<int> b) {
+        answer->bound = std::move(b);
+        answer->done.Notify();
+      });
+      if (!answer->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+        return absl::StatusOr<int>(absl::DeadlineExceededError("authentication timed out"));
+      }
+      return answer->bound;
+    });
+    if (!channel.ok()) return channel.status();
+    t->bulk_ = *std::move(channel);
+    t->service_->set_bulk(t->bulk_.get());
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(t->options_.listen_address, BatonServerCredentials(t->options_.tls),
@@ -597,6 +707,23 @@ bool GrpcTransport::connected(int peer) const {
 }
 
 absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
+  if (bulk_ != nullptr) bulk_->Export(peer, frame);
+  return SendOnStream(peer, std::move(frame));
+}
+
+void GrpcTransport::AddBulkPeer(int id, const std::string& bulk_address) {
+  if (bulk_ == nullptr || bulk_address.empty()) return;
+  std::string identity;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end()) return;
+    identity = it->second.identity;
+  }
+  bulk_->AddPeer(id, bulk_address, identity);
+}
+
+absl::StatusOr<uint64_t> GrpcTransport::SendOnStream(int peer, Frame frame) {
   std::vector<grpc::Slice> slices;
   const size_t bytes = AppendFrame(std::move(frame), &slices);
   std::shared_ptr<ClientStream> stream;
@@ -611,7 +738,7 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
       const std::shared_ptr<ClientStreamLifetimes> lifetimes = lifetimes_;
       lifetimes->Created();
       it->second.stream = std::shared_ptr<ClientStream>(
-          new ClientStream(handler_, peer, next_stream_id_++,
+          new ClientStream(handler_, bulk_.get(), peer, next_stream_id_++,
                            [lifetimes](int p, uint64_t id, const absl::Status& s, bool accepted) {
                              lifetimes->WithOwner([&](GrpcTransport* t) {
                                t->OnClientStreamDone(p, id, s, accepted);
@@ -665,6 +792,8 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id, const absl:
 }
 
 absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
+  // Streams waiting for bulk blobs end (B6) rather than hold on.
+  if (bulk_ != nullptr) bulk_->Close();
   std::vector<std::shared_ptr<ClientStream>> streams;
   {
     absl::MutexLock lock(&mu_);
@@ -694,6 +823,7 @@ absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
 }
 
 void GrpcTransport::StopServer(absl::Duration grace) {
+  if (bulk_ != nullptr) bulk_->Close();
   if (server_ == nullptr) return;
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();

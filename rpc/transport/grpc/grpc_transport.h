@@ -53,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rpc/channel/tcp/bulk_channel.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport.h"
 
@@ -99,6 +100,10 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
 
   int live_streams() const override;
 
+  // The bulk channel (NetworkTransportOptions::bulk_channel, off under TLS).
+  std::string bulk_address() const override { return bulk_ == nullptr ? "" : bulk_->address(); }
+  void AddBulkPeer(int id, const std::string& bulk_address) override;
+
  private:
   class Service;
   struct Peer {
@@ -113,11 +118,16 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   };
 
   GrpcTransport(TransportOptions options, TransportHandler* handler);
+  absl::StatusOr<uint64_t> SendOnStream(int peer, Frame frame);
   void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s, bool accepted);
 
   const TransportOptions options_;
   TransportHandler* const handler_;
   std::unique_ptr<Service> service_;
+  // Large blobs beside the streams (rpc/channel/tcp/bulk_channel.h); closed
+  // before the streams and the server stop.
+  std::unique_ptr<BulkChannel> bulk_;
+
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 

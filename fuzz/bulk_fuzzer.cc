@@ -1,0 +1,175 @@
+// libFuzzer target: the receiving end of the network bulk channel
+// (rpc/channel/tcp/bulk_channel.*): what a peer's bytes on its bulk
+// connection and the FrameHeader.tcp_blobs entries of its frames make a
+// worker read, allocate and hand out. A hostile peer controls both.
+//
+// Setup: one receiving channel in this process (max_blob_bytes 4096), whose
+// authenticator accepts identities "w0#<anything>" as worker 0 (each input
+// presents another, so it starts from nothing: B6 drops what an earlier
+// incarnation left).
+//
+// Input: u8 flags (bit 0: the hello carries the job token, else another;
+// bit 1: a wrong magic; bit 2: the identity proves no worker), u16 length
+// and that many bytes written after the hello (records, or anything), then
+// up to 4 frames to import, each u8 number of entries (1-3) and per entry
+// u8 index, u8 id and u16 size, and u8 number of blobs the frame has (0-3),
+// of which those not named travel with 8 bytes.
+//
+// The input's bytes are written, the connection half-closed, and the
+// channel's end of it read until it closes, so every record is read before
+// any frame is imported.
+//
+// Checks, besides the sanitizers: a frame's import fails or fills exactly
+// the blobs it names, each with the bytes of the first record of that id
+// that a correct reader finds in the input (records up to the first bad
+// one), and a record's bytes are handed out once.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "fuzz/fuzz_input.h"
+#include "rpc/channel/tcp/bulk_channel.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+constexpr uint64_t kMaxBlob = 4096;
+constexpr char kToken[] = "fuzz-token";
+
+BulkChannel* channel = nullptr;
+uint64_t incarnation = 0;
+// What the last accepted connection carried, and what frames took of it:
+// a rejected hello leaves the last incarnation's blobs in place.
+std::map<uint64_t, std::string>* current = nullptr;
+std::set<uint64_t>* handed_out = nullptr;
+
+int Connect() {
+  const std::string& address = channel->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  FUZZ_CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// The records a correct reader takes from `raw` (B3, B5): up to the first
+// truncated, oversized or repeated one.
+std::map<uint64_t, std::string> Records(const std::string& raw) {
+  std::map<uint64_t, std::string> out;
+  size_t at = 0;
+  while (raw.size() - at >= 16) {
+    uint64_t id, size;
+    std::memcpy(&id, raw.data() + at, 8);
+    std::memcpy(&size, raw.data() + at + 8, 8);
+    at += 16;
+    if (size > kMaxBlob || raw.size() - at < size || out.contains(id)) break;
+    out[id] = raw.substr(at, size);
+    at += size;
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace baton::rpc::internal
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  using namespace baton::rpc::internal;
+  BulkChannelOptions o;
+  o.job_token = kToken;
+  o.max_blob_bytes = kMaxBlob;
+  o.unclaimed_budget = 1 << 20;
+  o.handshake_timeout = absl::Seconds(5);
+  auto c = BulkChannel::Start(o, [](const std::string& identity) -> absl::StatusOr<int> {
+    if (absl::StartsWith(identity, "w0#")) return 0;
+    return absl::PermissionDeniedError("no such worker");
+  });
+  FUZZ_CHECK(c.ok());
+  channel = c->release();  // lives for the process
+  current = new std::map<uint64_t, std::string>();
+  handed_out = new std::set<uint64_t>();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace baton::rpc::internal;
+  baton::fuzz::FuzzReader in(data, size);
+  const uint8_t flags = in.U8();
+  const std::string raw = in.Bytes(in.U16());
+  const std::string token = (flags & 1) ? kToken : "not the token";
+  const std::string identity =
+      (flags & 4) ? "stranger" : absl::StrCat("w0#", ++incarnation);
+  const uint32_t hello[4] = {(flags & 2) ? 0x11111111u : 0x424e5442u, 1,
+                             static_cast<uint32_t>(token.size()),
+                             static_cast<uint32_t>(identity.size())};
+  std::string bytes(reinterpret_cast<const char*>(hello), sizeof hello);
+  const uint64_t first_id = 0;
+  bytes.append(reinterpret_cast<const char*>(&first_id), sizeof first_id);
+  bytes += token + identity + raw;
+  const int fd = Connect();
+  // The channel may close before it read everything (a bad hello or
+  // record): a failed write is part of the game.
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t w = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (w <= 0) break;
+    at += static_cast<size_t>(w);
+  }
+  shutdown(fd, SHUT_WR);
+  char sink[256];
+  while (read(fd, sink, sizeof sink) > 0) {
+  }
+  close(fd);
+  if ((flags & 7) == 1) {  // accepted: a new incarnation, its records only
+    *current = Records(raw);
+    handed_out->clear();
+  }
+  for (int frames = 0; frames < 4 && !in.empty(); ++frames) {
+    Frame f;
+    const int entries = 1 + in.U8() % 3;
+    for (int e = 0; e < entries; ++e) {
+      baton::rpc::proto::TcpBlob* t = f.header.add_tcp_blobs();
+      t->set_index(in.U8() % 4);
+      t->set_id(in.U8());
+      t->set_size(in.U16());
+    }
+    const int blobs = in.U8() % 4;
+    std::vector<std::shared_ptr<std::string>> keep;
+    for (int b = 0; b < blobs; ++b) {
+      Blob blob;
+      bool named = false;
+      for (const auto& t : f.header.tcp_blobs()) named = named || t.index() == static_cast<uint32_t>(b);
+      if (!named) {
+        keep.push_back(std::make_shared<std::string>(8, 'x'));
+        blob.pieces.emplace_back(keep.back()->data(), 8);
+        blob.owner = keep.back();
+      }
+      f.payload.blobs.push_back(std::move(blob));
+    }
+    absl::StatusOr<bool> got = channel->Import(0, f, [] {});
+    if (!got.ok() || !*got) continue;
+    for (const auto& t : f.header.tcp_blobs()) {
+      auto it = current->find(t.id());
+      FUZZ_CHECK(it != current->end());
+      FUZZ_CHECK(handed_out->insert(t.id()).second);
+      const Blob& blob = f.payload.blobs[t.index()];
+      FUZZ_CHECK(blob.size() == it->second.size() && blob.size() == t.size());
+      FUZZ_CHECK(blob.size() == 0 || std::memcmp(blob.contiguous(), it->second.data(), blob.size()) == 0);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,639 @@
+#include "rpc/channel/tcp/bulk_channel.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+constexpr uint32_t kMagic = 0x424e5442;  // "BTNB"
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMaxHelloField = 4096;
+constexpr int kMaxHandshakes = 64;  // unauthenticated connections at once
+constexpr size_t kAlign = 64;
+
+struct Hello {
+  uint32_t magic, version, token_len, identity_len;
+  uint64_t first_id;  // ids below it went on earlier connections (B7)
+};
+struct RecordHeader {
+  uint64_t id, size;
+};
+
+bool ReadAll(int fd, void* dst, size_t n) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;  // end of stream, error, or the handshake's timeout
+    }
+  }
+  return true;
+}
+
+bool WriteAll(int fd, std::vector<iovec> iov) {
+  size_t i = 0;
+  while (i < iov.size()) {
+    const ssize_t w = writev(fd, iov.data() + i, static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (i < iov.size() && left >= iov[i].iov_len) {
+      left -= iov[i].iov_len;
+      ++i;
+    }
+    if (i < iov.size()) {
+      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
+      iov[i].iov_len -= left;
+    }
+  }
+  return true;
+}
+
+void SetTimeout(int fd, absl::Duration d) {
+  timeval tv = absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void NoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// A connection outlives silence as the stream does (the agent's partition
+// tolerance), no longer: unacknowledged data or a zero window abort it only
+// after `silence` (TCP_USER_TIMEOUT, which TCP's own retry counts would
+// reach much sooner under a partition), and keepalive probes find a peer
+// gone while nothing is sent (the receiving end).
+void Tolerate(int fd, absl::Duration silence) {
+  const int ms = static_cast<int>(std::max<int64_t>(1000, absl::ToInt64Milliseconds(silence)));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  int one = 1;
+  const int idle = std::max(1, ms / 3000), interval = std::max(1, ms / 6000), count = 6;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
+// "host:port" or "[v6]:port".
+bool SplitAddress(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return !host->empty() && !port->empty();
+}
+
+int Connect(const std::string& address, absl::Duration timeout) {
+  std::string host, port;
+  if (!SplitAddress(address, &host, &port)) return -1;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    SetTimeout(fd, timeout);  // a connect(2) on a blocking socket honors SO_SNDTIMEO
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
+bool SameBytes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+// Buffers of received blobs, reused once the tensors decoded from them die:
+// fresh pages for every large blob cost the kernel a fault and a zeroing
+// each (64 MiB: a third of the transfer). Keeps at most kKeep buffers and
+// kKeepBytes; a kept buffer serves a blob of at least half its size.
+class BulkChannel::BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  static constexpr size_t kKeep = 8;
+  static constexpr size_t kKeepBytes = size_t{256} << 20;
+
+  std::shared_ptr<char> Allocate(uint64_t size) {
+    const size_t rounded = (std::max<uint64_t>(size, 1) + kAlign - 1) / kAlign * kAlign;
+    char* p = nullptr;
+    size_t capacity = rounded;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second >= rounded && it->second / 2 <= rounded) {
+          p = it->first;
+          capacity = it->second;
+          kept_bytes_ -= capacity;
+          free_.erase(it);
+          break;
+        }
+      }
+    }
+    if (p == nullptr) p = static_cast<char*>(std::aligned_alloc(kAlign, rounded));
+    if (p == nullptr) return nullptr;
+    std::weak_ptr<BufferPool> pool = weak_from_this();
+    return std::shared_ptr<char>(p, [pool, capacity](char* q) {
+      if (auto alive = pool.lock(); alive != nullptr && alive->Keep(q, capacity)) return;
+      std::free(q);
+    });
+  }
+
+  ~BufferPool() {
+    for (auto& [p, capacity] : free_) std::free(p);
+  }
+
+ private:
+  bool Keep(char* p, size_t capacity) {
+    if (capacity < (size_t{1} << 20)) return false;
+    absl::MutexLock lock(&mu_);
+    if (free_.size() >= kKeep || kept_bytes_ + capacity > kKeepBytes) return false;
+    free_.emplace_back(p, capacity);
+    kept_bytes_ += capacity;
+    return true;
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::pair<char*, size_t>> free_ ABSL_GUARDED_BY(mu_);
+  size_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct BulkChannel::Outgoing {
+  enum class State { kIdle, kConnecting, kReady, kBroken };
+  struct Item {
+    uint64_t id;
+    Blob blob;
+  };
+  std::string address;
+  std::string identity;
+  State state = State::kIdle;
+  absl::Time retry_at;
+  bool stop = false;
+  int fd = -1;  // set by the writer once connected; shutdown(2) by Close
+  uint64_t next_id = 1;
+  std::deque<Item> queue;
+  std::thread thread;
+};
+
+struct BulkChannel::Incoming {
+  int fd = -1;
+  int peer = -1;
+  bool done = false;
+  std::thread thread;
+};
+
+struct BulkChannel::Arrivals {
+  struct Arrived {
+    std::shared_ptr<char> data;
+    uint64_t size = 0;
+  };
+  absl::flat_hash_map<uint64_t, Arrived> blobs;
+  uint64_t unclaimed = 0;
+  int live = 0;  // connections from the sender now
+  uint64_t floor = 0;  // first id of the sender's newest connection (B7)
+  std::string identity;  // of the sender's incarnation that sent `blobs`
+  std::vector<std::function<void()>> waiters;
+};
+
+BulkChannel::BulkChannel(BulkChannelOptions options, Authenticator authenticate)
+    : options_(std::move(options)),
+      authenticate_(std::move(authenticate)),
+      buffers_(std::make_shared<BufferPool>()) {}
+
+absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Start(BulkChannelOptions options,
+                                                                Authenticator authenticate) {
+  std::unique_ptr<BulkChannel> c(new BulkChannel(std::move(options), std::move(authenticate)));
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string host = c->options_.host;
+  if (getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("bulk channel: cannot resolve '", host, "'"));
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const bool ok = fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0 && listen(fd, 64) == 0;
+  const int family = res->ai_family;
+  freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("bulk channel: cannot listen on ", host, ": ", std::strerror(errno)));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int port = family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  c->listen_fd_ = fd;
+  c->address_ = family == AF_INET6 ? absl::StrCat("[", host, "]:", port)
+                                   : absl::StrCat(host, ":", port);
+  c->acceptor_ = std::thread([p = c.get()] { p->AcceptLoop(); });
+  return c;
+}
+
+BulkChannel::~BulkChannel() { Close(); }
+
+void BulkChannel::Close() {
+  std::vector<std::thread> threads;
+  std::vector<std::function<void()>> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& [peer, out] : out_) {
+      out->stop = true;
+      if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+      if (out->thread.joinable()) threads.push_back(std::move(out->thread));
+      out->queue.clear();
+    }
+    for (auto& in : in_) {
+      if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);
+      if (in->thread.joinable()) threads.push_back(std::move(in->thread));
+    }
+    for (auto& [peer, arr] : arrivals_) {
+      for (auto& w : arr->waiters) waiters.push_back(std::move(w));
+      arr->waiters.clear();
+    }
+  }
+  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  for (auto& t : threads) t.join();
+  if (listen_fd_ >= 0) close(listen_fd_);
+  listen_fd_ = -1;
+  for (auto& w : waiters) w();
+}
+
+void BulkChannel::AddPeer(int peer, const std::string& address, const std::string& identity) {
+  std::thread old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    auto& slot = out_[peer];
+    if (slot != nullptr && slot->address == address && slot->identity == identity) return;
+    if (slot != nullptr) {
+      slot->stop = true;
+      if (slot->fd >= 0) shutdown(slot->fd, SHUT_RDWR);
+      slot->queue.clear();
+      old = std::move(slot->thread);
+    }
+    slot = std::make_shared<Outgoing>();
+    slot->address = address;
+    slot->identity = identity;
+  }
+  if (old.joinable()) old.join();
+}
+
+bool BulkChannel::Wants(const Frame& frame) const {
+  for (const Blob& b : frame.payload.blobs) {
+    if (b.size() >= options_.min_bytes) return true;
+  }
+  return false;
+}
+
+void BulkChannel::Export(int peer, Frame& frame) {
+  if (!Wants(frame)) return;
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  auto it = out_.find(peer);
+  if (it == out_.end()) return;
+  std::shared_ptr<Outgoing> out = it->second;
+  if (out->state != Outgoing::State::kReady) {
+    const bool start = out->state == Outgoing::State::kIdle ||
+                       (out->state == Outgoing::State::kBroken && absl::Now() >= out->retry_at);
+    if (start) {
+      // The last writer has set kBroken and takes no lock again: the join
+      // is short.
+      if (out->thread.joinable()) out->thread.join();
+      out->state = Outgoing::State::kConnecting;
+      out->thread = std::thread([this, out] { WriteLoop(out); });
+    }
+    return;
+  }
+  for (size_t i = 0; i < frame.payload.blobs.size(); ++i) {
+    Blob& blob = frame.payload.blobs[i];
+    const size_t size = blob.size();
+    if (size < options_.min_bytes) continue;
+    proto::TcpBlob* entry = frame.header.add_tcp_blobs();
+    entry->set_index(static_cast<uint32_t>(i));
+    entry->set_id(out->next_id);
+    entry->set_size(size);
+    out->queue.push_back({out->next_id++, std::move(blob)});
+    blob = Blob();
+  }
+}
+
+void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
+  std::string address, identity;
+  {
+    absl::MutexLock lock(&mu_);
+    address = out->address;
+    identity = out->identity;
+  }
+  auto broken = [&](int fd) {
+    absl::MutexLock lock(&mu_);
+    out->state = Outgoing::State::kBroken;
+    out->retry_at = absl::Now() + options_.retry_after;
+    out->queue.clear();
+    out->fd = -1;
+    if (fd >= 0) close(fd);
+  };
+  const int fd = Connect(address, std::min(options_.handshake_timeout, absl::Seconds(2)));
+  if (fd < 0) return broken(-1);
+  NoDelay(fd);
+  Tolerate(fd, options_.silence_timeout);
+  {
+    absl::MutexLock lock(&mu_);  // from here Close() can interrupt the hello
+    if (out->stop || closed_) {
+      close(fd);
+      return;
+    }
+    out->fd = fd;
+  }
+  uint64_t first_id;
+  {
+    absl::MutexLock lock(&mu_);
+    first_id = out->next_id;
+  }
+  Hello hello{kMagic, kVersion, static_cast<uint32_t>(options_.job_token.size()),
+              static_cast<uint32_t>(identity.size()), first_id};
+  char ack = 0;
+  if (!WriteAll(fd, {{&hello, sizeof hello},
+                     {const_cast<char*>(options_.job_token.data()), options_.job_token.size()},
+                     {identity.data(), identity.size()}}) ||
+      !ReadAll(fd, &ack, 1) || ack != 1) {
+    return broken(fd);
+  }
+  SetTimeout(fd, absl::ZeroDuration());
+  {
+    absl::MutexLock lock(&mu_);
+    if (out->stop || closed_) {
+      out->fd = -1;
+      close(fd);
+      return;
+    }
+    out->state = Outgoing::State::kReady;
+  }
+  for (;;) {
+    Outgoing::Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return out->stop || closed_ || !out->queue.empty();
+      };
+      mu_.Await(absl::Condition(&work));
+      if (out->stop || closed_) {
+        out->fd = -1;
+        close(fd);
+        return;
+      }
+      item = std::move(out->queue.front());
+      out->queue.pop_front();
+    }
+    RecordHeader h{item.id, item.blob.size()};
+    std::vector<iovec> iov{{&h, sizeof h}};
+    for (const auto& piece : item.blob.pieces) {
+      if (!piece.empty()) iov.push_back({const_cast<char*>(piece.data()), piece.size()});
+    }
+    if (!WriteAll(fd, std::move(iov))) return broken(fd);
+    absl::MutexLock lock(&mu_);
+    ++stats_.blobs_sent;
+    stats_.bytes_sent += h.size;
+  }
+}
+
+void BulkChannel::AcceptLoop() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: try again once some were released.
+        mu_.AwaitWithTimeout(absl::Condition(&closed_), absl::Milliseconds(100));
+        continue;
+      }
+      return;
+    }
+    auto in = std::make_shared<Incoming>();
+    in->fd = fd;
+    absl::MutexLock lock(&mu_);
+    if (closed_ || handshaking_ >= kMaxHandshakes) {
+      close(fd);
+      if (closed_) return;
+      continue;
+    }
+    // Readers that ended are joined here (they no longer take the lock).
+    for (auto it = in_.begin(); it != in_.end();) {
+      if ((*it)->done) {
+        if ((*it)->thread.joinable()) (*it)->thread.join();
+        it = in_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++handshaking_;
+    in->thread = std::thread([this, in] { ReadLoop(in); });
+    in_.push_back(in);
+  }
+}
+
+void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
+  const int fd = in->fd;
+  SetTimeout(fd, options_.handshake_timeout);
+  Hello hello{};
+  std::string token, identity;
+  bool ok = ReadAll(fd, &hello, sizeof hello) && hello.magic == kMagic &&
+            hello.version == kVersion && hello.token_len <= kMaxHelloField &&
+            hello.identity_len <= kMaxHelloField;
+  if (ok) {
+    token.resize(hello.token_len);
+    identity.resize(hello.identity_len);
+    ok = ReadAll(fd, token.data(), token.size()) && ReadAll(fd, identity.data(), identity.size()) &&
+         SameBytes(token, options_.job_token);
+  }
+  absl::StatusOr<int> peer = ok ? authenticate_(identity) : absl::UnauthenticatedError("hello");
+  std::shared_ptr<Arrivals> arr;
+  {
+    absl::MutexLock lock(&mu_);
+    --handshaking_;
+    if (closed_ || !peer.ok() || *peer < 0) {
+      shutdown(fd, SHUT_RDWR);
+      close(fd);
+      in->fd = -1;
+      in->done = true;
+      return;
+    }
+    auto& slot = arrivals_[*peer];
+    if (slot == nullptr) slot = std::make_shared<Arrivals>();
+    arr = slot;
+    if (arr->identity != identity) {  // B6: a new incarnation of the sender
+      arr->blobs.clear();
+      arr->unclaimed = 0;
+      arr->floor = 0;
+      arr->identity = identity;
+    }
+    // B7: the sender left its earlier connections (they broke, or it was
+    // told another address): what they still carry is lost with them, and
+    // the ids below first_id that have not arrived will not.
+    for (const auto& other : in_) {
+      if (other != in && other->peer == *peer && !other->done && other->fd >= 0) {
+        shutdown(other->fd, SHUT_RDWR);
+      }
+    }
+    arr->floor = std::max(arr->floor, hello.first_id);
+    ++arr->live;
+    in->peer = *peer;
+  }
+  SetTimeout(fd, absl::ZeroDuration());
+  NoDelay(fd);
+  Tolerate(fd, options_.silence_timeout);
+  const char ack = 1;
+  bool reading = WriteAll(fd, {{const_cast<char*>(&ack), 1}});
+  while (reading) {
+    RecordHeader h{};
+    if (!ReadAll(fd, &h, sizeof h) || h.size > options_.max_blob_bytes) break;
+    {
+      // B5: wait while what was read and not claimed is over the budget.
+      absl::MutexLock lock(&mu_);
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || arr->unclaimed == 0 ||
+               arr->unclaimed + h.size <= options_.unclaimed_budget;
+      };
+      mu_.Await(absl::Condition(&room));
+      if (closed_) break;
+    }
+    std::shared_ptr<char> data = buffers_->Allocate(h.size);
+    if (data == nullptr || !ReadAll(fd, data.get(), h.size)) break;
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
+      arr->unclaimed += h.size;
+      ++stats_.blobs_received;
+      stats_.bytes_received += h.size;
+      wake.swap(arr->waiters);
+    }
+    for (auto& w : wake) w();
+  }
+  Ended(in);
+}
+
+void BulkChannel::Ended(const std::shared_ptr<Incoming>& in) {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = arrivals_.find(in->peer);
+    if (it != arrivals_.end()) {
+      --it->second->live;
+      wake.swap(it->second->waiters);
+    }
+    shutdown(in->fd, SHUT_RDWR);
+    close(in->fd);
+    in->fd = -1;
+  }
+  for (auto& w : wake) w();  // they take the lock (Import)
+  // Last: AcceptLoop joins a done reader while holding the lock.
+  absl::MutexLock lock(&mu_);
+  in->done = true;
+}
+
+absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<void()> ready) {
+  const auto& entries = frame.header.tcp_blobs();
+  if (entries.empty()) return true;
+  std::vector<bool> named(frame.payload.blobs.size(), false);
+  for (const proto::TcpBlob& e : entries) {
+    if (e.index() >= frame.payload.blobs.size() || named[e.index()] ||
+        frame.payload.blobs[e.index()].size() != 0 || e.size() > options_.max_blob_bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "bad bulk-channel entry (blob ", e.index(), " of ", frame.payload.blobs.size(),
+          ", id ", e.id(), ", ", e.size(), " bytes) from worker ", peer));
+    }
+    named[e.index()] = true;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = arrivals_.find(peer);
+  std::shared_ptr<Arrivals> arr = it == arrivals_.end() ? nullptr : it->second;
+  for (const proto::TcpBlob& e : entries) {
+    if (arr != nullptr && arr->blobs.contains(e.id())) continue;
+    if (closed_ || arr == nullptr || arr->live == 0 || e.id() < arr->floor) {
+      return absl::UnavailableError(absl::StrCat(
+          "the bulk connection from worker ", peer, " ended before blob id ", e.id(), " arrived"));
+    }
+    arr->waiters.push_back(std::move(ready));
+    return false;
+  }
+  for (const proto::TcpBlob& e : entries) {
+    auto node = arr->blobs.extract(e.id());
+    Arrivals::Arrived& got = node.mapped();
+    arr->unclaimed -= got.size;
+    if (got.size != e.size()) {
+      return absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
+                                              " has ", got.size, " bytes; its frame says ",
+                                              e.size()));
+    }
+    Blob& blob = frame.payload.blobs[e.index()];
+    blob.pieces.clear();
+    blob.pieces.emplace_back(got.data.get(), got.size);
+    blob.owner = std::move(got.data);
+  }
+  return true;
+}
+
+bool BulkChannel::Connected(int peer, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto it = out_.find(peer);
+  if (it == out_.end()) return false;
+  std::shared_ptr<Outgoing> out = it->second;
+  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || out->state != Outgoing::State::kConnecting;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+  return !closed_ && out->state == Outgoing::State::kReady;
+}
+
+BulkChannel::Stats BulkChannel::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace baton::rpc::internal

@@ -1,0 +1,159 @@
+// BulkChannel: large tensor blobs between workers over a dedicated TCP
+// connection per ordered pair of workers, beside the gRPC stream that keeps
+// carrying their frames (docs/wire_format.md, "Network bulk channel"). The
+// gRPC transport (rpc/transport/grpc/grpc_transport.h) owns one.
+//
+// Protocol:
+// B1. Each worker listens on a port of its own (address(), published at
+//     rendezvous). A sender opens one connection to each peer it sends a
+//     large blob to, in the background, on its first such send; until the
+//     connection is up (B2), blobs stay on the stream.
+// B2. The connection opens with a hello: magic, version, the job token,
+//     the sender's stream identity (the one its gRPC streams to that peer
+//     present) and the first transfer id it will carry (B7). The receiver reads nothing more before the token matches and
+//     the identity proves a worker (the transport's stream authenticator);
+//     otherwise it closes the connection. It then binds the connection to
+//     that worker and answers one byte; only then does the sender use it.
+// B3. A blob is a record: transfer id (u64, increasing per sender and
+//     peer), size (u64), then its bytes, written from the tensor's own
+//     memory. The frame that carries it lists {index, id, size} in
+//     FrameHeader.tcp_blobs, and the blob travels empty on the stream; the
+//     frame's logical size is unchanged.
+// B4. A frame is delivered once its blobs arrived; the stream reads on
+//     meanwhile, so the frames after it may pass it (a probe's answer never
+//     waits behind a large tensor's bytes). Frames without bulk blobs keep
+//     their order.
+// B5. The receiver reads each record into memory allocated for it (64-byte
+//     aligned; the decoded tensor's own storage, no further copy; buffers of
+//     1 MiB or more are reused once their tensors died, up to 8 and 256 MiB). A record
+//     larger than max_blob_bytes closes the connection. Blobs read but not
+//     yet claimed by a frame count against unclaimed_budget: past it,
+//     reading pauses until frames claim them (one blob is always allowed).
+// B6. When the sender's connection ends, blobs read in full stay
+//     claimable; a frame waiting for any other fails: a request is answered
+//     with UNAVAILABLE before it ran (not_run), a response completes its call
+//     with UNAVAILABLE. A connection from a new incarnation of the sender
+//     drops what the old one left unclaimed.
+// B7. A connection outlives silence as long as the stream does (the
+//     agent's partition tolerance: TCP_USER_TIMEOUT and keepalive), no
+//     longer. A sender whose connection broke drops what it queued and opens
+//     a new one after a second, its hello naming the first id it will carry:
+//     the receiver then ends the sender's older connections, and a frame
+//     waiting for a lower id that has not arrived fails (B6).
+//
+// Entries come from a peer and are not trusted: Import checks each index,
+// that the blob traveled empty, the size against max_blob_bytes and the
+// record's actual size, and that no blob is claimed twice.
+//
+// Thread-safety: safe for concurrent use. Callbacks of Import run on the
+// channel's reader threads and must not block.
+#ifndef BATON_RPC_CHANNEL_TCP_BULK_CHANNEL_H_
+#define BATON_RPC_CHANNEL_TCP_BULK_CHANNEL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/transport.h"
+
+namespace baton::rpc::internal {
+
+struct BulkChannelOptions {
+  std::string host = "127.0.0.1";  // to listen on (the transport's host)
+  std::string job_token;
+  size_t min_bytes = size_t{1} << 18;  // smaller blobs stay on the stream
+  uint64_t max_blob_bytes = uint64_t{1} << 30;
+  uint64_t unclaimed_budget = uint64_t{1} << 30;  // per sender (B5)
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  absl::Duration retry_after = absl::Seconds(1);  // B7
+  // How long a silent connection lives (B7): the agent's partition tolerance.
+  absl::Duration silence_timeout = absl::Seconds(30);
+};
+
+class BulkChannel {
+ public:
+  // Checks a hello's identity (B2): the worker it proves, or an error. May
+  // block (the channel's own thread calls it).
+  using Authenticator = std::function<absl::StatusOr<int>(const std::string& identity)>;
+
+  static absl::StatusOr<std::unique_ptr<BulkChannel>> Start(BulkChannelOptions options,
+                                                            Authenticator authenticate);
+  ~BulkChannel();  // Close()
+  BulkChannel(const BulkChannel&) = delete;
+  BulkChannel& operator=(const BulkChannel&) = delete;
+
+  // host:port it listens on.
+  const std::string& address() const { return address_; }
+
+  // Where `peer` listens and the identity to present there. Another identity
+  // (a restarted peer) replaces the connection.
+  void AddPeer(int peer, const std::string& address, const std::string& identity);
+
+  // Whether the frame has a blob of at least min_bytes (Export's concern).
+  bool Wants(const Frame& frame) const;
+
+  // Sender: moves the frame's blobs of at least min_bytes into the
+  // connection to `peer` (B3), if it is up; otherwise starts it and leaves
+  // the frame as it is.
+  void Export(int peer, Frame& frame);
+
+  // Whether blobs to `peer` go through the channel now, waiting up to
+  // `timeout` while a connection to it is being made (tests, benchmarks).
+  bool Connected(int peer, absl::Duration timeout);
+
+  // Receiver: fills the frame's tcp_blobs from what `peer` sent. true: every
+  // blob is in place; false: some have not arrived, and `ready` runs once
+  // (on a reader thread) when they did or the wait ended: call Import again.
+  // An error: the frame cannot be completed (DATA_LOSS for bad entries,
+  // UNAVAILABLE when the sender's connection ended).
+  absl::StatusOr<bool> Import(int peer, Frame& frame, std::function<void()> ready);
+
+  // Ends every connection and thread; waits end with UNAVAILABLE.
+  void Close();
+
+  struct Stats {
+    uint64_t blobs_sent = 0, bytes_sent = 0, blobs_received = 0, bytes_received = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Outgoing;
+  struct Incoming;
+  struct Arrivals;
+  class BufferPool;
+
+  BulkChannel(BulkChannelOptions options, Authenticator authenticate);
+  void AcceptLoop();
+  void ReadLoop(std::shared_ptr<Incoming> in);
+  void WriteLoop(std::shared_ptr<Outgoing> out);
+  // The reader of `in` ended: wakes the waits on its sender.
+  void Ended(const std::shared_ptr<Incoming>& in);
+
+  const BulkChannelOptions options_;
+  const Authenticator authenticate_;
+  const std::shared_ptr<BufferPool> buffers_;  // outlived by nothing it lends
+  int listen_fd_ = -1;
+  std::string address_;
+  std::thread acceptor_;
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<int, std::shared_ptr<Outgoing>> out_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Incoming>> in_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::shared_ptr<Arrivals>> arrivals_ ABSL_GUARDED_BY(mu_);
+  int handshaking_ ABSL_GUARDED_BY(mu_) = 0;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton::rpc::internal
+
+#endif  // BATON_RPC_CHANNEL_TCP_BULK_CHANNEL_H_

@@ -1,0 +1,280 @@
+// The network bulk channel (rpc/channel/tcp/bulk_channel.h) on its own: two
+// channels in one process (ranks 0 and 1), and raw sockets for a peer that
+// breaks the protocol, by guarantee.
+#include "rpc/channel/tcp/bulk_channel.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/synchronization/notification.h"
+
+namespace baton::rpc::internal {
+namespace {
+
+// Identities "w<rank>" prove ranks 0-7; anything else is refused.
+absl::StatusOr<int> Authenticate(const std::string& identity) {
+  int rank = -1;
+  if (identity.size() == 2 && identity[0] == 'w' && absl::SimpleAtoi(identity.substr(1), &rank) &&
+      rank < 8) {
+    return rank;
+  }
+  return absl::PermissionDeniedError("unknown identity");
+}
+
+std::unique_ptr<BulkChannel> Channel(BulkChannelOptions o = {}) {
+  o.job_token = o.job_token.empty() ? "token" : o.job_token;
+  o.min_bytes = 1024;
+  auto c = BulkChannel::Start(o, Authenticate);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *std::move(c);
+}
+
+Blob Pattern(size_t n, int seed, std::shared_ptr<std::string>* keep) {
+  *keep = std::make_shared<std::string>(n, '\0');
+  for (size_t i = 0; i < n; ++i) (**keep)[i] = static_cast<char>((i * 131 + seed) & 0xff);
+  Blob b;
+  b.pieces.emplace_back((*keep)->data(), n);
+  b.owner = *keep;
+  return b;
+}
+
+Frame WithBlobs(std::vector<Blob> blobs) {
+  Frame f;
+  f.payload.blobs = std::move(blobs);
+  return f;
+}
+
+// Import until done: waits for each `ready` callback.
+absl::StatusOr<bool> ImportWaiting(BulkChannel& c, int peer, Frame& frame, absl::Duration timeout) {
+  for (;;) {
+    auto done = std::make_shared<absl::Notification>();
+    absl::StatusOr<bool> got = c.Import(peer, frame, [done] { done->Notify(); });
+    if (!got.ok() || *got) return got;
+    if (!done->WaitForNotificationWithTimeout(timeout)) return absl::DeadlineExceededError("wait");
+  }
+}
+
+// B1, B3: a blob stays in the frame until the connection is up, then goes
+// through the channel (the frame carries it empty, named by id) and arrives
+// whole, 64-byte aligned, as the receiver's own memory.
+TEST(BulkChannel, B1_B3_BlobsGoThroughOnceTheConnectionIsUpAndArriveWhole) {
+  auto a = Channel(), b = Channel();
+  a->AddPeer(1, b->address(), "w0");
+  std::shared_ptr<std::string> keep, small_keep;
+  Frame early = WithBlobs({Pattern(1 << 20, 1, &keep)});
+  a->Export(1, early);  // starts the connection; the blob stays
+  EXPECT_EQ(early.header.tcp_blobs_size(), 0);
+  EXPECT_EQ(early.payload.blobs[0].size(), size_t{1} << 20);
+  ASSERT_TRUE(a->Connected(1, absl::Seconds(10)));
+
+  Frame f = WithBlobs({Pattern(100, 2, &small_keep), Pattern(1 << 20, 3, &keep)});
+  a->Export(1, f);
+  ASSERT_EQ(f.header.tcp_blobs_size(), 1);
+  EXPECT_EQ(f.header.tcp_blobs(0).index(), 1u);
+  EXPECT_EQ(f.header.tcp_blobs(0).size(), uint64_t{1} << 20);
+  EXPECT_EQ(f.payload.blobs[0].size(), 100u);  // under min_bytes: stays
+  EXPECT_EQ(f.payload.blobs[1].size(), 0u);
+  auto got = ImportWaiting(*b, 0, f, absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_NE(f.payload.blobs[1].contiguous(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(f.payload.blobs[1].contiguous()) % 64, 0u);
+  EXPECT_EQ(std::string(f.payload.blobs[1].contiguous(), 1 << 20), *keep);
+  EXPECT_EQ(a->stats().blobs_sent, 1u);
+  EXPECT_EQ(b->stats().bytes_received, uint64_t{1} << 20);
+  // A blob is claimed once: naming it again waits (for a blob of that id
+  // that will not come).
+  Frame again = WithBlobs({Blob()});
+  *again.header.add_tcp_blobs() = f.header.tcp_blobs(0);
+  again.header.mutable_tcp_blobs(0)->set_index(0);
+  auto second = b->Import(0, again, [] {});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(*second);
+}
+
+// B2: a connection with the wrong token, or an identity that proves no
+// worker, is closed unanswered; blobs stay on the stream.
+TEST(BulkChannel, B2_AWrongTokenOrIdentityGetsNoConnection) {
+  auto b = Channel();
+  BulkChannelOptions wrong;
+  wrong.job_token = "another job";
+  auto a = Channel(wrong);
+  a->AddPeer(1, b->address(), "w0");
+  std::shared_ptr<std::string> keep;
+  Frame f = WithBlobs({Pattern(4096, 1, &keep)});
+  a->Export(1, f);
+  EXPECT_FALSE(a->Connected(1, absl::Seconds(10)));
+  auto c = Channel();
+  c->AddPeer(1, b->address(), "stranger");
+  c->Export(1, f);
+  EXPECT_FALSE(c->Connected(1, absl::Seconds(10)));
+  EXPECT_EQ(f.header.tcp_blobs_size(), 0);
+  EXPECT_EQ(f.payload.blobs[0].size(), 4096u);
+}
+
+// Entries come from a peer: an index out of range, a blob named twice, or
+// one that did not travel empty is DATA_LOSS, before anything waits.
+TEST(BulkChannel, BadEntriesAreDataLoss) {
+  auto b = Channel();
+  std::shared_ptr<std::string> keep;
+  auto check = [&](Frame f, absl::string_view what) {
+    auto got = b->Import(0, f, [] {});
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << what;
+  };
+  Frame out_of_range = WithBlobs({Blob()});
+  out_of_range.header.add_tcp_blobs()->set_index(1);
+  check(std::move(out_of_range), "index");
+  Frame twice = WithBlobs({Blob()});
+  twice.header.add_tcp_blobs()->set_id(1);
+  twice.header.add_tcp_blobs()->set_id(2);
+  check(std::move(twice), "twice");
+  Frame full = WithBlobs({Pattern(10, 1, &keep)});
+  full.header.add_tcp_blobs()->set_id(1);
+  check(std::move(full), "not empty");
+}
+
+// A raw connection to `c` that presents `token`, identity "w0" and the
+// first id it carries.
+int RawConnect(const BulkChannel& c, const std::string& token, bool expect_ack,
+               uint64_t first_id = 0) {
+  const std::string& address = c.address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const uint32_t hello[4] = {0x424e5442, 1, static_cast<uint32_t>(token.size()), 2};
+  std::string bytes(reinterpret_cast<const char*>(hello), sizeof hello);
+  bytes.append(reinterpret_cast<const char*>(&first_id), sizeof first_id);
+  bytes += token + "w0";
+  EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  char ack = 0;
+  const ssize_t r = read(fd, &ack, 1);
+  EXPECT_EQ(r == 1 && ack == 1, expect_ack);
+  return fd;
+}
+
+// B6: a frame waiting for a blob whose sender's connection ends (here: in
+// the middle of the blob) gets UNAVAILABLE; a blob read in full before the
+// end stays claimable.
+TEST(BulkChannel, B6_AWaitEndsWithUnavailableWhenTheSendersConnectionEnds) {
+  auto b = Channel();
+  const int fd = RawConnect(*b, "token", /*expect_ack=*/true);
+  const uint64_t whole[2] = {7, 8};
+  std::string record(reinterpret_cast<const char*>(whole), sizeof whole);
+  record += "12345678";
+  const uint64_t half[2] = {9, 4096};
+  record.append(reinterpret_cast<const char*>(half), sizeof half);
+  record += std::string(100, 'x');
+  Frame waiting = WithBlobs({Blob()});
+  auto* e = waiting.header.add_tcp_blobs();
+  e->set_id(9);
+  e->set_size(4096);
+  auto woke = std::make_shared<absl::Notification>();
+  ASSERT_FALSE(*b->Import(0, waiting, [woke] { woke->Notify(); }));
+  ASSERT_EQ(write(fd, record.data(), record.size()), static_cast<ssize_t>(record.size()));
+  close(fd);
+  ASSERT_TRUE(woke->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // The wake-up may be the whole blob's arrival: wait for the end itself.
+  auto got = ImportWaiting(*b, 0, waiting, absl::Seconds(10));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "ended before blob id 9")) << got.status();
+  Frame done = WithBlobs({Blob()});
+  auto* d = done.header.add_tcp_blobs();
+  d->set_id(7);
+  d->set_size(8);
+  ASSERT_TRUE(*b->Import(0, done, [] {}));
+  EXPECT_EQ(std::string(done.payload.blobs[0].contiguous(), 8), "12345678");
+}
+
+// B7: a sender's new connection ends its older ones; a frame waiting for
+// an id below the new connection's first id fails at once, while one at or
+// above it waits for the new connection.
+TEST(BulkChannel, B7_ANewConnectionFromTheSenderFailsWaitsForWhatTheOldOneLost) {
+  auto b = Channel();
+  const int old_fd = RawConnect(*b, "token", /*expect_ack=*/true, /*first_id=*/1);
+  Frame lost = WithBlobs({Blob()});
+  lost.header.add_tcp_blobs()->set_id(5);
+  auto woke = std::make_shared<absl::Notification>();
+  ASSERT_FALSE(*b->Import(0, lost, [woke] { woke->Notify(); }));
+  const int new_fd = RawConnect(*b, "token", /*expect_ack=*/true, /*first_id=*/10);
+  ASSERT_TRUE(woke->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  auto got = b->Import(0, lost, [] {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  char c;
+  EXPECT_EQ(read(old_fd, &c, 1), 0);  // ended by the channel
+  Frame later = WithBlobs({Blob()});
+  auto* e = later.header.add_tcp_blobs();
+  e->set_id(10);
+  e->set_size(3);
+  ASSERT_FALSE(*b->Import(0, later, [] {}));
+  const uint64_t record[2] = {10, 3};
+  std::string bytes(reinterpret_cast<const char*>(record), sizeof record);
+  bytes += "abc";
+  ASSERT_EQ(write(new_fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  auto arrived = ImportWaiting(*b, 0, later, absl::Seconds(10));
+  ASSERT_TRUE(arrived.ok()) << arrived.status();
+  EXPECT_EQ(std::string(later.payload.blobs[0].contiguous(), 3), "abc");
+  close(old_fd);
+  close(new_fd);
+}
+
+// B2, B5: a wrong token gets no answer; a record larger than
+// max_blob_bytes ends the connection (its sender's waits end).
+TEST(BulkChannel, B5_AnOversizedRecordEndsTheConnection) {
+  BulkChannelOptions o;
+  o.max_blob_bytes = 1 << 20;
+  auto b = Channel(o);
+  close(RawConnect(*b, "wrong", /*expect_ack=*/false));
+  const int fd = RawConnect(*b, "token", /*expect_ack=*/true);
+  Frame waiting = WithBlobs({Blob()});
+  waiting.header.add_tcp_blobs()->set_id(1);
+  auto woke = std::make_shared<absl::Notification>();
+  ASSERT_FALSE(*b->Import(0, waiting, [woke] { woke->Notify(); }));
+  const uint64_t huge[2] = {1, uint64_t{1} << 40};
+  ASSERT_EQ(write(fd, huge, sizeof huge), static_cast<ssize_t>(sizeof huge));
+  ASSERT_TRUE(woke->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(b->Import(0, waiting, [] {}).status().code(), absl::StatusCode::kUnavailable);
+  char c;
+  EXPECT_EQ(read(fd, &c, 1), 0);  // closed by the channel
+  close(fd);
+}
+
+// B4, B5: with an unclaimed budget of one blob, the reader reads on only as
+// frames claim what it read; every blob still arrives, in order.
+TEST(BulkChannel, B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
+  BulkChannelOptions o;
+  o.unclaimed_budget = 600 << 10;
+  auto a = Channel(), b = Channel(o);
+  a->AddPeer(1, b->address(), "w0");
+  std::shared_ptr<std::string> keep;
+  Frame probe = WithBlobs({Pattern(2048, 0, &keep)});
+  a->Export(1, probe);
+  ASSERT_TRUE(a->Connected(1, absl::Seconds(10)));
+  std::vector<Frame> frames;
+  std::vector<std::shared_ptr<std::string>> kept(5);
+  for (int i = 0; i < 5; ++i) {
+    frames.push_back(WithBlobs({Pattern(500 << 10, i, &kept[i])}));
+    a->Export(1, frames.back());
+    ASSERT_EQ(frames.back().header.tcp_blobs_size(), 1);
+  }
+  for (int i = 0; i < 5; ++i) {
+    auto got = ImportWaiting(*b, 0, frames[i], absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::string(frames[i].payload.blobs[0].contiguous(), 500 << 10), *kept[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace baton::rpc::internal
