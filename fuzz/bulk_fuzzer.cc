@@ -77,7 +77,7 @@ std::map<uint64_t, std::string> Records(const std::string& raw) {
     std::memcpy(&id, raw.data() + at, 8);
     std::memcpy(&size, raw.data() + at + 8, 8);
     at += 16;
-    if (size > kMaxBlob || raw.size() - at < size || out.contains(id)) break;
+    if (size > kMaxBlob || raw.size() - at < size || out.count(id) > 0) break;
     out[id] = raw.substr(at, size);
     at += size;
   }
@@ -139,10 +139,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     handed_out->clear();
   }
   for (int frames = 0; frames < 4 && !in.empty(); ++frames) {
-    Frame f;
+    baton::rpc::Frame f;
     const int entries = 1 + in.U8() % 3;
     for (int e = 0; e < entries; ++e) {
-      baton::rpc::proto::TcpBlob* t = f.header.add_tcp_blobs();
+      baton::proto::TcpBlob* t = f.header.add_tcp_blobs();
       t->set_index(in.U8() % 4);
       t->set_id(in.U8());
       t->set_size(in.U16());
@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int blobs = in.U8() % 4;
     std::vector<std::shared_ptr<std::string>> keep;
     for (int b = 0; b < blobs; ++b) {
-      Blob blob;
+      baton::rpc::Blob blob;
       bool named = false;
       for (const auto& t : f.header.tcp_blobs()) named = named || t.index() == static_cast<uint32_t>(b);
       if (!named) {
@@ -166,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto it = current->find(t.id());
       FUZZ_CHECK(it != current->end());
       FUZZ_CHECK(handed_out->insert(t.id()).second);
-      const Blob& blob = f.payload.blobs[t.index()];
+      const baton::rpc::Blob& blob = f.payload.blobs[t.index()];
       FUZZ_CHECK(blob.size() == it->second.size() && blob.size() == t.size());
       FUZZ_CHECK(blob.size() == 0 || std::memcmp(blob.contiguous(), it->second.data(), blob.size()) == 0);
     }

@@ -121,8 +121,9 @@ TEST(BulkChannel, B2_AWrongTokenOrIdentityGetsNoConnection) {
   EXPECT_EQ(f.payload.blobs[0].size(), 4096u);
 }
 
-// Entries come from a peer: an index out of range, a blob named twice, or
-// one that did not travel empty is DATA_LOSS, before anything waits.
+// Entries come from a peer: an index out of range, a blob or an id named
+// twice, or a blob that did not travel empty is DATA_LOSS, before anything
+// waits.
 TEST(BulkChannel, BadEntriesAreDataLoss) {
   auto b = Channel();
   std::shared_ptr<std::string> keep;
@@ -137,6 +138,12 @@ TEST(BulkChannel, BadEntriesAreDataLoss) {
   twice.header.add_tcp_blobs()->set_id(1);
   twice.header.add_tcp_blobs()->set_id(2);
   check(std::move(twice), "twice");
+  Frame same_id = WithBlobs({Blob(), Blob()});
+  same_id.header.add_tcp_blobs()->set_id(4);
+  auto* second = same_id.header.add_tcp_blobs();
+  second->set_index(1);
+  second->set_id(4);
+  check(std::move(same_id), "one id for two blobs");
   Frame full = WithBlobs({Pattern(10, 1, &keep)});
   full.header.add_tcp_blobs()->set_id(1);
   check(std::move(full), "not empty");

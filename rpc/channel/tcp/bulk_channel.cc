@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -581,8 +582,9 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
   const auto& entries = frame.header.tcp_blobs();
   if (entries.empty()) return true;
   std::vector<bool> named(frame.payload.blobs.size(), false);
+  absl::flat_hash_set<uint64_t> ids;
   for (const proto::TcpBlob& e : entries) {
-    if (e.index() >= frame.payload.blobs.size() || named[e.index()] ||
+    if (e.index() >= frame.payload.blobs.size() || named[e.index()] || !ids.insert(e.id()).second ||
         frame.payload.blobs[e.index()].size() != 0 || e.size() > options_.max_blob_bytes) {
       return absl::DataLossError(absl::StrCat(
           "bad bulk-channel entry (blob ", e.index(), " of ", frame.payload.blobs.size(),

@@ -42,8 +42,9 @@
 //     waiting for a lower id that has not arrived fails (B6).
 //
 // Entries come from a peer and are not trusted: Import checks each index,
-// that the blob traveled empty, the size against max_blob_bytes and the
-// record's actual size, and that no blob is claimed twice.
+// that the blob traveled empty, that no index or id is named twice, the
+// size against max_blob_bytes and the record's actual size, and that no
+// blob is claimed twice.
 //
 // Thread-safety: safe for concurrent use. Callbacks of Import run on the
 // channel's reader threads and must not block.
