@@ -111,8 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t flags = in.U8();
   const std::string raw = in.Bytes(in.U16());
   const std::string token = (flags & 1) ? kToken : "not the token";
-  const std::string identity =
-      (flags & 4) ? "stranger" : absl::StrCat("w0#", ++incarnation);
+  const std::string identity = (flags & 4) ? "stranger" : absl::StrCat("w0#", ++incarnation);
   const uint32_t hello[4] = {(flags & 2) ? 0x11111111u : 0x424e5442u, 1,
                              static_cast<uint32_t>(token.size()),
                              static_cast<uint32_t>(identity.size())};
@@ -152,7 +151,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int b = 0; b < blobs; ++b) {
       baton::rpc::Blob blob;
       bool named = false;
-      for (const auto& t : f.header.tcp_blobs()) named = named || t.index() == static_cast<uint32_t>(b);
+      for (const auto& t : f.header.tcp_blobs())
+        named = named || t.index() == static_cast<uint32_t>(b);
       if (!named) {
         keep.push_back(std::make_shared<std::string>(8, 'x'));
         blob.pieces.emplace_back(keep.back()->data(), 8);
@@ -168,7 +168,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(handed_out->insert(t.id()).second);
       const baton::rpc::Blob& blob = f.payload.blobs[t.index()];
       FUZZ_CHECK(blob.size() == it->second.size() && blob.size() == t.size());
-      FUZZ_CHECK(blob.size() == 0 || std::memcmp(blob.contiguous(), it->second.data(), blob.size()) == 0);
+      FUZZ_CHECK(blob.size() == 0 ||
+                 std::memcmp(blob.contiguous(), it->second.data(), blob.size()) == 0);
     }
   }
   return 0;

@@ -15,6 +15,7 @@ TARGETS=(
   //tests/rpc:agent_options_test
   //tests/rpc:shm_channel_test
   //tests/rpc:shm_transport_test
+  //tests/rpc:bulk_channel_test
   //tests/rref:rref_protocol_test
   //tests/rpc:flow_control_test
   //tests/rpc:loopback_agent_test

@@ -35,6 +35,7 @@ IN_PROCESS=(
   //tests/rpc:batcher_test
   //tests/rpc:shm_channel_test
   //tests/rpc:shm_transport_test
+  //tests/rpc:bulk_channel_test
   //tests/rpc:flow_control_test
   //tests/rpc:loopback_agent_test
   //tests/rref:protocols_loopback_test

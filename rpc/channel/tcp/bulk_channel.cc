@@ -55,7 +55,8 @@ bool ReadAll(int fd, void* dst, size_t n) {
 bool WriteAll(int fd, std::vector<iovec> iov) {
   size_t i = 0;
   while (i < iov.size()) {
-    const ssize_t w = writev(fd, iov.data() + i, static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX)));
+    const ssize_t w =
+        writev(fd, iov.data() + i, static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX)));
     if (w < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -226,8 +227,8 @@ struct BulkChannel::Arrivals {
   };
   absl::flat_hash_map<uint64_t, Arrived> blobs;
   uint64_t unclaimed = 0;
-  int live = 0;  // connections from the sender now
-  uint64_t floor = 0;  // first id of the sender's newest connection (B7)
+  int live = 0;          // connections from the sender now
+  uint64_t floor = 0;    // first id of the sender's newest connection (B7)
   std::string identity;  // of the sender's incarnation that sent `blobs`
   std::vector<std::function<void()>> waiters;
 };
@@ -265,8 +266,8 @@ absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Start(BulkChannelOptio
   const int port = family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   c->listen_fd_ = fd;
-  c->address_ = family == AF_INET6 ? absl::StrCat("[", host, "]:", port)
-                                   : absl::StrCat(host, ":", port);
+  c->address_ =
+      family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
   c->acceptor_ = std::thread([p = c.get()] { p->AcceptLoop(); });
   return c;
 }
@@ -586,9 +587,9 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
   for (const proto::TcpBlob& e : entries) {
     if (e.index() >= frame.payload.blobs.size() || named[e.index()] || !ids.insert(e.id()).second ||
         frame.payload.blobs[e.index()].size() != 0 || e.size() > options_.max_blob_bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "bad bulk-channel entry (blob ", e.index(), " of ", frame.payload.blobs.size(),
-          ", id ", e.id(), ", ", e.size(), " bytes) from worker ", peer));
+      return absl::DataLossError(absl::StrCat("bad bulk-channel entry (blob ", e.index(), " of ",
+                                              frame.payload.blobs.size(), ", id ", e.id(), ", ",
+                                              e.size(), " bytes) from worker ", peer));
     }
     named[e.index()] = true;
   }
@@ -598,8 +599,8 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
   for (const proto::TcpBlob& e : entries) {
     if (arr != nullptr && arr->blobs.contains(e.id())) continue;
     if (closed_ || arr == nullptr || arr->live == 0 || e.id() < arr->floor) {
-      return absl::UnavailableError(absl::StrCat(
-          "the bulk connection from worker ", peer, " ended before blob id ", e.id(), " arrived"));
+      return absl::UnavailableError(absl::StrCat("the bulk connection from worker ", peer,
+                                                 " ended before blob id ", e.id(), " arrived"));
     }
     arr->waiters.push_back(std::move(ready));
     return false;

@@ -10,8 +10,8 @@
 //     connection is up (B2), blobs stay on the stream.
 // B2. The connection opens with a hello: magic, version, the job token,
 //     the sender's stream identity (the one its gRPC streams to that peer
-//     present) and the first transfer id it will carry (B7). The receiver reads nothing more before the token matches and
-//     the identity proves a worker (the transport's stream authenticator);
+//     present) and the first transfer id it will carry (B7). The receiver reads nothing more before
+//     the token matches and the identity proves a worker (the transport's stream authenticator);
 //     otherwise it closes the connection. It then binds the connection to
 //     that worker and answers one byte; only then does the sender use it.
 // B3. A blob is a record: transfer id (u64, increasing per sender and
