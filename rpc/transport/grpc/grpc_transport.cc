@@ -207,6 +207,42 @@ Frame LostBlobsResponse(uint64_t id, const absl::Status& cause, bool request) {
   return f;
 }
 
+// The transport's bulk channel, on the host it listens on, with its job
+// token, limits and partition tolerance; hellos are checked by the
+// handler's stream authenticator.
+absl::StatusOr<std::unique_ptr<BulkChannel>> StartBulkChannel(const TransportOptions& options,
+                                                              TransportHandler* handler) {
+  BulkChannelOptions bulk;
+  const std::string& la = options.listen_address;
+  bulk.host = la.substr(0, la.rfind(':'));
+  if (bulk.host.size() >= 2 && bulk.host.front() == '[') {
+    bulk.host = bulk.host.substr(1, bulk.host.size() - 2);
+  }
+  bulk.job_token = options.job_token;
+  bulk.min_bytes = options.bulk_min_bytes;
+  bulk.max_blob_bytes = static_cast<uint64_t>(options.max_message_bytes);
+  bulk.unclaimed_budget = static_cast<uint64_t>(options.max_message_bytes);
+  bulk.silence_timeout = options.silence_timeout;
+  return BulkChannel::Start(bulk, [handler](const std::string& identity) {
+    // The authenticator answers through a callback; this is the channel's
+    // own reader thread, which may wait for it. The answer may come after
+    // the wait gave up: it lands in shared state.
+    struct Answer {
+      absl::Notification done;
+      absl::StatusOr<int> bound;
+    };
+    auto answer = std::make_shared<Answer>();
+    handler->AuthenticateStream(identity, [answer](absl::StatusOr<int> b) {
+      answer->bound = std::move(b);
+      answer->done.Notify();
+    });
+    if (!answer->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+      return absl::StatusOr<int>(absl::DeadlineExceededError("authentication timed out"));
+    }
+    return answer->bound;
+  });
+}
+
 // Finishes a stream that failed the token check.
 class RejectReactor : public grpc::ServerGenericBidiReactor {
  public:
@@ -603,34 +639,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOpt
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
   if (t->options_.bulk_channel && !t->options_.tls.enabled()) {
     // Under TLS every byte stays on the encrypted stream (docs/wire_format.md).
-    BulkChannelOptions bulk;
-    const std::string& la = t->options_.listen_address;
-    bulk.host = la.substr(0, la.rfind(':'));
-    if (bulk.host.size() >= 2 && bulk.host.front() == '[')
-      bulk.host = bulk.host.substr(1, bulk.host.size() - 2);
-    bulk.job_token = t->options_.job_token;
-    bulk.min_bytes = t->options_.bulk_min_bytes;
-    bulk.max_blob_bytes = static_cast<uint64_t>(t->options_.max_message_bytes);
-    bulk.unclaimed_budget = static_cast<uint64_t>(t->options_.max_message_bytes);
-    bulk.silence_timeout = t->options_.silence_timeout;
-    auto channel = BulkChannel::Start(bulk, [handler](const std::string& identity) {
-      // The stream authenticator answers through a callback; this is the
-      // channel's own reader thread, which may wait for it. The answer may
-      // come after the wait gave up: it lands in shared state.
-      struct Answer {
-        absl::Notification done;
-        absl::StatusOr<int> bound;
-      };
-      auto answer = std::make_shared<Answer>();
-      handler->AuthenticateStream(identity, [answer](absl::StatusOr<int> b) {
-        answer->bound = std::move(b);
-        answer->done.Notify();
-      });
-      if (!answer->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
-        return absl::StatusOr<int>(absl::DeadlineExceededError("authentication timed out"));
-      }
-      return answer->bound;
-    });
+    auto channel = StartBulkChannel(t->options_, handler);
     if (!channel.ok()) return channel.status();
     t->bulk_ = *std::move(channel);
     t->service_->set_bulk(t->bulk_.get());
@@ -706,11 +715,6 @@ bool GrpcTransport::connected(int peer) const {
   return !closing_ && peers_.contains(peer);
 }
 
-absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
-  if (bulk_ != nullptr) bulk_->Export(peer, frame);
-  return SendOnStream(peer, std::move(frame));
-}
-
 void GrpcTransport::AddBulkPeer(int id, const std::string& bulk_address) {
   if (bulk_ == nullptr || bulk_address.empty()) return;
   std::string identity;
@@ -723,7 +727,8 @@ void GrpcTransport::AddBulkPeer(int id, const std::string& bulk_address) {
   bulk_->AddPeer(id, bulk_address, identity);
 }
 
-absl::StatusOr<uint64_t> GrpcTransport::SendOnStream(int peer, Frame frame) {
+absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
+  if (bulk_ != nullptr) bulk_->Export(peer, frame);
   std::vector<grpc::Slice> slices;
   const size_t bytes = AppendFrame(std::move(frame), &slices);
   std::shared_ptr<ClientStream> stream;
@@ -792,7 +797,7 @@ void GrpcTransport::OnClientStreamDone(int peer, uint64_t stream_id, const absl:
 }
 
 absl::Status GrpcTransport::CloseStreams(bool cancel, absl::Duration timeout) {
-  // Streams waiting for bulk blobs end (B6) rather than hold on.
+  // Frames still waiting for bulk blobs fail now (B6).
   if (bulk_ != nullptr) bulk_->Close();
   std::vector<std::shared_ptr<ClientStream>> streams;
   {

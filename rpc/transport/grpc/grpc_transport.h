@@ -118,7 +118,6 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   };
 
   GrpcTransport(TransportOptions options, TransportHandler* handler);
-  absl::StatusOr<uint64_t> SendOnStream(int peer, Frame frame);
   void OnClientStreamDone(int peer, uint64_t stream_id, const absl::Status& s, bool accepted);
 
   const TransportOptions options_;
