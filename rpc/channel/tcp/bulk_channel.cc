@@ -16,7 +16,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace baton::rpc::internal {
