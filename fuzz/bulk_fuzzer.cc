@@ -25,9 +25,11 @@
 // one), and a record's bytes are handed out once.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -61,7 +63,19 @@ int Connect() {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  FUZZ_CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  // libFuzzer's -timeout alarm (SIGALRM) interrupts system calls here:
+  // connect, send and read carry on through EINTR.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    FUZZ_CHECK(errno == EINTR);
+    pollfd p{fd, POLLOUT, 0};
+    int ready;
+    do {
+      ready = poll(&p, 1, 10000);
+    } while (ready < 0 && errno == EINTR);
+    int error = 0;
+    socklen_t len = sizeof error;
+    FUZZ_CHECK(ready == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0);
+  }
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
@@ -125,12 +139,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t at = 0;
   while (at < bytes.size()) {
     const ssize_t w = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     at += static_cast<size_t>(w);
   }
   shutdown(fd, SHUT_WR);
+  // Until the channel closed its end: it read every record (or stopped).
   char sink[256];
-  while (read(fd, sink, sizeof sink) > 0) {
+  for (;;) {
+    const ssize_t r = read(fd, sink, sizeof sink);
+    if (r > 0 || (r < 0 && errno == EINTR)) continue;
+    FUZZ_CHECK(r == 0 || errno == ECONNRESET);
+    break;
   }
   close(fd);
   if ((flags & 7) == 1) {  // accepted: a new incarnation, its records only

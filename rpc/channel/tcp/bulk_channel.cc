@@ -112,6 +112,25 @@ bool SplitAddress(const std::string& address, std::string* host, std::string* po
   return !host->empty() && !port->empty();
 }
 
+// Whether a blocking connect(2) that returned `rc` on `fd` connected. A
+// signal interrupts it (EINTR) without stopping it: then the outcome is
+// waited for, up to `timeout`.
+bool ConnectFinished(int fd, int rc, absl::Duration timeout) {
+  if (rc == 0) return true;
+  if (errno != EINTR) return false;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    pollfd p{fd, POLLOUT, 0};
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int ready = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    int error = 0;
+    socklen_t len = sizeof error;
+    return getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+  }
+}
+
 int Connect(const std::string& address, absl::Duration timeout) {
   std::string host, port;
   if (!SplitAddress(address, &host, &port)) return -1;
@@ -124,7 +143,7 @@ int Connect(const std::string& address, absl::Duration timeout) {
     fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     SetTimeout(fd, timeout);  // a connect(2) on a blocking socket honors SO_SNDTIMEO
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+    if (!ConnectFinished(fd, connect(fd, a->ai_addr, a->ai_addrlen), timeout)) {
       close(fd);
       fd = -1;
     }
