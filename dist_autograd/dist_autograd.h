@@ -52,6 +52,21 @@
 // one context on one worker are serialized; runs of different contexts are
 // concurrent.
 //
+// ## Hooks at the leaves
+// Step 2 runs the leaves' hooks (tensor hooks, their accumulators' pre- and
+// post-hooks) inside one run of LibTorch's engine, as torch's distributed
+// engine runs them inside its own: a callback a hook queues
+// (Engine::queue_callback) runs when the step ends, before the pass goes
+// on. Meanwhile each leaf whose accumulator has post-hooks, of this step or
+// with a gradient in the context from an earlier one, holds the context's
+// gradient in `.grad`; after the step the context takes what `.grad` then
+// holds, and `.grad` is what it was before (D2 holds outside the step).
+// That is what torch's DDP reducer needs: its post-hooks read the
+// gradients, and a callback averages them over the trainers and writes
+// them back, in the step where the last of them arrived (torch's reducer
+// reads them through torch's own context). A leaf with post-hooks must
+// therefore not be in two passes at once (DDP's parameters never are).
+//
 // ## Guarantees (tested by name in tests/dist_autograd/dist_autograd_test.cc)
 // D1 Gradients equal single-process LibTorch autograd on the same
 //    computation (up to floating-point summation order).

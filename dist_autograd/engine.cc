@@ -1,7 +1,11 @@
 // Distributed backward ("FAST" mode, see dist_autograd.h): local engine runs
 // that capture leaf and recv gradients, and the gradient messages between
 // workers.
+#include <algorithm>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -10,6 +14,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -113,7 +118,117 @@ void AccumulateAtLeaf(ContextState& ctx, AccumulateGrad& acc, const at::Tensor& 
     }
     ctx.Accumulate(acc.variable, grads[0]);
   }
+  if (acc.post_hooks().empty()) return;
+  // The context's gradient in .grad while they run (AccumulateLeaves lent
+  // it, and puts .grad back).
+  acc.variable.mutable_grad() = ctx.Gradient(acc.variable);
   for (const auto& hook : acc.post_hooks()) (*hook)(torch::autograd::variable_list{}, grads);
+}
+
+// A leaf that step 2 accumulates: its accumulator and captured gradient.
+struct Leaf {
+  AccumulateGrad* acc;
+  at::Tensor grad;
+  bool by_engine;  // captured as an output of the engine's run
+};
+
+bool HasHooks(const Leaf& leaf) {
+  return !leaf.acc->pre_hooks().empty() || !leaf.acc->post_hooks().empty() ||
+         !torch::autograd::impl::hooks(leaf.acc->variable).empty();
+}
+
+// The node that step 2 runs as, inside an engine run of its own, so that
+// the leaves' hooks find a graph task to queue callbacks on (see "Hooks at
+// the leaves" in dist_autograd.h). Its one input is a placeholder.
+class LeafStepNode final : public Node {
+ public:
+  explicit LeafStepNode(std::function<void()> body) : body_(std::move(body)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*unused*/) override {
+    body_();
+    return {};
+  }
+  std::string name() const override { return "baton::dist_autograd::LeafStep"; }
+
+ private:
+  std::function<void()> body_;
+};
+
+absl::Status LeafError(int self, const char* where, const char* what) {
+  return absl::InternalError(
+      absl::StrCat("local backward failed: Error on Node ", self, ": ", where, ": ", what));
+}
+
+bool HasPostHooks(const at::Tensor& leaf) {
+  auto acc = torch::autograd::impl::try_get_grad_accumulator(leaf);
+  return acc != nullptr && !acc->post_hooks().empty();
+}
+
+// Step 2: accumulates `leaves` into `ctx` with their hooks, inside an engine
+// run when any has hooks. Meanwhile every leaf with post-hooks, of this run
+// or with a gradient in the context from an earlier one (a callback may
+// rewrite those too: DDP's last bucket can be ready in a later run than its
+// first), holds the context's gradient in .grad; after the run the context
+// takes what .grad holds, and .grad is given back. The first hook's error,
+// or that of a callback a hook queued, is the local backward's.
+absl::Status AccumulateLeaves(ContextState& ctx, int self, const std::vector<Leaf>& leaves) {
+  // How many leaves were given each gradient tensor (MayKeep).
+  absl::flat_hash_map<const void*, int> given;
+  for (const Leaf& l : leaves) ++given[l.grad.unsafeGetTensorImpl()];
+  absl::Status status;
+  auto body = [&] {
+    for (const Leaf& l : leaves) {
+      try {
+        AccumulateAtLeaf(ctx, *l.acc, l.grad,
+                         !l.by_engine || !torch_compat::kEngineRunsLeafHooksOnCapture,
+                         given[l.grad.unsafeGetTensorImpl()] > 1);
+      } catch (const c10::Error& e) {
+        status = LeafError(self, "a leaf's hook", e.what_without_backtrace());
+        return;
+      } catch (const std::exception& e) {
+        status = LeafError(self, "a leaf's hook", e.what());
+        return;
+      }
+    }
+  };
+  if (std::none_of(leaves.begin(), leaves.end(), HasHooks)) {
+    body();
+    return status;
+  }
+  // The leaves that hold the context's gradient in .grad, with their own.
+  std::vector<std::pair<at::Tensor, at::Tensor>> own_grads;
+  absl::flat_hash_set<const void*> lent;
+  auto lend = [&](const at::Tensor& leaf) {
+    if (!lent.insert(leaf.unsafeGetTensorImpl()).second) return;
+    own_grads.emplace_back(leaf, leaf.grad());
+    leaf.mutable_grad() = ctx.Gradient(leaf);
+  };
+  for (const Leaf& l : leaves) {
+    if (!l.acc->post_hooks().empty()) lend(l.acc->variable);
+  }
+  const GradientMap held = ctx.Gradients();
+  for (const auto& item : held.items()) {
+    if (HasPostHooks(item.first)) lend(item.first);
+  }
+  auto node = torch_compat::MakeNode<LeafStepNode>(body);
+  at::Tensor placeholder = at::zeros({});
+  node->add_input_metadata(placeholder);
+  try {
+    // The default engine's own run, as in RunLocal (the graph is the one
+    // node: it has no accumulator for accumulate_grad to act on).
+    torch::autograd::Engine& engine = torch::autograd::Engine::get_default_engine();
+    engine.torch::autograd::Engine::execute({Edge(node, 0)}, {placeholder}, /*keep_graph=*/false,
+                                            /*create_graph=*/false, /*accumulate_grad=*/true, {});
+  } catch (const c10::Error& e) {
+    if (status.ok()) status = LeafError(self, "a leaf hook's callback", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    if (status.ok()) status = LeafError(self, "a leaf hook's callback", e.what());
+  }
+  for (auto& [leaf, own] : own_grads) {
+    at::Tensor now = leaf.grad();
+    if (now.defined()) ctx.SetGradient(leaf, now);
+    leaf.mutable_grad() = std::move(own);
+  }
+  return status;
 }
 
 // Gradients captured at one recv function, by input.
@@ -194,31 +309,18 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
       }
     }
   }
-  std::vector<RecvGrads> recvs;
-  absl::flat_hash_map<Node*, size_t> recv_index;
-  // How many leaves were given each gradient tensor (MayKeep).
-  absl::flat_hash_map<const void*, int> given;
+  std::vector<Leaf> leaves;
   for (const Captured& c : captured) {
-    if (dynamic_cast<AccumulateGrad*>(c.edge.function.get()) != nullptr) {
-      ++given[c.grad.unsafeGetTensorImpl()];
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(c.edge.function.get())) {
+      leaves.push_back({acc, c.grad, c.by_engine});
     }
   }
+  if (absl::Status s = AccumulateLeaves(ctx, self, leaves); !s.ok()) return s;
+  std::vector<RecvGrads> recvs;
+  absl::flat_hash_map<Node*, size_t> recv_index;
   for (auto& [edge, grad, by_engine] : captured) {
     Node* n = edge.function.get();
-    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      try {
-        AccumulateAtLeaf(ctx, *acc, grad,
-                         !by_engine || !torch_compat::kEngineRunsLeafHooksOnCapture,
-                         given[grad.unsafeGetTensorImpl()] > 1);
-      } catch (const c10::Error& e) {
-        return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self,
-                                                ": a leaf's hook: ", e.what_without_backtrace()));
-      } catch (const std::exception& e) {
-        return absl::InternalError(absl::StrCat("local backward failed: Error on Node ", self,
-                                                ": a leaf's hook: ", e.what()));
-      }
-      continue;
-    }
+    if (dynamic_cast<AccumulateGrad*>(n) != nullptr) continue;
     auto* recv = static_cast<RecvRpcBackward*>(n);
     if (recv->context_id() != ctx.id()) {
       return absl::FailedPreconditionError(

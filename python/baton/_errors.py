@@ -8,7 +8,9 @@ Every error carries `code` (the absl status code name, e.g. "DEADLINE_EXCEEDED")
   catches a timeout).
 - A Python exception raised by the remote function is raised again with its own
   type when that type can be imported and built from a message; otherwise
-  RemoteException. The message holds the remote traceback.
+  RemoteException (when building it failed, with torch's "Failed to create
+  original exception type ... Original exception on remote side was ...").
+  The message holds the remote traceback.
 - Anything else: RpcError subclasses of RuntimeError (torch raises RuntimeError).
 """
 import builtins
@@ -80,8 +82,13 @@ def _rebuild_python_error(type_name, text):
         if isinstance(obj, type) and issubclass(obj, BaseException):
             try:
                 return obj(text)
-            except Exception:  # noqa: BLE001  (a constructor that wants other arguments)
-                break
+            except Exception as e:  # noqa: BLE001  (a constructor that wants other arguments)
+                # torch's words, which programs and its suites match.
+                exc = RemoteException(
+                    f"Failed to create original exception type. Error msg was {e} Original "
+                    f"exception on remote side was {type_name}: {text}")
+                exc.remote_type = type_name
+                return exc
         break
     exc = RemoteException(f"{type_name}: {text}")
     exc.remote_type = type_name

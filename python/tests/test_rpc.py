@@ -120,6 +120,12 @@ def test_distributed_autograd_and_optimizer_match_local_torch():
     harness.check(harness.run("autograd", 2, timeout=120))
 
 
+def test_ddp_averages_gradients_under_distributed_autograd():
+    port = str(harness.free_port())
+    harness.check(harness.run("ddp_under_dist_autograd", 3, timeout=120,
+                              extra_env={"DDP_PORT": port}))
+
+
 def test_rpc_profiler_merges_the_callees_events_into_the_callers_profile():
     harness.check(harness.run("profiler", 2))
 

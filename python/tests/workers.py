@@ -125,6 +125,18 @@ def raise_custom():
     raise CustomError("custom failure")
 
 
+class TwoArgumentError(Exception):
+    """Cannot be built from a message alone."""
+
+    def __init__(self, flag, msg):
+        self.flag = flag
+        super().__init__(msg)
+
+
+def raise_two_argument_error():
+    raise TwoArgumentError(True, "needs two")
+
+
 def nested_call_back(caller, depth):
     # Blocks in a nested call to the worker that is itself blocked calling us.
     if depth == 0:
@@ -361,6 +373,11 @@ def scripted_add(x: torch.Tensor, y: float) -> torch.Tensor:
 
 def scenario_errors(rank, world_size):
     """Every error class, and nothing lost after one."""
+    try:  # torch's phrase before init_rpc
+        rpc.RRef(torch.ones(1))
+        raise AssertionError("RRef() before init_rpc did not raise")
+    except RuntimeError as e:
+        assert "Current RPC agent is not set! Did you initialize the RPC framework" in str(e), e
     init(rank, world_size, rpc_timeout=20)
     if rank == 0:
         def expect(exc_type, fn, *args, **kwargs):
@@ -379,6 +396,11 @@ def scenario_errors(rank, world_size):
         assert "worker1" in str(e), e
         e = expect(CustomError, rpc.rpc_sync, "worker1", raise_custom)
         assert "custom failure" in str(e)
+        # A type that cannot be rebuilt from a message: a RuntimeError with
+        # torch's phrase, naming the type and carrying the remote message.
+        e = expect(RuntimeError, rpc.rpc_sync, "worker1", raise_two_argument_error)
+        assert "Original exception on remote side was" in str(e), e
+        assert "TwoArgumentError" in str(e) and "needs two" in str(e), e
         fut = rpc.rpc_async("worker1", raise_value_error, args=(6,))
         expect(ValueError, fut.wait)
         expect(ValueError, fut.wait)  # the same error each time it is waited for
@@ -1367,6 +1389,56 @@ def scenario_after_process_group(rank, world_size):
         rpc.shutdown()
     dist.barrier()
     dist.destroy_process_group()
+    print("SCENARIO OK")
+
+
+def _remote_linear_forward(module_rref, x):
+    return module_rref.local_value()(x)
+
+
+def scenario_ddp_under_dist_autograd(rank, world_size):
+    """torch's DistributedDataParallel on each trainer under baton's
+    distributed autograd (the DDP+RPC hybrid, torch's own classes): a
+    remote layer on the last worker, a DDP layer on each trainer. DDP's
+    hooks average the trainers' gradients in the context, as a local
+    backward averages them in .grad; .grad is left alone."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    trainers = world_size - 1
+    init(rank, world_size, rpc_timeout=60)
+    if rank < trainers:
+        # The trainers' own group (gloo), on the rendezvous' host and a port
+        # of its own.
+        dist.init_process_group("gloo", rank=rank, world_size=trainers,
+                                init_method=f"tcp://127.0.0.1:{os.environ['DDP_PORT']}")
+        torch.manual_seed(0)
+        remote = rpc.remote(name(trainers), torch.nn.Linear, args=(3, 4))
+        torch.manual_seed(rank + 1)  # different data on each trainer
+        net = torch.nn.Linear(4, 2)
+        ddp = DistributedDataParallel(net)
+        for step in range(3):
+            x = torch.randn(5, 3)
+            with dist_autograd.context() as cid:
+                hidden = rpc.rpc_sync(name(trainers), _remote_linear_forward, args=(remote, x))
+                loss = ddp(hidden).pow(2).sum()
+                dist_autograd.backward(cid, [loss])
+                grads = dist_autograd.get_gradients(cid)
+            for p in net.parameters():
+                assert p.grad is None, ("dist backward left .grad", step)
+            # The same step through local autograd: DDP averages in .grad.
+            local = remote.to_here()
+            loss = ddp(local(x)).pow(2).sum()
+            loss.backward()
+            for p in net.parameters():
+                assert torch.allclose(grads[p], p.grad, atol=1e-6), (step, grads[p], p.grad)
+                p.grad = None
+        # The average is the trainers': every trainer holds the same.
+        mine = torch.cat([grads[p].flatten() for p in net.parameters()])
+        gathered = [torch.empty_like(mine) for _ in range(trainers)]
+        dist.all_gather(gathered, mine)
+        assert all(torch.allclose(g, mine) for g in gathered), gathered
+        dist.destroy_process_group()
+    rpc.shutdown()
     print("SCENARIO OK")
 
 

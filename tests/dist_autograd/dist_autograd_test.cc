@@ -12,6 +12,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
@@ -458,6 +461,66 @@ BATON_SCENARIO(semantics) {
 
 TEST_P(DistAutograd, D3_D5_D6_RetainGraphLateMessagesAndErrors) {
   ExpectAllSucceeded(Run("semantics", 3, absl::Seconds(120)));
+}
+
+// Hooks at the leaves (dist_autograd.h), as torch's DDP reducer uses them:
+// a post-hook on a leaf's accumulator sees the context's gradient in .grad,
+// a callback it queues runs before Backward returns and may rewrite .grad of
+// every such leaf of the context (x's gradient came in the root's local run,
+// w's in a later one, after worker 1 sent it back), and the context takes
+// what it wrote; .grad is as before afterwards.
+BATON_SCENARIO(leaf_hooks) {
+  Worker w = Start();
+  auto& agent = *w.agent;
+  if (agent.self().id == 0) {
+    at::Tensor x = at::randn({4}, at::kDouble).requires_grad_(true);
+    at::Tensor wt = at::randn({4}, at::kDouble).requires_grad_(true);
+    Context ctx(agent);
+    int hooks_seen = 0, callbacks = 0;
+    bool lent = true;
+    auto hook = [&](const at::Tensor& leaf, bool last) {
+      return [&agent, &ctx, &hooks_seen, &callbacks, &lent, &x, &wt, leaf, last](
+                 const torch::autograd::variable_list& outputs,
+                 const torch::autograd::variable_list& /*inputs*/) {
+        ++hooks_seen;
+        at::Tensor held = GetGradients(agent, ctx.id())->Get(leaf);
+        lent = lent && leaf.grad().defined() && leaf.grad().is_same(held);
+        if (last) {
+          torch::autograd::Engine::get_default_engine().queue_callback(
+              [&callbacks, &lent, &x, &wt] {
+                ++callbacks;
+                lent = lent && x.grad().defined() && wt.grad().defined();
+                x.mutable_grad().mul_(2);
+                wt.mutable_grad() = wt.grad() * 2;  // replaced, not changed in place
+              });
+        }
+        return outputs;
+      };
+    };
+    // Held, as DDP holds them: a leaf keeps its accumulator weakly.
+    auto x_acc = torch::autograd::impl::grad_accumulator(x);
+    auto w_acc = torch::autograd::impl::grad_accumulator(wt);
+    x_acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(hook(x, false)));
+    w_acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(hook(wt, true)));
+    at::Tensor y = agent.rpc_sync(1, tanh_fn, wt);  // tanh(w) * 3 on worker 1
+    WCHECK_OK(Backward(agent, ctx.id(), {(x * y).sum()}));
+    if (hooks_seen != 2 || callbacks != 1 || !lent) {
+      std::fprintf(stderr, "hooks %d, callbacks %d, lent %d\n", hooks_seen, callbacks, lent);
+      std::_Exit(1);
+    }
+    auto g = GetGradients(agent, ctx.id());
+    WCHECK_OK(g.status());
+    ExpectClose(g->Get(x), at::tanh(wt.detach()) * 3 * 2, "x, doubled by the callback");
+    ExpectClose(g->Get(wt), x.detach() * 3 * (1 - at::tanh(wt.detach()).pow(2)) * 2,
+                "w, replaced by the callback");
+    WCHECK(!x.grad().defined() && !wt.grad().defined());  // D2 after the step
+  }
+  WCHECK_OK(w.agent->Shutdown());
+  return 0;
+}
+
+TEST_P(DistAutograd, LeafPostHooksSeeTheContextsGradientAndTheirCallbacksRunBeforeBackwardReturns) {
+  ExpectAllSucceeded(Run("leaf_hooks", 2, absl::Seconds(120)));
 }
 
 // 10,000 contexts, each forward over RPC, backward and release: no worker

@@ -237,7 +237,7 @@ def run_server_profiled(call: Callable, func, args, kwargs):
     if outermost is None or torch.autograd._profiler_enabled():
         return call(func, args, kwargs)
     with torch.autograd.profiler_legacy.profile(
-            use_cuda=outermost.use_cuda, record_shapes=outermost.record_shapes,
+            use_cuda=_uses_cuda(outermost), record_shapes=outermost.record_shapes,
             profile_memory=outermost.profile_memory) as recorded:
         out = call(func, args, kwargs)
     events = sorted(recorded.function_events,
@@ -246,6 +246,11 @@ def run_server_profiled(call: Callable, func, args, kwargs):
         for profile in server_profiles:
             profile._served.append(events)
     return out
+
+
+def _uses_cuda(profile) -> bool:
+    """A profile's CUDA setting: use_cuda (torch 1.13) or use_device (2.x)."""
+    return bool(getattr(profile, "use_cuda", False)) or getattr(profile, "use_device", None) == "cuda"
 
 
 class _server_process_global_profile(torch.autograd.profiler.profile):
@@ -284,8 +289,15 @@ class _server_process_global_profile(torch.autograd.profiler.profile):
                 server_profiles.remove(self)
             served, self._served = self._served, []
         self.process_global_function_events = served
-        self.function_events = torch.autograd.profiler_util.EventList(
-            list(itertools.chain.from_iterable(served)), use_cuda=self.use_cuda,
-            profile_memory=self.profile_memory)
-        self.function_events._build_tree()
+        events = torch.autograd.profiler_util.EventList(
+            list(itertools.chain.from_iterable(served)), profile_memory=self.profile_memory,
+            **({"use_device": self.use_device} if hasattr(self, "use_device") else
+               {"use_cuda": self.use_cuda}))
+        events._build_tree()
+        if isinstance(getattr(type(self), "function_events", None), property):
+            # torch 2.x: a read-only property over what __exit__ would parse.
+            self._function_events = events
+            self._needs_processing = False
+        else:
+            self.function_events = events
         return False

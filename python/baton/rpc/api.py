@@ -260,7 +260,15 @@ _initializing = threading.Event()  # set while init_rpc runs
 _ready = threading.Event()  # set once _agent is assigned
 
 
-def _current():
+# torch's phrases when no agent runs: its Python API's, and (for an RRef
+# made by hand) its C++ RRef context's.
+_NOT_INITIALIZED = ("RPC has not been initialized. Call baton.rpc.init_rpc() first (or it was "
+                    "shut down)")
+_NO_CURRENT_AGENT = ("Current RPC agent is not set! Did you initialize the RPC framework (e.g. "
+                     "by calling `baton.rpc.init_rpc`)?")
+
+
+def _current(unset_message: str = _NOT_INITIALIZED):
     agent = _agent
     if agent is None and _initializing.is_set():
         # Another worker's call can arrive while init_rpc() still waits for
@@ -268,8 +276,7 @@ def _current():
         _ready.wait(timeout=600)
         agent = _agent
     if agent is None:
-        raise RpcRuntimeError(
-            "RPC has not been initialized: call baton.rpc.init_rpc() first (or it was shut down)")
+        raise RpcRuntimeError(unset_message)
     return agent
 
 
@@ -1177,7 +1184,7 @@ class RRef(Generic[T]):
         if type_hint is not None and not isinstance(value, torch.jit.ScriptModule):
             raise RuntimeError("type_hint should only be specified when the RRef being created "
                                f"contains a ScriptModule, not a {type(value).__name__}")
-        self._c = _current().make_owned(value)
+        self._c = _current(_NO_CURRENT_AGENT).make_owned(value)
         self._what = type(value).__name__
         if type_hint is not None:
             _script_module_hints[value] = type_hint  # what TorchScript sees it as

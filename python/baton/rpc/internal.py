@@ -87,4 +87,10 @@ _RemoteFailure = collections.namedtuple("_RemoteFailure", ["msg", "exception_typ
 def _handle_exception(result: Any) -> None:
     """Raises the exception a failed _run_function result stands for."""
     if isinstance(result, _RemoteFailure):
-        raise result.exception_type(result.msg)
+        try:
+            exc = result.exception_type(result.msg)
+        except BaseException as e:  # noqa: BLE001 (a constructor that wants other arguments)
+            raise RuntimeError(
+                f"Failed to create original exception type. Error msg was {e} Original "
+                f"exception on remote side was {result.msg}") from e
+        raise exc
