@@ -54,7 +54,9 @@ for t in shm grpc tls bulk; do
   # gRPC and TLS: large tensors on the stream too (BATON_SHM=0), as between hosts.
   shm_env=(BATON_SHM=1)
   [ "$t" != shm ] && shm_env=(BATON_SHM=0)
-  # bulk: gRPC with the network bulk channel on (opt-in, docs/wire_format.md).
+  # bulk: gRPC with the network bulk channel (the default between hosts,
+  # docs/wire_format.md); the grpc row keeps every byte on the stream.
+  [ "$t" = grpc ] && shm_env+=(BATON_NET_BULK=0)
   [ "$t" = bulk ] && shm_env+=(BATON_NET_BULK=1)
   transport=${t/tls/grpc}
   env "${tls_env[@]}" "${shm_env[@]}" BATON_TRANSPORT="${transport/bulk/grpc}" MASTER_PORT=$((20000 + RANDOM % 20000)) \

@@ -366,9 +366,9 @@ int RunRank(int rank, bool quick) {
               env("BATON_TLS_SERVER_NAME")};
   // BATON_SHM=0: large tensors travel on the stream, as between hosts.
   if (env("BATON_SHM") == "0") opts.same_host_shm = false;
-  // BATON_NET_BULK=1: large tensors between hosts on the network bulk
-  // channel (rpc/channel/tcp/bulk_channel.h).
-  opts.network_bulk = env("BATON_NET_BULK") == "1";
+  // BATON_NET_BULK=0: large tensors between hosts on the stream, not on the
+  // network bulk channel (rpc/channel/tcp/bulk_channel.h).
+  opts.network_bulk = env("BATON_NET_BULK") != "0";
   // Rank 0's address where the two run on two "hosts" (netns_bench.sh).
   if (const std::string addr = env("MASTER_ADDR"); !addr.empty()) opts.master_addr = addr;
   opts.job_token = env("BATON_JOB_TOKEN");

@@ -20,9 +20,10 @@
 // any frame is imported.
 //
 // Checks, besides the sanitizers: a frame's import fails or fills exactly
-// the blobs it names, each with the bytes of the first record of that id
-// that a correct reader finds in the input (records up to the first bad
-// one), and a record's bytes are handed out once.
+// the blobs it names, each with the bytes of the record of that id that a
+// correct reader keeps from the input (records up to the first bad one; one
+// whose id is below one kept before is a resend, dropped: B8), and a
+// record's bytes are handed out once.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -81,18 +82,23 @@ int Connect() {
   return fd;
 }
 
-// The records a correct reader takes from `raw` (B3, B5): up to the first
-// truncated, oversized or repeated one.
+// The records a correct reader keeps from `raw` (B3, B5, B8): up to the
+// first truncated or oversized one, without resends (an id below the next
+// one expected).
 std::map<uint64_t, std::string> Records(const std::string& raw) {
   std::map<uint64_t, std::string> out;
+  uint64_t next = 0;
   size_t at = 0;
   while (raw.size() - at >= 16) {
     uint64_t id, size;
     std::memcpy(&id, raw.data() + at, 8);
     std::memcpy(&size, raw.data() + at + 8, 8);
     at += 16;
-    if (size > kMaxBlob || raw.size() - at < size || out.count(id) > 0) break;
-    out[id] = raw.substr(at, size);
+    if (size > kMaxBlob || raw.size() - at < size) break;
+    if (id >= next) {
+      out[id] = raw.substr(at, size);
+      next = id + 1;
+    }
     at += size;
   }
   return out;
@@ -126,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string raw = in.Bytes(in.U16());
   const std::string token = (flags & 1) ? kToken : "not the token";
   const std::string identity = (flags & 4) ? "stranger" : absl::StrCat("w0#", ++incarnation);
-  const uint32_t hello[4] = {(flags & 2) ? 0x11111111u : 0x424e5442u, 1,
+  const uint32_t hello[4] = {(flags & 2) ? 0x11111111u : 0x424e5442u, 2,
                              static_cast<uint32_t>(token.size()),
                              static_cast<uint32_t>(identity.size())};
   std::string bytes(reinterpret_cast<const char*>(hello), sizeof hello);

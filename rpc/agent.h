@@ -122,12 +122,10 @@ struct AgentOptions {
   std::vector<std::string> front_ends;
   // Send large tensors (blobs of at least network_bulk_min_bytes) that go
   // over the network transport through a TCP connection of their own beside
-  // its stream (rpc/channel/tcp/bulk_channel.h); not under TLS. Off until it
-  // survives a partition within the tolerance (a connection it loses fails
-  // the calls whose tensors it carried, where the stream alone would have
-  // delivered them: docs/wire_format.md); FromEnv reads BATON_NET_BULK=1 to
-  // turn it on.
-  bool network_bulk = false;
+  // its stream (rpc/channel/tcp/bulk_channel.h; a broken connection is
+  // resumed and its unacknowledged tensors sent again, B8); not under TLS.
+  // FromEnv reads BATON_NET_BULK=0 to turn it off.
+  bool network_bulk = true;
   size_t network_bulk_min_bytes = size_t{1} << 18;
   // Send large tensors to workers on the same host through shared memory
   // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.

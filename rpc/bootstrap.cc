@@ -121,8 +121,8 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (get("BATON_SHM") == "0") {
     o.same_host_shm = false;
   }
-  if (const std::string v = get("BATON_NET_BULK"); !v.empty()) {
-    o.network_bulk = v == "1";
+  if (get("BATON_NET_BULK") == "0") {
+    o.network_bulk = false;
   }
   // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
   // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.

@@ -22,14 +22,14 @@ namespace baton::rpc::internal {
 namespace {
 
 constexpr uint32_t kMagic = 0x424e5442;  // "BTNB"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;         // 2: acknowledgements (B8)
 constexpr uint32_t kMaxHelloField = 4096;
 constexpr int kMaxHandshakes = 64;  // unauthenticated connections at once
 constexpr size_t kAlign = 64;
 
 struct Hello {
   uint32_t magic, version, token_len, identity_len;
-  uint64_t first_id;  // ids below it went on earlier connections (B7)
+  uint64_t first_id;  // the connection's first record id; none below it follows (B7, B8)
 };
 struct RecordHeader {
   uint64_t id, size;
@@ -51,11 +51,26 @@ bool ReadAll(int fd, void* dst, size_t n) {
   return true;
 }
 
+// Reads and drops n bytes (a resent record, B8).
+bool Discard(int fd, uint64_t n) {
+  char sink[64 << 10];
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, sizeof sink));
+    if (!ReadAll(fd, sink, chunk)) return false;
+    n -= chunk;
+  }
+  return true;
+}
+
 bool WriteAll(int fd, std::vector<iovec> iov) {
   size_t i = 0;
   while (i < iov.size()) {
-    const ssize_t w =
-        writev(fd, iov.data() + i, static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX)));
+    // sendmsg, not writev: a connection the peer closed fails the write
+    // (EPIPE) instead of raising SIGPIPE in the process.
+    msghdr msg{};
+    msg.msg_iov = iov.data() + i;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - i, IOV_MAX);
+    const ssize_t w = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -225,9 +240,11 @@ struct BulkChannel::Outgoing {
   State state = State::kIdle;
   absl::Time retry_at;
   bool stop = false;
-  int fd = -1;  // set by the writer once connected; shutdown(2) by Close
+  int fd = -1;         // set by the writer once connected; shutdown(2) by Close
+  bool ended = false;  // the connection's acknowledgements ended (B8)
   uint64_t next_id = 1;
   std::deque<Item> queue;
+  std::deque<Item> sent;  // written, not acknowledged yet (B8)
   std::thread thread;
 };
 
@@ -245,9 +262,11 @@ struct BulkChannel::Arrivals {
   };
   absl::flat_hash_map<uint64_t, Arrived> blobs;
   uint64_t unclaimed = 0;
-  int live = 0;          // connections from the sender now
-  uint64_t floor = 0;    // first id of the sender's newest connection (B7)
-  std::string identity;  // of the sender's incarnation that sent `blobs`
+  int live = 0;           // connections from the sender now
+  absl::Time lost_since;  // when `live` last fell to 0 (B6)
+  uint64_t floor = 0;     // below it, nothing more arrives (B6, B7)
+  uint64_t next_id = 0;   // below it, a record is a resend (B8)
+  std::string identity;   // of the sender's incarnation that sent `blobs`
   std::vector<std::function<void()>> waiters;
 };
 
@@ -304,6 +323,7 @@ void BulkChannel::Close() {
       if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
       if (out->thread.joinable()) threads.push_back(std::move(out->thread));
       out->queue.clear();
+      out->sent.clear();
     }
     for (auto& in : in_) {
       if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);
@@ -333,6 +353,7 @@ void BulkChannel::AddPeer(int peer, const std::string& address, const std::strin
       slot->stop = true;
       if (slot->fd >= 0) shutdown(slot->fd, SHUT_RDWR);
       slot->queue.clear();
+      slot->sent.clear();
       old = std::move(slot->thread);
     }
     slot = std::make_shared<Outgoing>();
@@ -382,37 +403,65 @@ void BulkChannel::Export(int peer, Frame& frame) {
 }
 
 void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
+  // B8: after a connection that was up broke, connections follow every
+  // retry_after while records wait, until this time.
+  absl::Time resume_until = absl::InfinitePast();
+  for (;;) {
+    const ConnectionEnd end = RunConnection(out);
+    absl::MutexLock lock(&mu_);
+    if (end == ConnectionEnd::kStopped || out->stop || closed_) return;
+    // What was not acknowledged goes first on the next connection.
+    while (!out->sent.empty()) {
+      out->queue.push_front(std::move(out->sent.back()));
+      out->sent.pop_back();
+    }
+    const absl::Time now = absl::Now();
+    if (end == ConnectionEnd::kBroke) resume_until = now + options_.silence_timeout / 2;
+    if (out->queue.empty() || now >= resume_until) {
+      // Nothing to resume, or given up: the next connection (on the next
+      // export) names the next new id, and the peer's waits below it end.
+      out->queue.clear();
+      out->state = Outgoing::State::kBroken;
+      out->retry_at = now + options_.retry_after;
+      return;
+    }
+    auto stopping = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return out->stop || closed_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.retry_after);
+    if (out->stop || closed_) return;
+  }
+}
+
+BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outgoing>& out) {
   std::string address, identity;
   {
     absl::MutexLock lock(&mu_);
+    out->state = Outgoing::State::kConnecting;
     address = out->address;
     identity = out->identity;
   }
-  auto broken = [&](int fd) {
-    absl::MutexLock lock(&mu_);
-    out->state = Outgoing::State::kBroken;
-    out->retry_at = absl::Now() + options_.retry_after;
-    out->queue.clear();
-    out->fd = -1;
-    if (fd >= 0) close(fd);
-  };
   const int fd = Connect(address, std::min(options_.handshake_timeout, absl::Seconds(2)));
-  if (fd < 0) return broken(-1);
+  if (fd < 0) return ConnectionEnd::kNotReady;
   NoDelay(fd);
   Tolerate(fd, options_.silence_timeout);
+  uint64_t first_id;
   {
     absl::MutexLock lock(&mu_);  // from here Close() can interrupt the hello
     if (out->stop || closed_) {
       close(fd);
-      return;
+      return ConnectionEnd::kStopped;
     }
     out->fd = fd;
+    out->ended = false;
+    first_id = out->queue.empty() ? out->next_id : out->queue.front().id;
   }
-  uint64_t first_id;
-  {
-    absl::MutexLock lock(&mu_);
-    first_id = out->next_id;
-  }
+  auto end = [&](ConnectionEnd how) {
+    {
+      absl::MutexLock lock(&mu_);
+      out->fd = -1;
+    }
+    close(fd);
+    return how;
+  };
   Hello hello{kMagic, kVersion, static_cast<uint32_t>(options_.job_token.size()),
               static_cast<uint32_t>(identity.size()), first_id};
   char ack = 0;
@@ -420,48 +469,78 @@ void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
                      {const_cast<char*>(options_.job_token.data()), options_.job_token.size()},
                      {identity.data(), identity.size()}}) ||
       !ReadAll(fd, &ack, 1) || ack != 1) {
-    return broken(fd);
+    return end(ConnectionEnd::kNotReady);
   }
   SetTimeout(fd, absl::ZeroDuration());
   {
     absl::MutexLock lock(&mu_);
-    if (out->stop || closed_) {
-      out->fd = -1;
-      close(fd);
-      return;
-    }
+    if (out->stop || closed_) return end(ConnectionEnd::kStopped);
     out->state = Outgoing::State::kReady;
   }
+  std::thread acknowledgements([this, out, fd] { ReadAcknowledgements(out, fd); });
+  ConnectionEnd how = ConnectionEnd::kBroke;
   for (;;) {
-    Outgoing::Item item;
+    uint64_t id;
+    Blob blob;  // shares the record's memory while it is written
     {
       absl::MutexLock lock(&mu_);
       auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return out->stop || closed_ || !out->queue.empty();
+        return out->stop || closed_ || out->ended || !out->queue.empty();
       };
       mu_.Await(absl::Condition(&work));
       if (out->stop || closed_) {
-        out->fd = -1;
-        close(fd);
-        return;
+        how = ConnectionEnd::kStopped;
+        break;
       }
-      item = std::move(out->queue.front());
+      if (out->ended) break;
+      id = out->queue.front().id;
+      blob = out->queue.front().blob;
+      out->sent.push_back(std::move(out->queue.front()));
       out->queue.pop_front();
     }
-    RecordHeader h{item.id, item.blob.size()};
+    RecordHeader h{id, blob.size()};
     std::vector<iovec> iov{{&h, sizeof h}};
-    for (const auto& piece : item.blob.pieces) {
+    for (const auto& piece : blob.pieces) {
       if (!piece.empty()) iov.push_back({const_cast<char*>(piece.data()), piece.size()});
     }
-    if (!WriteAll(fd, std::move(iov))) return broken(fd);
+    if (!WriteAll(fd, std::move(iov))) break;
     absl::MutexLock lock(&mu_);
     ++stats_.blobs_sent;
     stats_.bytes_sent += h.size;
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (out->state == Outgoing::State::kReady) out->state = Outgoing::State::kConnecting;
+  }
+  shutdown(fd, SHUT_RDWR);
+  acknowledgements.join();
+  return end(how);
+}
+
+void BulkChannel::ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int fd) {
+  uint64_t id;
+  while (ReadAll(fd, &id, sizeof id)) {
+    std::vector<Outgoing::Item> done;  // their memory is released outside the lock
+    absl::MutexLock lock(&mu_);
+    while (!out->sent.empty() && out->sent.front().id <= id) {
+      done.push_back(std::move(out->sent.front()));
+      out->sent.pop_front();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  out->ended = true;
 }
 
 void BulkChannel::AcceptLoop() {
   for (;;) {
+    // Between connections, the waits for senders that did not resume end
+    // (B6) within half a second of their deadline.
+    pollfd p{listen_fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, 500);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) {
+      WakeAbandoned();
+      continue;
+    }
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -513,6 +592,7 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   }
   absl::StatusOr<int> peer = ok ? authenticate_(identity) : absl::UnauthenticatedError("hello");
   std::shared_ptr<Arrivals> arr;
+  std::vector<std::function<void()>> wake;  // waits the new floor ends
   {
     absl::MutexLock lock(&mu_);
     --handshaking_;
@@ -530,20 +610,26 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
       arr->blobs.clear();
       arr->unclaimed = 0;
       arr->floor = 0;
+      arr->next_id = 0;
       arr->identity = identity;
     }
     // B7: the sender left its earlier connections (they broke, or it was
-    // told another address): what they still carry is lost with them, and
-    // the ids below first_id that have not arrived will not.
+    // told another address): what they still carry and it did not resend
+    // (B8) is lost with them, and the ids below first_id that have not
+    // arrived will not.
     for (const auto& other : in_) {
       if (other != in && other->peer == *peer && !other->done && other->fd >= 0) {
         shutdown(other->fd, SHUT_RDWR);
       }
     }
-    arr->floor = std::max(arr->floor, hello.first_id);
+    if (hello.first_id > arr->floor) {
+      arr->floor = hello.first_id;
+      wake.swap(arr->waiters);
+    }
     ++arr->live;
     in->peer = *peer;
   }
+  for (auto& w : wake) w();  // they take the lock (Import)
   SetTimeout(fd, absl::ZeroDuration());
   NoDelay(fd);
   Tolerate(fd, options_.silence_timeout);
@@ -552,49 +638,73 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   while (reading) {
     RecordHeader h{};
     if (!ReadAll(fd, &h, sizeof h) || h.size > options_.max_blob_bytes) break;
-    {
-      // B5: wait while what was read and not claimed is over the budget.
-      absl::MutexLock lock(&mu_);
-      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || arr->unclaimed == 0 ||
-               arr->unclaimed + h.size <= options_.unclaimed_budget;
-      };
-      mu_.Await(absl::Condition(&room));
-      if (closed_) break;
-    }
-    std::shared_ptr<char> data = buffers_->Allocate(h.size);
-    if (data == nullptr || !ReadAll(fd, data.get(), h.size)) break;
-    std::vector<std::function<void()>> wake;
+    bool keep;
     {
       absl::MutexLock lock(&mu_);
-      if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
-      arr->unclaimed += h.size;
-      ++stats_.blobs_received;
-      stats_.bytes_received += h.size;
-      wake.swap(arr->waiters);
+      // B8: an id already passed is a resend of a record read before; B6:
+      // one below the floor belongs to frames that failed.
+      keep = h.id >= arr->next_id && h.id >= arr->floor;
+      if (keep) {
+        // B5: wait while what was read and not claimed is over the budget.
+        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return closed_ || arr->unclaimed == 0 ||
+                 arr->unclaimed + h.size <= options_.unclaimed_budget;
+        };
+        mu_.Await(absl::Condition(&room));
+        if (closed_) break;
+      }
     }
-    for (auto& w : wake) w();
+    if (!keep) {
+      if (!Discard(fd, h.size)) break;
+    } else {
+      std::shared_ptr<char> data = buffers_->Allocate(h.size);
+      if (data == nullptr || !ReadAll(fd, data.get(), h.size)) break;
+      std::vector<std::function<void()>> wake;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
+        arr->next_id = h.id + 1;
+        arr->unclaimed += h.size;
+        ++stats_.blobs_received;
+        stats_.bytes_received += h.size;
+        wake.swap(arr->waiters);
+      }
+      for (auto& w : wake) w();
+    }
+    // B8: acknowledged once read (kept or dropped).
+    if (!WriteAll(fd, {{&h.id, sizeof h.id}})) break;
   }
   Ended(in);
 }
 
 void BulkChannel::Ended(const std::shared_ptr<Incoming>& in) {
+  // The waits on the sender go on (B6, B8): it resumes, or they are
+  // abandoned (WakeAbandoned).
+  absl::MutexLock lock(&mu_);
+  auto it = arrivals_.find(in->peer);
+  if (it != arrivals_.end() && --it->second->live == 0) it->second->lost_since = absl::Now();
+  shutdown(in->fd, SHUT_RDWR);
+  close(in->fd);
+  in->fd = -1;
+  // Last: AcceptLoop joins a done reader while holding the lock.
+  in->done = true;
+}
+
+bool BulkChannel::Abandoned(const Arrivals& arr) const {
+  return arr.live == 0 && absl::Now() >= arr.lost_since + options_.silence_timeout;
+}
+
+void BulkChannel::WakeAbandoned() {
   std::vector<std::function<void()>> wake;
   {
     absl::MutexLock lock(&mu_);
-    auto it = arrivals_.find(in->peer);
-    if (it != arrivals_.end()) {
-      --it->second->live;
-      wake.swap(it->second->waiters);
+    for (auto& [peer, arr] : arrivals_) {
+      if (arr->waiters.empty() || !Abandoned(*arr)) continue;
+      for (auto& w : arr->waiters) wake.push_back(std::move(w));
+      arr->waiters.clear();
     }
-    shutdown(in->fd, SHUT_RDWR);
-    close(in->fd);
-    in->fd = -1;
   }
   for (auto& w : wake) w();  // they take the lock (Import)
-  // Last: AcceptLoop joins a done reader while holding the lock.
-  absl::MutexLock lock(&mu_);
-  in->done = true;
 }
 
 absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<void()> ready) {
@@ -616,9 +726,25 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
   std::shared_ptr<Arrivals> arr = it == arrivals_.end() ? nullptr : it->second;
   for (const proto::TcpBlob& e : entries) {
     if (arr != nullptr && arr->blobs.contains(e.id())) continue;
-    if (closed_ || arr == nullptr || arr->live == 0 || e.id() < arr->floor) {
+    if (closed_ || arr == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("no bulk connection from worker ", peer, " brings blob id ", e.id()));
+    }
+    if (e.id() < arr->floor) {
+      return absl::UnavailableError(
+          absl::StrCat("worker ", peer, " gave up blob id ", e.id(), " on the bulk channel"));
+    }
+    if (Abandoned(*arr)) {
+      // B6: what these frames wanted is dropped if it comes after all.
+      for (const proto::TcpBlob& f : entries) arr->floor = std::max(arr->floor, f.id() + 1);
       return absl::UnavailableError(absl::StrCat("the bulk connection from worker ", peer,
-                                                 " ended before blob id ", e.id(), " arrived"));
+                                                 " ended before blob id ", e.id(),
+                                                 " arrived, and it did not resume within ",
+                                                 absl::FormatDuration(options_.silence_timeout)));
+    }
+    if (e.id() < arr->next_id) {
+      return absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
+                                              " was claimed by another frame"));
     }
     arr->waiters.push_back(std::move(ready));
     return false;
@@ -650,6 +776,16 @@ bool BulkChannel::Connected(int peer, absl::Duration timeout) {
   };
   mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
   return !closed_ && out->state == Outgoing::State::kReady;
+}
+
+void BulkChannel::DropConnectionsForTesting() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [peer, out] : out_) {
+    if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+  }
+  for (auto& in : in_) {
+    if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);
+  }
 }
 
 BulkChannel::Stats BulkChannel::stats() const {

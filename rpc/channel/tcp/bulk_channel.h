@@ -30,16 +30,27 @@
 //     yet claimed by a frame count against unclaimed_budget: past it,
 //     reading pauses until frames claim them (one blob is always allowed).
 // B6. When the sender's connection ends, blobs read in full stay
-//     claimable; a frame waiting for any other fails: a request is answered
-//     with UNAVAILABLE before it ran (not_run), a response completes its call
-//     with UNAVAILABLE. A connection from a new incarnation of the sender
-//     drops what the old one left unclaimed.
+//     claimable, and a frame waiting for another waits on for the sender to
+//     resume (B8). With no connection from the sender for silence_timeout,
+//     the waits fail: a request is answered with UNAVAILABLE before it ran
+//     (not_run), a response completes its call with UNAVAILABLE; records of
+//     the ids they wanted are dropped if they come after all. A connection
+//     from a new incarnation of the sender drops what the old one left
+//     unclaimed.
 // B7. A connection outlives silence as long as the stream does (the
 //     agent's partition tolerance: TCP_USER_TIMEOUT and keepalive), no
-//     longer. A sender whose connection broke drops what it queued and opens
-//     a new one after a second, its hello naming the first id it will carry:
-//     the receiver then ends the sender's older connections, and a frame
-//     waiting for a lower id that has not arrived fails (B6).
+//     longer. Its hello names the first id it carries: the receiver ends the
+//     sender's older connections, and a frame waiting for a lower id that
+//     has not arrived fails at once (the sender gave it up, B8).
+// B8. The receiver acknowledges each record once read: its id (u64) on the
+//     same connection. A record whose id is below one already read is a
+//     resend: read, dropped, acknowledged. The sender keeps each record (the
+//     tensor's memory) until acknowledged. When a connection that was up
+//     breaks (a partition longer than TCP tolerates, a reset), the sender
+//     connects again every retry_after and writes the unacknowledged records
+//     first, the oldest one's id in its hello, for up to half of
+//     silence_timeout; then it gives them up. Meanwhile new blobs travel on
+//     the stream.
 //
 // Entries come from a peer and are not trusted: Import checks each index,
 // that the blob traveled empty, that no index or id is named twice, the
@@ -121,6 +132,10 @@ class BulkChannel {
   // Ends every connection and thread; waits end with UNAVAILABLE.
   void Close();
 
+  // Breaks every connection of this channel, as a reset or a partition that
+  // outlasted TCP would (tests of B6 and B8).
+  void DropConnectionsForTesting();
+
   struct Stats {
     uint64_t blobs_sent = 0, bytes_sent = 0, blobs_received = 0, bytes_received = 0;
   };
@@ -132,12 +147,22 @@ class BulkChannel {
   struct Arrivals;
   class BufferPool;
 
+  enum class ConnectionEnd { kStopped, kNotReady, kBroke };
+
   BulkChannel(BulkChannelOptions options, Authenticator authenticate);
   void AcceptLoop();
   void ReadLoop(std::shared_ptr<Incoming> in);
+  // The sender's thread for one peer: connections, one after another while
+  // records wait (B8).
   void WriteLoop(std::shared_ptr<Outgoing> out);
-  // The reader of `in` ended: wakes the waits on its sender.
+  // One connection: hello, then records until it breaks or is stopped.
+  ConnectionEnd RunConnection(const std::shared_ptr<Outgoing>& out);
+  void ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int fd);
+  // The reader of `in` ended.
   void Ended(const std::shared_ptr<Incoming>& in);
+  // Whether the waits on a sender fail now (B6).
+  bool Abandoned(const Arrivals& arr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeAbandoned();
 
   const BulkChannelOptions options_;
   const Authenticator authenticate_;
