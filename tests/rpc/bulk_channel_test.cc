@@ -65,6 +65,41 @@ absl::StatusOr<bool> ImportWaiting(BulkChannel& c, int peer, Frame& frame, absl:
   }
 }
 
+// A sender (rank 0) and a receiver (rank 1) whose unclaimed budget holds
+// one 500 KiB blob, and `n` frames of such blobs exported between them,
+// none claimed yet.
+struct HeldBack {
+  std::unique_ptr<BulkChannel> a, b;
+  std::vector<Frame> frames;
+  std::vector<std::shared_ptr<std::string>> kept;
+};
+
+HeldBack ExportPastTheBudget(int n) {
+  BulkChannelOptions o;
+  o.unclaimed_budget = 600 << 10;
+  HeldBack h{Channel(), Channel(o), {}, std::vector<std::shared_ptr<std::string>>(n)};
+  h.a->AddPeer(1, h.b->address(), "w0");
+  std::shared_ptr<std::string> keep;
+  Frame probe = WithBlobs({Pattern(2048, 0, &keep)});
+  h.a->Export(1, probe);
+  EXPECT_TRUE(h.a->Connected(1, absl::Seconds(10)));
+  for (int i = 0; i < n; ++i) {
+    h.frames.push_back(WithBlobs({Pattern(500 << 10, i + 1, &h.kept[i])}));
+    h.a->Export(1, h.frames.back());
+    EXPECT_EQ(h.frames.back().header.tcp_blobs_size(), 1);
+  }
+  return h;
+}
+
+// Claims every frame's blob in order; each arrives whole.
+void ClaimInOrder(HeldBack& h, absl::Duration timeout) {
+  for (size_t i = 0; i < h.frames.size(); ++i) {
+    auto got = ImportWaiting(*h.b, 0, h.frames[i], timeout);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
+    EXPECT_EQ(std::string(h.frames[i].payload.blobs[0].contiguous(), 500 << 10), *h.kept[i]) << i;
+  }
+}
+
 // B1, B3: a blob stays in the frame until the connection is up, then goes
 // through the channel (the frame carries it empty, named by id) and arrives
 // whole, 64-byte aligned, as the receiver's own memory.
@@ -262,31 +297,13 @@ TEST(BulkChannel, B8_AResendOfARecordAlreadyReadIsDropped) {
 // acknowledged (the receiver's budget held them) connects again and sends
 // them again: every frame gets its blob, whole, once.
 TEST(BulkChannel, B8_ASenderResumesABrokenConnectionAndNoBlobIsLost) {
-  BulkChannelOptions o;
-  o.unclaimed_budget = 600 << 10;
-  auto a = Channel(), b = Channel(o);
-  a->AddPeer(1, b->address(), "w0");
-  std::shared_ptr<std::string> keep;
-  Frame probe = WithBlobs({Pattern(2048, 0, &keep)});
-  a->Export(1, probe);
-  ASSERT_TRUE(a->Connected(1, absl::Seconds(10)));
-  std::vector<Frame> frames;
-  std::vector<std::shared_ptr<std::string>> kept(4);
-  for (int i = 0; i < 4; ++i) {
-    frames.push_back(WithBlobs({Pattern(500 << 10, i + 1, &kept[i])}));
-    a->Export(1, frames.back());
-    ASSERT_EQ(frames.back().header.tcp_blobs_size(), 1);
-  }
+  HeldBack h = ExportPastTheBudget(4);
   // Nothing is claimed yet: at most the first record was read and
   // acknowledged (the budget holds one), the others wait in the sender.
-  a->DropConnectionsForTesting();
-  for (int i = 0; i < 4; ++i) {
-    auto got = ImportWaiting(*b, 0, frames[i], absl::Seconds(20));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status();
-    EXPECT_EQ(std::string(frames[i].payload.blobs[0].contiguous(), 500 << 10), *kept[i]) << i;
-  }
-  EXPECT_EQ(b->stats().blobs_received, 4u);
-  EXPECT_TRUE(a->Connected(1, absl::Seconds(10)));  // the resumed connection
+  h.a->DropConnectionsForTesting();
+  ClaimInOrder(h, absl::Seconds(20));
+  EXPECT_EQ(h.b->stats().blobs_received, 4u);
+  EXPECT_TRUE(h.a->Connected(1, absl::Seconds(10)));  // the resumed connection
 }
 
 // B7: a sender's new connection ends its older ones; a frame waiting for
@@ -346,26 +363,8 @@ TEST(BulkChannel, B5_AnOversizedRecordEndsTheConnection) {
 // B4, B5: with an unclaimed budget of one blob, the reader reads on only as
 // frames claim what it read; every blob still arrives, in order.
 TEST(BulkChannel, B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
-  BulkChannelOptions o;
-  o.unclaimed_budget = 600 << 10;
-  auto a = Channel(), b = Channel(o);
-  a->AddPeer(1, b->address(), "w0");
-  std::shared_ptr<std::string> keep;
-  Frame probe = WithBlobs({Pattern(2048, 0, &keep)});
-  a->Export(1, probe);
-  ASSERT_TRUE(a->Connected(1, absl::Seconds(10)));
-  std::vector<Frame> frames;
-  std::vector<std::shared_ptr<std::string>> kept(5);
-  for (int i = 0; i < 5; ++i) {
-    frames.push_back(WithBlobs({Pattern(500 << 10, i, &kept[i])}));
-    a->Export(1, frames.back());
-    ASSERT_EQ(frames.back().header.tcp_blobs_size(), 1);
-  }
-  for (int i = 0; i < 5; ++i) {
-    auto got = ImportWaiting(*b, 0, frames[i], absl::Seconds(10));
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(std::string(frames[i].payload.blobs[0].contiguous(), 500 << 10), *kept[i]) << i;
-  }
+  HeldBack h = ExportPastTheBudget(5);
+  ClaimInOrder(h, absl::Seconds(10));
 }
 
 }  // namespace

@@ -532,15 +532,16 @@ void BulkChannel::ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int
 }
 
 void BulkChannel::AcceptLoop() {
+  // Every half second, the waits for senders that did not resume end (B6).
+  absl::Time next_check = absl::Now();
   for (;;) {
-    // Between connections, the waits for senders that did not resume end
-    // (B6) within half a second of their deadline.
     pollfd p{listen_fd_, POLLIN, 0};
     const int ready = poll(&p, 1, 500);
-    if (ready == 0 || (ready < 0 && errno == EINTR)) {
+    if (absl::Now() >= next_check) {
       WakeAbandoned();
-      continue;
+      next_check = absl::Now() + absl::Milliseconds(500);
     }
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
