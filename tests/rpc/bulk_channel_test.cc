@@ -22,10 +22,12 @@
 namespace baton::rpc::internal {
 namespace {
 
-// Identities "w<rank>" prove ranks 0-7; anything else is refused.
+// Identities "w<rank>" prove ranks 0-7 ("w<rank>#<n>": a later incarnation
+// of that rank); anything else is refused.
 absl::StatusOr<int> Authenticate(const std::string& identity) {
   int rank = -1;
-  if (identity.size() == 2 && identity[0] == 'w' && absl::SimpleAtoi(identity.substr(1), &rank) &&
+  const std::string worker = identity.substr(0, identity.find('#'));
+  if (worker.size() == 2 && worker[0] == 'w' && absl::SimpleAtoi(worker.substr(1), &rank) &&
       rank < 8) {
     return rank;
   }
@@ -190,7 +192,7 @@ TEST(BulkChannel, BadEntriesAreDataLoss) {
 // A raw connection to `c` that presents `token`, identity "w0" and the
 // first id it carries.
 int RawConnect(const BulkChannel& c, const std::string& token, bool expect_ack,
-               uint64_t first_id = 0) {
+               uint64_t first_id = 0, const std::string& identity = "w0") {
   const std::string& address = c.address();
   const int port = std::stoi(address.substr(address.rfind(':') + 1));
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -199,10 +201,11 @@ int RawConnect(const BulkChannel& c, const std::string& token, bool expect_ack,
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  const uint32_t hello[4] = {0x424e5442, 2, static_cast<uint32_t>(token.size()), 2};
+  const uint32_t hello[4] = {0x424e5442, 2, static_cast<uint32_t>(token.size()),
+                             static_cast<uint32_t>(identity.size())};
   std::string bytes(reinterpret_cast<const char*>(hello), sizeof hello);
   bytes.append(reinterpret_cast<const char*>(&first_id), sizeof first_id);
-  bytes += token + "w0";
+  bytes += token + identity;
   EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
   char ack = 0;
   const ssize_t r = read(fd, &ack, 1);
@@ -291,6 +294,43 @@ TEST(BulkChannel, B8_AResendOfARecordAlreadyReadIsDropped) {
   EXPECT_EQ(b->stats().blobs_received, 3u);
   close(first);
   close(second);
+}
+
+// B6: a frame that began waiting before its sender restarted fails (its
+// sender is gone) and takes nothing of the new incarnation, whose ids start
+// again; a frame of the new incarnation gets the new record.
+TEST(BulkChannel, B6_AWaitFromBeforeTheSendersRestartTakesNothingOfTheNewIncarnation) {
+  auto b = Channel();
+  const int old_fd = RawConnect(*b, "token", /*expect_ack=*/true, /*first_id=*/1);
+  Frame stale = WithBlobs({Blob()});
+  auto* e = stale.header.add_tcp_blobs();
+  e->set_id(1);
+  e->set_size(3);
+  uint64_t stale_epoch = 0;
+  auto woke = std::make_shared<absl::Notification>();
+  ASSERT_FALSE(*b->Import(
+      0, stale, [woke] { woke->Notify(); }, &stale_epoch));
+  const int new_fd = RawConnect(*b, "token", /*expect_ack=*/true, /*first_id=*/1, "w0#2");
+  ASSERT_TRUE(woke->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const uint64_t record[2] = {1, 3};
+  std::string bytes(reinterpret_cast<const char*>(record), sizeof record);
+  bytes += "new";
+  ASSERT_EQ(write(new_fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  uint64_t acked = 0;
+  ASSERT_EQ(read(new_fd, &acked, sizeof acked), static_cast<ssize_t>(sizeof acked));
+  auto got = b->Import(
+      0, stale, [] {}, &stale_epoch);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "restarted")) << got.status();
+  Frame fresh = WithBlobs({Blob()});
+  *fresh.header.add_tcp_blobs() = *e;
+  uint64_t fresh_epoch = 0;
+  auto arrived = b->Import(
+      0, fresh, [] {}, &fresh_epoch);
+  ASSERT_TRUE(arrived.ok() && *arrived) << arrived.status();
+  EXPECT_EQ(std::string(fresh.payload.blobs[0].contiguous(), 3), "new");
+  close(old_fd);
+  close(new_fd);
 }
 
 // B8: a sender whose connection broke while its records were not

@@ -51,6 +51,9 @@ bool ReadAll(int fd, void* dst, size_t n) {
   return true;
 }
 
+// The id after `id`, saturating: ids come from a peer.
+uint64_t After(uint64_t id) { return id == UINT64_MAX ? id : id + 1; }
+
 // Reads and drops n bytes (a resent record, B8).
 bool Discard(int fd, uint64_t n) {
   char sink[64 << 10];
@@ -240,8 +243,9 @@ struct BulkChannel::Outgoing {
   State state = State::kIdle;
   absl::Time retry_at;
   bool stop = false;
-  int fd = -1;         // set by the writer once connected; shutdown(2) by Close
-  bool ended = false;  // the connection's acknowledgements ended (B8)
+  int fd = -1;              // set by the writer once connected; shutdown(2) by Close
+  bool ended = false;       // the connection's acknowledgements ended (B8)
+  bool progressed = false;  // the connection had a record acknowledged (B8)
   uint64_t next_id = 1;
   std::deque<Item> queue;
   std::deque<Item> sent;  // written, not acknowledged yet (B8)
@@ -252,6 +256,7 @@ struct BulkChannel::Incoming {
   int fd = -1;
   int peer = -1;
   bool done = false;
+  bool superseded = false;  // a newer connection from its sender came (B7)
   std::thread thread;
 };
 
@@ -266,6 +271,7 @@ struct BulkChannel::Arrivals {
   absl::Time lost_since;  // when `live` last fell to 0 (B6)
   uint64_t floor = 0;     // below it, nothing more arrives (B6, B7)
   uint64_t next_id = 0;   // below it, a record is a resend (B8)
+  uint64_t epoch = 1;     // counts the sender's incarnations (Import's wait_epoch)
   std::string identity;   // of the sender's incarnation that sent `blobs`
   std::vector<std::function<void()>> waiters;
 };
@@ -314,6 +320,7 @@ BulkChannel::~BulkChannel() { Close(); }
 void BulkChannel::Close() {
   std::vector<std::thread> threads;
   std::vector<std::function<void()>> waiters;
+  std::vector<std::deque<Outgoing::Item>> records;  // their memory goes after the lock
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
@@ -322,8 +329,8 @@ void BulkChannel::Close() {
       out->stop = true;
       if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
       if (out->thread.joinable()) threads.push_back(std::move(out->thread));
-      out->queue.clear();
-      out->sent.clear();
+      records.push_back(std::exchange(out->queue, {}));
+      records.push_back(std::exchange(out->sent, {}));
     }
     for (auto& in : in_) {
       if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);
@@ -344,6 +351,7 @@ void BulkChannel::Close() {
 
 void BulkChannel::AddPeer(int peer, const std::string& address, const std::string& identity) {
   std::thread old;
+  std::deque<Outgoing::Item> queued, sent;  // their memory goes after the lock
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
@@ -352,8 +360,8 @@ void BulkChannel::AddPeer(int peer, const std::string& address, const std::strin
     if (slot != nullptr) {
       slot->stop = true;
       if (slot->fd >= 0) shutdown(slot->fd, SHUT_RDWR);
-      slot->queue.clear();
-      slot->sent.clear();
+      queued.swap(slot->queue);
+      sent.swap(slot->sent);
       old = std::move(slot->thread);
     }
     slot = std::make_shared<Outgoing>();
@@ -392,7 +400,8 @@ void BulkChannel::Export(int peer, Frame& frame) {
   for (size_t i = 0; i < frame.payload.blobs.size(); ++i) {
     Blob& blob = frame.payload.blobs[i];
     const size_t size = blob.size();
-    if (size < options_.min_bytes) continue;
+    // Over max_blob_bytes: the receiver would refuse the record (B5).
+    if (size < options_.min_bytes || size > options_.max_blob_bytes) continue;
     proto::TcpBlob* entry = frame.header.add_tcp_blobs();
     entry->set_index(static_cast<uint32_t>(i));
     entry->set_id(out->next_id);
@@ -408,6 +417,7 @@ void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
   absl::Time resume_until = absl::InfinitePast();
   for (;;) {
     const ConnectionEnd end = RunConnection(out);
+    std::deque<Outgoing::Item> given_up;  // its memory goes after the lock
     absl::MutexLock lock(&mu_);
     if (end == ConnectionEnd::kStopped || out->stop || closed_) return;
     // What was not acknowledged goes first on the next connection.
@@ -416,11 +426,16 @@ void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
       out->sent.pop_back();
     }
     const absl::Time now = absl::Now();
-    if (end == ConnectionEnd::kBroke) resume_until = now + options_.silence_timeout / 2;
+    // The window starts at the first break and again after each connection
+    // that got a record through: one the receiver always refuses does not
+    // keep the sender trying.
+    if (end == ConnectionEnd::kBroke && (out->progressed || resume_until == absl::InfinitePast())) {
+      resume_until = now + options_.silence_timeout / 2;
+    }
     if (out->queue.empty() || now >= resume_until) {
       // Nothing to resume, or given up: the next connection (on the next
       // export) names the next new id, and the peer's waits below it end.
-      out->queue.clear();
+      given_up.swap(out->queue);
       out->state = Outgoing::State::kBroken;
       out->retry_at = now + options_.retry_after;
       return;
@@ -452,6 +467,7 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     }
     out->fd = fd;
     out->ended = false;
+    out->progressed = false;
     first_id = out->queue.empty() ? out->next_id : out->queue.front().id;
   }
   auto end = [&](ConnectionEnd how) {
@@ -525,6 +541,7 @@ void BulkChannel::ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int
     while (!out->sent.empty() && out->sent.front().id <= id) {
       done.push_back(std::move(out->sent.front()));
       out->sent.pop_front();
+      out->progressed = true;
     }
   }
   absl::MutexLock lock(&mu_);
@@ -537,11 +554,12 @@ void BulkChannel::AcceptLoop() {
   for (;;) {
     pollfd p{listen_fd_, POLLIN, 0};
     const int ready = poll(&p, 1, 500);
+    const int poll_errno = errno;  // before the callbacks below
     if (absl::Now() >= next_check) {
       WakeAbandoned();
       next_check = absl::Now() + absl::Milliseconds(500);
     }
-    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready == 0 || (ready < 0 && poll_errno == EINTR)) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -613,6 +631,8 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
       arr->floor = 0;
       arr->next_id = 0;
       arr->identity = identity;
+      ++arr->epoch;  // the waits begun before fail (Import)
+      wake.swap(arr->waiters);
     }
     // B7: the sender left its earlier connections (they broke, or it was
     // told another address): what they still carry and it did not resend
@@ -620,12 +640,14 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
     // arrived will not.
     for (const auto& other : in_) {
       if (other != in && other->peer == *peer && !other->done && other->fd >= 0) {
+        other->superseded = true;  // reads nothing more (it may be in a budget wait)
         shutdown(other->fd, SHUT_RDWR);
       }
     }
     if (hello.first_id > arr->floor) {
       arr->floor = hello.first_id;
-      wake.swap(arr->waiters);
+      for (auto& w : arr->waiters) wake.push_back(std::move(w));
+      arr->waiters.clear();
     }
     ++arr->live;
     in->peer = *peer;
@@ -639,21 +661,23 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   while (reading) {
     RecordHeader h{};
     if (!ReadAll(fd, &h, sizeof h) || h.size > options_.max_blob_bytes) break;
+    // B8: an id already passed is a resend of a record read before; B6:
+    // one below the floor belongs to frames that failed. Decided again
+    // after each wait: another connection may have brought it meanwhile.
+    auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return h.id >= arr->next_id && h.id >= arr->floor;
+    };
     bool keep;
     {
       absl::MutexLock lock(&mu_);
-      // B8: an id already passed is a resend of a record read before; B6:
-      // one below the floor belongs to frames that failed.
-      keep = h.id >= arr->next_id && h.id >= arr->floor;
-      if (keep) {
-        // B5: wait while what was read and not claimed is over the budget.
-        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return closed_ || arr->unclaimed == 0 ||
-                 arr->unclaimed + h.size <= options_.unclaimed_budget;
-        };
-        mu_.Await(absl::Condition(&room));
-        if (closed_) break;
-      }
+      // B5: wait while what was read and not claimed is over the budget.
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || in->superseded || !fresh() || arr->unclaimed == 0 ||
+               arr->unclaimed + h.size <= options_.unclaimed_budget;
+      };
+      mu_.Await(absl::Condition(&room));
+      if (closed_ || in->superseded) break;
+      keep = fresh();
     }
     if (!keep) {
       if (!Discard(fd, h.size)) break;
@@ -663,12 +687,15 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
       std::vector<std::function<void()>> wake;
       {
         absl::MutexLock lock(&mu_);
-        if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
-        arr->next_id = h.id + 1;
-        arr->unclaimed += h.size;
-        ++stats_.blobs_received;
-        stats_.bytes_received += h.size;
-        wake.swap(arr->waiters);
+        if (in->superseded) break;
+        if (fresh()) {
+          if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
+          arr->next_id = After(h.id);
+          arr->unclaimed += h.size;
+          ++stats_.blobs_received;
+          stats_.bytes_received += h.size;
+          wake.swap(arr->waiters);
+        }
       }
       for (auto& w : wake) w();
     }
@@ -708,7 +735,8 @@ void BulkChannel::WakeAbandoned() {
   for (auto& w : wake) w();  // they take the lock (Import)
 }
 
-absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<void()> ready) {
+absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<void()> ready,
+                                         uint64_t* wait_epoch) {
   const auto& entries = frame.header.tcp_blobs();
   if (entries.empty()) return true;
   std::vector<bool> named(frame.payload.blobs.size(), false);
@@ -725,40 +753,61 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
   absl::MutexLock lock(&mu_);
   auto it = arrivals_.find(peer);
   std::shared_ptr<Arrivals> arr = it == arrivals_.end() ? nullptr : it->second;
-  for (const proto::TcpBlob& e : entries) {
-    if (arr != nullptr && arr->blobs.contains(e.id())) continue;
-    if (closed_ || arr == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("no bulk connection from worker ", peer, " brings blob id ", e.id()));
+  if (closed_ || arr == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("no bulk connection from worker ", peer, " brings blob id ", entries[0].id()));
+  }
+  // A frame that cannot complete leaves nothing behind: what of it arrived
+  // is released (it no longer counts against the budget, B5).
+  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const proto::TcpBlob& e : entries) {
+      auto node = arr->blobs.extract(e.id());
+      if (!node.empty()) arr->unclaimed -= node.mapped().size;
     }
+    return s;
+  };
+  if (wait_epoch != nullptr) {
+    if (*wait_epoch == 0) *wait_epoch = arr->epoch;
+    if (*wait_epoch != arr->epoch) {
+      // What its ids name now is the new incarnation's: left alone.
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", peer, " restarted before the frame's bulk blobs arrived (blob id ",
+          entries[0].id(), ")"));
+    }
+  }
+  for (const proto::TcpBlob& e : entries) {
+    if (arr->blobs.contains(e.id())) continue;
     if (e.id() < arr->floor) {
-      return absl::UnavailableError(
-          absl::StrCat("worker ", peer, " gave up blob id ", e.id(), " on the bulk channel"));
+      return fail(absl::UnavailableError(
+          absl::StrCat("worker ", peer, " gave up blob id ", e.id(), " on the bulk channel")));
     }
     if (Abandoned(*arr)) {
       // B6: what these frames wanted is dropped if it comes after all.
-      for (const proto::TcpBlob& f : entries) arr->floor = std::max(arr->floor, f.id() + 1);
-      return absl::UnavailableError(absl::StrCat("the bulk connection from worker ", peer,
-                                                 " ended before blob id ", e.id(),
-                                                 " arrived, and it did not resume within ",
-                                                 absl::FormatDuration(options_.silence_timeout)));
+      for (const proto::TcpBlob& f : entries) arr->floor = std::max(arr->floor, After(f.id()));
+      return fail(absl::UnavailableError(
+          absl::StrCat("the bulk connection from worker ", peer, " ended before blob id ", e.id(),
+                       " arrived, and it did not resume within ",
+                       absl::FormatDuration(options_.silence_timeout))));
     }
     if (e.id() < arr->next_id) {
-      return absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
-                                              " was claimed by another frame"));
+      return fail(absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
+                                                   " was claimed by another frame")));
     }
     arr->waiters.push_back(std::move(ready));
     return false;
   }
   for (const proto::TcpBlob& e : entries) {
+    const Arrivals::Arrived& got = arr->blobs.at(e.id());
+    if (got.size != e.size()) {
+      return fail(
+          absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer, " has ",
+                                           got.size, " bytes; its frame says ", e.size())));
+    }
+  }
+  for (const proto::TcpBlob& e : entries) {
     auto node = arr->blobs.extract(e.id());
     Arrivals::Arrived& got = node.mapped();
     arr->unclaimed -= got.size;
-    if (got.size != e.size()) {
-      return absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
-                                              " has ", got.size, " bytes; its frame says ",
-                                              e.size()));
-    }
     Blob& blob = frame.payload.blobs[e.index()];
     blob.pieces.clear();
     blob.pieces.emplace_back(got.data.get(), got.size);

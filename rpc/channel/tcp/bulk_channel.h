@@ -49,8 +49,10 @@
 //     breaks (a partition longer than TCP tolerates, a reset), the sender
 //     connects again every retry_after and writes the unacknowledged records
 //     first, the oldest one's id in its hello, for up to half of
-//     silence_timeout; then it gives them up. Meanwhile new blobs travel on
-//     the stream.
+//     silence_timeout after the last connection that got a record through;
+//     then it gives them up. Meanwhile new blobs travel on the stream. A
+//     connection superseded by a newer one from its sender reads nothing
+//     more.
 //
 // Entries come from a peer and are not trusted: Import checks each index,
 // that the blob traveled empty, that no index or id is named twice, the
@@ -58,7 +60,8 @@
 // blob is claimed twice.
 //
 // Thread-safety: safe for concurrent use. Callbacks of Import run on the
-// channel's reader threads and must not block.
+// channel's threads (a reader's, its acceptor's) or in Close(), never under
+// the channel's lock, and must not block.
 #ifndef BATON_RPC_CHANNEL_TCP_BULK_CHANNEL_H_
 #define BATON_RPC_CHANNEL_TCP_BULK_CHANNEL_H_
 
@@ -124,10 +127,14 @@ class BulkChannel {
 
   // Receiver: fills the frame's tcp_blobs from what `peer` sent. true: every
   // blob is in place; false: some have not arrived, and `ready` runs once
-  // (on a reader thread) when they did or the wait ended: call Import again.
-  // An error: the frame cannot be completed (DATA_LOSS for bad entries,
-  // UNAVAILABLE when the sender's connection ended).
-  absl::StatusOr<bool> Import(int peer, Frame& frame, std::function<void()> ready);
+  // when they did or the wait ended: call Import again (with the same
+  // `wait_epoch`). An error: the frame cannot be completed, and what of it
+  // arrived is released (DATA_LOSS for bad entries or a blob claimed
+  // already; UNAVAILABLE when the sender gave the blobs up, did not resume
+  // in time (B6), or restarted since the frame's first Import: `wait_epoch`,
+  // 0 before it, keeps the sender's incarnation then; null: not checked).
+  absl::StatusOr<bool> Import(int peer, Frame& frame, std::function<void()> ready,
+                              uint64_t* wait_epoch = nullptr);
 
   // Ends every connection and thread; waits end with UNAVAILABLE.
   void Close();

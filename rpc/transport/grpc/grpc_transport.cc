@@ -178,13 +178,17 @@ class CallerStreams {
 // arrive. The stream reads on meanwhile: later frames may pass this one.
 void DeliverWithBlobs(BulkChannel* bulk, int peer, std::shared_ptr<Frame> frame,
                       std::function<void(Frame)> deliver,
-                      std::function<void(const absl::Status&)> fail) {
+                      std::function<void(const absl::Status&)> fail,
+                      std::shared_ptr<uint64_t> wait_epoch = std::make_shared<uint64_t>(0)) {
   absl::StatusOr<bool> got =
       bulk == nullptr ? absl::DataLossError(
                             "a frame names bulk-channel blobs but this worker has no bulk channel")
-                      : bulk->Import(peer, *frame, [bulk, peer, frame, deliver, fail] {
-                          DeliverWithBlobs(bulk, peer, frame, deliver, fail);
-                        });
+                      : bulk->Import(
+                            peer, *frame,
+                            [bulk, peer, frame, deliver, fail, wait_epoch] {
+                              DeliverWithBlobs(bulk, peer, frame, deliver, fail, wait_epoch);
+                            },
+                            wait_epoch.get());
   if (!got.ok()) {
     fail(got.status());
   } else if (*got) {
