@@ -36,7 +36,7 @@
 //     (not_run), a response completes its call with UNAVAILABLE; records of
 //     the ids they wanted are dropped if they come after all. A connection
 //     from a new incarnation of the sender drops what the old one left
-//     unclaimed.
+//     unclaimed, and the waits begun before it fail (Import's wait_epoch).
 // B7. A connection outlives silence as long as the stream does (the
 //     agent's partition tolerance: TCP_USER_TIMEOUT and keepalive), no
 //     longer. Its hello names the first id it carries: the receiver ends the
