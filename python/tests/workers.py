@@ -1553,6 +1553,13 @@ def scenario_shutdown_steps(rank, world_size):
             assert "timed out in _all_gather" in str(e), e
     assert not api._is_current_rpc_agent_set()
     barrier("done")
+    # Rank 0 serves the store: it leaves last, once every rank is past the
+    # barrier (a follower still waiting on a store that went away reads
+    # "Broken pipe").
+    if rank == 0:
+        store.wait([f"gone/{r}" for r in range(1, world_size)])
+    else:
+        store.set(f"gone/{rank}", "1")
     print("SCENARIO OK")
 
 
