@@ -139,7 +139,7 @@ stage "pytest on the installed wheel"
 stage "PyTorch's RPC suites from torch $torch_version's wheel, on the installed wheel"
 # Each test's output (torch 2.x logs every process it starts) goes to a log.
 if ! (cd python/tests/torch_conformance && PYTHONDONTWRITEBYTECODE=1 \
-  "$vpy" run.py --agent baton --timeout 30 --min-share "${BATON_CONFORMANCE_MIN_SHARE_2X:-0.95}" \
+  "$vpy" run.py --agent baton --timeout 30 --min-share "${BATON_CONFORMANCE_MIN_SHARE_2X:-0.98}" \
   >"$build/conformance-2x.log" 2>&1); then
   tail -n 60 "$build/conformance-2x.log" >&2
   echo "cmake_ci: FAILED: PyTorch's RPC suites on the wheel (log above)" >&2

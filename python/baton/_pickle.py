@@ -12,6 +12,7 @@ import copyreg
 import importlib
 import io
 import pickle
+from typing import Any, Callable, List
 
 import torch
 
@@ -113,6 +114,16 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+class NotSendable(RuntimeError):
+    """A value that can never travel through RPC (the message says why):
+    raised as it is, not retried another way."""
+
+
+# Called with each ScriptModule before it is saved to travel; one raises
+# NotSendable to refuse it (baton.nn: a scripted RemoteModule).
+SCRIPT_MODULE_CHECKS: List[Callable[[Any], None]] = []
+
+
 class _ScriptModulePickler(_Pickler):
     """The pickler for values that hold a ScriptModule (of any class:
     scripted modules and subclasses of torch.jit.ScriptModule), which
@@ -122,6 +133,8 @@ class _ScriptModulePickler(_Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.jit.ScriptModule):
+            for check in SCRIPT_MODULE_CHECKS:
+                check(obj)
             saved = io.BytesIO()
             torch.jit.save(obj, saved)
             return _script_module_from, (saved.getvalue(),)
@@ -157,15 +170,18 @@ def dumps(obj):
         _Pickler(buffer, tensors, rrefs).dump(obj)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise TypeError(f"baton cannot send {_describe(obj)}: {e}") from e
-    except RuntimeError as e:
+    except (RuntimeError, torch.jit.Error) as e:
         # A ScriptModule inside refuses the plain pickler (torch's
-        # RuntimeError): once more, saving it as torch's RPC does. Nothing
+        # RuntimeError, or the TorchScript error its own exported
+        # __getstate__ raises): once more, saving it as torch's RPC does. Nothing
         # the failed attempt collected is kept; any other error stays as it
         # was raised.
         tensors, rrefs = [], []
         buffer = io.BytesIO()
         try:
             _ScriptModulePickler(buffer, tensors, rrefs).dump(obj)
+        except NotSendable:
+            raise
         except Exception:  # noqa: BLE001  (the first error is the one to see)
             raise e from None
     return buffer.getvalue(), tensors, rrefs

@@ -1201,9 +1201,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("PYTHON_ERROR_PREFIX") = kPythonErrorPrefix;
   // Drop-in mode: baton's RRefs in TorchScript (torch_agent.h).
   m.def("install_torch_rref_conversion", &InstallRRefConversion);
-  m.def("torch_owner_rref", &TorchOwnerRRef, py::arg("value"), py::arg("type_hint") = py::none());
-  m.def("torch_fork_for_user", &TorchForkForUser, py::arg("value"),
-        py::arg("type_hint") = py::none());
+  m.def("torch_owner_rref", &TorchOwnerRRef, py::arg("value"), py::arg("type_hint") = py::none(),
+        py::arg("value_type") = "");
+  m.def("torch_fork_for_user", &TorchForkForUser, py::arg("owner"));
   m.def("torch_user_rref", &TorchUserRRef);
   m.def("canonical_signature", [](const std::string& text) {
     auto sig = Signature::Parse(text);

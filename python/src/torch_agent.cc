@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/rpc/rpc_agent.h>
 #include <torch/csrc/distributed/rpc/rref_context.h>
 #include <torch/csrc/jit/python/module_python.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/library.h>
 
@@ -371,8 +372,20 @@ absl::Status TorchAgentHost::Stop() {
   return absl::OkStatus();
 }
 
-pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint) {
+pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint,
+                                const std::string& value_type) {
   namespace py = pybind11;
+  if (!value_type.empty()) {
+    c10::TypePtr type;
+    {
+      py::gil_scoped_release nogil;  // torch's type parser takes the GIL itself
+      type = trpc::PythonRpcHandler::getInstance().parseTypeFromStr(value_type);
+    }
+    c10::IValue ivalue = torch::jit::toIValue(value, type);
+    auto rref = trpc::RRefContext::getInstance().createOwnerRRef(type);
+    rref->setValue(std::move(ivalue));
+    return py::cast(trpc::PyRRef(std::move(rref)));
+  }
   if (type_hint.is_none()) {
     if (auto module = torch::jit::as_module(value)) {
       auto rref = trpc::RRefContext::getInstance().createOwnerRRef(module->type());
@@ -383,11 +396,14 @@ pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::o
   return py::module_::import("torch._C._distributed_rpc").attr("PyRRef")(value, type_hint);
 }
 
-pybind11::tuple TorchForkForUser(const pybind11::object& value, const pybind11::object& type_hint) {
+pybind11::tuple TorchForkForUser(const pybind11::object& owner) {
   namespace py = pybind11;
-  py::object owner = TorchOwnerRRef(value, type_hint);
+  if (!py::type::of(owner).is(py::type::of<trpc::PyRRef>())) {
+    throw std::invalid_argument("a torch fork is made of a torch PyRRef");
+  }
   auto rref = c10::static_intrusive_pointer_cast<trpc::RRef>(
       owner.cast<const trpc::PyRRef&>().toIValue().toRRef());
+  if (!rref->isOwner()) throw std::invalid_argument("a torch fork for a user, of a torch user");
   const trpc::RRefForkData data = trpc::RRefContext::getInstance().prepareChildFork(rref);
   return py::make_tuple(data.ownerId_, data.rrefId_.createdOn_, data.rrefId_.localId_,
                         data.forkId_.createdOn_, data.forkId_.localId_, data.typeStr_);

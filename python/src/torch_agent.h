@@ -53,6 +53,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <pybind11/pybind11.h>
 
@@ -125,20 +126,26 @@ class TorchAgentHost {
 // OwnerRRef over the same value (TorchOwnerRRef) and, on a user, a torch fork
 // of one its owner makes (torch's fork protocol, carried by TorchAgent).
 // The value is shared, not copied, for tensors and Python objects; a
-// container TorchScript converts (a list, a dict) is a copy.
+// container TorchScript converts (a list, a dict) is a copy, except the list
+// or dict a TorchScript function returned to remote(): the owner keeps that
+// as TorchScript's value in a torch OwnerRRef (baton.rpc.api._ScriptValue),
+// and every conversion of the RRef is, or forks, that torch RRef.
 
-// torch's RRef (a torch.distributed.rpc.PyRRef) owned here, over `value`: a
-// ScriptModule with its own class type unless `type_hint` names its
-// interface; anything else as torch's PyRRef(value, type_hint) makes it.
-// REQUIRES: the GIL; a TorchAgent started.
-pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint);
+// torch's RRef (a torch.distributed.rpc.PyRRef) owned here, over `value`:
+// with `value_type` (a TorchScript type's annotation, "List[int]"), the
+// value converted to that type; else a ScriptModule with its own class type
+// unless `type_hint` names its interface; anything else as torch's
+// PyRRef(value, type_hint) makes it. REQUIRES: the GIL; a TorchAgent started.
+pybind11::object TorchOwnerRRef(const pybind11::object& value, const pybind11::object& type_hint,
+                                const std::string& value_type = "");
 
 // The two halves of a torch fork for a baton user (torch's fork protocol,
-// parent = owner): on the owner, a torch OwnerRRef over `value` with one
-// fork registered, as plain values (owner, rref id, fork id, type); on the
-// user, the torch UserRRef of that fork, confirmed by its owner (which
-// registered it before answering). REQUIRES: the GIL; a TorchAgent started.
-pybind11::tuple TorchForkForUser(const pybind11::object& value, const pybind11::object& type_hint);
+// parent = owner): on the owner, one fork of `owner` (a torch OwnerRRef,
+// TorchOwnerRRef's) registered, as plain values (owner, rref id, fork id,
+// type); on the user, the torch UserRRef of that fork, confirmed by its
+// owner (which registered it before answering). REQUIRES: the GIL; a
+// TorchAgent started.
+pybind11::tuple TorchForkForUser(const pybind11::object& owner);
 pybind11::object TorchUserRRef(const pybind11::tuple& fork);
 
 // Adds the conversion to torch's PyRRef binding (once per process; later

@@ -204,6 +204,14 @@ def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     # other worker (7 + 1), and an RRef a scripted callee returned.
     assert "SCRIPT RREF 37.0 False True 8.0 36.0" in text, text
     assert "SCRIPT MODULE True 6.0" in text, text
+    # The program's own registered backend wraps TENSORPIPE, on each worker.
+    assert "BACKEND INIT worker0" in text and "BACKEND INIT worker1" in text, text
+    assert "FOREIGN AGENT REFUSED True" in text, text
+    # A list kept as TorchScript's value, mutated by scripted code; RRefs as
+    # a scripted module's attribute (36 + 4), and a RemoteModule scripted.
+    assert "SCRIPT LIST [1, 2, 3, 4]" in text, text
+    assert "SCRIPT RREF ATTRIBUTE 40.0 True" in text, text
+    assert "SCRIPT REMOTE MODULE 8.0" in text, text
     assert "PROGRAM OK" in text, text
 
 

@@ -9,7 +9,7 @@ interface, which baton implements in drop-in mode).
 """
 import os
 import sys
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -112,12 +112,65 @@ def make_doubler():
     return torch.jit.script(Doubler())
 
 
+@torch.jit.script
+def make_list() -> List[int]:
+    return [1, 2, 3]
+
+
+@torch.jit.script
+def append_in_script(rref: rpc.RRef[List[int]], item: int) -> None:
+    rref.local_value().append(item)
+
+
+class SumOfRRefs(torch.nn.Module):
+    """A module whose attribute is a list of RRefs: TorchScript infers its
+    type (List[RRef[Tensor]]) when the module is scripted."""
+
+    def __init__(self, rrefs):
+        super().__init__()
+        self.rrefs = rrefs
+
+    def forward(self) -> torch.Tensor:
+        total = torch.zeros(1)
+        for rref in self.rrefs:
+            total += rref.to_here()
+        return total
+
+
+@torch.jit.interface
+class DoublerInterface(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pass
+
+
+@torch.jit.script
+def forward_in_script(module: DoublerInterface, x: torch.Tensor) -> torch.Tensor:
+    return module.forward(x)
+
+
+def start_tensorpipe(store, name, rank, world_size, rpc_backend_options):
+    """The init handler of a backend the program registers: it starts the
+    TENSORPIPE backend and says so."""
+    print("BACKEND INIT", name, flush=True)
+    return rpc.backend_registry.init_backend(rpc.BackendType.TENSORPIPE, store, name, rank,
+                                             world_size, rpc_backend_options)
+
+
+def tensorpipe_options(rpc_timeout, init_method, **kwargs):
+    return rpc.TensorPipeRpcBackendOptions(rpc_timeout=rpc_timeout, init_method=init_method,
+                                           **kwargs)
+
+
 def run(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=30)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size,
-                 backend=rpc.BackendType.TENSORPIPE, rpc_backend_options=options)
+    # A backend of the program's own, around torch's TENSORPIPE one.
+    backend = rpc.backend_registry.register_backend("LOGGED_TENSORPIPE", tensorpipe_options,
+                                                    start_tensorpipe)
+    options = rpc.backend_registry.construct_rpc_backend_options(
+        backend, rpc_timeout=30, init_method=f"tcp://127.0.0.1:{port}", num_worker_threads=8)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world_size, backend=backend,
+                 rpc_backend_options=options)
     if rank == 0:
         print("MODULE", rpc.__name__, dist_autograd.__name__, DistributedOptimizer.__module__,
               flush=True)
@@ -158,6 +211,25 @@ def run(rank, world_size, port):
         module = rpc.rpc_sync("worker1", make_doubler)
         print("SCRIPT MODULE", isinstance(module, torch.jit.ScriptModule),
               module(torch.tensor([3.0])).item(), flush=True)
+        # A list a scripted function made for remote() stays TorchScript's:
+        # scripted code that takes its RRef changes it.
+        list_rref = rpc.remote("worker1", make_list)
+        rpc.rpc_sync("worker1", append_in_script, args=(list_rref, 4))
+        print("SCRIPT LIST", list_rref.to_here(), flush=True)
+        # RRefs as a scripted module's attribute (their type inferred).
+        rrefs = [remote_rref, rpc.remote("worker1", square, args=(torch.tensor([2.0]),))]
+        print("SCRIPT RREF ATTRIBUTE", torch.jit.script(SumOfRRefs(rrefs))().item(),
+              isinstance(remote_rref, torch._C._distributed_rpc.PyRRef), flush=True)
+        # A RemoteModule scripted code calls, through its interface.
+        from torch.distributed.nn.api.remote_module import _RemoteModule
+        remote_doubler = torch.jit.script(_RemoteModule(
+            "worker1/cpu", make_doubler, _module_interface_cls=DoublerInterface))
+        print("SCRIPT REMOTE MODULE",
+              forward_in_script(remote_doubler, torch.tensor([4.0])).item(), flush=True)
+        try:
+            rpc.api._set_and_start_rpc_agent(object())
+        except TypeError as e:
+            print("FOREIGN AGENT REFUSED", "baton runs RPC on its own agent" in str(e), flush=True)
         try:
             failing_call_in_script("worker1", torch.ones(1))
             print("SCRIPT ERROR none", flush=True)

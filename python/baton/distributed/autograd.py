@@ -23,6 +23,18 @@ from baton.rpc import _current, get_worker_info
 __all__ = ["context", "backward", "get_gradients"]
 
 
+def _init(worker_id: int) -> None:
+    """Distributed autograd's setup for this worker id (torch's function;
+    init_rpc calls it). baton's contexts live in its agent, which init_rpc
+    starts; what this sets up is torch's own container, which TorchScript's
+    RPC operators consult in drop-in mode (python/src/torch_agent.h)."""
+    if not isinstance(worker_id, int) or not 0 <= worker_id <= 0xFFFF:
+        raise ValueError(f"worker_id needs to be in the range [0, 65535], not {worker_id!r}")
+    from baton import torch_rpc
+    if torch_rpc.installed():
+        torch._C._distributed_autograd._init(worker_id)
+
+
 def _get_debug_info() -> Dict[str, str]:
     """torch's debug counts of distributed autograd on this worker (values
     are strings): the contexts alive here, and the backward passes running

@@ -10,9 +10,15 @@ arrives through RPC); train()/eval() set the remote module's mode; the
 nn.Module methods that would act on a local copy raise ValueError. A
 RemoteModule travels as an argument or result of an RPC with exactly the
 attributes in _REMOTE_MODULE_PICKLED_ATTRIBUTES; pickling one by hand
-(torch.save) raises RuntimeError. TorchScript module interfaces
-are not supported (torch's private _module_interface_cls argument is not
-accepted).
+(torch.save) raises RuntimeError.
+
+TorchScript (drop-in mode): made with torch's `_module_interface_cls` (a
+@torch.jit.interface class), a RemoteModule is created as a scripted module
+held by an RRef typed by that interface, and its forward methods are the
+ones torch's template instantiator generates for the interface (scriptable:
+torch.jit.script(remote_module) works, and scripted code calls it through
+TorchScript's RPC). A scripted RemoteModule is not sent through RPC
+(RuntimeError): send its module_rref and make a RemoteModule there.
 """
 import types
 from typing import Any, Dict, List, Optional, Tuple, Type
@@ -39,6 +45,21 @@ def _create(module_cls, args, kwargs, device):
     if device and device != "cpu":
         module = module.to(device)
     return module
+
+
+def _instantiate_template(module_interface_cls, enable_moving_cpu_tensors_to_cuda):
+    """Runs on the remote worker: compiles the scripted _remote_forward that
+    the generated methods call there (torch's instantiator)."""
+    from torch.distributed.nn.jit import instantiator
+    instantiator.instantiate_scriptable_remote_module_template(
+        module_interface_cls, enable_moving_cpu_tensors_to_cuda)
+
+
+def _create_with_interface(module_cls, args, kwargs, device, module_interface_cls):
+    """Runs on the remote worker: the module, scripted, in an RRef that
+    scripted code sees through `module_interface_cls`."""
+    module = torch.jit.script(_create(module_cls, args, kwargs, device))
+    return _rpc.RRef(module, module_interface_cls)
 
 
 def _forward(module_rref, args, kwargs):
@@ -94,11 +115,23 @@ class _RemoteModule(torch.nn.Module):
     "<worker name>/<device>" or "rank:<n>/<device>"."""
 
     def __init__(self, remote_device: str, module_cls: Type[torch.nn.Module],
-                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None):
+                 args: Optional[Tuple] = None, kwargs: Optional[Dict[str, Any]] = None,
+                 _module_interface_cls: Any = None):
         super().__init__()
         on, device = _parse_remote_device(remote_device)
-        self._attach(on, device, _rpc.remote(
-            on, _create, args=(module_cls, tuple(args or ()), dict(kwargs or {}), device)))
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        if _module_interface_cls is None:
+            self._attach(on, device, _rpc.remote(on, _create, args=(module_cls, args, kwargs,
+                                                                    device)))
+            return
+        from torch.distributed.nn.jit import instantiator
+        to_cuda = torch.device(device).type == "cuda"
+        generated = instantiator.instantiate_scriptable_remote_module_template(
+            _module_interface_cls, to_cuda)
+        _rpc.rpc_sync(on, _instantiate_template, args=(_module_interface_cls, to_cuda))
+        module_rref = _rpc.rpc_sync(on, _create_with_interface,
+                                    args=(module_cls, args, kwargs, device, _module_interface_cls))
+        self._attach(on, device, module_rref, tuple(generated._generated_methods))
 
     @classmethod
     def init_from_module_rref(cls, remote_device: str,
@@ -110,17 +143,19 @@ class _RemoteModule(torch.nn.Module):
         remote_module._attach(*_parse_remote_device(remote_device), module_rref)
         return remote_module
 
-    def _attach(self, on, device, module_rref):
+    def _attach(self, on, device, module_rref, scripted_methods=None):
         self.on, self.device = on, device
         self.is_device_map_set = False
-        self.is_scriptable = False
-        self.generated_methods = _GENERATED_METHODS
+        self.is_scriptable = scripted_methods is not None
+        self.generated_methods = scripted_methods or _GENERATED_METHODS
         self.module_rref = module_rref
         self._install_generated_methods()
 
     def _install_generated_methods(self):
         for method in self.generated_methods:
-            setattr(self, method.__name__, types.MethodType(method, self))
+            # Exported: torch.jit.script(remote_module) compiles them (the
+            # scriptable ones; baton's own take *args and are not).
+            setattr(self, method.__name__, types.MethodType(torch.jit.export(method), self))
 
     def remote_parameters(self, recurse: bool = True) -> List["_rpc.RRef"]:
         """RRefs of the remote module's parameters (for DistributedOptimizer)."""
@@ -139,10 +174,12 @@ class _RemoteModule(torch.nn.Module):
     def eval(self):
         return self.train(False)
 
+    @torch.jit.export
     def __getstate__(self):
         raise RuntimeError("Cannot pickle RemoteModule in python pickler. RemoteModule can only "
                            "be pickled when using RPC")
 
+    @torch.jit.export
     def __setstate__(self, state):
         raise RuntimeError("Cannot unpickle RemoteModule in python pickler. RemoteModule can "
                            "only be unpickled when using RPC")
@@ -176,5 +213,16 @@ def _remote_module_reducer(remote_module):
             tuple(remote_module.__dict__[name] for name in _REMOTE_MODULE_PICKLED_ATTRIBUTES))
 
 
+def _refuse_scripted_remote_module(module):
+    """A scripted RemoteModule holds its module_rref in TorchScript, where
+    no fork of it can be made for the receiver (torch refuses it too)."""
+    if hasattr(module._c, "module_rref"):
+        raise _pickle.NotSendable(
+            "Passing a script RemoteModule over RPC is not supported. Please create a "
+            "RemoteModule in the sender, send the `module_rref` to the receiver, and create a "
+            "new instance on the receiver end by passing this `module_rref`.")
+
+
+_pickle.SCRIPT_MODULE_CHECKS.append(_refuse_scripted_remote_module)
 _pickle.register_reducer(_RemoteModule, _remote_module_reducer)
 _pickle.register_reducer(RemoteModule, _remote_module_reducer)

@@ -7,6 +7,7 @@ import atexit
 import collections
 import contextlib
 import functools
+import itertools
 import os
 import re
 import socket
@@ -43,6 +44,7 @@ def is_available():
     return True
 
 
+from baton.rpc import backend_registry  # noqa: E402
 from baton.rpc.backend_registry import BackendType  # noqa: E402
 
 
@@ -326,9 +328,15 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
     global _agent, _generation
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
-    if backend is not None and not isinstance(backend, BackendType):
+    if backend is not None and not backend_registry.is_backend(backend):
         raise TypeError("Argument backend must be a member of BackendType, "
                         f"got {type(backend).__name__}")
+    if backend is not None and not backend_registry.is_built_in(backend):
+        if store is not None:
+            raise TypeError(f"_init_rpc_backend: {backend!r} is a registered backend: "
+                            "backend_registry.init_backend() starts it")
+        _init_registered_backend(name, backend, rank, world_size, rpc_backend_options)
+        return
     if rpc_backend_options is not None:
         if not isinstance(rpc_backend_options, RpcBackendOptions):
             raise TypeError("Argument rpc_backend_options must be an instance of "
@@ -395,7 +403,7 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
             _errors.SELF_NAME = _agent.self_info()[0]
             # This worker's own profiler events carry its id (torch's
             # _set_profiler_node_id).
-            _C.profiler_set_node_id(_agent.self_info()[1])
+            _set_profiler_node_id(_agent.self_info()[1])
             _set_rpc_timeout(DEFAULT_RPC_TIMEOUT_SEC if options.rpc_timeout is None
                              else options.rpc_timeout)
             if _torch_rpc.installed():
@@ -408,12 +416,85 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
                 _pickle.register_reducer(torch._C._distributed_rpc.PyRRef, _reduce_torch_rref)
                 # Scripted calls consult torch's own distributed-autograd
                 # container (torch's init_rpc initializes it too).
-                torch._C._distributed_autograd._init(_agent.self_info()[1])
+                from baton.distributed import autograd
+                autograd._init(_agent.self_info()[1])
         except _C.StatusError as e:
             raise _errors.translate(e) from None
         finally:
             _initializing.clear()
             _ready.set()
+
+
+def _init_registered_backend(name, backend, rank, world_size, rpc_backend_options):
+    """init_rpc for a backend a program registered (backend_registry.py),
+    in torch's steps: a store from the options' init_method, this worker's
+    distributed-autograd id, the backend's own init handler, whose agent
+    becomes the current one."""
+    import datetime
+
+    import torch.distributed as dist
+    from baton.distributed import autograd
+    if name is None:
+        raise ValueError(f"init_rpc with {backend!r}: pass name=")
+    _check_worker_name(name)
+    if rank is None or rank < 0:
+        raise ValueError(f"init_rpc with {backend!r}: pass rank= (a rank >= 0)")
+    options = rpc_backend_options
+    if options is not None and not isinstance(options, RpcBackendOptions):
+        raise TypeError("Argument rpc_backend_options must be an instance of "
+                        f"RpcBackendOptions, got {type(options).__name__}")
+    if options is None:
+        options = backend_registry.construct_rpc_backend_options(backend)
+    if world_size:
+        store, _, _ = next(dist.rendezvous(options.init_method, rank=rank,
+                                           world_size=world_size))
+    else:
+        store = dist._create_store_from_options(options, rank)
+    store.set_timeout(datetime.timedelta(seconds=options.rpc_timeout))
+    store = dist.PrefixStore(f"rpc_prefix_{next(_registered_inits)}", store)
+    autograd._init(rank)
+    _set_profiler_node_id(rank)
+    agent = backend_registry.init_backend(backend, store=store, name=name, rank=rank,
+                                          world_size=world_size, rpc_backend_options=options)
+    _init_rpc_states(agent)
+
+
+_registered_inits = itertools.count()
+
+
+def _init_rpc_states(agent) -> None:
+    """Makes the agent a registered backend's init handler returned the
+    current one, unless the handler did (torch's step)."""
+    if not _is_current_rpc_agent_set():
+        _set_and_start_rpc_agent(agent)
+
+
+def _set_and_start_rpc_agent(agent) -> None:
+    """Makes `agent` this process's current agent and starts it (torch's
+    function). RPC here runs on baton's agent: the one accepted is the
+    RpcAgent of baton's agent that init_backend() started, current already."""
+    if isinstance(agent, RpcAgent) and _agent is not None and agent._agent is _agent:
+        return
+    raise TypeError(
+        f"baton runs RPC on its own agent, not on a {type(agent).__name__}: a registered "
+        "backend's init handler returns the agent that backend_registry.init_backend("
+        "BackendType.TENSORPIPE, store, name, rank, world_size, rpc_backend_options) started")
+
+
+def _set_profiler_node_id(worker_id: int) -> None:
+    """Tags this process's profiler events with a worker id (torch's
+    function; init_rpc sets it to this worker's)."""
+    _C.profiler_set_node_id(int(worker_id))
+
+
+def _enable_jit_rref_pickle() -> None:
+    """Lets torch.jit.save() write the RRefs a scripted module holds (in
+    drop-in mode baton's RRefs are torch's there), as torch's function."""
+    torch._C._distributed_rpc._enable_jit_rref_pickle()
+
+
+def _disable_jit_rref_pickle() -> None:
+    torch._C._distributed_rpc._disable_jit_rref_pickle()
 
 
 def shutdown(graceful: bool = True, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT) -> None:
@@ -765,6 +846,8 @@ def _name_of(func):
         return func.qualified_name
     if isinstance(func, _AsyncScript):
         return func.fn.qualified_name
+    if isinstance(func, _KeptScriptResult):
+        return func.script_function.qualified_name
     module = getattr(func, "__module__", None)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if qualname is None:
@@ -881,6 +964,8 @@ def _pack(func, args, kwargs):
         func = _AsyncScript(wrapped)
     elif isinstance(func, torch.jit.ScriptFunction):
         _check_script_args(func, args, kwargs)
+    elif isinstance(func, _KeptScriptResult):
+        _check_script_args(func.script_function, args, kwargs)
     elif type(func).__name__ == "builtin_function_or_method":
         _check_builtin_args(func, args, kwargs)
     pickler = _default_pickler
@@ -894,8 +979,49 @@ def _value_of(result):
     """The Python value of a (live, obj) / (False, parts) pair from _C."""
     live, payload = result
     if live:
-        return payload
+        return payload.value() if type(payload) is _ScriptValue else payload
     return _pickle.loads(*payload)
+
+
+class _ScriptValue:
+    """An RRef's value that stays TorchScript's, as under torch: the list or
+    dict a TorchScript function returned to remote() (drop-in mode), held in
+    a torch OwnerRRef. Scripted code that takes the RRef gets that RRef, so
+    it sees and changes the value itself (TorchScript would convert a Python
+    list or dict into a copy); Python reads it as a Python copy (local_value,
+    to_here: _value_of and the pickler below)."""
+
+    __slots__ = ("torch_rref",)
+
+    def __init__(self, torch_rref):
+        self.torch_rref = torch_rref
+
+    def value(self):
+        return self.torch_rref.local_value()
+
+
+def _script_value_copy(value):
+    return value
+
+
+_pickle.register_reducer(_ScriptValue, lambda held: (_script_value_copy, (held.value(),)))
+
+
+class _KeptScriptResult:
+    """remote() of a TorchScript function in drop-in mode, run on the owner:
+    a list or dict result is kept as TorchScript's value (_ScriptValue),
+    typed by the function's declared return type."""
+
+    def __init__(self, script_function):
+        self.script_function = script_function
+
+    def __call__(self, *args, **kwargs):
+        result = self.script_function(*args, **kwargs)
+        if isinstance(result, (list, dict)) and _torch_rpc.installed():
+            returns = self.script_function.schema.returns
+            return _ScriptValue(_C.torch_owner_rref(result, None,
+                                                    returns[0].type.annotation_str))
+        return result
 
 
 class CppFunction:
@@ -1040,6 +1166,8 @@ def remote(to, func, args=None, kwargs=None, timeout=UNSET_RPC_TIMEOUT):
         raise TypeError(f"remote() of {func!r}: a C++ function's result is fetched with "
                         "rpc_sync/rpc_async (RRefs of C++ values are made by C++ callers)")
     label, what = _label_of(func, args), _name_of(func)
+    if isinstance(func, torch.jit.ScriptFunction) and _torch_rpc.installed():
+        func = _KeptScriptResult(func)
 
     def create(f, a, k):
         data, tensors, rrefs = _pack(f, a, k)
@@ -1341,6 +1469,26 @@ class RRef(Generic[T]):
         raise RpcRuntimeError("Can not pickle rref in python pickler: an RRef is sent as an "
                               "argument or result of an RPC, not pickled by hand")
 
+    @property
+    def __class__(self):
+        """What isinstance() sees besides the real type: a subclass of
+        torch's PyRRef too, as torch's RRef is one (_TorchVisibleRRef), so
+        that TorchScript types a module attribute holding baton RRefs as
+        RRef[T] when it infers it (its check is isinstance(value, PyRRef))
+        and then converts each at the boundary (_torch_rref). type() stays
+        RRef."""
+        return _REPORTED_CLASS
+
+
+_TorchPyRRef = getattr(getattr(torch._C, "_distributed_rpc", None), "PyRRef", None)
+if _TorchPyRRef is not None:
+    class _TorchVisibleRRef(RRef, _TorchPyRRef):
+        """The class a baton RRef reports (RRef.__class__): never made, only
+        asked by isinstance(); the real type of every baton RRef is RRef."""
+    _REPORTED_CLASS = _TorchVisibleRRef
+else:  # a torch built without RPC: TorchScript has no RRef type to infer
+    _REPORTED_CLASS = RRef
+
 
 def _unique_id_text(worker_and_local):
     """An RRef or fork id as torch prints it: its creator and the creator's
@@ -1362,8 +1510,7 @@ def _torch_rref(rref: "RRef") -> Any:
         raise RpcRuntimeError("a baton RRef enters TorchScript in drop-in mode only "
                               "(python -m baton.torch_rpc): scripted code takes torch's RRefs")
     if rref.is_owner():
-        value = rref.local_value()
-        return _C.torch_owner_rref(value, _script_module_hint(value))
+        return _torch_owner_rref_of(rref)
     return _C.torch_user_rref(rpc_sync(rref.owner(), _torch_fork_on_owner,
                                        args=(rref, get_worker_info().name)))
 
@@ -1378,15 +1525,24 @@ def _torch_fork_on_owner(rref, user):
         # at the end of this worker's init_rpc().
         _ready.wait(timeout=600)
     value = rref.local_value()
-    hint = _script_module_hint(value)
     # A module scripted code returned is torch._C's, not torch.jit's.
     module = value._c if isinstance(value, torch.jit.ScriptModule) else value
-    if isinstance(module, torch._C.ScriptModule) and hint is None:
+    if isinstance(module, torch._C.ScriptModule) and _script_module_hint(value) is None:
         raise RpcRuntimeError(
             f"{module._type().qualified_name()} is an RRef to a ScriptModule. It can't be "
             f"sent through RPC from owner, {get_worker_info()}, to user, {user}. Call its "
             "methods on the owner (rref.rpc_sync().forward(...)) instead")
-    return _C.torch_fork_for_user(value, hint)
+    return _C.torch_fork_for_user(_torch_owner_rref_of(rref))
+
+
+def _torch_owner_rref_of(rref):
+    """On a baton RRef's owner: a torch OwnerRRef over its value (the one
+    that holds it, for a _ScriptValue)."""
+    live, value = rref._c.local_value()
+    if type(value) is _ScriptValue:
+        return value.torch_rref
+    value = _value_of((live, value))
+    return _C.torch_owner_rref(value, _script_module_hint(value))
 
 
 # The interface a ScriptModule owned here was given when an RRef of it was
