@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What mutual TLS costs: bench/rpc_bench over loopback gRPC with and without
-# TLS, alternating, N rounds (default 3), large tensors on the stream
-# (BATON_SHM=0) as between hosts. Prints, per metric, the median of each
+# TLS, alternating, N rounds (default 3), on the path between hosts
+# (BATON_SHM=0: large tensors on the network bulk channel, whose connections
+# are TLS too under TLS; BATON_NET_BULK=0 in the environment keeps them on the
+# stream instead). Prints, per metric, the median of each
 # side and the TLS cost of every round (the ratio within a round, so that the
 # machine's noise between rounds cancels out), for the table in docs/performance.md.
 #   bench/tls_cost.sh [rounds] [--quick]

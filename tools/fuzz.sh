@@ -32,7 +32,7 @@ declare -A SOURCES=(
   [wire]="@base rpc/internal/wire.cc proto:rpc.pb.cc"
   [codec]="@base rpc/codec.cc rpc/function.cc"
   [shm]="@base rpc/channel/shm/shm_channel.cc rpc/internal/wire.cc proto:rpc.pb.cc"
-  [bulk]="@base rpc/channel/tcp/bulk_channel.cc rpc/channel/tcp/socket_io.cc proto:rpc.pb.cc"
+  [bulk]="@base rpc/channel/tcp/bulk_channel.cc rpc/channel/tcp/socket_io.cc rpc/channel/tcp/connection.cc proto:rpc.pb.cc"
   [store]="@store"
   [rref]="@rpc rref/rref_context.cc rref/rref_service.cc proto:rref.pb.cc"
   [dist_autograd]="@rpc dist_autograd/container.cc dist_autograd/engine.cc
@@ -83,7 +83,7 @@ CXXFLAGS="-std=c++17 -g -O1 $SANITIZE -I. -I$GEN -isystem /usr/include/torch/csr
           -DBATON_HAVE_GLOO -Wno-unused-command-line-argument"
 # The Abseil libraries Bazel links (third_party/system.BUILD), and the rest.
 ABSL_LIBS=$(grep -o '"-labsl_[a-z0-9_]*"' third_party/system.BUILD | tr -d '"' | tr '\n' ' ')
-LIBS="-Wl,--as-needed -ltorch -ltorch_cpu -lc10 -lgrpc++ -lgrpc -lgpr -laddress_sorting -lcrypto
+LIBS="-Wl,--as-needed -ltorch -ltorch_cpu -lc10 -lgrpc++ -lgrpc -lgpr -laddress_sorting -lssl -lcrypto
       -lprotobuf $ABSL_LIBS -lrt -lpthread"
 
 OBJ="$FUZZ_BUILD/obj"

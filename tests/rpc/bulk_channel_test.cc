@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
+#include "base/tls.h"
 #include "testing/eventually.h"
 
 namespace baton::rpc::internal {
@@ -405,6 +407,112 @@ TEST(BulkChannel, B5_AnOversizedRecordEndsTheConnection) {
 TEST(BulkChannel, B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
   HeldBack h = ExportPastTheBudget(5);
   ClaimInOrder(h, absl::Seconds(10));
+}
+
+// ---- B9: mutual TLS ----
+
+// A CA with certificate "node" in dir/; another CA with "rogue" in
+// dir/other/ (tools/make_certs.sh; both carry IP:127.0.0.1).
+const std::string& Certificates() {
+  static const std::string dir = [] {
+    const std::string d = ::testing::TempDir() + "/bulk_certs";
+    const std::string cmd =
+        "bash tools/make_certs.sh " + d + " node && bash tools/make_certs.sh " + d + "/other rogue";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return d;
+  }();
+  return dir;
+}
+
+TlsConfig TlsOf(const std::string& dir, const std::string& name) {
+  auto config =
+      LoadTls({dir + "/ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key", ""});
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+std::unique_ptr<BulkChannel> TlsChannel(TlsConfig tls) {
+  BulkChannelOptions o;
+  o.tls = std::move(tls);
+  o.handshake_timeout = absl::Seconds(3);
+  return Channel(o);
+}
+
+// B9, B3: between two workers of the job's CA, blobs travel inside mutual
+// TLS and arrive whole, in order, each acknowledged (the sender keeps none).
+TEST(BulkChannel, B9_UnderTlsBlobsTravelInsideMutualTlsAndArriveWhole) {
+  auto a = TlsChannel(TlsOf(Certificates(), "node"));
+  auto b = TlsChannel(TlsOf(Certificates(), "node"));
+  a->AddPeer(1, b->address(), "w0");
+  std::shared_ptr<std::string> keep;
+  Frame probe = WithBlobs({Pattern(2048, 0, &keep)});
+  a->Export(1, probe);
+  ASSERT_TRUE(a->Connected(1, absl::Seconds(10)));
+  std::vector<std::shared_ptr<std::string>> kept(3);
+  std::vector<Frame> frames;
+  const size_t sizes[] = {size_t{1} << 20, (size_t{3} << 20) + 17, 4096};
+  for (int i = 0; i < 3; ++i) {
+    frames.push_back(WithBlobs({Pattern(sizes[i], i + 1, &kept[i])}));
+    a->Export(1, frames.back());
+    ASSERT_EQ(frames.back().header.tcp_blobs_size(), 1) << i;
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto got = ImportWaiting(*b, 0, frames[i], absl::Seconds(10));
+    ASSERT_TRUE(got.ok() && *got) << i << ": " << got.status();
+    EXPECT_EQ(std::string(frames[i].payload.blobs[0].contiguous(), sizes[i]), *kept[i]) << i;
+  }
+  EXPECT_EQ(b->stats().blobs_received, 3u);
+  EXPECT_EQ(b->stats().bytes_received, sizes[0] + sizes[1] + sizes[2]);
+  EXPECT_TRUE(testing::Eventually([&] { return a->stats().blobs_sent == 3; }));
+}
+
+// B9: a sender whose certificate another CA signed, or that has none (plain
+// TCP), gets no connection: its blobs stay on the stream. A TLS sender gets
+// none from a plain receiver either.
+TEST(BulkChannel, B9_APeerWithoutACertificateOfTheJobsCaGetsNoConnection) {
+  auto receiver = TlsChannel(TlsOf(Certificates(), "node"));
+  auto plain_receiver = Channel();
+  auto rogue = TlsChannel(TlsOf(Certificates() + "/other", "rogue"));
+  auto plain = Channel();
+  auto node = TlsChannel(TlsOf(Certificates(), "node"));
+  rogue->AddPeer(1, receiver->address(), "w0");
+  plain->AddPeer(1, receiver->address(), "w2");
+  node->AddPeer(1, plain_receiver->address(), "w3");
+  std::shared_ptr<std::string> keep;
+  for (BulkChannel* sender : {rogue.get(), plain.get(), node.get()}) {
+    Frame f = WithBlobs({Pattern(4096, 1, &keep)});
+    sender->Export(1, f);  // starts the connection
+  }
+  // The attempts were made, and refused.
+  EXPECT_TRUE(testing::Eventually([&] { return receiver->stats().connections_refused >= 2; }));
+  EXPECT_TRUE(
+      testing::Eventually([&] { return plain_receiver->stats().connections_refused >= 1; }));
+  for (BulkChannel* sender : {rogue.get(), plain.get(), node.get()}) {
+    EXPECT_FALSE(sender->Connected(1, absl::Seconds(3)));
+    Frame f = WithBlobs({Pattern(4096, 2, &keep)});
+    sender->Export(1, f);
+    EXPECT_EQ(f.header.tcp_blobs_size(), 0);  // it stays on the stream
+  }
+  EXPECT_EQ(receiver->stats().blobs_received, 0u);
+  // The receiver itself takes a sender of the job's CA.
+  auto good = TlsChannel(TlsOf(Certificates(), "node"));
+  good->AddPeer(1, receiver->address(), "w4");
+  Frame f = WithBlobs({Pattern(4096, 3, &keep)});
+  good->Export(1, f);
+  EXPECT_TRUE(good->Connected(1, absl::Seconds(10)));
+}
+
+// B9: a certificate or key that cannot be read fails Start, saying which.
+TEST(BulkChannel, B9_ATlsConfigWithoutAUsableKeyFailsStart) {
+  TlsConfig tls = TlsOf(Certificates(), "node");
+  tls.key_pem = "-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n";
+  BulkChannelOptions o;
+  o.job_token = "token";
+  o.tls = tls;
+  auto c = BulkChannel::Start(o, Authenticate);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "private key")) << c.status();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // GrpcTransport (rpc/transport/grpc/grpc_transport.h) between two transports in one
 // process, on loopback: how a stream comes up over a slow link, and how an
 // incoming stream is bound to a caller (docs/flow_control.md, W2).
+#include <cstdlib>
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/tls.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "tests/slow_link.h"
 #include "tests/transport_recorder.h"
@@ -127,9 +129,10 @@ Frame WithBlob(uint64_t id, size_t bytes, std::shared_ptr<std::string>* keep) {
 // B3, B4 through the transport: large blobs of requests go through the
 // bulk channel (the frames arrive naming them), small frames do not; the
 // callee sees every frame once and whole, the small ones in order.
-TEST(GrpcTransport, LargeBlobsGoThroughTheBulkChannelAndArriveWhole) {
+void LargeBlobsGoThroughTheBulkChannel(TlsConfig tls) {
   RankedRecorder caller_side, callee_side;
   NetworkTransportOptions o{"127.0.0.1:0", "token", 64 << 20};
+  o.tls = std::move(tls);
   o.bulk_channel = true;
   o.bulk_min_bytes = 64 << 10;
   auto callee = GrpcTransport::Start(o, &callee_side);
@@ -179,6 +182,21 @@ TEST(GrpcTransport, LargeBlobsGoThroughTheBulkChannelAndArriveWhole) {
   EXPECT_TRUE((*caller)->CloseStreams(/*cancel=*/false, absl::Seconds(5)).ok());
   (*caller)->StopServer(absl::ZeroDuration());
   (*callee)->StopServer(absl::ZeroDuration());
+}
+
+TEST(GrpcTransport, LargeBlobsGoThroughTheBulkChannelAndArriveWhole) {
+  LargeBlobsGoThroughTheBulkChannel(TlsConfig{});
+}
+
+// B9 through the transport: under the job's TLS the streams and the bulk
+// channel are both mutual TLS, and large blobs still take the channel.
+TEST(GrpcTransport, UnderTlsLargeBlobsGoThroughTheBulkChannelToo) {
+  const std::string dir = ::testing::TempDir() + "/transport_certs";
+  const std::string cmd = "bash tools/make_certs.sh " + dir + " node";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto tls = LoadTls({dir + "/ca.pem", dir + "/node.pem", dir + "/node.key", ""});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  LargeBlobsGoThroughTheBulkChannel(*tls);
 }
 
 // B6 through the transport: a request naming a bulk blob that cannot

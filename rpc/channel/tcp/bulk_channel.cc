@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/channel/tcp/connection.h"
 #include "rpc/channel/tcp/socket_io.h"
 
 namespace baton::rpc::internal {
@@ -155,6 +156,11 @@ BulkChannel::BulkChannel(BulkChannelOptions options, Authenticator authenticate)
 absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Start(BulkChannelOptions options,
                                                                 Authenticator authenticate) {
   std::unique_ptr<BulkChannel> c(new BulkChannel(std::move(options), std::move(authenticate)));
+  if (c->options_.tls.enabled()) {
+    auto tls = tcp::TlsContext::Create(c->options_.tls);
+    if (!tls.ok()) return tls.status();
+    c->tls_ = *std::move(tls);
+  }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
@@ -278,11 +284,13 @@ void BulkChannel::Export(int peer, Frame& frame) {
     entry->set_id(out->next_id);
     entry->set_size(size);
     out->queue.push_back({out->next_id++, std::move(blob)});
-    blob = Blob();
+    blob.pieces.clear();  // the frame carries it empty (B3)
+    blob.owner.reset();
   }
 }
 
 void BulkChannel::WriteLoop(std::shared_ptr<Outgoing> out) {
+  tcp::BlockSigpipeOnThisThread();  // TLS writes (connection.h)
   // B8: after a connection that was up broke, connections follow every
   // retry_after while records wait, until this time.
   absl::Time resume_until = absl::InfinitePast();
@@ -341,30 +349,44 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     out->progressed = false;
     first_id = out->queue.empty() ? out->next_id : out->queue.front().id;
   }
+  std::unique_ptr<tcp::Connection> conn;
   auto end = [&](ConnectionEnd how) {
     {
       absl::MutexLock lock(&mu_);
       out->fd = -1;
     }
+    conn.reset();
     close(fd);
     return how;
   };
+  const absl::Duration handshake = std::min(options_.handshake_timeout, absl::Seconds(2));
+  if (tls_ == nullptr) {
+    conn = tcp::PlainConnection(fd);
+  } else {  // B9
+    auto secured = tcp::TlsClientConnection(fd, tls_, address, handshake);
+    if (!secured.ok()) return end(ConnectionEnd::kNotReady);
+    conn = *std::move(secured);
+    conn->SetTimeout(handshake);
+  }
   Hello hello{kMagic, kVersion, static_cast<uint32_t>(options_.job_token.size()),
               static_cast<uint32_t>(identity.size()), first_id};
   char ack = 0;
-  if (!WriteAll(fd, {{&hello, sizeof hello},
-                     {const_cast<char*>(options_.job_token.data()), options_.job_token.size()},
-                     {identity.data(), identity.size()}}) ||
-      !ReadAll(fd, &ack, 1) || ack != 1) {
+  if (!conn->WriteAll({{&hello, sizeof hello},
+                       {const_cast<char*>(options_.job_token.data()), options_.job_token.size()},
+                       {identity.data(), identity.size()}}) ||
+      !conn->ReadAll(&ack, 1) || ack != 1) {
     return end(ConnectionEnd::kNotReady);
   }
-  SetTimeout(fd, absl::ZeroDuration());
+  conn->SetTimeout(absl::ZeroDuration());
   {
     absl::MutexLock lock(&mu_);
     if (out->stop || closed_) return end(ConnectionEnd::kStopped);
     out->state = Outgoing::State::kReady;
   }
-  std::thread acknowledgements([this, out, fd] { ReadAcknowledgements(out, fd); });
+  std::thread acknowledgements([this, out, c = conn.get()] {
+    tcp::BlockSigpipeOnThisThread();
+    ReadAcknowledgements(out, c);
+  });
   ConnectionEnd how = ConnectionEnd::kBroke;
   for (;;) {
     uint64_t id;
@@ -390,7 +412,7 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     for (const auto& piece : blob.pieces) {
       if (!piece.empty()) iov.push_back({const_cast<char*>(piece.data()), piece.size()});
     }
-    if (!WriteAll(fd, std::move(iov))) break;
+    if (!conn->WriteAll(std::move(iov))) break;
     absl::MutexLock lock(&mu_);
     ++stats_.blobs_sent;
     stats_.bytes_sent += h.size;
@@ -404,9 +426,10 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
   return end(how);
 }
 
-void BulkChannel::ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int fd) {
+void BulkChannel::ReadAcknowledgements(const std::shared_ptr<Outgoing>& out,
+                                       tcp::Connection* conn) {
   uint64_t id;
-  while (ReadAll(fd, &id, sizeof id)) {
+  while (conn->ReadAll(&id, sizeof id)) {
     std::vector<Outgoing::Item> done;  // their memory is released outside the lock
     absl::MutexLock lock(&mu_);
     while (!out->sent.empty() && out->sent.front().id <= id) {
@@ -467,18 +490,29 @@ void BulkChannel::AcceptLoop() {
 }
 
 void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
+  tcp::BlockSigpipeOnThisThread();  // TLS writes (connection.h)
   const int fd = in->fd;
   SetTimeout(fd, options_.handshake_timeout);
+  std::unique_ptr<tcp::Connection> conn;
+  if (tls_ == nullptr) {
+    conn = tcp::PlainConnection(fd);
+  } else {  // B9
+    auto secured = tcp::TlsServerConnection(fd, tls_, options_.handshake_timeout);
+    if (secured.ok()) {
+      conn = *std::move(secured);
+      conn->SetTimeout(options_.handshake_timeout);
+    }
+  }
   Hello hello{};
   std::string token, identity;
-  bool ok = ReadAll(fd, &hello, sizeof hello) && hello.magic == kMagic &&
+  bool ok = conn != nullptr && conn->ReadAll(&hello, sizeof hello) && hello.magic == kMagic &&
             hello.version == kVersion && hello.token_len <= kMaxHelloField &&
             hello.identity_len <= kMaxHelloField;
   if (ok) {
     token.resize(hello.token_len);
     identity.resize(hello.identity_len);
-    ok = ReadAll(fd, token.data(), token.size()) && ReadAll(fd, identity.data(), identity.size()) &&
-         SameBytes(token, options_.job_token);
+    ok = conn->ReadAll(token.data(), token.size()) &&
+         conn->ReadAll(identity.data(), identity.size()) && SameBytes(token, options_.job_token);
   }
   absl::StatusOr<int> peer = ok ? authenticate_(identity) : absl::UnauthenticatedError("hello");
   std::shared_ptr<Arrivals> arr;
@@ -487,6 +521,8 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
     absl::MutexLock lock(&mu_);
     --handshaking_;
     if (closed_ || !peer.ok() || *peer < 0) {
+      ++stats_.connections_refused;
+      conn.reset();
       shutdown(fd, SHUT_RDWR);
       close(fd);
       in->fd = -1;
@@ -524,14 +560,14 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
     in->peer = *peer;
   }
   for (auto& w : wake) w();  // they take the lock (Import)
-  SetTimeout(fd, absl::ZeroDuration());
+  conn->SetTimeout(absl::ZeroDuration());
   NoDelay(fd);
   Tolerate(fd, options_.silence_timeout);
   const char ack = 1;
-  bool reading = WriteAll(fd, {{const_cast<char*>(&ack), 1}});
+  bool reading = conn->WriteAll({{const_cast<char*>(&ack), 1}});
   while (reading) {
     RecordHeader h{};
-    if (!ReadAll(fd, &h, sizeof h) || h.size > options_.max_blob_bytes) break;
+    if (!conn->ReadAll(&h, sizeof h) || h.size > options_.max_blob_bytes) break;
     // B8: an id already passed is a resend of a record read before; B6:
     // one below the floor belongs to frames that failed. Decided again
     // after each wait: another connection may have brought it meanwhile.
@@ -551,10 +587,10 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
       keep = fresh();
     }
     if (!keep) {
-      if (!Discard(fd, h.size)) break;
+      if (!conn->Discard(h.size)) break;
     } else {
       std::shared_ptr<char> data = buffers_->Allocate(h.size);
-      if (data == nullptr || !ReadAll(fd, data.get(), h.size)) break;
+      if (data == nullptr || !conn->ReadAll(data.get(), h.size)) break;
       std::vector<std::function<void()>> wake;
       {
         absl::MutexLock lock(&mu_);
@@ -571,8 +607,9 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
       for (auto& w : wake) w();
     }
     // B8: acknowledged once read (kept or dropped).
-    if (!WriteAll(fd, {{&h.id, sizeof h.id}})) break;
+    if (!conn->WriteAll({{&h.id, sizeof h.id}})) break;
   }
+  conn.reset();  // before Ended closes the socket
   Ended(in);
 }
 

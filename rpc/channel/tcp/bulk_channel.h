@@ -53,6 +53,12 @@
 //     then it gives them up. Meanwhile new blobs travel on the stream. A
 //     connection superseded by a newer one from its sender reads nothing
 //     more.
+// B9. Under the job's TLS (options.tls), every connection is mutual TLS 1.3
+//     before its hello (B2): each side presents its certificate from the
+//     job's CA and refuses a peer without one; the sender checks the
+//     receiver's name as the gRPC streams do (connection.h). A failed
+//     handshake is a failed connection: blobs stay on the stream. The hello,
+//     the records and the acknowledgements then travel inside TLS.
 //
 // Entries come from a peer and are not trusted: Import checks each index,
 // that the blob traveled empty, that no index or id is named twice, the
@@ -78,9 +84,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/tls.h"
 #include "rpc/transport.h"
 
 namespace baton::rpc::internal {
+
+namespace tcp {
+class Connection;
+class TlsContext;
+}  // namespace tcp
 
 struct BulkChannelOptions {
   std::string host = "127.0.0.1";  // to listen on (the transport's host)
@@ -92,6 +104,8 @@ struct BulkChannelOptions {
   absl::Duration retry_after = absl::Seconds(1);  // B7
   // How long a silent connection lives (B7): the agent's partition tolerance.
   absl::Duration silence_timeout = absl::Seconds(30);
+  // The job's TLS (base/tls.h; empty: plain TCP): B9.
+  TlsConfig tls;
 };
 
 class BulkChannel {
@@ -145,6 +159,8 @@ class BulkChannel {
 
   struct Stats {
     uint64_t blobs_sent = 0, bytes_sent = 0, blobs_received = 0, bytes_received = 0;
+    // Incoming connections closed before their hello was accepted (B2, B9).
+    uint64_t connections_refused = 0;
   };
   Stats stats() const;
 
@@ -164,7 +180,7 @@ class BulkChannel {
   void WriteLoop(std::shared_ptr<Outgoing> out);
   // One connection: hello, then records until it breaks or is stopped.
   ConnectionEnd RunConnection(const std::shared_ptr<Outgoing>& out);
-  void ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, int fd);
+  void ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, tcp::Connection* conn);
   // The reader of `in` ended.
   void Ended(const std::shared_ptr<Incoming>& in);
   // Whether the waits on a sender fail now (B6).
@@ -173,7 +189,8 @@ class BulkChannel {
 
   const BulkChannelOptions options_;
   const Authenticator authenticate_;
-  const std::shared_ptr<BufferPool> buffers_;  // outlived by nothing it lends
+  const std::shared_ptr<BufferPool> buffers_;   // outlived by nothing it lends
+  std::shared_ptr<const tcp::TlsContext> tls_;  // null: plain TCP (B9)
   int listen_fd_ = -1;
   std::string address_;
   std::thread acceptor_;

@@ -227,6 +227,7 @@ absl::StatusOr<std::unique_ptr<BulkChannel>> StartBulkChannel(const TransportOpt
   bulk.max_blob_bytes = static_cast<uint64_t>(options.max_message_bytes);
   bulk.unclaimed_budget = static_cast<uint64_t>(options.max_message_bytes);
   bulk.silence_timeout = options.silence_timeout;
+  bulk.tls = options.tls;
   return BulkChannel::Start(bulk, [handler](const std::string& identity) {
     // The authenticator answers through a callback; this is the channel's
     // own reader thread, which may wait for it. The answer may come after
@@ -641,8 +642,8 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOpt
                                                                     TransportHandler* handler) {
   std::unique_ptr<GrpcTransport> t(new GrpcTransport(std::move(options), handler));
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
-  if (t->options_.bulk_channel && !t->options_.tls.enabled()) {
-    // Under TLS every byte stays on the encrypted stream (docs/wire_format.md).
+  if (t->options_.bulk_channel) {
+    // Under TLS the channel's connections are TLS too (B9).
     auto channel = StartBulkChannel(t->options_, handler);
     if (!channel.ok()) return channel.status();
     t->bulk_ = *std::move(channel);
