@@ -5,8 +5,9 @@
 # the link limited by a tbf qdisc (this kernel has tbf, not netem).
 #   bench/netns_bench.sh [--quick] [--rate 10gbit] [--rounds 3]
 # Needs root and `ip netns`. Prints rpc_bench's JSON lines, each with
-# "link": "veth" or "veth+tbf <rate>"; the floors (tcp_echo_floor_*) cross the
-# same link.
+# "link": "veth" or "veth+tbf <rate>", "bulk" (the bulk channel on) and "tls"
+# (mutual TLS, certificates made for the two addresses); the floors
+# (tcp_echo_floor_*) cross the same link.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK="" RATE=10gbit ROUNDS=1
@@ -38,13 +39,23 @@ for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
 ip -n "$A" link set "$VA" up
 ip -n "$B" link set "$VB" up
 
-run() {  # LINK-LABEL; each round: gRPC alone, then with the bulk channel
+# The job's TLS, for certificates that name both ends' addresses.
+CERTS=$(mktemp -d)
+trap 'cleanup; rm -rf "$CERTS"' EXIT
+bash tools/make_certs.sh "$CERTS" "node:IP:$ADDR_A,IP:$ADDR_B" >/dev/null
+TLS_ENV=(BATON_TLS_CA="$CERTS/ca.pem" BATON_TLS_CERT="$CERTS/node.pem" BATON_TLS_KEY="$CERTS/node.key")
+
+run() {  # LINK-LABEL; each round: gRPC alone, with the bulk channel, and
+         # with the bulk channel under mutual TLS
   for _ in $(seq "$ROUNDS"); do
-    for bulk in 0 1; do
-      ip netns exec "$A" env MASTER_ADDR="$ADDR_A" MASTER_PORT=$((20000 + RANDOM % 20000)) \
+    for mode in grpc bulk tls; do
+      local bulk=1 tls=false extra=()
+      [ "$mode" = grpc ] && bulk=0
+      [ "$mode" = tls ] && tls=true && extra=("${TLS_ENV[@]}")
+      ip netns exec "$A" env "${extra[@]}" MASTER_ADDR="$ADDR_A" MASTER_PORT=$((20000 + RANDOM % 20000)) \
         BATON_SHM=0 BATON_TRANSPORT=grpc BATON_NET_BULK=$bulk BATON_JOB_TOKEN="bench-$$" \
         BATON_BENCH_PEER_NETNS="$B" BATON_BENCH_PEER_ADDR="$ADDR_B" "$BENCH" $QUICK |
-        grep '^{' | grep -v '"shm' | sed "s/^{/{\"link\": \"$1\", \"bulk\": $bulk, /"
+        grep '^{' | grep -v '"shm' | sed "s/^{/{\"link\": \"$1\", \"bulk\": $bulk, \"tls\": $tls, /"
     done
   done
 }
