@@ -224,6 +224,13 @@ def scenario_api(rank, world_size):
         local = rpc.RRef(torch.ones(2))
         assert local.is_owner() and local.confirmed_by_owner()
         assert local.to_here() is local.local_value()
+        # Outside drop-in mode a baton RRef is no torch RRef, to isinstance
+        # too: TorchScript skips a module attribute that holds one.
+        assert type(local) is rpc.RRef and isinstance(local, rpc.RRef)
+        assert not isinstance(local, torch._C._distributed_rpc.PyRRef)
+        holder = torch.nn.Module()
+        holder.rref = local
+        assert torch.jit.script(holder) is not None
         # RRefs inside containers, both ways, and forwarded to a third worker.
         rrefs = rpc.rpc_sync("worker1", make_rrefs, args=(4,))
         assert [r.owner().name for r in rrefs] == ["worker1"] * 4

@@ -411,13 +411,15 @@ TEST(BulkChannel, B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
 
 // ---- B9: mutual TLS ----
 
-// A CA with certificate "node" in dir/; another CA with "rogue" in
-// dir/other/ (tools/make_certs.sh; both carry IP:127.0.0.1).
+// A CA with certificates "node" (IP:127.0.0.1) and "elsewhere" (only
+// IP:10.9.9.9) in dir/; another CA with "rogue" (IP:127.0.0.1) in dir/other/
+// (tools/make_certs.sh).
 const std::string& Certificates() {
   static const std::string dir = [] {
     const std::string d = ::testing::TempDir() + "/bulk_certs";
-    const std::string cmd =
-        "bash tools/make_certs.sh " + d + " node && bash tools/make_certs.sh " + d + "/other rogue";
+    const std::string cmd = "bash tools/make_certs.sh " + d +
+                            " node elsewhere:IP:10.9.9.9 && bash tools/make_certs.sh " + d +
+                            "/other rogue";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return d;
   }();
@@ -500,6 +502,34 @@ TEST(BulkChannel, B9_APeerWithoutACertificateOfTheJobsCaGetsNoConnection) {
   Frame f = WithBlobs({Pattern(4096, 3, &keep)});
   good->Export(1, f);
   EXPECT_TRUE(good->Connected(1, absl::Seconds(10)));
+}
+
+// B9, each side's check on its own: a receiver refuses a sender that trusts
+// the job's CA but presents a certificate another CA signed (the receiver's
+// check), and a sender refuses a receiver whose certificate of the job's CA
+// names another address than the one dialled (the sender's check).
+TEST(BulkChannel, B9_EachSideChecksThePeersCertificate) {
+  const std::string& d = Certificates();
+  auto receiver = TlsChannel(TlsOf(d, "node"));
+  TlsConfig impostor = TlsOf(d + "/other", "rogue");
+  impostor.ca_pem = TlsOf(d, "node").ca_pem;  // it trusts the job's CA
+  auto sender = TlsChannel(impostor);
+  sender->AddPeer(1, receiver->address(), "w0");
+  std::shared_ptr<std::string> keep;
+  Frame f = WithBlobs({Pattern(4096, 1, &keep)});
+  sender->Export(1, f);
+  EXPECT_TRUE(testing::Eventually([&] { return receiver->stats().connections_refused >= 1; }));
+  EXPECT_FALSE(sender->Connected(1, absl::Seconds(3)));
+
+  auto misnamed = TlsChannel(TlsOf(d, "elsewhere"));  // listens on 127.0.0.1
+  auto node = TlsChannel(TlsOf(d, "node"));
+  node->AddPeer(1, misnamed->address(), "w2");
+  Frame g = WithBlobs({Pattern(4096, 2, &keep)});
+  node->Export(1, g);
+  // The sender ends the handshake: the receiver sees a refused connection.
+  EXPECT_TRUE(testing::Eventually([&] { return misnamed->stats().connections_refused >= 1; }));
+  EXPECT_FALSE(node->Connected(1, absl::Seconds(3)));
+  EXPECT_EQ(misnamed->stats().blobs_received, 0u);
 }
 
 // B9: a certificate or key that cannot be read fails Start, saying which.

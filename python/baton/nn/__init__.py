@@ -55,6 +55,17 @@ def _instantiate_template(module_interface_cls, enable_moving_cpu_tensors_to_cud
         module_interface_cls, enable_moving_cpu_tensors_to_cuda)
 
 
+def _generated_methods(on, device, module_interface_cls):
+    """The scriptable forward methods torch's instantiator generates for
+    the interface, here and (for the _remote_forward they call) on `on`."""
+    from torch.distributed.nn.jit import instantiator
+    to_cuda = torch.device(device).type == "cuda"
+    generated = instantiator.instantiate_scriptable_remote_module_template(
+        module_interface_cls, to_cuda)
+    _rpc.rpc_sync(on, _instantiate_template, args=(module_interface_cls, to_cuda))
+    return tuple(generated._generated_methods)
+
+
 def _create_with_interface(module_cls, args, kwargs, device, module_interface_cls):
     """Runs on the remote worker: the module, scripted, in an RRef that
     scripted code sees through `module_interface_cls`."""
@@ -124,23 +135,24 @@ class _RemoteModule(torch.nn.Module):
             self._attach(on, device, _rpc.remote(on, _create, args=(module_cls, args, kwargs,
                                                                     device)))
             return
-        from torch.distributed.nn.jit import instantiator
-        to_cuda = torch.device(device).type == "cuda"
-        generated = instantiator.instantiate_scriptable_remote_module_template(
-            _module_interface_cls, to_cuda)
-        _rpc.rpc_sync(on, _instantiate_template, args=(_module_interface_cls, to_cuda))
+        methods = _generated_methods(on, device, _module_interface_cls)
         module_rref = _rpc.rpc_sync(on, _create_with_interface,
                                     args=(module_cls, args, kwargs, device, _module_interface_cls))
-        self._attach(on, device, module_rref, tuple(generated._generated_methods))
+        self._attach(on, device, module_rref, methods)
 
     @classmethod
-    def init_from_module_rref(cls, remote_device: str,
-                              module_rref: "_rpc.RRef") -> "RemoteModule":
+    def init_from_module_rref(cls, remote_device: str, module_rref: "_rpc.RRef",
+                              _module_interface_cls: Any = None) -> "RemoteModule":
         """A RemoteModule over a module that already lives on its worker
-        (module_rref, as get_module_rref() of another RemoteModule gives)."""
+        (module_rref, as get_module_rref() of another RemoteModule gives);
+        scriptable with the interface the module was made with."""
         remote_module = object.__new__(RemoteModule)
         torch.nn.Module.__init__(remote_module)
-        remote_module._attach(*_parse_remote_device(remote_device), module_rref)
+        on, device = _parse_remote_device(remote_device)
+        methods = None
+        if _module_interface_cls is not None:
+            methods = _generated_methods(on, device, _module_interface_cls)
+        remote_module._attach(on, device, module_rref, methods)
         return remote_module
 
     def _attach(self, on, device, module_rref, scripted_methods=None):
@@ -215,7 +227,8 @@ def _remote_module_reducer(remote_module):
 
 def _refuse_scripted_remote_module(module):
     """A scripted RemoteModule holds its module_rref in TorchScript, where
-    no fork of it can be made for the receiver (torch refuses it too)."""
+    no fork of it can be made for the receiver (torch refuses it too, by the
+    same test: a scripted module with a module_rref attribute)."""
     if hasattr(module._c, "module_rref"):
         raise _pickle.NotSendable(
             "Passing a script RemoteModule over RPC is not supported. Please create a "

@@ -150,7 +150,9 @@ def _tuple(args) -> tuple:
 
 
 def _func_name(func) -> str:
-    func = getattr(func, "script_function", func)  # api._KeptScriptResult
+    from baton.rpc import api  # imports this module first
+    if isinstance(func, api._KeptScriptResult):
+        func = func.script_function
     if isinstance(func, torch.jit.ScriptFunction):
         return torch._jit_internal._qualified_name(func)
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))

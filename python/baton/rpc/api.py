@@ -439,17 +439,16 @@ def _init_registered_backend(name, backend, rank, world_size, rpc_backend_option
     _check_worker_name(name)
     if rank is None or rank < 0:
         raise ValueError(f"init_rpc with {backend!r}: pass rank= (a rank >= 0)")
+    if not world_size:
+        raise ValueError(f"init_rpc with {backend!r}: pass world_size= (baton's groups are "
+                         "fixed at the rendezvous; workers that join later are not supported)")
     options = rpc_backend_options
     if options is not None and not isinstance(options, RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of "
                         f"RpcBackendOptions, got {type(options).__name__}")
     if options is None:
         options = backend_registry.construct_rpc_backend_options(backend)
-    if world_size:
-        store, _, _ = next(dist.rendezvous(options.init_method, rank=rank,
-                                           world_size=world_size))
-    else:
-        store = dist._create_store_from_options(options, rank)
+    store, _, _ = next(dist.rendezvous(options.init_method, rank=rank, world_size=world_size))
     store.set_timeout(datetime.timedelta(seconds=options.rpc_timeout))
     store = dist.PrefixStore(f"rpc_prefix_{next(_registered_inits)}", store)
     autograd._init(rank)
@@ -1471,13 +1470,16 @@ class RRef(Generic[T]):
 
     @property
     def __class__(self):
-        """What isinstance() sees besides the real type: a subclass of
-        torch's PyRRef too, as torch's RRef is one (_TorchVisibleRRef), so
-        that TorchScript types a module attribute holding baton RRefs as
-        RRef[T] when it infers it (its check is isinstance(value, PyRRef))
-        and then converts each at the boundary (_torch_rref). type() stays
-        RRef."""
-        return _REPORTED_CLASS
+        """What isinstance() sees besides the real type: in drop-in mode,
+        while the agent runs (when a baton RRef can enter TorchScript), a
+        subclass of torch's PyRRef too, as torch's RRef is one
+        (_TorchVisibleRRef), so that TorchScript types a module attribute
+        holding baton RRefs as RRef[T] when it infers it (its check is
+        isinstance(value, PyRRef)) and then converts each at the boundary
+        (_torch_rref). Otherwise, and for type() always, RRef."""
+        if _agent is not None and _torch_rpc.installed():
+            return _REPORTED_CLASS
+        return RRef
 
 
 _TorchPyRRef = getattr(getattr(torch._C, "_distributed_rpc", None), "PyRRef", None)

@@ -9,10 +9,13 @@ adds BackendType[name]. init_rpc(backend=that) meets the other workers
 through a torch.distributed store (from the options' init_method), then
 calls init_backend_handler(store, name, rank, world_size,
 rpc_backend_options), which returns the agent. RPC in this process runs on
-baton's agent, so the handler wraps baton's: it returns what
+baton's agent, so the handler wraps baton's: it starts it with
 `init_backend(BackendType.TENSORPIPE, store, name, rank, world_size,
-options)` started (doing its own work around it); any other object is
-refused with a TypeError when init_rpc makes it the current agent.
+options)` (doing its own work around it) and returns what that returned.
+As with torch, once the handler made an agent current, what it returns is
+not used; a handler that made none and returns any agent but baton's gets a
+TypeError when init_rpc makes it the current agent. The group is fixed at
+the rendezvous: a world_size is required.
 """
 import collections
 import enum

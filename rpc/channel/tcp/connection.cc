@@ -67,13 +67,17 @@ std::string SslErrors() {
   return out.empty() ? "no detail" : out;
 }
 
+// OpenSSL's passphrase callback: none. An encrypted key fails to load
+// instead of prompting on the terminal.
+int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*u*/) { return -1; }
+
 // Each PEM block of `pem`, parsed by `read` (PEM_read_bio_X509, ...).
 template <typename T, typename Read>
 std::vector<T*> PemBlocks(const std::string& pem, Read read) {
   std::vector<T*> out;
   BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   if (bio == nullptr) return out;
-  while (T* item = read(bio, nullptr, nullptr, nullptr)) out.push_back(item);
+  while (T* item = read(bio, nullptr, &NoPassphrase, nullptr)) out.push_back(item);
   ERR_clear_error();  // the end of the blocks reads as an error
   BIO_free(bio);
   return out;
@@ -111,11 +115,12 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(const TlsCo
   auto cas = PemBlocks<X509>(config.ca_pem, PEM_read_bio_X509);
   absl::Status status;
   if (certs.empty() || keys.empty() || cas.empty()) {
-    status = absl::InvalidArgumentError(absl::StrCat("TLS for the bulk channel: no ",
-                                                     certs.empty()  ? "certificate"
-                                                     : keys.empty() ? "private key"
-                                                                    : "CA certificate",
-                                                     " could be read from its PEM"));
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "TLS for the bulk channel: no ",
+        certs.empty()  ? "certificate"
+        : keys.empty() ? "private key"
+                       : "CA certificate",
+        " could be read from its PEM", keys.empty() ? " (an encrypted key is not supported)" : ""));
   } else if (SSL_CTX_use_certificate(ctx, certs[0]) != 1 ||
              SSL_CTX_use_PrivateKey(ctx, keys[0]) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
     status = absl::InvalidArgumentError(
@@ -206,6 +211,7 @@ class TlsConnection final : public Connection {
   template <typename Call>
   int Locked(Call call, int* error) {
     absl::MutexLock lock(&mu_);
+    ERR_clear_error();  // SSL_get_error reads this thread's queue
     const int r = call(ssl_);
     *error = r > 0 ? SSL_ERROR_NONE : SSL_get_error(ssl_, r);
     if (r <= 0) ERR_clear_error();
@@ -276,7 +282,9 @@ absl::StatusOr<std::unique_ptr<Connection>> TlsConnection::Open(
       if (SSL_set1_host(ssl, name.c_str()) != 1) {
         return absl::InvalidArgumentError(absl::StrCat("TLS: bad peer name '", name, "'"));
       }
-      SSL_set_tlsext_host_name(ssl, name.c_str());
+      if (SSL_set_tlsext_host_name(ssl, name.c_str()) != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("TLS: bad peer name '", name, "'"));
+      }
     }
     SSL_set_verify(ssl, SSL_VERIFY_PEER, nullptr);
     SSL_set_connect_state(ssl);
@@ -286,15 +294,22 @@ absl::StatusOr<std::unique_ptr<Connection>> TlsConnection::Open(
   }
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
+    ERR_clear_error();  // SSL_get_error reads this thread's queue
     const int r = SSL_do_handshake(ssl);
     if (r == 1) break;
     const int error = SSL_get_error(ssl, r);
     if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
       if (conn->Wait(error, deadline) && absl::Now() < deadline) continue;
-      return absl::DeadlineExceededError("TLS handshake: timed out");
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("TLS handshake: timed out");
+      return absl::UnavailableError("TLS handshake: the connection failed");
     }
     const long verify = SSL_get_verify_result(ssl);
+    const bool no_certificate =
+        ERR_GET_REASON(ERR_peek_error()) == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE;
     const std::string detail = SslErrors();
+    if (no_certificate) {
+      return absl::UnauthenticatedError("TLS handshake: the peer presented no certificate");
+    }
     if (verify != X509_V_OK) {
       return absl::UnauthenticatedError(absl::StrCat("TLS handshake: the peer's certificate: ",
                                                      X509_verify_cert_error_string(verify)));
