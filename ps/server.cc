@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "base/byte_io.h"
 #include "base/file_io.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "obs/state.h"
 #include "ps/internal/functions.h"
@@ -569,8 +569,13 @@ void PsServer::Maintain() {
     if (due) {
       auto path = CheckpointNow();
       if (!path.ok()) {
-        std::fprintf(stderr, "ps server %d: checkpoint failed: %s\n", options_.server,
-                     path.status().ToString().c_str());
+        const std::string line = absl::StrCat("ps server ", options_.server,
+                                              ": checkpoint failed: ", path.status().ToString());
+        if (options_.log) {
+          options_.log(line);
+        } else {
+          Logger().Warning(line);
+        }
       }
     }
     mu_.Lock();
@@ -610,8 +615,8 @@ absl::StatusOr<std::string> PsServer::LoadLatest(const std::string& dir, int ser
   for (const std::string& name : ListCheckpoints(sdir)) {
     auto bytes = ReadChecked(absl::StrCat(sdir, "/", name));
     if (bytes.ok()) return bytes;
-    std::fprintf(stderr, "ps server %d: skipping checkpoint: %s\n", server,
-                 bytes.status().ToString().c_str());
+    Logger().Warning(
+        absl::StrCat("ps server ", server, ": skipping checkpoint: ", bytes.status().ToString()));
   }
   return absl::NotFoundError(absl::StrCat("ps: no checkpoint in ", sdir));
 }

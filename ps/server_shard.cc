@@ -1,7 +1,6 @@
 #include "ps/server_shard.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/byte_io.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "dist_optim/functional_optimizer.h"
 #include "ps/internal/rows.h"
@@ -164,8 +164,7 @@ void ServerShard::EmitLog() {
       if (options_.log) {
         options_.log(line);
       } else {
-        std::fprintf(stderr, "%s\n", line.c_str());
-        std::fflush(stderr);
+        baton::Logger().Info(line);
       }
     }
     mu_.Lock();

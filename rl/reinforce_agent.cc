@@ -1,7 +1,6 @@
 #include "rl/reinforce_agent.h"
 
 #include <atomic>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -18,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "rl/internal/functions.h"
 #include "rl/policy.h"
 #include "rl/returns.h"
@@ -84,7 +84,7 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
         rounds_(std::move(rounds)) {
     adam_ = std::make_unique<torch::optim::Adam>(policy_.parameters(),
                                                  torch::optim::AdamOptions(options.lr));
-    log_ = [](const std::string& line) { std::fprintf(stderr, "[rl agent] %s\n", line.c_str()); };
+    log_ = [logger = Logger("rl agent")](const std::string& line) { logger.Info(line); };
   }
 
   void Start() {

@@ -52,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/log.h"
 #include "base/tls.h"
 #include "env/env.h"
 #include "rpc/codec.h"
@@ -195,6 +196,9 @@ struct AgentOptions {
   // this directory; `baton-trace DIR` merges every worker's. Empty: off.
   // FromEnv reads BATON_TRACE.
   std::string trace_dir;
+  // Where the agent's own log lines go (base/log.h), each prefixed with the
+  // worker's name; default: stderr.
+  Logger log;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;

@@ -4,8 +4,6 @@
 // AgentOptions::state_socket (and beside the metrics).
 #include <unistd.h>
 
-#include <cstdio>
-
 #include "base/status.h"
 #include "obs/http_server.h"
 #include "obs/state.h"
@@ -154,8 +152,7 @@ absl::Status AgentImpl::StartStateServer() {
       obs::HttpServer::Start(absl::StrCat("unix:", options_.state_socket), ObservabilityRoutes());
   if (!server.ok()) {
     // The job runs on without it: a report names this worker as silent.
-    std::fprintf(stderr, "baton: worker '%s' serves no state for hang reports: %s\n",
-                 options_.name.c_str(), std::string(server.status().message()).c_str());
+    Log().Warning(absl::StrCat("serves no state for hang reports: ", server.status().message()));
     return absl::OkStatus();
   }
   state_server_ = *std::move(server);

@@ -1,6 +1,5 @@
 // The agent's part of the job's timeline (obs/trace.h, TL1-TL3): a slice per
 // call on each side with its flow arrows, and the clock offset to rank 0.
-#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "obs/trace.h"
@@ -24,8 +23,7 @@ void AgentImpl::OpenTrace() {
   if (options_.trace_dir.empty()) return;
   auto recorder = obs::TraceRecorder::Open(options_.trace_dir);
   if (!recorder.ok()) {
-    std::fprintf(stderr, "baton: worker '%s' records no trace: %s\n", options_.name.c_str(),
-                 std::string(recorder.status().message()).c_str());
+    Log().Warning(absl::StrCat("records no trace: ", recorder.status().message()));
     return;
   }
   trace_ = *std::move(recorder);

@@ -491,6 +491,7 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
                                   options_.partition_tolerance};
   network.bulk_channel = options_.network_bulk;
   network.bulk_min_bytes = options_.network_bulk_min_bytes;
+  network.log = Log();
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
     transport = network_factory_(network, this);

@@ -54,6 +54,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/log.h"
 #include "base/tls.h"
 #include "proto/rpc.pb.h"
 #include "rpc/payload.h"
@@ -176,9 +177,10 @@ struct NetworkTransportOptions {
   // agent's partition tolerance.
   absl::Duration silence_timeout = absl::Seconds(30);
   // Blobs of at least bulk_min_bytes go through a TCP connection of their
-  // own beside the stream (rpc/channel/tcp/bulk_channel.h); not under TLS.
+  // own beside the stream (rpc/channel/tcp/bulk_channel.h; TLS under TLS).
   bool bulk_channel = false;
   size_t bulk_min_bytes = size_t{1} << 18;
+  Logger log;  // base/log.h; default: stderr
 };
 
 // Starts a network transport that delivers to `handler` (the agent).

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
+#include "base/log.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/state.h"
@@ -221,10 +222,9 @@ std::string ScrapeNode(const std::string& state_dir, absl::Duration timeout) {
 int DumpState(const std::string& run_id) {
   const std::string dir = StateDir(run_id);
   if (StateSockets(dir).empty()) {
-    std::fprintf(stderr,
-                 "baton-run: no worker of run '%s' serves its state on this node (looked in "
-                 "%s)\n",
-                 run_id.c_str(), dir.c_str());
+    Logger("baton-run")
+        .Error(absl::StrCat("no worker of run '", run_id,
+                            "' serves its state on this node (looked in ", dir, ")"));
     return 1;
   }
   const proto::StateReport report =
@@ -233,11 +233,11 @@ int DumpState(const std::string& run_id) {
   std::fflush(stdout);
   auto path = WriteReport(report, ReportDirOf(dir));
   if (!path.ok()) {
-    std::fprintf(stderr, "baton-run: the report was not written: %s\n",
-                 std::string(path.status().message()).c_str());
+    Logger("baton-run")
+        .Error(absl::StrCat("the report was not written: ", path.status().message()));
     return 1;
   }
-  std::fprintf(stderr, "baton-run: state report written to %s\n", path->c_str());
+  Logger("baton-run").Info(absl::StrCat("state report written to ", *path));
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "env/env.h"
 
@@ -240,8 +241,8 @@ void WorkerGroup::Stop(int role, int signal, absl::Duration grace) {
     for (Worker* w : targets) {
       if (w->running) {
         // Uninterruptible sleep in the kernel; nothing more can be done.
-        std::fprintf(stderr, "baton-run: rank %d (pid %d) did not die after SIGKILL\n", w->rank,
-                     static_cast<int>(w->pid));
+        Logger("baton-run")
+            .Error(absl::StrCat("rank ", w->rank, " (pid ", w->pid, ") did not die after SIGKILL"));
       }
     }
   }

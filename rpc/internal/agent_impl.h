@@ -44,10 +44,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/identity.h"
+#include "base/log.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/state.h"
@@ -160,6 +162,8 @@ class AgentImpl : private TransportHandler {
   // measures the clock offset to rank 0 (TL3), at the end of the rendezvous.
   absl::Status StartTrace();
   void OpenTrace();  // in the constructor
+  // The agent's log (AgentOptions::log), its lines prefixed with the worker.
+  Logger Log() const { return options_.log.Child(absl::StrCat("worker '", options_.name, "'")); }
   void TraceOutgoing(uint64_t id, int peer, const std::string& function, absl::Time started,
                      const absl::Status& status);
   // GET /metrics (when metrics are on), GET /state and GET /job_state.

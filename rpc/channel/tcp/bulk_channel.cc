@@ -115,9 +115,10 @@ struct BulkChannel::Outgoing {
   State state = State::kIdle;
   absl::Time retry_at;
   bool stop = false;
-  int fd = -1;              // set by the writer once connected; shutdown(2) by Close
-  bool ended = false;       // the connection's acknowledgements ended (B8)
-  bool progressed = false;  // the connection had a record acknowledged (B8)
+  int fd = -1;                     // set by the writer once connected; shutdown(2) by Close
+  bool ended = false;              // the connection's acknowledgements ended (B8)
+  bool progressed = false;         // the connection had a record acknowledged (B8)
+  bool handshake_failing = false;  // said once until a connection succeeds (B9)
   uint64_t next_id = 1;
   std::deque<Item> queue;
   std::deque<Item> sent;  // written, not acknowledged yet (B8)
@@ -364,7 +365,19 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     conn = tcp::PlainConnection(fd);
   } else {  // B9
     auto secured = tcp::TlsClientConnection(fd, tls_, address, handshake);
-    if (!secured.ok()) return end(ConnectionEnd::kNotReady);
+    if (!secured.ok()) {
+      bool say;
+      {
+        absl::MutexLock lock(&mu_);
+        say = !out->handshake_failing;
+        out->handshake_failing = true;
+      }
+      if (say) {
+        options_.log.Warning(absl::StrCat("TLS to ", address, ": ", secured.status().message(),
+                                          "; large tensors to it stay on the stream"));
+      }
+      return end(ConnectionEnd::kNotReady);
+    }
     conn = *std::move(secured);
     conn->SetTimeout(handshake);
   }
@@ -382,6 +395,7 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     absl::MutexLock lock(&mu_);
     if (out->stop || closed_) return end(ConnectionEnd::kStopped);
     out->state = Outgoing::State::kReady;
+    out->handshake_failing = false;
   }
   std::thread acknowledgements([this, out, c = conn.get()] {
     tcp::BlockSigpipeOnThisThread();

@@ -84,6 +84,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/log.h"
 #include "base/tls.h"
 #include "rpc/transport.h"
 
@@ -106,6 +107,9 @@ struct BulkChannelOptions {
   absl::Duration silence_timeout = absl::Seconds(30);
   // The job's TLS (base/tls.h; empty: plain TCP): B9.
   TlsConfig tls;
+  // Says when connections to a peer fail their TLS handshake (the first
+  // failure after each success), as the channel then stays off for it.
+  Logger log;
 };
 
 class BulkChannel {

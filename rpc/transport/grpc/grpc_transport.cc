@@ -1,7 +1,6 @@
 #include "rpc/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <deque>
 #include <functional>
 
@@ -228,6 +227,7 @@ absl::StatusOr<std::unique_ptr<BulkChannel>> StartBulkChannel(const TransportOpt
   bulk.unclaimed_budget = static_cast<uint64_t>(options.max_message_bytes);
   bulk.silence_timeout = options.silence_timeout;
   bulk.tls = options.tls;
+  bulk.log = options.log.Child("bulk channel");
   return BulkChannel::Start(bulk, [handler](const std::string& identity) {
     // The authenticator answers through a callback; this is the channel's
     // own reader thread, which may wait for it. The answer may come after
@@ -673,10 +673,9 @@ GrpcTransport::~GrpcTransport() {
   // released here, on this thread, only once every stream object is gone.
   const int left = lifetimes_->Retire(absl::Seconds(5));
   if (left == 0) return;
-  std::fprintf(stderr,
-               "baton: %d outgoing gRPC stream(s) of the transport at %s still alive at its "
-               "destruction; their channels are kept, never released\n",
-               left, address_.c_str());
+  options_.log.Warning(absl::StrCat(left, " outgoing gRPC stream(s) of the transport at ", address_,
+                                    " still alive at its destruction; their channels are kept, "
+                                    "never released"));
   absl::MutexLock lock(&mu_);
   auto* kept = new std::vector<Peer>();  // deliberately never freed
   for (auto& [id, p] : peers_) kept->push_back(std::move(p));
