@@ -31,12 +31,9 @@ void WriteToStderr(LogSeverity /*severity*/, const std::string& line) {
 
 char Letter(LogSeverity severity) {
   switch (severity) {
-    case LogSeverity::kInfo:
-      return 'I';
-    case LogSeverity::kWarning:
-      return 'W';
-    case LogSeverity::kError:
-      return 'E';
+    case LogSeverity::kInfo: return 'I';
+    case LogSeverity::kWarning: return 'W';
+    case LogSeverity::kError: return 'E';
   }
   return '?';
 }
@@ -63,9 +60,9 @@ Logger Logger::Child(absl::string_view more) const {
 
 void Logger::Log(LogSeverity severity, absl::string_view message) const {
   const std::string line =
-      prefix_.empty() ? absl::StrCat("baton ", std::string(1, Letter(severity)), " ", message)
-                      : absl::StrCat("baton ", std::string(1, Letter(severity)), " ", prefix_,
-                                     ": ", message);
+      prefix_.empty()
+          ? absl::StrCat("baton ", std::string(1, Letter(severity)), " ", message)
+          : absl::StrCat("baton ", std::string(1, Letter(severity)), " ", prefix_, ": ", message);
   absl::MutexLock lock(&shared_->mu);
   shared_->sink(severity, line);
 }

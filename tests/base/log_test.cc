@@ -31,7 +31,8 @@ TEST(Logger, ALineNamesItsSeverityAndWhoLogsIt) {
   log.Child("bulk channel").Error("handshake failed");
   Logger(std::string(), c.sink()).Info("bare");
   ASSERT_EQ(c.lines.size(), 4u);
-  EXPECT_EQ(c.lines[0], std::make_pair(LogSeverity::kInfo, std::string("baton I worker 'w0': ready")));
+  EXPECT_EQ(c.lines[0],
+            std::make_pair(LogSeverity::kInfo, std::string("baton I worker 'w0': ready")));
   EXPECT_EQ(c.lines[1].second, "baton W worker 'w0': serves no state");
   EXPECT_EQ(c.lines[2],
             std::make_pair(LogSeverity::kError,
