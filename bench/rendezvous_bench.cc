@@ -14,8 +14,17 @@
 // the init barrier. A real etcd is started for the run (Debian's
 // etcd-server). Prints one JSON line per round and store, then the medians
 // and the ratio of each round.
+//
+// Issue 48's idle footprint too: once its Create() returned, each worker,
+// idle (no call made or served yet), reports its resident memory and its
+// thread count (/proc/self/status), and how much of each Create() added
+// (agent_rss, agent_threads: the rest is the process with LibTorch loaded);
+// per round and store, the median and the largest over the workers.
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +38,32 @@ namespace baton {
 namespace {
 
 constexpr char kToken[] = "rendezvous-bench-token-0123456789";
+
+// The first "<key> <n> ..." value in a /proc file; -1 where unreadable.
+double ProcValue(const char* path, const char* format) {
+  double out = -1;
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return out;
+  char line[256];
+  long v = 0;
+  while (out < 0 && std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, format, &v) == 1) out = static_cast<double>(v);
+  }
+  std::fclose(f);
+  return out;
+}
+
+// VmRSS and Threads of this process (/proc/self/status), and its PSS
+// (/proc/self/smaps_rollup: shared pages, LibTorch's above all, divided
+// among the processes that map them; what the machine's memory pays).
+struct Usage {
+  double rss_kib, pss_kib, threads;
+};
+Usage Footprint() {
+  return {ProcValue("/proc/self/status", "VmRSS: %ld kB"),
+          ProcValue("/proc/self/smaps_rollup", "Pss: %ld kB"),
+          ProcValue("/proc/self/status", "Threads: %ld")};
+}
 
 int RunWorker(const bench::Flags& flags) {
   bench::WorkerChannel ch = bench::WorkerChannel::Open();
@@ -44,6 +79,7 @@ int RunWorker(const bench::Flags& flags) {
     options->etcd.endpoint = flags.Str("etcd", "");
     options->etcd.prefix = flags.Str("prefix", "");
   }
+  const Usage before = Footprint();
   const double t0 = bench::Now();
   auto agent = rpc::RpcAgent::Create(*options, std::make_shared<rpc::FunctionRegistry>());
   const double t1 = bench::Now();
@@ -51,36 +87,74 @@ int RunWorker(const bench::Flags& flags) {
     std::fprintf(stderr, "rank %d: %s\n", options->rank, agent.status().ToString().c_str());
     return 1;
   }
-  ch.Send(bench::Numbers({t0, t1}));
+  // Create() returns past the init barrier: every worker's process is up
+  // by then, so the shared pages are divided among all of them.
+  const Usage idle = Footprint();
+  ch.Send(bench::Numbers(
+      {t0, t1, idle.rss_kib, idle.threads, before.rss_kib, before.threads, idle.pss_kib}));
   if (!ch.WaitRelease()) return 1;
   return (*agent)->Shutdown().ok() ? 0 : 1;
 }
 
-// Starts `n` workers on `store`; the seconds from the last Create() call to
-// the last return, or a negative value on failure.
-double OneRound(const std::vector<std::string>& args, int n) {
+struct Round {
+  double seconds = -1;  // from the last Create() call to the last return; < 0: failed
+  std::vector<double> rss_mib, threads;  // each idle worker's
+  // What Create() added to each: the agent's own share (the rest is the
+  // process with LibTorch loaded, before any agent).
+  std::vector<double> agent_rss_mib, agent_threads;
+  std::vector<double> pss_mib;  // each worker's share of the machine's memory
+};
+
+// Starts `n` workers on `store`.
+Round OneRound(const std::vector<std::string>& args, int n) {
+  Round out;
   std::vector<bench::WorkerSpec> specs;
   for (int r = 0; r < n; ++r) specs.push_back({absl::StrCat("w", r), r});
   auto group = bench::WorkerGroup::Spawn(specs, args, baton::testing::FreePort());
   if (!group.ok()) {
     std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
-    return -1;
+    return out;
   }
   double last_call = 0, last_return = 0;
   int reported = 0;
   absl::Status s =
       (*group)->Wait(absl::Minutes(5), absl::Seconds(30), [&](int, const std::string& line) {
         auto t = bench::ParseNumbers(line);
-        if (t.size() != 2) return;
+        if (t.size() != 7) return;
         last_call = std::max(last_call, t[0]);
         last_return = std::max(last_return, t[1]);
+        out.rss_mib.push_back(t[2] / 1024);
+        out.threads.push_back(t[3]);
+        out.agent_rss_mib.push_back((t[2] - t[4]) / 1024);
+        out.agent_threads.push_back(t[3] - t[5]);
+        out.pss_mib.push_back(t[6] / 1024);
         if (++reported == n) (*group)->ReleaseAll();
       });
   if (!s.ok() || reported != n) {
     std::fprintf(stderr, "round failed: %s\n", s.ToString().c_str());
-    return -1;
+    return out;
   }
-  return last_return - last_call;
+  out.seconds = last_return - last_call;
+  return out;
+}
+
+void PrintFootprint(const Round& r, int n, const char* store, int round) {
+  for (const auto& [what, values, unit] :
+       {std::tuple<const char*, const std::vector<double>*, const char*>{"rss", &r.rss_mib, "MiB"},
+        {"pss", &r.pss_mib, "MiB"},
+        {"threads", &r.threads, "threads"},
+        {"agent_rss", &r.agent_rss_mib, "MiB"},
+        {"agent_threads", &r.agent_threads, "threads"}}) {
+    bench::JsonLine()
+        .Add("system", "baton")
+        .Add("metric", absl::StrCat("idle_worker_", what, "_", n, "_workers_", store))
+        .Add("round", round)
+        .Add("value", bench::Median(*values))
+        .Add("max", *std::max_element(values->begin(), values->end()))
+        .Add("unit", unit)
+        .Add("note", "median over the workers, once Create() returned, no call made")
+        .Print();
+  }
 }
 
 int Run(int argc, char** argv) {
@@ -96,12 +170,15 @@ int Run(int argc, char** argv) {
   }
   std::vector<double> builtin, on_etcd, ratios;
   for (int round = 0; round < rounds; ++round) {
-    const double b = OneRound({"--workers", absl::StrCat(n), "--store", "builtin"}, n);
-    const double e =
+    const Round built_in = OneRound({"--workers", absl::StrCat(n), "--store", "builtin"}, n);
+    const Round etcd_round =
         OneRound({"--workers", absl::StrCat(n), "--store", "etcd", "--etcd", (*etcd)->endpoint(),
                   "--prefix", absl::StrCat("/bench/rendezvous/", round, "/")},
                  n);
+    const double b = built_in.seconds, e = etcd_round.seconds;
     if (b < 0 || e < 0) return 1;
+    PrintFootprint(built_in, n, "builtin", round);
+    PrintFootprint(etcd_round, n, "etcd", round);
     builtin.push_back(b);
     on_etcd.push_back(e);
     ratios.push_back(e / b);
