@@ -334,7 +334,9 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     address = out->address;
     identity = out->identity;
   }
-  const int fd = Connect(address, std::min(options_.handshake_timeout, absl::Seconds(2)));
+  // The connect, and the TLS handshake after it, each within this.
+  const absl::Duration handshake = std::min(options_.handshake_timeout, absl::Seconds(2));
+  const int fd = Connect(address, handshake);
   if (fd < 0) return ConnectionEnd::kNotReady;
   NoDelay(fd);
   Tolerate(fd, options_.silence_timeout);
@@ -360,7 +362,6 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     close(fd);
     return how;
   };
-  const absl::Duration handshake = std::min(options_.handshake_timeout, absl::Seconds(2));
   if (tls_ == nullptr) {
     conn = tcp::PlainConnection(fd);
   } else {  // B9

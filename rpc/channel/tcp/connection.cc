@@ -160,42 +160,18 @@ class TlsConnection final : public Connection {
                                                           absl::Duration timeout);
 
   bool ReadAll(void* dst, size_t n) override {
-    char* p = static_cast<char*>(dst);
-    while (n > 0) {
-      int error;
-      const int r = Locked(
-          [&](SSL* ssl) {
-            return SSL_read(ssl, p, static_cast<int>(std::min<size_t>(n, INT_MAX)));
-          },
-          &error);
-      if (r > 0) {
-        p += r;
-        n -= static_cast<size_t>(r);
-      } else if (!Wait(error, absl::InfiniteFuture())) {
-        return false;
-      }
-    }
-    return true;
+    return Whole(static_cast<char*>(dst), n, [](SSL* ssl, char* p, size_t left) {
+      return SSL_read(ssl, p, static_cast<int>(std::min<size_t>(left, INT_MAX)));
+    });
   }
 
   bool WriteAll(std::vector<iovec> iov) override {
     for (const iovec& piece : iov) {
-      const char* p = static_cast<const char*>(piece.iov_base);
-      size_t n = piece.iov_len;
-      while (n > 0) {
-        int error;
-        const int w = Locked(
-            [&](SSL* ssl) {
-              return SSL_write(ssl, p, static_cast<int>(std::min<size_t>(n, 1 << 20)));
-            },
-            &error);
-        if (w > 0) {
-          p += w;
-          n -= static_cast<size_t>(w);
-        } else if (!Wait(error, absl::InfiniteFuture())) {
-          return false;
-        }
-      }
+      const bool ok = Whole(
+          static_cast<char*>(piece.iov_base), piece.iov_len, [](SSL* ssl, char* p, size_t left) {
+            return SSL_write(ssl, p, static_cast<int>(std::min<size_t>(left, 1 << 20)));
+          });
+      if (!ok) return false;
     }
     return true;
   }
@@ -206,6 +182,24 @@ class TlsConnection final : public Connection {
   }
 
  private:
+  // Moves all `n` bytes at `p` by `io` (SSL_read or SSL_write of up to
+  // `left` bytes, called under the lock), waiting for the socket between
+  // calls as OpenSSL asks; false when a call failed for good.
+  template <typename Io>
+  bool Whole(char* p, size_t n, Io io) {
+    while (n > 0) {
+      int error;
+      const int moved = Locked([&](SSL* ssl) { return io(ssl, p, n); }, &error);
+      if (moved > 0) {
+        p += moved;
+        n -= static_cast<size_t>(moved);
+      } else if (!Wait(error, absl::InfiniteFuture())) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // One OpenSSL call on the connection, under its lock: the call's result,
   // and in `error` why it made no progress (SSL_ERROR_NONE when it did).
   template <typename Call>
