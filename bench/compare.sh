@@ -120,19 +120,22 @@ if python:
 net_peer, bulk = load(sys.argv[6]), load(sys.argv[7])
 if net_peer:
     # Between hosts: baton's gRPC path, without and with the bulk channel
-    # (opt-in), beside TensorPipe's TCP, and one TCP connection's echo (the
-    # floor, measured by the bulk run).
+    # (on by default, two lanes), beside TensorPipe's TCP, and one TCP
+    # connection's echo (the floor, measured by the bulk run) and two
+    # connections' (what the lanes can reach).
     print()
-    print("| network row | unit | peer (TensorPipe TCP) | baton, gRPC | vs peer | baton, gRPC + bulk | vs peer | TCP floor | bulk / floor |")
-    print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | ---: |")
+    print("| network row | unit | peer (TensorPipe TCP) | baton, gRPC | vs peer | baton, gRPC + bulk | vs peer | TCP floor | bulk / floor | 2-connection floor | bulk / it |")
+    print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for m in ("rpc_sync_noop_latency_p50", "rpc_async_echo_64B_throughput", "rpc_sync_echo_1MB_bandwidth",
               "rpc_sync_echo_16MB_bandwidth", "rpc_sync_echo_64MB_bandwidth", "dist_autograd_step_remote_linear256"):
         g, b, p = grpc.get(m), bulk.get(m), net_peer.get(m)
         if g is None and b is None:
             continue
         f = bulk.get(m.replace("rpc_sync_echo_", "tcp_echo_floor_")) if "echo_" in m and "MB" in m else None
+        f2 = bulk.get(m.replace("rpc_sync_echo_", "tcp_echo_floor_2conn_")) if f else None
         share = f"{b['value'] / f['value']:.0%}" if b and f and f["value"] else ""
-        print(f"| {m} | {(g or b)['unit']} | {fmt(p)} | {fmt(g)} | {ratio(g, p)} | {fmt(b)} | {ratio(b, p)} | {fmt(f) if f else ''} | {share} |")
+        share2 = f"{b['value'] / f2['value']:.0%}" if b and f2 and f2["value"] else ""
+        print(f"| {m} | {(g or b)['unit']} | {fmt(p)} | {fmt(g)} | {ratio(g, p)} | {fmt(b)} | {ratio(b, p)} | {fmt(f) if f else ''} | {share} | {fmt(f2) if f2 else ''} | {share2} |")
 floor = shm.get("shm_pingpong_floor_latency_p50")
 noop = shm.get("rpc_sync_noop_latency_p50")
 if floor and noop and floor["value"]:

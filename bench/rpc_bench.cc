@@ -12,7 +12,9 @@
 // tcp_echo_floor_<n>MB_bandwidth echoes n MiB over one TCP connection
 // between two processes (blocking reads and writes, buffers reused), the
 // floor of the network rows (issue: 16 MB echo over the bulk channel >= 70%
-// of it).
+// of it); tcp_echo_floor_2conn_<n>MB_bandwidth the same cut in halves over
+// two connections, one thread each (whether a second connection per peer
+// pair would move more).
 //
 // Two "hosts" (bench/netns_bench.sh): BATON_BENCH_PEER_NETNS=<name> runs
 // rank 1, and the floor's echoing end, in that network namespace
@@ -40,6 +42,7 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -173,10 +176,25 @@ bool EnterPeerNetns() {
   return true;
 }
 
-// The network floor: one TCP connection, a child echoing what it reads
-// (in the peer's namespace, at its address, if set). Runs before any thread
-// exists (it forks).
-void TcpEchoFloor(bool quick) {
+// Reads or writes all n bytes (blocking), false on EOF or error.
+bool Whole(int fd, char* p, size_t n, bool write_it) {
+  while (n > 0) {
+    const ssize_t r = write_it ? write(fd, p, n) : read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// The network floor: `conns` TCP connections, a child echoing what each
+// reads (in the peer's namespace, at its address, if set). With more than
+// one, each echo is cut into `conns` equal slices, one per connection, each
+// connection driven by its own thread on both ends, and an echo ends when
+// every slice is back (what several connections per peer pair would give a
+// transfer). Runs before the agent's threads exist (it forks; its own
+// threads are joined before it returns).
+void TcpEchoFloor(bool quick, int conns) {
   int ready[2];
   if (pipe(ready) != 0) return;
   const char* peer_addr = std::getenv("BATON_BENCH_PEER_ADDR");
@@ -184,34 +202,32 @@ void TcpEchoFloor(bool quick) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (peer_addr != nullptr && *peer_addr != '\0') inet_pton(AF_INET, peer_addr, &addr.sin_addr);
-  auto full = [](int fd, char* p, size_t n, bool write_it) {
-    while (n > 0) {
-      const ssize_t r = write_it ? write(fd, p, n) : read(fd, p, n);
-      if (r <= 0) return false;
-      p += r;
-      n -= static_cast<size_t>(r);
-    }
-    return true;
-  };
-  const size_t max = size_t{64} << 20;
+  const size_t max = (size_t{64} << 20) / static_cast<size_t>(conns);
   const pid_t child = fork();
   if (child == 0) {
     socklen_t len = sizeof addr;
     const int listener = EnterPeerNetns() ? socket(AF_INET, SOCK_STREAM, 0) : -1;
     if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        listen(listener, 1) != 0 ||
+        listen(listener, conns) != 0 ||
         getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
       addr.sin_port = 0;
     }
     (void)!write(ready[1], &addr.sin_port, sizeof addr.sin_port);
     if (addr.sin_port == 0) _exit(1);
-    const int fd = accept(listener, nullptr, nullptr);
-    std::vector<char> buf(max);
-    uint64_t n = 0;
-    while (full(fd, reinterpret_cast<char*>(&n), 8, false) && n > 0 && n <= max &&
-           full(fd, buf.data(), n, false) && full(fd, reinterpret_cast<char*>(&n), 8, true) &&
-           full(fd, buf.data(), n, true)) {
+    std::vector<std::thread> echoes;
+    for (int c = 0; c < conns; ++c) {
+      const int fd = accept(listener, nullptr, nullptr);
+      echoes.emplace_back([fd, max] {
+        std::vector<char> buf(max);
+        uint64_t n = 0;
+        while (Whole(fd, reinterpret_cast<char*>(&n), 8, false) && n > 0 && n <= max &&
+               Whole(fd, buf.data(), n, false) && Whole(fd, reinterpret_cast<char*>(&n), 8, true) &&
+               Whole(fd, buf.data(), n, true)) {
+        }
+        close(fd);
+      });
     }
+    for (auto& t : echoes) t.join();
     _exit(0);
   }
   if (read(ready[0], &addr.sin_port, sizeof addr.sin_port) != sizeof addr.sin_port ||
@@ -221,30 +237,58 @@ void TcpEchoFloor(bool quick) {
   }
   close(ready[0]);
   close(ready[1]);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    std::vector<char> buf(max, 1);
+  std::vector<int> fds;
+  for (int c = 0; c < conns; ++c) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  if (static_cast<int>(fds.size()) == conns) {
+    std::vector<std::vector<char>> bufs(conns, std::vector<char>(max, 1));
     for (uint64_t mb : {1, 16, 64}) {
-      uint64_t n = mb << 20;
+      const uint64_t slice = (mb << 20) / static_cast<uint64_t>(conns);
       const int reps = quick ? 5 : 20;
-      bool ok = true;
-      double t0 = 0;
-      for (int i = -1; i < reps && ok; ++i) {
-        if (i == 0) t0 = Now();
-        ok = full(fd, reinterpret_cast<char*>(&n), 8, true) && full(fd, buf.data(), n, true) &&
-             full(fd, reinterpret_cast<char*>(&n), 8, false) && full(fd, buf.data(), n, false);
-      }
+      // One echo: each connection's thread sends its slice and reads it
+      // back; the echo ends when all have (one connection: no thread).
+      auto one = [&](int c) {
+        uint64_t n = slice;
+        char* p = bufs[c].data();
+        return Whole(fds[c], reinterpret_cast<char*>(&n), 8, true) &&
+               Whole(fds[c], p, slice, true) &&
+               Whole(fds[c], reinterpret_cast<char*>(&n), 8, false) &&
+               Whole(fds[c], p, slice, false);
+      };
+      auto echo = [&] {
+        if (conns == 1) return one(0);
+        std::vector<std::thread> slices;
+        std::atomic<bool> ok{true};
+        for (int c = 0; c < conns; ++c) {
+          slices.emplace_back([&, c] {
+            if (!one(c)) ok = false;
+          });
+        }
+        for (auto& t : slices) t.join();
+        return ok.load();
+      };
+      bool ok = echo();
+      const double t0 = Now();
+      for (int i = 0; i < reps && ok; ++i) ok = echo();
       if (!ok) break;
-      Report(absl::StrCat("tcp_echo_floor_", mb, "MB_bandwidth"),
+      Report(absl::StrCat("tcp_echo_floor_", conns == 1 ? "" : absl::StrCat(conns, "conn_"), mb,
+                          "MB_bandwidth"),
              2.0 * static_cast<double>(mb) * reps / 1024 / (Now() - t0), "GB/s",
-             ", \"note\": \"one loopback TCP connection between two processes, no agent\"");
+             absl::StrCat(", \"note\": \"", conns, " TCP connection", conns == 1 ? "" : "s",
+                          " between two processes, no agent\""));
     }
     const uint64_t zero = 0;
-    full(fd, const_cast<char*>(reinterpret_cast<const char*>(&zero)), 8, true);
+    for (int fd : fds) Whole(fd, const_cast<char*>(reinterpret_cast<const char*>(&zero)), 8, true);
   }
-  close(fd);
+  for (int fd : fds) close(fd);
   int status = 0;
   waitpid(child, &status, 0);
 }
@@ -369,6 +413,10 @@ int RunRank(int rank, bool quick) {
   // BATON_NET_BULK=0: large tensors between hosts on the stream, not on the
   // network bulk channel (rpc/channel/tcp/bulk_channel.h).
   opts.network_bulk = env("BATON_NET_BULK") != "0";
+  // BATON_NET_BULK_LANES=n: its connections per peer (B10; default 2).
+  if (const std::string lanes = env("BATON_NET_BULK_LANES"); !lanes.empty()) {
+    opts.network_bulk_lanes = std::atoi(lanes.c_str());
+  }
   // Rank 0's address where the two run on two "hosts" (netns_bench.sh).
   if (const std::string addr = env("MASTER_ADDR"); !addr.empty()) opts.master_addr = addr;
   opts.job_token = env("BATON_JOB_TOKEN");
@@ -402,7 +450,8 @@ int main(int argc, char** argv) {
   if (rank >= 0) return RunRank(rank, quick);
   PingPongFloor(quick, /*spin=*/false);
   PingPongFloor(quick, /*spin=*/true);
-  TcpEchoFloor(quick);
+  TcpEchoFloor(quick, /*conns=*/1);
+  TcpEchoFloor(quick, /*conns=*/2);
   if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
   std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
   char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};

@@ -246,22 +246,64 @@ void ShmSeeds() {
 // ---- bulk: flags, the bytes after the hello, frames ----
 void BulkSeeds() {
   auto record = [](uint64_t id, const std::string& bytes) {
-    return FuzzWriter().U64(id).U64(bytes.size()).str() + bytes;
+    return FuzzWriter().U64(id).U64(bytes.size()).U64(0).U64(0).U64(bytes.size()).str() + bytes;
+  };
+  auto slice = [](uint64_t id, const std::string& bytes, uint64_t stripe, uint64_t offset,
+                  uint64_t total) {
+    return FuzzWriter().U64(id).U64(bytes.size()).U64(stripe).U64(offset).U64(total).str() + bytes;
   };
   const std::string two = record(1, std::string(100, 'a')) + record(2, std::string(9, 'b'));
-  // One frame naming blob 1 (index 0, id 1, 100 bytes) of a frame with one blob.
-  const std::string frame_1 = FuzzWriter().U8(0).U8(0).U8(1).U16(100).U8(1).str();
+  // One frame naming blob 1 (index 0, id 1, 100 bytes at 0) of a frame with one blob.
+  const std::string frame_1 = FuzzWriter().U8(0).U8(0).U8(1).U16(100).U16(0).U8(0).U8(1).str();
   Write("bulk", "two_records_one_frame", FuzzWriter().U8(1).U16(two.size()).str() + two + frame_1);
   Write("bulk", "wrong_token", FuzzWriter().U8(0).U16(two.size()).str() + two + frame_1);
   const std::string truncated = record(1, std::string(100, 'a')).substr(0, 60);
   Write("bulk", "truncated_record",
         FuzzWriter().U8(1).U16(truncated.size()).str() + truncated + frame_1);
-  const std::string huge = FuzzWriter().U64(1).U64(uint64_t{1} << 40).str();
+  const std::string huge =
+      FuzzWriter().U64(1).U64(uint64_t{1} << 40).U64(0).U64(0).U64(uint64_t{1} << 40).str();
   Write("bulk", "oversized_record", FuzzWriter().U8(1).U16(huge.size()).str() + huge + frame_1);
   const std::string twice = record(3, "xy") + record(3, "zw");
   Write("bulk", "repeated_id",
         FuzzWriter().U8(1).U16(twice.size()).str() + twice +
-            FuzzWriter().U8(1).U8(0).U8(3).U16(2).U8(1).U8(3).U16(2).U8(2).str());
+            FuzzWriter()
+                .U8(1)  // two entries, then two blobs
+                .U8(0)
+                .U8(3)
+                .U16(2)
+                .U16(0)
+                .U8(0)
+                .U8(1)
+                .U8(3)
+                .U16(2)
+                .U16(0)
+                .U8(0)
+                .U8(2)
+                .str());
+  // B10: a stripe of two slices on lane 1 (flags bit 3), claimed by one
+  // frame naming both; and one whose second slice overlaps the first.
+  const std::string stripe =
+      slice(1, std::string(64, 'p'), 5, 0, 100) + slice(2, std::string(36, 'q'), 5, 64, 100);
+  const std::string both = FuzzWriter()
+                               .U8(1)  // two entries of stripe 5, then one blob
+                               .U8(0)
+                               .U8(1)
+                               .U16(64)
+                               .U16(0)
+                               .U8(5)
+                               .U8(0)
+                               .U8(2)
+                               .U16(36)
+                               .U16(64)
+                               .U8(5)
+                               .U8(1)
+                               .str();
+  Write("bulk", "stripe_two_slices",
+        FuzzWriter().U8(1 | 8).U16(stripe.size()).str() + stripe + both);
+  const std::string overlap =
+      slice(1, std::string(64, 'p'), 5, 0, 100) + slice(2, std::string(64, 'q'), 5, 32, 100);
+  Write("bulk", "stripe_overlapping_slice",
+        FuzzWriter().U8(1).U16(overlap.size()).str() + overlap + both);
 }
 
 // ---- store: method, token mode, request ----

@@ -128,6 +128,10 @@ struct AgentOptions {
   // FromEnv reads BATON_NET_BULK=0 to turn it off.
   bool network_bulk = true;
   size_t network_bulk_min_bytes = size_t{1} << 18;
+  // Its connections per peer pair (B10: a tensor of 4 MiB or more is cut
+  // into one slice per connection, sent side by side; smaller ones
+  // alternate), 1 to 8. FromEnv reads BATON_NET_BULK_LANES.
+  int network_bulk_lanes = 2;
   // Send large tensors to workers on the same host through shared memory
   // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
   bool same_host_shm = true;

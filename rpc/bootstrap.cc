@@ -124,6 +124,13 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (get("BATON_NET_BULK") == "0") {
     o.network_bulk = false;
   }
+  if (const std::string lanes = get("BATON_NET_BULK_LANES"); !lanes.empty()) {
+    if (!absl::SimpleAtoi(lanes, &o.network_bulk_lanes) || o.network_bulk_lanes < 1 ||
+        o.network_bulk_lanes > 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BATON_NET_BULK_LANES is '", lanes, "'; use a number from 1 to 8"));
+    }
+  }
   // One parser for RANK, WORLD_SIZE, MASTER_* (env/env.h), under baton-run
   // or not; without baton-run MASTER_ADDR and MASTER_PORT have defaults.
   const bool launched = get(baton::kEnvLaunched) == "1";
@@ -491,6 +498,7 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
                                   options_.partition_tolerance};
   network.bulk_channel = options_.network_bulk;
   network.bulk_min_bytes = options_.network_bulk_min_bytes;
+  network.bulk_lanes = options_.network_bulk_lanes;
   network.log = Log();
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {

@@ -69,6 +69,12 @@ struct Blob {
 // refuses a frame header that lists more (DATA_LOSS).
 inline constexpr size_t kMaxReplyNotes = 1024;
 
+// The most connections (lanes) of the network bulk channel per peer pair,
+// and so the most slices one blob is cut into there
+// (rpc/channel/tcp/bulk_channel.h, B10); a frame header listing more
+// bulk-channel entries than this per blob is refused (DATA_LOSS).
+inline constexpr int kMaxBulkLanes = 8;
+
 struct Payload {
   std::string bytes;
   std::vector<Blob> blobs;

@@ -180,7 +180,8 @@ struct NetworkTransportOptions {
   // own beside the stream (rpc/channel/tcp/bulk_channel.h; TLS under TLS).
   bool bulk_channel = false;
   size_t bulk_min_bytes = size_t{1} << 18;
-  Logger log;  // base/log.h; default: stderr
+  int bulk_lanes = 2;  // connections per peer (B10)
+  Logger log;          // base/log.h; default: stderr
 };
 
 // Starts a network transport that delivers to `handler` (the agent).

@@ -114,10 +114,10 @@ absl::Status CheckHeaderCounts(const char* data, size_t n, size_t left) {
                                             " shared-memory blobs but only ", c.blob_sizes,
                                             " blobs"));
   }
-  if (c.tcp_blobs > c.blob_sizes) {
+  if (c.tcp_blobs > c.blob_sizes * kMaxBulkLanes) {
     return absl::DataLossError(absl::StrCat("frame header lists ", c.tcp_blobs,
-                                            " bulk-channel blobs but only ", c.blob_sizes,
-                                            " blobs"));
+                                            " bulk-channel entries but only ", c.blob_sizes,
+                                            " blobs (at most ", kMaxBulkLanes, " slices each)"));
   }
   if (c.extensions > kMaxExtensions) {
     return absl::DataLossError(absl::StrCat("frame header lists ", c.extensions,

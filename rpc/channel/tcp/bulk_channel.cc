@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "rpc/channel/tcp/connection.h"
 #include "rpc/channel/tcp/socket_io.h"
 
@@ -33,18 +34,40 @@ using tcp::Tolerate;
 using tcp::WriteAll;
 
 constexpr uint32_t kMagic = 0x424e5442;  // "BTNB"
-constexpr uint32_t kVersion = 2;         // 2: acknowledgements (B8)
+constexpr uint32_t kVersion = 3;         // 2: acknowledgements (B8); 3: lanes, stripes (B10)
 constexpr uint32_t kMaxHelloField = 4096;
 constexpr int kMaxHandshakes = 64;  // unauthenticated connections at once
 constexpr size_t kAlign = 64;
 
+constexpr uint64_t kStripeAlign = 4096;
+
 struct Hello {
   uint32_t magic, version, token_len, identity_len;
-  uint64_t first_id;  // the connection's first record id; none below it follows (B7, B8)
+  uint64_t first_id;        // the connection's first record id; none below it follows (B7, B8)
+  uint32_t lane, reserved;  // B10
 };
 struct RecordHeader {
   uint64_t id, size;
+  uint64_t stripe, offset, total;  // B10: 0, 0, size for a whole blob
 };
+
+// The part [offset, offset + size) of `blob`, sharing its memory.
+Blob SliceOf(const Blob& blob, size_t offset, size_t size) {
+  Blob slice;
+  slice.owner = blob.owner;
+  for (const auto& piece : blob.pieces) {
+    if (size == 0) break;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      continue;
+    }
+    const size_t n = std::min(size, piece.size() - offset);
+    slice.pieces.emplace_back(piece.data() + offset, n);
+    offset = 0;
+    size -= n;
+  }
+  return slice;
+}
 
 // The id after `id`, saturating: ids come from a peer.
 uint64_t After(uint64_t id) { return id == UINT64_MAX ? id : id + 1; }
@@ -109,7 +132,9 @@ struct BulkChannel::Outgoing {
   struct Item {
     uint64_t id;
     Blob blob;
+    uint64_t stripe = 0, offset = 0, total = 0;  // B10
   };
+  int lane = 0;
   std::string address;
   std::string identity;
   State state = State::kIdle;
@@ -120,6 +145,7 @@ struct BulkChannel::Outgoing {
   bool progressed = false;         // the connection had a record acknowledged (B8)
   bool handshake_failing = false;  // said once until a connection succeeds (B9)
   uint64_t next_id = 1;
+  uint64_t next_stripe = 1;  // lane 0's: the peer's stripes (B10)
   std::deque<Item> queue;
   std::deque<Item> sent;  // written, not acknowledged yet (B8)
   std::thread thread;
@@ -128,6 +154,7 @@ struct BulkChannel::Outgoing {
 struct BulkChannel::Incoming {
   int fd = -1;
   int peer = -1;
+  int lane = 0;
   bool done = false;
   bool superseded = false;  // a newer connection from its sender came (B7)
   std::thread thread;
@@ -135,18 +162,63 @@ struct BulkChannel::Incoming {
 
 struct BulkChannel::Arrivals {
   struct Arrived {
-    std::shared_ptr<char> data;
+    std::shared_ptr<char> data;  // a stripe's: its whole buffer (B10)
     uint64_t size = 0;
+    uint64_t stripe = 0, offset = 0, total = 0;
   };
-  absl::flat_hash_map<uint64_t, Arrived> blobs;
-  uint64_t unclaimed = 0;
-  int live = 0;           // connections from the sender now
-  absl::Time lost_since;  // when `live` last fell to 0 (B6)
-  uint64_t floor = 0;     // below it, nothing more arrives (B6, B7)
-  uint64_t next_id = 0;   // below it, a record is a resend (B8)
-  uint64_t epoch = 1;     // counts the sender's incarnations (Import's wait_epoch)
-  std::string identity;   // of the sender's incarnation that sent `blobs`
+  // A part of a stripe read (owner null) or being read by `owner`.
+  struct Taken {
+    uint64_t begin, end;
+    const Incoming* owner;
+  };
+  // A striped blob's buffer, filled by its slices on every lane (B10).
+  struct Stripe {
+    std::shared_ptr<char> data;
+    uint64_t total = 0;
+    int lane = 0;       // the lane of its first slice, charged its total (B5)
+    uint64_t done = 0;  // bytes of the slices read in full
+    std::vector<Taken> taken;
+    std::vector<std::pair<int, uint64_t>> slices;  // (lane, id) of those read
+  };
+  struct Lane {
+    absl::flat_hash_map<uint64_t, Arrived> blobs;
+    bool seen = false;       // a connection of the sender's incarnation came on it
+    int live = 0;            // connections from the sender on this lane now
+    absl::Time lost_since;   // when `live` last fell to 0 (B6)
+    uint64_t floor = 0;      // below it, nothing more arrives (B6, B7)
+    uint64_t next_id = 0;    // below it, a record is a resend (B8)
+    uint64_t unclaimed = 0;  // charged for what it read and no frame claimed (B5)
+  };
+  Lane lanes[kMaxLanes];
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Stripe>> stripes;
+  // Stripes whose frame failed (the latest kMaxFailed): their later slices
+  // are dropped as read.
+  std::deque<uint64_t> failed;
+  uint64_t epoch = 1;    // counts the sender's incarnations (Import's wait_epoch)
+  std::string identity;  // of the sender's incarnation that sent `blobs`
   std::vector<std::function<void()>> waiters;
+
+  static constexpr size_t kMaxFailed = 256;
+
+  // What a record or stripe of `bytes` costs the budget: at least a page,
+  // so that tiny records cannot hold memory the budget does not see.
+  static uint64_t ChargeOf(uint64_t bytes) { return std::max<uint64_t>(bytes, 4096); }
+
+  // Forgets a stripe and every slice of it read so far; its charge (B5)
+  // goes back to its lane's budget.
+  void DropStripe(uint64_t id) {
+    auto it = stripes.find(id);
+    if (it == stripes.end()) return;
+    for (const auto& [lane, slice] : it->second->slices) lanes[lane].blobs.erase(slice);
+    lanes[it->second->lane].unclaimed -= ChargeOf(it->second->total);
+    stripes.erase(it);
+  }
+  void Failed(uint64_t stripe) {
+    DropStripe(stripe);
+    if (std::find(failed.begin(), failed.end(), stripe) != failed.end()) return;
+    failed.push_back(stripe);
+    if (failed.size() > kMaxFailed) failed.pop_front();
+  }
 };
 
 BulkChannel::BulkChannel(BulkChannelOptions options, Authenticator authenticate)
@@ -203,12 +275,14 @@ void BulkChannel::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    for (auto& [peer, out] : out_) {
-      out->stop = true;
-      if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
-      if (out->thread.joinable()) threads.push_back(std::move(out->thread));
-      records.push_back(std::exchange(out->queue, {}));
-      records.push_back(std::exchange(out->sent, {}));
+    for (auto& [peer, lanes] : out_) {
+      for (auto& out : lanes) {
+        out->stop = true;
+        if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+        if (out->thread.joinable()) threads.push_back(std::move(out->thread));
+        records.push_back(std::exchange(out->queue, {}));
+        records.push_back(std::exchange(out->sent, {}));
+      }
     }
     for (auto& in : in_) {
       if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);
@@ -228,25 +302,30 @@ void BulkChannel::Close() {
 }
 
 void BulkChannel::AddPeer(int peer, const std::string& address, const std::string& identity) {
-  std::thread old;
-  std::deque<Outgoing::Item> queued, sent;  // their memory goes after the lock
+  std::vector<std::thread> old;
+  std::vector<std::deque<Outgoing::Item>> records;  // their memory goes after the lock
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
-    auto& slot = out_[peer];
-    if (slot != nullptr && slot->address == address && slot->identity == identity) return;
-    if (slot != nullptr) {
-      slot->stop = true;
-      if (slot->fd >= 0) shutdown(slot->fd, SHUT_RDWR);
-      queued.swap(slot->queue);
-      sent.swap(slot->sent);
-      old = std::move(slot->thread);
+    auto& lanes = out_[peer];
+    if (!lanes.empty() && lanes[0]->address == address && lanes[0]->identity == identity) return;
+    for (auto& out : lanes) {
+      out->stop = true;
+      if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+      records.push_back(std::exchange(out->queue, {}));
+      records.push_back(std::exchange(out->sent, {}));
+      if (out->thread.joinable()) old.push_back(std::move(out->thread));
     }
-    slot = std::make_shared<Outgoing>();
-    slot->address = address;
-    slot->identity = identity;
+    lanes.clear();
+    const int n = std::clamp(options_.lanes, 1, kMaxLanes);
+    for (int lane = 0; lane < n; ++lane) {
+      lanes.push_back(std::make_shared<Outgoing>());
+      lanes.back()->lane = lane;
+      lanes.back()->address = address;
+      lanes.back()->identity = identity;
+    }
   }
-  if (old.joinable()) old.join();
+  for (auto& t : old) t.join();
 }
 
 bool BulkChannel::Wants(const Frame& frame) const {
@@ -262,8 +341,12 @@ void BulkChannel::Export(int peer, Frame& frame) {
   if (closed_) return;
   auto it = out_.find(peer);
   if (it == out_.end()) return;
-  std::shared_ptr<Outgoing> out = it->second;
-  if (out->state != Outgoing::State::kReady) {
+  std::vector<Outgoing*> ready;
+  for (const std::shared_ptr<Outgoing>& out : it->second) {
+    if (out->state == Outgoing::State::kReady) {
+      ready.push_back(out.get());
+      continue;
+    }
     const bool start = out->state == Outgoing::State::kIdle ||
                        (out->state == Outgoing::State::kBroken && absl::Now() >= out->retry_at);
     if (start) {
@@ -273,18 +356,40 @@ void BulkChannel::Export(int peer, Frame& frame) {
       out->state = Outgoing::State::kConnecting;
       out->thread = std::thread([this, out] { WriteLoop(out); });
     }
-    return;
   }
+  if (ready.empty()) return;
+  Outgoing& first = *it->second[0];
+  auto add = [&](Outgoing& out, size_t index, Blob blob, uint64_t stripe, uint64_t offset,
+                 uint64_t total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    proto::TcpBlob* entry = frame.header.add_tcp_blobs();
+    entry->set_index(static_cast<uint32_t>(index));
+    entry->set_id(out.next_id);
+    entry->set_size(blob.size());
+    entry->set_lane(static_cast<uint32_t>(out.lane));
+    entry->set_offset(offset);
+    entry->set_stripe(stripe);
+    out.queue.push_back({out.next_id++, std::move(blob), stripe, offset, total});
+  };
   for (size_t i = 0; i < frame.payload.blobs.size(); ++i) {
     Blob& blob = frame.payload.blobs[i];
     const size_t size = blob.size();
     // Over max_blob_bytes: the receiver would refuse the record (B5).
     if (size < options_.min_bytes || size > options_.max_blob_bytes) continue;
-    proto::TcpBlob* entry = frame.header.add_tcp_blobs();
-    entry->set_index(static_cast<uint32_t>(i));
-    entry->set_id(out->next_id);
-    entry->set_size(size);
-    out->queue.push_back({out->next_id++, std::move(blob)});
+    if (ready.size() > 1 && size >= options_.stripe_min_bytes) {  // B10
+      const uint64_t stripe = first.next_stripe++;
+      const size_t per_lane = (size + ready.size() - 1) / ready.size();
+      const size_t slice =
+          std::max<size_t>(1, (per_lane + kStripeAlign - 1) / kStripeAlign) * kStripeAlign;
+      for (size_t k = 0, offset = 0; offset < size; ++k, offset += slice) {
+        add(*ready[k], i, SliceOf(blob, offset, std::min(slice, size - offset)), stripe, offset,
+            size);
+      }
+    } else {
+      Outgoing* least = *std::min_element(ready.begin(), ready.end(), [](auto* a, auto* b) {
+        return a->queue.size() + a->sent.size() < b->queue.size() + b->sent.size();
+      });
+      add(*least, i, std::move(blob), 0, 0, size);
+    }
     blob.pieces.clear();  // the frame carries it empty (B3)
     blob.owner.reset();
   }
@@ -382,8 +487,13 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
     conn = *std::move(secured);
     conn->SetTimeout(handshake);
   }
-  Hello hello{kMagic, kVersion, static_cast<uint32_t>(options_.job_token.size()),
-              static_cast<uint32_t>(identity.size()), first_id};
+  Hello hello{kMagic,
+              kVersion,
+              static_cast<uint32_t>(options_.job_token.size()),
+              static_cast<uint32_t>(identity.size()),
+              first_id,
+              static_cast<uint32_t>(out->lane),
+              0};
   char ack = 0;
   if (!conn->WriteAll({{&hello, sizeof hello},
                        {const_cast<char*>(options_.job_token.data()), options_.job_token.size()},
@@ -404,7 +514,7 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
   });
   ConnectionEnd how = ConnectionEnd::kBroke;
   for (;;) {
-    uint64_t id;
+    RecordHeader h{};
     Blob blob;  // shares the record's memory while it is written
     {
       absl::MutexLock lock(&mu_);
@@ -417,12 +527,12 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
         break;
       }
       if (out->ended) break;
-      id = out->queue.front().id;
-      blob = out->queue.front().blob;
+      const Outgoing::Item& item = out->queue.front();
+      blob = item.blob;
+      h = {item.id, blob.size(), item.stripe, item.offset, item.total};
       out->sent.push_back(std::move(out->queue.front()));
       out->queue.pop_front();
     }
-    RecordHeader h{id, blob.size()};
     std::vector<iovec> iov{{&h, sizeof h}};
     for (const auto& piece : blob.pieces) {
       if (!piece.empty()) iov.push_back({const_cast<char*>(piece.data()), piece.size()});
@@ -522,7 +632,8 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   std::string token, identity;
   bool ok = conn != nullptr && conn->ReadAll(&hello, sizeof hello) && hello.magic == kMagic &&
             hello.version == kVersion && hello.token_len <= kMaxHelloField &&
-            hello.identity_len <= kMaxHelloField;
+            hello.identity_len <= kMaxHelloField &&
+            hello.lane < static_cast<uint32_t>(std::clamp(options_.lanes, 1, kMaxLanes));
   if (ok) {
     token.resize(hello.token_len);
     identity.resize(hello.identity_len);
@@ -530,6 +641,7 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
          conn->ReadAll(identity.data(), identity.size()) && SameBytes(token, options_.job_token);
   }
   absl::StatusOr<int> peer = ok ? authenticate_(identity) : absl::UnauthenticatedError("hello");
+  const int lane_index = static_cast<int>(hello.lane);
   std::shared_ptr<Arrivals> arr;
   std::vector<std::function<void()>> wake;  // waits the new floor ends
   {
@@ -547,32 +659,43 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
     auto& slot = arrivals_[*peer];
     if (slot == nullptr) slot = std::make_shared<Arrivals>();
     arr = slot;
-    if (arr->identity != identity) {  // B6: a new incarnation of the sender
-      arr->blobs.clear();
-      arr->unclaimed = 0;
-      arr->floor = 0;
-      arr->next_id = 0;
+    const bool restarted = arr->identity != identity;
+    if (restarted) {  // B6: a new incarnation of the sender
+      for (Arrivals::Lane& lane : arr->lanes) {
+        lane.blobs.clear();
+        lane.floor = 0;
+        lane.next_id = 0;
+        lane.unclaimed = 0;
+        lane.seen = false;
+      }
+      arr->stripes.clear();
+      arr->failed.clear();
       arr->identity = identity;
       ++arr->epoch;  // the waits begun before fail (Import)
       wake.swap(arr->waiters);
     }
-    // B7: the sender left its earlier connections (they broke, or it was
-    // told another address): what they still carry and it did not resend
-    // (B8) is lost with them, and the ids below first_id that have not
-    // arrived will not.
+    // B7: the sender left its earlier connections of this lane (they broke,
+    // or it was told another address): what they still carry and it did
+    // not resend (B8) is lost with them, and the ids below first_id that
+    // have not arrived will not. A new incarnation ends the old one's
+    // connections on every lane (B6): nothing they still bring is kept.
     for (const auto& other : in_) {
-      if (other != in && other->peer == *peer && !other->done && other->fd >= 0) {
+      if (other != in && other->peer == *peer && (other->lane == lane_index || restarted) &&
+          !other->done && other->fd >= 0) {
         other->superseded = true;  // reads nothing more (it may be in a budget wait)
         shutdown(other->fd, SHUT_RDWR);
       }
     }
-    if (hello.first_id > arr->floor) {
-      arr->floor = hello.first_id;
+    Arrivals::Lane& lane = arr->lanes[lane_index];
+    if (hello.first_id > lane.floor) {
+      lane.floor = hello.first_id;
       for (auto& w : arr->waiters) wake.push_back(std::move(w));
       arr->waiters.clear();
     }
-    ++arr->live;
+    ++lane.live;
+    lane.seen = true;
     in->peer = *peer;
+    in->lane = lane_index;
   }
   for (auto& w : wake) w();  // they take the lock (Import)
   conn->SetTimeout(absl::ZeroDuration());
@@ -580,40 +703,118 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   Tolerate(fd, options_.silence_timeout);
   const char ack = 1;
   bool reading = conn->WriteAll({{const_cast<char*>(&ack), 1}});
+  Arrivals::Lane& lane = arr->lanes[lane_index];  // guarded by mu_
   while (reading) {
     RecordHeader h{};
-    if (!conn->ReadAll(&h, sizeof h) || h.size > options_.max_blob_bytes) break;
+    if (!conn->ReadAll(&h, sizeof h) || h.size > options_.max_blob_bytes ||
+        h.total > options_.max_blob_bytes || h.size > h.total || h.offset > h.total - h.size ||
+        (h.stripe == 0 && (h.offset != 0 || h.total != h.size)) || (h.stripe != 0 && h.size == 0)) {
+      break;
+    }
     // B8: an id already passed is a resend of a record read before; B6:
     // one below the floor belongs to frames that failed. Decided again
     // after each wait: another connection may have brought it meanwhile.
     auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return h.id >= arr->next_id && h.id >= arr->floor;
+      return h.id >= lane.next_id && h.id >= lane.floor;
     };
     bool keep;
+    std::shared_ptr<Arrivals::Stripe> stripe;  // B10: the slice's
+    std::shared_ptr<char> data;
     {
       absl::MutexLock lock(&mu_);
-      // B5: wait while what was read and not claimed is over the budget.
+      auto find_stripe = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Arrivals::Stripe* {
+        auto it = arr->stripes.find(h.stripe);
+        return h.stripe == 0 || it == arr->stripes.end() ? nullptr : it->second.get();
+      };
+      // B5: wait while what this lane read and no frame claimed is over the
+      // budget. A whole record is charged its size, a stripe its total once,
+      // when its first slice comes (its other slices wait for nothing). A
+      // lane holding nothing unclaimed always reads one more: each lane
+      // delivers in frame order, so the oldest frame's records are never
+      // held back behind later ones. B10: a slice also waits while a part
+      // of its stripe it overlaps is still being read by a connection of
+      // its lane that the sender left (the slice is a resend of that part).
+      auto dropped = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !fresh() || (h.stripe != 0 && std::find(arr->failed.begin(), arr->failed.end(),
+                                                       h.stripe) != arr->failed.end());
+      };
       auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || in->superseded || !fresh() || arr->unclaimed == 0 ||
-               arr->unclaimed + h.size <= options_.unclaimed_budget;
+        if (closed_ || in->superseded || dropped()) return true;
+        if (const Arrivals::Stripe* s = find_stripe(); s != nullptr) {
+          return std::none_of(s->taken.begin(), s->taken.end(), [&](const auto& t) {
+            return t.owner != nullptr && t.owner->superseded && h.offset < t.end &&
+                   t.begin < h.offset + h.size;
+          });
+        }
+        return lane.unclaimed == 0 ||
+               lane.unclaimed + Arrivals::ChargeOf(h.stripe != 0 ? h.total : h.size) <=
+                   options_.unclaimed_budget;
       };
       mu_.Await(absl::Condition(&room));
       if (closed_ || in->superseded) break;
-      keep = fresh();
+      keep = !dropped();
+      if (keep && h.stripe != 0) {
+        auto& slot = arr->stripes[h.stripe];
+        if (slot == nullptr) {
+          slot = std::make_shared<Arrivals::Stripe>();
+          slot->total = h.total;
+          slot->lane = lane_index;
+          slot->data = buffers_->Allocate(h.total);
+          if (slot->data == nullptr) {
+            arr->stripes.erase(h.stripe);
+            break;
+          }
+          lane.unclaimed += Arrivals::ChargeOf(h.total);
+        }
+        stripe = slot;
+        const uint64_t begin = h.offset, end = h.offset + h.size;
+        // A slice that overlaps another, names another total, comes after
+        // its stripe was complete or makes it more slices than lanes breaks
+        // the protocol (B10).
+        const bool overlaps =
+            std::any_of(stripe->taken.begin(), stripe->taken.end(),
+                        [&](const auto& t) { return begin < t.end && t.begin < end; });
+        if (stripe->total != h.total || stripe->done == stripe->total || overlaps ||
+            stripe->taken.size() >= static_cast<size_t>(kMaxLanes)) {
+          break;
+        }
+        stripe->taken.push_back({begin, end, in.get()});
+        data = stripe->data;
+      }
     }
     if (!keep) {
       if (!conn->Discard(h.size)) break;
     } else {
-      std::shared_ptr<char> data = buffers_->Allocate(h.size);
-      if (data == nullptr || !conn->ReadAll(data.get(), h.size)) break;
+      if (stripe == nullptr) data = buffers_->Allocate(h.size);
+      const bool read = data != nullptr && conn->ReadAll(data.get() + h.offset, h.size);
       std::vector<std::function<void()>> wake;
       {
         absl::MutexLock lock(&mu_);
-        if (in->superseded) break;
-        if (fresh()) {
-          if (!arr->blobs.emplace(h.id, Arrivals::Arrived{std::move(data), h.size}).second) break;
-          arr->next_id = After(h.id);
-          arr->unclaimed += h.size;
+        auto it = stripe == nullptr ? arr->stripes.end() : arr->stripes.find(h.stripe);
+        const bool current =
+            stripe == nullptr || (it != arr->stripes.end() && it->second == stripe);
+        const bool stored =
+            read && !in->superseded && fresh() && current &&
+            lane.blobs.emplace(h.id, Arrivals::Arrived{data, h.size, h.stripe, h.offset, h.total})
+                .second;
+        if (stripe != nullptr && current) {
+          auto taken = std::find_if(stripe->taken.begin(), stripe->taken.end(),
+                                    [&](const auto& t) { return t.owner == in.get(); });
+          if (stored) {
+            taken->owner = nullptr;  // read
+            stripe->done += h.size;
+            stripe->slices.emplace_back(lane_index, h.id);
+          } else {
+            // Not kept: its part may come again (B8); a stripe left with
+            // nothing read or being read goes, with its charge.
+            stripe->taken.erase(taken);
+            if (stripe->taken.empty()) arr->DropStripe(h.stripe);
+          }
+        }
+        if (!read || in->superseded) break;
+        if (stored) {
+          lane.next_id = After(h.id);
+          if (stripe == nullptr) lane.unclaimed += Arrivals::ChargeOf(h.size);
           ++stats_.blobs_received;
           stats_.bytes_received += h.size;
           wake.swap(arr->waiters);
@@ -633,7 +834,10 @@ void BulkChannel::Ended(const std::shared_ptr<Incoming>& in) {
   // abandoned (WakeAbandoned).
   absl::MutexLock lock(&mu_);
   auto it = arrivals_.find(in->peer);
-  if (it != arrivals_.end() && --it->second->live == 0) it->second->lost_since = absl::Now();
+  if (it != arrivals_.end()) {
+    Arrivals::Lane& lane = it->second->lanes[in->lane];
+    if (--lane.live == 0) lane.lost_since = absl::Now();
+  }
   shutdown(in->fd, SHUT_RDWR);
   close(in->fd);
   in->fd = -1;
@@ -641,8 +845,9 @@ void BulkChannel::Ended(const std::shared_ptr<Incoming>& in) {
   in->done = true;
 }
 
-bool BulkChannel::Abandoned(const Arrivals& arr) const {
-  return arr.live == 0 && absl::Now() >= arr.lost_since + options_.silence_timeout;
+bool BulkChannel::Abandoned(const Arrivals& arr, int lane) const {
+  const Arrivals::Lane& l = arr.lanes[lane];
+  return l.seen && l.live == 0 && absl::Now() >= l.lost_since + options_.silence_timeout;
 }
 
 void BulkChannel::WakeAbandoned() {
@@ -650,7 +855,9 @@ void BulkChannel::WakeAbandoned() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [peer, arr] : arrivals_) {
-      if (arr->waiters.empty() || !Abandoned(*arr)) continue;
+      bool abandoned = false;
+      for (int lane = 0; lane < kMaxLanes && !abandoned; ++lane) abandoned = Abandoned(*arr, lane);
+      if (arr->waiters.empty() || !abandoned) continue;
       for (auto& w : arr->waiters) wake.push_back(std::move(w));
       arr->waiters.clear();
     }
@@ -662,16 +869,41 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
                                          uint64_t* wait_epoch) {
   const auto& entries = frame.header.tcp_blobs();
   if (entries.empty()) return true;
-  std::vector<bool> named(frame.payload.blobs.size(), false);
-  absl::flat_hash_set<uint64_t> ids;
+  // Each blob's entries by offset: one whole record, or the slices of a
+  // stripe (B10) covering it exactly once.
+  std::vector<std::vector<const proto::TcpBlob*>> parts(frame.payload.blobs.size());
+  absl::flat_hash_set<std::pair<uint32_t, uint64_t>> ids;
+  auto bad = [&](const proto::TcpBlob& e, absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("bad bulk-channel entry (blob ", e.index(), " of ",
+                                            frame.payload.blobs.size(), ", lane ", e.lane(),
+                                            ", id ", e.id(), ", ", e.size(), " bytes at ",
+                                            e.offset(), ") from worker ", peer, ": ", why));
+  };
   for (const proto::TcpBlob& e : entries) {
-    if (e.index() >= frame.payload.blobs.size() || named[e.index()] || !ids.insert(e.id()).second ||
-        frame.payload.blobs[e.index()].size() != 0 || e.size() > options_.max_blob_bytes) {
-      return absl::DataLossError(absl::StrCat("bad bulk-channel entry (blob ", e.index(), " of ",
-                                              frame.payload.blobs.size(), ", id ", e.id(), ", ",
-                                              e.size(), " bytes) from worker ", peer));
+    if (e.index() >= frame.payload.blobs.size() || frame.payload.blobs[e.index()].size() != 0) {
+      return bad(e, "no such blob, or it did not travel empty");
     }
-    named[e.index()] = true;
+    if (e.lane() >= kMaxLanes || !ids.insert({e.lane(), e.id()}).second) {
+      return bad(e, "no such lane, or its id named twice");
+    }
+    if (e.size() > options_.max_blob_bytes || e.offset() > options_.max_blob_bytes ||
+        parts[e.index()].size() >= kMaxLanes) {
+      return bad(e, "too large, or in too many slices");
+    }
+    parts[e.index()].push_back(&e);
+  }
+  std::vector<uint64_t> totals(parts.size(), 0);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::sort(parts[i].begin(), parts[i].end(),
+              [](const auto* a, const auto* b) { return a->offset() < b->offset(); });
+    for (const proto::TcpBlob* e : parts[i]) {
+      if (e->offset() != totals[i] || (e->size() == 0 && parts[i].size() > 1) ||
+          e->stripe() != parts[i][0]->stripe() || (e->stripe() == 0) != (parts[i].size() == 1)) {
+        return bad(*e, "slices that do not cover the blob once, or of different stripes");
+      }
+      totals[i] += e->size();
+    }
+    if (totals[i] > options_.max_blob_bytes) return bad(*parts[i][0], "too large");
   }
   absl::MutexLock lock(&mu_);
   auto it = arrivals_.find(peer);
@@ -681,11 +913,21 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
         absl::StrCat("no bulk connection from worker ", peer, " brings blob id ", entries[0].id()));
   }
   // A frame that cannot complete leaves nothing behind: what of it arrived
-  // is released (it no longer counts against the budget, B5).
+  // is released (it no longer counts against the budget, B5), stripes with
+  // all of their slices.
   auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const proto::TcpBlob& e : entries) {
-      auto node = arr->blobs.extract(e.id());
-      if (!node.empty()) arr->unclaimed -= node.mapped().size;
+      // A stripe goes with its slices, and those still to come are dropped.
+      if (e.stripe() != 0) arr->Failed(e.stripe());
+      auto& blobs = arr->lanes[e.lane()].blobs;
+      auto node = blobs.find(e.id());
+      if (node == blobs.end()) continue;
+      if (node->second.stripe != 0) {
+        arr->Failed(node->second.stripe);
+      } else {
+        arr->lanes[e.lane()].unclaimed -= Arrivals::ChargeOf(node->second.size);
+        blobs.erase(node);
+      }
     }
     return s;
   };
@@ -699,42 +941,73 @@ absl::StatusOr<bool> BulkChannel::Import(int peer, Frame& frame, std::function<v
     }
   }
   for (const proto::TcpBlob& e : entries) {
-    if (arr->blobs.contains(e.id())) continue;
-    if (e.id() < arr->floor) {
+    Arrivals::Lane& lane = arr->lanes[e.lane()];
+    if (lane.blobs.contains(e.id())) continue;
+    if (!lane.seen) {  // the sender names only lanes it has connected (B10)
+      return fail(
+          absl::UnavailableError(absl::StrCat("no bulk connection from worker ", peer, " on lane ",
+                                              e.lane(), " brings blob id ", e.id())));
+    }
+    if (e.id() < lane.floor) {
       return fail(absl::UnavailableError(
           absl::StrCat("worker ", peer, " gave up blob id ", e.id(), " on the bulk channel")));
     }
-    if (Abandoned(*arr)) {
+    if (Abandoned(*arr, static_cast<int>(e.lane()))) {
       // B6: what these frames wanted is dropped if it comes after all.
-      for (const proto::TcpBlob& f : entries) arr->floor = std::max(arr->floor, After(f.id()));
+      for (const proto::TcpBlob& f : entries) {
+        Arrivals::Lane& l = arr->lanes[f.lane()];
+        l.floor = std::max(l.floor, After(f.id()));
+      }
       return fail(absl::UnavailableError(
           absl::StrCat("the bulk connection from worker ", peer, " ended before blob id ", e.id(),
                        " arrived, and it did not resume within ",
                        absl::FormatDuration(options_.silence_timeout))));
     }
-    if (e.id() < arr->next_id) {
+    if (e.id() < lane.next_id) {
       return fail(absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer,
                                                    " was claimed by another frame")));
     }
     arr->waiters.push_back(std::move(ready));
     return false;
   }
-  for (const proto::TcpBlob& e : entries) {
-    const Arrivals::Arrived& got = arr->blobs.at(e.id());
-    if (got.size != e.size()) {
-      return fail(
-          absl::DataLossError(absl::StrCat("bulk blob id ", e.id(), " from worker ", peer, " has ",
-                                           got.size, " bytes; its frame says ", e.size())));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].empty()) continue;
+    const Arrivals::Arrived& head = arr->lanes[parts[i][0]->lane()].blobs.at(parts[i][0]->id());
+    for (const proto::TcpBlob* e : parts[i]) {
+      const Arrivals::Arrived& got = arr->lanes[e->lane()].blobs.at(e->id());
+      // One whole record, or every slice of one stripe (B10).
+      const bool fits = got.size == e->size() && got.offset == e->offset() &&
+                        got.total == totals[i] && got.stripe == e->stripe();
+      if (!fits) {
+        return fail(absl::DataLossError(absl::StrCat(
+            "bulk blob id ", e->id(), " (lane ", e->lane(), ") from worker ", peer, " has ",
+            got.size, " bytes at ", got.offset, " of ", got.total, " (stripe ", got.stripe,
+            "); its frame says ", e->size(), " at ", e->offset(), " of ", totals[i])));
+      }
+    }
+    if (head.stripe != 0) {
+      const Arrivals::Stripe& stripe = *arr->stripes.at(head.stripe);
+      if (stripe.slices.size() != parts[i].size()) {
+        return fail(absl::DataLossError(
+            absl::StrCat("bulk stripe ", head.stripe, " from worker ", peer, " has ",
+                         stripe.slices.size(), " slices; its frame names ", parts[i].size())));
+      }
     }
   }
-  for (const proto::TcpBlob& e : entries) {
-    auto node = arr->blobs.extract(e.id());
-    Arrivals::Arrived& got = node.mapped();
-    arr->unclaimed -= got.size;
-    Blob& blob = frame.payload.blobs[e.index()];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].empty()) continue;
+    auto& head_lane = arr->lanes[parts[i][0]->lane()].blobs;
+    const Arrivals::Arrived head = head_lane.at(parts[i][0]->id());
+    if (head.stripe != 0) {
+      arr->DropStripe(head.stripe);  // its slices, and its charge
+    } else {
+      head_lane.erase(parts[i][0]->id());
+      arr->lanes[parts[i][0]->lane()].unclaimed -= Arrivals::ChargeOf(head.size);
+    }
+    Blob& blob = frame.payload.blobs[i];
     blob.pieces.clear();
-    blob.pieces.emplace_back(got.data.get(), got.size);
-    blob.owner = std::move(got.data);
+    blob.pieces.emplace_back(head.data.get(), head.total);
+    blob.owner = head.data;
   }
   return true;
 }
@@ -743,18 +1016,24 @@ bool BulkChannel::Connected(int peer, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto it = out_.find(peer);
   if (it == out_.end()) return false;
-  std::shared_ptr<Outgoing> out = it->second;
+  const std::vector<std::shared_ptr<Outgoing>> lanes = it->second;
   auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || out->state != Outgoing::State::kConnecting;
+    return closed_ || std::none_of(lanes.begin(), lanes.end(), [](const auto& out) {
+             return out->state == Outgoing::State::kConnecting;
+           });
   };
   mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
-  return !closed_ && out->state == Outgoing::State::kReady;
+  return !closed_ && std::any_of(lanes.begin(), lanes.end(), [](const auto& out) {
+    return out->state == Outgoing::State::kReady;
+  });
 }
 
 void BulkChannel::DropConnectionsForTesting() {
   absl::MutexLock lock(&mu_);
-  for (auto& [peer, out] : out_) {
-    if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+  for (auto& [peer, lanes] : out_) {
+    for (auto& out : lanes) {
+      if (out->fd >= 0) shutdown(out->fd, SHUT_RDWR);
+    }
   }
   for (auto& in : in_) {
     if (in->fd >= 0) shutdown(in->fd, SHUT_RDWR);

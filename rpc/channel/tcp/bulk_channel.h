@@ -5,20 +5,23 @@
 //
 // Protocol:
 // B1. Each worker listens on a port of its own (address(), published at
-//     rendezvous). A sender opens one connection to each peer it sends a
-//     large blob to, in the background, on its first such send; until the
-//     connection is up (B2), blobs stay on the stream.
+//     rendezvous). A sender opens `lanes` connections (B10) to each peer it
+//     sends a large blob to, in the background, on its first such send;
+//     until a connection is up (B2), blobs stay on the stream. Each lane is
+//     a connection of its own with its own transfer ids: B2-B9 hold per
+//     lane.
 // B2. The connection opens with a hello: magic, version, the job token,
 //     the sender's stream identity (the one its gRPC streams to that peer
-//     present) and the first transfer id it will carry (B7). The receiver reads nothing more before
-//     the token matches and the identity proves a worker (the transport's stream authenticator);
-//     otherwise it closes the connection. It then binds the connection to
-//     that worker and answers one byte; only then does the sender use it.
-// B3. A blob is a record: transfer id (u64, increasing per sender and
-//     peer), size (u64), then its bytes, written from the tensor's own
-//     memory. The frame that carries it lists {index, id, size} in
-//     FrameHeader.tcp_blobs, and the blob travels empty on the stream; the
-//     frame's logical size is unchanged.
+//     present), its lane and the first transfer id it will carry (B7). The receiver reads nothing
+//     more before the token matches and the identity proves a worker (the transport's stream
+//     authenticator); otherwise it closes the connection. It then binds the connection to that
+//     worker and answers one byte; only then does the sender use it.
+// B3. A blob is a record: transfer id (u64, increasing per sender, peer
+//     and lane), size (u64), stripe, offset and total (u64 each, B10; 0, 0
+//     and the size for a whole blob), then its bytes, written from the
+//     tensor's own memory. The frame that carries it lists {index, id, size,
+//     lane, offset} in FrameHeader.tcp_blobs, and the blob travels empty on
+//     the stream; the frame's logical size is unchanged.
 // B4. A frame is delivered once its blobs arrived; the stream reads on
 //     meanwhile, so the frames after it may pass it (a probe's answer never
 //     waits behind a large tensor's bytes). Frames without bulk blobs keep
@@ -27,8 +30,12 @@
 //     aligned; the decoded tensor's own storage, no further copy; buffers of
 //     1 MiB or more are reused once their tensors died, up to 8 and 256 MiB). A record
 //     larger than max_blob_bytes closes the connection. Blobs read but not
-//     yet claimed by a frame count against unclaimed_budget: past it,
-//     reading pauses until frames claim them (one blob is always allowed).
+//     yet claimed by a frame count against unclaimed_budget, per sender and
+//     lane (at least 4 KiB each; a receiver holds at most `lanes` times
+//     the budget per sender): past it, the lane's reading pauses until
+//     frames claim what it read (a lane holding none always reads one
+//     more: each lane delivers in frame order, so the oldest frame is never
+//     held back behind later ones).
 // B6. When the sender's connection ends, blobs read in full stay
 //     claimable, and a frame waiting for another waits on for the sender to
 //     resume (B8). With no connection from the sender for silence_timeout,
@@ -59,11 +66,32 @@
 //     receiver's name as the gRPC streams do (connection.h). A failed
 //     handshake is a failed connection: blobs stay on the stream. The hello,
 //     the records and the acknowledgements then travel inside TLS.
+// B10. Lanes and stripes: one TCP connection moves less than two here (on
+//     loopback and across a veth pair the sender's core also runs the
+//     receiver's TCP stack), so a sender keeps `lanes` connections per peer.
+//     A blob of at least stripe_min_bytes, sent while at least two lanes are
+//     up, is cut into at most one slice per lane that is up (4 KiB-aligned
+//     offsets), each a record of its lane naming the blob's stripe (a number
+//     per sender and peer, from 1), its offset and the blob's total size;
+//     the receiver reads every slice straight into one buffer of the total
+//     size, so the stripe arrives as one blob with no copy. Its frame lists
+//     one entry per slice, with the same index and stripe. The receiver
+//     charges a stripe's whole size to the lane of its first slice (B5; the
+//     later slices wait for nothing but a resend of a part that a left
+//     connection is still reading), and ends the connection of a slice that
+//     overlaps another of its stripe, names another total, or would make
+//     more slices than kMaxLanes. When a frame naming a stripe fails, the
+//     stripe goes with every slice of it and its charge, and its slices
+//     still to come are dropped as read; so does a stripe left with no
+//     slice read or being read. Smaller blobs go whole, each on the lane
+//     with the fewest records waiting. A receiver refuses a lane beyond its
+//     own `lanes`.
 //
-// Entries come from a peer and are not trusted: Import checks each index,
-// that the blob traveled empty, that no index or id is named twice, the
-// size against max_blob_bytes and the record's actual size, and that no
-// blob is claimed twice.
+// Entries come from a peer and are not trusted: Import checks each index
+// and lane, that the blob traveled empty, that no lane's id is named twice,
+// that an index's slices cover it exactly once, the sizes against
+// max_blob_bytes and the records' actual sizes, offsets and stripe, and
+// that no blob is claimed twice.
 //
 // Thread-safety: safe for concurrent use. Callbacks of Import run on the
 // channel's threads (a reader's, its acceptor's) or in Close(), never under
@@ -99,6 +127,10 @@ struct BulkChannelOptions {
   std::string host = "127.0.0.1";  // to listen on (the transport's host)
   std::string job_token;
   size_t min_bytes = size_t{1} << 18;  // smaller blobs stay on the stream
+  // Connections per peer (B10), 1 to kMaxLanes, and the smallest blob
+  // striped across them.
+  int lanes = 2;
+  size_t stripe_min_bytes = size_t{4} << 20;  // 1-4 MiB: whole, on alternate lanes
   uint64_t max_blob_bytes = uint64_t{1} << 30;
   uint64_t unclaimed_budget = uint64_t{1} << 30;  // per sender (B5)
   absl::Duration handshake_timeout = absl::Seconds(10);
@@ -114,6 +146,7 @@ struct BulkChannelOptions {
 
 class BulkChannel {
  public:
+  static constexpr int kMaxLanes = kMaxBulkLanes;
   // Checks a hello's identity (B2): the worker it proves, or an error. May
   // block (the channel's own thread calls it).
   using Authenticator = std::function<absl::StatusOr<int>(const std::string& identity)>;
@@ -139,8 +172,9 @@ class BulkChannel {
   // the frame as it is.
   void Export(int peer, Frame& frame);
 
-  // Whether blobs to `peer` go through the channel now, waiting up to
-  // `timeout` while a connection to it is being made (tests, benchmarks).
+  // Whether blobs to `peer` go through the channel now (a lane of it is
+  // up), waiting up to `timeout` while connections to it are being made
+  // (tests, benchmarks).
   bool Connected(int peer, absl::Duration timeout);
 
   // Receiver: fills the frame's tcp_blobs from what `peer` sent. true: every
@@ -187,8 +221,8 @@ class BulkChannel {
   void ReadAcknowledgements(const std::shared_ptr<Outgoing>& out, tcp::Connection* conn);
   // The reader of `in` ended.
   void Ended(const std::shared_ptr<Incoming>& in);
-  // Whether the waits on a sender fail now (B6).
-  bool Abandoned(const Arrivals& arr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the waits on a sender's lane fail now (B6).
+  bool Abandoned(const Arrivals& arr, int lane) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeAbandoned();
 
   const BulkChannelOptions options_;
@@ -201,7 +235,8 @@ class BulkChannel {
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<int, std::shared_ptr<Outgoing>> out_ ABSL_GUARDED_BY(mu_);
+  // Each peer's lanes (B10), options_.lanes of them.
+  absl::flat_hash_map<int, std::vector<std::shared_ptr<Outgoing>>> out_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Incoming>> in_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::shared_ptr<Arrivals>> arrivals_ ABSL_GUARDED_BY(mu_);
   int handshaking_ ABSL_GUARDED_BY(mu_) = 0;

@@ -139,6 +139,12 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(const TlsCo
             absl::StrCat("TLS for the bulk channel: CA certificate refused: ", SslErrors()));
       }
     }
+    // OpenSSL fills each certificate's cache of decoded extensions on first
+    // use, checking whether it did without a lock; handshakes of several
+    // connections at once (the lanes, B10) would race on that first fill.
+    // Filled here, before any handshake.
+    for (X509* c : certs) X509_check_purpose(c, -1, 0);
+    for (X509* ca : cas) X509_check_purpose(ca, -1, 0);
   }
   for (X509* c : certs) X509_free(c);
   for (EVP_PKEY* k : keys) EVP_PKEY_free(k);

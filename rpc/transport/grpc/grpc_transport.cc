@@ -223,6 +223,7 @@ absl::StatusOr<std::unique_ptr<BulkChannel>> StartBulkChannel(const TransportOpt
   }
   bulk.job_token = options.job_token;
   bulk.min_bytes = options.bulk_min_bytes;
+  bulk.lanes = options.bulk_lanes;
   bulk.max_blob_bytes = static_cast<uint64_t>(options.max_message_bytes);
   bulk.unclaimed_budget = static_cast<uint64_t>(options.max_message_bytes);
   bulk.silence_timeout = options.silence_timeout;
