@@ -36,6 +36,7 @@ BulkChannel::BulkChannel(BulkChannelOptions options, Authenticator authenticate)
 
 absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Start(BulkChannelOptions options,
                                                                 Authenticator authenticate) {
+  options.lanes = std::clamp(options.lanes, 1, kMaxLanes);
   std::unique_ptr<BulkChannel> c(new BulkChannel(std::move(options), std::move(authenticate)));
   if (c->options_.tls.enabled()) {
     auto tls = tcp::TlsContext::Create(c->options_.tls);
@@ -125,8 +126,7 @@ void BulkChannel::AddPeer(int peer, const std::string& address, const std::strin
       if (out->thread.joinable()) old.push_back(std::move(out->thread));
     }
     lanes.clear();
-    const int n = std::clamp(options_.lanes, 1, kMaxLanes);
-    for (int lane = 0; lane < n; ++lane) {
+    for (int lane = 0; lane < options_.lanes; ++lane) {
       lanes.push_back(std::make_shared<Outgoing>());
       lanes.back()->lane = lane;
       lanes.back()->address = address;

@@ -127,8 +127,8 @@ struct BulkChannelOptions {
   std::string host = "127.0.0.1";  // to listen on (the transport's host)
   std::string job_token;
   size_t min_bytes = size_t{1} << 18;  // smaller blobs stay on the stream
-  // Connections per peer (B10), 1 to kMaxLanes, and the smallest blob
-  // striped across them.
+  // Connections per peer (B10), 1 to kMaxLanes (others are taken as the
+  // nearest), and the smallest blob striped across them.
   int lanes = 2;
   size_t stripe_min_bytes = size_t{4} << 20;  // 1-4 MiB: whole, on alternate lanes
   uint64_t max_blob_bytes = uint64_t{1} << 30;

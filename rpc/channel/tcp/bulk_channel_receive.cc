@@ -57,7 +57,7 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   bool ok = conn != nullptr && conn->ReadAll(&hello, sizeof hello) && hello.magic == kMagic &&
             hello.version == kVersion && hello.token_len <= kMaxHelloField &&
             hello.identity_len <= kMaxHelloField &&
-            hello.lane < static_cast<uint32_t>(std::clamp(options_.lanes, 1, kMaxLanes));
+            hello.lane < static_cast<uint32_t>(options_.lanes);
   if (ok) {
     token.resize(hello.token_len);
     identity.resize(hello.identity_len);
