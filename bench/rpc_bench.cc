@@ -21,6 +21,10 @@
 // (/var/run/netns/<name>, entered with setns(2) before anything else), at
 // BATON_BENCH_PEER_ADDR; rank 0 stays where it was started (MASTER_ADDR is
 // its address there).
+//
+// Profiling one row: BATON_BENCH_ECHO_ONLY=<MB>:<seconds> skips the floors
+// and every other row and echoes <MB> MiB tensors for that long (for `perf
+// record -a` around it), then reports that row alone.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -50,7 +54,11 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
@@ -293,9 +301,37 @@ void TcpEchoFloor(bool quick, int conns) {
   waitpid(child, &status, 0);
 }
 
+// BATON_BENCH_ECHO_ONLY=<MB>:<seconds>, or {0, 0}.
+std::pair<int, double> EchoOnly() {
+  const char* v = std::getenv("BATON_BENCH_ECHO_ONLY");
+  if (v == nullptr) return {0, 0};
+  const std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(v, ':');
+  int mb = 0;
+  double seconds = 0;
+  if (!absl::SimpleAtoi(parts.first, &mb) || !absl::SimpleAtod(parts.second, &seconds) || mb <= 0 ||
+      seconds <= 0) {
+    std::fprintf(stderr, "BATON_BENCH_ECHO_ONLY=%s: want <MB>:<seconds>, both positive\n", v);
+    std::exit(2);
+  }
+  return {mb, seconds};
+}
+
 void Drive(RpcAgent& agent, bool quick) {
   const int n = quick ? 300 : 3000;
   const std::string peer = "w1";
+  if (const auto [mb, seconds] = EchoOnly(); mb > 0) {
+    const at::Tensor big = at::ones({static_cast<int64_t>(mb) * 1024 * 1024 / 4});
+    agent.rpc_sync(peer, echo_fn, big);
+    int reps = 0;
+    const double b0 = Now();
+    while (Now() - b0 < seconds) {
+      agent.rpc_sync(peer, echo_fn, big);
+      ++reps;
+    }
+    Report(absl::StrCat("rpc_sync_echo_", mb, "MB_bandwidth"),
+           2.0 * mb * reps / 1024 / (Now() - b0), "GB/s", ", \"note\": \"echo only\"");
+    return;
+  }
   for (int i = 0; i < 100; ++i) agent.rpc_sync(peer, noop_fn);
   std::vector<double> lat;
   for (int i = 0; i < n; ++i) {
@@ -448,10 +484,12 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--rank=", 7) == 0) rank = std::atoi(argv[i] + 7);
   }
   if (rank >= 0) return RunRank(rank, quick);
-  PingPongFloor(quick, /*spin=*/false);
-  PingPongFloor(quick, /*spin=*/true);
-  TcpEchoFloor(quick, /*conns=*/1);
-  TcpEchoFloor(quick, /*conns=*/2);
+  if (EchoOnly().first == 0) {
+    PingPongFloor(quick, /*spin=*/false);
+    PingPongFloor(quick, /*spin=*/true);
+    TcpEchoFloor(quick, /*conns=*/1);
+    TcpEchoFloor(quick, /*conns=*/2);
+  }
   if (std::getenv("MASTER_PORT") == nullptr) setenv("MASTER_PORT", "29612", 1);
   std::string self = "/proc/self/exe", arg = "--rank=1", q = "--quick";
   char* child_argv[] = {self.data(), arg.data(), quick ? q.data() : nullptr, nullptr};
