@@ -89,7 +89,9 @@ export PATH="/usr/local/cuda/bin:$PATH"
 # benchmarks) compile and link in the same build as everything else, against
 # pip's NCCL and the toolkit, while the CPU tests run.
 stage "configure against pip's torch in $build/t2 (CUDA, Python)"
+# Warnings are errors here, as in the Bazel build.
 cmake -G Ninja -S . -B "$build/t2" -DBATON_CUDA=ON -DBATON_GLOO=OFF -DBATON_PYTHON=ON \
+  -DBATON_WERROR=ON \
   -DPython3_EXECUTABLE="$py" -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DTORCH_SITE="$torch_site/torch" ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]}" >/dev/null
