@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton {
 namespace {
@@ -38,7 +39,7 @@ absl::Status WriteFileAtomically(const std::string& path,
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
   if (slash != std::string::npos && slash > 0) {
-    if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+    RETURN_IF_ERROR(MakeDirs(dir));
   }
   const std::string tmp = absl::StrCat(dir, "/.tmp-", name);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton {
 
@@ -64,26 +65,24 @@ absl::StatusOr<WorkerIdentity> WorkerIdentity::Generate() {
 
 absl::StatusOr<std::string> WorkerIdentity::Prove(absl::string_view peer_key,
                                                   absl::string_view statement) const {
-  auto secret = SharedSecret(key_->pkey, peer_key);
-  if (!secret.ok()) return secret.status();
+  ASSIGN_OR_RETURN(auto secret, SharedSecret(key_->pkey, peer_key));
   std::string mac(kProofBytes, '\0');
   unsigned int len = 0;
-  if (HMAC(EVP_sha256(), secret->data(), static_cast<int>(secret->size()),
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
            reinterpret_cast<const unsigned char*>(statement.data()), statement.size(),
            reinterpret_cast<unsigned char*>(mac.data()), &len) == nullptr ||
       len != kProofBytes) {
     return absl::InternalError("HMAC-SHA256 failed");
   }
-  OPENSSL_cleanse(secret->data(), secret->size());
+  OPENSSL_cleanse(secret.data(), secret.size());
   return mac;
 }
 
 absl::Status WorkerIdentity::Verify(absl::string_view peer_key, absl::string_view statement,
                                     absl::string_view proof) const {
-  auto expected = Prove(peer_key, statement);
-  if (!expected.ok()) return expected.status();
-  if (proof.size() != expected->size() ||
-      CRYPTO_memcmp(proof.data(), expected->data(), expected->size()) != 0) {
+  ASSIGN_OR_RETURN(auto expected, Prove(peer_key, statement));
+  if (proof.size() != expected.size() ||
+      CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) != 0) {
     return absl::PermissionDeniedError("the proof does not match the key registered for it");
   }
   return absl::OkStatus();

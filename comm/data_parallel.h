@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::comm {
 
@@ -77,7 +78,7 @@ class DataParallel {
     if (module == nullptr) return absl::InvalidArgumentError("DataParallel: no module");
     const int64_t visible =
         torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
-    if (absl::Status s = CheckDataParallelOptions(options, visible); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckDataParallelOptions(options, visible));
     module->to(options.devices.front());
     if (options.devices.size() > 1) {
       // Replication clones the module: one that cannot be cloned is refused

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "comm/internal/store_exchange.h"
 
 namespace baton::comm {
@@ -195,8 +196,7 @@ absl::Status GroupState::CheckList(const std::vector<at::Tensor>& tensors, absl:
     return absl::InvalidArgumentError(absl::StrCat(what, " list is empty"));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    absl::Status s = CheckTensor(tensors[i], absl::StrCat(what, " ", i));
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CheckTensor(tensors[i], absl::StrCat(what, " ", i)));
     if (tensors[i].scalar_type() != tensors[0].scalar_type()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " ", i, " has dtype ", DtypeName(tensors[i].scalar_type()), " but ",

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "data/idx.h"
 
 namespace baton::data {
@@ -24,12 +25,11 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
 
   IdxReadOptions image_options;
   image_options.noun = "images";
-  absl::StatusOr<IdxArray> images = ReadIdxUint8(images_path, 3, image_options);
-  if (!images.ok()) return images.status();
-  if (images->dims[1] != kFashionMnistRows || images->dims[2] != kFashionMnistCols) {
-    return absl::DataLossError(absl::StrCat(images_path, ": images are ", images->dims[1], "x",
-                                            images->dims[2], " pixels, expected ",
-                                            kFashionMnistRows, "x", kFashionMnistCols));
+  ASSIGN_OR_RETURN(IdxArray images, ReadIdxUint8(images_path, 3, image_options));
+  if (images.dims[1] != kFashionMnistRows || images.dims[2] != kFashionMnistCols) {
+    return absl::DataLossError(absl::StrCat(images_path, ": images are ", images.dims[1], "x",
+                                            images.dims[2], " pixels, expected ", kFashionMnistRows,
+                                            "x", kFashionMnistCols));
   }
 
   IdxReadOptions label_options;
@@ -37,10 +37,10 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
   absl::StatusOr<IdxArray> labels = ReadIdxUint8(labels_path, 1, label_options);
   if (!labels.ok()) return labels.status();
 
-  const int64_t n = images->dims[0];
-  if (labels->dims[0] != images->dims[0]) {
+  const int64_t n = images.dims[0];
+  if (labels->dims[0] != images.dims[0]) {
     return absl::DataLossError(absl::StrCat("count mismatch: ", images_path, " holds ",
-                                            images->dims[0], " images but ", labels_path, " holds ",
+                                            images.dims[0], " images but ", labels_path, " holds ",
                                             labels->dims[0], " labels"));
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -55,7 +55,7 @@ absl::StatusOr<Split> LoadFashionMnist(const std::string& dir, bool train) {
   try {
     const int64_t pixels = int64_t{kFashionMnistRows} * kFashionMnistCols;
     Split split;
-    split.images = at::from_blob(images->values.data(), {n, pixels}, at::kByte)
+    split.images = at::from_blob(images.values.data(), {n, pixels}, at::kByte)
                        .to(at::kFloat)
                        .div_(255.0)
                        .sub_(kFashionMnistMean)

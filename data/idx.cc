@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace baton::data {
 namespace {
@@ -138,12 +139,11 @@ absl::StatusOr<IdxArray> ReadIdxUint8(const std::string& path, int rank,
   if (options.max_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": max_bytes must be positive"));
   }
-  absl::StatusOr<GzFile> file = GzFile::Open(path);
-  if (!file.ok()) return file.status();
+  ASSIGN_OR_RETURN(GzFile file, GzFile::Open(path));
 
   // Magic: 0x00 0x00 <type code> <number of dims>.
   uint8_t magic[4];
-  absl::StatusOr<size_t> got = file->Read(magic, sizeof(magic));
+  absl::StatusOr<size_t> got = file.Read(magic, sizeof(magic));
   if (!got.ok()) return got.status();
   if (*got < sizeof(magic)) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header: the file holds ", *got,
@@ -173,7 +173,7 @@ absl::StatusOr<IdxArray> ReadIdxUint8(const std::string& path, int rank,
   // Dimensions: `rank` big-endian uint32 values.
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(rank);
   std::vector<uint8_t> raw_dims(4 * static_cast<size_t>(rank));
-  got = file->Read(raw_dims.data(), raw_dims.size());
+  got = file.Read(raw_dims.data(), raw_dims.size());
   if (!got.ok()) return got.status();
   if (*got < raw_dims.size()) {
     return absl::DataLossError(
@@ -201,7 +201,7 @@ absl::StatusOr<IdxArray> ReadIdxUint8(const std::string& path, int rank,
     const size_t want =
         static_cast<size_t>(std::min<uint64_t>(total, std::max(kInitialChunk, 2 * filled)));
     array.values.resize(want);
-    got = file->Read(array.values.data() + filled, want - filled);
+    got = file.Read(array.values.data() + filled, want - filled);
     if (!got.ok()) return got.status();
     filled += *got;
     if (filled < want) break;
@@ -216,7 +216,7 @@ absl::StatusOr<IdxArray> ReadIdxUint8(const std::string& path, int rank,
   uint64_t trailing = 0;
   uint8_t scratch[1 << 16];
   while (true) {
-    got = file->Read(scratch, sizeof(scratch));
+    got = file.Read(scratch, sizeof(scratch));
     if (!got.ok()) return got.status();
     trailing += *got;
     if (*got < sizeof(scratch)) break;

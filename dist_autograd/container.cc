@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "dist_autograd/context_graph.h"
 #include "dist_autograd/internal/container.h"
 #include "obs/state.h"
@@ -306,15 +307,13 @@ absl::Status AutogradHook::OnSend(const rpc::MessageInfo& message,
   } else if (message.request_extensions != nullptr) {
     auto it = message.request_extensions->find(kExtension);
     if (it != message.request_extensions->end()) {
-      auto tag = ParseTag(it->second);
-      if (!tag.ok()) return tag.status();
-      context_id = tag->context_id();
+      ASSIGN_OR_RETURN(auto tag, ParseTag(it->second));
+      context_id = tag.context_id();
     }
   }
   if (context_id == 0) return absl::OkStatus();
-  auto state = c->GetOrCreate(context_id, message.agent);
-  if (!state.ok()) return state.status();
-  (*state)->AddParticipant(message.peer);
+  ASSIGN_OR_RETURN(auto state, c->GetOrCreate(context_id, message.agent));
+  (state)->AddParticipant(message.peer);
   proto::AutogradTag tag;
   tag.set_context_id(context_id);
   torch::autograd::edge_list edges;
@@ -329,7 +328,7 @@ absl::Status AutogradHook::OnSend(const rpc::MessageInfo& message,
     const int64_t incarnation = message.agent != nullptr ? message.agent->incarnation() : 0;
     const int64_t message_id = c->NextMessageId(self, incarnation);
     tag.set_message_id(message_id);
-    (*state)->AddSend(message_id, std::move(edges));
+    (state)->AddSend(message_id, std::move(edges));
   }
   extensions[kExtension] = tag.SerializeAsString();
   return absl::OkStatus();
@@ -342,15 +341,14 @@ absl::Status AutogradHook::OnReceive(const rpc::MessageInfo& message,
   if (it == extensions.end()) return absl::OkStatus();
   auto c = container_.lock();
   if (c == nullptr) return absl::OkStatus();
-  auto tag = ParseTag(it->second);
-  if (!tag.ok()) return tag.status();
-  auto state = c->GetOrCreate(tag->context_id(), message.agent);
+  ASSIGN_OR_RETURN(auto tag, ParseTag(it->second));
+  auto state = c->GetOrCreate(tag.context_id(), message.agent);
   if (!state.ok()) return state.status();
   (*state)->AddParticipant(message.peer);
-  if (tag->grad_indices_size() == 0) return absl::OkStatus();
+  if (tag.grad_indices_size() == 0) return absl::OkStatus();
   auto node =
-      torch_compat::MakeNode<RecvRpcBackward>(tag->context_id(), message.peer, tag->message_id());
-  for (uint32_t index : tag->grad_indices()) {
+      torch_compat::MakeNode<RecvRpcBackward>(tag.context_id(), message.peer, tag.message_id());
+  for (uint32_t index : tag.grad_indices()) {
     if (index >= tensors.size() || !tensors[index]->defined() ||
         !(tensors[index]->is_floating_point() || tensors[index]->is_complex())) {
       return absl::DataLossError(absl::StrCat(
@@ -427,7 +425,7 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
     return absl::AlreadyExistsError("dist_autograd is already installed on this registry");
   }
   auto container = std::make_shared<internal::Container>();
-  if (absl::Status s = internal::RegisterHandlers(registry, container); !s.ok()) return s;
+  RETURN_IF_ERROR(internal::RegisterHandlers(registry, container));
   registry.SetExtension(container);
   registry.AddCallHook(std::make_shared<internal::AutogradHook>(container));
   std::weak_ptr<internal::Container> weak = container;
@@ -508,8 +506,7 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
 
 absl::StatusOr<std::unique_ptr<ContextScope>> ContextScope::Enter(rpc::RpcAgent& agent,
                                                                   int64_t context_id) {
-  auto state = FindState(agent, context_id);
-  if (!state.ok()) return state.status();
+  ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   std::unique_ptr<ContextScope> scope(
       new ContextScope(internal::Container::CurrentContainer(), internal::Container::CurrentId()));
   internal::Container::SetCurrent(ContainerOf(agent).get(), context_id);
@@ -523,35 +520,31 @@ ContextScope::~ContextScope() {
 const std::type_info& RecvFunctionType() { return typeid(internal::RecvRpcBackward); }
 
 absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t context_id) {
-  auto state = FindState(agent, context_id);
-  if (!state.ok()) return state.status();
+  ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   ContextGraph graph;
   graph.id = context_id;
-  graph.known_workers = (*state)->Participants();
-  graph.sends = (*state)->Sends();
-  for (auto& recv : (*state)->Recvs()) {
+  graph.known_workers = (state)->Participants();
+  graph.sends = (state)->Sends();
+  for (auto& recv : (state)->Recvs()) {
     graph.recvs.emplace_back(recv->sender_message_id(), std::move(recv));
   }
   return graph;
 }
 
 absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id) {
-  auto state = FindState(agent, context_id);
-  if (!state.ok()) return state.status();
-  return (*state)->Gradients();
+  ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
+  return (state)->Gradients();
 }
 
 absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
                                        const at::Tensor& leaf) {
-  auto state = FindState(agent, context_id);
-  if (!state.ok()) return state.status();
-  return (*state)->Gradient(leaf);
+  ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
+  return (state)->Gradient(leaf);
 }
 
 absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Tensor& leaf,
                          at::Tensor grad) {
-  auto state = FindState(agent, context_id);
-  if (!state.ok()) return state.status();
+  ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   if (!leaf.defined() || !grad.defined() || grad.sizes() != leaf.sizes() ||
       grad.scalar_type() != leaf.scalar_type()) {
     return absl::InvalidArgumentError(
@@ -559,7 +552,7 @@ absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Ten
                      ": the gradient must match its tensor's shape and "
                      "dtype"));
   }
-  (*state)->SetGradient(leaf, std::move(grad));
+  (state)->SetGradient(leaf, std::move(grad));
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "base/torch_compat.h"
 #include "dist_autograd/internal/container.h"
 #include "obs/trace.h"
@@ -315,7 +316,7 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
       leaves.push_back({acc, c.grad, c.by_engine});
     }
   }
-  if (absl::Status s = AccumulateLeaves(ctx, self, leaves); !s.ok()) return s;
+  RETURN_IF_ERROR(AccumulateLeaves(ctx, self, leaves));
   std::vector<RecvGrads> recvs;
   absl::flat_hash_map<Node*, size_t> recv_index;
   for (auto& [edge, grad, by_engine] : captured) {
@@ -479,7 +480,7 @@ absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
     edges.push_back(torch::autograd::impl::gradient_edge(r));
     grads.push_back(at::ones_like(r, at::MemoryFormat::Preserve));
   }
-  if (absl::Status s = state->BeginBackward(retain_graph); !s.ok()) return s;
+  RETURN_IF_ERROR(state->BeginBackward(retain_graph));
   internal::Container::PassScope pass(*c);
   // Under a profiler (torch's event name); the gradients that come back to
   // this worker's send functions run in this thread's profile.

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "dist_autograd/dist_autograd.h"
 
 namespace baton::dist_optim {
@@ -108,7 +109,7 @@ void Install(rref::RRefService& rrefs) {
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     rpc::RpcAgent& agent, const OptimizerOptions& options,
     const std::vector<rref::RRef<at::Tensor>>& params, Settings settings) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateOptions(options));
   if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer: no parameters");
   const absl::Duration timeout =
       settings.timeout > absl::ZeroDuration() ? settings.timeout : agent.options().rpc_timeout;
@@ -159,10 +160,7 @@ absl::StatusOr<std::map<std::string, std::string>> DistributedOptimizer::SaveSta
   std::vector<rpc::Future<std::string>> saves;
   for (const Owner& o : owners_)
     saves.push_back(o.optimizer.rpc_async(&LocalOptimizer::save_state));
-  if (absl::Status s = WaitEach(saves, owners_, timeout_, "DistributedOptimizer: saving the state");
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(WaitEach(saves, owners_, timeout_, "DistributedOptimizer: saving the state"));
   std::map<std::string, std::string> out;
   for (size_t i = 0; i < saves.size(); ++i) out[owners_[i].worker.name] = saves[i].value();
   return out;

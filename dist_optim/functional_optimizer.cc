@@ -13,6 +13,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "base/byte_io.h"
+#include "base/status_macros.h"
 
 namespace baton::dist_optim {
 namespace internal {
@@ -213,7 +214,7 @@ absl::Status StateDataLoss(absl::string_view what) {
 
 absl::StatusOr<std::unique_ptr<FunctionalOptimizer>> FunctionalOptimizer::Create(
     const OptimizerOptions& options, std::vector<at::Tensor> params) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateOptions(options));
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     if (!p.defined()) {
@@ -250,7 +251,7 @@ absl::Status FunctionalOptimizer::Step(const std::vector<at::Tensor>& grads) {
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) continue;
-    if (absl::Status s = CheckGrad(i, params_[i], grads[i]); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckGrad(i, params_[i], grads[i]));
   }
   try {
     at::NoGradGuard no_grad;

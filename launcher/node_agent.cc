@@ -22,6 +22,7 @@
 #include "base/file_io.h"
 #include "base/host.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "launcher/internal/node_agent_impl.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/process.h"
@@ -189,7 +190,7 @@ absl::Status NodeAgent::Impl::Setup() {
                      absl::StrJoin(o_.env_ignored, " ")));
   }
   if (!o_.log_dir.empty()) {
-    if (absl::Status s = MakeDirs(o_.log_dir); !s.ok()) return s;
+    RETURN_IF_ERROR(MakeDirs(o_.log_dir));
   }
   std::string tmpl = absl::StrCat(::getenv("TMPDIR") != nullptr ? ::getenv("TMPDIR") : "/tmp",
                                   "/baton-run-XXXXXX");
@@ -198,8 +199,7 @@ absl::Status NodeAgent::Impl::Setup() {
   }
   temp_dir_ = tmpl;
 
-  auto tls = LoadTls(o_.tls);
-  if (!tls.ok()) return tls.status();
+  ASSIGN_OR_RETURN(auto tls, LoadTls(o_.tls));
   if (!o_.etcd.endpoint.empty()) {
     // etcd holds the rendezvous: no node serves it.
     auto etcd = ConnectEtcd();
@@ -220,7 +220,7 @@ absl::Status NodeAgent::Impl::Setup() {
     store_ = own_store_.get();
   } else if (host || o_.rdzv_host_by_bind) {
     auto server =
-        store::StoreServer::Start({absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, *tls});
+        store::StoreServer::Start({absl::StrCat("0.0.0.0:", o_.rdzv_port), env_token_, tls});
     if (server.ok()) {
       host = true;
       node_rank_ = 0;
@@ -236,7 +236,7 @@ absl::Status NodeAgent::Impl::Setup() {
   }
   if (store_ == nullptr) {  // another node hosts the rendezvous
     own_store_ = std::make_unique<store::StoreClient>(store::StoreClientOptions{
-        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, StoreCallTimeout(), *tls});
+        absl::StrCat(o_.master_addr, ":", o_.rdzv_port), env_token_, StoreCallTimeout(), tls});
     store_ = own_store_.get();
   }
 
@@ -266,7 +266,7 @@ absl::Status NodeAgent::Impl::Setup() {
   if (host) {
     run_id_ = o_.run_id.empty() ? RandomHex(6) : o_.run_id;
     job["run_id"] = run_id_;
-    if (absl::Status s = rdzv_->Publish(job); !s.ok()) return s;
+    RETURN_IF_ERROR(rdzv_->Publish(job));
   } else {
     if (!o_.run_id.empty()) job["run_id"] = o_.run_id;
     auto published = rdzv_->FetchJob(job);
@@ -424,9 +424,9 @@ void NodeAgent::Impl::FinishAsHost(int64_t round, int others) {
 }
 
 absl::StatusOr<RoundOutcome> NodeAgent::Impl::ReadEnd(const RoundInfo& round) {
-  auto text = store_->Get(Rendezvous::Key(round.round, "end"), absl::ZeroDuration());
-  if (!text.ok()) return text.status();
-  auto rec = DecodeRecord(*text);
+  ASSIGN_OR_RETURN(auto text,
+                   store_->Get(Rendezvous::Key(round.round, "end"), absl::ZeroDuration()));
+  auto rec = DecodeRecord(text);
   if (!rec.ok()) return rec.status();
   RoundOutcome out;
   out.record = *std::move(rec);

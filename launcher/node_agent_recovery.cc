@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "launcher/internal/node_agent_impl.h"
 
 namespace baton::launcher {
@@ -46,9 +47,8 @@ Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
 absl::Status NodeAgent::Impl::ReportFailure(const RoundInfo& round, int i) {
   const std::string key = Rendezvous::Key(round.round, "end");
   const std::string record = EncodeRecord(FailureRecord(round, i));
-  auto won = store_->CompareSet(key, "", record);
-  if (!won.ok()) return won.status();
-  if (*won != record) return absl::OkStatus();  // Someone else was first.
+  ASSIGN_OR_RETURN(auto won, store_->CompareSet(key, "", record));
+  if (won != record) return absl::OkStatus();  // Someone else was first.
   auto n = store_->Add("rdzv/restarts", 1);
   if (!n.ok()) return n.status();
   return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
@@ -58,9 +58,8 @@ absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round, int role
   const std::string base =
       Rendezvous::Key(round.round, absl::StrCat("role/", o_.roles[role].name, "/", gen, "/"));
   const std::string record = EncodeRecord(FailureRecord(round, i));
-  auto won = store_->CompareSet(base + "end", "", record);
-  if (!won.ok()) return won.status();
-  if (*won != record) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto won, store_->CompareSet(base + "end", "", record));
+  if (won != record) return absl::OkStatus();
   auto n = store_->Add("rdzv/restarts", 1);
   if (!n.ok()) return n.status();
   if (*n > o_.max_restarts) {
@@ -77,22 +76,21 @@ absl::Status NodeAgent::Impl::ReportRoleFailure(const RoundInfo& round, int role
 
 absl::Status NodeAgent::Impl::RestartWorker(const RoundInfo& round, int i) {
   const Record record = FailureRecord(round, i);
-  auto n = store_->Add("rdzv/restarts", 1);
-  if (!n.ok()) return n.status();
-  if (*n > o_.max_restarts) {
+  ASSIGN_OR_RETURN(auto n, store_->Add("rdzv/restarts", 1));
+  if (n > o_.max_restarts) {
     const std::string rec = EncodeRecord(record);
     auto end = store_->CompareSet(Rendezvous::Key(round.round, "end"), "", rec);
     if (!end.ok()) return end.status();
     if (*end == rec) {
-      return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(*n));
+      return store_->Set(Rendezvous::Key(round.round, "end_restart"), absl::StrCat(n));
     }
     return absl::OkStatus();
   }
   const Worker& w = group_->worker(i);
   Log(absl::StrCat("role ", o_.roles[w.role_index].name, ": rank ", w.rank, " ",
-                   record.at("reason"), "; restarting that worker alone (restart ", *n, "/",
+                   record.at("reason"), "; restarting that worker alone (restart ", n, "/",
                    o_.max_restarts, ")"));
-  return group_->StartWorker(i, static_cast<int>(*n));
+  return group_->StartWorker(i, static_cast<int>(n));
 }
 
 absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, int role, int* gen,
@@ -104,10 +102,9 @@ absl::StatusOr<bool> NodeAgent::Impl::MaybeRestartRole(const RoundInfo& round, i
     if (IsMissingKey(end.status())) return false;
     return end.status();
   }
-  auto n_text = store_->Get(base + "restart", kFollowUpTimeout);
-  if (!n_text.ok()) return n_text.status();
+  ASSIGN_OR_RETURN(auto n_text, store_->Get(base + "restart", kFollowUpTimeout));
   int n = 0;
-  (void)absl::SimpleAtoi(*n_text, &n);
+  (void)absl::SimpleAtoi(n_text, &n);
   if (n > o_.max_restarts) return false;  // The round end carries it.
   auto rec = DecodeRecord(*end);
   Log(absl::StrCat("role ", o_.roles[role].name, ": rank ", rec.ok() ? (*rec)["rank"] : "?", " ",
@@ -195,10 +192,9 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
     heartbeats_.assign(k, {-1, now});
   }
   for (int g = 1; g < k; ++g) {
-    auto hb = store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)), 0);
-    if (!hb.ok()) return hb.status();
-    if (*hb != heartbeats_[g].first) {
-      heartbeats_[g] = {*hb, now};
+    ASSIGN_OR_RETURN(auto hb, store_->Add(Rendezvous::Key(round.round, absl::StrCat("hb/", g)), 0));
+    if (hb != heartbeats_[g].first) {
+      heartbeats_[g] = {hb, now};
     } else if (now - heartbeats_[g].second > o_.HeartbeatTimeout()) {
       return store_
           ->CompareSet(end_key, "",
@@ -211,9 +207,8 @@ absl::Status NodeAgent::Impl::HostChecks(const RoundInfo& round) {
   }
   // Elastic: a node waits for the next round and there is room for it.
   if (k < o_.max_nodes) {
-    auto waiting = store_->Add(Rendezvous::Key(round.round + 1, "count"), 0);
-    if (!waiting.ok()) return waiting.status();
-    if (*waiting > 0) {
+    ASSIGN_OR_RETURN(auto waiting, store_->Add(Rendezvous::Key(round.round + 1, "count"), 0));
+    if (waiting > 0) {
       return store_->CompareSet(end_key, "", EncodeRecord({{"kind", "node_joined"}})).status();
     }
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "launcher/internal/parse_state.h"
 
 namespace baton::launcher {
@@ -87,9 +88,8 @@ absl::StatusOr<RoleSpec> ParseRole(absl::string_view value) {
       })) {
     return FlagError("role", absl::StrCat("role name '", role.name, "' must be [A-Za-z0-9_-]+"));
   }
-  auto count = ParseInt("role", parts[1], 1, 4096);
-  if (!count.ok()) return count.status();
-  role.count = *count;
+  ASSIGN_OR_RETURN(auto count, ParseInt("role", parts[1], 1, 4096));
+  role.count = count;
   if (parts.size() == 3) {
     role.argv = absl::StrSplit(parts[2], absl::ByAnyChar(" \t"), absl::SkipEmpty());
   }
@@ -187,14 +187,13 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
          st.nnodes_set = true;
          std::vector<std::string> mm = absl::StrSplit(v, ':');
          if (mm.size() > 2) return FlagError("nnodes", "expected N or MIN:MAX");
-         auto lo = ParseInt("nnodes", mm[0], 1, 65536);
-         if (!lo.ok()) return lo.status();
+         ASSIGN_OR_RETURN(auto lo, ParseInt("nnodes", mm[0], 1, 65536));
          auto hi = ParseInt("nnodes", mm.back(), 1, 65536);
          if (!hi.ok()) return hi.status();
-         if (*lo > *hi) {
-           return FlagError("nnodes", absl::StrCat("MIN ", *lo, " is above MAX ", *hi));
+         if (lo > *hi) {
+           return FlagError("nnodes", absl::StrCat("MIN ", lo, " is above MAX ", *hi));
          }
-         st.o.min_nodes = *lo;
+         st.o.min_nodes = lo;
          st.o.max_nodes = *hi;
          return absl::OkStatus();
        }},
@@ -238,14 +237,13 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
        }},
       {"rdzv_conf",
        [&o](const std::string& v) -> absl::Status {
-         auto conf = ParseRdzvConf(v);
-         if (!conf.ok()) return conf.status();
-         if (conf->join_timeout.has_value()) o.rdzv_timeout = *conf->join_timeout;
-         if (conf->last_call_timeout.has_value()) o.rdzv_last_call = *conf->last_call_timeout;
-         if (!conf->etcd_ca_file.empty()) o.etcd.tls.ca_file = conf->etcd_ca_file;
-         if (!conf->etcd_cert_file.empty()) o.etcd.tls.cert_file = conf->etcd_cert_file;
-         if (!conf->etcd_key_file.empty()) o.etcd.tls.key_file = conf->etcd_key_file;
-         if (conf->protocol == "https" && o.etcd.tls.ca_file.empty()) {
+         ASSIGN_OR_RETURN(auto conf, ParseRdzvConf(v));
+         if (conf.join_timeout.has_value()) o.rdzv_timeout = *conf.join_timeout;
+         if (conf.last_call_timeout.has_value()) o.rdzv_last_call = *conf.last_call_timeout;
+         if (!conf.etcd_ca_file.empty()) o.etcd.tls.ca_file = conf.etcd_ca_file;
+         if (!conf.etcd_cert_file.empty()) o.etcd.tls.cert_file = conf.etcd_cert_file;
+         if (!conf.etcd_key_file.empty()) o.etcd.tls.key_file = conf.etcd_key_file;
+         if (conf.protocol == "https" && o.etcd.tls.ca_file.empty()) {
            return FlagError("rdzv_conf", "protocol=https needs cacert=, cert= and key=");
          }
          return absl::OkStatus();
@@ -264,14 +262,13 @@ std::map<std::string, Handler> ValuedFlags(ParseState& st) {
       {"restart_wait", SetSeconds(&o.restart_wait, "restart_wait", true)},
       {"role",
        [&o](const std::string& v) -> absl::Status {
-         auto role = ParseRole(v);
-         if (!role.ok()) return role.status();
+         ASSIGN_OR_RETURN(auto role, ParseRole(v));
          for (const RoleSpec& r : o.roles) {
-           if (r.name == role->name) {
+           if (r.name == role.name) {
              return FlagError("role", absl::StrCat("role '", r.name, "' given twice"));
            }
          }
-         o.roles.push_back(*std::move(role));
+         o.roles.push_back(std::move(role));
          return absl::OkStatus();
        }},
       {"restart_policy",
@@ -317,9 +314,8 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args, ParseSta
         *b->second = true;
         continue;
       }
-      auto v = ParseBool(name, *value);
-      if (!v.ok()) return v.status();
-      *b->second = *v;
+      ASSIGN_OR_RETURN(auto v, ParseBool(name, *value));
+      *b->second = v;
       continue;
     }
     auto h = valued.find(name);
@@ -330,7 +326,7 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args, ParseSta
       if (i + 1 >= args.size()) return FlagError(name, "needs a value");
       value = args[++i];
     }
-    if (absl::Status s = h->second(*value); !s.ok()) return s;
+    RETURN_IF_ERROR(h->second(*value));
     st.given_by[name] = "";
   }
   return i;
@@ -482,11 +478,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   st.machine = machine;
   absl::Status s = ApplyTorchrunEnv(env, st);
   if (!s.ok()) return s;
-  absl::StatusOr<size_t> program = ParseFlags(args, st);
-  if (!program.ok()) return program.status();
+  ASSIGN_OR_RETURN(size_t program, ParseFlags(args, st));
   if (st.o.help || !st.o.dump_run_id.empty()) return std::move(st.o);
   s = ApplyOperatorEnv(env, st);
-  const std::vector<std::string> command(args.begin() + *program, args.end());
+  const std::vector<std::string> command(args.begin() + program, args.end());
   if (s.ok()) s = ResolveRoles(command, st);
   if (s.ok()) s = ApplyRestartPolicies(st);
   if (s.ok() && st.o.standalone) {

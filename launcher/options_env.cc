@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "launcher/internal/parse_state.h"
 #include "launcher/options.h"
 #include "launcher/torchrun_env.h"
@@ -137,14 +138,12 @@ absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
   };
   if (!st.nnodes_set) {
     std::optional<std::string> nn = env("SLURM_JOB_NUM_NODES");
-    auto n = num(nn.has_value() ? "SLURM_JOB_NUM_NODES" : "SLURM_NNODES");
-    if (!n.ok()) return n.status();
-    o.min_nodes = o.max_nodes = std::max(1, *n);
+    ASSIGN_OR_RETURN(auto n, num(nn.has_value() ? "SLURM_JOB_NUM_NODES" : "SLURM_NNODES"));
+    o.min_nodes = o.max_nodes = std::max(1, n);
   }
   if (!o.node_rank.has_value()) {
-    auto n = num("SLURM_NODEID");
-    if (!n.ok()) return n.status();
-    o.node_rank = *n;
+    ASSIGN_OR_RETURN(auto n, num("SLURM_NODEID"));
+    o.node_rank = n;
   }
   if (!st.addr_set) {
     std::optional<std::string> list = env("SLURM_JOB_NODELIST");
@@ -153,9 +152,8 @@ absl::Status ApplySlurm(const EnvLookup& env, ParseState& st) {
       return absl::InvalidArgumentError(
           "under Slurm: SLURM_JOB_NODELIST is not set; pass --master_addr");
     }
-    auto host = FirstSlurmHost(*list);
-    if (!host.ok()) return host.status();
-    o.master_addr = *host;
+    ASSIGN_OR_RETURN(auto host, FirstSlurmHost(*list));
+    o.master_addr = host;
   }
   if (!st.run_id_set) o.run_id = *env("SLURM_JOB_ID");
   return absl::OkStatus();

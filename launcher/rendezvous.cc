@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::launcher {
 namespace {
@@ -86,11 +87,10 @@ absl::StatusOr<Record> Rendezvous::FetchJob(const Record& expected) {
                     "waiting for the master node (node rank 0) to publish "
                     "the job settings");
   }
-  auto job = DecodeRecord(*text);
-  if (!job.ok()) return job.status();
+  ASSIGN_OR_RETURN(auto job, DecodeRecord(*text));
   for (const auto& [k, v] : expected) {
-    auto it = job->find(k);
-    if (it != job->end() && it->second != v) {
+    auto it = job.find(k);
+    if (it != job.end() && it->second != v) {
       absl::Status error = absl::InvalidArgumentError(
           absl::StrCat("this node's ", k, " '", v, "' differs from the master node's '", it->second,
                        "': every node must be started with the same ", k));
@@ -144,9 +144,8 @@ absl::StatusOr<RoundInfo> Rendezvous::Join(int64_t round) {
           absl::Now() >= deadline) {
         break;
       }
-      auto claimed = config_.claim_host();
-      if (!claimed.ok()) return claimed.status();
-      if (*claimed) SetHost(true);
+      ASSIGN_OR_RETURN(auto claimed, config_.claim_host());
+      if (claimed) SetHost(true);
     }
     if (!excluded) return info;
   }
@@ -167,10 +166,9 @@ absl::StatusOr<RoundInfo> Rendezvous::CloseAsHost(int64_t round, int my_slot) {
     std::string host;
   };
   auto read_members = [&]() -> absl::StatusOr<std::vector<Member>> {
-    auto n = store_->Add(Key(round, "count"), 0);
-    if (!n.ok()) return n.status();
+    ASSIGN_OR_RETURN(auto n, store_->Add(Key(round, "count"), 0));
     std::vector<Member> members;
-    for (int slot = 0; slot < *n; ++slot) {
+    for (int slot = 0; slot < n; ++slot) {
       auto text = store_->Get(Key(round, absl::StrCat("member/", slot)), kMemberKeyTimeout);
       if (!text.ok()) continue;  // A node that died right after arriving.
       auto rec = DecodeRecord(*text);
@@ -295,13 +293,12 @@ absl::StatusOr<RoundInfo> Rendezvous::ReadClosed(int64_t round, int slot, absl::
     }
     return Annotate(text.status(), absl::StrCat("rendezvous round ", round));
   }
-  auto rec = DecodeRecord(*text);
-  if (!rec.ok()) return rec.status();
-  if ((*rec)["status"] != "ok") {
-    return absl::Status(static_cast<absl::StatusCode>(ToInt(*rec, "code", 2)),
-                        absl::StrCat("master node: ", (*rec)["message"]));
+  ASSIGN_OR_RETURN(auto rec, DecodeRecord(*text));
+  if ((rec)["status"] != "ok") {
+    return absl::Status(static_cast<absl::StatusCode>(ToInt(rec, "code", 2)),
+                        absl::StrCat("master node: ", (rec)["message"]));
   }
-  std::vector<int> slots = ToInts((*rec)["slots"]);
+  std::vector<int> slots = ToInts((rec)["slots"]);
   auto it = std::find(slots.begin(), slots.end(), slot);
   if (it == slots.end()) {
     *excluded = true;
@@ -311,10 +308,10 @@ absl::StatusOr<RoundInfo> Rendezvous::ReadClosed(int64_t round, int slot, absl::
   info.round = round;
   info.group_rank = static_cast<int>(it - slots.begin());
   info.group_world_size = static_cast<int>(slots.size());
-  info.node_ranks = ToInts((*rec)["node_ranks"]);
-  info.hosts = absl::StrSplit((*rec)["hosts"], ',');
-  info.master_port = ToInt(*rec, "master_port", 0);
-  info.restart_count = ToInt(*rec, "restarts", 0);
+  info.node_ranks = ToInts((rec)["node_ranks"]);
+  info.hosts = absl::StrSplit((rec)["hosts"], ',');
+  info.master_port = ToInt(rec, "master_port", 0);
+  info.restart_count = ToInt(rec, "restarts", 0);
   return info;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file_io.h"
+#include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "obs/state.h"
 
@@ -37,7 +38,7 @@ double Micros(absl::Time t) { return absl::ToDoubleMicroseconds(t - absl::UnixEp
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& dir) {
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  RETURN_IF_ERROR(MakeDirs(dir));
   static std::atomic<int> recorders{0};
   const std::string path =
       absl::StrCat(dir, "/trace_pid", ::getpid(), "_", recorders.fetch_add(1), ".jsonl");

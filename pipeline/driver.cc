@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "pipeline/internal/functions.h"
 #include "pipeline/trace.h"
 #include "rpc/executor.h"
@@ -102,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::RpcAgent& agent,
       restore = StepDir(dir, step);
     }
   }
-  if (absl::Status s = p->Configure(restore); !s.ok()) return s;
+  RETURN_IF_ERROR(p->Configure(restore));
   return p;
 }
 
@@ -290,11 +291,8 @@ absl::Status Pipeline::SaveCheckpoint() {
                                       options_.stage_workers[w], "')"));
     }
   }
-  if (absl::Status s = WriteFileAtomically((fs::path(dir) / "LATEST").string(),
-                                           {absl::StrCat(steps_done_, "\n")});
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(
+      WriteFileAtomically((fs::path(dir) / "LATEST").string(), {absl::StrCat(steps_done_, "\n")}));
   // Older checkpoints are no longer needed.
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

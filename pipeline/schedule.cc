@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace baton::pipeline {
 namespace {
@@ -51,7 +52,7 @@ std::string ToString(const Action& a) {
 }
 
 absl::StatusOr<Schedule> GPipe(ScheduleSpec spec) {
-  if (absl::Status s = CheckSpec(spec, "GPipe"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSpec(spec, "GPipe"));
   Schedule out{"gpipe", spec, std::vector<std::vector<Action>>(spec.workers)};
   for (int w = 0; w < spec.workers; ++w) {
     for (int c = 0; c < spec.chunks; ++c) {
@@ -69,7 +70,7 @@ absl::StatusOr<Schedule> GPipe(ScheduleSpec spec) {
 }
 
 absl::StatusOr<Schedule> OneFOneB(ScheduleSpec spec) {
-  if (absl::Status s = CheckSpec(spec, "1F1B"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSpec(spec, "1F1B"));
   if (spec.chunks != 1) {
     return absl::InvalidArgumentError(absl::StrCat("1F1B runs one chunk per worker; got chunks ",
                                                    spec.chunks, " (use Interleaved1F1B)"));
@@ -91,7 +92,7 @@ absl::StatusOr<Schedule> OneFOneB(ScheduleSpec spec) {
 }
 
 absl::StatusOr<Schedule> Interleaved1F1B(ScheduleSpec spec) {
-  if (absl::Status s = CheckSpec(spec, "interleaved 1F1B"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSpec(spec, "interleaved 1F1B"));
   const int p = spec.workers, m = spec.microbatches, v = spec.chunks;
   if (m % p != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -122,7 +123,7 @@ absl::StatusOr<Schedule> Interleaved1F1B(ScheduleSpec spec) {
 
 absl::StatusOr<Simulation> Simulate(const Schedule& schedule, Costs costs) {
   const ScheduleSpec& spec = schedule.spec;
-  if (absl::Status s = CheckSpec(spec, schedule.name.c_str()); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSpec(spec, schedule.name.c_str()));
   const int p = spec.workers, m = spec.microbatches, n = spec.stages();
   if (static_cast<int>(schedule.per_worker.size()) != p) {
     return absl::InvalidArgumentError(absl::StrCat(schedule.name, ": ", schedule.per_worker.size(),

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "base/byte_io.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::pipeline {
 namespace {
@@ -78,7 +79,7 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
     }
   }
   if (!loss) return absl::InvalidArgumentError("stage config: no loss function");
-  if (absl::Status s = CheckDevice(config.device, "stage config: device"); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckDevice(config.device, "stage config: device"));
   std::vector<Chunk> chunks;
   for (int c = 0; c < spec.chunks; ++c) {
     Chunk chunk;
@@ -262,11 +263,11 @@ absl::Status StageRunner::Run(const StepInputs& in, StageLink& link, StepReport&
   };
   std::vector<torch::Tensor> xs, ys;
   if (has_first) {
-    if (absl::Status s = check_batch(in.inputs, "inputs"); !s.ok()) return s;
+    RETURN_IF_ERROR(check_batch(in.inputs, "inputs"));
     xs = in.inputs.to(config_.device).split(rows);
   }
   if (has_last) {
-    if (absl::Status s = check_batch(in.targets, "targets"); !s.ok()) return s;
+    RETURN_IF_ERROR(check_batch(in.targets, "targets"));
     ys = in.targets.to(config_.device).split(rows);
     report.losses.assign(m, 0.0);
   }
@@ -507,13 +508,13 @@ absl::Status StageRunner::LoadState(const std::string& bytes) {
   // Optimizer states are checked by loading them into fresh optimizers.
   std::vector<std::unique_ptr<dist_optim::FunctionalOptimizer>> fresh;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    auto opt = dist_optim::FunctionalOptimizer::Create(config_.optimizer, chunks_[c].params);
-    if (!opt.ok()) return opt.status();
-    if (absl::Status s = (*opt)->LoadState(parsed[c].optimizer); !s.ok()) {
+    ASSIGN_OR_RETURN(auto opt,
+                     dist_optim::FunctionalOptimizer::Create(config_.optimizer, chunks_[c].params));
+    if (absl::Status s = (opt)->LoadState(parsed[c].optimizer); !s.ok()) {
       return Annotate(s, absl::StrCat("pipeline worker ", config_.worker, " state: stage ",
                                       chunks_[c].stage, "'s optimizer"));
     }
-    fresh.push_back(std::move(*opt));
+    fresh.push_back(std::move(opt));
   }
   torch::NoGradGuard no_grad;
   for (size_t c = 0; c < chunks_.size(); ++c) {

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/file_io.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "dist_optim/optimizer_options.h"
 #include "obs/state.h"
 #include "obs/trace.h"
@@ -84,10 +85,8 @@ absl::Status CheckRequest(const ConfigureRequest& r) {
     if (!s.ok()) return s;
   }
   // workers x chunks stages, at most kMaxCount of them.
-  if (absl::Status s = OutOfRange("chunks", r.chunks, 1, kMaxCount / r.workers); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = OutOfRange("rank", r.rank, 0, r.workers - 1); !s.ok()) return s;
+  RETURN_IF_ERROR(OutOfRange("chunks", r.chunks, 1, kMaxCount / r.workers));
+  RETURN_IF_ERROR(OutOfRange("rank", r.rank, 0, r.workers - 1));
   if (static_cast<int64_t>(r.stage_workers.size()) != r.workers) {
     return absl::InvalidArgumentError(absl::StrCat("ConfigureRequest.stage_workers has ",
                                                    r.stage_workers.size(), " names for ", r.workers,
@@ -111,9 +110,7 @@ absl::Status CheckRequest(const ConfigureRequest& r) {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = OutOfRange((field + "stage").c_str(), a.stage, 0, stages - 1); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(OutOfRange((field + "stage").c_str(), a.stage, 0, stages - 1));
   }
   if (static_cast<int64_t>(r.cuts.size()) != stages + 1) {
     return absl::InvalidArgumentError(absl::StrCat("ConfigureRequest.cuts has ", r.cuts.size(),
@@ -205,20 +202,20 @@ class StageServer::Impl {
       chunks.push_back(Slice(*model, r.cuts[s], r.cuts[s + 1]));
     }
     StageConfig config{spec, r.rank, std::move(actions), r.batch_size, *opt, options_.device};
-    auto runner = StageRunner::Create(std::move(config), std::move(chunks), options_.loss);
-    if (!runner.ok()) return runner.status();
+    ASSIGN_OR_RETURN(auto runner,
+                     StageRunner::Create(std::move(config), std::move(chunks), options_.loss));
     if (!r.restore_file.empty()) {
       auto bytes = ReadFile(r.restore_file);
       if (!bytes.ok()) return Annotate(bytes.status(), "pipeline restore");
-      if (absl::Status s = (*runner)->LoadState(*bytes); !s.ok()) {
+      if (absl::Status s = (runner)->LoadState(*bytes); !s.ok()) {
         return Annotate(s, absl::StrCat("pipeline restore from ", r.restore_file));
       }
     }
-    const int64_t steps = (*runner)->steps_taken();
+    const int64_t steps = (runner)->steps_taken();
     absl::MutexLock lock(&mu_);
     if (closed_) return Closed();
     if (busy_) return absl::FailedPreconditionError("pipeline configure: a step is running");
-    runner_ = std::shared_ptr<StageRunner>(std::move(*runner));
+    runner_ = std::shared_ptr<StageRunner>(std::move(runner));
     link_ = std::make_shared<RpcStageLink>(ctx.agent, r.stage_workers);
     trace_ = ctx.agent->trace();
     stage_ranks_.clear();

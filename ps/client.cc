@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "ps/internal/functions.h"
 #include "ps/internal/shared_tables.h"
 #include "rpc/agent.h"
@@ -97,7 +98,7 @@ PsClient::PsClient(rpc::RpcAgent& agent, PsSpec spec, Options options)
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent, PsSpec spec,
                                                            Options options) {
-  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSpec(spec));
   if (options.servers.empty()) return absl::InvalidArgumentError("ps client: no servers given");
   if (options.trainer < 0 || options.trainer >= spec.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat("ps client: trainer id ", options.trainer,
@@ -116,7 +117,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(rpc::RpcAgent& agent,
     c->session_.assign(c->server_ids_.size(), 0);
     c->next_push_id_.assign(c->server_ids_.size(), 1);
   }
-  if (absl::Status s = c->Join(); !s.ok()) return s;
+  RETURN_IF_ERROR(c->Join());
   return c;
 }
 
@@ -374,9 +375,8 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
   std::vector<Part> parts(server_ids_.size());
   for (size_t s = 0; s < parts.size(); ++s) parts[s].server = static_cast<int>(s);
   for (size_t i = 0; i < tables.size(); ++i) {
-    auto idx = TableIndex(tables[i], TableKind::kDense);
-    if (!idx.ok()) return idx.status();
-    const TableSpec& t = spec_.tables[*idx];
+    ASSIGN_OR_RETURN(auto idx, TableIndex(tables[i], TableKind::kDense));
+    const TableSpec& t = spec_.tables[idx];
     if (values[i].numel() != t.numel() || values[i].scalar_type() != t.dtype) {
       return absl::InvalidArgumentError(
           absl::StrCat("ps table '", t.name, "': initial value has ", values[i].numel(),
@@ -384,7 +384,7 @@ absl::Status PsClient::InitDense(const std::vector<std::string>& tables,
                        t.numel(), " of ", c10::toString(t.dtype)));
     }
     at::Tensor flat = values[i].reshape(-1).contiguous();
-    for (const auto& c : plan_.chunks(*idx)) {
+    for (const auto& c : plan_.chunks(idx)) {
       parts[c.server].tables.push_back(t.name);
       parts[c.server].grads.push_back(flat.narrow(0, c.begin, c.size()));
     }

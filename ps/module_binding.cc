@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::ps {
 
@@ -41,7 +42,7 @@ absl::StatusOr<ModuleBinding> ModuleBinding::Create(PsClient& client, torch::nn:
     return Annotate(s, absl::StrCat("ps ModuleBinding '", prefix, "'"));
   }
   ModuleBinding b(client, std::move(tables), std::move(params));
-  if (absl::Status s = b.Pull(); !s.ok()) return s;
+  RETURN_IF_ERROR(b.Pull());
   return b;
 }
 
@@ -53,7 +54,7 @@ absl::Status ModuleBinding::WaitPushed() {
 }
 
 absl::Status ModuleBinding::Pull() {
-  if (absl::Status s = WaitPushed(); !s.ok()) return s;
+  RETURN_IF_ERROR(WaitPushed());
   // Written straight into the parameters' memory (detached aliases).
   std::vector<at::Tensor> into;
   into.reserve(params_.size());

@@ -21,6 +21,7 @@
 #include "base/file_io.h"
 #include "base/log.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "obs/state.h"
 #include "ps/internal/functions.h"
 #include "ps/internal/shared_tables.h"
@@ -262,9 +263,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     }
   }
   auto same_host = std::make_shared<SameHost>(so.board, layout);
-  auto shard_or = ServerShard::Create(std::move(spec), so);
-  if (!shard_or.ok()) return shard_or.status();
-  std::shared_ptr<ServerShard> shard = *std::move(shard_or);
+  ASSIGN_OR_RETURN(std::shared_ptr<ServerShard> shard, ServerShard::Create(std::move(spec), so));
   if (!no_board.ok()) {
     shard->Log(
         absl::StrCat("no parameter board (dense pulls carry their values): ", no_board.ToString()));
@@ -289,7 +288,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
   if (!options.checkpoint_dir.empty()) {
     auto bytes = LoadLatest(options.checkpoint_dir, options.server, options.num_servers);
     if (bytes.ok()) {
-      if (absl::Status s = shard->Restore(*bytes); !s.ok()) return s;
+      RETURN_IF_ERROR(shard->Restore(*bytes));
       const ShardStats st = shard->Stats();
       server->restored_clock_ = shard->spec().consistency.mode == ConsistencyMode::kSync
                                     ? st.applied_clock
@@ -474,7 +473,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
             return c;
           }
           if (req.box_generation > 0) {
-            if (absl::Status b = same_host->FillGradients(shard->spec(), req); !b.ok()) return b;
+            RETURN_IF_ERROR(same_host->FillGradients(shard->spec(), req));
           }
           auto clock =
               shard->Push(req.trainer, req.clock, req.end_clock,
@@ -587,8 +586,7 @@ absl::StatusOr<std::string> PsServer::CheckpointNow() {
     return absl::FailedPreconditionError("ps server: no checkpoint directory configured");
   }
   absl::MutexLock write_lock(&write_mu_);
-  auto bytes = shard_->Serialize();
-  if (!bytes.ok()) return bytes.status();
+  ASSIGN_OR_RETURN(auto bytes, shard_->Serialize());
   const int64_t clock = ProgressClock();
   const std::string dir = ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers);
   if (absl::Status s = MakeDirs(dir); !s.ok()) return Annotate(s, "ps checkpoint");
@@ -598,7 +596,7 @@ absl::StatusOr<std::string> PsServer::CheckpointNow() {
     seq = ++checkpoint_seq_;
   }
   const std::string name = absl::StrFormat("ckpt-%012d-%09d-%d", clock, seq, ::getpid());
-  if (absl::Status s = WriteAtomically(dir, name, *bytes); !s.ok()) return s;
+  RETURN_IF_ERROR(WriteAtomically(dir, name, bytes));
   {
     absl::MutexLock lock(&mu_);
     last_checkpoint_clock_ = clock;
@@ -629,8 +627,7 @@ absl::Status PsServer::Stop(bool final_checkpoint) {
   }
   if (thread_.joinable()) thread_.join();
   if (final_checkpoint && !options_.checkpoint_dir.empty()) {
-    auto path = CheckpointNow();
-    if (!path.ok()) return path.status();
+    ASSIGN_OR_RETURN(auto path, CheckpointNow());
   }
   return absl::OkStatus();
 }

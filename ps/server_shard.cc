@@ -16,6 +16,7 @@
 #include "base/byte_io.h"
 #include "base/log.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "dist_optim/functional_optimizer.h"
 #include "ps/internal/rows.h"
 #include "ps/internal/shared_tables.h"
@@ -91,13 +92,13 @@ ServerShard::~ServerShard() {
 }
 
 absl::StatusOr<std::unique_ptr<ServerShard>> ServerShard::Create(PsSpec spec, Options options) {
-  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateSpec(spec));
   if (options.num_servers < 1 || options.server < 0 || options.server >= options.num_servers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ps server index ", options.server, " out of range for ", options.num_servers, " servers"));
   }
   std::unique_ptr<ServerShard> shard(new ServerShard(std::move(spec), std::move(options)));
-  if (absl::Status s = shard->Init(); !s.ok()) return s;
+  RETURN_IF_ERROR(shard->Init());
   return shard;
 }
 
@@ -202,7 +203,7 @@ absl::Status ServerShard::CheckSession(int trainer, int64_t session) const {
 }
 
 absl::StatusOr<JoinReply> ServerShard::Join(int trainer, const std::string& fingerprint) {
-  if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckTrainer(trainer));
   const std::string mine = spec_.Fingerprint();
   if (fingerprint != mine) {
     std::vector<std::string> a = absl::StrSplit(fingerprint, '\n');
@@ -263,7 +264,7 @@ void ServerShard::RejoinLocked(int trainer, Deferred* after) {
 }
 
 absl::StatusOr<int> ServerShard::InitDense(int trainer, const std::vector<TableRequest>& values) {
-  if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckTrainer(trainer));
   Deferred after;
   int set = 0;
   {
@@ -323,7 +324,7 @@ absl::Status ServerShard::ValidatePull(const std::vector<TableRequest>& tables) 
 }
 
 absl::Status ServerShard::ValidatePush(const std::vector<TableRequest>& grads) const {
-  if (absl::Status s = ValidatePull(grads); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidatePull(grads));
   for (const auto& r : grads) {
     const int i = TableIndex(r.table);
     const TableSpec& t = spec_.tables[i];
@@ -519,13 +520,13 @@ void ServerShard::ApplyLocked(int table, const at::Tensor& ids, const at::Tensor
 absl::StatusOr<int64_t> ServerShard::Push(int trainer, int64_t clock, bool end_clock,
                                           std::vector<TableRequest> grads, int64_t session,
                                           uint64_t push_id) {
-  if (absl::Status s = CheckTrainer(trainer); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckTrainer(trainer));
   Deferred after;
   int64_t at_clock;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckSession(trainer, session); !s.ok()) return s;
-    if (absl::Status s = ValidatePush(grads); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckSession(trainer, session));
+    RETURN_IF_ERROR(ValidatePush(grads));
     if (push_id > 0) {
       // PS9: a repeat changes nothing.
       if (!push_ids_[trainer].insert(push_id).second) {

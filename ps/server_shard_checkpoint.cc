@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/byte_io.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "ps/internal/slots.h"
 #include "ps/server_shard.h"
 
@@ -40,9 +41,7 @@ absl::StatusOr<std::string> ServerShard::Serialize() const {
       w.Raw(d.value.data_ptr(), d.value.nbytes());
       std::string state;
       if (d.opt != nullptr) {
-        auto s = d.opt->SaveState();
-        if (!s.ok()) return s.status();
-        state = *std::move(s);
+        ASSIGN_OR_RETURN(state, d.opt->SaveState());
       }
       w.U64(state.size());
       w.Raw(state.data(), state.size());
@@ -144,10 +143,9 @@ absl::Status ServerShard::Restore(const std::string& bytes) {
   for (size_t i = 0; i < spec_.tables.size(); ++i) {
     if (dense_[i] != nullptr && dense_[i]->opt != nullptr) {
       // Validate the optimizer state before touching anything.
-      auto probe = dist_optim::FunctionalOptimizer::Create(spec_.tables[i].optimizer,
-                                                           {dense_[i]->value.clone()});
-      if (!probe.ok()) return probe.status();
-      if (absl::Status s = (*probe)->LoadState(dense[i].state); !s.ok()) {
+      ASSIGN_OR_RETURN(auto probe, dist_optim::FunctionalOptimizer::Create(
+                                       spec_.tables[i].optimizer, {dense_[i]->value.clone()}));
+      if (absl::Status s = (probe)->LoadState(dense[i].state); !s.ok()) {
         return Annotate(s, absl::StrCat("ps checkpoint: table '", spec_.tables[i].name, "'"));
       }
     }

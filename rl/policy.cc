@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton::rl {
 namespace {
@@ -55,7 +56,7 @@ at::Tensor Policy::Logits(const at::Tensor& states, const at::Tensor& masks) con
 }
 
 absl::StatusOr<Policy::Acted> Policy::Act(const at::Tensor& states) {
-  if (absl::Status s = CheckMatrix(states, "states", kInputs); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckMatrix(states, "states", kInputs));
   at::NoGradGuard no_grad;
   const int64_t b = states.size(0);
   const double keep = 1.0 - kDropout;
@@ -70,8 +71,8 @@ absl::StatusOr<Policy::Acted> Policy::Act(const at::Tensor& states) {
 }
 
 absl::StatusOr<at::Tensor> Policy::Probs(const at::Tensor& states, const at::Tensor& masks) const {
-  if (absl::Status s = CheckMatrix(states, "states", kInputs); !s.ok()) return s;
-  if (absl::Status s = CheckMatrix(masks, "masks", kHidden); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckMatrix(states, "states", kInputs));
+  RETURN_IF_ERROR(CheckMatrix(masks, "masks", kHidden));
   if (masks.size(0) != states.size(0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy: ", masks.size(0), " masks for ", states.size(0), " states"));
@@ -82,8 +83,8 @@ absl::StatusOr<at::Tensor> Policy::Probs(const at::Tensor& states, const at::Ten
 
 absl::StatusOr<at::Tensor> Policy::LogProbs(const at::Tensor& states, const at::Tensor& masks,
                                             const at::Tensor& actions) const {
-  if (absl::Status s = CheckMatrix(states, "states", kInputs); !s.ok()) return s;
-  if (absl::Status s = CheckMatrix(masks, "masks", kHidden); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckMatrix(states, "states", kInputs));
+  RETURN_IF_ERROR(CheckMatrix(masks, "masks", kHidden));
   const int64_t b = states.size(0);
   if (masks.size(0) != b || !actions.defined() || actions.dim() != 1 || actions.size(0) != b ||
       actions.scalar_type() != at::kLong) {

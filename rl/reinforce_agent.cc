@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "rl/internal/functions.h"
 #include "rl/policy.h"
 #include "rl/returns.h"
@@ -410,9 +411,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
     std::vector<at::Tensor> states, masks, actions;
     std::vector<float> returns;
     for (size_t i = 0; i < played.size(); ++i) {
-      auto g = EpisodeReturns(played[i].rewards, played[i].episode_ends, options_.gamma);
-      if (!g.ok()) return g.status();
-      returns.insert(returns.end(), g->begin(), g->end());
+      ASSIGN_OR_RETURN(auto g,
+                       EpisodeReturns(played[i].rewards, played[i].episode_ends, options_.gamma));
+      returns.insert(returns.end(), g.begin(), g.end());
       states.push_back(steps[i]->states);
       masks.push_back(steps[i]->masks);
       actions.push_back(steps[i]->actions);
@@ -420,9 +421,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
     at::Tensor g =
         at::from_blob(returns.data(), {static_cast<int64_t>(returns.size())}, at::kFloat);
     absl::WriterMutexLock lock(&policy_mu_);
-    auto logp = policy_.LogProbs(at::cat(states), at::cat(masks), at::cat(actions));
-    if (!logp.ok()) return logp.status();
-    at::Tensor loss = -(*logp * g).sum() / static_cast<double>(played.size());
+    ASSIGN_OR_RETURN(auto logp,
+                     policy_.LogProbs(at::cat(states), at::cat(masks), at::cat(actions)));
+    at::Tensor loss = -(logp * g).sum() / static_cast<double>(played.size());
     adam_->zero_grad();
     loss.backward();
     adam_->step();
@@ -476,9 +477,8 @@ absl::StatusOr<std::shared_ptr<ReinforceAgent>> ReinforceAgent::Create(Reinforce
   ro.observer_timeout = options.observer_timeout;
   ro.solve_threshold = options.solve_threshold;
   ro.max_episodes = options.max_episodes;
-  auto rounds = Rounds::Create(std::move(ro));
-  if (!rounds.ok()) return rounds.status();
-  auto impl = std::make_shared<Impl>(options, executor, timer, std::move(*rounds));
+  ASSIGN_OR_RETURN(auto rounds, Rounds::Create(std::move(ro)));
+  auto impl = std::make_shared<Impl>(options, executor, timer, std::move(rounds));
   impl->Start();
   return std::shared_ptr<ReinforceAgent>(new ReinforceAgent(std::move(impl)));
 }

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton::rl {
 namespace {
@@ -27,7 +28,7 @@ absl::Status CheckEnds(size_t steps, const std::vector<int32_t>& ends) {
 absl::StatusOr<std::vector<float>> EpisodeReturns(const std::vector<float>& rewards,
                                                   const std::vector<int32_t>& episode_ends,
                                                   double gamma) {
-  if (absl::Status s = CheckEnds(rewards.size(), episode_ends); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnds(rewards.size(), episode_ends));
   const size_t n = rewards.size();
   std::vector<bool> ends(n, false);
   for (int32_t e : episode_ends) ends[e] = true;
@@ -62,7 +63,7 @@ absl::StatusOr<std::vector<float>> EpisodeReturns(const std::vector<float>& rewa
 
 absl::StatusOr<std::vector<double>> EpisodeRewards(const std::vector<float>& rewards,
                                                    const std::vector<int32_t>& episode_ends) {
-  if (absl::Status s = CheckEnds(rewards.size(), episode_ends); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckEnds(rewards.size(), episode_ends));
   std::vector<double> out;
   size_t begin = 0;
   for (int32_t e : episode_ends) {

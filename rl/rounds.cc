@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton::rl {
 
@@ -52,9 +53,8 @@ int64_t Rounds::Join(const std::string& observer, Effects* out) {
 
 absl::Status Rounds::Act(int64_t session, int64_t round, int64_t step,
                          const std::vector<float>& observation) {
-  absl::StatusOr<Member*> found = Find(session, "act");
-  if (!found.ok()) return found.status();
-  Member& m = **found;
+  ASSIGN_OR_RETURN(Member * found, Find(session, "act"));
+  Member& m = *found;
   if (m.state != State::kPlaying || m.round != round || step != m.next_step) {
     return absl::FailedPreconditionError(absl::StrCat("rl agent: act from ", m.Who(), " for round ",
                                                       round, " step ", step,
@@ -89,9 +89,8 @@ void Rounds::Answered(int64_t session, int64_t round) {
 
 absl::Status Rounds::Finish(int64_t session, int64_t round, std::vector<float> rewards,
                             std::vector<int32_t> episode_ends, Effects* out) {
-  absl::StatusOr<Member*> found = Find(session, "finish");
-  if (!found.ok()) return found.status();
-  Member& m = **found;
+  ASSIGN_OR_RETURN(Member * found, Find(session, "finish"));
+  Member& m = *found;
   const int64_t t = options_.steps_per_round;
   if (m.state != State::kPlaying || m.round != round || m.next_step != t || m.answered != t) {
     return absl::FailedPreconditionError(absl::StrCat("rl agent: finish from ", m.Who(),

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/agent_impl.h"
 #include "rpc/internal/wire.h"
@@ -67,7 +68,7 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
-  if (absl::Status s = CheckName(options.name); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckName(options.name));
   if (options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes must be at least 1024");
   }

@@ -2,6 +2,7 @@
 // call on each side with its flow arrows, and the clock offset to rank 0.
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "obs/trace.h"
 #include "rpc/codec.h"
 #include "rpc/internal/agent_impl.h"
@@ -45,10 +46,9 @@ absl::Status AgentImpl::StartTrace() {
   double best_rtt = -1, best_offset = 0;
   absl::Status last;
   for (int i = 0; i < kClockSamples; ++i) {
-    auto args = EncodeMessage(int64_t{0});
-    if (!args.ok()) return args.status();
+    ASSIGN_OR_RETURN(auto args, EncodeMessage(int64_t{0}));
     const absl::Time sent = absl::Now();
-    auto reply = CallRaw(0, kClockFn, "", *std::move(args), CallOptions{absl::Seconds(5)}).result();
+    auto reply = CallRaw(0, kClockFn, "", std::move(args), CallOptions{absl::Seconds(5)}).result();
     const absl::Time received = absl::Now();
     if (!reply.ok()) {
       last = reply.status();

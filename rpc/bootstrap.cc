@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file_io.h"
 #include "base/host.h"
+#include "base/status_macros.h"
 #include "env/env.h"
 #include "rpc/agent.h"
 #include "rpc/channel/shm/shm_channel.h"
@@ -225,9 +226,7 @@ absl::Status AgentImpl::ConnectStore() {
   if (!options_.etcd.endpoint.empty()) return ConnectEtcd();
   const std::string master = absl::StrCat(options_.master_addr, ":", options_.master_port);
   token_ = options_.job_token;
-  auto tls = LoadTls(options_.tls);
-  if (!tls.ok()) return tls.status();
-  tls_ = *std::move(tls);
+  ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
   if (token_.empty() && !IsLoopback(options_.master_addr)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MASTER_ADDR is ", options_.master_addr,
@@ -243,7 +242,7 @@ absl::Status AgentImpl::ConnectStore() {
       // this user can read, never through the store.
       token_ = RandomHex(16);
       const std::string path = TokenFilePath(options_.master_port);
-      if (absl::Status s = EnsurePrivateDir(path.substr(0, path.rfind('/'))); !s.ok()) return s;
+      RETURN_IF_ERROR(EnsurePrivateDir(path.substr(0, path.rfind('/'))));
       if (absl::Status s = WriteFileAtomically(path, {token_}, 0600); !s.ok()) {
         return Annotate(s, "rank 0 hands the job token to the other ranks");
       }
@@ -275,7 +274,7 @@ absl::Status AgentImpl::ConnectStore() {
   const absl::Time deadline = absl::Now() + options_.init_timeout;
   absl::Status last = absl::NotFoundError(absl::StrCat("rank 0 has not written ", path));
   while (true) {
-    if (absl::Status s = EnsurePrivateDir(path.substr(0, path.rfind('/'))); !s.ok()) return s;
+    RETURN_IF_ERROR(EnsurePrivateDir(path.substr(0, path.rfind('/'))));
     auto token = ReadFile(path);
     if (token.ok() && !token->empty()) {
       auto client = std::make_shared<store::StoreClient>(
@@ -310,9 +309,7 @@ absl::Status AgentImpl::ConnectEtcd() {
         "the job's store is on etcd, and the job token never goes through it: set "
         "BATON_JOB_TOKEN (AgentOptions::job_token) on every worker (baton-run does)");
   }
-  auto tls = LoadTls(options_.tls);
-  if (!tls.ok()) return tls.status();
-  tls_ = *std::move(tls);
+  ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
   auto etcd_tls = LoadTls(options_.etcd.tls);
   if (!etcd_tls.ok()) return Annotate(etcd_tls.status(), "etcd's TLS files");
   store::EtcdStoreOptions o;
@@ -334,9 +331,8 @@ absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   // An injected in-process store: rank 0 creates the token there.
   const std::string key = ns_ + "job_token";
   if (options_.rank == 0) {
-    auto v = store_->CompareSet(key, "", RandomHex(16));
-    if (!v.ok()) return v.status();
-    return *v;
+    ASSIGN_OR_RETURN(auto v, store_->CompareSet(key, "", RandomHex(16)));
+    return v;
   }
   return store_->Get(key, options_.init_timeout);
 }
@@ -351,26 +347,22 @@ absl::Status AgentImpl::Step(RendezvousStep step) {
 // behind for the next. Rendezvous() reads as the list of them.
 absl::Status AgentImpl::Rendezvous() {
   rank_ = options_.rank;
-  if (absl::Status s = PrepareRuntime(); !s.ok()) return s;
-  if (absl::Status s = Step(RendezvousStep::kConnectingStore); !s.ok()) return s;
-  if (absl::Status s = ConnectStore(); !s.ok()) return s;
-  if (absl::Status s = TakeRound(); !s.ok()) return s;
-  auto token = AgreeOnToken();
-  if (!token.ok()) return token.status();
-  if (absl::Status s = StartNetworkTransport(*token); !s.ok()) return s;
-  if (absl::Status s = ClaimRank(); !s.ok()) return s;
+  RETURN_IF_ERROR(PrepareRuntime());
+  RETURN_IF_ERROR(Step(RendezvousStep::kConnectingStore));
+  RETURN_IF_ERROR(ConnectStore());
+  RETURN_IF_ERROR(TakeRound());
+  ASSIGN_OR_RETURN(auto token, AgreeOnToken());
+  RETURN_IF_ERROR(StartNetworkTransport(token));
+  RETURN_IF_ERROR(ClaimRank());
   Registration reg;
-  if (absl::Status s = StartSameHostPaths(reg); !s.ok()) return s;
-  if (absl::Status s = Register(reg); !s.ok()) return s;
-  if (absl::Status s = ReadRegistrations(reg); !s.ok()) return s;
-  if (absl::Status s = ConnectPeers(reg); !s.ok()) return s;
-  if (absl::Status s = Step(RendezvousStep::kBeforeInitBarrier); !s.ok()) return s;
-  if (absl::Status s = store::Barrier(*store_, ns_ + "init/probed", rank_, options_.world_size,
-                                      options_.init_timeout);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Step(RendezvousStep::kAfterInitBarrier); !s.ok()) return s;
+  RETURN_IF_ERROR(StartSameHostPaths(reg));
+  RETURN_IF_ERROR(Register(reg));
+  RETURN_IF_ERROR(ReadRegistrations(reg));
+  RETURN_IF_ERROR(ConnectPeers(reg));
+  RETURN_IF_ERROR(Step(RendezvousStep::kBeforeInitBarrier));
+  RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/probed", rank_, options_.world_size,
+                                 options_.init_timeout));
+  RETURN_IF_ERROR(Step(RendezvousStep::kAfterInitBarrier));
   auto superseded = FollowSuccessors(reg);
   if (!superseded.ok()) return superseded.status();
   // No rank leaves init while another still needs the store for its own
@@ -380,11 +372,8 @@ absl::Status AgentImpl::Rendezvous() {
   // only once all did. That last word needs no answer: once the barrier
   // passed the job is formed, and the host may be gone before it replies.
   // A rank that rejoins finds every key of the round already there.
-  if (absl::Status s = store::Barrier(*store_, ns_ + "init/done", rank_, options_.world_size,
-                                      options_.init_timeout);
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/done", rank_, options_.world_size,
+                                 options_.init_timeout));
   if (store_server_ != nullptr) {
     std::vector<std::string> passed;
     for (int r = 0; r < options_.world_size; ++r) {
@@ -399,8 +388,8 @@ absl::Status AgentImpl::Rendezvous() {
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
   // Calls to self go through the loopback server like any other call.
   AddNetworkPeer(rank_, reg.mine);
-  if (absl::Status s = StartMetrics(); !s.ok()) return s;
-  if (absl::Status s = StartStateServer(); !s.ok()) return s;
+  RETURN_IF_ERROR(StartMetrics());
+  RETURN_IF_ERROR(StartStateServer());
   {
     absl::MutexLock lock(&mu_);
     running_ = true;
@@ -433,7 +422,7 @@ absl::Status AgentImpl::PrepareRuntime() {
   }
   // What a device map says of this worker alone is checked before anything
   // is published, so a bad map fails here on every worker that has one.
-  if (absl::Status s = CheckLocalDeviceMaps(options_); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckLocalDeviceMaps(options_));
   return absl::OkStatus();
 }
 
@@ -455,15 +444,14 @@ absl::Status AgentImpl::TakeRound() {
   }
   ns_ = absl::StrCat("baton/r", *round, "/");
   // 1 for the first start in this round, one more for each rejoin.
-  auto incarnation = store_->Add(absl::StrCat(ns_, "incarnation/", rank_), 1);
-  if (!incarnation.ok()) return incarnation.status();
-  incarnation_ = *incarnation;
-  if (absl::Status s = Step(RendezvousStep::kRoundTaken); !s.ok()) return s;
+  ASSIGN_OR_RETURN(auto incarnation, store_->Add(absl::StrCat(ns_, "incarnation/", rank_), 1));
+  incarnation_ = incarnation;
+  RETURN_IF_ERROR(Step(RendezvousStep::kRoundTaken));
 
   // Which store instance this round uses (see Teardown).
   if (options_.rank == 0) {
     store_instance_ = RandomHex(8);
-    if (absl::Status s = store_->Set(ns_ + "store_instance", store_instance_); !s.ok()) return s;
+    RETURN_IF_ERROR(store_->Set(ns_ + "store_instance", store_instance_));
   } else if (!ExternalStore()) {
     auto v = store_->Get(ns_ + "store_instance", options_.init_timeout);
     if (!v.ok()) return v.status();
@@ -479,21 +467,16 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   if (listen.empty()) {
     std::string host = "127.0.0.1";
     if (!IsLoopback(options_.master_addr)) {
-      auto local = LocalAddressToward(options_.master_addr, options_.master_port);
-      if (!local.ok()) return local.status();
-      host = *local;
+      ASSIGN_OR_RETURN(auto local, LocalAddressToward(options_.master_addr, options_.master_port));
+      host = local;
     }
     listen = host + ":0";
   }
   if (options_.store != nullptr) {  // ConnectStore loaded it otherwise
-    auto tls = LoadTls(options_.tls);
-    if (!tls.ok()) return tls.status();
-    tls_ = *std::move(tls);
+    ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
   }
   // W1: this incarnation's key pair, before any stream can arrive.
-  auto identity = WorkerIdentity::Generate();
-  if (!identity.ok()) return identity.status();
-  identity_ = *std::move(identity);
+  ASSIGN_OR_RETURN(identity_, WorkerIdentity::Generate());
   NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_,
                                   options_.partition_tolerance};
   network.bulk_channel = options_.network_bulk;
@@ -518,11 +501,10 @@ absl::Status AgentImpl::ClaimRank() {
   const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
   if (rejoin_) {
     // The predecessor holds the claim; the restarted incarnation takes it.
-    if (absl::Status s = store_->Set(claim_key, nonce); !s.ok()) return s;
+    RETURN_IF_ERROR(store_->Set(claim_key, nonce));
   }
-  auto claim = store_->CompareSet(claim_key, "", nonce);
-  if (!claim.ok()) return claim.status();
-  if (*claim != nonce) {
+  ASSIGN_OR_RETURN(auto claim, store_->CompareSet(claim_key, "", nonce));
+  if (claim != nonce) {
     return absl::AlreadyExistsError(
         absl::StrCat("rank ", rank_, " is already taken by another process in this job"));
   }
@@ -576,24 +558,18 @@ absl::Status AgentImpl::Register(Registration& reg) {
   mine.set_cuda_ipc(cuda_channel_ != nullptr);
   for (const std::string& f : options_.front_ends) mine.add_front_ends(f);
   mine.set_bulk_address(transport_->bulk_address());
-  if (absl::Status s = store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString());
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString()));
   // P7: callers waiting for this incarnation of the rank wait on this key.
-  if (absl::Status s = store_->Set(absl::StrCat(ns_, "registered/", rank_, "/", incarnation_), "1");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Step(RendezvousStep::kRegistered); !s.ok()) return s;
+  RETURN_IF_ERROR(store_->Set(absl::StrCat(ns_, "registered/", rank_, "/", incarnation_), "1"));
+  RETURN_IF_ERROR(Step(RendezvousStep::kRegistered));
   if (rejoin_) {
     // P5: higher ranks that read the predecessor's registration during
     // start-up wait for the same-host links it would have created; this
     // incarnation sets none up, so it says "none" where the predecessor
     // said nothing (a link it did publish closes when they see it died).
     for (int r = rank_ + 1; r < options_.world_size; ++r) {
-      auto v = store_->CompareSet(absl::StrCat(ns_, "shm_link/", rank_, "/", r), "", "-");
-      if (!v.ok()) return v.status();
+      ASSIGN_OR_RETURN(auto v,
+                       store_->CompareSet(absl::StrCat(ns_, "shm_link/", rank_, "/", r), "", "-"));
     }
   }
   return absl::OkStatus();
@@ -627,7 +603,7 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
                                                    r, " both use it"));
     }
   }
-  if (absl::Status s = ResolveDeviceMaps(records); !s.ok()) return s;
+  RETURN_IF_ERROR(ResolveDeviceMaps(records));
   // F1: our window toward each peer stays within what that peer holds.
   std::vector<FlowLimits> windows(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) {
@@ -722,12 +698,11 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
   const std::vector<proto::WorkerRecord>& records = reg.records;
   const std::vector<std::string>& keys = reg.keys;
   std::vector<int> superseded;
-  auto values = store_->MultiGet(keys, options_.init_timeout);
-  if (!values.ok()) return values.status();
+  ASSIGN_OR_RETURN(auto values, store_->MultiGet(keys, options_.init_timeout));
   for (int r = 0; r < options_.world_size; ++r) {
     if (r == rank_) continue;
     proto::WorkerRecord now;
-    if (!now.ParseFromString((*values)[r]) || now.address().empty()) {
+    if (!now.ParseFromString((values)[r]) || now.address().empty()) {
       return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
     }
     if (now.incarnation() <= records[r].incarnation()) continue;

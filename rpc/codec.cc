@@ -4,6 +4,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/cuda.h>
 
+#include "base/status_macros.h"
 #include "rpc/agent.h"
 
 namespace baton::rpc {
@@ -127,8 +128,7 @@ absl::Status Decoder::ReadVarint(uint64_t* out, absl::string_view what) {
 }
 
 absl::Status Decoder::ReadLength(uint64_t* out, size_t min_element_bytes, absl::string_view what) {
-  absl::Status s = ReadVarint(out, what);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(ReadVarint(out, what));
   // Elements of zero encoded bytes (e.g. void) are bounded by a generous cap.
   const uint64_t cap = min_element_bytes == 0 ? std::max<uint64_t>(remaining(), 1) * 64 + (1 << 20)
                                               : remaining() / min_element_bytes;
@@ -140,8 +140,7 @@ absl::Status Decoder::ReadLength(uint64_t* out, size_t min_element_bytes, absl::
 
 absl::Status Decoder::ReadString(std::string* out, absl::string_view what) {
   uint64_t n = 0;
-  absl::Status s = ReadLength(&n, 1, what);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(ReadLength(&n, 1, what));
   out->assign(payload_.bytes.data() + pos_, n);
   pos_ += n;
   return absl::OkStatus();
@@ -246,8 +245,7 @@ absl::Status DecodeTensor(Decoder& dec, at::Tensor* out, ViewLayout views) {
     c->received_tensors->push_back(out);
   }
   uint8_t tag = 0;
-  absl::Status s = dec.ReadPod(&tag, "tensor tag");
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(dec.ReadPod(&tag, "tensor tag"));
   switch (tag) {
     case kUndefinedTensor: *out = at::Tensor(); return absl::OkStatus();
     case kDenseTensor:
@@ -432,37 +430,36 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
             "for its sender (AgentCollaborators::cuda_channel), and said so in its "
             "registration");
       }
-      auto imported = channel->Import(dec, context->peer, static_cast<int>(device), sizes, st);
-      if (!imported.ok()) return imported.status();
-      *out = *std::move(imported);
+      ASSIGN_OR_RETURN(auto imported,
+                       channel->Import(dec, context->peer, static_cast<int>(device), sizes, st));
+      *out = std::move(imported);
       if (header.requires_grad) out->set_requires_grad(true);
       return absl::OkStatus();
     }
   }
   uint64_t blob_index = 0;
   if (!(s = dec.ReadVarint(&blob_index, "tensor blob index")).ok()) return s;
-  auto blob = dec.GetBlob(blob_index, "tensor");
-  if (!blob.ok()) return blob.status();
+  ASSIGN_OR_RETURN(auto blob, dec.GetBlob(blob_index, "tensor"));
   const size_t nbytes = numel * c10::elementSize(st);
-  if ((*blob)->size() != nbytes) {
+  if ((blob)->size() != nbytes) {
     return absl::DataLossError(absl::StrCat("tensor of shape with ", numel, " elements of ",
                                             c10::toString(st), " needs ", nbytes,
-                                            " bytes but its blob has ", (*blob)->size()));
+                                            " bytes but its blob has ", (blob)->size()));
   }
   const auto options = at::TensorOptions().dtype(st);
-  const char* data = (*blob)->contiguous();
+  const char* data = (blob)->contiguous();
   if (tag == kDenseView) {
     // The view over its span, aliasing the receive buffer when it can.
     if (nbytes == 0) {
       *out = at::empty(sizes, options);
     } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
-      std::shared_ptr<const void> owner = (*blob)->owner;
+      std::shared_ptr<const void> owner = (blob)->owner;
       *out = at::from_blob(
           const_cast<char*>(data), sizes, strides, [owner](void*) mutable { owner.reset(); },
           options);
     } else {
       *out = at::empty_strided(sizes, strides, options);
-      (*blob)->CopyTo(out->data_ptr());
+      (blob)->CopyTo(out->data_ptr());
     }
     if (views == ViewLayout::kCompact) {
       // A view whose elements overlap (stride 0: expand()) is larger dense
@@ -482,12 +479,12 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
   } else if (nbytes == 0) {
     *out = at::empty(sizes, options);
   } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % kZeroCopyAlignment == 0) {
-    std::shared_ptr<const void> owner = (*blob)->owner;
+    std::shared_ptr<const void> owner = (blob)->owner;
     *out = at::from_blob(
         const_cast<char*>(data), sizes, [owner](void*) mutable { owner.reset(); }, options);
   } else {
     *out = at::empty(sizes, options);
-    (*blob)->CopyTo(out->data_ptr());
+    (blob)->CopyTo(out->data_ptr());
   }
   if (cuda_device >= 0) {
     // Onto the mapped device, on this thread's current stream; the host

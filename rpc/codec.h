@@ -59,6 +59,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 #include "rpc/payload.h"
 
 namespace baton::rpc {
@@ -241,8 +242,7 @@ absl::StatusOr<Payload> EncodeMessage(const T& v, const CodecContext* context = 
 template <typename T>
 absl::Status DecodeMessage(const Payload& payload, T* out, const CodecContext* context = nullptr) {
   Decoder dec(payload, context);
-  absl::Status s = Codec<T>::Decode(dec, out);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(Codec<T>::Decode(dec, out));
   return dec.ExpectEnd();
 }
 
@@ -314,8 +314,7 @@ struct Codec<bool> {
   static void Encode(bool v, Encoder& enc) { enc.WritePod<uint8_t>(v ? 1 : 0); }
   static absl::Status Decode(Decoder& dec, bool* out) {
     uint8_t b = 0;
-    absl::Status s = dec.ReadPod(&b, "bool");
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(dec.ReadPod(&b, "bool"));
     if (b > 1) return absl::DataLossError(absl::StrCat("bad bool byte ", b));
     *out = b == 1;
     return absl::OkStatus();
@@ -526,8 +525,7 @@ struct Codec<std::pair<A, B>> {
     Codec<B>::Encode(v.second, enc);
   }
   static absl::Status Decode(Decoder& dec, std::pair<A, B>* out) {
-    absl::Status s = Codec<A>::Decode(dec, &out->first);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(Codec<A>::Decode(dec, &out->first));
     return Codec<B>::Decode(dec, &out->second);
   }
 };

@@ -2,6 +2,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc {
 namespace {
@@ -17,17 +18,15 @@ absl::Status init(AgentOptions options, std::shared_ptr<FunctionRegistry> regist
   if (g_agent != nullptr) {
     return absl::AlreadyExistsError("baton::rpc::init: an agent is already running");
   }
-  auto agent = RpcAgent::Create(std::move(options), std::move(registry));
-  if (!agent.ok()) return agent.status();
-  g_agent = agent->release();
+  ASSIGN_OR_RETURN(auto agent, RpcAgent::Create(std::move(options), std::move(registry)));
+  g_agent = agent.release();
   return absl::OkStatus();
 }
 
 absl::Status init_from_env(std::shared_ptr<FunctionRegistry> registry,
                            const std::string& name_prefix) {
-  auto options = AgentOptions::FromEnv(name_prefix);
-  if (!options.ok()) return options.status();
-  return init(*std::move(options), std::move(registry));
+  ASSIGN_OR_RETURN(auto options, AgentOptions::FromEnv(name_prefix));
+  return init(std::move(options), std::move(registry));
 }
 
 RpcAgent& default_agent() {

@@ -1,6 +1,7 @@
 #include "rpc/function.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc {
 
@@ -97,8 +98,7 @@ absl::Status FunctionRegistry::RunSendHooks(const MessageInfo& m,
                                             std::map<std::string, std::string>& extensions) const {
   const std::shared_ptr<const Hooks> hooks = this->hooks();
   for (const auto& h : *hooks) {
-    absl::Status s = h->OnSend(m, tensors, extensions);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(h->OnSend(m, tensors, extensions));
   }
   return absl::OkStatus();
 }
@@ -108,8 +108,7 @@ absl::Status FunctionRegistry::RunReceiveHooks(
     const std::map<std::string, std::string>& extensions) const {
   const std::shared_ptr<const Hooks> hooks = this->hooks();
   for (const auto& h : *hooks) {
-    absl::Status s = h->OnReceive(m, tensors, extensions);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(h->OnReceive(m, tensors, extensions));
   }
   return absl::OkStatus();
 }

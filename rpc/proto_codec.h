@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "rpc/codec.h"
 
 namespace baton::rpc {
@@ -31,8 +32,7 @@ struct Codec<T, std::enable_if_t<std::is_base_of_v<google::protobuf::MessageLite
   static void Encode(const T& v, Encoder& enc) { enc.WriteString(v.SerializeAsString()); }
   static absl::Status Decode(Decoder& dec, T* out) {
     std::string bytes;
-    absl::Status s = dec.ReadString(&bytes, Name());
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(dec.ReadString(&bytes, Name()));
     if (!out->ParseFromString(bytes)) {
       return absl::DataLossError(absl::StrCat("bad ", Name(), " (", bytes.size(), " bytes)"));
     }

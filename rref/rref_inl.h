@@ -262,8 +262,7 @@ struct Codec<rref::RRef<T>> {
   }
   static absl::Status Decode(Decoder& dec, rref::RRef<T>* out) {
     uint8_t present = 0;
-    absl::Status s = dec.ReadPod(&present, "RRef tag");
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(dec.ReadPod(&present, "RRef tag"));
     if (present == 0) {
       *out = rref::RRef<T>();
       return absl::OkStatus();
@@ -288,9 +287,8 @@ struct Codec<rref::RRef<T>> {
     if (cc == nullptr || cc->agent == nullptr) {
       return absl::FailedPreconditionError("an RRef can only be received in an RPC");
     }
-    auto svc = rref::RRefService::Of(*cc->agent);
-    if (!svc.ok()) return svc.status();
-    *out = rref::RRef<T>((*svc)->context()->Adopt(d), *svc);
+    ASSIGN_OR_RETURN(auto svc, rref::RRefService::Of(*cc->agent));
+    *out = rref::RRef<T>((svc)->context()->Adopt(d), svc);
     return absl::OkStatus();
   }
 };

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "obs/state.h"
 #include "rref/rref.h"
 
@@ -96,8 +97,7 @@ rpc::Payload WithHeader(const proto::RRefCall& header, rpc::Payload args) {
 absl::Status TakeHeader(rpc::Payload& payload, proto::RRefCall* header) {
   rpc::Decoder dec(payload);
   std::string head;
-  absl::Status s = dec.ReadString(&head, "RRef call header");
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(dec.ReadString(&head, "RRef call header"));
   if (!header->ParseFromString(head)) return absl::DataLossError("malformed RRef call header");
   payload.bytes.erase(0, payload.bytes.size() - dec.remaining());
   return absl::OkStatus();

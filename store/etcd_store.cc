@@ -15,6 +15,7 @@
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::store {
 namespace {
@@ -93,12 +94,12 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(EtcdStoreOptions o
     return absl::InvalidArgumentError("etcd: an empty key prefix would share keys across jobs");
   }
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
-  if (absl::Status up = store->WaitForEtcd(); !up.ok()) return up;
+  RETURN_IF_ERROR(store->WaitForEtcd());
   if (!store->options_.user.empty()) {
-    if (absl::Status s = store->Authenticate(); !s.ok()) return s;
+    RETURN_IF_ERROR(store->Authenticate());
   }
   if (store->options_.lease_ttl > absl::ZeroDuration()) {
-    if (absl::Status s = store->JoinOrGrantLease(0); !s.ok()) return s;
+    RETURN_IF_ERROR(store->JoinOrGrantLease(0));
     store->keepalive_ = std::thread([s = store.get()] { s->KeepAliveLoop(); });
   }
   return store;
@@ -263,9 +264,8 @@ absl::Status EtcdStore::JoinOrGrantLease(int64_t dead) {
     int64_t stored = 0;
     if (current.kvs_size() > 0 && absl::SimpleAtoi(current.kvs(0).value(), &stored) &&
         stored != dead) {
-      auto ttl = KeepAliveOnce(stored, deadline);
-      if (!ttl.ok()) return ttl.status();
-      if (*ttl > 0) {
+      ASSIGN_OR_RETURN(auto ttl, KeepAliveOnce(stored, deadline));
+      if (ttl > 0) {
         absl::MutexLock lock(&mu_);
         lease_id_ = stored;
         return absl::OkStatus();
@@ -441,7 +441,7 @@ absl::Status EtcdStore::PutWithLease(const std::string& full_key, absl::string_v
                          [&](grpc::ClientContext* c) { return kv_->Put(c, req, &resp); });
     // "requested lease not found": the job's lease expired; renew it once.
     if (absl::IsNotFound(s) && attempt == 0 && req.lease() != 0) {
-      if (absl::Status r = JoinOrGrantLease(req.lease()); !r.ok()) return r;
+      RETURN_IF_ERROR(JoinOrGrantLease(req.lease()));
       continue;
     }
     return s;
@@ -463,9 +463,8 @@ absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::ReadKeys(
     etcdserverpb::TxnRequest txn;  // no compare: the success ops run
     for (size_t i = begin; i < end; ++i) *txn.add_success() = RangeOp(full_keys[i]);
     etcdserverpb::TxnResponse done;
-    absl::Status s = Rpc("read", full_keys[begin], absl::Now() + options_.call_timeout,
-                         [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(Rpc("read", full_keys[begin], absl::Now() + options_.call_timeout,
+                        [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); }));
     *revision = std::min(*revision, done.header().revision());
     for (size_t i = begin; i < end; ++i) {
       const auto& op = done.responses(static_cast<int>(i - begin));
@@ -485,9 +484,8 @@ absl::StatusOr<EtcdStore::Awaited> EtcdStore::AwaitKeys(const std::vector<std::s
   Awaited out;
   while (true) {
     int64_t revision = 0;
-    auto read = ReadKeys(full, &revision);
-    if (!read.ok()) return read.status();
-    out.values = *std::move(read);
+    ASSIGN_OR_RETURN(auto read, ReadKeys(full, &revision));
+    out.values = std::move(read);
     out.missing.clear();
     for (size_t i = 0; i < full.size(); ++i) {
       if (!out.values[i].has_value()) out.missing.push_back(i);
@@ -552,9 +550,8 @@ absl::StatusOr<std::string> EtcdStore::Get(absl::string_view key, absl::Duration
   const absl::Time deadline = timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + std::max(timeout, absl::ZeroDuration());
-  auto got = AwaitKeys({std::string(key)}, deadline);
-  if (!got.ok()) return got.status();
-  if (got->missing.empty()) return *std::move(got->values[0]);
+  ASSIGN_OR_RETURN(auto got, AwaitKeys({std::string(key)}, deadline));
+  if (got.missing.empty()) return *std::move(got.values[0]);
   return absl::DeadlineExceededError(absl::StrCat("etcd ", options_.endpoint, ": key '", key,
                                                   "' not set within ",
                                                   absl::FormatDuration(timeout)));
@@ -588,7 +585,7 @@ absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
     etcdserverpb::TxnResponse done;
     s = Rpc("add", key, deadline, [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
     if (absl::IsNotFound(s) && lease_id() != 0) {  // the lease expired
-      if (absl::Status r = JoinOrGrantLease(lease_id()); !r.ok()) return r;
+      RETURN_IF_ERROR(JoinOrGrantLease(lease_id()));
       continue;
     }
     if (!s.ok()) return s;
@@ -615,7 +612,7 @@ absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::s
     absl::Status s = Rpc("compare-set", key, deadline,
                          [&](grpc::ClientContext* c) { return kv_->Txn(c, txn, &done); });
     if (absl::IsNotFound(s) && lease_id() != 0) {
-      if (absl::Status r = JoinOrGrantLease(lease_id()); !r.ok()) return r;
+      RETURN_IF_ERROR(JoinOrGrantLease(lease_id()));
       continue;
     }
     if (!s.ok()) return s;
@@ -642,18 +639,18 @@ absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::s
 
 absl::StatusOr<std::vector<std::string>> EtcdStore::MultiGet(const std::vector<std::string>& keys,
                                                              absl::Duration timeout) {
-  auto got = AwaitKeys(keys, absl::Now() + std::max(timeout, absl::ZeroDuration()));
-  if (!got.ok()) return got.status();
-  if (!got->missing.empty()) {
+  ASSIGN_OR_RETURN(auto got,
+                   AwaitKeys(keys, absl::Now() + std::max(timeout, absl::ZeroDuration())));
+  if (!got.missing.empty()) {
     std::vector<std::string> missing;
-    for (size_t i : got->missing) missing.push_back(keys[i]);
+    for (size_t i : got.missing) missing.push_back(keys[i]);
     return absl::DeadlineExceededError(absl::StrCat(
         "etcd ", options_.endpoint, ": waited ", absl::FormatDuration(timeout), " for keys; ",
         missing.size(), " of ", keys.size(), " missing: '", absl::StrJoin(missing, "', '"), "'"));
   }
   std::vector<std::string> values;
   values.reserve(keys.size());
-  for (auto& v : got->values) values.push_back(*std::move(v));
+  for (auto& v : got.values) values.push_back(*std::move(v));
   return values;
 }
 
@@ -665,9 +662,8 @@ absl::StatusOr<bool> EtcdStore::Delete(absl::string_view key) {
   etcdserverpb::DeleteRangeRequest req;
   req.set_key(DataKey(key));
   etcdserverpb::DeleteRangeResponse resp;
-  absl::Status s = Rpc("delete", key, absl::Now() + options_.call_timeout,
-                       [&](grpc::ClientContext* c) { return kv_->DeleteRange(c, req, &resp); });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(Rpc("delete", key, absl::Now() + options_.call_timeout,
+                      [&](grpc::ClientContext* c) { return kv_->DeleteRange(c, req, &resp); }));
   return resp.deleted() > 0;
 }
 
@@ -678,9 +674,8 @@ absl::StatusOr<int64_t> EtcdStore::NumKeys() {
   req.set_range_end(PrefixEnd(start));
   req.set_count_only(true);
   etcdserverpb::RangeResponse resp;
-  absl::Status s = Rpc("count", "", absl::Now() + options_.call_timeout,
-                       [&](grpc::ClientContext* c) { return kv_->Range(c, req, &resp); });
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(Rpc("count", "", absl::Now() + options_.call_timeout,
+                      [&](grpc::ClientContext* c) { return kv_->Range(c, req, &resp); }));
   return resp.count();
 }
 

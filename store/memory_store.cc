@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::store {
 
@@ -45,8 +46,7 @@ absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys, absl:
 
 absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  absl::Status s = WaitLocked({std::string(key)}, timeout);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(WaitLocked({std::string(key)}, timeout));
   return data_.at(key);
 }
 
@@ -115,13 +115,12 @@ void MemoryStore::Close() {
 
 absl::StatusOr<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>& keys,
                                                          absl::Duration timeout) {
-  if (absl::Status s = Wait(keys, timeout); !s.ok()) return s;
+  RETURN_IF_ERROR(Wait(keys, timeout));
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (const std::string& key : keys) {
-    auto v = Get(key, timeout);
-    if (!v.ok()) return v.status();
-    values.push_back(*std::move(v));
+    ASSIGN_OR_RETURN(auto v, Get(key, timeout));
+    values.push_back(std::move(v));
   }
   return values;
 }

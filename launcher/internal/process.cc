@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 
 namespace baton::launcher::internal {
 namespace {
@@ -45,8 +46,7 @@ absl::StatusOr<std::string> Resolve(const std::string& program,
 
 absl::StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   if (request.argv.empty()) return absl::InvalidArgumentError("empty argv");
-  auto exe = Resolve(request.argv[0], request.env);
-  if (!exe.ok()) return exe.status();
+  ASSIGN_OR_RETURN(auto exe, Resolve(request.argv[0], request.env));
 
   // Everything the child needs is prepared before fork: after fork only
   // async-signal-safe calls are allowed (the launcher has gRPC threads).
@@ -89,7 +89,7 @@ absl::StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
     ::dup2(err[1], STDERR_FILENO);
     int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-    ::execve(exe->c_str(), argv.data(), envp.data());
+    ::execve(exe.c_str(), argv.data(), envp.data());
     const char msg[] = "baton-run: exec failed\n";
     (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
     ::_exit(127);

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "obs/http_server.h"
 #include "obs/metrics.h"
 #include "obs/state.h"
@@ -73,7 +74,7 @@ std::string StateSocket(const std::string& state_dir, int rank) {
 }
 
 absl::Status PrepareStateDir(const std::string& state_dir, const std::string& report_dir) {
-  if (absl::Status s = MakeDirs(state_dir); !s.ok()) return s;
+  RETURN_IF_ERROR(MakeDirs(state_dir));
   // Private: the sockets answer anyone who can reach them.
   const size_t slash = state_dir.rfind('/');
   for (const std::string& d : {state_dir.substr(0, slash), state_dir}) {
@@ -193,13 +194,13 @@ proto::StateReport CollectReport(const std::string& run_id, const std::string& r
 }
 
 absl::StatusOr<std::string> WriteReport(const proto::StateReport& report, const std::string& dir) {
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  RETURN_IF_ERROR(MakeDirs(dir));
   const std::string path =
       absl::StrCat(dir, "/state_report_",
                    absl::FormatTime("%Y%m%d-%H%M%E3S", absl::FromUnixMicros(report.time_unix_us()),
                                     absl::UTCTimeZone()),
                    ".json");
-  if (absl::Status s = WriteFileAtomically(path, {obs::ToJson(report)}); !s.ok()) return s;
+  RETURN_IF_ERROR(WriteFileAtomically(path, {obs::ToJson(report)}));
   return path;
 }
 

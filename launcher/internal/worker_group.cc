@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "base/log.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "env/env.h"
 
 extern char** environ;
@@ -143,8 +144,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
 absl::Status WorkerGroup::Start(int role, int restart_count) {
   for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
     if (role >= 0 && workers_[i].role_index != role) continue;
-    absl::Status s = StartOne(i, restart_count, role >= 0 && restart_count > 0);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(StartOne(i, restart_count, role >= 0 && restart_count > 0));
   }
   return absl::OkStatus();
 }

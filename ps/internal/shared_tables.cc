@@ -10,6 +10,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "rpc/channel/shm/shm_channel.h"
 
 namespace baton::ps::internal {
@@ -93,10 +94,9 @@ absl::StatusOr<SharedSegment::Parts> SharedSegment::CreateParts(const std::strin
                                                                 int64_t buffer_bytes,
                                                                 size_t total) {
   const std::string prefix = rpc::internal::ShmChannel::ObjectPrefix(getpid());
-  auto marker = rpc::internal::LivenessMarker::Create(prefix);
-  if (!marker.ok()) return marker.status();
+  ASSIGN_OR_RETURN(auto marker, rpc::internal::LivenessMarker::Create(prefix));
   Parts parts;
-  parts.marker = *std::move(marker);
+  parts.marker = std::move(marker);
   parts.announced.nonce = NewNonce();
   parts.announced.bytes = buffer_bytes;
   parts.announced.name = absl::StrCat(prefix, name, ".", absl::Hex(parts.announced.nonce));
@@ -115,11 +115,10 @@ absl::StatusOr<SharedSegment::Parts> SharedSegment::OpenParts(const SharedName& 
                                                       announced.bytes, " bytes per buffer, ",
                                                       "this side's layout has ", layout.bytes));
   }
-  auto seg = ShmSegment::Open(announced.name, total);
-  if (!seg.ok()) return seg.status();
+  ASSIGN_OR_RETURN(auto seg, ShmSegment::Open(announced.name, total));
   // Every header starts with the magic number, the nonce and the size.
   uint64_t head[3];
-  std::memcpy(head, seg->data(), sizeof(head));
+  std::memcpy(head, seg.data(), sizeof(head));
   if (head[0] != magic || head[1] != announced.nonce ||
       head[2] != static_cast<uint64_t>(announced.bytes)) {
     return absl::FailedPreconditionError(
@@ -128,7 +127,7 @@ absl::StatusOr<SharedSegment::Parts> SharedSegment::OpenParts(const SharedName& 
                      "object of the same name, or a stale one)"));
   }
   Parts parts;
-  parts.segment = *std::move(seg);
+  parts.segment = std::move(seg);
   parts.announced = announced;
   return parts;
 }
@@ -207,7 +206,7 @@ void ParameterBoard::Publish(int64_t version, const std::vector<at::Tensor>& chu
 absl::StatusOr<int64_t> ParameterBoard::Read(
     int64_t min_version, const std::vector<std::pair<int, at::Tensor>>& into) const {
   for (const auto& [table, dst] : into) {
-    if (absl::Status s = CheckChunk(layout_, table, dst, "parameter board read"); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckChunk(layout_, table, dst, "parameter board read"));
   }
   const Header* h = header();
   for (int attempt = 0; attempt < kReadTries; ++attempt) {
@@ -246,24 +245,23 @@ char* GradientBox::data() const { return static_cast<char*>(segment_.data()) + k
 
 absl::StatusOr<std::unique_ptr<GradientBox>> GradientBox::Create(const DenseLayout& layout,
                                                                  int trainer, int server) {
-  auto parts = CreateParts(absl::StrCat("psgrad", trainer, "-", server), layout.bytes,
-                           kHeaderBytes + layout.bytes);
-  if (!parts.ok()) return parts.status();
-  auto* h = new (parts->segment.data()) Header;
+  ASSIGN_OR_RETURN(auto parts, CreateParts(absl::StrCat("psgrad", trainer, "-", server),
+                                           layout.bytes, kHeaderBytes + layout.bytes));
+  auto* h = new (parts.segment.data()) Header;
   h->magic = kBoxMagic;
-  h->nonce = parts->announced.nonce;
+  h->nonce = parts.announced.nonce;
   h->bytes = layout.bytes;
   h->written.store(0, std::memory_order_relaxed);
   h->released.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  return std::unique_ptr<GradientBox>(new GradientBox(*std::move(parts), layout));
+  return std::unique_ptr<GradientBox>(new GradientBox(std::move(parts), layout));
 }
 
 absl::StatusOr<std::shared_ptr<GradientBox>> GradientBox::Open(const SharedName& announced,
                                                                const DenseLayout& layout) {
-  auto parts = OpenParts(announced, layout, kHeaderBytes + layout.bytes, kBoxMagic, "gradient box");
-  if (!parts.ok()) return parts.status();
-  return std::shared_ptr<GradientBox>(new GradientBox(*std::move(parts), layout));
+  ASSIGN_OR_RETURN(auto parts, OpenParts(announced, layout, kHeaderBytes + layout.bytes, kBoxMagic,
+                                         "gradient box"));
+  return std::shared_ptr<GradientBox>(new GradientBox(std::move(parts), layout));
 }
 
 bool GradientBox::Free() const {

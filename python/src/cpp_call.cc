@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace baton::python {
 namespace {
@@ -36,9 +37,8 @@ class Parser {
     if (pos_ < s_.size() && s_[pos_] == '<') {
       ++pos_;
       for (;;) {
-        auto arg = Type();
-        if (!arg.ok()) return arg.status();
-        node.args.push_back(*std::move(arg));
+        ASSIGN_OR_RETURN(auto arg, Type());
+        node.args.push_back(std::move(arg));
         if (pos_ < s_.size() && s_[pos_] == ',') {
           ++pos_;
           continue;
@@ -50,8 +50,7 @@ class Parser {
         return Error("',' or '>'");
       }
     }
-    absl::Status s = Check(node);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(Check(node));
     return node;
   }
   bool Eat(char c) {
@@ -205,22 +204,20 @@ absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const st
     return seq;
   };
   if (n == "vector") {
-    auto seq = sequence(SIZE_MAX);
-    if (!seq.ok()) return seq.status();
+    ASSIGN_OR_RETURN(auto seq, sequence(SIZE_MAX));
     rpc::Encoder::Nested nested(enc, "vector");
     if (!nested.ok()) return absl::OkStatus();  // the encoder failed already
-    enc.WriteVarint(seq->size());
-    for (size_t i = 0; i < seq->size(); ++i) {
-      absl::Status s = Encode(t.args[0], (*seq)[i], enc, Path(path, absl::StrCat("[", i, "]")));
+    enc.WriteVarint(seq.size());
+    for (size_t i = 0; i < seq.size(); ++i) {
+      absl::Status s = Encode(t.args[0], (seq)[i], enc, Path(path, absl::StrCat("[", i, "]")));
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
   if (n == "pair" || n == "tuple") {
-    auto seq = sequence(t.args.size());
-    if (!seq.ok()) return seq.status();
+    ASSIGN_OR_RETURN(auto seq, sequence(t.args.size()));
     for (size_t i = 0; i < t.args.size(); ++i) {
-      absl::Status s = Encode(t.args[i], (*seq)[i], enc, Path(path, absl::StrCat("[", i, "]")));
+      absl::Status s = Encode(t.args[i], (seq)[i], enc, Path(path, absl::StrCat("[", i, "]")));
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -249,8 +246,7 @@ absl::Status Encode(const TypeNode& t, py::handle h, rpc::Encoder& enc, const st
     enc.WriteVarint(items.size());
     for (const auto& [k, v] : items) {
       enc.WriteString(k);
-      absl::Status s = Encode(t.args[1], v, enc, Path(path, absl::StrCat("['", k, "']")));
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(Encode(t.args[1], v, enc, Path(path, absl::StrCat("['", k, "']"))));
     }
     return absl::OkStatus();
   }
@@ -319,8 +315,7 @@ absl::Status Decode(const TypeNode& t, rpc::Decoder& dec, DynValue* out,
     out->kind = Kind::kTuple;
     out->items.resize(t.args.size());
     for (size_t i = 0; i < t.args.size(); ++i) {
-      absl::Status s = Decode(t.args[i], dec, &out->items[i], tensors);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(Decode(t.args[i], dec, &out->items[i], tensors));
     }
     return absl::OkStatus();
   }
@@ -373,19 +368,17 @@ absl::StatusOr<Signature> Signature::Parse(const std::string& text) {
   if (!p.Eat('(')) return p.Error("'('");
   if (!p.Eat(')')) {
     for (;;) {
-      auto t = p.Type();
-      if (!t.ok()) return t.status();
-      if (t->name == "void") return p.Error("an argument type other than void");
-      sig.args.push_back(*std::move(t));
+      ASSIGN_OR_RETURN(auto t, p.Type());
+      if (t.name == "void") return p.Error("an argument type other than void");
+      sig.args.push_back(std::move(t));
       if (p.Eat(',')) continue;
       if (p.Eat(')')) break;
       return p.Error("',' or ')'");
     }
   }
   if (!p.Eat('-') || !p.Eat('>')) return p.Error("'->'");
-  auto r = p.Type();
-  if (!r.ok()) return r.status();
-  sig.result = *std::move(r);
+  ASSIGN_OR_RETURN(auto r, p.Type());
+  sig.result = std::move(r);
   if (!p.AtEnd()) return p.Error("the end");
   std::vector<std::string> parts;
   for (const TypeNode& a : sig.args) parts.push_back(a.Spell());
@@ -414,9 +407,8 @@ absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer, const st
   }
   absl::StatusOr<rpc::Payload> payload = std::move(enc).Finish();
   if (!payload.ok() || !hooks) return payload;
-  absl::Status s = agent.registry().RunSendHooks(
-      rpc::MessageInfo{&agent, /*is_request=*/true, peer, function}, sent, payload->extensions);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(agent.registry().RunSendHooks(
+      rpc::MessageInfo{&agent, /*is_request=*/true, peer, function}, sent, payload->extensions));
   return payload;
 }
 

@@ -1,6 +1,7 @@
 #include "python/src/hosted_optimizer.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "dist_autograd/dist_autograd.h"
 
 namespace baton::python {
@@ -39,8 +40,7 @@ absl::Status InstallOptimizerHost(rpc::FunctionRegistry& registry) {
                                                   "' on this worker (its DistributedOptimizer "
                                                   "was dropped, or this worker restarted)"));
         }
-        absl::Status s = o->Step(context_id);
-        if (!s.ok()) return s;
+        RETURN_IF_ERROR(o->Step(context_id));
         return true;
       });
 }
@@ -55,9 +55,8 @@ absl::StatusOr<std::shared_ptr<HostedOptimizer>> HostedOptimizer::Create(
   if (host->Find(key) != nullptr) {
     return absl::AlreadyExistsError(absl::StrCat("an optimizer '", key, "' is hosted already"));
   }
-  auto opt = dist_optim::FunctionalOptimizer::Create(options, std::move(params));
-  if (!opt.ok()) return opt.status();
-  std::shared_ptr<HostedOptimizer> out(new HostedOptimizer(agent, host, key, *std::move(opt)));
+  ASSIGN_OR_RETURN(auto opt, dist_optim::FunctionalOptimizer::Create(options, std::move(params)));
+  std::shared_ptr<HostedOptimizer> out(new HostedOptimizer(agent, host, key, std::move(opt)));
   host->Add(key, out);
   return out;
 }

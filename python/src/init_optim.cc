@@ -10,6 +10,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "dist_optim/functional_optimizer.h"
 #include "python/src/bindings.h"
 #include "python/src/hosted_optimizer.h"
@@ -72,8 +73,7 @@ absl::StatusOr<dist_optim::OptimizerOptions> OptimizerOptionsFrom(const std::str
           absl::StrCat(kind, " has no option '", key, "' that baton supports"));
     }
   }
-  absl::Status s = dist_optim::ValidateOptions(o);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(dist_optim::ValidateOptions(o));
   return o;
 }
 

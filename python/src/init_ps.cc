@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 #include "ps/client.h"
 #include "ps/server.h"
 #include "ps/spec.h"
@@ -84,9 +85,7 @@ class PsServerHost : public RegistryInstaller {
   }
   absl::Status Install(rpc::FunctionRegistry& registry) override {
     if (server_ != nullptr) return absl::FailedPreconditionError("this PsServer already serves");
-    auto server = ps::PsServer::Create(spec_, options_, registry);
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
+    ASSIGN_OR_RETURN(server_, ps::PsServer::Create(spec_, options_, registry));
     return absl::OkStatus();
   }
   absl::Status Stop() override { return server_ == nullptr ? absl::OkStatus() : server_->Stop(); }

@@ -1,5 +1,6 @@
 // baton._C.Agent and baton._C.RRef (py_agent.h).
 #include "python/src/py_agent.h"
+#include "base/status_macros.h"
 
 #include <algorithm>
 #include <atomic>
@@ -289,8 +290,7 @@ std::shared_ptr<PyFuture> PyAgent::CallCpp(const py::object& to, const std::stri
         if (!r.ok()) return r.status();
         DynValue v;
         std::deque<at::Tensor> tensors;
-        absl::Status s = DecodeResult(*ap, peer, function, *shared_sig, *r, &v, &tensors);
-        if (!s.ok()) return s;
+        RETURN_IF_ERROR(DecodeResult(*ap, peer, function, *shared_sig, *r, &v, &tensors));
         AcquireGil gil;
         PyObj o;
         o.live = PyRef(ToPython(v, tensors));

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc::cuda {
 namespace {
@@ -80,18 +81,15 @@ class CudaIpcChannel::Impl {
     c10::cuda::CUDAGuard guard(device);
     // The allocation (the caching allocator's cudaMalloc segment) the
     // tensor lies in: what an IPC handle covers.
-    absl::StatusOr<MemGetAddressRange> range = AddressRange(peer);
-    if (!range.ok()) return range.status();
+    ASSIGN_OR_RETURN(MemGetAddressRange range, AddressRange(peer));
     // The driver's call needs the device's context current on this thread,
     // which the guard does not make so on a thread that never used the
     // device (it skips setting the device it believes is set).
-    if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice", peer); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice", peer));
     CUdeviceptr base_address = 0;
     size_t base_size = 0;
     if (const CUresult r =
-            (*range)(&base_address, &base_size, reinterpret_cast<CUdeviceptr>(t.data_ptr()));
+            (range)(&base_address, &base_size, reinterpret_cast<CUdeviceptr>(t.data_ptr()));
         r != CUDA_SUCCESS) {
       return absl::InternalError(
           absl::StrCat("CUDA IPC with worker ", peer, ": cuMemGetAddressRange: CUresult ", r));
@@ -160,8 +158,7 @@ class CudaIpcChannel::Impl {
                                               " lie outside an allocation of ", base_size));
     }
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    absl::StatusOr<std::shared_ptr<void>> mapping = Map(peer, Bytes(&memory, sizeof(memory)));
-    if (!mapping.ok()) return mapping.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<void> mapping, Map(peer, Bytes(&memory, sizeof(memory))));
     absl::StatusOr<cudaEvent_t> event =
         OpenEvent(peer, device, Bytes(&event_handle, sizeof(event_handle)));
     if (!event.ok()) return event.status();
@@ -175,7 +172,7 @@ class CudaIpcChannel::Impl {
     at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
     s = CudaStatus(cudaStreamWaitEvent(current.stream(), *event, 0), "cudaStreamWaitEvent", peer);
     if (s.ok() && bytes > 0) {
-      s = CudaStatus(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mapping->get()) + offset,
+      s = CudaStatus(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mapping.get()) + offset,
                                      bytes, cudaMemcpyDeviceToDevice, current.stream()),
                      "cudaMemcpyAsync", peer);
     }
@@ -185,7 +182,7 @@ class CudaIpcChannel::Impl {
       if (done.ok()) {
         s = CudaStatus(cudaEventRecord(*done, current.stream()), "cudaEventRecord", peer);
         if (s.ok()) {
-          Watch({peer, static_cast<int64_t>(token), device, *done, *std::move(mapping)});
+          Watch({peer, static_cast<int64_t>(token), device, *done, std::move(mapping)});
           return out;
         }
         DestroyEvent(device, *done);
@@ -385,9 +382,8 @@ class CudaIpcChannel::Impl {
   absl::StatusOr<MemGetAddressRange> AddressRange(int peer) {
     absl::MutexLock lock(&mu_);
     if (address_range_ == nullptr) {
-      absl::StatusOr<MemGetAddressRange> fn = FindMemGetAddressRange(peer);
-      if (!fn.ok()) return fn.status();
-      address_range_ = *fn;
+      ASSIGN_OR_RETURN(MemGetAddressRange fn, FindMemGetAddressRange(peer));
+      address_range_ = fn;
     }
     return address_range_;
   }
@@ -460,9 +456,8 @@ class CudaIpcChannel::Impl {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     void* address = nullptr;
-    absl::Status s = CudaStatus(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess),
-                                "cudaIpcOpenMemHandle", peer);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenMemHandle(&address, h, cudaIpcMemLazyEnablePeerAccess),
+                               "cudaIpcOpenMemHandle", peer));
     // Closed when the last user lets go: the cache below, or an import in
     // progress when the cache evicts it.
     const int device = [] {
@@ -503,8 +498,7 @@ class CudaIpcChannel::Impl {
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.data(), sizeof(h));
     cudaEvent_t event;
-    absl::Status s = CudaStatus(cudaIpcOpenEventHandle(&event, h), "cudaIpcOpenEventHandle", peer);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenEventHandle(&event, h), "cudaIpcOpenEventHandle", peer));
     absl::MutexLock lock(&mu_);
     peers_[peer].events[handle] = {device, event};
     return event;

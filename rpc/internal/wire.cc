@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -259,7 +260,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, PacketSource source, std::vec
     bool parsed = false;
     const size_t body_left = reader.left() - header_len;
     if (const char* p = reader.Peek(header_len)) {
-      if (absl::Status s = CheckHeaderCounts(p, header_len, body_left); !s.ok()) return s;
+      RETURN_IF_ERROR(CheckHeaderCounts(p, header_len, body_left));
       parsed = frame.header.ParseFromArray(p, static_cast<int>(header_len));
       reader.Advance(header_len);
     } else {
@@ -267,9 +268,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, PacketSource source, std::vec
       if (!reader.Copy(buf.data(), header_len)) {
         return absl::DataLossError("truncated frame header");
       }
-      if (absl::Status s = CheckHeaderCounts(buf.data(), header_len, body_left); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CheckHeaderCounts(buf.data(), header_len, body_left));
       parsed = frame.header.ParseFromString(buf);
     }
     if (!parsed) return absl::DataLossError("malformed frame header");
@@ -285,7 +284,7 @@ absl::Status ParsePacket(grpc::ByteBuffer* packet, PacketSource source, std::vec
       declared += n;
       return absl::OkStatus();
     };
-    if (absl::Status s = declare(frame.header.payload_size(), "a payload"); !s.ok()) return s;
+    RETURN_IF_ERROR(declare(frame.header.payload_size(), "a payload"));
     for (int i = 0; i < frame.header.blob_sizes_size(); ++i) {
       const uint64_t size = frame.header.blob_sizes(i);
       if (size > reader.left() - declared) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc::testing {
 
@@ -81,12 +82,11 @@ absl::Status LoopbackJob::Restart(int rank, bool kill_first) {
     return absl::InvalidArgumentError(absl::StrCat("no worker ", rank));
   }
   if (kill_first && !killed_[rank]) {
-    if (absl::Status s = Kill(rank); !s.ok()) return s;
+    RETURN_IF_ERROR(Kill(rank));
   }
-  auto agent = StartOne(rank, /*start=*/1, /*rejoin=*/true);
-  if (!agent.ok()) return agent.status();
+  ASSIGN_OR_RETURN(auto agent, StartOne(rank, /*start=*/1, /*rejoin=*/true));
   replaced_.push_back(std::move(agents_[rank]));
-  agents_[rank] = *std::move(agent);
+  agents_[rank] = std::move(agent);
   killed_[rank] = false;
   if (options_.attach) options_.attach(rank, *agents_[rank]);
   return absl::OkStatus();

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/shm_segment.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -230,9 +231,7 @@ absl::Status ShmChannel::Import(Frame& frame, absl::string_view sender_prefix) {
       return absl::DataLossError(
           absl::StrCat("bad shared-memory blob entry '", absl::CHexEscape(sb.name()), "': ", bad));
     }
-    auto mapping = Map(sb.name(), sb.capacity());
-    if (!mapping.ok()) return mapping.status();
-    std::shared_ptr<Mapping> m = *std::move(mapping);
+    ASSIGN_OR_RETURN(std::shared_ptr<Mapping> m, Map(sb.name(), sb.capacity()));
     auto* header = static_cast<SegmentHeader*>(m->memory.data());
     const char* src = static_cast<const char*>(m->memory.data()) + kHeaderBytes;
     const uint64_t gen = sb.generation();

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
+#include "base/status_macros.h"
 #include "rpc/channel/tcp/bulk_channel_internal.h"
 #include "rpc/channel/tcp/connection.h"
 #include "rpc/channel/tcp/socket_io.h"
@@ -39,9 +40,8 @@ absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Start(BulkChannelOptio
   options.lanes = std::clamp(options.lanes, 1, kMaxLanes);
   std::unique_ptr<BulkChannel> c(new BulkChannel(std::move(options), std::move(authenticate)));
   if (c->options_.tls.enabled()) {
-    auto tls = tcp::TlsContext::Create(c->options_.tls);
-    if (!tls.ok()) return tls.status();
-    c->tls_ = *std::move(tls);
+    ASSIGN_OR_RETURN(auto tls, tcp::TlsContext::Create(c->options_.tls));
+    c->tls_ = std::move(tls);
   }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;

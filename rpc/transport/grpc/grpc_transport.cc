@@ -10,6 +10,7 @@
 #include "base/grpc_options.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
+#include "base/status_macros.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -645,9 +646,8 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Start(TransportOpt
   t->service_ = std::make_unique<Service>(handler, t->options_.job_token);
   if (t->options_.bulk_channel) {
     // Under TLS the channel's connections are TLS too (B9).
-    auto channel = StartBulkChannel(t->options_, handler);
-    if (!channel.ok()) return channel.status();
-    t->bulk_ = *std::move(channel);
+    ASSIGN_OR_RETURN(auto channel, StartBulkChannel(t->options_, handler));
+    t->bulk_ = std::move(channel);
     t->service_->set_bulk(t->bulk_.get());
   }
   grpc::ServerBuilder builder;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/host.h"
 #include "base/shm_segment.h"
+#include "base/status_macros.h"
 #include "rpc/channel/shm/shm_channel.h"
 
 namespace baton::rpc::internal {
@@ -267,8 +268,7 @@ absl::StatusOr<uint64_t> ShmTransport::Send(int peer, Frame frame) {
   if (!connected(peer)) {
     return absl::UnavailableError(absl::StrCat("no shared-memory link to worker ", peer));
   }
-  absl::Status s = Write(*links_[peer], std::move(frame));
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(Write(*links_[peer], std::move(frame)));
   return kStreamBase + static_cast<uint64_t>(peer);
 }
 
