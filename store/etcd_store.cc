@@ -515,6 +515,9 @@ absl::StatusOr<EtcdStore::Awaited> EtcdStore::AwaitKeys(const std::vector<std::s
     std::map<std::string, size_t> index;
     for (size_t i : out.missing) index.emplace(full[i], i);
     bool compacted = false;
+    // Counted from after the read: the watch starts at the revision after
+    // it, so whatever is set from now on reaches this call.
+    waiting_.fetch_add(1, std::memory_order_acq_rel);
     if (stream->Write(create)) {
       etcdserverpb::WatchResponse resp;
       while (!waiting.empty() && stream->Read(&resp)) {
@@ -531,6 +534,7 @@ absl::StatusOr<EtcdStore::Awaited> EtcdStore::AwaitKeys(const std::vector<std::s
         }
       }
     }
+    waiting_.fetch_sub(1, std::memory_order_acq_rel);
     ctx.TryCancel();
     const absl::Status ended = FromGrpcStatus(stream->Finish());
     if (waiting.empty()) {

@@ -33,6 +33,7 @@
 #ifndef BATON_STORE_ETCD_STORE_H_
 #define BATON_STORE_ETCD_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -112,6 +113,11 @@ class EtcdStore final : public Store {
   // unusable afterwards.
   absl::Status RevokeLease();
   const std::string& endpoint() const { return options_.endpoint; }
+  // How many blocking calls (Get, Wait, MultiGet) have read their keys,
+  // found some missing, and wait for them on a watch now (as
+  // MemoryStore::waiting()): tests synchronise on a call having reached
+  // etcd. A key set after this counted a call reaches that call.
+  int waiting() const { return waiting_.load(std::memory_order_acquire); }
 
  private:
   explicit EtcdStore(EtcdStoreOptions options);
@@ -170,6 +176,7 @@ class EtcdStore final : public Store {
   // The keep-alive stream's context, to cancel it at destruction.
   grpc::ClientContext* keepalive_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread keepalive_;
+  std::atomic<int> waiting_{0};
 };
 
 }  // namespace baton::store

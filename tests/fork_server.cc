@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "testing/eventually.h"
 
 extern char** environ;
 
@@ -178,14 +179,9 @@ absl::StatusOr<std::unique_ptr<ForkServer>> ForkServer::Start() {
 ForkServer::~ForkServer() {
   ::close(fd_);  // the server kills and reaps its children, then exits
   int status = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (::waitpid(pid_, &status, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, &status, 0);
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(5));
+  if (!Eventually([&] { return ::waitpid(pid_, &status, WNOHANG) != 0; }, absl::Seconds(30))) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "testing/eventually.h"
 #include "tests/fork_server.h"
 
 extern char** environ;
@@ -114,15 +115,10 @@ void AppendStacks(pid_t pid, const std::string& log) {
   argv.push_back(nullptr);
   pid_t gdb = -1;
   if (posix_spawn(&gdb, kGdb, &actions, nullptr, argv.data(), environ) == 0) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
     int status = 0;
-    while (waitpid(gdb, &status, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(gdb, SIGKILL);
-        waitpid(gdb, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
+    if (!Eventually([&] { return waitpid(gdb, &status, WNOHANG) != 0; }, absl::Seconds(60))) {
+      kill(gdb, SIGKILL);
+      waitpid(gdb, &status, 0);
     }
   }
   posix_spawn_file_actions_destroy(&actions);
@@ -237,13 +233,12 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
   }
-  const absl::Time deadline = absl::Now() + timeout;
   int remaining = 0;
   for (int r = 0; r < world_size; ++r) {
     if (pids[r] > 0) ++remaining;
   }
-  bool killed = false;
-  while (remaining > 0) {
+  // Reaps the workers that exited; true once none is left.
+  auto reap = [&] {
     for (int r = 0; r < world_size; ++r) {
       if (pids[r] <= 0) continue;
       int status = 0;
@@ -255,23 +250,24 @@ std::vector<WorkerResult> RunWorkersOnce(const std::string& scenario, int world_
         --remaining;
       }
     }
-    if (remaining == 0) break;
-    if (!killed && absl::Now() > deadline) {
-      for (int r = 0; r < world_size; ++r) {
-        if (pids[r] > 0) AppendStacks(pids[r], logs[r]);
-      }
-      for (int r = 0; r < world_size; ++r) {
-        if (pids[r] > 0) {
-          results[r].timed_out = true;
-          kill(pids[r], SIGKILL);
-        }
-      }
-      killed = true;
+    return remaining == 0;
+  };
+  bool unreaped = false;
+  if (!Eventually(reap, timeout)) {
+    for (int r = 0; r < world_size; ++r) {
+      if (pids[r] > 0) AppendStacks(pids[r], logs[r]);
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    for (int r = 0; r < world_size; ++r) {
+      if (pids[r] > 0) {
+        results[r].timed_out = true;
+        kill(pids[r], SIGKILL);
+      }
+    }
+    unreaped = !Eventually(reap, absl::Seconds(30));
   }
   for (int r = 0; r < world_size; ++r) {
     results[r].output = ReadFile(logs[r]);
+    if (unreaped && pids[r] > 0) results[r].output += "not reaped after SIGKILL\n";
     unlink(logs[r].c_str());
   }
   return results;

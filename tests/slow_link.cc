@@ -69,6 +69,7 @@ SlowLink::SlowLink(int listen_fd, int target_port, absl::Duration delay)
 
 SlowLink::~SlowLink() {
   stop_.store(true);
+  stopping_.Notify();
   if (acceptor_.joinable()) acceptor_.join();
   std::vector<std::thread> relays;
   {
@@ -92,9 +93,9 @@ void SlowLink::AcceptLoop() {
 }
 
 void SlowLink::Relay(int client) {
-  // The link's latency: nothing moves until the delay has passed.
-  const absl::Time until = absl::Now() + delay_;
-  while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  // The link's latency (what the link simulates): nothing moves until the
+  // delay has passed, or the link stops.
+  (void)stopping_.WaitForNotificationWithTimeout(delay_);
   const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in to = Loopback(target_port_);
   if (stop_.load() || server < 0 ||

@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace baton::testing {
@@ -54,6 +55,7 @@ class SlowLink {
   const absl::Duration delay_;
   std::string address_;
   std::atomic<bool> stop_{false};
+  absl::Notification stopping_;  // notified with stop_ set: ends the relays' delays
   std::atomic<int> accepted_{0};
   std::atomic<int64_t> bytes_to_target_{0};
   std::atomic<int> cuts_{0};

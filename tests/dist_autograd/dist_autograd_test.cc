@@ -120,7 +120,7 @@ Worker Start(absl::Duration shutdown_timeout = absl::Seconds(30)) {
   });
   (void)r.Register(pid_fn, [] { return static_cast<int64_t>(getpid()); });
   (void)r.Register(slow_fn, [](at::Tensor x) {
-    absl::SleepFor(absl::Milliseconds(400));
+    absl::SleepFor(absl::Milliseconds(400));  // slow work; not synchronization
     return x * 2;
   });
   g_bye = new absl::Notification();
@@ -149,13 +149,11 @@ void ExpectNoContexts(RpcAgent& agent, int skip = -1) {
   for (const auto& peer : agent.workers()) {
     if (peer.id == skip) continue;
     int64_t n = 0;
-    while ((n = agent.rpc_sync(peer.id, live_fn)) != 0) {
-      if (absl::Now() > deadline) {
-        std::fprintf(stderr, "worker %s still holds %ld contexts\n", peer.name.c_str(),
-                     static_cast<long>(n));
-        std::_Exit(1);
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+    if (!baton::testing::Eventually([&] { return (n = agent.rpc_sync(peer.id, live_fn)) == 0; },
+                                    deadline - absl::Now())) {
+      std::fprintf(stderr, "worker %s still holds %ld contexts\n", peer.name.c_str(),
+                   static_cast<long>(n));
+      std::_Exit(1);
     }
   }
 }
@@ -579,17 +577,16 @@ BATON_SCENARIO(dead_participant) {
       absl::Status s = Backward(agent, ctx.id(), {y.sum()}, false, absl::Seconds(10));
       WCHECK(!s.ok() && absl::StrContains(s.message(), "'w1'"));
     }
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (agent.rpc_sync(2, live_fn) != 0) {
-      WCHECK(absl::Now() < deadline);
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    WCHECK(baton::testing::Eventually([&] { return agent.rpc_sync(2, live_fn) == 0; },
+                                      absl::Seconds(20)));
     WCHECK(LiveContexts(agent).empty());
     agent.rpc_sync(2, bye_fn);
     (void)agent.Shutdown();
     return 0;
   }
   if (agent.self().id == 1) {
+    // Waits to be killed (SIGKILL, above); 60 s only bounds it. Not
+    // synchronization.
     absl::SleepFor(absl::Seconds(60));
     return 2;
   }
@@ -614,26 +611,21 @@ BATON_SCENARIO(dead_root) {
   }
   if (agent.self().id == 0) {
     // First the root's context arrives here (w1's nested call)...
-    const absl::Time arrive = absl::Now() + absl::Seconds(30);
-    while (LiveContexts(agent).empty()) {
-      WCHECK(absl::Now() < arrive);
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    WCHECK(baton::testing::Eventually([&] { return !LiveContexts(agent).empty(); },
+                                      absl::Seconds(30)));
     // ... then, once w1 is dead, it leaves here and on w2. (The bound leaves
     // room for a loaded CI machine: a probe takes up to 2 s per worker.)
     const absl::Time arrived = absl::Now();
-    const absl::Time deadline = arrived + absl::Seconds(30);
-    while (!(LiveContexts(agent).empty() && agent.rpc_sync(2, live_fn) == 0)) {
-      if (absl::Now() > deadline) {
-        std::fprintf(stderr,
-                     "contexts of the dead root still held after %s: w0 %zu, w2 %ld; w0 saw %ld "
-                     "peer failure(s)\n",
-                     absl::FormatDuration(absl::Now() - arrived).c_str(),
-                     LiveContexts(agent).size(), static_cast<long>(agent.rpc_sync(2, live_fn)),
-                     static_cast<long>(agent.stats().peer_failures));
-        return 1;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
+    if (!baton::testing::Eventually(
+            [&] { return LiveContexts(agent).empty() && agent.rpc_sync(2, live_fn) == 0; },
+            absl::Seconds(30))) {
+      std::fprintf(stderr,
+                   "contexts of the dead root still held after %s: w0 %zu, w2 %ld; w0 saw %ld "
+                   "peer failure(s)\n",
+                   absl::FormatDuration(absl::Now() - arrived).c_str(), LiveContexts(agent).size(),
+                   static_cast<long>(agent.rpc_sync(2, live_fn)),
+                   static_cast<long>(agent.stats().peer_failures));
+      return 1;
     }
     if (agent.stats().peer_failures < 1) {
       std::fprintf(stderr,

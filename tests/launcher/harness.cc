@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "testing/eventually.h"
 
 extern char** environ;
 
@@ -56,28 +57,22 @@ std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
 }
 
 bool WaitForFile(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!FileExists(path)) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
+  return ::baton::testing::Eventually([&] { return FileExists(path); }, timeout);
 }
 
 bool WaitForPort(int port, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    if (up) return true;
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  return ::baton::testing::Eventually(
+      [&] {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        addr.sin_port = htons(static_cast<uint16_t>(port));
+        const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+        ::close(fd);
+        return up;
+      },
+      timeout);
 }
 
 std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
@@ -106,16 +101,17 @@ std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
 }
 
 std::vector<pid_t> KillMarked(const std::string& marker) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
   std::vector<pid_t> alive = ProcessesWithMarker(marker);
-  while (!alive.empty() && absl::Now() < deadline) {
-    for (pid_t p : alive) ::kill(p, SIGKILL);
-    // Reap any that are our own children.
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-    alive = ProcessesWithMarker(marker);
-  }
+  (void)::baton::testing::Eventually(
+      [&] {
+        for (pid_t p : alive) ::kill(p, SIGKILL);
+        // Reap any that are our own children.
+        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+        }
+        alive = ProcessesWithMarker(marker);
+        return alive.empty();
+      },
+      absl::Seconds(5));
   return alive;
 }
 
@@ -172,19 +168,14 @@ Launcher::~Launcher() {
 
 int Launcher::Wait(absl::Duration timeout) {
   if (reaped_) return code_;
-  const absl::Time deadline = absl::Now() + timeout;
   int status = 0;
-  while (true) {
-    pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) break;
-    if (absl::Now() >= deadline) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      reaped_ = true;
-      code_ = -1;
-      return code_;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
+  if (!::baton::testing::Eventually([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; },
+                                    timeout)) {
+    ::kill(-pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+    code_ = -1;
+    return code_;
   }
   reaped_ = true;
   code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

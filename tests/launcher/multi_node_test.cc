@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/first_connection.h"
 #include "tests/launcher/fixture.h"
 
 namespace baton::launcher::testing {
@@ -56,9 +57,12 @@ class MultiNodeTest : public LauncherTest {
 };
 
 TEST_F(MultiNodeTest, TwoNodesGetConsistentGlobalRanks) {
-  // Node 1 starts first: it waits for the master node's store.
+  // Node 1 starts first: it waits for the master node's store. Its first
+  // try finds no store (the test's listener takes the connection and drops
+  // it); only then does the master node start.
   auto n1 = Node("2", 1, "env");
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(::baton::testing::AcceptAndDropOneConnection(rdzv_port_, kJobTimeout))
+      << n1->Output();
   auto n0 = Node("2", 0, "env");
   ASSERT_EQ(n0->Wait(kJobTimeout), 0) << n0->Output();
   ASSERT_EQ(n1->Wait(kJobTimeout), 0) << n1->Output();

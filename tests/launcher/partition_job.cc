@@ -77,13 +77,14 @@ int Run(int argc, char** argv) {
                      : absl::StrCat(absl::StatusCodeToString(r.status().code()), " ",
                                     r.status().message()))
           << std::endl;
+      // The calls' pace (one every 100 ms); not synchronization.
       absl::SleepFor(absl::Milliseconds(100) - (absl::Now() - start));
     }
     const absl::Time until = absl::Now() + absl::Seconds(finish_timeout_s);
     absl::Status fin;
     do {
       fin = (*agent)->rpc_async(CallOptions{absl::Seconds(3)}, 1, finish_fn).result().status();
-      if (!fin.ok()) absl::SleepFor(absl::Milliseconds(200));  // a retry's pace
+      if (!fin.ok()) absl::SleepFor(absl::Milliseconds(200));  // a retry's pace, not a wait
     } while (!fin.ok() && absl::Now() < until);
     if (!fin.ok()) return Fail(absl::StrCat("finish(): ", fin.ToString()));
     if (!last_ok) return Fail("the last echo() failed");

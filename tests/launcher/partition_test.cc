@@ -170,7 +170,7 @@ TEST_F(PartitionTest, AParameterServerJobReachesItsAccuracyThroughATenSecondPart
       [&] { return absl::StrContains(nodes_[0]->Output(), "] step 200 "); }, absl::Seconds(120)))
       << nodes_[0]->Output() << nodes_[1]->Output();
   Partition();
-  absl::SleepFor(absl::Seconds(10));  // the partition's length
+  absl::SleepFor(absl::Seconds(10));  // the partition's length (the scenario), not a wait
   Heal();
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(nodes_[n]->Wait(absl::Seconds(180)), 0) << "node " << n << "\n"

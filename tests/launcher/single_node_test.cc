@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/eventually.h"
 #include "tests/launcher/fixture.h"
 
 namespace baton::launcher::testing {
@@ -159,12 +160,12 @@ TEST_F(LauncherTest, KilledLauncherTakesItsWorkersAlong) {
     std::vector<std::string> f = absl::StrSplit(line, ' ');
     int pid = 0;
     ASSERT_TRUE(absl::SimpleAtoi(f[2], &pid));
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (::kill(pid, 0) == 0 &&
-           ReadFile(absl::StrCat("/proc/", pid, "/stat")).find(") Z") == std::string::npos &&
-           absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    (void)::baton::testing::Eventually(
+        [&] {
+          return ::kill(pid, 0) != 0 ||
+                 ReadFile(absl::StrCat("/proc/", pid, "/stat")).find(") Z") != std::string::npos;
+        },
+        absl::Seconds(5));
     std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
     EXPECT_TRUE(stat.empty() || stat.find(") Z") != std::string::npos)
         << "worker " << pid << " outlived the launcher";

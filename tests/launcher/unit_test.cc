@@ -328,7 +328,12 @@ TEST(Rendezvous, DuplicateNodeRankIsRejected) {
     Rendezvous r(&store, Config(1, 2, 2));
     (void)r.Join(0);
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  // Both nodes claiming rank 1 have joined round 0 (each took a member
+  // slot) before the host closes it.
+  EXPECT_TRUE(
+      store
+          .Wait({Rendezvous::Key(0, "member/0"), Rendezvous::Key(0, "member/1")}, absl::Seconds(10))
+          .ok());
   Rendezvous host(&store, Config(0, 2, 2));
   auto s = host.Join(0).status();
   t.join();

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "pipeline/model.h"
 #include "pipeline/schedule.h"
+#include "testing/eventually.h"
 
 namespace baton::pipeline {
 namespace {
@@ -359,7 +360,13 @@ TEST(PP5_FailureIsContained, AbortWakesAWaitingWorker) {
   auto s = OneFOneB({2, 2, 1});
   LocalPipeline pipe(*s, torch::kFloat32, 4);
   std::thread aborter([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    // Once worker 1 waits for stage 0's activation (its activity says so
+    // just before the wait; worker 0 never runs, so it stays there).
+    const bool waiting = baton::testing::Eventually([&] {
+      const StageRunner::Activity a = pipe.runner(1).CurrentActivity();
+      return a.step == 0 && a.waits_for_stage == 0;
+    });
+    EXPECT_TRUE(waiting);
     pipe.runner(1).Abort(0, absl::CancelledError("the driver gave up"));
   });
   StepInputs in{0, torch::Tensor(), MakeBatches(1, 4, torch::kFloat32)[0].y,

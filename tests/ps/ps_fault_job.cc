@@ -23,6 +23,7 @@
 #include "ps/module_binding.h"
 #include "ps/server.h"
 #include "rpc/agent.h"
+#include "testing/eventually.h"
 
 namespace {
 
@@ -98,10 +99,8 @@ int Run(const Flags& flags) {
   if (is_server) {
     // Serve until the trainers finished every step (bounded), then shut down
     // together with them.
-    const absl::Time deadline = absl::Now() + absl::Minutes(5);
-    while (server->shard().Stats().applied_clock < flags.steps && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    (void)baton::testing::Eventually(
+        [&] { return server->shard().Stats().applied_clock >= flags.steps; }, absl::Minutes(5));
     absl::Status s = (*agent)->Shutdown();
     std::printf("[%s] %s\n", me.c_str(), server->shard().Stats().DebugString().c_str());
     if (absl::Status st = server->Stop(); !st.ok()) return Fail(me, st);
@@ -131,7 +130,7 @@ int Run(const Flags& flags) {
                   loss.item<double>());
       std::fflush(stdout);
     }
-    absl::SleepFor(absl::Milliseconds(flags.step_delay_ms));
+    absl::SleepFor(absl::Milliseconds(flags.step_delay_ms));  // the training's pace (a flag)
   }
   if (absl::Status s = binding->Pull(); !s.ok()) return Fail(me, s);
   int code = 0;

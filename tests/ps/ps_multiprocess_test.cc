@@ -19,6 +19,7 @@
 #include "ps/module_binding.h"
 #include "ps/server.h"
 #include "rpc/agent.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -245,10 +246,8 @@ BATON_SCENARIO(ps_killed_trainer) {
   Worker w = Start(spec, 1, absl::Seconds(5));
   if (w.rank == 0) {
     // Serve until the two survivors finished every step.
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (w.server->shard().Stats().applied_clock < kKillSteps && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    (void)baton::testing::Eventually(
+        [&] { return w.server->shard().Stats().applied_clock >= kKillSteps; }, absl::Seconds(60));
     const ShardStats st = w.server->shard().Stats();
     std::printf("server: %s\n", st.DebugString().c_str());
     WCHECK(st.applied_clock == kKillSteps);

@@ -374,7 +374,7 @@ TEST(PsGuarantees, PS4_SspStalenessNeverExceedsBound) {
           if (finished[o].load() < c - kS) violated = true;
         }
         max_seen = std::max<int64_t>(max_seen, r->staleness);
-        if (t == 2) absl::SleepFor(absl::Milliseconds(5));  // the slow one
+        if (t == 2) absl::SleepFor(absl::Milliseconds(5));  // the slow trainer's work, not a wait
         finished[t] = c + 1;  // before the push, so a served pull implies it
         ASSERT_TRUE(cluster.Push(t, c, 0, torch::ones({64})).ok());
       }

@@ -482,7 +482,8 @@ TEST_F(AgentTest, ObserversComeAndGoWhileTrainingContinues) {
       ObserverOptions oo{"obs" + std::to_string(k)};
       if (k == 2) {
         // Goes silent after a while, as if SIGKILLed: it blocks and never
-        // calls again (quit's sleep outlasts observer_timeout).
+        // calls again (quit's sleep outlasts observer_timeout). The silence
+        // is the scenario, not synchronization.
         oo.quit = [&] {
           if (agent->stats().episodes >= 30 && !quiet.exchange(true)) {
             absl::SleepFor(absl::Milliseconds(800));

@@ -4,6 +4,7 @@
 #include "rpc/batcher.h"
 
 #include <atomic>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -11,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 
 namespace baton::rpc {
 namespace {
@@ -143,9 +145,24 @@ TEST_F(BatcherTest, NoThreadIsHeldWhileRequestsWait) {
   auto b = Make({1000, absl::Milliseconds(300)});
   std::vector<Future<int>> f;
   for (int i = 20; i < 220; ++i) f.push_back(b->Submit(i));
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(executor_.busy_threads(), 0);
-  EXPECT_EQ(executor_.num_threads(), 2);  // the pool did not grow
+  // Proof that whatever the 200 submissions handed the executor has
+  // started: tasks start in submission order (rpc/executor.h), so when a
+  // probe submitted after them runs, every earlier task has started, and
+  // one that holds a thread while its request waits shows as busy beside
+  // the probe. (The flush is 300 ms away: nothing is due yet.)
+  struct Probe {
+    int busy = -1, threads = -1;
+    absl::Notification ran;
+  };
+  auto probe = std::make_shared<Probe>();  // the task's too, should the wait time out
+  ASSERT_TRUE(executor_.Submit([this, probe] {
+    probe->busy = executor_.busy_threads();
+    probe->threads = executor_.num_threads();
+    probe->ran.Notify();
+  }));
+  ASSERT_TRUE(probe->ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(probe->busy, 1);     // the probe alone
+  EXPECT_EQ(probe->threads, 2);  // the pool did not grow
   EXPECT_EQ(b->stats().queued, 200);
   for (auto& x : f) ASSERT_TRUE(x.WaitFor(absl::Seconds(5)));
   EXPECT_EQ(batches().size(), 1u);

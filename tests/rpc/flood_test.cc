@@ -64,6 +64,7 @@
 #include "rpc/agent.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport/grpc/grpc_transport.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -222,7 +223,7 @@ void RunOtherCaller(RpcAgent* agent) {
                      r.ok() ? "wrong value" : r.status().ToString().c_str());
       }
     }
-    absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(5));  // the caller's pace; not synchronization
   }
 }
 
@@ -245,10 +246,7 @@ struct Tally {
     }
   }
   bool WaitFor(int64_t n, absl::Duration timeout) {
-    const absl::Time until = absl::Now() + timeout;
-    while (ok.load() + failed.load() < n && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    (void)baton::testing::Eventually([&] { return ok.load() + failed.load() >= n; }, timeout);
     return ok.load() + failed.load() == n;
   }
 };
@@ -463,7 +461,8 @@ int DeafAndCheck(RpcAgent* agent) {
   for (int i = 0; i < kDeafStreams; ++i) {
     deaf.push_back(new DeafStream(&stub, packet, identity));
   }
-  // Meanwhile w2's agent calls keep being answered (RunOtherCaller).
+  // Meanwhile w2's agent calls keep being answered (RunOtherCaller). The
+  // deaf period's length is the scenario, not a wait for an event.
   absl::SleepFor(kDeafTime);
   int64_t packets = 0;
   int ended = 0;

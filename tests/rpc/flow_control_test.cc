@@ -98,10 +98,7 @@ TEST(CallWindow, F4_AThreadThatMayNotWaitFailsAtOnceAndCloseWakesWaiters) {
   });
   // The waiter counts itself under the window's lock, which it gives up
   // only inside its wait: once counted, it waits (or is about to).
-  const absl::Time until = In(absl::Seconds(10));
-  while (window.stats().calls_waited < 2 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  EXPECT_TRUE(Eventually([&] { return window.stats().calls_waited >= 2; }));
   EXPECT_EQ(window.stats().calls_waited, 2);
   window.Close();
   // Close wakes it: it returns long before its own 30 s deadline.
@@ -185,6 +182,8 @@ TEST(RequestGate, F3_AFloodingPeerDelaysAnotherPeerByAtMostItsFanout) {
   for (int i = 0; i < 400; ++i) {
     ASSERT_TRUE(gate.Submit(0, 1,
                             [&, i] {
+                              // The request's work (it takes a while, so the
+                              // flood stays queued); not synchronization.
                               absl::SleepFor(absl::Microseconds(500));
                               absl::MutexLock lock(&mu);
                               order.push_back(i);
@@ -275,6 +274,7 @@ testing::LoopbackJobOptions Job(int64_t calls_w0, int64_t calls_w1,
     a.max_calls_in_flight = rank == 0 ? calls_w0 : calls_w1;
   };
   o.install = [latch](int, FunctionRegistry& r) {
+    // Slow work for the callee to run; not synchronization.
     ASSERT_TRUE(
         r.Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); }).ok());
     ASSERT_TRUE(r.Register(held_fn, [latch] { latch->Wait(); }).ok());

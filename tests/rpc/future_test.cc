@@ -1,4 +1,5 @@
 // Futures, the executor and the deadline timer.
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <thread>
@@ -39,12 +40,21 @@ TEST(Future, WaitTimesOut) {
   absl::Status s = p.future().Wait(absl::Milliseconds(50));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(45));
-  std::thread t([&] {
-    absl::SleepFor(absl::Milliseconds(30));
-    p.SetValue();
-  });
-  EXPECT_TRUE(p.future().Wait(absl::Seconds(5)).ok());
-  t.join();
+  // A wait that is under way when the value arrives returns with it. The
+  // wait runs on a pool thread, where it enters a BlockingScope (E2) after
+  // finding the future not ready: once the pool counts the thread as
+  // blocked, the wait is past its check and the value comes after it.
+  absl::Status waited = absl::UnknownError("never waited");
+  absl::Notification returned;
+  Executor ex({1, 2});  // joined before the two above go
+  ASSERT_TRUE(ex.Submit([&] {
+    waited = p.future().Wait(absl::Seconds(5));
+    returned.Notify();
+  }));
+  ASSERT_TRUE(baton::testing::Eventually([&] { return ex.blocked_threads() == 1; }));
+  EXPECT_TRUE(p.SetValue());
+  ASSERT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(waited.ok()) << waited;
 }
 
 TEST(Future, ThenRunsOnExecutorAndChains) {
@@ -118,7 +128,9 @@ TEST(Executor, GrowsWhenThreadsBlock) {
 TEST(Executor, BackToBackSubmitsNeverShareOneIdleThread) {
   for (int round = 0; round < 300; ++round) {
     Executor ex({/*min_threads=*/1, /*max_threads=*/8});
-    absl::SleepFor(absl::Microseconds(200));  // the thread is idle
+    // The one thread is idle: it went to sleep waiting for work (E4 counts
+    // it just before its wait, under the lock the submissions take).
+    ASSERT_TRUE(baton::testing::Eventually([&] { return ex.sleeps() >= 1; })) << "round " << round;
     absl::Notification second_ran, first_saw;
     ASSERT_TRUE(ex.Submit([&] {
       if (second_ran.WaitForNotificationWithTimeout(absl::Seconds(5))) first_saw.Notify();
@@ -286,11 +298,15 @@ TEST(DeadlineTimer, FiresInOrderAndCancels) {
   EXPECT_TRUE(timer.Cancel(id));
   EXPECT_FALSE(timer.Cancel(id));
   EXPECT_EQ(timer.Schedule(absl::InfiniteFuture(), [] {}), 0u);
-  // Wait (bounded) for both to fire; a loaded machine may run them late.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (timer.pending() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  absl::SleepFor(absl::Milliseconds(20));
+  // Wait (bounded; a loaded machine may run them late) for the last one,
+  // 3. Callbacks run one at a time on the timer thread in deadline order, so
+  // once 3 ran, the cancelled 2 (due before it) would have run too: its
+  // absence below is the cancel's doing, not a timer that never got there.
   absl::MutexLock l(&mu);
+  auto last_ran = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return std::find(order.begin(), order.end(), 3) != order.end();
+  };
+  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&last_ran), absl::Seconds(10)));
   EXPECT_EQ(order, (std::vector<int>{1, 3}));
   EXPECT_EQ(timer.pending(), 0u);
   EXPECT_GE(absl::Now() - now, absl::Milliseconds(60));

@@ -55,7 +55,15 @@ TEST(JobToken, WorkerWithAnotherTokenIsRejectedByTheStore) {
   absl::StatusOr<std::unique_ptr<RpcAgent>> a0;
   std::thread t0(
       [&] { a0 = RpcAgent::Create(Options(0, port, "the-jobs-token-0123"), Registry()); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // The job's store is up, with rank 0 registered in it, before the
+  // intruder comes: read with the job's token.
+  store::StoreClient member(
+      {absl::StrCat("127.0.0.1:", port), "the-jobs-token-0123", absl::Seconds(10)});
+  const absl::Status up = member.Get("baton/r1/worker/0", absl::Seconds(10)).status();
+  if (!up.ok()) {
+    t0.join();
+    FAIL() << "rank 0 never registered: " << up << "; rank 0: " << a0.status();
+  }
   auto a1 = RpcAgent::Create(Options(1, port, "an-intruders-token"), Registry());
   ASSERT_FALSE(a1.ok());
   EXPECT_EQ(a1.status().code(), absl::StatusCode::kUnauthenticated) << a1.status();

@@ -31,6 +31,7 @@ LoopbackJobOptions Options(int world) {
   o.world_size = world;
   o.install = [](int, FunctionRegistry& r) {
     ASSERT_TRUE(r.Register(echo_fn, [](int64_t v) { return v; }).ok());
+    // Slow work for the callee to run; not synchronization.
     ASSERT_TRUE(
         r.Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); }).ok());
     // Calls `target` from inside a remote function.

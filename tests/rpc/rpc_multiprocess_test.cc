@@ -16,6 +16,7 @@
 #include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
 #include "rpc/transport/grpc/grpc_transport.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 
@@ -31,6 +32,8 @@ const Function<at::Tensor(at::Tensor, at::Tensor)> add_fn("add");
 const Function<int64_t(int64_t)> echo_int_fn("echo_int");
 const Function<std::string(std::string)> boom_fn("boom");
 const Function<void(int64_t)> sleep_ms_fn("sleep_ms");
+// How many sleep_ms calls this worker has started.
+const Function<int64_t()> sleeps_started_fn("sleeps_started");
 const Function<int64_t()> pid_fn("pid");
 // Calls add on `target` with (x, x): a nested call made by a remote function.
 const Function<at::Tensor(std::string, at::Tensor)> relay_fn("relay");
@@ -41,13 +44,20 @@ const Function<at::Tensor(at::Tensor)> echo_tensor_fn("echo_tensor");
 const Function<at::Tensor(at::Tensor, int64_t)> add_int_fn("add_int");
 const Function<at::Tensor(at::Tensor, at::Tensor)> add_int_wrong_fn("add_int");
 
+std::atomic<int64_t> g_sleeps_started{0};
+
 std::shared_ptr<FunctionRegistry> MakeRegistry() {
   auto r = std::make_shared<FunctionRegistry>();
   (void)r->Register(add_fn, [](at::Tensor a, at::Tensor b) { return a + b; });
   (void)r->Register(echo_int_fn, [](int64_t v) { return v; });
   (void)r->Register(
       boom_fn, [](std::string what) -> std::string { throw std::runtime_error("boom: " + what); });
-  (void)r->Register(sleep_ms_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); });
+  // Slow work for the callee to run; not synchronization.
+  (void)r->Register(sleep_ms_fn, [](int64_t ms) {
+    g_sleeps_started.fetch_add(1);
+    absl::SleepFor(absl::Milliseconds(ms));
+  });
+  (void)r->Register(sleeps_started_fn, []() { return g_sleeps_started.load(); });
   (void)r->Register(pid_fn, []() { return static_cast<int64_t>(getpid()); });
   (void)r->Register(relay_fn, [](const CallContext& ctx, std::string target, at::Tensor x) {
     return ctx.agent->rpc_sync(target, add_fn, x, x);
@@ -357,7 +367,9 @@ BATON_SCENARIO(killed_peer) {
     const int64_t pid = agent->rpc_sync("w1", pid_fn);
     Future<void> slow =
         agent->rpc_async(CallOptions{absl::Seconds(60)}, "w1", sleep_ms_fn, int64_t{30000});
-    absl::SleepFor(absl::Milliseconds(300));
+    // Mid-call: w1 runs it.
+    WCHECK(baton::testing::Eventually([&] { return agent->rpc_sync("w1", sleeps_started_fn) >= 1; },
+                                      absl::Seconds(20)));
     const absl::Time t0 = absl::Now();
     kill(static_cast<pid_t>(pid), SIGKILL);
     absl::Status s = slow.Wait(absl::Seconds(10));
@@ -374,7 +386,8 @@ BATON_SCENARIO(killed_peer) {
     ExpectError(sd, absl::StatusCode::kDeadlineExceeded, {"missing rank 1"});
     return 0;
   }
-  // w1 waits to be killed.
+  // w1 waits to be killed (SIGKILL, above); 60 s only bounds it. Not
+  // synchronization.
   absl::SleepFor(absl::Seconds(60));
   return 2;
 }
@@ -445,6 +458,18 @@ int CountSockets() {
 }
 
 BATON_SCENARIO(init_shutdown_repeated) {
+  // Nothing may grow from round to round. gRPC's threads end a moment after
+  // the shutdown that stopped them, and nothing says when (measured: up to
+  // 150 ms, all of them), so each round waits (bounded) for the counts to
+  // come down: the first round to what the process had before any init,
+  // the later ones to what the first round left. Where gRPC keeps a few
+  // process-wide threads after first use, the first wait ends at its bound
+  // and what remains then is the bar.
+  const int threads_before = CountThreads(), sockets_before = CountSockets();
+  auto settle_to = [](int threads, int sockets) {
+    return baton::testing::Eventually(
+        [&] { return CountThreads() <= threads && CountSockets() <= sockets; }, absl::Seconds(10));
+  };
   int threads_after_first = -1, sockets_after_first = -1;
   for (int round = 0; round < 4; ++round) {
     auto agent = InitFromEnv();
@@ -452,17 +477,14 @@ BATON_SCENARIO(init_shutdown_repeated) {
     WCHECK(agent->rpc_sync(next, echo_int_fn, round) == round);
     WCHECK_OK(agent->Shutdown());
     agent.reset();
-    // gRPC keeps a few process-wide threads after first use; nothing may grow.
-    absl::SleepFor(absl::Milliseconds(200));
     if (round == 0) {
+      (void)settle_to(threads_before, sockets_before);
       threads_after_first = CountThreads();
       sockets_after_first = CountSockets();
-    } else {
-      if (CountThreads() > threads_after_first || CountSockets() > sockets_after_first) {
-        std::fprintf(stderr, "round %d: threads %d (first %d), sockets %d (first %d)\n", round,
-                     CountThreads(), threads_after_first, CountSockets(), sockets_after_first);
-        return 1;
-      }
+    } else if (!settle_to(threads_after_first, sockets_after_first)) {
+      std::fprintf(stderr, "round %d: threads %d (first %d), sockets %d (first %d)\n", round,
+                   CountThreads(), threads_after_first, CountSockets(), sockets_after_first);
+      return 1;
     }
   }
   return 0;

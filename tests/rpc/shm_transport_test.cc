@@ -3,6 +3,7 @@
 // frames checked byte for byte, by guarantee.
 #include "rpc/transport/shm/shm_transport.h"
 
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,21 +167,25 @@ TEST(ShmTransport, T3_PeerDeathIsNoticedAndSendsFailAfterwards) {
   ASSERT_EQ(pipe(to_parent), 0);
   const pid_t child = fork();
   if (child == 0) {
-    // The peer: opens the link, says so, and dies without cleaning up.
+    // The peer: opens the link, says so, and dies without cleaning up when
+    // the parent says (at most 30 s later).
     Recorder h1;
     auto t1 = *ShmTransport::Create({}, 1, 2, &h1);
     char name[256] = {};
     if (read(to_child[0], name, sizeof(name)) <= 0) _exit(2);
     if (!t1->OpenLink(0, name, t0->hub_name(), getppid()).ok()) _exit(3);
     (void)!write(to_parent[1], "k", 1);
-    usleep(200 * 1000);
+    pollfd die{to_child[0], POLLIN, 0};
+    (void)poll(&die, 1, 30'000);
     _exit(0);
   }
   LinkedChild linked;
   ASSERT_NO_FATAL_FAILURE(linked.Link(*t0, child, to_child[1], to_parent[0]));
   EXPECT_EQ(t0->Activate(), std::vector<int>{1});
   ASSERT_TRUE(t0->connected(1));
+  // Linked and connected: now the peer dies.
   const absl::Time start = absl::Now();
+  ASSERT_EQ(write(to_child[1], "d", 1), 1);
   ASSERT_TRUE(h0.WaitClosed(absl::Seconds(5)));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   {

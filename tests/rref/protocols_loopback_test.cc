@@ -183,17 +183,16 @@ TEST(RRefOverLoopback, G2_G3_ControlMessagesDeliveredInReverseOrderStillSettle) 
   // Deliver what is parked newest first, again and again (delivery causes
   // more messages, parked too) until the protocol settles.
   int64_t released = 0;
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < until) {
-    j.job->network().WaitIdle(absl::Seconds(5));
-    absl::SleepFor(absl::Milliseconds(20));
-    const size_t n = j.job->network().ReleaseHeld(/*reverse=*/true);
-    released += static_cast<int64_t>(n);
-    if (n == 0 && j.rrefs[0]->DebugState().empty() && j.rrefs[1]->DebugState().empty() &&
-        j.rrefs[2]->DebugState().empty()) {
-      break;
-    }
-  }
+  const bool settled = baton::testing::Eventually(
+      [&] {
+        j.job->network().WaitIdle(absl::Seconds(5));
+        const size_t n = j.job->network().ReleaseHeld(/*reverse=*/true);
+        released += static_cast<int64_t>(n);
+        return n == 0 && j.rrefs[0]->DebugState().empty() && j.rrefs[1]->DebugState().empty() &&
+               j.rrefs[2]->DebugState().empty();
+      },
+      absl::Seconds(20));
+  EXPECT_TRUE(settled);
   EXPECT_GT(released, 30);
   j.job->network().SetRule(nullptr);
   j.ExpectEmpty(absl::Seconds(10));
@@ -499,12 +498,12 @@ TEST(DistAutogradOverLoopback, D4_ContextsOfAKilledRootAreReleasedOnEveryPartici
     ASSERT_EQ(dist_autograd::LiveContexts(j.agent(1)).size(), 1u);
     ASSERT_EQ(dist_autograd::LiveContexts(j.agent(2)).size(), 1u);
     ASSERT_TRUE(j.job->Kill(0).ok());
-    const absl::Time until = absl::Now() + absl::Seconds(10);
-    while ((!dist_autograd::LiveContexts(j.agent(1)).empty() ||
-            !dist_autograd::LiveContexts(j.agent(2)).empty()) &&
-           absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    (void)baton::testing::Eventually(
+        [&] {
+          return dist_autograd::LiveContexts(j.agent(1)).empty() &&
+                 dist_autograd::LiveContexts(j.agent(2)).empty();
+        },
+        absl::Seconds(10));
     EXPECT_TRUE(dist_autograd::LiveContexts(j.agent(1)).empty());
     EXPECT_TRUE(dist_autograd::LiveContexts(j.agent(2)).empty());
     EXPECT_GE(j.agent(1).stats().peer_failures + j.agent(2).stats().peer_failures, 1);

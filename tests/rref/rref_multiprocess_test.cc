@@ -15,6 +15,7 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rref/rref.h"
+#include "testing/eventually.h"
 #include "tests/multiprocess.h"
 #include "tests/multiprocess_gtest.h"
 #include "tests/rref/fault_injection.h"
@@ -180,6 +181,7 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
     *g_received = ps;
     g_got->Notify();
   });
+  // Slow work for the callee to run (these two); not synchronization.
   (void)r.Register(sleep_fn, [](int64_t ms) { absl::SleepFor(absl::Milliseconds(ms)); });
   (void)r.Register(slow_tensor_fn, [](int64_t ms) {
     absl::SleepFor(absl::Milliseconds(ms));
@@ -215,12 +217,10 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
 void ExpectAllEmpty(Worker& w) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   for (const auto& peer : w.agent->workers()) {
-    while (w.agent->rpc_sync(peer.id, debug_count_fn) != 0) {
-      if (absl::Now() > deadline) {
-        std::fprintf(stderr, "worker %s still has RRefs\n", peer.name.c_str());
-        std::_Exit(1);
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+    if (!baton::testing::Eventually([&] { return w.agent->rpc_sync(peer.id, debug_count_fn) == 0; },
+                                    deadline - absl::Now())) {
+      std::fprintf(stderr, "worker %s still has RRefs\n", peer.name.c_str());
+      std::_Exit(1);
     }
   }
 }
@@ -444,6 +444,8 @@ BATON_SCENARIO(dead_owner) {
     WCHECK(absl::Now() - t1 < absl::Seconds(15));
     return 0;
   }
+  // w1 waits to be killed (SIGKILL, above); 60 s only bounds it. Not
+  // synchronization.
   absl::SleepFor(absl::Seconds(60));
   return 2;
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "dist_autograd/dist_autograd.h"
+#include "testing/eventually.h"
 #include "tests/soak/soak_common.h"
 
 namespace baton::soak {
@@ -263,7 +264,7 @@ int RunHub(Worker& w) {
     }
   }
   const absl::Time start = absl::Now();
-  absl::SleepFor(absl::Seconds(w.flags.warm_s));  // the warm-up period of the load
+  absl::SleepFor(absl::Seconds(w.flags.warm_s));  // the load's warm-up period, not a wait
   const int64_t hub_fds0 = CountOpenFds();
   const FdKinds hub_fd_kinds0 = OpenFdKinds();
   auto ps0 = w.agent->rpc_async(CallTimeout(w.flags), kPs, ps_state_fn).result();
@@ -271,7 +272,8 @@ int RunHub(Worker& w) {
   Say(w.name, absl::StrCat("WARM hub_fds=", hub_fds0, " ps_fds=", ps_fds0));
 
   // 2. Load until the end of the run, then stop the trainers.
-  absl::SleepFor(start + absl::Seconds(w.flags.duration_s) - absl::Now());  // the load phase
+  // The load phase's length (the scenario), not a wait for an event.
+  absl::SleepFor(start + absl::Seconds(w.flags.duration_s) - absl::Now());
   {
     absl::MutexLock lock(&hub->mu);
     hub->stop = true;
@@ -301,12 +303,14 @@ int RunHub(Worker& w) {
     incarnations = hub->incarnations;
     for (const auto& [rank, n] : incarnations) restarts += n - 1;
   }
-  const absl::Time settle_deadline = absl::Now() + absl::Seconds(20);
-  EndState end = MeasureEnd(*hub);
-  while (!end.Settled(restarts) && absl::Now() < settle_deadline) {
-    absl::SleepFor(absl::Milliseconds(100));  // polls counters with no notification
-    end = MeasureEnd(*hub);
-  }
+  // Polls counters with no notification.
+  EndState end;
+  (void)baton::testing::Eventually(
+      [&] {
+        end = MeasureEnd(*hub);
+        return end.Settled(restarts);
+      },
+      absl::Seconds(20));
   // Deaths per rank, on the hub and the PS: confirmations, and those that
   // came while the incarnation then current went on calling (more than a
   // second later: not a call in flight), i.e. stale ones.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/tls.h"
 #include "proto/store.grpc.pb.h"
@@ -20,6 +21,7 @@
 #include "store/store_server.h"
 #include "testing/etcd_server.h"
 #include "testing/eventually.h"
+#include "testing/first_connection.h"
 #include "tests/slow_link.h"
 
 namespace baton::store {
@@ -72,6 +74,9 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
       store_ = &server_->store();
     }
   }
+  // Blocking calls that wait in the backend for keys now.
+  int Waiting() { return etcd_ != nullptr ? etcd_->waiting() : server_->store().waiting(); }
+
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<StoreClient> client_;
   std::unique_ptr<EtcdStore> etcd_;
@@ -90,16 +95,20 @@ TEST_P(StoreTest, SetGetDeleteNumKeys) {
 }
 
 TEST_P(StoreTest, GetBlocksUntilSet) {
-  std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    ASSERT_TRUE(store_->Set("late", "v").ok());
+  absl::StatusOr<std::string> v = absl::UnknownError("never returned");
+  absl::Notification returned;
+  std::thread getter([&] {
+    v = store_->Get("late", absl::Seconds(10));
+    returned.Notify();
   });
-  const absl::Time t0 = absl::Now();
-  auto v = store_->Get("late", absl::Seconds(5));
-  setter.join();
+  // The Get reached the store, found no key and waits for it; only then is
+  // the key set.
+  EXPECT_TRUE(baton::testing::Eventually([&] { return Waiting() == 1; }));
+  EXPECT_FALSE(returned.HasBeenNotified());
+  EXPECT_TRUE(store_->Set("late", "v").ok());
+  getter.join();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "v");
-  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(90));
 }
 
 TEST_P(StoreTest, GetTimesOutNamingKey) {
@@ -183,22 +192,26 @@ TEST(StoreClient, RejectsWrongToken) {
 }
 
 TEST(StoreClient, RetriesUntilServerStarts) {
-  // Reserve a port, release it, start the server there a little later.
+  // Reserve a port, release it, start the server there once the client has
+  // tried it and failed.
   auto probe = *StoreServer::Start({});
   const int port = probe->port();
   probe->Shutdown();
   probe.reset();
   const std::string address = "127.0.0.1:" + std::to_string(port);
-  std::unique_ptr<StoreServer> late;
-  std::thread starter([&] {
-    absl::SleepFor(absl::Milliseconds(300));
-    late = *StoreServer::Start({address, ""});
+  absl::Status s = absl::UnknownError("never returned");
+  std::thread setter([&] {
+    StoreClient client({address, "", absl::Seconds(10)});
+    s = client.Set("k", "v");
   });
-  StoreClient client({address, "", absl::Seconds(10)});
-  absl::Status s = client.Set("k", "v");
-  starter.join();
+  // The client's first connection finds no server (the test's listener
+  // takes it and drops it); then the server starts.
+  EXPECT_TRUE(baton::testing::AcceptAndDropOneConnection(port, absl::Seconds(10)));
+  auto late = StoreServer::Start({address, ""});
+  setter.join();
+  ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(*late->store().Get("k", absl::Seconds(1)), "v");
+  EXPECT_EQ(*(*late)->store().Get("k", absl::Seconds(1)), "v");
 }
 
 // A connection whose handshake takes longer than the reconnect backoff
