@@ -3,8 +3,6 @@
 
 #include <string>
 
-#include <torch/csrc/utils/pybind.h>
-
 namespace baton::python {
 namespace {
 
@@ -24,12 +22,6 @@ void Raise(const absl::Status& s) {
 
 void Check(const absl::Status& s) {
   if (!s.ok()) Raise(s);
-}
-
-absl::Duration Seconds(std::optional<double> s, absl::Duration fallback) {
-  if (!s.has_value()) return fallback;
-  if (*s <= 0) return absl::InfiniteDuration();
-  return absl::Seconds(*s);
 }
 
 py::object ToPython(const PyObj& v) {

@@ -7,7 +7,7 @@
 // - Raise() and Check() raise baton._C.StatusError(code, message), code
 //   being the absl::StatusCode number (baton/_errors.py maps it to torch's
 //   exception classes); the type is set once at import (SetStatusErrorType).
-// - Seconds(): None is `fallback`; a value <= 0 is no limit.
+// - Timeouts from Python go through Seconds() (agent_options.h).
 //
 // Thread-safety: Raise and Check take the GIL themselves; the rest run
 // under the GIL unless they say otherwise.
@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "python/src/agent_options.h"
 #include "python/src/py_value.h"
 #include "rref/rref.h"
 
@@ -38,8 +39,6 @@ void SetStatusErrorType(PyObject* type);
 
 [[noreturn]] void Raise(const absl::Status& s);
 void Check(const absl::Status& s);
-
-absl::Duration Seconds(std::optional<double> s, absl::Duration fallback);
 
 // A value handed to Python: (True, obj) for a live object, (False, (bytes,
 // [Tensor], [RRef])) for pickled parts that the Python layer unpickles.

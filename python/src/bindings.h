@@ -1,7 +1,9 @@
-// The binding files of baton._C, one per subsystem, as PyTorch's
-// torch/csrc/distributed/rpc/init.cpp and autograd/init.cpp are: module.cc
-// calls each once at import, in this order (futures and the agent first:
-// the others refer to their classes).
+// The binding functions of baton._C's subsystem files, one file per
+// subsystem as PyTorch's torch/csrc/distributed/rpc/init.cpp and
+// autograd/init.cpp are (futures and the agent are bound by py_future.h's
+// BindFutures and py_agent.h's BindAgent; torch's futures, autograd nodes
+// and profiler by their own headers). module.cc calls each once at import,
+// futures and the agent first: the others refer to their classes.
 //
 // Thread-safety: called once, under the GIL, while the module is imported.
 #ifndef BATON_PYTHON_SRC_BINDINGS_H_

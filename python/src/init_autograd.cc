@@ -10,7 +10,10 @@
 
 #include "dist_autograd/dist_autograd.h"
 #include "python/src/autograd_context.h"
+#include "python/src/binding.h"
 #include "python/src/bindings.h"
+#include "python/src/py_agent.h"
+#include "python/src/torch_agent.h"
 
 namespace baton::python {
 namespace {

@@ -18,10 +18,10 @@
 namespace baton::python {
 
 absl::StatusOr<dist_optim::OptimizerOptions> OptimizerOptionsFrom(const std::string& kind,
-                                                                  const py::dict& kw) {
+                                                                  const py::dict& kwargs) {
   using dist_optim::OptimizerOptions;
   OptimizerOptions o;
-  const double lr = kw.contains("lr") ? kw["lr"].cast<double>() : -1;
+  const double lr = kwargs.contains("lr") ? kwargs["lr"].cast<double>() : -1;
   if (kind == "SGD") {
     if (lr < 0) return absl::InvalidArgumentError("SGD needs lr");
     o = OptimizerOptions::SGD(lr);
@@ -36,7 +36,7 @@ absl::StatusOr<dist_optim::OptimizerOptions> OptimizerOptionsFrom(const std::str
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown optimizer ", kind));
   }
-  for (auto item : kw) {
+  for (auto item : kwargs) {
     const std::string key = py::str(item.first);
     py::handle v = item.second;
     if (key == "lr") continue;

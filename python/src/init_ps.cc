@@ -15,7 +15,10 @@
 #include "ps/client.h"
 #include "ps/server.h"
 #include "ps/spec.h"
+#include "python/src/binding.h"
 #include "python/src/bindings.h"
+#include "python/src/py_agent.h"
+#include "python/src/py_future.h"
 
 namespace baton::python {
 namespace {

@@ -121,45 +121,6 @@ Future<PyObj> RunPython(const PyRef& runner, const PyRuntime* pickle_with, GilPr
 
 }  // namespace
 
-absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
-                                                   const EnvLookup& env) {
-  auto lookup = [&](absl::string_view var) -> std::optional<std::string> {
-    if (var == kEnvRank && config.rank.has_value()) return std::to_string(*config.rank);
-    if (var == kEnvWorldSize && config.world_size.has_value()) {
-      return std::to_string(*config.world_size);
-    }
-    if (var == "BATON_WORKER_NAME" && !config.name.empty()) return config.name;
-    if (var == kEnvMasterAddr && config.master_addr.has_value()) return *config.master_addr;
-    if (var == kEnvMasterPort && config.master_port.has_value()) {
-      return std::to_string(*config.master_port);
-    }
-    return env(var);
-  };
-  absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv("worker", lookup);
-  if (!options.ok()) return Annotate(options.status(), "init_rpc");
-  // Each duration's rule for a value <= 0, in one place.
-  struct Duration {
-    const std::optional<double>& seconds;
-    absl::Duration& into;
-    absl::Duration at_most_zero;
-  };
-  const Duration durations[] = {
-      {config.rpc_timeout, options->rpc_timeout, absl::InfiniteDuration()},
-      {config.init_timeout, options->init_timeout, absl::InfiniteDuration()},
-      {config.shutdown_timeout, options->shutdown_timeout, absl::InfiniteDuration()},
-      {config.shutdown_wait_for_peers, options->shutdown_wait_for_peers, absl::InfiniteDuration()},
-      {config.restart_wait, options->restart_wait, absl::ZeroDuration()},
-  };
-  for (const Duration& d : durations) {
-    if (d.seconds.has_value())
-      d.into = *d.seconds <= 0 ? d.at_most_zero : absl::Seconds(*d.seconds);
-  }
-  if (config.parallelism.has_value()) options->parallelism = *config.parallelism;
-  options->device_maps = config.device_maps;
-  options->front_ends = {"python"};
-  return options;
-}
-
 std::shared_ptr<PyAgent> PyAgent::Create(const AgentConfig& config, py::function dumps,
                                          py::function run) {
   absl::StatusOr<rpc::AgentOptions> options = AgentOptionsFrom(config, [](absl::string_view var) {

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "python/src/agent_options.h"
 #include "python/src/binding.h"
 #include "python/src/py_future.h"
 #include "python/src/py_value.h"
@@ -40,50 +41,6 @@
 #include "rref/rref_service.h"
 
 namespace baton::python {
-
-// Something installed on an agent's registry before the agent starts, and
-// stopped once the agent stopped serving.
-class RegistryInstaller {
- public:
-  virtual ~RegistryInstaller() = default;
-  virtual absl::Status Install(rpc::FunctionRegistry& registry) = 0;
-  virtual absl::Status Stop() { return absl::OkStatus(); }
-};
-
-// What init_rpc's options set; unset (None) fields come from the
-// environment or rpc::AgentOptions' defaults (AgentOptionsFrom).
-struct AgentConfig {
-  // Installed before the agent starts (a hosted PsServer).
-  std::vector<std::shared_ptr<RegistryInstaller>> installers;
-  std::string name;
-  // tcp://host:port in init_method, in front of MASTER_ADDR and MASTER_PORT.
-  std::optional<std::string> master_addr;
-  std::optional<int> master_port;
-  std::optional<int> rank;
-  std::optional<int> world_size;
-  // Seconds; <= 0: no limit (torch's convention). shutdown_wait_for_peers
-  // <= 0 waits as long as the missing workers live (torch's shutdown()).
-  std::optional<double> rpc_timeout;
-  std::optional<double> init_timeout;
-  std::optional<double> shutdown_timeout;
-  std::optional<double> shutdown_wait_for_peers;
-  // Seconds; <= 0: no wait (calls to a dead worker fail at once).
-  std::optional<double> restart_wait;
-  std::optional<int> parallelism;
-  // TensorPipeRpcBackendOptions.device_maps, as CUDA device indexes.
-  std::map<std::string, std::map<int, int>> device_maps;
-  // Drop-in mode: torch's agent starts right after the rendezvous (what
-  // TorchScript's requests need; one that arrives first waits for it).
-  bool torch_agent = false;
-};
-
-// Reads an environment variable (std::getenv, or a test's table).
-using EnvLookup = std::function<std::optional<std::string>(absl::string_view var)>;
-
-// The agent's options: `config`'s fields, the rest through FromEnv with
-// `env` (MASTER_ADDR, RANK, ... where the config has none); every
-// Python-side option reaches rpc::AgentOptions here and nowhere else.
-absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config, const EnvLookup& env);
 
 // The waits for the GIL of the Python functions a worker runs for others,
 // while profiling is on (torch's GIL profiling).

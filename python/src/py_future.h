@@ -12,8 +12,6 @@
 #ifndef BATON_PYTHON_SRC_PY_FUTURE_H_
 #define BATON_PYTHON_SRC_PY_FUTURE_H_
 
-#include <sched.h>
-
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,8 +21,6 @@
 #include <pybind11/pybind11.h>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "python/src/binding.h"
 #include "python/src/py_value.h"
 #include "rpc/future.h"
@@ -36,79 +32,28 @@ class PyFuture {
   explicit PyFuture(rpc::Future<PyObj> f, std::optional<rpc::Promise<PyObj>> p = std::nullopt)
       : future_(std::move(f)), promise_(std::move(p)) {}
   // A future completed from Python (torch.futures.Future()).
-  static std::shared_ptr<PyFuture> Make() {
-    rpc::Promise<PyObj> p;
-    return New(p.future(), p);
-  }
+  static std::shared_ptr<PyFuture> Make();
   static std::shared_ptr<PyFuture> New(rpc::Future<PyObj> f,
-                                       std::optional<rpc::Promise<PyObj>> p = std::nullopt) {
-    return std::shared_ptr<PyFuture>(new PyFuture(std::move(f), std::move(p)),
-                                     ReleaseGilDelete<PyFuture>());
-  }
+                                       std::optional<rpc::Promise<PyObj>> p = std::nullopt);
 
   bool done() const { return future_.ready(); }
 
   // The value; raises StatusError. timeout None or <= 0: no limit of its own
   // (an RPC's future completes by its deadline).
-  py::object Wait(std::optional<double> timeout) const {
-    if (!future_.ready()) {
-      py::gil_scoped_release nogil;
-      // A reply on one host often comes within microseconds: look again for
-      // a short while before sleeping (a wake-up costs more than the call).
-      const absl::Time spin_end = absl::Now() + absl::Microseconds(50);
-      while (!future_.ready() && absl::Now() < spin_end) sched_yield();
-      if (!future_.WaitFor(Seconds(timeout, absl::InfiniteDuration()))) {
-        Raise(absl::DeadlineExceededError(
-            absl::StrCat("future not complete after ", *timeout, " s")));
-      }
-    }
-    const auto& r = future_.result();
-    if (!r.ok()) Raise(r.status());
-    return ToPython(*r);
-  }
+  pybind11::object Wait(std::optional<double> timeout) const;
 
   // fn() runs under the GIL once the future completes (on the agent's
   // executor for RPC futures); its result completes the returned future.
-  std::shared_ptr<PyFuture> Then(py::function fn) const {
-    PyRef callback(std::move(fn));
-    rpc::Future<PyObj> next =
-        future_.Then([callback](const rpc::Future<PyObj>&) -> absl::StatusOr<PyObj> {
-          AcquireGil gil;
-          try {
-            PyObj out;
-            out.live = PyRef(callback.get()());
-            return out;
-          } catch (py::error_already_set& e) {
-            return StatusFromPython(e, "a future's callback");
-          }
-        });
-    return PyFuture::New(std::move(next));
-  }
+  std::shared_ptr<PyFuture> Then(pybind11::function fn) const;
 
-  bool SetResult(py::object value) {
-    CheckPromise("set_result");
-    PyObj v;
-    v.live = PyRef(std::move(value));
-    py::gil_scoped_release nogil;  // callbacks may run here and take the GIL
-    return promise_->SetValue(std::move(v));
-  }
-  bool SetError(int code, const std::string& message) {
-    CheckPromise("set_exception");
-    py::gil_scoped_release nogil;
-    return promise_->SetError(absl::Status(static_cast<absl::StatusCode>(code), message));
-  }
+  bool SetResult(pybind11::object value);
+  bool SetError(int code, const std::string& message);
 
   const rpc::Future<PyObj>& future() const { return future_; }
 
  private:
-  void CheckPromise(const char* what) const {
-    if (!promise_.has_value()) {
-      Raise(absl::FailedPreconditionError(
-          absl::StrCat(what,
-                       "() on a future returned by an RPC: only a Future() made by the "
-                       "user can be completed by hand")));
-    }
-  }
+  void CheckPromise(const char* what) const;
+
   rpc::Future<PyObj> future_;
   std::optional<rpc::Promise<PyObj>> promise_;
 };

@@ -1,0 +1,60 @@
+// AgentOptionsFrom and Seconds (agent_options.h).
+#include "python/src/agent_options.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/status.h"
+
+namespace baton::python {
+
+absl::Duration Seconds(std::optional<double> s, absl::Duration fallback) {
+  if (!s.has_value()) return fallback;
+  if (*s <= 0) return absl::InfiniteDuration();
+  return absl::Seconds(*s);
+}
+
+absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
+                                                   const EnvLookup& env) {
+  auto lookup = [&](absl::string_view var) -> std::optional<std::string> {
+    if (var == kEnvRank && config.rank.has_value()) return std::to_string(*config.rank);
+    if (var == kEnvWorldSize && config.world_size.has_value()) {
+      return std::to_string(*config.world_size);
+    }
+    if (var == "BATON_WORKER_NAME" && !config.name.empty()) return config.name;
+    if (var == kEnvMasterAddr && config.master_addr.has_value()) return *config.master_addr;
+    if (var == kEnvMasterPort && config.master_port.has_value()) {
+      return std::to_string(*config.master_port);
+    }
+    if (env) return env(var);
+    const char* v = std::getenv(std::string(var).c_str());
+    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+  };
+  absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv("worker", lookup);
+  if (!options.ok()) return Annotate(options.status(), "init_rpc");
+  // Each duration's rule for a value <= 0, here and nowhere else.
+  for (auto [seconds, into] : {std::pair{&config.rpc_timeout, &options->rpc_timeout},
+                               std::pair{&config.init_timeout, &options->init_timeout},
+                               std::pair{&config.shutdown_timeout, &options->shutdown_timeout}}) {
+    *into = Seconds(*seconds, *into);
+  }
+  // Waits as long as the missing workers live (torch's shutdown()).
+  options->shutdown_wait_for_peers =
+      Seconds(config.shutdown_wait_for_peers, options->shutdown_wait_for_peers);
+  if (config.restart_wait.has_value()) {
+    // Zero: calls to a dead worker fail at once.
+    if (*config.restart_wait < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_rpc: restart_wait is ", *config.restart_wait, " s; it must be >= 0 seconds"));
+    }
+    options->restart_wait = absl::Seconds(*config.restart_wait);
+  }
+  if (config.parallelism.has_value()) options->parallelism = *config.parallelism;
+  options->device_maps = config.device_maps;
+  options->front_ends = {"python"};
+  return options;
+}
+
+}  // namespace baton::python
