@@ -151,7 +151,11 @@ def forward_in_script(module: DoublerInterface, x: torch.Tensor) -> torch.Tensor
 def start_tensorpipe(store, name, rank, world_size, rpc_backend_options):
     """The init handler of a backend the program registers: it starts the
     TENSORPIPE backend and says so."""
-    print("BACKEND INIT", name, flush=True)
+    # Both workers print this to one pipe: one write(2) each, so that the
+    # lines cannot interleave (print() writes its pieces one by one when
+    # stdout is unbuffered).
+    sys.stdout.write(f"BACKEND INIT {name}\n")
+    sys.stdout.flush()
     return rpc.backend_registry.init_backend(rpc.BackendType.TENSORPIPE, store, name, rank,
                                              world_size, rpc_backend_options)
 
