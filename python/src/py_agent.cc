@@ -123,10 +123,8 @@ Future<PyObj> RunPython(const PyRef& runner, const PyRuntime* pickle_with, GilPr
 
 std::shared_ptr<PyAgent> PyAgent::Create(const AgentConfig& config, py::function dumps,
                                          py::function run) {
-  absl::StatusOr<rpc::AgentOptions> options = AgentOptionsFrom(config, [](absl::string_view var) {
-    const char* v = std::getenv(std::string(var).c_str());
-    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
-  });
+  // The process environment for what the config leaves unset.
+  absl::StatusOr<rpc::AgentOptions> options = AgentOptionsFrom(config, /*env=*/nullptr);
   Check(options.status());
 
   auto self = std::shared_ptr<PyAgent>(new PyAgent());
