@@ -6,8 +6,11 @@
 // at the servers' clock sees the data it would have seen. Servers checkpoint
 // every --checkpoint_every clocks and restore on restart. Each process prints
 // its pid once, and trainers print "step N" lines, for the test script to
-// pick a victim. Trainer 0 ends by checking every table is present and
-// finite, and the accuracy on fresh data, then prints RESULT OK.
+// pick a victim. With --hold_at=N --release_file=F, each trainer stops after
+// step N, prints "holding at step N" and waits until F exists (bounded), so
+// the script kills its victim mid-training however loaded the machine is:
+// a process that restarts after F exists does not hold again. Trainer 0 ends by checking every
+// table is present and finite, and the accuracy on fresh data, then prints RESULT OK.
 #include <unistd.h>
 
 #include <cstdio>
@@ -33,8 +36,20 @@ struct Flags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 20;
   int64_t steps = 300;
-  int64_t step_delay_ms = 10;  // gives the test time to kill mid-training
+  int64_t step_delay_ms = 10;  // the training's pace
+  int64_t hold_at = -1;        // < 0: never hold
+  std::string release_file;
 };
+
+// Waits until `path` exists, up to `deadline` (the script creates it once it
+// killed its victim).
+absl::Status WaitForFile(const std::string& path, absl::Duration deadline) {
+  if (baton::testing::Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }, deadline)) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat("release file ", path, " did not appear within ",
+                                                  absl::FormatDuration(deadline)));
+}
 
 torch::nn::Sequential MakeModel() {
   torch::manual_seed(0);
@@ -118,6 +133,7 @@ int Run(const Flags& flags) {
   const int64_t start = (*client)->clock();
   std::printf("[%s] resuming at step %lld\n", me.c_str(), static_cast<long long>(start));
   torch::Tensor loss;
+  bool held = false;
   for (int64_t step = start; step < flags.steps; step = (*client)->clock()) {
     if (absl::Status s = binding->Pull(); !s.ok()) return Fail(me, s);
     auto [x, y] = Batch(1000 * env->role_rank + step);
@@ -129,6 +145,15 @@ int Run(const Flags& flags) {
       std::printf("[%s] step %lld loss %.4f\n", me.c_str(), static_cast<long long>(step),
                   loss.item<double>());
       std::fflush(stdout);
+    }
+    if (!held && flags.hold_at >= 0 && step >= flags.hold_at &&
+        ::access(flags.release_file.c_str(), F_OK) != 0) {
+      held = true;
+      std::printf("[%s] holding at step %lld\n", me.c_str(), static_cast<long long>(step));
+      std::fflush(stdout);
+      if (absl::Status s = WaitForFile(flags.release_file, absl::Minutes(2)); !s.ok()) {
+        return Fail(me, s);
+      }
     }
     absl::SleepFor(absl::Milliseconds(flags.step_delay_ms));  // the training's pace (a flag)
   }
@@ -179,10 +204,18 @@ int main(int argc, char** argv) {
       (void)absl::SimpleAtoi(v, &flags.steps);
     } else if (const char* v = value("step_delay_ms")) {
       (void)absl::SimpleAtoi(v, &flags.step_delay_ms);
+    } else if (const char* v = value("hold_at")) {
+      (void)absl::SimpleAtoi(v, &flags.hold_at);
+    } else if (const char* v = value("release_file")) {
+      flags.release_file = v;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
+  }
+  if (flags.hold_at >= 0 && flags.release_file.empty()) {
+    std::fprintf(stderr, "--hold_at needs --release_file\n");
+    return 2;
   }
   return Run(flags);
 }

@@ -23,19 +23,23 @@ TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # run_and_kill NAME VICTIM BATON_RUN_FLAGS...: starts the job, waits until
-# trainer0 reached step 100, SIGKILLs VICTIM (e.g. "trainer1"), waits for
-# the job, and leaves its output in $TMP/NAME.log.
+# trainer0 holds after step 100 (the trainers wait there for the release
+# file, so the kill lands mid-training however slow this machine is),
+# SIGKILLs VICTIM (e.g. "trainer1"), releases the trainers, waits for the
+# job, and leaves its output in $TMP/NAME.log.
 run_and_kill() {
   local name=$1 victim=$2
   shift 2
   local log="$TMP/$name.log"
-  rm -rf "$TMP/$name.ckpt"
+  local release="$TMP/$name.release"
+  rm -rf "$TMP/$name.ckpt" "$release"
   # shellcheck disable=SC2086
   timeout 240 "$RUN" --standalone ${ROLES:---role ps:2 --role trainer:2} --tee "$@" \
-    "$JOB" --checkpoint_dir="$TMP/$name.ckpt" --steps=300 >"$log" 2>&1 &
+    "$JOB" --checkpoint_dir="$TMP/$name.ckpt" --steps=300 \
+    --hold_at=100 --release_file="$release" >"$log" 2>&1 &
   local job=$!
   local waited=0
-  until grep -q "\[trainer0\] step 100 " "$log"; do
+  until grep -q "\[trainer0\] holding at step" "$log"; do
     sleep 0.2
     waited=$((waited + 1))
     if [ $waited -gt 600 ] || ! kill -0 $job 2>/dev/null; then
@@ -48,6 +52,7 @@ run_and_kill() {
   [ -n "$pid" ] || fail "$name: no pid for $victim"
   echo "== $name: SIGKILL $victim (pid $pid) at step 100"
   kill -9 "$pid"
+  touch "$release"
   wait $job
   local code=$?
   cat "$log"
@@ -123,11 +128,12 @@ for n in 0 1 2; do
     timeout 240 "$RUN" --nnodes 2:3 --rdzv_last_call 3 --heartbeat_timeout 2 \
     --role ps:1 --role trainer:1 --tee --max_restarts 2 \
     --rdzv_backend etcd --rdzv_endpoint "127.0.0.1:$client_port" --rdzv_id ps-fault-host \
-    "$JOB" --checkpoint_dir="$TMP/host_kill.ckpt" --steps=300 >"$log" 2>&1 &
+    "$JOB" --checkpoint_dir="$TMP/host_kill.ckpt" --steps=300 \
+    --hold_at=100 --release_file="$TMP/host_kill.release" >"$log" 2>&1 &
   host_pids+=($!)
 done
 waited=0
-until cat "${host_logs[@]}" | grep -q "\[trainer0\] step 100 "; do
+until cat "${host_logs[@]}" | grep -q "\[trainer0\] holding at step"; do
   sleep 0.2
   waited=$((waited + 1))
   alive=0
@@ -147,6 +153,7 @@ agent_pid=$(pgrep -P "${host_pids[$victim]}" | head -1)
 [ -n "$agent_pid" ] || fail "host_kill: no baton-run under node $victim's timeout"
 echo "== host_kill: SIGKILL the node agent hosting the rendezvous (node $victim, pid $agent_pid)"
 kill -9 "$agent_pid"
+touch "$TMP/host_kill.release"
 wait "${host_pids[$victim]}" 2>/dev/null
 ok=0
 for n in 0 1 2; do
