@@ -357,7 +357,10 @@ TEST_F(AgentTest, R5_JoinDuringRoundIsAdmittedAtTheNextRound) {
   ASSERT_TRUE(a.WaitFor(absl::Seconds(5)));  // min_observers 1: starts at once
   EXPECT_EQ(a.result()->round, 0);
   auto b = agent->Join("b");
-  EXPECT_FALSE(b.WaitFor(absl::Milliseconds(100)));  // round 0 is running
+  // b's join was taken (Join records it before it returns), and it waits:
+  // round 0 is running.
+  ASSERT_EQ(agent->stats().joined, 2);
+  EXPECT_FALSE(b.WaitFor(absl::Milliseconds(100)));
   for (int t = 0; t < 10; ++t) {
     ASSERT_TRUE(agent->Act(a.result()->session, 0, t, {0, 0, 0, 0}).result().ok());
   }
@@ -374,6 +377,7 @@ TEST_F(AgentTest, R5_FirstRoundWaitsForMinObserversOrTheWait) {
   o.min_observers = 2;
   auto agent = Make(o);
   auto a = agent->Join("a");
+  ASSERT_EQ(agent->stats().joined, 1);  // taken, and waiting for a second
   EXPECT_FALSE(a.WaitFor(absl::Milliseconds(100)));
   auto b = agent->Join("b");
   ASSERT_TRUE(a.WaitFor(absl::Seconds(5)) && b.WaitFor(absl::Seconds(5)));

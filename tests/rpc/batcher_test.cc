@@ -179,14 +179,18 @@ TEST_F(BatcherTest, CloseFailsQueuedRequestsAndLaterSubmits) {
 TEST_F(BatcherTest, LoweringMaxBatchRunsWhatIsQueuedAtOnce) {
   auto b = Make({4, absl::Seconds(30)});
   auto f1 = b->Submit(1), f2 = b->Submit(2);
-  EXPECT_FALSE(f1.WaitFor(absl::Milliseconds(50)));  // 2 of 4: waits
-  b->set_max_batch(2);                               // e.g. two observers left
+  // Both reached the queue (Submit queues before it returns), and 2 of 4
+  // do not run.
+  ASSERT_EQ(b->stats().queued, 2);
+  EXPECT_FALSE(f1.WaitFor(absl::Milliseconds(50)));
+  b->set_max_batch(2);  // e.g. two observers left
   ASSERT_TRUE(f2.WaitFor(absl::Seconds(5)));
   EXPECT_EQ(f1.value() + f2.value(), 30);
   EXPECT_EQ(b->max_batch(), 2);
   // Raising it: the next two wait for a third.
   b->set_max_batch(3);
   auto f3 = b->Submit(3), f4 = b->Submit(4);
+  ASSERT_EQ(b->stats().queued, 2);
   EXPECT_FALSE(f3.WaitFor(absl::Milliseconds(50)));
   auto f5 = b->Submit(5);
   ASSERT_TRUE(f5.WaitFor(absl::Seconds(5)));

@@ -200,6 +200,7 @@ TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
   ASSERT_TRUE(job.ok()) << job.status();
   absl::Status early;
   absl::Notification early_done;
+  ASSERT_EQ((*job)->store().waiting(), 0);
   std::thread idle([&] {
     early = (*job)->agent(1).Shutdown();
     early_done.Notify();
@@ -207,6 +208,9 @@ TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
   // Worker 0 still works for longer than shutdown_timeout (a call to the
   // worker waiting at its shutdown included), then stops too.
   EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 7), 7);
+  // Worker 1 is in its shutdown's first step (it waits in the store for
+  // worker 0), and stays there past shutdown_timeout.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->store().waiting() == 1; }));
   EXPECT_FALSE(early_done.WaitForNotificationWithTimeout(absl::Seconds(1)));
   EXPECT_TRUE((*job)->agent(0).Shutdown().ok());
   idle.join();
@@ -245,11 +249,14 @@ TEST(LoopbackAgents, EnterShutdownAgreesAndCallsStillWorkUntilShutdown) {
   ASSERT_TRUE(job.ok()) << job.status();
   absl::Status entered1;
   absl::Notification one_entered;
+  ASSERT_EQ((*job)->store().waiting(), 0);
   std::thread t1([&] {
     entered1 = (*job)->agent(1).EnterShutdown();
     one_entered.Notify();
   });
-  // Worker 1 waits there for worker 0, which is still at work.
+  // Worker 1 waits there (in the store) for worker 0, which is still at
+  // work.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->store().waiting() == 1; }));
   EXPECT_FALSE(one_entered.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
   EXPECT_TRUE((*job)->agent(0).EnterShutdown().ok());
   t1.join();
