@@ -477,6 +477,8 @@ absl::StatusOr<std::shared_ptr<ReinforceAgent>> ReinforceAgent::Create(Reinforce
   ro.observer_timeout = options.observer_timeout;
   ro.solve_threshold = options.solve_threshold;
   ro.max_episodes = options.max_episodes;
+  // The rounds' deadlines go on `timer`: they are times of its clock.
+  ro.clock = &timer->clock();
   ASSIGN_OR_RETURN(auto rounds, Rounds::Create(std::move(ro)));
   auto impl = std::make_shared<Impl>(options, executor, timer, std::move(rounds));
   impl->Start();

@@ -308,7 +308,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
           ? 0
-          : timer_->Schedule(deadline, [this, id, to, function, timeout] {
+          // A time of the timer's clock (rpc/timer.h): the same instant as
+          // `deadline` on the real clock; a test's fake clock moves it.
+          : timer_->Schedule(timer_->clock().Now() + timeout, [this, id, to, function, timeout] {
               Complete(id,
                        absl::DeadlineExceededError(
                            absl::StrCat(CallContextText(to, function),

@@ -56,7 +56,10 @@ void AwaitOwnedValue(const std::shared_ptr<RRefContext>& rctx, RRefId rref,
   const std::string function(ctx.function);
   const int self = rctx->self();
   std::weak_ptr<RRefContext> weak = rctx;
-  timer->Schedule(ctx.deadline, [race, weak, rref, waits_early, function, self] {
+  // ctx.deadline is real time; the timer's deadlines are times of its clock
+  // (the same on a real one).
+  const absl::Time at = timer->clock().Now() + (ctx.deadline - absl::Now());
+  timer->Schedule(at, [race, weak, rref, waits_early, function, self] {
     if (race->decided.exchange(true)) return;
     if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
     race->on_error(absl::DeadlineExceededError(absl::StrCat(

@@ -56,6 +56,10 @@ struct LoopbackJobOptions {
   // first); a non-OK status makes that start fail there, as a process that
   // died at that step (AgentCollaborators::rendezvous_observer).
   std::function<absl::Status(int rank, int start, RendezvousStep step)> rendezvous_observer;
+  // The clock of every agent's timer (AgentCollaborators::timer): a test's
+  // testing::FakeClock moves the agents' call timeouts. Null: the real
+  // clock. It must outlive the job.
+  const Clock* clock = nullptr;
   // A worker whose start fails is started again, up to this many times,
   // with AgentOptions::rejoin, as baton-run's per-role restart does.
   int max_restarts = 0;
