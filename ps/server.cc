@@ -364,7 +364,7 @@ void AddHangReport(rpc::FunctionRegistry& registry, std::weak_ptr<ServerShard> w
   });
 }
 
-// The trainers' functions that need only the shard: join, init, pull, stats.
+// The trainers' functions that need only the shard: join, init, pull.
 absl::Status RegisterShardFunctions(rpc::FunctionRegistry& registry,
                                     std::shared_ptr<ServerShard> shard,
                                     std::shared_ptr<TrainerRanks> ranks,
@@ -436,10 +436,6 @@ absl::Status RegisterShardFunctions(rpc::FunctionRegistry& registry,
               req.session, from_board);
           return promise.future();
         });
-  }
-  if (s.ok()) {
-    s = registry.Register(internal::kStatsFn,
-                          [shard]() { return internal::ToProto(shard->Stats()); });
   }
   return s;
 }
@@ -537,6 +533,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           }
           return reply;
         });
+  }
+  if (s.ok()) {
+    s = registry.Register(internal::kStatsFn,
+                          [shard]() { return internal::ToProto(shard->Stats()); });
   }
   PsServer* raw = server.get();
   {

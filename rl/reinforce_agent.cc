@@ -132,7 +132,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       steps = sessions_.at(session).steps;
     }
     PendingAct act{std::move(steps), session, round, step, std::move(obs)};
-    if (batcher_ != nullptr) return batcher_->Submit(std::move(act), deadline);
+    // `deadline` is real time; the batcher's are times of the timer's clock.
+    if (batcher_ != nullptr)
+      return batcher_->Submit(std::move(act), timer_->FromRealTime(deadline));
     std::vector<PendingAct> one;
     one.push_back(std::move(act));
     auto actions = RunBatch(one);

@@ -8,8 +8,8 @@
 //         return SelectActions(policy, at::stack(obs));      // one forward pass
 //       },
 //       agent->executor(), timer);
-//   registry->Register(act_fn, [batcher](const rpc::CallContext& ctx, at::Tensor obs) {
-//     return batcher->Submit(std::move(obs), ctx.deadline);  // Future<int64_t>
+//   registry->Register(act_fn, [batcher, timer](const rpc::CallContext& ctx, at::Tensor obs) {
+//     return batcher->Submit(std::move(obs), timer->FromRealTime(ctx.deadline));
 //   });
 //
 // Contract:
@@ -88,6 +88,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
 
   ~Batcher() { Close(); }
 
+  // `deadline`: a time of the timer's clock (DeadlineTimer::FromRealTime
+  // turns a CallContext::deadline into one).
   Future<Out> Submit(In in, absl::Time deadline = absl::InfiniteFuture()) {
     Promise<Out> promise(executor_);
     Future<Out> future = promise.future();

@@ -49,6 +49,13 @@ class DeadlineTimer {
   size_t pending() const;
   // The clock its deadlines are times of.
   const Clock& clock() const { return *clock_; }
+  // The time of the timer's clock at which a real-time deadline (e.g.
+  // CallContext::deadline) is as far away as it is now; infinite ones stay
+  // infinite. The identity on the real clock, up to the two readings.
+  absl::Time FromRealTime(absl::Time deadline) const {
+    if (deadline == absl::InfiniteFuture() || deadline == absl::InfinitePast()) return deadline;
+    return clock_->Now() + (deadline - absl::Now());
+  }
 
  private:
   void Loop();

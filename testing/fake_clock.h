@@ -6,7 +6,7 @@
 // check that nothing ran because the deadline has not come.
 //
 // Thread-safety: safe for concurrent use. Wakers run on the thread that
-// calls Advance()/Set(), outside the clock's lock.
+// calls Advance()/AdvanceTo(), outside the clock's lock.
 #ifndef BATON_TESTING_FAKE_CLOCK_H_
 #define BATON_TESTING_FAKE_CLOCK_H_
 
