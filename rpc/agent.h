@@ -285,7 +285,7 @@ struct AgentCollaborators {
   // Creates the network transport: the one the worker registers an address
   // for and reaches every peer through that has no same-host link. Null:
   // gRPC (rpc/transport/grpc/grpc_transport.h). Tests pass an in-process loopback
-  // (rpc/testing/loopback_transport.h).
+  // (testing/rpc/loopback_transport.h).
   NetworkTransportFactory network_transport;
   // Null: the agent's own timer thread, on the real clock. A timer on
   // another clock (a test's testing::FakeClock) moves the caller's side of

@@ -1,5 +1,5 @@
 // Several RpcAgents in one process over the loopback network transport
-// (rpc/testing/loopback_transport.h), with faults injected at the transport:
+// (testing/rpc/loopback_transport.h), with faults injected at the transport:
 // delayed, dropped and reordered frames, and a killed worker. These run the
 // agent's call protocol (deadlines, error codes, pending-call bookkeeping,
 // shutdown) without processes or sockets.
@@ -11,9 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
 #include "testing/fake_clock.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::rpc {
 namespace {

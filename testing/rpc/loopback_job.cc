@@ -1,5 +1,5 @@
 // A whole RPC job in one process over the loopback network (loopback_job.h).
-#include "rpc/testing/loopback_job.h"
+#include "testing/rpc/loopback_job.h"
 
 #include <thread>
 
