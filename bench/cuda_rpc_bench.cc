@@ -33,7 +33,7 @@
 
 #include "rpc/agent.h"
 #include "rpc/cuda/ipc_channel.h"
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace {
 

@@ -235,15 +235,11 @@ class SameHost {
   std::atomic<int64_t> box_pushes_{0};
 };
 
-}  // namespace
-
-PsServer::PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options)
-    : shard_(std::move(shard)), options_(std::move(options)) {
-  last_checkpoint_time_ = absl::Now();
-}
-
-absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOptions options,
-                                                           rpc::FunctionRegistry& registry) {
+// The shard of this server, and what same-host trainers share with it: the
+// parameter board when asked for and possible (otherwise dense pulls carry
+// their values, and the shard's log says why).
+absl::StatusOr<std::pair<std::shared_ptr<ServerShard>, std::shared_ptr<SameHost>>> MakeShard(
+    PsSpec spec, const ServerOptions& options) {
   ServerShard::Options so;
   so.server = options.server;
   so.num_servers = options.num_servers;
@@ -268,42 +264,13 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     shard->Log(
         absl::StrCat("no parameter board (dense pulls carry their values): ", no_board.ToString()));
   }
-  std::unique_ptr<PsServer> server(new PsServer(shard, options));
-  server->shared_bytes_ = [same_host] { return same_host->bytes(); };
-  if (!options.checkpoint_dir.empty()) {
-    // Names sort by (clock, sequence); the sequence continues across
-    // restarts, so a restarted server's checkpoint at the same clock sorts
-    // after its predecessor's.
-    int64_t seq = 0;
-    for (const std::string& name :
-         ListCheckpoints(ServerDir(options.checkpoint_dir, options.server, options.num_servers))) {
-      std::vector<std::string> parts = absl::StrSplit(name, '-');
-      int64_t v = 0;
-      if (parts.size() >= 3 && absl::SimpleAtoi(parts[2], &v)) seq = std::max(seq, v);
-    }
-    absl::MutexLock lock(&server->mu_);
-    server->checkpoint_seq_ = seq;
-  }
+  return std::make_pair(std::move(shard), std::move(same_host));
+}
 
-  if (!options.checkpoint_dir.empty()) {
-    auto bytes = LoadLatest(options.checkpoint_dir, options.server, options.num_servers);
-    if (bytes.ok()) {
-      RETURN_IF_ERROR(shard->Restore(*bytes));
-      const ShardStats st = shard->Stats();
-      server->restored_clock_ = shard->spec().consistency.mode == ConsistencyMode::kSync
-                                    ? st.applied_clock
-                                    : st.min_clock;
-      if (options.checkpoint_every_clocks > 0) {
-        server->handle_->boundary = server->restored_clock_ / options.checkpoint_every_clocks;
-      }
-      absl::MutexLock lock(&server->mu_);
-      server->last_checkpoint_clock_ = server->restored_clock_;
-    } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
-      return bytes.status();
-    }
-  }
-
-  std::weak_ptr<ServerShard> weak = shard;
+// The server's Prometheus families: per-table traffic, the clocks, and the
+// same-host paths.
+void AddMetrics(rpc::FunctionRegistry& registry, std::weak_ptr<ServerShard> weak,
+                std::shared_ptr<SameHost> same_host, int server_id) {
   registry.AddMetricsCollector([weak](obs::MetricsWriter& w) {
     auto sh = weak.lock();
     if (sh == nullptr) return;
@@ -334,7 +301,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.Gauge("baton_ps_parked_pulls", "Pulls waiting for slower trainers.",
             static_cast<double>(st.parked_pulls), me);
   });
-  registry.AddMetricsCollector([same_host, server_id = options.server](obs::MetricsWriter& w) {
+  registry.AddMetricsCollector([same_host, server_id](obs::MetricsWriter& w) {
     const obs::MetricsWriter::Labels me = {{"server", absl::StrCat(server_id)}};
     w.Family("baton_ps_board_pulls_total",
              "Pulls whose dense values trainers read from the parameter board.", "counter");
@@ -347,9 +314,12 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
             "Shared memory of the server's parameter board (same-host dense tables).",
             static_cast<double>(same_host->bytes()), me);
   });
+}
+
+void AddHangReport(rpc::FunctionRegistry& registry, std::weak_ptr<ServerShard> weak,
+                   std::shared_ptr<TrainerRanks> ranks) {
   // The hang report: clocks, and each parked pull as a wait of this server
   // on the trainers that keep it parked.
-  auto ranks = std::make_shared<TrainerRanks>();
   registry.AddStateCollector([weak, ranks](obs::StateWriter& w) {
     auto sh = weak.lock();
     if (sh == nullptr) return;
@@ -392,6 +362,13 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pulls"), pulls);
     w.AddProgress(absl::StrCat("ps_server_", st.server, "_pushes"), pushes);
   });
+}
+
+// The trainers' functions that need only the shard: join, init, pull.
+absl::Status RegisterShardFunctions(rpc::FunctionRegistry& registry,
+                                    std::shared_ptr<ServerShard> shard,
+                                    std::shared_ptr<TrainerRanks> ranks,
+                                    std::shared_ptr<SameHost> same_host) {
   absl::Status s = registry.Register(
       internal::kJoinFn,
       [shard, ranks, same_host](const rpc::CallContext& ctx,
@@ -460,6 +437,63 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOp
           return promise.future();
         });
   }
+  return s;
+}
+
+}  // namespace
+
+PsServer::PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options)
+    : shard_(std::move(shard)), options_(std::move(options)) {
+  last_checkpoint_time_ = absl::Now();
+}
+
+// Continues the checkpoint sequence of this server's directory and loads its
+// latest checkpoint, if any (Create's step; the maintenance thread has not
+// started).
+absl::Status PsServer::RestoreLatestCheckpoint() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  // Names sort by (clock, sequence); the sequence continues across
+  // restarts, so a restarted server's checkpoint at the same clock sorts
+  // after its predecessor's.
+  int64_t seq = 0;
+  for (const std::string& name :
+       ListCheckpoints(ServerDir(options_.checkpoint_dir, options_.server, options_.num_servers))) {
+    std::vector<std::string> parts = absl::StrSplit(name, '-');
+    int64_t v = 0;
+    if (parts.size() >= 3 && absl::SimpleAtoi(parts[2], &v)) seq = std::max(seq, v);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    checkpoint_seq_ = seq;
+  }
+  auto bytes = LoadLatest(options_.checkpoint_dir, options_.server, options_.num_servers);
+  if (absl::IsNotFound(bytes.status())) return absl::OkStatus();
+  RETURN_IF_ERROR(bytes.status());
+  RETURN_IF_ERROR(shard_->Restore(*bytes));
+  const ShardStats st = shard_->Stats();
+  restored_clock_ =
+      shard_->spec().consistency.mode == ConsistencyMode::kSync ? st.applied_clock : st.min_clock;
+  if (options_.checkpoint_every_clocks > 0) {
+    handle_->boundary = restored_clock_ / options_.checkpoint_every_clocks;
+  }
+  absl::MutexLock lock(&mu_);
+  last_checkpoint_clock_ = restored_clock_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Create(PsSpec spec, ServerOptions options,
+                                                           rpc::FunctionRegistry& registry) {
+  ASSIGN_OR_RETURN(auto made, MakeShard(std::move(spec), options));
+  std::shared_ptr<ServerShard> shard = std::move(made.first);
+  std::shared_ptr<SameHost> same_host = std::move(made.second);
+  std::unique_ptr<PsServer> server(new PsServer(shard, options));
+  server->shared_bytes_ = [same_host] { return same_host->bytes(); };
+  RETURN_IF_ERROR(server->RestoreLatestCheckpoint());
+  std::weak_ptr<ServerShard> weak = shard;
+  AddMetrics(registry, weak, same_host, options.server);
+  auto ranks = std::make_shared<TrainerRanks>();
+  AddHangReport(registry, weak, ranks);
+  absl::Status s = RegisterShardFunctions(registry, shard, ranks, same_host);
   if (s.ok()) {
     s = registry.Register(
         internal::kPushFn,

@@ -93,6 +93,8 @@ class PsServer {
  private:
   PsServer(std::shared_ptr<ServerShard> shard, ServerOptions options);
   void Maintain();
+  // Create's step: the checkpoint sequence and the latest checkpoint.
+  absl::Status RestoreLatestCheckpoint();
   int64_t ProgressClock() const;
 
   // What the registered checkpoint function reaches the server through: it

@@ -77,6 +77,7 @@ void MergeRows(const std::vector<const int64_t*>& id_parts, const std::vector<in
 ServerShard::ServerShard(PsSpec spec, Options options)
     : spec_(std::move(spec)),
       options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &real_clock_),
       plan_(ShardPlan::Make(spec_, options_.num_servers)),
       sync_(spec_.consistency.mode == ConsistencyMode::kSync) {}
 
@@ -465,7 +466,7 @@ void ServerShard::Pull(int trainer, int64_t clock, std::vector<TableRequest> tab
                        absl::Time deadline, std::function<void(absl::StatusOr<PullResult>)> done,
                        int64_t session, bool from_board) {
   if (absl::Status s = CheckTrainer(trainer); !s.ok()) return done(s);
-  const absl::Time now = options_.now();  // user code: not under mu_
+  const absl::Time now = clock_->Now();  // user code: not under mu_
   Deferred after;
   absl::StatusOr<PullResult> result;
   bool parked = false;
@@ -660,7 +661,7 @@ void ServerShard::CollectReadyLocked(Ready* ready) {
 }
 
 void ServerShard::CheckWaits() {
-  const absl::Time now = options_.now();  // user code: not under mu_
+  const absl::Time now = clock_->Now();  // user code: not under mu_
   Deferred after;
   Ready& ready = after.ready;
   {

@@ -51,7 +51,7 @@
 //
 // Thread-safety: safe for concurrent use. One mutex guards the shard, and
 // no user code runs under it except a custom RowInit (ps/spec.h), which
-// creates rows as a pull reads them: Options::now is read before it is
+// creates rows as a pull reads them: Options::clock is read before it is
 // taken; callbacks of parked pulls run after it is released, on the thread
 // that made them ready; log lines are queued under it, in the order of the
 // events they report, and handed to Options::log after it is released, one
@@ -76,6 +76,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "ps/sharding.h"
 #include "ps/spec.h"
 #include "ps/types.h"
@@ -115,13 +116,14 @@ struct PullResult {
 
 class ServerShard {
  public:
-  using Clock = std::function<absl::Time()>;
   using Logger = std::function<void(const std::string&)>;
 
   struct Options {
     int server = 0;
     int num_servers = 1;
-    Clock now = [] { return absl::Now(); };
+    // Where time is read (trainer timeouts, pull deadlines). Null: the real
+    // clock. Otherwise it outlives the shard (base/clock.h).
+    const Clock* clock = nullptr;
     // Called with no lock held, one line at a time, in event order (see
     // Thread-safety above). Null: stderr.
     Logger log;
@@ -270,6 +272,8 @@ class ServerShard {
 
   const PsSpec spec_;
   const Options options_;
+  const RealClock real_clock_;
+  const Clock* const clock_;  // options_.clock or real_clock_
   const ShardPlan plan_;
   const bool sync_;  // kSync (or SSP with s = 0)
 

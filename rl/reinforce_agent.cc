@@ -132,7 +132,9 @@ class ReinforceAgent::Impl : public std::enable_shared_from_this<Impl> {
       steps = sessions_.at(session).steps;
     }
     PendingAct act{std::move(steps), session, round, step, std::move(obs)};
-    if (batcher_ != nullptr) return batcher_->Submit(std::move(act), deadline);
+    // `deadline` is real time; the batcher's are times of the timer's clock.
+    if (batcher_ != nullptr)
+      return batcher_->Submit(std::move(act), timer_->FromRealTime(deadline));
     std::vector<PendingAct> one;
     one.push_back(std::move(act));
     auto actions = RunBatch(one);
@@ -477,6 +479,8 @@ absl::StatusOr<std::shared_ptr<ReinforceAgent>> ReinforceAgent::Create(Reinforce
   ro.observer_timeout = options.observer_timeout;
   ro.solve_threshold = options.solve_threshold;
   ro.max_episodes = options.max_episodes;
+  // The rounds' deadlines go on `timer`: they are times of its clock.
+  ro.clock = &timer->clock();
   ASSIGN_OR_RETURN(auto rounds, Rounds::Create(std::move(ro)));
   auto impl = std::make_shared<Impl>(options, executor, timer, std::move(rounds));
   impl->Start();

@@ -10,11 +10,10 @@ namespace baton::rl {
 
 absl::StatusOr<std::unique_ptr<Rounds>> Rounds::Create(Options options) {
   if (options.steps_per_round < 1 || options.observation_size < 0 || options.min_observers < 1 ||
-      options.observer_timeout <= absl::ZeroDuration() || options.max_episodes < 0 ||
-      options.now == nullptr) {
+      options.observer_timeout <= absl::ZeroDuration() || options.max_episodes < 0) {
     return absl::InvalidArgumentError(
         "rl rounds: needs steps_per_round >= 1, observation_size >= 0, min_observers >= 1, "
-        "observer_timeout > 0, max_episodes >= 0 and a clock");
+        "observer_timeout > 0 and max_episodes >= 0");
   }
   return std::unique_ptr<Rounds>(new Rounds(std::move(options)));
 }
@@ -26,7 +25,7 @@ std::string Rounds::Member::Who() const {
 // ---- the protocol ----------------------------------------------------------
 
 int64_t Rounds::Join(const std::string& observer, Effects* out) {
-  const absl::Time now = options_.now();
+  const absl::Time now = clock_->Now();
   const int64_t session = next_session_++;
   Member& m = members_[session];
   m.session = session;
@@ -76,7 +75,7 @@ absl::Status Rounds::Act(int64_t session, int64_t round, int64_t step,
         absl::StrCat("rl agent: act from ", m.Who(), " step ", step, ": ", bad.message()));
   }
   ++m.next_step;
-  m.last_seen = options_.now();
+  m.last_seen = clock_->Now();
   return absl::OkStatus();
 }
 
@@ -114,7 +113,7 @@ absl::Status Rounds::Finish(int64_t session, int64_t round, std::vector<float> r
   m.rewards = std::move(rewards);
   m.ends = std::move(episode_ends);
   m.state = State::kFinished;
-  m.last_seen = options_.now();
+  m.last_seen = clock_->Now();
   MaybeEndRound(out);
   return absl::OkStatus();
 }
@@ -129,7 +128,7 @@ absl::Status Rounds::Leave(int64_t session, Effects* out) {
   return absl::OkStatus();
 }
 
-void Rounds::Stop(const std::string& reason, Effects* out) { StopAt(reason, options_.now(), out); }
+void Rounds::Stop(const std::string& reason, Effects* out) { StopAt(reason, clock_->Now(), out); }
 
 // ---- deadlines -------------------------------------------------------------
 
@@ -138,7 +137,7 @@ bool Rounds::Awaited(const Member& m) const {
 }
 
 void Rounds::Tick(Effects* out) {
-  const absl::Time now = options_.now();
+  const absl::Time now = clock_->Now();
   std::vector<std::pair<int64_t, absl::Duration>> silent;
   for (const auto& [session, m] : members_) {
     if (Awaited(m) && now >= m.last_seen + options_.observer_timeout) {
@@ -190,7 +189,7 @@ Rounds::RoundEnd Rounds::EndUpdate(const absl::Status& update, Effects* out) {
   RoundEnd end;
   end.round = round_;
   if (phase_ != Phase::kUpdating) return end;  // REQUIRES violated: nothing to end
-  const absl::Time now = options_.now();
+  const absl::Time now = clock_->Now();
   if (!update.ok()) {
     out->log.push_back(absl::StrCat("round ", round_, ": the update failed: ", update.ToString()));
     StopAt(absl::StrCat("the update failed: ", update.message()), now, out);
@@ -259,7 +258,7 @@ Rounds::Stats Rounds::stats() const {
   s.dropped = dropped_;
   s.left = left_;
   s.alive = alive();
-  s.seconds = started_ ? absl::ToDoubleSeconds(options_.now() - first_round_start_) : 0;
+  s.seconds = started_ ? absl::ToDoubleSeconds(clock_->Now() - first_round_start_) : 0;
   s.episodes_by_session.assign(episodes_by_session_.begin(), episodes_by_session_.end());
   return s;
 }

@@ -73,6 +73,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "rl/protocol.h"
 #include "rl/returns.h"
 
@@ -80,8 +81,6 @@ namespace baton::rl {
 
 class Rounds {
  public:
-  using Clock = std::function<absl::Time()>;
-
   struct Options {
     int64_t steps_per_round = 500;
     int64_t observation_size = 4;  // values per observation
@@ -90,7 +89,9 @@ class Rounds {
     absl::Duration observer_timeout = absl::Seconds(5);
     double solve_threshold = 475.0;
     int64_t max_episodes = 0;  // 0: no limit
-    Clock now = [] { return absl::Now(); };
+    // Where time is read (waits, observer timeouts, statistics). Null: the
+    // real clock. Otherwise it outlives the rounds (base/clock.h).
+    const Clock* clock = nullptr;
   };
 
   struct Effects {
@@ -217,7 +218,9 @@ class Rounds {
     std::string Who() const;
   };
 
-  explicit Rounds(Options options) : options_(std::move(options)) {}
+  explicit Rounds(Options options)
+      : options_(std::move(options)),
+        clock_(options_.clock != nullptr ? options_.clock : &real_clock_) {}
 
   absl::StatusOr<Member*> Find(int64_t session, const char* what);
   std::string Describe(const Member& m) const;
@@ -229,6 +232,8 @@ class Rounds {
   void StopAt(const std::string& reason, absl::Time now, Effects* out);
 
   const Options options_;
+  const RealClock real_clock_;
+  const Clock* const clock_;             // options_.clock or real_clock_
   std::map<int64_t, Member> members_;    // alive, by session
   std::map<int64_t, std::string> gone_;  // ended sessions: why
   std::map<int64_t, int64_t> episodes_by_session_;

@@ -221,6 +221,12 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
       opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  // The same instant as a time of the timer's clock (rpc/timer.h), read
+  // before any wait below counts against the timeout; a test's fake clock
+  // moves it.
+  const absl::Time timer_deadline = timeout == absl::InfiniteDuration()
+                                        ? absl::InfiniteFuture()
+                                        : timer_->clock().Now() + timeout;
   // P6: a restarted peer that we know of is called at its new address.
   // Not on a delivery thread, which must not wait for the store.
   if (to != rank_ && !t_delivering) {
@@ -308,7 +314,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
           ? 0
-          : timer_->Schedule(deadline, [this, id, to, function, timeout] {
+          : timer_->Schedule(timer_deadline, [this, id, to, function, timeout] {
               Complete(id,
                        absl::DeadlineExceededError(
                            absl::StrCat(CallContextText(to, function),

@@ -285,9 +285,14 @@ struct AgentCollaborators {
   // Creates the network transport: the one the worker registers an address
   // for and reaches every peer through that has no same-host link. Null:
   // gRPC (rpc/transport/grpc/grpc_transport.h). Tests pass an in-process loopback
-  // (rpc/testing/loopback_transport.h).
+  // (testing/rpc/loopback_transport.h).
   NetworkTransportFactory network_transport;
-  // Null: the agent's own timer thread.
+  // Null: the agent's own timer thread, on the real clock. A timer on
+  // another clock (a test's testing::FakeClock) moves the caller's side of
+  // the agent's timed events with that clock: calls' timeouts, to_here's
+  // timeout on an owner, the probes of silent peers. A callee's deadline
+  // (CallContext::deadline) and the waits of rendezvous and shutdown stay on
+  // real time.
   std::unique_ptr<DeadlineTimer> timer;
   // Null: an Executor with AgentOptions::min_threads and max_threads. The
   // agent closes and joins it at shutdown.

@@ -8,8 +8,8 @@
 //         return SelectActions(policy, at::stack(obs));      // one forward pass
 //       },
 //       agent->executor(), timer);
-//   registry->Register(act_fn, [batcher](const rpc::CallContext& ctx, at::Tensor obs) {
-//     return batcher->Submit(std::move(obs), ctx.deadline);  // Future<int64_t>
+//   registry->Register(act_fn, [batcher, timer](const rpc::CallContext& ctx, at::Tensor obs) {
+//     return batcher->Submit(std::move(obs), timer->FromRealTime(ctx.deadline));
 //   });
 //
 // Contract:
@@ -88,6 +88,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
 
   ~Batcher() { Close(); }
 
+  // `deadline`: a time of the timer's clock (DeadlineTimer::FromRealTime
+  // turns a CallContext::deadline into one).
   Future<Out> Submit(In in, absl::Time deadline = absl::InfiniteFuture()) {
     Promise<Out> promise(executor_);
     Future<Out> future = promise.future();
@@ -102,7 +104,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       Pending& p = queue_[id];
       p.in = std::move(in);
       p.promise = promise;
-      p.arrival = absl::Now();
+      p.arrival = timer_->clock().Now();
       if (deadline != absl::InfiniteFuture()) {
         std::weak_ptr<Batcher> weak = this->weak_from_this();
         p.deadline_timer = timer_->Schedule(deadline, [weak, id] {
@@ -208,7 +210,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       flush_timer_ = 0;
       if (queue_.empty()) return;
       const absl::Time due = queue_.begin()->second.arrival + options_.max_delay;
-      if (absl::Now() < due) {
+      if (timer_->clock().Now() < due) {
         ScheduleFlushLocked(due);
         return;
       }
@@ -226,7 +228,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       auto it = queue_.find(id);
       if (it == queue_.end()) return;  // already in a batch
       promise = it->second.promise;
-      waited = absl::Now() - it->second.arrival;
+      waited = timer_->clock().Now() - it->second.arrival;
       queue_.erase(it);
       ++stats_.expired;
     }

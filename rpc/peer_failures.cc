@@ -104,7 +104,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
 }
 
 void AgentImpl::ProbeAgain(int peer, const absl::Status& cause) {
-  timer_->Schedule(absl::Now() + kSilentProbePeriod, [this, peer, cause] {
+  timer_->Schedule(timer_->clock().Now() + kSilentProbePeriod, [this, peer, cause] {
     (void)executor_->Submit([this, peer, cause] { SuspectPeer(peer, cause); });
   });
 }

@@ -2,7 +2,15 @@
 
 namespace baton::rpc {
 
-DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
+DeadlineTimer::DeadlineTimer(const Clock* clock) : clock_(clock != nullptr ? clock : &real_clock_) {
+  // The waker takes mu_, so that a jump between the loop's reading of the
+  // clock and its wait is not lost: the loop holds mu_ from one to the other.
+  waker_ = clock_->AddWaker([this] {
+    absl::MutexLock lock(&mu_);
+    changed_.Signal();
+  });
+  thread_ = std::thread([this] { Loop(); });
+}
 
 DeadlineTimer::~DeadlineTimer() { Stop(); }
 
@@ -34,11 +42,11 @@ bool DeadlineTimer::Cancel(Id id) {
 void DeadlineTimer::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopped_) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     const absl::Time next = queue_.empty() ? absl::InfiniteFuture() : queue_.begin()->first.first;
     if (now < next) {
       wake_at_ = std::min(next, now + kMaxSleep);
-      changed_.WaitWithDeadline(&mu_, wake_at_);
+      changed_.WaitWithTimeout(&mu_, wake_at_ - now);
       wake_at_ = absl::InfinitePast();  // awake: Schedule need not signal
       continue;
     }
@@ -53,6 +61,9 @@ void DeadlineTimer::Loop() {
 
 void DeadlineTimer::Stop() {
   decltype(queue_) dropped;
+  // Outside mu_: the clock's waker takes mu_ while the clock holds its own
+  // lock.
+  if (const int64_t waker = waker_.exchange(0); waker != 0) clock_->RemoveWaker(waker);
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;

@@ -4,7 +4,7 @@
 //   control plane and the transport between hosts;
 // - ShmTransport: shared-memory rings between workers of one host, for every
 //   message.
-// - LoopbackTransport (rpc/testing/, test-only): agents of one process, with
+// - LoopbackTransport (testing/rpc/, test-only): agents of one process, with
 //   hooks that delay, drop, reorder and kill a peer's messages.
 // The agent (rpc/agent.h) keeps one network transport (gRPC, or the one a
 // test injects through AgentCollaborators) and, on one host, the

@@ -24,7 +24,7 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
     const std::string what = absl::StrCat("to_here of ", Describe());
     rpc::DeadlineTimer* timer = agent->timer();
     const rpc::DeadlineTimer::Id expiry =
-        timer->Schedule(absl::Now() + timeout, [out, what, timeout] {
+        timer->Schedule(timer->clock().Now() + timeout, [out, what, timeout] {
           out.SetError(absl::DeadlineExceededError(
               absl::StrCat(what, ": value not created after ", DurationText(timeout))));
         });

@@ -56,16 +56,18 @@ void AwaitOwnedValue(const std::shared_ptr<RRefContext>& rctx, RRefId rref,
   const std::string function(ctx.function);
   const int self = rctx->self();
   std::weak_ptr<RRefContext> weak = rctx;
-  timer->Schedule(ctx.deadline, [race, weak, rref, waits_early, function, self] {
-    if (race->decided.exchange(true)) return;
-    if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
-    race->on_error(absl::DeadlineExceededError(absl::StrCat(
-        function, " on RRef ", rref.ToString(), ": worker ", self,
-        waits_early ? " has not created the RRef's value (the remote() that creates it has "
-                      "not arrived, or the id is unknown)"
-                    : " has not finished creating the RRef's value",
-        " by the call's deadline")));
-  });
+  // ctx.deadline is real time; the timer's deadlines are times of its clock.
+  timer->Schedule(
+      timer->FromRealTime(ctx.deadline), [race, weak, rref, waits_early, function, self] {
+        if (race->decided.exchange(true)) return;
+        if (auto c = weak.lock(); c != nullptr && waits_early) c->StopWaitingEarly(rref);
+        race->on_error(absl::DeadlineExceededError(absl::StrCat(
+            function, " on RRef ", rref.ToString(), ": worker ", self,
+            waits_early ? " has not created the RRef's value (the remote() that creates it has "
+                          "not arrived, or the id is unknown)"
+                        : " has not finished creating the RRef's value",
+            " by the call's deadline")));
+      });
   // The timer's entry is not cancelled when the value comes first: it only
   // holds `race` until the deadline and then does nothing.
   value->OnReady([race](const absl::StatusOr<rpc::AnyValue>& v) {

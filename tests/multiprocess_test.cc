@@ -1,5 +1,5 @@
-// The multi-process harness itself (tests/multiprocess.h): a worker started
-// through the fork server (tests/fork_server.h) is indistinguishable from
+// The multi-process harness itself (testing/multiprocess.h): a worker started
+// through the fork server (testing/fork_server.h) is indistinguishable from
 // one executed anew, each test running once with the server and once with
 // BATON_TEST_NO_FORK_SERVER=1.
 #include <signal.h>
@@ -12,9 +12,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
-#include "tests/fork_server.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/fork_server.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 
 namespace baton::testing {
 namespace {

@@ -43,7 +43,7 @@ PACKAGES=(
   # promtool checks every metrics page the tests scrape (testing/promtool.h).
   prometheus
   # A multi-process test that times out shows each live worker's thread
-  # stacks (tests/multiprocess.cc), taken with gdb.
+  # stacks (testing/multiprocess.cc), taken with gdb.
   gdb
 )
 

@@ -17,7 +17,7 @@ else
   # The libraries (not tests, benches or examples). The CUDA-only ones
   # (the NCCL backend, DataParallel, the CUDA IPC channel) are checked against the CUDA 13
   # headers and the CPU LibTorch's c10/cuda headers (comm/cuda/compat).
-  mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' 'rpc/testing/*.cc' \
+  mapfile -t FILES < <(git ls-files 'base/*.cc' 'store/*.cc' 'rpc/*.cc' 'rpc/internal/*.cc' 'testing/rpc/*.cc' \
     'rref/*.cc' 'rref/internal/*.cc' 'dist_autograd/*.cc' 'dist_autograd/internal/*.cc' \
     'dist_optim/*.cc' 'dist_optim/internal/*.cc' 'ps/*.cc' 'ps/internal/*.cc' 'rl/*.cc' 'pipeline/*.cc' \
     'data/*.cc' 'env/*.cc' 'comm/*.cc' 'launcher/*.cc' 'launcher/internal/*.cc' 'obs/*.cc' |

@@ -1,7 +1,7 @@
 // CudaIpcChannel: CUDA tensors between worker processes of one host through
 // CUDA IPC, with no host copy (docs/cuda.md). CUDA builds only
-// (CMakeLists.txt, BATON_CUDA); elsewhere CUDA tensors travel through host
-// memory.
+// (CMakeLists.txt, BATON_CUDA; Bazel target //rpc/cuda:ipc_channel in the
+// CUDA configuration); elsewhere CUDA tensors travel through host memory.
 //
 //   auto channel = rpc::cuda::CudaIpcChannel::Install(*registry);  // every worker
 //   AgentCollaborators collaborators;

@@ -8,7 +8,7 @@
 #include "comm/gloo_backend.h"
 #endif
 #include "store/store_client.h"
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 #ifdef BATON_TEST_WITH_NCCL
 #include <cuda_runtime.h>

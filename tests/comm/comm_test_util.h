@@ -1,4 +1,4 @@
-// Helpers for comm/ tests that run as real processes (tests/multiprocess.h):
+// Helpers for comm/ tests that run as real processes (testing/multiprocess.h):
 // the store every worker shares, the backend under test, its device.
 //
 // Thread-safety: call from the worker's main thread.

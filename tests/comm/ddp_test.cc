@@ -12,8 +12,8 @@
 #include "base/status.h"
 #include "comm/ddp.h"
 #include "comm/sampler.h"
+#include "testing/multiprocess.h"
 #include "tests/comm/comm_test_util.h"
-#include "tests/multiprocess.h"
 
 namespace baton::comm::testing {
 namespace {

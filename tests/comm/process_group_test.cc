@@ -27,8 +27,8 @@
 #endif
 #include "comm/process_group.h"
 #include "store/memory_store.h"
+#include "testing/multiprocess.h"
 #include "tests/comm/comm_test_util.h"
-#include "tests/multiprocess.h"
 
 #ifdef BATON_TEST_WITH_NCCL
 #include <c10/cuda/CUDAGuard.h>

@@ -17,7 +17,7 @@
 #include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace baton {
 namespace {

@@ -22,8 +22,8 @@
 #include "rpc/agent.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 
 namespace baton::dist_autograd {
 namespace {

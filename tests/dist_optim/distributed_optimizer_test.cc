@@ -12,8 +12,8 @@
 #include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
 #include "rref/rref.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 
 namespace baton::dist_optim {
 namespace {

@@ -24,9 +24,9 @@
 #include "ps/server.h"
 #include "ps/spec.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "rref/rref_service.h"
 #include "testing/promtool.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::obs {
 namespace {

@@ -19,9 +19,9 @@
 #include "ps/server.h"
 #include "ps/spec.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::obs {
 namespace {

@@ -15,7 +15,7 @@
 #include "dist_autograd/dist_autograd.h"
 #include "obs/state.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
+#include "testing/rpc/loopback_job.h"
 #include "testing/temp_dir.h"
 
 namespace baton::obs {

@@ -1,6 +1,6 @@
 // pipeline/stage_server.h and the pipeline's typed messages
 // (pipeline/internal/functions.h) in one process: a driver "w0" and stage
-// workers "w1", "w2" on the loopback transport (rpc/testing/loopback_job.h).
+// workers "w1", "w2" on the loopback transport (testing/rpc/loopback_job.h).
 // Closing a server with a step in flight (PL5), the field checks of the
 // configure and deliver messages, a stale peer's signature, and a reply the
 // driver refuses (PL3).
@@ -27,9 +27,9 @@
 #include "pipeline/driver.h"
 #include "pipeline/internal/functions.h"
 #include "pipeline/trace.h"
-#include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
 #include "testing/models.h"
+#include "testing/rpc/loopback_job.h"
 #include "testing/temp_dir.h"
 
 namespace baton::pipeline {

@@ -20,8 +20,8 @@
 #include "ps/server.h"
 #include "rpc/agent.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 
 namespace baton::ps {
 namespace {

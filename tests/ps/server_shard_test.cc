@@ -17,6 +17,7 @@
 #include "ps/server.h"
 #include "ps/sharding.h"
 #include "rpc/function.h"
+#include "testing/fake_clock.h"
 
 namespace baton::ps {
 namespace {
@@ -26,14 +27,14 @@ using dist_optim::OptimizerOptions;
 // Serves several shards in one process the way PsClient routes requests.
 class Cluster {
  public:
-  Cluster(const PsSpec& spec, int servers, ServerShard::Clock now = nullptr,
+  Cluster(const PsSpec& spec, int servers, const Clock* clock = nullptr,
           ServerShard::Logger log = nullptr)
       : spec_(spec), plan_(ShardPlan::Make(spec, servers)) {
     for (int s = 0; s < servers; ++s) {
       ServerShard::Options o;
       o.server = s;
       o.num_servers = servers;
-      if (now) o.now = now;
+      o.clock = clock;
       o.log = log ? log : [](const std::string&) {};
       shards_.push_back(ServerShard::Create(spec, o).value());
     }
@@ -390,20 +391,6 @@ TEST(PsGuarantees, PS4_StalenessZeroIsSync) {
   EXPECT_EQ(Consistency::BoundedStaleness(0).mode, ConsistencyMode::kSync);
 }
 
-// A fake clock for timeouts.
-struct FakeTime {
-  absl::Mutex mu;
-  absl::Time now = absl::UnixEpoch() + absl::Hours(1);
-  absl::Time Get() {
-    absl::MutexLock l(&mu);
-    return now;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock l(&mu);
-    now += d;
-  }
-};
-
 PsSpec TwoTrainerSync(StragglerPolicy policy) {
   PsSpec spec = LinearSpec(torch::kFloat64, OptimizerOptions::SGD(1), Consistency::Sync(), 2);
   spec.trainer_timeout = absl::Seconds(5);
@@ -412,16 +399,14 @@ PsSpec TwoTrainerSync(StragglerPolicy policy) {
 }
 
 TEST(PsGuarantees, PS5_StragglerIsDroppedAfterTimeoutWithItsName) {
-  FakeTime time;
+  baton::testing::FakeClock time;
   std::vector<std::string> logs;
   absl::Mutex log_mu;
   PsSpec spec = TwoTrainerSync(StragglerPolicy::kDrop);
-  Cluster cluster(
-      spec, 1, [&] { return time.Get(); },
-      [&](const std::string& l) {
-        absl::MutexLock lock(&log_mu);
-        logs.push_back(l);
-      });
+  Cluster cluster(spec, 1, &time, [&](const std::string& l) {
+    absl::MutexLock lock(&log_mu);
+    logs.push_back(l);
+  });
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
   ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
@@ -448,8 +433,8 @@ TEST(PsGuarantees, PS5_StragglerIsDroppedAfterTimeoutWithItsName) {
 }
 
 TEST(PsGuarantees, PS5_StragglerFailPolicyFailsTheWaitNamingIt) {
-  FakeTime time;
-  Cluster cluster(TwoTrainerSync(StragglerPolicy::kFail), 1, [&] { return time.Get(); });
+  baton::testing::FakeClock time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kFail), 1, &time);
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
   ASSERT_TRUE(cluster.Push(0, 0, 0, torch::ones({7, 300}, torch::kFloat64)).ok());
@@ -469,13 +454,13 @@ TEST(PsGuarantees, PS5_StragglerFailPolicyFailsTheWaitNamingIt) {
 }
 
 TEST(PsGuarantees, PS5_ParkedPullFailsAtItsDeadline) {
-  FakeTime time;
-  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
+  baton::testing::FakeClock time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, &time);
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
   absl::Notification done;
   absl::Status status;
-  cluster.shard(0).Pull(0, 1, {{"w", {}, {}}}, time.Get() + absl::Seconds(1),
+  cluster.shard(0).Pull(0, 1, {{"w", {}, {}}}, time.Now() + absl::Seconds(1),
                         [&](absl::StatusOr<PullResult> r) {
                           status = r.status();
                           done.Notify();
@@ -490,8 +475,8 @@ TEST(PsGuarantees, PS5_ParkedPullFailsAtItsDeadline) {
 }
 
 TEST(PsGuarantees, PS6_DroppedTrainerRejoinsAtTheCurrentClock) {
-  FakeTime time;
-  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); });
+  baton::testing::FakeClock time;
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, &time);
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));
   ServerShard& s = cluster.shard(0);
@@ -584,7 +569,7 @@ TEST(PsGuarantees, PS9_ARepeatedPushIdIsAppliedOnce) {
 }
 
 TEST(PsShardThreading, LogCallbackRunsWithoutTheLockMayCallTheShardAndKeepsEventOrder) {
-  FakeTime time;
+  baton::testing::FakeClock time;
   Cluster* cluster_ptr = nullptr;
   struct Seen {
     std::string line;
@@ -593,19 +578,17 @@ TEST(PsShardThreading, LogCallbackRunsWithoutTheLockMayCallTheShardAndKeepsEvent
   };
   std::vector<Seen> seen;  // the callback's calls are serialized (contract)
   absl::StatusOr<int64_t> push_from_callback = absl::UnknownError("not called");
-  Cluster cluster(
-      TwoTrainerSync(StragglerPolicy::kDrop), 1, [&] { return time.Get(); },
-      [&](const std::string& l) {
-        ServerShard& s = cluster_ptr->shard(0);
-        const ShardStats st = s.Stats();
-        seen.push_back({l, st.dropped_trainers, st.live_trainers});
-        if (absl::StrContains(l, "dropped trainer 1")) {
-          // Trainer 1 comes back from inside the callback: its
-          // rejoin is logged too, after this line.
-          push_from_callback =
-              s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
-        }
-      });
+  Cluster cluster(TwoTrainerSync(StragglerPolicy::kDrop), 1, &time, [&](const std::string& l) {
+    ServerShard& s = cluster_ptr->shard(0);
+    const ShardStats st = s.Stats();
+    seen.push_back({l, st.dropped_trainers, st.live_trainers});
+    if (absl::StrContains(l, "dropped trainer 1")) {
+      // Trainer 1 comes back from inside the callback: its
+      // rejoin is logged too, after this line.
+      push_from_callback =
+          s.Push(1, 0, true, {{"w", {}, torch::full({7 * 300}, 100.0, torch::kFloat64)}});
+    }
+  });
   cluster_ptr = &cluster;
   cluster.InitDense(0, torch::zeros({7, 300}, torch::kFloat64));
   cluster.InitDense(1, torch::zeros({7}, torch::kFloat64));

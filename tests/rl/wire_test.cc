@@ -15,8 +15,8 @@
 #include "rl/reinforce_agent.h"
 #include "rpc/codec.h"
 #include "rpc/executor.h"
-#include "rpc/testing/loopback_job.h"
 #include "rpc/timer.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::rl {
 namespace {

@@ -72,8 +72,8 @@
 #include "rpc/codec.h"
 #include "rpc/internal/wire.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 #include "tests/rpc/bad_input_cases.h"
 #include "tests/rpc/bad_input_stream.h"
 

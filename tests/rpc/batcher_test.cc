@@ -1,6 +1,7 @@
-// rpc::Batcher in one process, with a real executor and deadline timer:
-// ordering, full and partial batches, deadlines, errors, concurrent
-// batches, and no thread held while requests wait.
+// rpc::Batcher in one process, with a real executor and a deadline timer on
+// real time or on a fake clock (testing/fake_clock.h): ordering, full and
+// partial batches, deadlines, errors, concurrent batches, and no thread held
+// while requests wait.
 #include "rpc/batcher.h"
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "testing/fake_clock.h"
 
 namespace baton::rpc {
 namespace {
@@ -20,7 +22,8 @@ namespace {
 class BatcherTest : public ::testing::Test {
  protected:
   // Records every batch's inputs; answers x -> 10 * x.
-  std::shared_ptr<Batcher<int, int>> Make(BatcherOptions o) {
+  // `timer`: the fixture's real-time timer unless a test passes &fake_timer_.
+  std::shared_ptr<Batcher<int, int>> Make(BatcherOptions o, DeadlineTimer* timer = nullptr) {
     return Batcher<int, int>::Create(
         o,
         [this](std::vector<int> in) -> absl::StatusOr<std::vector<int>> {
@@ -36,7 +39,7 @@ class BatcherTest : public ::testing::Test {
           }
           return out;
         },
-        &executor_, &timer_);
+        &executor_, timer != nullptr ? timer : &timer_);
   }
   std::vector<std::vector<int>> batches() {
     absl::MutexLock lock(&mu_);
@@ -45,6 +48,9 @@ class BatcherTest : public ::testing::Test {
 
   Executor executor_{Executor::Options{2, 8}};
   DeadlineTimer timer_;
+  // Fake time: max_delay and deadlines pass when the test advances clock_.
+  baton::testing::FakeClock clock_;
+  DeadlineTimer fake_timer_{&clock_};
   absl::Mutex mu_;
   std::vector<std::vector<int>> batches_ ABSL_GUARDED_BY(mu_);
 };
@@ -62,11 +68,15 @@ TEST_F(BatcherTest, FullBatchRunsAtOnceInSubmissionOrder) {
 }
 
 TEST_F(BatcherTest, PartialBatchRunsAfterMaxDelay) {
-  auto b = Make({8, absl::Milliseconds(30)});
-  const absl::Time start = absl::Now();
+  auto b = Make({8, absl::Seconds(30)}, &fake_timer_);
   auto f1 = b->Submit(1), f2 = b->Submit(2), f3 = b->Submit(3);
+  // A second short of max_delay: queued, its flush still on the timer.
+  clock_.Advance(absl::Seconds(29));
+  EXPECT_EQ(b->stats().queued, 3);
+  EXPECT_EQ(fake_timer_.pending(), 1u);
+  EXPECT_FALSE(f3.ready());
+  clock_.Advance(absl::Seconds(1));
   ASSERT_TRUE(f3.WaitFor(absl::Seconds(5)));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(25));
   EXPECT_EQ(f1.value() + f2.value() + f3.value(), 60);
   ASSERT_EQ(batches().size(), 1u);
   EXPECT_EQ(batches()[0], (std::vector<int>{1, 2, 3}));
@@ -80,13 +90,16 @@ TEST_F(BatcherTest, PartialBatchRunsAfterMaxDelay) {
 }
 
 TEST_F(BatcherTest, DeadlineExpiryFailsThatRequestAndTheBatchGoesOn) {
-  auto b = Make({8, absl::Milliseconds(200)});
-  auto late = b->Submit(1, absl::Now() + absl::Milliseconds(10));
+  auto b = Make({8, absl::Seconds(20)}, &fake_timer_);
+  auto late = b->Submit(1, clock_.Now() + absl::Seconds(10));
   auto ok = b->Submit(2);
+  clock_.Advance(absl::Seconds(10));
   ASSERT_TRUE(late.WaitFor(absl::Seconds(5)));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(absl::StrContains(late.status().message(), "deadline passed")) << late.status();
-  EXPECT_FALSE(ok.ready());  // still waiting for its batch
+  EXPECT_EQ(b->stats().queued, 1);  // still waiting for its batch
+  EXPECT_FALSE(ok.ready());
+  clock_.Advance(absl::Seconds(10));
   EXPECT_EQ(ok.value(), 20);
   ASSERT_EQ(batches().size(), 1u);
   EXPECT_EQ(batches()[0], (std::vector<int>{2}));
@@ -142,14 +155,14 @@ TEST_F(BatcherTest, ConcurrentCallersGetTheirOwnResults) {
 }
 
 TEST_F(BatcherTest, NoThreadIsHeldWhileRequestsWait) {
-  auto b = Make({1000, absl::Milliseconds(300)});
+  auto b = Make({1000, absl::Seconds(30)}, &fake_timer_);
   std::vector<Future<int>> f;
   for (int i = 20; i < 220; ++i) f.push_back(b->Submit(i));
   // Proof that whatever the 200 submissions handed the executor has
   // started: tasks start in submission order (rpc/executor.h), so when a
   // probe submitted after them runs, every earlier task has started, and
   // one that holds a thread while its request waits shows as busy beside
-  // the probe. (The flush is 300 ms away: nothing is due yet.)
+  // the probe. (The flush waits for the fake clock: nothing is due.)
   struct Probe {
     int busy = -1, threads = -1;
     absl::Notification ran;
@@ -164,6 +177,7 @@ TEST_F(BatcherTest, NoThreadIsHeldWhileRequestsWait) {
   EXPECT_EQ(probe->busy, 1);     // the probe alone
   EXPECT_EQ(probe->threads, 2);  // the pool did not grow
   EXPECT_EQ(b->stats().queued, 200);
+  clock_.Advance(absl::Seconds(30));
   for (auto& x : f) ASSERT_TRUE(x.WaitFor(absl::Seconds(5)));
   EXPECT_EQ(batches().size(), 1u);
 }

@@ -26,11 +26,11 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_optim/distributed_optimizer.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
+#include "testing/rpc/loopback_job.h"
 
 #ifdef BATON_TEST_WITH_CUDA_IPC
 #include <signal.h>

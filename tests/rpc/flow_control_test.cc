@@ -13,8 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::rpc {
 namespace {

@@ -12,6 +12,7 @@
 #include "rpc/future.h"
 #include "rpc/timer.h"
 #include "testing/eventually.h"
+#include "testing/fake_clock.h"
 
 namespace baton::rpc {
 namespace {
@@ -310,6 +311,48 @@ TEST(DeadlineTimer, FiresInOrderAndCancels) {
   EXPECT_EQ(order, (std::vector<int>{1, 3}));
   EXPECT_EQ(timer.pending(), 0u);
   EXPECT_GE(absl::Now() - now, absl::Milliseconds(60));
+}
+
+// On a fake clock, a callback runs when the clock passes its deadline, not
+// before, however long the test takes: deadlines are times of the timer's
+// clock (DeadlineTimer::clock()).
+TEST(DeadlineTimer, RunsOnItsClocksTimeNotRealTime) {
+  baton::testing::FakeClock clock;
+  DeadlineTimer timer(&clock);
+  EXPECT_EQ(&timer.clock(), &clock);
+  absl::Notification first, second;
+  const absl::Time start = clock.Now();
+  timer.Schedule(start + absl::Hours(1), [&] { first.Notify(); });
+  timer.Schedule(start + absl::Hours(2), [&] { second.Notify(); });
+  // Real time passes (the timer's own longest sleep, many times over) and
+  // the clock does not: nothing is due, both stay on the timer.
+  EXPECT_FALSE(first.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  EXPECT_EQ(timer.pending(), 2u);
+  clock.Advance(absl::Minutes(59));
+  EXPECT_EQ(timer.pending(), 2u);
+  clock.Advance(absl::Minutes(1));
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(second.HasBeenNotified());
+  EXPECT_EQ(timer.pending(), 1u);
+  clock.Advance(absl::Hours(5));  // one jump past it
+  ASSERT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(timer.pending(), 0u);
+}
+
+// A timer on a fake clock stops cleanly while the clock is moved from
+// another thread (the clock's waker is removed before the timer is gone).
+TEST(DeadlineTimer, StopsWhileItsClockMoves) {
+  baton::testing::FakeClock clock;
+  std::atomic<bool> done{false};
+  std::thread mover([&] {
+    while (!done.load()) clock.Advance(absl::Milliseconds(1));
+  });
+  for (int i = 0; i < 200; ++i) {
+    DeadlineTimer timer(&clock);
+    timer.Schedule(clock.Now() + absl::Milliseconds(1), [] {});
+  }
+  done = true;
+  mover.join();
 }
 
 }  // namespace

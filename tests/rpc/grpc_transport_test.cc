@@ -11,8 +11,8 @@
 #include "absl/time/clock.h"
 #include "base/tls.h"
 #include "rpc/transport/grpc/grpc_transport.h"
-#include "tests/slow_link.h"
-#include "tests/transport_recorder.h"
+#include "testing/slow_link.h"
+#include "testing/transport_recorder.h"
 
 namespace baton::rpc::internal {
 namespace {

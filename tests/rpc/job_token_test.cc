@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/agent.h"
 #include "store/store_client.h"
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace baton::rpc {
 namespace {

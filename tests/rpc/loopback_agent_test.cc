@@ -1,5 +1,5 @@
 // Several RpcAgents in one process over the loopback network transport
-// (rpc/testing/loopback_transport.h), with faults injected at the transport:
+// (testing/rpc/loopback_transport.h), with faults injected at the transport:
 // delayed, dropped and reordered frames, and a killed worker. These run the
 // agent's call protocol (deadlines, error codes, pending-call bookkeeping,
 // shutdown) without processes or sockets.
@@ -11,8 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
+#include "testing/fake_clock.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton::rpc {
 namespace {
@@ -55,6 +56,36 @@ TEST(LoopbackAgents, EveryWorkerCallsEveryWorkerInOneProcess) {
   // Nested: w0 -> w1 -> w2 and back.
   EXPECT_EQ((*job)->agent(0).rpc_sync(1, relay_fn, 2, 41), 42);
   EXPECT_GE((*job)->network().stats().delivered, 9 * 2 + 4);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
+// A call's timeout is a time of the agent's timer's clock
+// (AgentCollaborators::timer): on a fake clock, a ten-minute timeout passes when
+// the clock does, and not before, with no real wait.
+TEST(LoopbackAgents, CallTimeoutRunsOnTheTimersClock) {
+  baton::testing::FakeClock clock;  // outlives the job
+  LoopbackJobOptions o = Options(2);
+  o.clock = &clock;
+  auto job = LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  (*job)->network().SetRule([](const FrameInfo& f) {
+    return !f.request && f.function == "echo" ? Fate::Drop() : Fate::Deliver();
+  });
+  CallOptions opts;
+  opts.timeout = absl::Minutes(10);
+  auto call = (*job)->agent(0).rpc_async(opts, 1, echo_fn, 7);
+  // The callee answered and the network lost the reply: only the timeout
+  // can end the call now.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->network().stats().dropped == 1; }));
+  clock.Advance(absl::Minutes(10) - absl::Seconds(1));
+  EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 1);
+  EXPECT_FALSE(call.ready());
+  clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(call.WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(call.status().code(), absl::StatusCode::kDeadlineExceeded) << call.status();
+  EXPECT_TRUE(absl::StrContains(call.status().message(), "RPC ran for more than its timeout"))
+      << call.status();
+  (*job)->network().SetRule(nullptr);
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 

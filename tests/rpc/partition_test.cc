@@ -16,8 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "testing/eventually.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton {
 namespace {

@@ -18,9 +18,9 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_autograd/internal/container.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton {
 namespace {

@@ -17,8 +17,8 @@
 #include "rpc/default_agent.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 
 namespace baton::rpc {
 namespace {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "tests/transport_recorder.h"
+#include "testing/transport_recorder.h"
 
 namespace baton::rpc::internal {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/agent.h"
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace baton::rpc {
 namespace {

@@ -1,6 +1,6 @@
 // The RRef protocol (G1-G6, G8, rref/rref_context.h) and distributed autograd
 // (D1, D4, D6, dist_autograd/dist_autograd.h) on real agents in one process,
-// over the loopback transport (rpc/testing/loopback_transport.h) with faults
+// over the loopback transport (testing/rpc/loopback_transport.h) with faults
 // injected below the agent: every frame delayed at random, control messages
 // held and delivered in reverse order, and a worker killed mid-protocol.
 #include <atomic>
@@ -14,9 +14,9 @@
 #include "dist_autograd/dist_autograd.h"
 #include "dist_autograd/internal/container.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_job.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
+#include "testing/rpc/loopback_job.h"
 
 namespace baton {
 namespace {

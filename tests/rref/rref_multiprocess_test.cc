@@ -16,8 +16,8 @@
 #include "rpc/call_hook.h"
 #include "rref/rref.h"
 #include "testing/eventually.h"
-#include "tests/multiprocess.h"
-#include "tests/multiprocess_gtest.h"
+#include "testing/multiprocess.h"
+#include "testing/multiprocess_gtest.h"
 #include "tests/rref/fault_injection.h"
 
 namespace baton::rref {

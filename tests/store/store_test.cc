@@ -22,7 +22,7 @@
 #include "testing/etcd_server.h"
 #include "testing/eventually.h"
 #include "testing/first_connection.h"
-#include "tests/slow_link.h"
+#include "testing/slow_link.h"
 
 namespace baton::store {
 namespace {

@@ -39,10 +39,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/internal/wire.h"
-#include "rpc/testing/loopback_transport.h"
 #include "rpc/transport.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
+#include "testing/rpc/loopback_transport.h"
 
 namespace baton::rpc::conformance {
 

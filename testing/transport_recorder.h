@@ -3,8 +3,8 @@
 //
 // Thread-safety: the handler methods and Wait* may run on any thread; read
 // the recorded vectors under mu_.
-#ifndef BATON_TESTS_TRANSPORT_RECORDER_H_
-#define BATON_TESTS_TRANSPORT_RECORDER_H_
+#ifndef BATON_TESTING_TRANSPORT_RECORDER_H_
+#define BATON_TESTING_TRANSPORT_RECORDER_H_
 
 #include <memory>
 #include <utility>
@@ -71,4 +71,4 @@ class Recorder : public TransportHandler {
 
 }  // namespace baton::rpc::internal
 
-#endif  // BATON_TESTS_TRANSPORT_RECORDER_H_
+#endif  // BATON_TESTING_TRANSPORT_RECORDER_H_

@@ -1,4 +1,4 @@
-#include "tests/slow_link.h"
+#include "testing/slow_link.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "tests/fork_server.h"
+#include "testing/fork_server.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -9,8 +9,8 @@
 //
 // Thread-safety: address() may be called from any thread; the destructor
 // closes every connection and joins its threads (within about 50 ms).
-#ifndef BATON_TESTS_SLOW_LINK_H_
-#define BATON_TESTS_SLOW_LINK_H_
+#ifndef BATON_TESTING_SLOW_LINK_H_
+#define BATON_TESTING_SLOW_LINK_H_
 
 #include <atomic>
 #include <memory>
@@ -66,4 +66,4 @@ class SlowLink {
 
 }  // namespace baton::testing
 
-#endif  // BATON_TESTS_SLOW_LINK_H_
+#endif  // BATON_TESTING_SLOW_LINK_H_

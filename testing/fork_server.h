@@ -1,4 +1,4 @@
-// The fork server of the multi-process tests (tests/multiprocess.h): starts
+// The fork server of the multi-process tests (testing/multiprocess.h): starts
 // scenario workers by forking a copy of the test binary that has already
 // loaded its libraries, instead of executing the binary anew for each worker.
 //
@@ -28,8 +28,8 @@
 //   BATON_TEST_NO_FORK_SERVER=1 makes the caller do so always.
 //
 // Thread-safety: a ForkServer is used from one thread (RunWorkers' rule).
-#ifndef BATON_TESTS_FORK_SERVER_H_
-#define BATON_TESTS_FORK_SERVER_H_
+#ifndef BATON_TESTING_FORK_SERVER_H_
+#define BATON_TESTING_FORK_SERVER_H_
 
 #include <sys/types.h>
 
@@ -84,4 +84,4 @@ class ForkServer {
 
 }  // namespace baton::testing
 
-#endif  // BATON_TESTS_FORK_SERVER_H_
+#endif  // BATON_TESTING_FORK_SERVER_H_

@@ -1,5 +1,5 @@
 // LoopbackJob: a whole RPC job in one process for tests (test-only target
-// //rpc/testing:loopback). Each worker is a real RpcAgent with its own
+// //testing/rpc:loopback). Each worker is a real RpcAgent with its own
 // registry; they rendezvous through one in-memory store and talk through one
 // LoopbackNetwork, whose rules and Kill() inject faults at the transport.
 //
@@ -23,8 +23,8 @@
 //
 // Thread-safety: agent(i) and network() may be used from any thread;
 // Start/ShutdownAll from one thread.
-#ifndef BATON_RPC_TESTING_LOOPBACK_JOB_H_
-#define BATON_RPC_TESTING_LOOPBACK_JOB_H_
+#ifndef BATON_TESTING_RPC_LOOPBACK_JOB_H_
+#define BATON_TESTING_RPC_LOOPBACK_JOB_H_
 
 #include <functional>
 #include <memory>
@@ -32,8 +32,8 @@
 
 #include "absl/status/statusor.h"
 #include "rpc/agent.h"
-#include "rpc/testing/loopback_transport.h"
 #include "store/memory_store.h"
+#include "testing/rpc/loopback_transport.h"
 
 namespace baton::rpc::testing {
 
@@ -56,6 +56,10 @@ struct LoopbackJobOptions {
   // first); a non-OK status makes that start fail there, as a process that
   // died at that step (AgentCollaborators::rendezvous_observer).
   std::function<absl::Status(int rank, int start, RendezvousStep step)> rendezvous_observer;
+  // The clock of every agent's timer (AgentCollaborators::timer): a test's
+  // testing::FakeClock moves the agents' call timeouts. Null: the real
+  // clock. It must outlive the job.
+  const Clock* clock = nullptr;
   // A worker whose start fails is started again, up to this many times,
   // with AgentOptions::rejoin, as baton-run's per-role restart does.
   int max_restarts = 0;
@@ -106,4 +110,4 @@ class LoopbackJob {
 
 }  // namespace baton::rpc::testing
 
-#endif  // BATON_RPC_TESTING_LOOPBACK_JOB_H_
+#endif  // BATON_TESTING_RPC_LOOPBACK_JOB_H_

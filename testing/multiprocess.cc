@@ -1,4 +1,4 @@
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "testing/eventually.h"
-#include "tests/fork_server.h"
+#include "testing/fork_server.h"
 
 extern char** environ;
 
@@ -75,7 +75,7 @@ int MaybeRunScenario(int argc, char** argv) {
 
 namespace {
 
-// The test process's fork server (tests/fork_server.h), started on the first
+// The test process's fork server (testing/fork_server.h), started on the first
 // RunWorkers; null where it cannot be used, and then workers are spawned.
 ForkServer* Server() {
   static ForkServer* const server = []() -> ForkServer* {

@@ -1,5 +1,5 @@
 // The in-process loopback network transport (loopback_transport.h).
-#include "rpc/testing/loopback_transport.h"
+#include "testing/rpc/loopback_transport.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,7 +1,7 @@
-// GoogleTest assertions over multi-process results (tests/multiprocess.h).
+// GoogleTest assertions over multi-process results (testing/multiprocess.h).
 // Header-only, for test binaries that link GoogleTest.
-#ifndef BATON_TESTS_MULTIPROCESS_GTEST_H_
-#define BATON_TESTS_MULTIPROCESS_GTEST_H_
+#ifndef BATON_TESTING_MULTIPROCESS_GTEST_H_
+#define BATON_TESTING_MULTIPROCESS_GTEST_H_
 
 #include <map>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 namespace baton::testing {
 
@@ -43,4 +43,4 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
       Transports, suite, ::testing::Values("shm", "grpc"), \
       [](const ::testing::TestParamInfo<std::string>& info) { return info.param; })
 
-#endif  // BATON_TESTS_MULTIPROCESS_GTEST_H_
+#endif  // BATON_TESTING_MULTIPROCESS_GTEST_H_

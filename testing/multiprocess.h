@@ -13,11 +13,11 @@
 // worker's output (through gdb, when installed), then SIGKILLs the whole group
 // and marks the run timed out.
 // Each worker's stdout+stderr is captured. The test binary's main must call
-// MaybeRunScenario first (tests/multiprocess_main.cc does).
+// MaybeRunScenario first (testing/multiprocess_main.cc does).
 //
 // Thread-safety: call RunWorkers from the test thread only.
-#ifndef BATON_TESTS_MULTIPROCESS_H_
-#define BATON_TESTS_MULTIPROCESS_H_
+#ifndef BATON_TESTING_MULTIPROCESS_H_
+#define BATON_TESTING_MULTIPROCESS_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -88,4 +88,4 @@ std::string Describe(const std::vector<WorkerResult>& results);
     }                                                                           \
   } while (0)
 
-#endif  // BATON_TESTS_MULTIPROCESS_H_
+#endif  // BATON_TESTING_MULTIPROCESS_H_

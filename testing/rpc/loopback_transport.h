@@ -1,5 +1,5 @@
 // LoopbackNetwork: an in-process network transport for tests (test-only
-// target //rpc/testing:loopback). Several RpcAgents in one process talk
+// target //testing/rpc:loopback). Several RpcAgents in one process talk
 // through it instead of gRPC, and a test decides what happens to each frame:
 // deliver, delay, drop, hold (and release later, in any order), or kill a
 // worker as SIGKILL would.
@@ -39,8 +39,8 @@
 // Thread-safety: every method may be called from any thread. Handlers are
 // called on the delivery thread only, never with a lock of the network held.
 // The network must outlive the transports it made (the agents).
-#ifndef BATON_RPC_TESTING_LOOPBACK_TRANSPORT_H_
-#define BATON_RPC_TESTING_LOOPBACK_TRANSPORT_H_
+#ifndef BATON_TESTING_RPC_LOOPBACK_TRANSPORT_H_
+#define BATON_TESTING_RPC_LOOPBACK_TRANSPORT_H_
 
 #include <cstdint>
 #include <deque>
@@ -173,4 +173,4 @@ class LoopbackNetwork {
 
 }  // namespace baton::rpc::testing
 
-#endif  // BATON_RPC_TESTING_LOOPBACK_TRANSPORT_H_
+#endif  // BATON_TESTING_RPC_LOOPBACK_TRANSPORT_H_

@@ -1,8 +1,7 @@
-// main() for comm/ test binaries with multi-process scenarios (the same as
-// tests/multiprocess_main.cc, which is not exported to other packages).
+// main() for test binaries with multi-process scenarios.
 #include <gtest/gtest.h>
 
-#include "tests/multiprocess.h"
+#include "testing/multiprocess.h"
 
 int main(int argc, char** argv) {
   const int code = baton::testing::MaybeRunScenario(argc, argv);

@@ -1,5 +1,5 @@
 // A whole RPC job in one process over the loopback network (loopback_job.h).
-#include "rpc/testing/loopback_job.h"
+#include "testing/rpc/loopback_job.h"
 
 #include <thread>
 
@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> LoopbackJob::StartOne(int rank, int st
   if (options_.install) options_.install(rank, *registry);
   AgentCollaborators c;
   c.network_transport = network_->Factory();
+  if (options_.clock != nullptr) c.timer = std::make_unique<DeadlineTimer>(options_.clock);
   if (options_.rendezvous_observer) {
     c.rendezvous_observer = [observer = options_.rendezvous_observer, rank,
                              start](RendezvousStep step) { return observer(rank, start, step); };
