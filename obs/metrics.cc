@@ -14,14 +14,17 @@
 namespace baton::obs {
 namespace {
 
-// Prometheus's float rendering: shortest round-trip form, +Inf spelled out.
+// Prometheus's float rendering: shortest round-trip form, NaN and the
+// infinities as the text format spells them. Whole numbers below 1e15 print
+// as integers; the range is tested before the cast (a cast of NaN, an
+// infinity or a value past int64 is undefined).
 std::string Number(double v) {
-  if (v == static_cast<double>(static_cast<int64_t>(v)) && std::abs(v) < 1e15) {
-    return absl::StrCat(static_cast<int64_t>(v));
-  }
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::abs(v) < 1e15 && v == std::trunc(v)) return absl::StrCat(static_cast<int64_t>(v));
   // The shortest of %.15g..%.17g that reads back as the same double.
   for (int digits = 15; digits < 17; ++digits) {
-    const std::string s = absl::StrFormat("%.*g", digits, v);
+    std::string s = absl::StrFormat("%.*g", digits, v);
     if (std::strtod(s.c_str(), nullptr) == v) return s;
   }
   return absl::StrFormat("%.17g", v);

@@ -210,7 +210,9 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
     out->set_kind(std::move(n.kind));
     out->set_data(std::move(n.data));
   }
-  if (result.ok()) {
+  // The reply's outcome, apart from the value (which moves into the frame).
+  absl::Status status = result.status();
+  if (status.ok()) {
     frame.payload = *std::move(result);
     const int64_t limit =
         ready_.HasBeenNotified() && caller >= 0 && caller < static_cast<int>(peer_limits_.size())
@@ -220,17 +222,17 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
     if (static_cast<int64_t>(size) > limit) {
       frame.payload.Undeliverable();  // RRef G8
       frame.payload = Payload();
-      result = absl::ResourceExhaustedError(absl::StrCat(
+      status = absl::ResourceExhaustedError(absl::StrCat(
           "reply of ", size, " bytes exceeds the message size limit of ", limit, " bytes"));
     }
   }
-  if (result.ok()) CountTraffic(caller, frame.payload, /*out=*/true);
-  if (!result.ok()) {
+  if (status.ok()) CountTraffic(caller, frame.payload, /*out=*/true);
+  if (!status.ok()) {
     frame.header.set_not_run(not_run);
-    frame.header.set_status_code(static_cast<int>(result.status().code()));
+    frame.header.set_status_code(static_cast<int>(status.code()));
     // An error names what was wrong, not a copy of a huge input: a reply
     // must never outgrow the caller's limit (it would end the whole stream).
-    frame.header.set_error_message(Clip(result.status().message(), 16 << 10));
+    frame.header.set_error_message(Clip(status.message(), 16 << 10));
   } else if (reply_shm && ready_.HasBeenNotified() && caller >= 0 &&
              caller < static_cast<int>(paths_.size()) && paths_[caller]->bulk()) {
     // Both ends opened each other's probe: the caller said so for its side

@@ -82,7 +82,7 @@ absl::Status StoreClient::Retrying(absl::Time deadline, Attempt attempt) const {
   for (;;) {
     grpc::ClientContext ctx;
     Prepare(&ctx, deadline);
-    const absl::Status s = FromGrpcStatus(attempt(&ctx));
+    absl::Status s = FromGrpcStatus(attempt(&ctx));
     // UNAVAILABLE without the server's mark: the connection broke (or could
     // not be made) before an answer. With the mark it is the server's own
     // answer (its store closed), which a repeat would not change.

@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -74,6 +76,31 @@ TEST(Metrics, RendersCountersHistogramsAndCollectedFamilies) {
   EXPECT_THAT(text, HasSubstr(absl::StrCat("baton_rpc_call_duration_seconds_count{", fn,
                                            R"(,side="callee"} 1)")));
   EXPECT_THAT(text, HasSubstr(R"(baton_test_live{kind="owned"} 3)"));
+  auto [code, said] = Promtool(text);
+  EXPECT_EQ(code, 0) << said << "\n" << text;
+}
+
+// A collector's value that is not a finite number (a ratio of nothing, an
+// unbounded limit) is written as the text format spells it, and a value past
+// the int64 range as a float: promtool accepts all of them.
+TEST(Metrics, NonFiniteAndHugeValuesAreWrittenAsPrometheusSpellsThem) {
+  MetricsRegistry m;
+  m.AddCollector([](MetricsWriter& w) {
+    w.Family("baton_test_values", "Values of every kind.", "gauge");
+    w.Sample({{"v", "nan"}}, std::nan(""));
+    w.Sample({{"v", "inf"}}, std::numeric_limits<double>::infinity());
+    w.Sample({{"v", "-inf"}}, -std::numeric_limits<double>::infinity());
+    w.Sample({{"v", "huge"}}, 1e300);
+    w.Sample({{"v", "whole"}}, 42);
+    w.Sample({{"v", "half"}}, 0.5);
+  });
+  const std::string text = m.Render();
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="nan"} NaN)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="inf"} +Inf)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="-inf"} -Inf)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="huge"} 1e+300)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="whole"} 42)"));
+  EXPECT_THAT(text, HasSubstr(R"(baton_test_values{v="half"} 0.5)"));
   auto [code, said] = Promtool(text);
   EXPECT_EQ(code, 0) << said << "\n" << text;
 }

@@ -92,7 +92,9 @@ void BulkChannel::Export(int peer, Frame& frame) {
       });
       add(*least, i, std::move(blob), 0, 0, size);
     }
-    blob.pieces.clear();  // the frame carries it empty (B3)
+    // The frame carries it empty (B3): a moved-from Blob's state is not
+    // specified, so empty it on purpose.
+    blob.pieces.clear();  // NOLINT(bugprone-use-after-move)
     blob.owner.reset();
   }
 }

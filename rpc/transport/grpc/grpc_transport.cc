@@ -176,10 +176,13 @@ class CallerStreams {
 // arrived (B6, rpc/channel/tcp/bulk_channel.h), at once if they already
 // did, else on the channel's thread; or its error to `fail` if they cannot
 // arrive. The stream reads on meanwhile: later frames may pass this one.
-void DeliverWithBlobs(BulkChannel* bulk, int peer, std::shared_ptr<Frame> frame,
-                      std::function<void(Frame)> deliver,
-                      std::function<void(const absl::Status&)> fail,
-                      std::shared_ptr<uint64_t> wait_epoch = std::make_shared<uint64_t>(0)) {
+// The callbacks and pointers are taken by reference: the retry lambda holds
+// its own copies, and a copy of a std::function that captures a shared_ptr is
+// an allocation.
+void DeliverWithBlobs(BulkChannel* bulk, int peer, const std::shared_ptr<Frame>& frame,
+                      const std::function<void(Frame)>& deliver,
+                      const std::function<void(const absl::Status&)>& fail,
+                      const std::shared_ptr<uint64_t>& wait_epoch = std::make_shared<uint64_t>(0)) {
   absl::StatusOr<bool> got =
       bulk == nullptr ? absl::DataLossError(
                             "a frame names bulk-channel blobs but this worker has no bulk channel")
