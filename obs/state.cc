@@ -151,7 +151,8 @@ proto::StateReport BuildReport(const std::string& run_id, const std::string& rea
   std::stable_sort(r.mutable_edges()->begin(), r.mutable_edges()->end(),
                    [](const auto& a, const auto& b) { return a.age_s() > b.age_s(); });
   if (!r.edges().empty()) *r.mutable_oldest() = r.edges(0);
-  // H2.
+  // List each cycle once, from its smallest rank ("0 -> 1 -> 0"), at most
+  // kMaxCycles of them (H2).
   std::vector<std::vector<int>> cycles;
   FindCycles(g, &cycles);
   for (const auto& c : cycles) r.add_cycles(absl::StrJoin(c, " -> "));

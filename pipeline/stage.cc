@@ -89,7 +89,9 @@ absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("stage config: no module for stage ", chunk.stage));
     }
-    chunk.module->to(config.device);  // PP9
+    // The chunk's parameters, and the optimizer state made from them below,
+    // live on the stage's device (PP9).
+    chunk.module->to(config.device);
     chunk.params = chunk.module->parameters();
     auto opt = dist_optim::FunctionalOptimizer::Create(config.optimizer, chunk.params);
     if (!opt.ok()) {

@@ -26,8 +26,8 @@
 //   refused with FAILED_PRECONDITION.
 // - deliver hands activations and gradients to the runner (INVALID_ARGUMENT
 //   naming the field for a message kind that does not exist, the runner's
-//   PP7 for the rest); abort makes a step fail with the driver's status
-//   (PP5).
+//   PP7 for the rest); abort makes a step fail with the driver's
+//   status (PP5).
 // PL5 Closing: destroying the server fails its step promptly instead of
 //     leaving it to the step's deadline. A step still queued fails at once;
 //     a running one is aborted (StageRunner::Abort): its waits wake and it

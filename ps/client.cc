@@ -200,7 +200,7 @@ uint64_t PsClient::WriteBox(int server, const std::vector<std::pair<int, at::Ten
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&box_mu_);
-    if (host.box->Free()) {  // SD3
+    if (host.box->Free()) {  // only once the server released every generation written (SD3)
       absl::StatusOr<uint64_t> written = host.box->Write(grads);
       generation = written.ok() ? *written : 0;  // else the push carries them
     }

@@ -202,7 +202,8 @@ class ServerShard {
   };
   Waits CurrentWaits() const;
 
-  // PS8.
+  // Parameters, optimizer state and clocks at one instant, taken under the
+  // shard's lock between two applied updates (PS8).
   absl::StatusOr<std::string> Serialize() const;
   // DATA_LOSS for bytes that are not a checkpoint; FAILED_PRECONDITION for a
   // checkpoint of another spec or server. On error nothing changes.

@@ -230,7 +230,9 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   // P6: a restarted peer that we know of is called at its new address.
   // Not on a delivery thread, which must not wait for the store.
   if (to != rank_ && !t_delivering) {
-    WaitForSuccessor(to, deadline);  // P7
+    // With restart_wait set, a call to a rank confirmed dead waits, within its
+    // deadline, for the rank's next incarnation to register (P7).
+    WaitForSuccessor(to, deadline);
     FollowNewerIncarnation(to, deadline);
   }
   const uint64_t id = next_call_id_.fetch_add(1, std::memory_order_relaxed);

@@ -55,7 +55,9 @@ class Executor {
     // Tasks running at once outside a BlockingScope (E1); 0: the number of
     // hardware threads, at least 2.
     int parallelism = 0;
-    absl::Duration starvation_interval = absl::Milliseconds(10);  // E3
+    // With tasks queued and none started for this long, one more task may
+    // run, and again after each further interval (E3).
+    absl::Duration starvation_interval = absl::Milliseconds(10);
     // E4: the longest an idle worker spins for the next task before it
     // sleeps; zero: never spin.
     absl::Duration spin = absl::Microseconds(50);

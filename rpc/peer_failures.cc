@@ -114,7 +114,7 @@ void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& ca
   {
     absl::MutexLock lock(&mu_);
     if (!running_ || peer >= static_cast<int>(peers_.size()) || peers_[peer].dead >= incarnation) {
-      return;  // P2
+      return;  // reported dead already, this incarnation or a later one (P2)
     }
     peers_[peer].dead = incarnation;
     ++peer_failures_;

@@ -96,7 +96,7 @@ void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::st
   std::shared_ptr<OwnerEntry> freed;
   {
     absl::MutexLock lock(&mu_);
-    if (owners_.contains(rref)) return;  // G5
+    if (owners_.contains(rref)) return;  // a repeated creation changes nothing (G5)
     auto entry = std::make_shared<OwnerEntry>();
     entry->type = type;
     if (DeadLocked(creator)) {
@@ -105,7 +105,7 @@ void RRefContext::OnRemoteCreate(RRefId rref, ForkId creator_fork, const std::st
       entry->forks.emplace(creator_fork, creator);
     }
     auto early = early_.find(rref);
-    if (early != early_.end()) {  // G3
+    if (early != early_.end()) {  // messages that came before the creation apply now (G3)
       for (const auto& [fork, holder] : early->second.forks) entry->forks.emplace(fork, holder);
       for (const ForkId& d : early->second.deleted) {
         entry->forks.erase(d);
@@ -238,7 +238,9 @@ std::shared_ptr<RefHandle> RRefContext::Adopt(const ForkDescriptor& d) {
   if (d.parent != d.owner) {
     rpc::Future<void> request = sender_->ForkRequest(d.owner, d.rref, d.fork, d.parent);
     if (request.valid()) {
-      handle->awaits_fork_answer_.store(true, std::memory_order_release);  // G12
+      // A function that received this fork runs once the owner answered the
+      // ForkRequest: fork_answer_pending() says to wait for it (G12).
+      handle->awaits_fork_answer_.store(true, std::memory_order_release);
       request.OnReady([weak = std::weak_ptr<RefHandle>(handle)](const auto& r) {
         auto h = weak.lock();
         if (h == nullptr) return;
@@ -361,7 +363,7 @@ void RRefContext::OnUserDelete(RRefId rref, ForkId fork) {
     absl::MutexLock lock(&mu_);
     auto it = owners_.find(rref);
     if (it == owners_.end()) {
-      Early& e = early_[rref];  // G3
+      Early& e = early_[rref];  // not created yet: a tombstone cancels the fork on arrival (G3)
       e.forks.erase(fork);
       e.deleted.insert(fork);
       return;
@@ -413,9 +415,10 @@ bool RRefContext::MaybeDeleteUserLocked(ForkId fork, RRefId* rref, int* owner) {
   if (it->second->handle_alive || !it->second->pending_children.empty()) return false;
   *rref = it->second->rref;
   *owner = it->second->owner;
-  const bool owner_dead =
-      DeadLocked(Holder{it->second->owner, it->second->owner_incarnation});  // G7
-  const bool counted = it->second->counted;                                  // G8
+  // No UserDelete to an owner incarnation reported dead (G7).
+  const bool owner_dead = DeadLocked(Holder{it->second->owner, it->second->owner_incarnation});
+  // No UserDelete for a remote() whose creation never reached the owner (G8).
+  const bool counted = it->second->counted;
   users_.erase(it);
   return counted && !owner_dead;
 }

@@ -112,7 +112,8 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   }
   auto owner = agent->worker(handle_->owner());
   if (!owner.ok()) return rpc::MakeErrorFuture<R>(owner.status());
-  if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {  // G10
+  // If the fork's owner died or restarted, the call fails here, with no message to it (G10).
+  if (absl::Status s = handle_->context().CheckOwner(*handle_, owner->name); !s.ok()) {
     return rpc::MakeErrorFuture<R>(
         Annotate(s, absl::StrCat(m->qualified_name, " on ", Describe())));
   }

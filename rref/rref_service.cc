@@ -428,7 +428,7 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
   m.request_extensions = &ctx.extensions;
   absl::Status s = ctx.registry->RunSendHooks(m, tensors, p->extensions);
   if (!s.ok()) {
-    p->Undeliverable();  // G8
+    p->Undeliverable();  // the reply is not sent: take back the forks its encoding made (G8)
     return s;
   }
   return p;

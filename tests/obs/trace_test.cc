@@ -116,7 +116,8 @@ TEST(Trace, TL1_TL2_TL3_TL4_ADistributedAutogradStepOnThreeWorkers) {
   }
   int request_arrows = 0, reply_arrows = 0;
   for (const auto& [id, ends] : flows) {
-    ASSERT_TRUE(ends.first && ends.second) << "a flow with one end: " << id;  // TL4
+    // Merge keeps only the flows whose two ends it has (TL4).
+    ASSERT_TRUE(ends.first && ends.second) << "a flow with one end: " << id;
     EXPECT_LE(ends.first->ts(), ends.second->ts() + slack) << id;
     EXPECT_EQ(ends.second->bp(), "e");
     (id[0] == 'q' ? request_arrows : reply_arrows)++;

@@ -459,7 +459,7 @@ TEST(DistAutogradOverLoopback, D1_GradientsUnderRandomDelaysEqualLocalAutograd) 
     at::Tensor ref = Step(Step(Step(x2, 1), 2), 0);
     at::Tensor want = torch::autograd::grad({(ref * ref).sum()}, {x2})[0];
     EXPECT_LT((*got - want).abs().max().item<double>(), 1e-12) << "round " << round;
-    EXPECT_FALSE(x.grad().defined());  // D2
+    EXPECT_FALSE(x.grad().defined());  // the gradient is the context's, none went into .grad (D2)
   }
   j.job->network().SetRule(nullptr);
   EXPECT_TRUE(j.job->ShutdownAll().ok());

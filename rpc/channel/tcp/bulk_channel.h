@@ -134,7 +134,7 @@ struct BulkChannelOptions {
   uint64_t max_blob_bytes = uint64_t{1} << 30;
   uint64_t unclaimed_budget = uint64_t{1} << 30;  // per sender (B5)
   absl::Duration handshake_timeout = absl::Seconds(10);
-  absl::Duration retry_after = absl::Seconds(1);  // B7
+  absl::Duration retry_after = absl::Seconds(1);  // between tries to reconnect (B8)
   // How long a silent connection lives (B7): the agent's partition tolerance.
   absl::Duration silence_timeout = absl::Seconds(30);
   // The job's TLS (base/tls.h; empty: plain TCP): B9.

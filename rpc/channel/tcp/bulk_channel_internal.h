@@ -37,7 +37,7 @@ constexpr uint64_t kStripeAlign = 4096;
 struct Hello {
   uint32_t magic, version, token_len, identity_len;
   uint64_t first_id;        // the connection's first record id; none below it follows (B7, B8)
-  uint32_t lane, reserved;  // B10
+  uint32_t lane, reserved;  // which of the sender's connections to the peer this is (B10)
 };
 struct RecordHeader {
   uint64_t id, size;
@@ -126,7 +126,9 @@ struct BulkChannel::Outgoing {
   struct Item {
     uint64_t id;
     Blob blob;
-    uint64_t stripe = 0, offset = 0, total = 0;  // B10
+    // A slice's stripe, its offset and the blob's total size; 0, 0 and the
+    // size for a blob sent whole (B10).
+    uint64_t stripe = 0, offset = 0, total = 0;
   };
   int lane = 0;
   std::string address;

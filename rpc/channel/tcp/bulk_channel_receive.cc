@@ -45,7 +45,7 @@ void BulkChannel::ReadLoop(std::shared_ptr<Incoming> in) {
   std::unique_ptr<tcp::Connection> conn;
   if (tls_ == nullptr) {
     conn = tcp::PlainConnection(fd);
-  } else {  // B9
+  } else {  // the job's TLS: mutual TLS 1.3 before the hello, or no connection (B9)
     auto secured = tcp::TlsServerConnection(fd, tls_, options_.handshake_timeout);
     if (secured.ok()) {
       conn = *std::move(secured);

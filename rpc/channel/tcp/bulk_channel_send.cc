@@ -77,7 +77,9 @@ void BulkChannel::Export(int peer, Frame& frame) {
     const size_t size = blob.size();
     // Over max_blob_bytes: the receiver would refuse the record (B5).
     if (size < options_.min_bytes || size > options_.max_blob_bytes) continue;
-    if (ready.size() > 1 && size >= options_.stripe_min_bytes) {  // B10
+    // With two lanes up or more, a blob of stripe_min_bytes or more is cut
+    // into at most one 4 KiB-aligned slice per lane that is up (B10).
+    if (ready.size() > 1 && size >= options_.stripe_min_bytes) {
       const uint64_t stripe = first.next_stripe++;
       const size_t per_lane = (size + ready.size() - 1) / ready.size();
       const size_t slice =
@@ -173,7 +175,7 @@ BulkChannel::ConnectionEnd BulkChannel::RunConnection(const std::shared_ptr<Outg
   };
   if (tls_ == nullptr) {
     conn = tcp::PlainConnection(fd);
-  } else {  // B9
+  } else {  // the job's TLS: mutual TLS 1.3, the receiver's name checked, before the hello (B9)
     auto secured = tcp::TlsClientConnection(fd, tls_, address, handshake);
     if (!secured.ok()) {
       bool say;
