@@ -63,7 +63,9 @@ command -v clang++ >/dev/null || die "clang++ not found (bash tools/install_deps
 start=$(date +%s)
 
 # Generated protobuf headers and sources: those of the last Bazel build when
-# they are newer than every .proto, else built now.
+# they are newer than every .proto, else built now. Named through the
+# workspace's bazel-bin link, so that every path in a compile command is
+# relative to the checkout (ccache, below).
 fresh_protos() {
   local p g
   for p in proto/*.proto; do
@@ -71,11 +73,19 @@ fresh_protos() {
     [ -f "$g" ] && [ "$g" -nt "$p" ] || return 1
   done
 }
-if fresh_protos; then
-  GEN="$(readlink -f bazel-bin)"
-else
+if ! fresh_protos; then
   bazel build //proto:all >/dev/null 2>&1 || bazel build //proto:all
-  GEN="$(bazel info bazel-bin 2>/dev/null)"
+fi
+GEN=bazel-bin
+
+# ccache keeps the objects between checkouts (CI builds in a fresh clone,
+# where $FUZZ_BUILD starts empty): the cache tools/cmake_ci.sh uses, found
+# by content, paths relative to the checkout.
+FUZZ_CXX=clang++
+if command -v ccache >/dev/null; then
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/baton/ccache}" CCACHE_BASEDIR="$PWD"
+  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-6G}" CCACHE_NOHASHDIR=1
+  FUZZ_CXX="ccache clang++"
 fi
 
 SANITIZE="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
@@ -135,10 +145,10 @@ compile() {
   fi
   echo "  compile $src" >&2
   # shellcheck disable=SC2086
-  clang++ $CXXFLAGS -MMD -MF "$obj.d" -c "$src" -o "$obj.tmp" && mv "$obj.tmp" "$obj"
+  $FUZZ_CXX $CXXFLAGS -MMD -MF "$obj.d" -c "$src" -o "$obj.tmp" && mv "$obj.tmp" "$obj"
 }
 export -f compile
-export CXXFLAGS
+export CXXFLAGS FUZZ_CXX
 
 # Every object the requested targets need, compiled FUZZ_JOBS at a time.
 declare -A NEEDED=()
