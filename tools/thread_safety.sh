@@ -12,13 +12,9 @@ command -v clang++ >/dev/null || { echo "thread_safety.sh: clang++ not found (ap
 # (paths relative to the checkout: see the cache below).
 bazel build //proto:all >/dev/null 2>&1 || bazel build //proto:all
 GEN=bazel-bin
-# A file found clean is remembered by the hash of its preprocessed text (all
-# it includes, no line markers), the flags and clang's version: preprocessing
-# costs about a tenth of the check, and CI checks in a fresh clone where
-# most files are unchanged. Only clean results are kept.
-CACHE="${BATON_THREAD_SAFETY_CACHE:-$HOME/.cache/baton/thread-safety}"
-mkdir -p "$CACHE"
-CLANG_VERSION=$(clang++ --version | head -n 1)
+# shellcheck source=tools/clang_result_cache.sh
+source tools/clang_result_cache.sh
+CHECK_ID="thread-safety $(clang++ --version | head -n 1)"
 if [ $# -gt 0 ]; then
   FILES=("$@")
 else
@@ -39,16 +35,15 @@ check() {
   esac
   flags=(-std=c++17 -I. -I"$GEN" -isystem /usr/include/torch/csrc/api/include "${cuda[@]}"
     -DBATON_HAVE_GLOO)
-  key=$( { echo "$CLANG_VERSION ${flags[*]}"; clang++ "${flags[@]}" -E -P "$1" 2>&1; } |
-    sha256sum | cut -c1-40)
-  [ -f "$CACHE/$key" ] && return 0
+  key=$(clang_cache_key "$CHECK_ID" "$1" "${flags[@]}")
+  clang_cache_hit "$key" && return 0
   out=$(clang++ "${flags[@]}" -fsyntax-only -Wthread-safety -Werror=thread-safety \
     -Wno-unknown-warning-option "$1" 2>&1 | grep -v "^$" || true)
   echo "$out"
-  if ! grep -q "error:" <<<"$out"; then touch "$CACHE/$key"; fi
+  if ! grep -q "error:" <<<"$out"; then clang_cache_keep "$key"; fi
 }
 export -f check
-export GEN CACHE CLANG_VERSION
+export GEN CHECK_ID
 OUT=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check {}')
 if grep -q "error:" <<<"$OUT"; then
   echo "$OUT" | grep -B2 -A6 "error:" >&2

@@ -20,8 +20,9 @@
 # suspicious-*, infinite-loop, spuriously-wake-up-functions, move-const-arg,
 # for-range-copy, noexcept-move-constructor, no-automatic-move. A finding
 # judged wrong is silenced on its line with NOLINT(check) and the reason.
-# Each file takes 3-20 s (about 3x a syntax-only parse): CI does not run it
-# yet (its time budget); run it on the files you change.
+# Each file takes 3-20 s (about 3x a syntax-only parse); a file found clean
+# is not checked again until it or a header it includes changes
+# (tools/clang_result_cache.sh). Part of .ci/run (its budgeted tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-tidy >/dev/null || { echo "tidy.sh: clang-tidy not found (apt-get install clang-tidy)" >&2; exit 1; }
@@ -33,7 +34,11 @@ for c in bugprone-easily-swappable-parameters bugprone-narrowing-conversions \
   CHECKS="$CHECKS,-$c"
 done
 bazel build //proto:all >/dev/null 2>&1 || bazel build //proto:all
-GEN="$(bazel info bazel-bin 2>/dev/null)"
+# Named through the workspace's link: the cache's keys hold the flags.
+GEN=bazel-bin
+# shellcheck source=tools/clang_result_cache.sh
+source tools/clang_result_cache.sh
+CHECK_ID="tidy $(clang-tidy --version | grep -o 'version [0-9.]*') $CHECKS"
 if [ $# -gt 0 ]; then
   FILES=("$@")
 else
@@ -42,13 +47,19 @@ else
     'rpc/transport/*/*.cc' 'rpc/channel/*/*.cc' | grep -v -e '_test.cc$' -e '/bench/' |
     xargs grep -L -e '#include <torch/' -e '#include <ATen/')
 fi
-export CHECKS GEN
+export CHECKS GEN CHECK_ID
 tidy() {
-  clang-tidy -quiet -checks="$CHECKS" -warnings-as-errors='*' \
+  local flags key out
+  flags=(-std=c++17 -Wno-unknown-warning-option -I. -I"$GEN"
+    -isystem /usr/include/torch/csrc/api/include -DBATON_HAVE_GLOO)
+  key=$(clang_cache_key "$CHECK_ID" "$1" "${flags[@]}")
+  clang_cache_hit "$key" && return 0
+  out=$(clang-tidy -quiet -checks="$CHECKS" -warnings-as-errors='*' \
     -header-filter='^\./(base|store|env|launcher|obs|rpc|rref|dist_autograd|dist_optim|ps|rl|pipeline|comm|data)/' \
-    "$1" -- -std=c++17 -Wno-unknown-warning-option -I. -I"$GEN" \
-    -isystem /usr/include/torch/csrc/api/include -DBATON_HAVE_GLOO 2>&1 |
-    grep -v -e '^[0-9]* warnings\? generated' -e '^Suppressed' -e '^Use -header-filter' || true
+    "$1" -- "${flags[@]}" 2>&1 |
+    grep -v -e '^[0-9]* warnings\? generated' -e '^Suppressed' -e '^Use -header-filter' || true)
+  echo "$out"
+  if ! grep -q "error:" <<<"$out"; then clang_cache_keep "$key"; fi
 }
 export -f tidy
 OUT=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -I{} bash -c 'tidy {}')
