@@ -198,15 +198,15 @@ absl::Status ShmAllReduce::Run(const at::Tensor& t, const ReduceFn& fn, absl::Ti
     const size_t len = std::min(chunk, total - off);
     const uint32_t g = ++generation_;
     std::string late;
-    // A1: every rank finished reading the previous round's slots.
+    // Step 1 (shm_allreduce.h): every rank finished reading the previous round's slots.
     if (!WaitAll(done, g - 1, deadline, &late)) {
       return Fail(late, "finish the previous round");
     }
-    // A2: publish this rank's chunk.
+    // Step 2: publish this rank's chunk.
     std::memcpy(slot(rank_), data + off, len);
     arrive[rank_]->store(g, std::memory_order_release);
     FutexWake(arrive[rank_]);
-    // A3: fold every rank's chunk in rank order.
+    // Step 3: fold every rank's chunk in rank order.
     if (!WaitAll(arrive, g, deadline, &late)) {
       return Fail(late, "arrive");
     }

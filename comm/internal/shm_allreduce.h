@@ -4,10 +4,10 @@
 // Protocol (every rank runs the same sequence of all-reduces, in the order
 // the group's collective thread issues them; each chunk of a tensor is one
 // round with a generation number g, the same on every rank):
-//   A1. Before overwriting its slot, a rank waits until every rank has
+//   1. Before overwriting its slot, a rank waits until every rank has
 //       finished reading the slots of round g-1 (done[k] >= g-1).
-//   A2. It copies its chunk into its own slot and publishes arrive[r] = g.
-//   A3. It waits until arrive[k] >= g for every k, then folds the slots in
+//   2. It copies its chunk into its own slot and publishes arrive[r] = g.
+//   3. It waits until arrive[k] >= g for every k, then folds the slots in
 //       rank order (slot 0, then 1, ...) into its tensor: every rank computes
 //       the same result with the same rounding. Then it publishes done[r] = g.
 // Counters are 32-bit with wrap-around comparison; waits spin briefly, then

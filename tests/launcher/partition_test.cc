@@ -120,7 +120,7 @@ class PartitionTest : public NetnsTest {
 // (30 s). The calls made during it fail at their own deadlines, naming the
 // callee; the calls after the heal succeed; the job ends with 0 on both
 // nodes, and no process was killed.
-TEST_F(PartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
+TEST_F(PartitionTest, Q1_Q2_Q4_ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
   StartNodes({});
   absl::Time cut, healed;
   ThroughATenSecondPartition(&cut, &healed);
@@ -164,7 +164,7 @@ TEST_F(PartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
 // training: the pulls and pushes that the partition broke go again after
 // the heal (a server applies a push once, PS9), every push is applied once,
 // and the job reaches its usual accuracy (0.84, the example's bar).
-TEST_F(PartitionTest, AParameterServerJobReachesItsAccuracyThroughATenSecondPartition) {
+TEST_F(PartitionTest, Q3_AParameterServerJobReachesItsAccuracyThroughATenSecondPartition) {
   StartNodes({"--role", "ps:1", "--role", "trainer:1"},
              {Runfile("examples/ps_fashion_mnist"), "--min_accuracy", "0.84"});
   ASSERT_TRUE(::baton::testing::Eventually(
@@ -192,7 +192,7 @@ TEST_F(PartitionTest, AParameterServerJobReachesItsAccuracyThroughATenSecondPart
 // itself, saying why, within the tolerance plus 10 s; the master node
 // names the lost node and, the job not being elastic, fails once the node
 // did not come back within --rdzv_timeout.
-TEST_F(PartitionTest, ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
+TEST_F(PartitionTest, Q5_ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
   const absl::Duration tolerance = absl::Seconds(4);
   StartNodes({"--partition_tolerance", "4", "--rdzv_timeout", "5"});
   ASSERT_TRUE(WaitForCalls(10, absl::InfinitePast(), absl::Seconds(60)))
@@ -238,7 +238,7 @@ class EtcdPartitionTest : public PartitionTest {
   std::unique_ptr<::baton::testing::EtcdServer> etcd_;
 };
 
-TEST_F(EtcdPartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
+TEST_F(EtcdPartitionTest, Q1_Q2_Q4_ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
   StartNodes(EtcdFlags("partition-short"));
   absl::Time cut, healed;
   ThroughATenSecondPartition(&cut, &healed);
@@ -248,7 +248,7 @@ TEST_F(EtcdPartitionTest, ATenSecondPartitionCostsOnlyTheCallsDuringIt) {
   }
 }
 
-TEST_F(EtcdPartitionTest, ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
+TEST_F(EtcdPartitionTest, Q5_ANodeCutOffPastTheToleranceStopsItsWorkersAndTheJobEnds) {
   const absl::Duration tolerance = absl::Seconds(4);
   std::vector<std::string> flags = EtcdFlags("partition-long");
   flags.insert(flags.end(), {"--partition_tolerance", "4", "--rdzv_timeout", "5"});

@@ -183,7 +183,7 @@ BATON_SCENARIO(every_schedule) {
 class PipelineMultiProcess : public baton::testing::TransportTest {};
 BATON_INSTANTIATE_TRANSPORTS(PipelineMultiProcess);
 
-TEST_P(PipelineMultiProcess, PL2_EveryScheduleEqualsSingleProcessTraining) {
+TEST_P(PipelineMultiProcess, PL1_PL2_EveryScheduleEqualsSingleProcessTraining) {
   auto results = Run("every_schedule", 3, absl::Seconds(180));
   baton::testing::ExpectAllSucceeded(results);
 }

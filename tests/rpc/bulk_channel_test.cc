@@ -414,7 +414,7 @@ TEST(BulkChannel, B5_AnOversizedRecordEndsTheConnection) {
 
 // B4, B5: with an unclaimed budget of one blob, the reader reads on only as
 // frames claim what it read; every blob still arrives, in order.
-TEST(BulkChannel, B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
+TEST(BulkChannel, B4_B5_ReadingPausedByTheBudgetGoesOnAsFramesClaim) {
   HeldBack h = ExportPastTheBudget(5);
   ClaimInOrder(h, absl::Seconds(10));
 }

@@ -103,7 +103,7 @@ struct Job {
   }
 };
 
-TEST(Partition, ASilentPeerIsNotReportedDeadWithinTheTolerance) {
+TEST(Partition, Q1_ASilentPeerIsNotReportedDeadWithinTheTolerance) {
   Job j(absl::Seconds(30));
   ASSERT_NE(j.job, nullptr);
   j.Connect();
@@ -120,7 +120,7 @@ TEST(Partition, ASilentPeerIsNotReportedDeadWithinTheTolerance) {
   EXPECT_EQ(j.failure_count(), 0u);
 }
 
-TEST(Partition, APeerSilentPastTheToleranceIsReportedDeadNamingThePartition) {
+TEST(Partition, Q1_APeerSilentPastTheToleranceIsReportedDeadNamingThePartition) {
   const absl::Duration tolerance = absl::Seconds(3);
   Job j(tolerance);
   ASSERT_NE(j.job, nullptr);
@@ -137,7 +137,7 @@ TEST(Partition, APeerSilentPastTheToleranceIsReportedDeadNamingThePartition) {
   EXPECT_GE(j.failure_times[0] - start, tolerance);
 }
 
-TEST(Partition, AWorkerReportedDeadIsRefusedWhenItCallsAgain) {
+TEST(Partition, Q6_AWorkerReportedDeadIsRefusedWhenItCallsAgain) {
   Job j(absl::Seconds(2));
   ASSERT_NE(j.job, nullptr);
   j.Connect();
@@ -152,7 +152,7 @@ TEST(Partition, AWorkerReportedDeadIsRefusedWhenItCallsAgain) {
   EXPECT_THAT(r.status().message(), HasSubstr("it was reported dead"));
 }
 
-TEST(Partition, CallsDuringThePartitionFailAtTheirDeadlinesNamingTheCallee) {
+TEST(Partition, Q2_CallsDuringThePartitionFailAtTheirDeadlinesNamingTheCallee) {
   Job j(absl::Seconds(30));
   ASSERT_NE(j.job, nullptr);
   j.Connect();
@@ -168,7 +168,7 @@ TEST(Partition, CallsDuringThePartitionFailAtTheirDeadlinesNamingTheCallee) {
   EXPECT_EQ(j.job->agent(0).rpc_sync(1, echo_fn, int64_t{7}), 7);
 }
 
-TEST(Partition, AnIdempotentCallInFlightGoesAgainAfterTheHeal) {
+TEST(Partition, Q3_AnIdempotentCallInFlightGoesAgainAfterTheHeal) {
   Job j(absl::Seconds(30));
   ASSERT_NE(j.job, nullptr);
   j.Connect();
@@ -188,7 +188,7 @@ TEST(Partition, AnIdempotentCallInFlightGoesAgainAfterTheHeal) {
   EXPECT_EQ(j.failure_count(), 0u);
 }
 
-TEST(Partition, ACallThatMayHaveRunFailsWhenItsStreamTimesOut) {
+TEST(Partition, Q2_ACallThatMayHaveRunFailsWhenItsStreamTimesOut) {
   Job j(absl::Seconds(30));
   ASSERT_NE(j.job, nullptr);
   j.Connect();

@@ -107,7 +107,7 @@ struct Job {
 // P1, P4: a restarted incarnation that calls a peer is known there at once;
 // the peer reports its predecessor dead (once), sends its own calls to the
 // new address, and refuses the replaced process's requests.
-TEST(Restart, P1_P4_ANewIncarnationThatCallsReplacesItsPredecessor) {
+TEST(Restart, P1_P4_P6_ANewIncarnationThatCallsReplacesItsPredecessor) {
   Job j;
   ASSERT_NE(j.job, nullptr);
   EXPECT_EQ(j.agent(2).incarnation(), 1);
