@@ -123,7 +123,6 @@ int RpcAgent::metrics_port() const { return impl_->metrics_port(); }
 std::string RpcAgent::StateJson() const { return impl_->StateJson(); }
 bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
 bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
-std::string RpcAgent::StreamIdentity(int peer) const { return impl_->StreamIdentity(peer); }
 absl::StatusOr<int> RpcAgent::DeviceOnPeer(int peer, int device) const {
   return impl_->DeviceOnPeer(peer, device);
 }

@@ -66,6 +66,7 @@
 
 namespace baton::rpc::internal {
 class AgentImpl;
+class AgentInternals;
 }  // namespace baton::rpc::internal
 namespace baton::obs {
 class MetricsRegistry;
@@ -508,12 +509,6 @@ class RpcAgent final : public DeviceRouter {
   // Whether messages to `peer` go through the same-host shared-memory
   // transport (else the network transport).
   bool uses_shm_transport(int peer) const;
-  // What this worker's network streams to `peer` present as its identity
-  // (docs/flow_control.md, W1): the value of the x-baton-identity metadata,
-  // empty before the rendezvous. For tools that speak baton's wire
-  // protocol themselves (the bad-input test's attacker); it proves this
-  // worker, so treat it like the job token.
-  std::string StreamIdentity(int peer) const;
   // The CUDA device of `peer` that a tensor on this worker's cuda:`device`
   // arrives on (AgentOptions::device_maps, or the inverse of the peer's map
   // for this worker). INVALID_ARGUMENT naming the device and the worker
@@ -522,6 +517,10 @@ class RpcAgent final : public DeviceRouter {
   CudaTensorChannel* CudaChannelFor(int peer) const override;
 
  private:
+  // What proves this worker (its stream identity) is not on the user's
+  // handle: baton's wire-level tests reach it through
+  // rpc/internal/agent_internals.h.
+  friend class internal::AgentInternals;
   explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);
 
   std::unique_ptr<internal::AgentImpl> impl_;

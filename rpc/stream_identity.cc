@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "rpc/executor.h"
 #include "rpc/internal/agent_impl.h"
+#include "rpc/internal/agent_internals.h"
 #include "store/store.h"
 
 namespace baton::rpc::internal {
@@ -93,6 +94,10 @@ std::string AgentImpl::StreamIdentity(int peer) const {
     incarnation = peers_[peer].key_incarnation;
   }
   return IdentityToward(peer, incarnation, key);
+}
+
+std::string AgentInternals::StreamIdentity(const RpcAgent& agent, int peer) {
+  return agent.impl_->StreamIdentity(peer);
 }
 
 absl::StatusOr<int> AgentImpl::CheckClaim(int rank, int64_t incarnation, const std::string& proof,

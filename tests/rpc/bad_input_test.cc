@@ -70,6 +70,7 @@
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
+#include "rpc/internal/agent_internals.h"
 #include "rpc/internal/wire.h"
 #include "testing/eventually.h"
 #include "testing/multiprocess.h"
@@ -82,6 +83,7 @@ namespace {
 
 using namespace bad_input;  // NOLINT: the test's own helpers
 
+using baton::rpc::internal::AgentInternals;
 using baton::testing::Describe;
 using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
@@ -249,7 +251,7 @@ class Attacker {
       for (int j = i; j < std::min(n, i + concurrency); ++j) {
         batch.push_back(make(j));
         if (!batch.back().spec.identity.has_value()) {
-          batch.back().spec.identity = agent_->StreamIdentity(0);
+          batch.back().spec.identity = AgentInternals::StreamIdentity(*agent_, 0);
         }
       }
       std::vector<std::shared_ptr<StreamResult>> results;

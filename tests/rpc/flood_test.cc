@@ -62,6 +62,7 @@
 #include "base/grpc_options.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
+#include "rpc/internal/agent_internals.h"
 #include "rpc/internal/wire.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "testing/eventually.h"
@@ -71,6 +72,7 @@
 namespace baton::rpc {
 namespace {
 
+using baton::rpc::internal::AgentInternals;
 using baton::testing::Describe;
 using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
@@ -457,7 +459,7 @@ int DeafAndCheck(RpcAgent* agent) {
   // per caller (shared among its streams), not per stream.
   const std::string packet = WorkPacket();
   std::vector<DeafStream*> deaf;
-  const std::string identity = agent->StreamIdentity(0);
+  const std::string identity = AgentInternals::StreamIdentity(*agent, 0);
   for (int i = 0; i < kDeafStreams; ++i) {
     deaf.push_back(new DeafStream(&stub, packet, identity));
   }
@@ -515,7 +517,7 @@ BATON_SCENARIO(deaf) { return RunScenario(&DeafAndCheck); }
 class Flood : public baton::testing::TransportTest {};
 BATON_INSTANTIATE_TRANSPORTS(Flood);
 
-TEST_P(Flood, MemoryStaysBoundedAndOtherCallersAreAnswered) {
+TEST_P(Flood, W3_MemoryStaysBoundedAndOtherCallersAreAnswered) {
   auto results = Run("flood", 3, absl::Seconds(240), {{"BATON_JOB_TOKEN", kToken}});
   std::cout << Describe(results);
   ExpectAllSucceeded(results);

@@ -15,6 +15,7 @@
 #include "rpc/agent.h"
 #include "rpc/call_hook.h"
 #include "rpc/default_agent.h"
+#include "rpc/internal/agent_internals.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "testing/eventually.h"
 #include "testing/multiprocess.h"
@@ -23,6 +24,7 @@
 namespace baton::rpc {
 namespace {
 
+using baton::rpc::internal::AgentInternals;
 using baton::testing::Describe;
 using baton::testing::ExpectAllSucceeded;
 using baton::testing::RunWorkers;
@@ -328,20 +330,20 @@ BATON_SCENARIO(stream_identity) {
         {"worker 'w1' refuses a stream claiming to come from worker id 2", "proof does not match"});
 
     // A genuine proof, but meant for another worker.
-    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(2), 0, inc);
+    o = OpenRawStream(kIdentityJobToken, w1, AgentInternals::StreamIdentity(*agent, 2), 0, inc);
     WCHECK(o.closed && o.responses == 0);
     ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
                 {"claiming to come from worker id 0", "proof does not match"});
 
     // Its own proof; then a request claiming w2's id.
-    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(1), 2,
+    o = OpenRawStream(kIdentityJobToken, w1, AgentInternals::StreamIdentity(*agent, 1), 2,
                       agent->peer_incarnation(2));
     WCHECK(o.closed && o.responses == 0);
     ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
                 {"a request claims caller id 2 on a stream bound to caller id 0"});
 
     // The control: its own proof and id get the answer.
-    o = OpenRawStream(kIdentityJobToken, w1, agent->StreamIdentity(1), 0, inc);
+    o = OpenRawStream(kIdentityJobToken, w1, AgentInternals::StreamIdentity(*agent, 1), 0, inc);
     WCHECK(!o.closed);
     WCHECK(o.responses == 1);
 
