@@ -58,8 +58,11 @@ TEST_NAME = re.compile(r"\bTEST(?:_F|_P)?\(\s*(\w+),\s*(\w+)")
 
 
 def git_files(root, *patterns):
-    return subprocess.run(["git", "ls-files", *patterns], cwd=root, capture_output=True, text=True,
-                          check=True).stdout.split()
+    """The checkout's files (tracked, and new ones not ignored) that exist."""
+    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                            *patterns], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.split()
+    return sorted({n for n in names if os.path.isfile(os.path.join(root, n))})
 
 
 def first_sentence(lines):

@@ -9,8 +9,8 @@ such a header is for its package, its tests, the fuzzers and the benchmarks
 "Targets and visibility". Run from anywhere in the checkout; exit 1 naming
 each target that breaks the rule.
 """
+import ast
 import os
-import re
 import subprocess
 import sys
 
@@ -21,6 +21,13 @@ def internal(path):
     return "internal/" in path or path.endswith("_internal.h")
 
 
+def strings(node):
+    """Every string literal in an attribute's expression: a list, a glob's
+    patterns, a select()'s branches, concatenations."""
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)] if node is not None else []
+
+
 def main():
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -28,24 +35,27 @@ def main():
                            capture_output=True, text=True, check=True).stdout.split()
     bad, checked = [], 0
     for f in files:
-        if f.startswith("third_party/"):
+        if f.startswith("third_party/") or not os.path.exists(os.path.join(root, f)):
             continue
         with open(os.path.join(root, f), encoding="utf-8") as fh:
-            text = fh.read()
-        for block in re.findall(r"\ncc_library\(\n(.*?)\n\)\n", text, re.S):
-            name = re.search(r'name = "([^"]+)"', block).group(1)
-            hdrs = re.search(r'\bhdrs = (\[.*?\]|"[^"]*")', block, re.S)
-            inner = [h for h in re.findall(r'"([^"]+)"', hdrs.group(1) if hdrs else "")
+            tree = ast.parse(fh.read(), filename=f)
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id.startswith("cc_")):
+                continue
+            attrs = {k.arg: k.value for k in call.keywords}
+            inner = [h for a in ("hdrs", "textual_hdrs") for h in strings(attrs.get(a))
                      if internal(h)]
             if not inner:
                 continue
             checked += 1
-            vis = re.search(r"\bvisibility = (\[.*?\])", block, re.S)
+            name = (strings(attrs.get("name")) or ["?"])[0]
             where = f"//{os.path.dirname(f)}:{name}"
-            if not vis:
+            vis = attrs.get("visibility")
+            if vis is None:
                 bad.append(f"{where} exports {', '.join(inner)} with its package's default "
                            "visibility: give it one (the package's :internal group)")
-            elif any(w in vis.group(1) for w in WIDE):
+            elif any(w in strings(vis) for w in WIDE):
                 bad.append(f"{where} exports {', '.join(inner)} to everyone: narrow its "
                            "visibility (the package's :internal group)")
     for line in bad:

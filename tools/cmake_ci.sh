@@ -87,7 +87,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 # One configuration for the whole 2.x line: pip's torch is a CUDA build, so
 # the CUDA targets (the NCCL backend, CUDA IPC, the CUDA tests and
 # benchmarks) compile and link in the same build as everything else, against
-# pip's NCCL and the toolkit, while the CPU tests run.
+# pip's NCCL and the toolkit.
 stage "configure against pip's torch in $build/t2 (CUDA, Python)"
 # Warnings are errors here, as in the Bazel build.
 cmake -G Ninja -S . -B "$build/t2" -DBATON_CUDA=ON -DBATON_GLOO=OFF -DBATON_PYTHON=ON \

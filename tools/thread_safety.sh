@@ -28,23 +28,28 @@ else
     grep -v -e '/bench/' -e '_test.cc$')
 fi
 check() {
-  local cuda=() flags key out
+  local cuda=() flags key out rc=0
+  local check_flags=(-fsyntax-only -Wthread-safety -Werror=thread-safety -Wno-unknown-warning-option)
   case "$1" in
     comm/nccl_backend.cc|comm/data_parallel.cc|rpc/cuda/*)
       cuda=(-isystem /usr/local/cuda/include -I comm/cuda/compat) ;;
   esac
   flags=(-std=c++17 -I. -I"$GEN" -isystem /usr/include/torch/csrc/api/include "${cuda[@]}"
     -DBATON_HAVE_GLOO)
-  key=$(clang_cache_key "$CHECK_ID" "$1" "${flags[@]}")
+  key=$(clang_cache_key "$CHECK_ID ${check_flags[*]}" "$1" "${flags[@]}")
   clang_cache_hit "$key" && return 0
-  out=$(clang++ "${flags[@]}" -fsyntax-only -Wthread-safety -Werror=thread-safety \
-    -Wno-unknown-warning-option "$1" 2>&1 | grep -v "^$" || true)
-  echo "$out"
-  if ! grep -q "error:" <<<"$out"; then clang_cache_keep "$key"; fi
+  out=$(clang++ "${flags[@]}" "${check_flags[@]}" "$1" 2>&1) || rc=$?
+  grep -v "^$" <<<"$out" || true
+  # A crash or a kill is a failure too, and only a clean pass is kept.
+  if [ $rc -ne 0 ] && ! grep -q "error:" <<<"$out"; then
+    echo "$1: error: clang++ exited with status $rc"
+  elif [ $rc -eq 0 ] && ! grep -q "error:" <<<"$out"; then
+    clang_cache_keep "$key"
+  fi
 }
 export -f check
 export GEN CHECK_ID
-OUT=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check {}')
+OUT=$(printf '%s\n' "${FILES[@]}" | xargs -d '\n' -n 1 -P "$(nproc)" bash -c 'check "$1"' _)
 if grep -q "error:" <<<"$OUT"; then
   echo "$OUT" | grep -B2 -A6 "error:" >&2
   echo "thread_safety.sh: lock annotations violated (above)" >&2

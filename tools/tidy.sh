@@ -38,7 +38,7 @@ bazel build //proto:all >/dev/null 2>&1 || bazel build //proto:all
 GEN=bazel-bin
 # shellcheck source=tools/clang_result_cache.sh
 source tools/clang_result_cache.sh
-CHECK_ID="tidy $(clang-tidy --version | grep -o 'version [0-9.]*') $CHECKS"
+CHECK_ID="tidy $(clang-tidy --version | grep -o 'version [0-9.]*')"
 if [ $# -gt 0 ]; then
   FILES=("$@")
 else
@@ -47,22 +47,27 @@ else
     'rpc/transport/*/*.cc' 'rpc/channel/*/*.cc' | grep -v -e '_test.cc$' -e '/bench/' |
     xargs grep -L -e '#include <torch/' -e '#include <ATen/')
 fi
-export CHECKS GEN CHECK_ID
+HEADER_FILTER='^\./(base|store|env|launcher|obs|rpc|rref|dist_autograd|dist_optim|ps|rl|pipeline|comm|data)/'
+export CHECKS GEN CHECK_ID HEADER_FILTER
 tidy() {
-  local flags key out
+  local flags tidy_flags key out rc=0
   flags=(-std=c++17 -Wno-unknown-warning-option -I. -I"$GEN"
     -isystem /usr/include/torch/csrc/api/include -DBATON_HAVE_GLOO)
-  key=$(clang_cache_key "$CHECK_ID" "$1" "${flags[@]}")
+  tidy_flags=(-quiet -checks="$CHECKS" -warnings-as-errors='*' -header-filter="$HEADER_FILTER")
+  key=$(clang_cache_key "$CHECK_ID ${tidy_flags[*]}" "$1" "${flags[@]}")
   clang_cache_hit "$key" && return 0
-  out=$(clang-tidy -quiet -checks="$CHECKS" -warnings-as-errors='*' \
-    -header-filter='^\./(base|store|env|launcher|obs|rpc|rref|dist_autograd|dist_optim|ps|rl|pipeline|comm|data)/' \
-    "$1" -- "${flags[@]}" 2>&1 |
-    grep -v -e '^[0-9]* warnings\? generated' -e '^Suppressed' -e '^Use -header-filter' || true)
-  echo "$out"
-  if ! grep -q "error:" <<<"$out"; then clang_cache_keep "$key"; fi
+  out=$(clang-tidy "${tidy_flags[@]}" "$1" -- "${flags[@]}" 2>&1) || rc=$?
+  grep -v -e '^[0-9]* warnings\? generated' -e '^Suppressed' -e '^Use -header-filter' <<<"$out" ||
+    true
+  # A crash or a kill is a failure too, and only a clean pass is kept.
+  if [ $rc -ne 0 ] && ! grep -q "error:" <<<"$out"; then
+    echo "$1: error: clang-tidy exited with status $rc"
+  elif [ $rc -eq 0 ] && ! grep -q "error:" <<<"$out"; then
+    clang_cache_keep "$key"
+  fi
 }
 export -f tidy
-OUT=$(printf '%s\n' "${FILES[@]}" | xargs -P "$(nproc)" -I{} bash -c 'tidy {}')
+OUT=$(printf '%s\n' "${FILES[@]}" | xargs -d '\n' -n 1 -P "$(nproc)" bash -c 'tidy "$1"' _)
 if grep -q "error:" <<<"$OUT"; then
   echo "$OUT" >&2
   echo "tidy.sh: findings above (fix them, or NOLINT(check) with the reason)" >&2

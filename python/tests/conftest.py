@@ -6,8 +6,22 @@ touches to say it shards. Each shard keeps every TEST_TOTAL_SHARDS-th test of
 the collected order, so the shards together run each test exactly once.
 Without those variables (pytest run by hand, the wheel's checks) every test
 runs.
+
+SIGTERM (Bazel's timeout, CI stopping a stage at its budget) ends pytest
+through SystemExit, so that the harness's `finally` blocks kill the workers
+it started in sessions of their own (harness.py), which the signal does not
+reach.
 """
 import os
+import signal
+import sys
+
+
+def _exit_on_sigterm(signum, frame):
+    sys.exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 def pytest_collection_modifyitems(config, items):
