@@ -1328,8 +1328,14 @@ class RRef(Generic[T]):
     def _check_not_deleted(self, use):
         """A user RRef that a shutdown released (graceful: every user RRef
         goes) cannot be used: torch's error, naming `use`."""
-        if _agent is not None and self._generation == _generation:
-            return
+        if self._generation == _generation:
+            if _agent is None and _initializing.is_set():
+                # A call that another worker made while this worker's
+                # init_rpc() still runs: its RRefs are live, and its
+                # function goes on once init_rpc() returns (as _current()).
+                _ready.wait(timeout=600)
+            if _agent is not None:
+                return
         if self._c.is_owner():
             return
         rref_id, fork_id = self._c.ids()
