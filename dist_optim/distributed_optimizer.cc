@@ -128,7 +128,9 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   try {
     for (int id : order) {
       Owner o;
-      o.worker = agent.workers()[id];
+      absl::StatusOr<rpc::WorkerInfo> worker = agent.worker(id);
+      if (!worker.ok()) throw Error(worker.status());
+      o.worker = *std::move(worker);
       o.optimizer = rref::remote<LocalOptimizer>(agent, id, encoded, by_owner[id], hogwild);
       owners.push_back(std::move(o));
     }

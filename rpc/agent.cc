@@ -60,11 +60,29 @@ RpcAgent::RpcAgent(std::unique_ptr<internal::AgentImpl> impl) : impl_(std::move(
 absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
     AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
     AgentCollaborators collaborators) {
-  if (options.world_size < 1) {
+  if (options.dynamic_group) {
+    if (options.max_ranks < 1 || options.max_ranks > (1 << 16)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_ranks must be in [1, 65536], got ", options.max_ranks));
+    }
+    if (options.rank < 0 || options.rank >= options.max_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is outside [0, ",
+                                                     options.max_ranks,
+                                                     ") (AgentOptions::max_ranks)"));
+    }
+    if (options.rejoin) {
+      return absl::FailedPreconditionError(
+          "a dynamic group has no rejoin: a rank that left joins again as a new member");
+    }
+    if (!options.device_maps.empty()) {
+      return absl::InvalidArgumentError(
+          "device maps need a group of fixed size (they are checked against every worker at "
+          "the rendezvous); pass a world size");
+    }
+  } else if (options.world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size must be at least 1, got ", options.world_size));
-  }
-  if (options.rank < 0 || options.rank >= options.world_size) {
+  } else if (options.rank < 0 || options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
@@ -93,7 +111,7 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
 RpcAgent::~RpcAgent() { impl_->Destroy(); }
 
 const WorkerInfo& RpcAgent::self() const { return impl_->self(); }
-const std::vector<WorkerInfo>& RpcAgent::workers() const { return impl_->workers(); }
+std::vector<WorkerInfo> RpcAgent::workers() const { return impl_->workers(); }
 absl::StatusOr<WorkerInfo> RpcAgent::worker(const WorkerRef& ref) const {
   return impl_->worker(ref);
 }
@@ -137,6 +155,7 @@ thread_local bool t_delivering = false;
 AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
                      AgentCollaborators collaborators)
     : options_(std::move(options)),
+      slots_(options_.dynamic_group ? options_.max_ranks : options_.world_size),
       registry_(std::move(registry)),
       network_factory_(std::move(collaborators.network_transport)),
       rendezvous_observer_(std::move(collaborators.rendezvous_observer)),
@@ -146,13 +165,14 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
   if (!options_.metrics_address.empty() || options_.collect_metrics) {
     metrics_ = std::make_unique<obs::MetricsRegistry>();
   }
-  traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, options_.world_size));
+  traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, slots_));
+  member_ = std::make_unique<std::atomic<bool>[]>(std::max(0, slots_));
   OpenTrace();
   RegisterStateFunction();
 }
 
 void AgentImpl::CountTraffic(int peer, const Payload& payload, bool out) {
-  if (peer < 0 || peer >= options_.world_size) return;
+  if (peer < 0 || peer >= slots_) return;
   PeerTraffic& t = traffic_[peer];
   const auto bytes = static_cast<int64_t>(payload.total_size());
   (out ? t.bytes_out : t.bytes_in).fetch_add(bytes, std::memory_order_relaxed);
@@ -176,21 +196,35 @@ void AgentImpl::Destroy() {
 
 absl::StatusOr<WorkerInfo> AgentImpl::worker(const WorkerRef& ref) const {
   if (ref.id() >= 0 || ref.name().empty()) {
-    if (ref.id() >= 0 && ref.id() < static_cast<int>(workers_.size())) {
-      return workers_[ref.id()];
+    if (IsMember(ref.id())) return workers_[ref.id()];
+    if (options_.dynamic_group && ref.id() >= 0 && ref.id() < slots_) {
+      return absl::NotFoundError(absl::StrCat(
+          "no worker with id ", ref.id(), " in the group: it left the group, or never joined it"));
     }
     return absl::NotFoundError(
         absl::StrCat("no worker with id ", ref.id(), "; ids are 0..", workers_.size() - 1));
   }
-  auto it = by_name_.find(ref.name());
-  if (it == by_name_.end()) {
+  int id = -1;
+  {
+    absl::ReaderMutexLock lock(&members_mu_);
+    if (auto it = by_name_.find(ref.name()); it != by_name_.end()) id = it->second;
+  }
+  if (id < 0) {
     std::vector<std::string> names;
-    for (const auto& w : workers_) names.push_back(w.name);
+    for (const WorkerInfo& w : workers()) names.push_back(w.name);
     return absl::NotFoundError(absl::StrCat("could not find destination: no worker named '",
                                             ref.name(), "'; workers are ",
                                             absl::StrJoin(names, ", ")));
   }
-  return workers_[it->second];
+  return workers_[id];
+}
+
+std::vector<WorkerInfo> AgentImpl::workers() const {
+  std::vector<WorkerInfo> out;
+  for (int r = 0; r < static_cast<int>(workers_.size()); ++r) {
+    if (IsMember(r)) out.push_back(workers_[r]);
+  }
+  return out;
 }
 
 std::string AgentImpl::CallContextText(int peer, const std::string& function) const {
@@ -215,6 +249,10 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   if (to < 0 || to >= static_cast<int>(workers_.size())) {
     return fail(absl::NotFoundError(
         absl::StrCat("rpc of function '", function, "': no worker with id ", to)));
+  }
+  if (!IsMember(to)) {  // M3
+    return fail(absl::NotFoundError(absl::StrCat("rpc of function '", function, "': worker id ", to,
+                                                 " left the group, or never joined it")));
   }
   const absl::Duration timeout =
       opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
@@ -536,6 +574,9 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     for (auto& h : hooks) {
       if (h.settle) note(h.settle(deadline));
     }
+    // M3: a dynamic group's members stop calling this worker before it
+    // drains.
+    if (options_.dynamic_group) AnnounceLeave(deadline);
     // 2. Drain: our outgoing calls are answered and incoming ones replied.
     {
       absl::MutexLock lock(&mu_);
@@ -548,8 +589,11 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
                          " incoming call(s) still running at the deadline")));
       }
     }
-    // 3. Everyone is drained; nobody will call anyone again.
-    note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world, deadline - absl::Now()));
+    // 3. Everyone is drained; nobody will call anyone again. (A dynamic
+    // group's members stopped calling this one: nobody waits for the rest.)
+    if (!options_.dynamic_group) {
+      note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world, deadline - absl::Now()));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -635,18 +679,24 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   }
   if (timer_) timer_->Stop();
   if (shm_) shm_->Close();
+  if (options_.dynamic_group) ReleaseMembership(left());
   if (store_server_ != nullptr && store_ != nullptr) {
     // Rank 0 hosts the store: keep it until every worker has left its
-    // shutdown barrier, so nobody loses the store mid-wait.
+    // shutdown barrier (a dynamic group: the group), so nobody loses the
+    // store mid-wait.
     (void)store_->Set(absl::StrCat(ns_, "shutdown/left/", rank_), "1");
-    std::vector<std::string> keys;
-    for (int r = 0; r < options_.world_size; ++r) {
-      keys.push_back(absl::StrCat(ns_, "shutdown/left/", r));
+    if (options_.dynamic_group) {
+      (void)AwaitMembersGone(left());
+    } else {
+      std::vector<std::string> keys;
+      for (int r = 0; r < options_.world_size; ++r) {
+        keys.push_back(absl::StrCat(ns_, "shutdown/left/", r));
+      }
+      (void)store_->Wait(keys, std::min(absl::Seconds(5), left()));
     }
-    (void)store_->Wait(keys, std::min(absl::Seconds(5), left()));
     store_server_->Shutdown(absl::Milliseconds(200));
     if (!token_file_.empty()) ::unlink(token_file_.c_str());
-  } else if (store_ != nullptr && !ns_.empty()) {
+  } else if (store_ != nullptr && !ns_.empty() && !options_.dynamic_group) {
     auto* client = dynamic_cast<store::StoreClient*>(store_.get());
     const std::string left_key = absl::StrCat(ns_, "shutdown/left/", rank_);
     if (client != nullptr) {

@@ -30,6 +30,28 @@
 //                        (with its message);   UNAUTHENTICATED  wrong job token.
 // - Tensors are sent from their own memory: do not modify a tensor passed to
 //   rpc_async until its future completes.
+// - Dynamic groups (AgentOptions::dynamic_group, torch's init_rpc without a
+//   world size): the group has no fixed size. A worker joins the group that
+//   the store holds whenever it starts, and leaves it at its Shutdown();
+//   workers() lists the members of the moment. Guarantees (M):
+// M1 Create() returns once every member that joined before this worker
+//    knows it: from then on each can call it by name, and it can call each.
+//    A member that joins later is known to this one once that member's
+//    Create() returned.
+// M2 Names and ranks are unique among the members: a second process with a
+//    rank or a name in use fails Create() with ALREADY_EXISTS naming it; a
+//    rank keeps the name it first joined with for the store's life.
+// M3 A graceful Shutdown() tells every member before it drains: their
+//    later calls to it fail at once with NOT_FOUND ("... left the group"),
+//    and calls already running on either side complete. A worker that dies
+//    instead is reported dead as in a fixed group.
+// M4 Fixed and dynamic members never meet: a worker of the other kind fails
+//    Create() with FAILED_PRECONDITION ("RPC group mixes statically and
+//    dynamically initialized members which is not supported.").
+//   A dynamic group travels over the network transport only (no
+//   shared-memory links or channel). Rank 0, when it serves the store,
+//   waits at its Shutdown() (up to shutdown_timeout) for the members that
+//   joined to leave, as the store goes with it.
 // - Shutdown(graceful=true): all workers agree through the store, every
 //   worker drains its outstanding calls (incoming and outgoing), then servers
 //   stop. Each step is bounded by shutdown_timeout, also when a peer died;
@@ -79,6 +101,13 @@ struct AgentOptions {
   std::string name;
   int rank = -1;
   int world_size = -1;
+  // A dynamic group (the contract above, M1-M4): world_size is not read;
+  // the rank is below max_ranks, the size of the agent's per-peer tables.
+  // FAILED_PRECONDITION with rejoin (a rank that left joins again as a new
+  // worker instead). Device maps are refused (INVALID_ARGUMENT): they are
+  // checked against every worker at the rendezvous.
+  bool dynamic_group = false;
+  int max_ranks = 1024;
   // Where rank 0 serves the rendezvous store.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
@@ -400,7 +429,9 @@ class RpcAgent final : public DeviceRouter {
   RpcAgent& operator=(const RpcAgent&) = delete;
 
   const WorkerInfo& self() const;
-  const std::vector<WorkerInfo>& workers() const;
+  // The group's workers, in rank order: every worker of a fixed group, the
+  // members of the moment in a dynamic one (a copy).
+  std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
   const AgentOptions& options() const;
   FunctionRegistry& registry();
@@ -521,6 +552,7 @@ class RpcAgent final : public DeviceRouter {
   // handle: baton's wire-level tests reach it through
   // rpc/internal/agent_internals.h.
   friend class internal::AgentInternals;
+  friend class internal::AgentImpl;  // a dynamic group's notices reach the callee's
   explicit RpcAgent(std::unique_ptr<internal::AgentImpl> impl);
 
   std::unique_ptr<internal::AgentImpl> impl_;

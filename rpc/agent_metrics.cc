@@ -68,8 +68,9 @@ absl::Status AgentImpl::StartMetrics() {
          &PeerTraffic::messages_out, &PeerTraffic::messages_in}};
     for (const Family& f : families) {
       w.Family(f.name, f.help, "counter");
-      const int peers = std::min(options_.world_size, static_cast<int>(workers_.size()));
+      const int peers = std::min(slots_, static_cast<int>(workers_.size()));
       for (int p = 0; p < peers; ++p) {
+        if (!IsMember(p)) continue;  // a dynamic group's empty slots
         const PeerTraffic& t = traffic_[p];
         const std::string transport = uses_shm_transport(p) ? "shm" : "grpc";
         for (const auto& [direction, field] : {std::pair{"out", f.out}, std::pair{"in", f.in}}) {
@@ -82,18 +83,20 @@ absl::Status AgentImpl::StartMetrics() {
   // Queues and windows per peer: where requests wait, and for whom.
   metrics_->AddCollector([this](obs::MetricsWriter& w) {
     if (!ready_.HasBeenNotified()) return;
-    const int peers = std::min(options_.world_size, static_cast<int>(workers_.size()));
+    const int peers = std::min(slots_, static_cast<int>(workers_.size()));
     if (gate_ != nullptr) {
       const std::vector<RequestGate::PeerLoad> load = gate_->PerPeer();
       w.Family("baton_rpc_peer_requests_queued",
                "A peer's requests admitted but not started: the queue depth per caller (F3).",
                "gauge");
       for (int p = 0; p < peers && p < static_cast<int>(load.size()); ++p) {
+        if (!IsMember(p)) continue;  // a dynamic group's empty slots
         w.Sample({{"peer", workers_[p].name}}, static_cast<double>(load[p].queued));
       }
       w.Family("baton_rpc_peer_requests_held",
                "A peer's requests admitted and not yet answered, queued or running (F2).", "gauge");
       for (int p = 0; p < peers && p < static_cast<int>(load.size()); ++p) {
+        if (!IsMember(p)) continue;  // a dynamic group's empty slots
         w.Sample({{"peer", workers_[p].name}}, static_cast<double>(load[p].held));
       }
     }
@@ -102,11 +105,13 @@ absl::Status AgentImpl::StartMetrics() {
       w.Family("baton_rpc_peer_calls_in_flight",
                "Calls to a peer sent and not yet answered, in its window (F1).", "gauge");
       for (int p = 0; p < peers && p < static_cast<int>(usage.size()); ++p) {
+        if (!IsMember(p)) continue;  // a dynamic group's empty slots
         w.Sample({{"peer", workers_[p].name}}, static_cast<double>(usage[p].calls));
       }
       w.Family("baton_rpc_peer_bytes_in_flight",
                "Request bytes to a peer sent and not yet answered, in its window (F1).", "gauge");
       for (int p = 0; p < peers && p < static_cast<int>(usage.size()); ++p) {
+        if (!IsMember(p)) continue;  // a dynamic group's empty slots
         w.Sample({{"peer", workers_[p].name}}, static_cast<double>(usage[p].bytes));
       }
     }

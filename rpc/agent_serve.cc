@@ -111,7 +111,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   const std::string& fname = frame.header.function();
   // A peer that finished rendezvous first may call before we have.
   if (!ready_.WaitForNotificationWithDeadline(deadline) ||
-      workers_.size() != static_cast<size_t>(options_.world_size)) {
+      workers_.size() != static_cast<size_t>(slots_)) {
     Refuse(
         channel, id, caller,
         absl::UnavailableError(absl::StrCat("worker '", options_.name, "' has not finished init")),

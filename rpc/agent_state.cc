@@ -38,7 +38,7 @@ std::string AgentImpl::JobStateJson(absl::Duration timeout) {
   if (ready_.HasBeenNotified()) {
     std::vector<std::pair<int, Future<Payload>>> asked;
     for (int p = 0; p < static_cast<int>(workers_.size()); ++p) {
-      if (p == rank_) continue;
+      if (p == rank_ || !IsMember(p)) continue;
       // Outside the window: a full one is what a hang may look like.
       asked.emplace_back(p, Call(p, kStateFn, "", Payload(), CallOptions{timeout},
                                  /*windowed=*/false));
@@ -67,7 +67,8 @@ void AgentImpl::CollectState(proto::WorkerState* out) const {
   out->set_incarnation(incarnation_);
   out->set_pid(static_cast<int32_t>(::getpid()));
   out->set_time_unix_us(absl::ToUnixMicros(now));
-  out->set_world_size(options_.world_size);
+  out->set_world_size(options_.dynamic_group ? static_cast<int>(workers().size())
+                                             : options_.world_size);
   const bool ready = ready_.HasBeenNotified();
   auto name_of = [&](int rank) -> std::string {
     if (ready && rank >= 0 && rank < static_cast<int>(workers_.size())) return workers_[rank].name;

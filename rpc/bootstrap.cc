@@ -346,6 +346,7 @@ absl::Status AgentImpl::Step(RendezvousStep step) {
 // The rendezvous, step by step: each step below says what it leaves
 // behind for the next. Rendezvous() reads as the list of them.
 absl::Status AgentImpl::Rendezvous() {
+  if (options_.dynamic_group) return JoinGroup();  // membership.cc
   rank_ = options_.rank;
   RETURN_IF_ERROR(PrepareRuntime());
   RETURN_IF_ERROR(Step(RendezvousStep::kConnectingStore));
@@ -386,8 +387,14 @@ absl::Status AgentImpl::Rendezvous() {
   }
   if (shm_ != nullptr) shm_->RemoveProbe();
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
+  RETURN_IF_ERROR(BecomeReady(reg.mine));
+  // After the notification: measuring the clock calls rank 0.
+  return StartTrace();
+}
+
+absl::Status AgentImpl::BecomeReady(const proto::WorkerRecord& mine) {
   // Calls to self go through the loopback server like any other call.
-  AddNetworkPeer(rank_, reg.mine);
+  AddNetworkPeer(rank_, mine);
   RETURN_IF_ERROR(StartMetrics());
   RETURN_IF_ERROR(StartStateServer());
   {
@@ -395,8 +402,7 @@ absl::Status AgentImpl::Rendezvous() {
     running_ = true;
   }
   ready_.Notify();
-  // After the notification: measuring the clock calls rank 0.
-  return StartTrace();
+  return absl::OkStatus();
 }
 
 // The executor, the timer, the request gate and the ping function; checks
@@ -410,7 +416,7 @@ absl::Status AgentImpl::PrepareRuntime() {
   // F2/F3 (flow_control.h): every request from a peer passes the gate, also
   // those that arrive before our rendezvous finished.
   gate_ = std::make_unique<RequestGate>(
-      options_.world_size, FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight},
+      slots_, FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight},
       executor_.get());
   // The probe that confirms a suspected peer death (SuspectPeer). A registry
   // shared by several agents has it already.
@@ -432,6 +438,7 @@ absl::Status AgentImpl::TakeRound() {
   // repeated init/shutdown in one job never sees stale registrations. A
   // rejoining incarnation takes the round its predecessor was in.
   rejoin_ = options_.rejoin;
+  RETURN_IF_ERROR(CheckGroupKind(*store_, /*dynamic=*/false));  // M4
   const std::string round_key = absl::StrCat("baton/init_round/", rank_);
   auto round = store_->Add(round_key, rejoin_ ? 0 : 1);
   if (!round.ok()) return round.status();
@@ -508,6 +515,7 @@ absl::Status AgentImpl::ClaimRank() {
     return absl::AlreadyExistsError(
         absl::StrCat("rank ", rank_, " is already taken by another process in this job"));
   }
+  rank_claim_ = nonce;
   return absl::OkStatus();
 }
 
@@ -596,6 +604,7 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
                              r,
                              records[r].address(),
                              {records[r].front_ends().begin(), records[r].front_ends().end()}};
+    absl::MutexLock lock(&members_mu_);
     auto [it, inserted] = by_name_.emplace(records[r].name(), r);
     if (!inserted) {
       return absl::AlreadyExistsError(absl::StrCat("worker name '", records[r].name(),
@@ -603,6 +612,8 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
                                                    r, " both use it"));
     }
   }
+  // Before ready_: every rank of a fixed group is a member.
+  for (int r = 0; r < options_.world_size; ++r) member_[r].store(true, std::memory_order_release);
   RETURN_IF_ERROR(ResolveDeviceMaps(records));
   // F1: our window toward each peer stays within what that peer holds.
   std::vector<FlowLimits> windows(options_.world_size);

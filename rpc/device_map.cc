@@ -67,12 +67,15 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
   // CheckLocalDeviceMaps passed: what is left needs the registrations.
   for (const auto& [worker, devices] : options_.device_maps) {
     const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
-    auto it = by_name_.find(worker);
-    if (it == by_name_.end()) {
+    int peer = -1;
+    {
+      absl::ReaderMutexLock lock(&members_mu_);
+      if (auto it = by_name_.find(worker); it != by_name_.end()) peer = it->second;
+    }
+    if (peer < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": worker '", worker, "' is not in this job"));
     }
-    const int peer = it->second;
     const int remote = records[peer].cuda_devices();
     for (const auto& [from, to] : devices) {
       if (to >= remote) {

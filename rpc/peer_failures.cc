@@ -33,8 +33,8 @@ int64_t AgentImpl::peer_incarnation(int peer) const {
 }
 
 void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
-  if (!ready_.HasBeenNotified() || peer < 0 || peer >= static_cast<int>(workers_.size()) ||
-      peer == rank_) {
+  // A member that left a dynamic group (M3) is not suspected of anything.
+  if (!ready_.HasBeenNotified() || !IsMember(peer) || peer == rank_) {
     return;
   }
   int64_t incarnation;
@@ -512,6 +512,8 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
 // ---- Shutdown with a worker missing ----
 
 absl::Status AgentImpl::AwaitPeersAtShutdown() {
+  // A dynamic group's members leave one by one (M3): nobody waits for them.
+  if (options_.dynamic_group) return absl::OkStatus();
   const std::string barrier = ns_ + "shutdown/enter";
   if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
     return store::Barrier(*store_, barrier, rank_, options_.world_size, options_.shutdown_timeout);

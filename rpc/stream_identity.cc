@@ -120,11 +120,14 @@ void AgentImpl::AuthenticateStream(absl::string_view identity,
         absl::StrCat("worker '", options_.name, "' refuses ", claim.status().message())));
     return;
   }
-  if (!identity_.has_value() || claim->rank >= options_.world_size) {
+  if (!identity_.has_value() || claim->rank >= slots_) {
     done(absl::PermissionDeniedError(absl::StrCat(
         "worker '", options_.name, "' refuses a stream claiming worker id ", claim->rank,
-        claim->rank >= options_.world_size
-            ? absl::StrCat(": the job has ", options_.world_size, " workers")
+        claim->rank >= slots_
+            ? (options_.dynamic_group
+                   ? absl::StrCat(": the group's ranks are below ", slots_,
+                                  " (AgentOptions::max_ranks)")
+                   : absl::StrCat(": the job has ", options_.world_size, " workers"))
             : ": it has no identity yet")));
     return;
   }

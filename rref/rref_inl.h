@@ -156,7 +156,7 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     rpc::CallContext call;
     call.agent = agent;
     call.registry = &agent->registry();
-    call.caller = &agent->workers()[agent->self().id];
+    call.caller = &agent->self();
     call.function = m->qualified_name;
     service_->RunMethod(call, handle_->rref(), m->qualified_name, m->signature, *std::move(payload),
                         [ctx, rref = result->rref(), created](absl::StatusOr<rpc::AnyValue> v) {

@@ -603,7 +603,7 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, 
     rpc::CallContext call;
     call.agent = &agent;
     call.registry = &agent.registry();
-    call.caller = &agent.workers()[agent.self().id];
+    call.caller = &agent.self();
     auto task = [svc = svc.shared_from_this(), call, function, signature, rref = handle->rref(),
                  done = settle(handle->created_promise(), what), p = std::move(args)]() mutable {
       call.function = function;

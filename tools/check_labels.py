@@ -36,6 +36,7 @@ PROTOCOLS = [
     ("D", "Distributed autograd"),
     ("P", "Peer failures and restarts"),
     ("Q", "Partitions"),
+    ("M", "Dynamic groups: joining and leaving"),
     ("F", "Flow control"),
     ("W", "Stream identities"),
     ("E", "The executor"),

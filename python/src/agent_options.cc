@@ -23,6 +23,11 @@ absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
     if (var == kEnvWorldSize && config.world_size.has_value()) {
       return std::to_string(*config.world_size);
     }
+    // A dynamic group has no size: the parser checks the rank against the
+    // bound of its ranks instead.
+    if (var == kEnvWorldSize && config.dynamic_group) {
+      return std::to_string(rpc::AgentOptions().max_ranks);
+    }
     if (var == "BATON_WORKER_NAME" && !config.name.empty()) return config.name;
     if (var == kEnvMasterAddr && config.master_addr.has_value()) return *config.master_addr;
     if (var == kEnvMasterPort && config.master_port.has_value()) {
@@ -34,6 +39,10 @@ absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
   };
   absl::StatusOr<rpc::AgentOptions> options = rpc::AgentOptions::FromEnv("worker", lookup);
   if (!options.ok()) return Annotate(options.status(), "init_rpc");
+  if (config.dynamic_group) {
+    options->dynamic_group = true;
+    options->world_size = -1;
+  }
   // Each duration's rule for a value <= 0, here and nowhere else.
   for (auto [seconds, into] : {std::pair{&config.rpc_timeout, &options->rpc_timeout},
                                std::pair{&config.init_timeout, &options->init_timeout},

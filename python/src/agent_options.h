@@ -48,6 +48,9 @@ struct AgentConfig {
   std::optional<int> master_port;
   std::optional<int> rank;
   std::optional<int> world_size;
+  // A dynamic group (torch's init_rpc without a world size):
+  // rpc::AgentOptions::dynamic_group; world_size is then not read.
+  bool dynamic_group = false;
   // Seconds; <= 0: no limit (torch's convention). shutdown_wait_for_peers
   // <= 0 waits as long as the missing workers live (torch's shutdown()).
   std::optional<double> rpc_timeout;

@@ -446,6 +446,7 @@ AgentClass BindAgent(py::module_& m) {
       .def_readwrite("master_addr", &AgentConfig::master_addr)
       .def_readwrite("master_port", &AgentConfig::master_port)
       .def_readwrite("world_size", &AgentConfig::world_size)
+      .def_readwrite("dynamic_group", &AgentConfig::dynamic_group)
       .def_readwrite("rpc_timeout", &AgentConfig::rpc_timeout)
       .def_readwrite("init_timeout", &AgentConfig::init_timeout)
       .def_readwrite("shutdown_timeout", &AgentConfig::shutdown_timeout)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -96,9 +97,7 @@ class TorchAgent final : public trpc::RpcAgent {
   TorchAgent(rpc::RpcAgent* agent, absl::Duration rpc_timeout)
       : trpc::RpcAgent(TorchInfo(agent->self()), std::make_unique<trpc::RequestCallbackImpl>(),
                        std::chrono::milliseconds(absl::ToInt64Milliseconds(rpc_timeout))),
-        agent_(agent) {
-    for (const rpc::WorkerInfo& w : agent->workers()) infos_.push_back(TorchInfo(w));
-  }
+        agent_(agent) {}
 
   c10::intrusive_ptr<trpc::JitFuture> send(const trpc::WorkerInfo& to,
                                            c10::intrusive_ptr<trpc::Message> message,
@@ -183,32 +182,55 @@ class TorchAgent final : public trpc::RpcAgent {
   rpc::RpcAgent& baton() const { return *agent_; }
 
   const trpc::WorkerInfo& getWorkerInfo(const std::string& name) const override {
-    for (const trpc::WorkerInfo& w : infos_) {
-      if (w.name_ == name) return w;
-    }
-    TORCH_CHECK(false, "Unknown destination worker ", name);
+    return Known(rpc::WorkerRef(name),
+                 [&name](const trpc::WorkerInfo& w) { return w.name_ == name; });
   }
   const trpc::WorkerInfo& getWorkerInfo(trpc::worker_id_t id) const override {
-    for (const trpc::WorkerInfo& w : infos_) {
-      if (w.id_ == id) return w;
-    }
-    TORCH_CHECK(false, "Unknown destination worker ", id);
+    return Known(rpc::WorkerRef(static_cast<int>(id)),
+                 [id](const trpc::WorkerInfo& w) { return w.id_ == id; });
   }
-  std::vector<trpc::WorkerInfo> getWorkerInfos() const override { return infos_; }
+  // The group's workers now (a dynamic group's members change).
+  std::vector<trpc::WorkerInfo> getWorkerInfos() const override {
+    std::vector<trpc::WorkerInfo> out;
+    for (const rpc::WorkerInfo& w : agent_->workers()) out.push_back(TorchInfo(w));
+    return out;
+  }
   // baton's shutdown agreement joins the job (baton.rpc.shutdown).
   void join(bool /*shutdown*/, float /*timeout*/) override {}
   void sync() override {}
   void startImpl() override {}
   void shutdownImpl() override {}
   std::unordered_map<std::string, std::string> getMetrics() override {
-    return {{"agent", "baton"}, {"world_size", std::to_string(infos_.size())}};
+    return {{"agent", "baton"}, {"world_size", std::to_string(agent_->workers().size())}};
   }
 
  private:
   void addGilWaitTime(const std::chrono::microseconds /*gil_wait*/) override {}
 
+  // torch's interface hands out references: each worker looked up is kept
+  // here for the agent's life (a deque keeps them in place as it grows).
+  template <typename Match>
+  const trpc::WorkerInfo& Known(const rpc::WorkerRef& ref, Match match) const {
+    {
+      absl::MutexLock lock(&mu_);
+      for (const trpc::WorkerInfo& w : infos_) {
+        if (match(w)) return w;
+      }
+    }
+    absl::StatusOr<rpc::WorkerInfo> w = agent_->worker(ref);
+    TORCH_CHECK(w.ok(), "Unknown destination worker ",
+                ref.name().empty() ? std::to_string(ref.id()) : ref.name(), ": ",
+                std::string(w.status().message()));
+    absl::MutexLock lock(&mu_);
+    for (const trpc::WorkerInfo& known : infos_) {
+      if (known.id_ == w->id) return known;
+    }
+    return infos_.emplace_back(TorchInfo(*w));
+  }
+
   rpc::RpcAgent* const agent_;
-  std::vector<trpc::WorkerInfo> infos_;
+  mutable absl::Mutex mu_;
+  mutable std::deque<trpc::WorkerInfo> infos_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> next_id_{0};
 };
 

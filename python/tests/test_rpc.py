@@ -106,6 +106,13 @@ def test_every_error_class_is_raised_with_its_code_and_worker():
     harness.check(harness.run("errors", 2))
 
 
+def test_workers_join_a_dynamic_group_one_by_one_and_leave_it_alone():
+    workers = harness.run("dynamic", 3, timeout=120)
+    harness.check(workers)
+    assert workers[0].lines("MEMBERS") == ["worker0,worker1,worker2"]
+    assert workers[0].lines("LEFT") == ["True"]
+
+
 def test_a_killed_worker_raises_connection_error():
     workers = harness.run("killed", 2, timeout=60, expected_exit={1: (3,)})
     harness.check(workers, expect_rc={1: 3})

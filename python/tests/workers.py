@@ -1574,6 +1574,63 @@ def _role_name():
     return f"{os.environ.get('BATON_ROLE', 'worker')}{os.environ.get('BATON_ROLE_RANK', '0')}"
 
 
+# ---- A dynamic group: init_rpc without a world size ----
+
+_arrived = threading.Condition()
+_arrivals = []
+_released = threading.Event()
+
+
+def arrive(rank):
+    with _arrived:
+        _arrivals.append(rank)
+        _arrived.notify_all()
+
+
+def release_member():
+    _released.set()
+
+
+def scenario_dynamic(rank, world_size):
+    """Workers that join one by one, without a world size, and leave alone
+    (rpc/agent.h, M1-M4): every member reaches every other by name, and a
+    member's leave shrinks the others' worker list."""
+    os.environ.pop("WORLD_SIZE")  # no size anywhere: the group is dynamic
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}")
+    rpc.init_rpc(name(rank), rank=rank, rpc_backend_options=options)
+    me = rpc.get_worker_info()
+    assert me.name == name(rank) and me.id == rank, me
+    if rank != 0:
+        # Rank 0 serves the store: whoever joined, it is in the group.
+        rpc.rpc_sync("worker0", arrive, args=(rank,))
+        assert _released.wait(60), "rank 0 never released this member"
+        rpc.shutdown()
+        print("SCENARIO OK")
+        return
+    with _arrived:
+        assert _arrived.wait_for(lambda: len(_arrivals) == world_size - 1, 60), _arrivals
+    names = sorted(w.name for w in rpc._get_current_rpc_agent().get_worker_infos())
+    print("MEMBERS " + ",".join(names))
+    for r in range(1, world_size):
+        assert rpc.rpc_sync(name(r), add, args=(torch.ones(2), r)).tolist() == [1.0 + r] * 2
+        assert rpc.remote(name(r), add, args=(r, 1)).to_here() == r + 1
+    # Each leaves once released; this worker then sees the group shrink.
+    for r in range(1, world_size):
+        rpc.rpc_sync(name(r), release_member)
+    deadline = time.monotonic() + 60
+    while len(rpc._get_current_rpc_agent().get_worker_infos()) > 1:
+        assert time.monotonic() < deadline, "the members never left"
+        time.sleep(0.01)
+    try:
+        rpc.rpc_sync(name(1), echo, args=(1,))
+        raise AssertionError("a member that left was called")
+    except RuntimeError as e:
+        print("LEFT " + ("left the group" in str(e) or "no worker named" in str(e)).__repr__())
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
 if __name__ == "__main__":
     scenario = globals()["scenario_" + sys.argv[1]]
     if sys.argv[1] in ("launched", "restarts"):  # rank and world size from baton-run

@@ -91,6 +91,10 @@ absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
 // Adds AgentOptions::device_maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 
+// M4: claims the store for a fixed or a dynamic group (membership.cc);
+// FAILED_PRECONDITION, in torch's words, if it holds the other kind.
+absl::Status CheckGroupKind(store::Store& store, bool dynamic);
+
 class ShmChannel;
 class ShmTransport;
 
@@ -117,7 +121,12 @@ class AgentImpl : private TransportHandler {
   void Destroy();
 
   const WorkerInfo& self() const { return workers_[rank_]; }
-  const std::vector<WorkerInfo>& workers() const { return workers_; }
+  std::vector<WorkerInfo> workers() const;
+  // Whether `rank` is in the group now: every rank of a fixed group once the
+  // rendezvous read it, a dynamic group's members (membership.cc).
+  bool IsMember(int rank) const {
+    return rank >= 0 && rank < slots_ && member_[rank].load(std::memory_order_acquire);
+  }
   absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
   const AgentOptions& options() const { return options_; }
   FunctionRegistry& registry() { return *registry_; }
@@ -231,6 +240,39 @@ class AgentImpl : private TransportHandler {
   absl::Status ReadRegistrations(Registration& reg);
   absl::Status ConnectPeers(const Registration& reg);
   absl::StatusOr<std::vector<int>> FollowSuccessors(const Registration& reg);
+  // The rendezvous' last step: the path to self, metrics and state servers,
+  // then running and ready_.
+  absl::Status BecomeReady(const proto::WorkerRecord& mine);
+
+  // A dynamic group (membership.cc, rpc/agent.h M1-M4), instead of the
+  // fixed rendezvous from TakeRound on: the group's keys, the name, the
+  // members before this one, and the announcement to them (M1).
+  absl::Status JoinGroup();
+  absl::Status TakeGroupRound();
+  absl::Status ClaimName();
+  // Sizes the per-peer tables for options_.max_ranks slots, none a member.
+  void MakeSlots(const proto::WorkerRecord& mine);
+  absl::Status ReadMembers();
+  void AnnounceJoin();
+  // Takes `rank`, registered as `record`, into the group: its entry, name,
+  // window and network address; then IsMember(rank).
+  absl::Status AdmitMember(int rank, const proto::WorkerRecord& record);
+  // A member's join notice: reads its registration and admits it.
+  void OnJoinNotice(int caller, int64_t incarnation, Responder done);
+  // M3: a member's leave notice; it is no member from now on.
+  absl::Status OnLeaveNotice(int caller, int64_t incarnation);
+  // Takes `rank` out of the group (a leave notice, a failed join notice, a
+  // reported death).
+  void RemoveMember(int rank);
+  // M3: tells every member this worker leaves, within `deadline`.
+  void AnnounceLeave(absl::Time deadline);
+  // Takes this worker's registration, rank claim and count out of the
+  // store (Teardown; only what the join made).
+  void ReleaseMembership(absl::Duration timeout);
+  // The store's host: waits, at most `timeout`, until no member is left.
+  absl::Status AwaitMembersGone(absl::Duration timeout);
+  // The store keys of the group (one namespace for the store's life).
+  static constexpr char kGroupNamespace[] = "baton/group/";
   // Runs the rendezvous observer (AgentCollaborators) at `step`.
   absl::Status Step(RendezvousStep step);
 
@@ -364,6 +406,8 @@ class AgentImpl : private TransportHandler {
   // The names of `peer`'s shared-memory segments start with this.
 
   const AgentOptions options_;
+  // The per-peer tables' size: world_size, or a dynamic group's max_ranks.
+  const int slots_;
   const std::shared_ptr<FunctionRegistry> registry_;
   RpcAgent* handle_ = nullptr;
   NetworkTransportFactory network_factory_;                          // null: gRPC
@@ -395,7 +439,26 @@ class AgentImpl : private TransportHandler {
   // How messages to each peer travel (link, network, bulk channel); set
   // during Rendezvous, after the transports it borrows.
   std::vector<std::unique_ptr<PeerPath>> paths_;
-  absl::flat_hash_map<std::string, int> by_name_;  // set during Rendezvous
+  // Per slot: IsMember. A fixed group sets every slot before ready_; a
+  // dynamic group sets a slot once its workers_ entry is written
+  // (AdmitMember, release) and clears it when the member leaves. A slot's
+  // workers_ entry is written once, before its first admission, and read
+  // only for members afterwards.
+  std::unique_ptr<std::atomic<bool>[]> member_;
+  // Guards the name index, which a dynamic group changes as members come
+  // and go; taken before mu_ is, never while holding it.
+  mutable absl::Mutex members_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::flat_hash_map<std::string, int> by_name_ ABSL_GUARDED_BY(members_mu_);
+  // The slots whose workers_ entry is written (a dynamic group).
+  std::vector<bool> named_ ABSL_GUARDED_BY(members_mu_);
+  // A dynamic group: this worker's place in the member list (0: not
+  // joined), set in JoinGroup; the nonce of its rank claim (ClaimRank).
+  int64_t member_seq_ = 0;
+  std::string rank_claim_;
+  bool counted_ = false;  // in the group's `live` count (TakeGroupRound)
+  // Set once this worker's leave began: join notices are refused from then
+  // on, so nobody joins a member that is going (M3).
+  std::atomic<bool> leaving_{false};
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
   // AgentOptions::metrics_address: the registry (set in Create, before any

@@ -21,7 +21,13 @@ std::string LimitsText(const FlowLimits& l) {
 // ---- CallWindow ----
 
 CallWindow::CallWindow(std::vector<FlowLimits> limits)
-    : limits_(std::move(limits)), slots_(limits_.size()) {}
+    : peers_(static_cast<int>(limits.size())), limits_(std::move(limits)), slots_(peers_) {}
+
+void CallWindow::SetLimits(int peer, FlowLimits limits) {
+  if (peer < 0 || peer >= peers_) return;
+  absl::MutexLock lock(&mu_);
+  limits_[peer] = limits;
+}
 
 bool CallWindow::FitsLocked(int peer, int64_t bytes) const {
   const Slot& s = slots_[peer];
@@ -31,7 +37,7 @@ bool CallWindow::FitsLocked(int peer, int64_t bytes) const {
 }
 
 absl::Status CallWindow::Acquire(int peer, int64_t bytes, absl::Time deadline, bool may_wait) {
-  if (peer < 0 || peer >= static_cast<int>(limits_.size())) {
+  if (peer < 0 || peer >= peers_) {
     return absl::InvalidArgumentError(absl::StrCat("no peer ", peer));
   }
   // Declared before the lock, so it ends after the lock is released.
@@ -62,7 +68,7 @@ absl::Status CallWindow::Acquire(int peer, int64_t bytes, absl::Time deadline, b
 }
 
 void CallWindow::Release(int peer, int64_t bytes) {
-  if (peer < 0 || peer >= static_cast<int>(limits_.size())) return;
+  if (peer < 0 || peer >= peers_) return;
   absl::MutexLock lock(&mu_);
   Slot& s = slots_[peer];
   --s.calls;

@@ -78,6 +78,9 @@ class CallWindow {
   // Gives back what Acquire took, when the call's reply arrived or the call
   // failed for good.
   void Release(int peer, int64_t bytes);
+  // The window toward `peer` from now on (a dynamic group's member, known
+  // once it joined); no-op out of range.
+  void SetLimits(int peer, FlowLimits limits);
   // Wakes every waiter (CANCELLED); later Acquires fail the same way.
   void Close();
 
@@ -102,8 +105,9 @@ class CallWindow {
   };
   bool FitsLocked(int peer, int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::vector<FlowLimits> limits_;
+  const int peers_;
   mutable absl::Mutex mu_;
+  std::vector<FlowLimits> limits_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   int64_t waited_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;

@@ -258,6 +258,9 @@ _thread_local_var = threading.local()
 # Counts init_rpc()s: an RRef made under an agent that was shut down since
 # (a user RRef that shutdown released) is deleted (RRef._check_not_deleted).
 _generation = 0
+# Whether this worker's group is dynamic (init_rpc without a world size):
+# its members join and leave one by one (rpc/agent.h, M1-M4).
+_dynamic = False
 _initializing = threading.Event()  # set while init_rpc runs
 _ready = threading.Event()  # set once _agent is assigned
 
@@ -299,6 +302,11 @@ def init_rpc(name=None, backend=None, rank=None, world_size=None, rpc_backend_op
 
     rank and world_size default to RANK and WORLD_SIZE (set by baton-run);
     MASTER_ADDR and MASTER_PORT say where rank 0 serves the rendezvous.
+    Without a world size (none passed and no WORLD_SIZE), the group is
+    dynamic, as torch's: this worker joins the group that rank 0 started
+    (rank 0 first) and leaves it at shutdown(); the others see it from
+    then on (get_worker_infos(), calls by name). A group is all fixed or
+    all dynamic: the other kind fails with torch's RuntimeError.
     name None (baton's addition): the name baton-run gives, its role and
     rank within the role ("trainer0"), else "worker<rank>".
     ps_server (baton's addition): a baton.ps.PsServer this worker hosts.
@@ -325,7 +333,7 @@ def _init_rpc_backend(backend=BackendType.TENSORPIPE, store=None, name=None, ran
 
 
 def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store):
-    global _agent, _generation
+    global _agent, _generation, _dynamic
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
     if backend is not None and not backend_registry.is_backend(backend):
@@ -367,6 +375,8 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
         config.rank = int(rank)
     if world_size is not None:
         config.world_size = int(world_size)
+    dynamic = world_size is None and store is None and "WORLD_SIZE" not in os.environ
+    config.dynamic_group = dynamic
     host, port = _parse_init_method(options.init_method)
     if host is not None:
         config.master_addr = "127.0.0.1" if host == "localhost" else host
@@ -400,6 +410,7 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
         _generation += 1
         try:
             _agent = _C.Agent.create(config, _pickle.dumps, _run)
+            _dynamic = dynamic
             _errors.SELF_NAME = _agent.self_info()[0]
             # This worker's own profiler events carry its id (torch's
             # _set_profiler_node_id).
@@ -440,8 +451,9 @@ def _init_registered_backend(name, backend, rank, world_size, rpc_backend_option
     if rank is None or rank < 0:
         raise ValueError(f"init_rpc with {backend!r}: pass rank= (a rank >= 0)")
     if not world_size:
-        raise ValueError(f"init_rpc with {backend!r}: pass world_size= (baton's groups are "
-                         "fixed at the rendezvous; workers that join later are not supported)")
+        raise ValueError(f"init_rpc with {backend!r}: pass world_size= (a registered backend "
+                         "meets a group of fixed size through its store; the built-in backend "
+                         "takes dynamic groups)")
     options = rpc_backend_options
     if options is not None and not isinstance(options, RpcBackendOptions):
         raise TypeError("Argument rpc_backend_options must be an instance of "
@@ -545,6 +557,10 @@ def _graceful_steps(agent, timeout):
     """torch's steps of a graceful shutdown, between the agreement that every
     worker arrived and the drain. Returns the user RRefs still held (leak
     check on)."""
+    if _dynamic:
+        # torch's steps for a dynamic group: this worker leaves alone (the
+        # agent tells the members, M3); nobody waits for the others.
+        return None
     try:
         agent.enter_shutdown()
     except _C.StatusError:
