@@ -19,6 +19,7 @@ TARGETS=(
   //tests/rref:rref_protocol_test
   //tests/rpc:flow_control_test
   //tests/rpc:loopback_agent_test
+  //tests/rpc:membership_test
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rpc:rpc_multiprocess_test
