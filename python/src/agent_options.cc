@@ -18,6 +18,13 @@ absl::Duration Seconds(std::optional<double> s, absl::Duration fallback) {
 
 absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
                                                    const EnvLookup& env) {
+  const int max_ranks = rpc::AgentOptions().max_ranks;
+  if (config.dynamic_group && config.rank.has_value() &&
+      (*config.rank < 0 || *config.rank >= max_ranks)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_rpc: rank ", *config.rank, " is outside [0, ", max_ranks,
+        "): without a world size the group is dynamic, and its ranks are below ", max_ranks));
+  }
   auto lookup = [&](absl::string_view var) -> std::optional<std::string> {
     if (var == kEnvRank && config.rank.has_value()) return std::to_string(*config.rank);
     if (var == kEnvWorldSize && config.world_size.has_value()) {
@@ -25,9 +32,7 @@ absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
     }
     // A dynamic group has no size: the parser checks the rank against the
     // bound of its ranks instead.
-    if (var == kEnvWorldSize && config.dynamic_group) {
-      return std::to_string(rpc::AgentOptions().max_ranks);
-    }
+    if (var == kEnvWorldSize && config.dynamic_group) return std::to_string(max_ranks);
     if (var == "BATON_WORKER_NAME" && !config.name.empty()) return config.name;
     if (var == kEnvMasterAddr && config.master_addr.has_value()) return *config.master_addr;
     if (var == kEnvMasterPort && config.master_port.has_value()) {

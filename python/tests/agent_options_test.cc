@@ -107,5 +107,27 @@ TEST(AgentOptionsFrom, AnEnvironmentErrorSaysItCameFromInitRpc) {
   EXPECT_NE(o.status().message().find("WORLD_SIZE"), absl::string_view::npos) << o.status();
 }
 
+// init_rpc without a world size (and no WORLD_SIZE): a dynamic group, whose
+// ranks are below AgentOptions::max_ranks, said so without naming a
+// WORLD_SIZE the user never set.
+TEST(AgentOptionsFrom, NoWorldSizeIsADynamicGroupWithRanksBelowItsBound) {
+  AgentConfig c;
+  c.dynamic_group = true;
+  c.rank = 5;
+  const std::map<std::string, std::string> no_size = {{"MASTER_ADDR", "127.0.0.1"},
+                                                      {"MASTER_PORT", "29555"}};
+  absl::StatusOr<rpc::AgentOptions> o = AgentOptionsFrom(c, Env(no_size));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->dynamic_group);
+  EXPECT_EQ(o->world_size, -1);
+  EXPECT_EQ(o->rank, 5);
+  c.rank = rpc::AgentOptions().max_ranks;
+  o = AgentOptionsFrom(c, Env(no_size));
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("the group is dynamic"), absl::string_view::npos)
+      << o.status();
+  EXPECT_EQ(o.status().message().find("WORLD_SIZE"), absl::string_view::npos) << o.status();
+}
+
 }  // namespace
 }  // namespace baton::python
