@@ -49,6 +49,15 @@ constexpr char kMixedGroups[] =
 // The store's kind of group, claimed by its first worker.
 constexpr char kGroupKindKey[] = "baton/group_kind";
 
+// A notice's answer: empty, or the error.
+void Answer(Responder& done, const absl::Status& s) {
+  if (s.ok()) {
+    done(Payload());
+  } else {
+    done(s);
+  }
+}
+
 }  // namespace
 
 absl::Status CheckGroupKind(store::Store& store, bool dynamic) {
@@ -68,16 +77,11 @@ absl::Status AgentImpl::JoinGroup() {
   // one process share a registry (which then has them already).
   (void)registry_->RegisterRaw(
       kJoinFunction, "", [](const CallContext& ctx, Payload, Responder done) {
-        ctx.agent->impl_->OnJoinNotice(ctx.caller->id, ctx.caller_incarnation, std::move(done));
+        Answer(done, ctx.agent->impl_->OnJoinNotice(ctx.caller->id, ctx.caller_incarnation));
       });
   (void)registry_->RegisterInternalInline(
       kLeaveFunction, [](const CallContext& ctx, Payload, Responder done) {
-        absl::Status s = ctx.agent->impl_->OnLeaveNotice(ctx.caller->id, ctx.caller_incarnation);
-        if (s.ok()) {
-          done(Payload());
-        } else {
-          done(s);
-        }
+        Answer(done, ctx.agent->impl_->OnLeaveNotice(ctx.caller->id, ctx.caller_incarnation));
       });
   RETURN_IF_ERROR(Step(RendezvousStep::kConnectingStore));
   RETURN_IF_ERROR(ConnectStore());
@@ -202,15 +206,20 @@ absl::Status AgentImpl::ReadMembers() {
 // M1: every member known now hears of this one before Create() returns. A
 // member that does not answer (it left, or died) is not waited for beyond
 // init_timeout; it is said in the log.
-void AgentImpl::AnnounceJoin() {
+std::vector<std::pair<int, Future<Payload>>> AgentImpl::NotifyMembers(const char* function,
+                                                                      absl::Duration timeout) {
   std::vector<std::pair<int, Future<Payload>>> sent;
   CallOptions notice;
-  notice.timeout = options_.init_timeout;
+  notice.timeout = timeout;
   for (int r = 0; r < slots_; ++r) {
     if (r == rank_ || !IsMember(r)) continue;
-    sent.emplace_back(r, Call(r, kJoinFunction, "", Payload(), notice, /*windowed=*/false));
+    sent.emplace_back(r, Call(r, function, "", Payload(), notice, /*windowed=*/false));
   }
-  for (auto& [r, future] : sent) {
+  return sent;
+}
+
+void AgentImpl::AnnounceJoin() {
+  for (auto& [r, future] : NotifyMembers(kJoinFunction, options_.init_timeout)) {
     absl::StatusOr<Payload> answer = future.result();
     if (!answer.ok()) {
       // It is leaving, or gone: it does not know this worker, so it is no
@@ -224,14 +233,12 @@ void AgentImpl::AnnounceJoin() {
   }
 }
 
-void AgentImpl::OnJoinNotice(int caller, int64_t incarnation, Responder done) {
+absl::Status AgentImpl::OnJoinNotice(int caller, int64_t incarnation) {
   if (!options_.dynamic_group) {
-    done(absl::FailedPreconditionError(kMixedGroups));
-    return;
+    return absl::FailedPreconditionError(kMixedGroups);
   }
   if (leaving_.load(std::memory_order_acquire)) {
-    done(absl::NotFoundError(absl::StrCat("worker '", options_.name, "' is leaving the group")));
-    return;
+    return absl::NotFoundError(absl::StrCat("worker '", options_.name, "' is leaving the group"));
   }
   absl::StatusOr<std::string> v;
   {
@@ -240,23 +247,16 @@ void AgentImpl::OnJoinNotice(int caller, int64_t incarnation, Responder done) {
   }
   proto::WorkerRecord record;
   if (!v.ok() || !record.ParseFromString(*v) || record.address().empty()) {
-    done(absl::UnavailableError(
+    return absl::UnavailableError(
         absl::StrCat("worker '", options_.name, "' could not read the registration of worker id ",
-                     caller, ": ", v.ok() ? "malformed or withdrawn" : v.status().ToString())));
-    return;
+                     caller, ": ", v.ok() ? "malformed or withdrawn" : v.status().ToString()));
   }
   if (record.incarnation() != incarnation) {
-    done(absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         absl::StrCat("the join notice of worker id ", caller, " comes from incarnation ",
-                     incarnation, ", but incarnation ", record.incarnation(), " is registered")));
-    return;
+                     incarnation, ", but incarnation ", record.incarnation(), " is registered"));
   }
-  absl::Status s = AdmitMember(caller, record);
-  if (s.ok()) {
-    done(Payload());
-  } else {
-    done(s);
-  }
+  return AdmitMember(caller, record);
 }
 
 absl::Status AgentImpl::AdmitMember(int rank, const proto::WorkerRecord& record) {
@@ -329,17 +329,11 @@ void AgentImpl::AnnounceLeave(absl::Time deadline) {
   // registration finds it withdrawn.
   leaving_.store(true, std::memory_order_release);
   (void)store_->Set(absl::StrCat(ns_, "worker/", rank_), "");
-  std::vector<Future<Payload>> sent;
-  CallOptions notice;
   // One member that does not answer must not hold the rest of the shutdown.
-  notice.timeout = std::clamp(deadline - absl::Now(), absl::Milliseconds(1),
-                              std::min(options_.rpc_timeout, absl::Seconds(5)));
-  for (int r = 0; r < slots_; ++r) {
-    if (r == rank_ || !IsMember(r)) continue;
-    sent.push_back(Call(r, kLeaveFunction, "", Payload(), notice, /*windowed=*/false));
-  }
+  const absl::Duration timeout = std::clamp(deadline - absl::Now(), absl::Milliseconds(1),
+                                            std::min(options_.rpc_timeout, absl::Seconds(5)));
   // A member that does not answer has left or died itself: nothing to wait for.
-  for (auto& future : sent) (void)future.result();
+  for (auto& [r, future] : NotifyMembers(kLeaveFunction, timeout)) (void)future.result();
 }
 
 void AgentImpl::ReleaseMembership(absl::Duration timeout) {

@@ -253,12 +253,16 @@ class AgentImpl : private TransportHandler {
   // Sizes the per-peer tables for options_.max_ranks slots, none a member.
   void MakeSlots(const proto::WorkerRecord& mine);
   absl::Status ReadMembers();
+  // Calls `function` on every other member at once (outside the window),
+  // each within `timeout`; the calls, by member.
+  std::vector<std::pair<int, Future<Payload>>> NotifyMembers(const char* function,
+                                                             absl::Duration timeout);
   void AnnounceJoin();
   // Takes `rank`, registered as `record`, into the group: its entry, name,
   // window and network address; then IsMember(rank).
   absl::Status AdmitMember(int rank, const proto::WorkerRecord& record);
   // A member's join notice: reads its registration and admits it.
-  void OnJoinNotice(int caller, int64_t incarnation, Responder done);
+  absl::Status OnJoinNotice(int caller, int64_t incarnation);
   // M3: a member's leave notice; it is no member from now on.
   absl::Status OnLeaveNotice(int caller, int64_t incarnation);
   // Takes `rank` out of the group (a leave notice, a failed join notice, a
