@@ -27,7 +27,7 @@ constexpr size_t kRememberReleased = 1 << 16;
 // without bound. Far above what a job holds live (one or a few per root).
 constexpr size_t kMaxLiveContexts = 1 << 16;
 
-std::string WorkerName(const rpc::RpcAgent* agent) {
+std::string WorkerName(const rpc::Runtime* agent) {
   return agent != nullptr ? agent->self().name : std::string("?");
 }
 
@@ -149,7 +149,7 @@ std::shared_ptr<ContextState> Container::Find(int64_t id) const {
 }
 
 absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(int64_t id,
-                                                                     rpc::RpcAgent* agent) {
+                                                                     rpc::Runtime* agent) {
   // A participant releases the contexts of a creator that dies (D4): listen
   // to this agent's peer failures from the first context it brings.
   bool watch = false;
@@ -182,7 +182,7 @@ absl::StatusOr<std::shared_ptr<ContextState>> Container::GetOrCreate(int64_t id,
   return state;
 }
 
-std::shared_ptr<AgentLink> Container::LinkTo(rpc::RpcAgent& agent) {
+std::shared_ptr<AgentLink> Container::LinkTo(rpc::Runtime& agent) {
   {
     absl::MutexLock lock(&mu_);
     auto it = links_.find(&agent);
@@ -200,7 +200,7 @@ std::shared_ptr<AgentLink> Container::LinkTo(rpc::RpcAgent& agent) {
     if (!inserted) return it->second;
   }
   std::weak_ptr<Container> weak = weak_from_this();
-  rpc::RpcAgent::ShutdownHook hook;
+  rpc::Runtime::ShutdownHook hook;
   hook.release = [weak, link, key = &agent] {
     {
       absl::MutexLock lock(&link->mu);
@@ -215,7 +215,7 @@ std::shared_ptr<AgentLink> Container::LinkTo(rpc::RpcAgent& agent) {
   return link;
 }
 
-void Container::Release(rpc::RpcAgent* agent, int64_t id, int from) {
+void Container::Release(rpc::Runtime* agent, int64_t id, int from) {
   std::shared_ptr<ContextState> state;
   {
     absl::MutexLock lock(&mu_);
@@ -240,7 +240,7 @@ void Container::Release(rpc::RpcAgent* agent, int64_t id, int from) {
   // `state` (its send functions and thus the graph) is freed here, outside mu_.
 }
 
-void Container::SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broadcast_if_dead) {
+void Container::SendRelease(rpc::Runtime* agent, int64_t id, int to, bool broadcast_if_dead) {
   proto::ReleaseContext msg;
   msg.set_context_id(id);
   rpc::Payload payload;
@@ -267,7 +267,7 @@ void Container::SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broad
   });
 }
 
-int Container::ReleaseCreatedBy(rpc::RpcAgent* agent, int creator, int64_t incarnation) {
+int Container::ReleaseCreatedBy(rpc::Runtime* agent, int creator, int64_t incarnation) {
   std::vector<int64_t> ids;
   {
     absl::MutexLock lock(&mu_);
@@ -312,7 +312,7 @@ absl::Status AutogradHook::OnSend(const rpc::MessageInfo& message,
     }
   }
   if (context_id == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(auto state, c->GetOrCreate(context_id, message.agent));
+  ASSIGN_OR_RETURN(auto state, c->GetOrCreate(context_id, message.runtime));
   (state)->AddParticipant(message.peer);
   proto::AutogradTag tag;
   tag.set_context_id(context_id);
@@ -324,8 +324,8 @@ absl::Status AutogradHook::OnSend(const rpc::MessageInfo& message,
     }
   }
   if (!edges.empty()) {
-    const int self = message.agent != nullptr ? message.agent->self().id : 0;
-    const int64_t incarnation = message.agent != nullptr ? message.agent->incarnation() : 0;
+    const int self = message.runtime != nullptr ? message.runtime->self().id : 0;
+    const int64_t incarnation = message.runtime != nullptr ? message.runtime->incarnation() : 0;
     const int64_t message_id = c->NextMessageId(self, incarnation);
     tag.set_message_id(message_id);
     (state)->AddSend(message_id, std::move(edges));
@@ -342,7 +342,7 @@ absl::Status AutogradHook::OnReceive(const rpc::MessageInfo& message,
   auto c = container_.lock();
   if (c == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(auto tag, ParseTag(it->second));
-  auto state = c->GetOrCreate(tag.context_id(), message.agent);
+  auto state = c->GetOrCreate(tag.context_id(), message.runtime);
   if (!state.ok()) return state.status();
   (*state)->AddParticipant(message.peer);
   if (tag.grad_indices_size() == 0) return absl::OkStatus();
@@ -456,20 +456,21 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
 
 namespace {
 
-std::shared_ptr<internal::Container> ContainerOf(rpc::RpcAgent& agent) {
+std::shared_ptr<internal::Container> ContainerOf(rpc::Runtime& agent) {
   return agent.registry().GetExtension<internal::Container>();
 }
 
 }  // namespace
 
-Context::Context(rpc::RpcAgent& agent)
-    : container_(ContainerOf(agent)),
+Context::Context(rpc::RpcAgent& handle)
+    : container_(ContainerOf(handle.runtime())),
       previous_container_(internal::Container::CurrentContainer()),
       previous_id_(internal::Container::CurrentId()) {
   if (container_ == nullptr) {
     throw Error(absl::FailedPreconditionError(
         "dist_autograd::Install was not called on this worker's function registry"));
   }
+  rpc::Runtime& agent = handle.runtime();
   link_ = container_->LinkTo(agent);
   id_ = container_->Create(agent.self().id, agent.incarnation())->id();
   internal::Container::SetCurrent(container_.get(), id_);
@@ -483,14 +484,15 @@ Context::~Context() {
   container_->Release(link_->agent, id_, /*from=*/-1);
 }
 
-int64_t CurrentContextId(rpc::RpcAgent& agent) {
+int64_t CurrentContextId(rpc::RpcAgent& handle) {
+  rpc::Runtime& agent = handle.runtime();
   auto c = ContainerOf(agent);
   return c == nullptr ? 0 : c->Current();
 }
 
 namespace {
 
-absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent& agent,
+absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::Runtime& agent,
                                                                   int64_t context_id) {
   auto c = ContainerOf(agent);
   if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
@@ -504,8 +506,9 @@ absl::StatusOr<std::shared_ptr<internal::ContextState>> FindState(rpc::RpcAgent&
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ContextScope>> ContextScope::Enter(rpc::RpcAgent& agent,
+absl::StatusOr<std::unique_ptr<ContextScope>> ContextScope::Enter(rpc::RpcAgent& handle,
                                                                   int64_t context_id) {
+  rpc::Runtime& agent = handle.runtime();
   ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   std::unique_ptr<ContextScope> scope(
       new ContextScope(internal::Container::CurrentContainer(), internal::Container::CurrentId()));
@@ -519,7 +522,8 @@ ContextScope::~ContextScope() {
 
 const std::type_info& RecvFunctionType() { return typeid(internal::RecvRpcBackward); }
 
-absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t context_id) {
+absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& handle, int64_t context_id) {
+  rpc::Runtime& agent = handle.runtime();
   ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   ContextGraph graph;
   graph.id = context_id;
@@ -531,19 +535,22 @@ absl::StatusOr<ContextGraph> DescribeContext(rpc::RpcAgent& agent, int64_t conte
   return graph;
 }
 
-absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& agent, int64_t context_id) {
+absl::StatusOr<GradientMap> GetGradients(rpc::RpcAgent& handle, int64_t context_id) {
+  rpc::Runtime& agent = handle.runtime();
   ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   return (state)->Gradients();
 }
 
-absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& agent, int64_t context_id,
+absl::StatusOr<at::Tensor> GetGradient(rpc::RpcAgent& handle, int64_t context_id,
                                        const at::Tensor& leaf) {
+  rpc::Runtime& agent = handle.runtime();
   ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   return (state)->Gradient(leaf);
 }
 
-absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Tensor& leaf,
+absl::Status SetGradient(rpc::RpcAgent& handle, int64_t context_id, const at::Tensor& leaf,
                          at::Tensor grad) {
+  rpc::Runtime& agent = handle.runtime();
   ASSIGN_OR_RETURN(auto state, FindState(agent, context_id));
   if (!leaf.defined() || !grad.defined() || grad.sizes() != leaf.sizes() ||
       grad.scalar_type() != leaf.scalar_type()) {
@@ -556,12 +563,14 @@ absl::Status SetGradient(rpc::RpcAgent& agent, int64_t context_id, const at::Ten
   return absl::OkStatus();
 }
 
-std::vector<int64_t> LiveContexts(rpc::RpcAgent& agent) {
+std::vector<int64_t> LiveContexts(rpc::RpcAgent& handle) {
+  rpc::Runtime& agent = handle.runtime();
   auto c = ContainerOf(agent);
   return c == nullptr ? std::vector<int64_t>() : c->Ids();
 }
 
-int BackwardPassesRunning(rpc::RpcAgent& agent) {
+int BackwardPassesRunning(rpc::RpcAgent& handle) {
+  rpc::Runtime& agent = handle.runtime();
   auto c = ContainerOf(agent);
   return c == nullptr ? 0 : c->passes();
 }

@@ -79,7 +79,7 @@
 //    transitively; if one of them is dead, the release is broadcast to every
 //    other worker so that nobody behind it keeps the context. If the worker
 //    that created a context dies, every participant releases it once the
-//    agent confirms the death (RpcAgent::AddPeerFailureListener; within
+//    agent confirms the death (Runtime::AddPeerFailureListener; within
 //    about 2 s of the evidence: its stream cancelled, its process gone; or
 //    at once when a restarted incarnation of its rank calls). Context ids
 //    carry the creator's incarnation, so a restarted worker's contexts never

@@ -240,7 +240,7 @@ struct RecvGrads {
 
 // The job's timeline (obs/trace.h): a slice of category "autograd" for a
 // backward pass, or one worker's local part of it.
-void TraceAutograd(rpc::RpcAgent& agent, const std::string& name, int64_t context_id,
+void TraceAutograd(rpc::Runtime& agent, const std::string& name, int64_t context_id,
                    absl::Time start, const absl::Status& status) {
   obs::TraceRecorder* trace = agent.trace();
   if (trace == nullptr) return;
@@ -349,7 +349,7 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self, cons
   return out;
 }
 
-rpc::Future<bool> SendGradients(rpc::RpcAgent& agent, std::vector<Outgoing> outgoing,
+rpc::Future<bool> SendGradients(rpc::Runtime& agent, std::vector<Outgoing> outgoing,
                                 absl::Time deadline) {
   if (outgoing.empty()) return rpc::MakeReadyFuture<bool>(true);
   struct Join {
@@ -400,7 +400,7 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
       [weak](const rpc::CallContext& call, int64_t context_id, int64_t message_id,
              std::vector<at::Tensor> grads) -> rpc::Future<bool> {
         auto c = weak.lock();
-        const std::string where = absl::StrCat("worker '", call.agent->self().name, "'");
+        const std::string where = absl::StrCat("worker '", call.runtime->self().name, "'");
         if (c == nullptr) {
           return rpc::MakeErrorFuture<bool>(
               absl::UnavailableError(absl::StrCat("dist_autograd is gone on ", where)));
@@ -427,16 +427,16 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
           std::optional<at::ThreadLocalStateGuard> in_profile;
           if (profiled != nullptr) in_profile.emplace(*profiled);
           RECORD_FUNCTION("SendRpcBackward", std::vector<c10::IValue>());
-          outgoing = RunLocal(*state, call.agent->self().id, *edges, grads);
+          outgoing = RunLocal(*state, call.runtime->self().id, *edges, grads);
         }
-        TraceAutograd(*call.agent, absl::StrCat("local backward, context ", context_id), context_id,
-                      local_start, outgoing.status());
+        TraceAutograd(*call.runtime, absl::StrCat("local backward, context ", context_id),
+                      context_id, local_start, outgoing.status());
         if (!outgoing.ok()) {
           return rpc::MakeErrorFuture<bool>(
               Annotate(outgoing.status(),
                        absl::StrCat("distributed autograd context ", context_id, " on ", where)));
         }
-        return SendGradients(*call.agent, *std::move(outgoing), call.deadline);
+        return SendGradients(*call.runtime, *std::move(outgoing), call.deadline);
       });
   if (!s.ok()) return s;
   return registry.RegisterInternalInline(
@@ -445,16 +445,17 @@ absl::Status RegisterHandlers(rpc::FunctionRegistry& registry, std::weak_ptr<Con
         if (!msg.ParseFromString(args.bytes)) {
           return done(absl::DataLossError("undecodable distributed autograd release"));
         }
-        if (auto c = weak.lock()) c->Release(call.agent, msg.context_id(), call.caller->id);
+        if (auto c = weak.lock()) c->Release(call.runtime, msg.context_id(), call.caller->id);
         done(rpc::Payload());
       });
 }
 
 }  // namespace internal
 
-absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
+absl::Status Backward(rpc::RpcAgent& handle, int64_t context_id,
                       const std::vector<at::Tensor>& roots, bool retain_graph,
                       absl::Duration timeout) {
+  rpc::Runtime& agent = handle.runtime();
   auto c = agent.registry().GetExtension<internal::Container>();
   if (c == nullptr) return absl::FailedPreconditionError("dist_autograd is not installed");
   const std::string what = absl::StrCat("distributed backward of context ", context_id,

@@ -50,7 +50,7 @@ LocalOptimizer::LocalOptimizer(std::string options, std::vector<rref::RRef<at::T
     }
     tensors.push_back(*p.local_value());  // the owner's tensor itself, shared
   }
-  agent_ = params.front().service()->agent();
+  agent_ = params.front().service()->runtime();
   if (agent_ == nullptr) Check(absl::FailedPreconditionError("the agent is shut down"));
   owner_lock_ = agent_->registry().GetExtension<OwnerLock>();
   if (owner_lock_ == nullptr) {
@@ -64,7 +64,7 @@ LocalOptimizer::LocalOptimizer(std::string options, std::vector<rref::RRef<at::T
 bool LocalOptimizer::step(int64_t context_id) {
   const auto& params = optimizer_->params();
   std::vector<at::Tensor> grads(params.size());
-  auto g = dist_autograd::GetGradients(*agent_, context_id);
+  auto g = dist_autograd::GetGradients(agent_->handle(), context_id);
   if (g.ok()) {
     for (size_t i = 0; i < params.size(); ++i) grads[i] = g->Get(params[i]);
   } else if (g.status().code() != absl::StatusCode::kNotFound) {

@@ -122,7 +122,7 @@ class LocalOptimizer {
   int64_t num_params() const;
 
  private:
-  rpc::RpcAgent* agent_ = nullptr;
+  rpc::Runtime* agent_ = nullptr;
   std::shared_ptr<OwnerLock> owner_lock_;
   bool hogwild_ = false;
   std::unique_ptr<FunctionalOptimizer> optimizer_;

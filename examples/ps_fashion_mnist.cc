@@ -169,7 +169,7 @@ int Fail(const std::string& who, const std::string& context, const absl::Status&
 
 // A trainer's "finished" key holds "<samples> <seconds>" of its training.
 std::string DoneKey(const rpc::RpcAgent& agent, int trainer) {
-  return absl::StrCat(agent.store_namespace(), "ps_fashion_mnist/done/", trainer);
+  return absl::StrCat(agent.runtime().store_namespace(), "ps_fashion_mnist/done/", trainer);
 }
 
 double Rate(double samples, double seconds) { return seconds > 0 ? samples / seconds : 0; }
@@ -189,7 +189,7 @@ absl::Status WaitForTrainers(rpc::RpcAgent& agent, int from, int to, absl::Durat
   std::vector<std::string> keys;
   for (int t = from; t < to; ++t) keys.push_back(DoneKey(agent, t));
   if (keys.empty()) return absl::OkStatus();
-  return Annotate(agent.store().Wait(keys, timeout),
+  return Annotate(agent.runtime().store().Wait(keys, timeout),
                   absl::StrCat("waiting for trainers ", from, "..", to - 1, " to finish"));
 }
 
@@ -349,7 +349,7 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
     if (!s.ok()) return Fail(who, "before the evaluation", s);
     double job_rate = Rate(samples, seconds);
     for (int t = 1; t < num_trainers; ++t) {
-      job_rate += RateOf(a.store().Get(DoneKey(a, t), absl::Seconds(10)));
+      job_rate += RateOf(a.runtime().store().Get(DoneKey(a, t), absl::Seconds(10)));
     }
     if (s = binding->Pull(); !s.ok()) return Fail(who, "pulling the final parameters", s);
     const double accuracy = Evaluate(model, *test, device);
@@ -371,7 +371,7 @@ int RunTrainer(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions optio
       code = 1;
     }
   }
-  absl::Status s = a.store().Set(DoneKey(a, rank), absl::StrCat(samples, " ", seconds));
+  absl::Status s = a.runtime().store().Set(DoneKey(a, rank), absl::StrCat(samples, " ", seconds));
   if (!s.ok()) return Fail(who, "reporting that it finished", s);
   // Trainer 0 may still be evaluating: shut down together, once all are done.
   s = WaitForTrainers(a, 0, num_trainers, job_timeout);

@@ -35,7 +35,7 @@ using internal::StepRequest;
 // Sends stage messages as baton.pipeline.deliver calls.
 class RpcStageLink : public StageLink {
  public:
-  RpcStageLink(rpc::RpcAgent* agent, std::vector<std::string> names)
+  RpcStageLink(rpc::Runtime* agent, std::vector<std::string> names)
       : agent_(agent), names_(std::move(names)) {}
 
   void set_deadline(absl::Time deadline) { deadline_.store(absl::ToUnixNanos(deadline)); }
@@ -66,7 +66,7 @@ class RpcStageLink : public StageLink {
   }
 
  private:
-  rpc::RpcAgent* const agent_;
+  rpc::Runtime* const agent_;
   const std::vector<std::string> names_;
   std::atomic<int64_t> deadline_{std::numeric_limits<int64_t>::max()};
 };
@@ -216,11 +216,11 @@ class StageServer::Impl {
     if (closed_) return Closed();
     if (busy_) return absl::FailedPreconditionError("pipeline configure: a step is running");
     runner_ = std::shared_ptr<StageRunner>(std::move(runner));
-    link_ = std::make_shared<RpcStageLink>(ctx.agent, r.stage_workers);
-    trace_ = ctx.agent->trace();
+    link_ = std::make_shared<RpcStageLink>(ctx.runtime, r.stage_workers);
+    trace_ = ctx.runtime->trace();
     stage_ranks_.clear();
     for (const std::string& name : r.stage_workers) {
-      auto w = ctx.agent->worker(name);
+      auto w = ctx.runtime->worker(name);
       stage_ranks_.push_back(w.ok() ? w->id : -1);
     }
     steps_ = steps;
@@ -228,7 +228,7 @@ class StageServer::Impl {
   }
 
   rpc::Future<StepReply> RunStep(const rpc::CallContext& ctx, StepRequest r) {
-    rpc::Promise<StepReply> promise(ctx.agent->executor());
+    rpc::Promise<StepReply> promise(ctx.runtime->executor());
     absl::MutexLock lock(&mu_);
     if (closed_) return rpc::MakeErrorFuture<StepReply>(Closed());
     if (runner_ == nullptr) {

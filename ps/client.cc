@@ -91,7 +91,7 @@ bool StrictlyIncreasing(const int64_t* p, int64_t n) {
 }  // namespace
 
 PsClient::PsClient(rpc::RpcAgent& agent, PsSpec spec, Options options)
-    : agent_(agent),
+    : agent_(agent.runtime()),
       spec_(std::move(spec)),
       options_(std::move(options)),
       plan_(ShardPlan::Make(spec_, static_cast<int>(options_.servers.size()))) {}

@@ -64,7 +64,8 @@
 
 namespace baton::rpc {
 class RpcAgent;
-}
+class Runtime;
+}  // namespace baton::rpc
 namespace baton::ps::internal {
 class ParameterBoard;
 class GradientBox;
@@ -80,7 +81,7 @@ class PsClient {
     absl::Duration timeout = absl::Seconds(60);
     // Dense tables through shared memory with servers of this host: those
     // the agent reaches through its shared-memory channel
-    // (RpcAgent::uses_shm; off with BATON_SHM=0).
+    // (Runtime::uses_shm; off with BATON_SHM=0).
     bool same_host_shm = true;
   };
 
@@ -157,7 +158,7 @@ class PsClient {
   // or absent (the push then carries them).
   uint64_t WriteBox(int server, const std::vector<std::pair<int, at::Tensor>>& grads);
 
-  rpc::RpcAgent& agent_;
+  rpc::Runtime& agent_;
   const PsSpec spec_;
   const Options options_;
   const ShardPlan plan_;

@@ -53,7 +53,8 @@ const char* RendezvousStepName(RendezvousStep step) {
 
 // ---- The public handle ----
 
-RpcAgent::RpcAgent(std::unique_ptr<internal::AgentImpl> impl) : impl_(std::move(impl)) {
+RpcAgent::RpcAgent(std::unique_ptr<internal::AgentImpl> impl)
+    : impl_(std::move(impl)), runtime_(impl_.get()) {
   impl_->set_handle(this);
 }
 
@@ -110,41 +111,9 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
 
 RpcAgent::~RpcAgent() { impl_->Destroy(); }
 
-const WorkerInfo& RpcAgent::self() const { return impl_->self(); }
-std::vector<WorkerInfo> RpcAgent::workers() const { return impl_->workers(); }
-absl::StatusOr<WorkerInfo> RpcAgent::worker(const WorkerRef& ref) const {
-  return impl_->worker(ref);
-}
-const AgentOptions& RpcAgent::options() const { return impl_->options(); }
-FunctionRegistry& RpcAgent::registry() { return impl_->registry(); }
-Executor* RpcAgent::executor() { return impl_->executor(); }
-DeadlineTimer* RpcAgent::timer() { return impl_->timer(); }
-store::Store& RpcAgent::store() { return impl_->store(); }
-const std::string& RpcAgent::store_namespace() const { return impl_->store_namespace(); }
-Future<Payload> RpcAgent::CallRaw(int to, const std::string& function, const std::string& signature,
-                                  Payload args, const CallOptions& opts) {
-  return impl_->CallRaw(to, function, signature, std::move(args), opts);
-}
-void RpcAgent::AddShutdownHook(ShutdownHook hook) { impl_->AddShutdownHook(std::move(hook)); }
-void RpcAgent::AddPeerFailureListener(PeerFailureListener listener) {
-  impl_->AddPeerFailureListener(std::move(listener));
-}
-int64_t RpcAgent::incarnation() const { return impl_->incarnation(); }
-int64_t RpcAgent::peer_incarnation(int peer) const { return impl_->peer_incarnation(peer); }
 absl::Status RpcAgent::Shutdown(bool graceful) { return impl_->Shutdown(graceful); }
-absl::Status RpcAgent::EnterShutdown() { return impl_->EnterShutdown(); }
-bool RpcAgent::running() const { return impl_->running(); }
 AgentStats RpcAgent::stats() const { return impl_->stats(); }
-obs::MetricsRegistry* RpcAgent::metrics() const { return impl_->metrics(); }
-obs::TraceRecorder* RpcAgent::trace() const { return impl_->trace(); }
 int RpcAgent::metrics_port() const { return impl_->metrics_port(); }
-std::string RpcAgent::StateJson() const { return impl_->StateJson(); }
-bool RpcAgent::uses_shm(int peer) const { return impl_->uses_shm(peer); }
-bool RpcAgent::uses_shm_transport(int peer) const { return impl_->uses_shm_transport(peer); }
-absl::StatusOr<int> RpcAgent::DeviceOnPeer(int peer, int device) const {
-  return impl_->DeviceOnPeer(peer, device);
-}
-CudaTensorChannel* RpcAgent::CudaChannelFor(int peer) const { return impl_->CudaChannelFor(peer); }
 
 // ---- AgentImpl ----
 
@@ -436,7 +405,7 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
   // Reply notes first: the caller sees their effect once its call completes.
   for (const proto::ReplyNote& n : frame.header.notes()) {
     if (auto kind = registry_->FindReplyNoteKind(n.kind()); kind != nullptr && handle_ != nullptr) {
-      kind->on_arrival(*handle_, peer, n.data());
+      kind->on_arrival(*this, peer, n.data());
     }
   }
   if (frame.header.shm_blobs_size() > 0) {
@@ -482,7 +451,7 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
            /*undelivered=*/frame.header.not_run());
 }
 
-void AgentImpl::AddShutdownHook(RpcAgent::ShutdownHook hook) {
+void AgentImpl::AddShutdownHook(ShutdownHook hook) {
   absl::MutexLock lock(&mu_);
   hooks_.push_back(std::move(hook));
 }
@@ -566,7 +535,7 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
   }
   if (graceful) {
     const int world = options_.world_size;
-    std::vector<RpcAgent::ShutdownHook> hooks;
+    std::vector<ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);
       hooks = hooks_;
@@ -652,7 +621,7 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   }
   if (transport_) transport_->StopServer(std::min(absl::Seconds(1), left()));
   {
-    std::vector<RpcAgent::ShutdownHook> hooks;
+    std::vector<ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);
       hooks.swap(hooks_);

@@ -159,6 +159,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   }
   CallContext ctx;
   ctx.agent = handle_;
+  ctx.runtime = this;
   ctx.registry = registry_.get();
   ctx.caller = &workers_[caller];
   ctx.caller_incarnation = frame.header.caller_incarnation();
@@ -194,7 +195,7 @@ void AgentImpl::Dispatch(const std::shared_ptr<ReplyChannel>& channel, Frame fra
   // function): its notes go their own way now.
   for (ReplyNoteScope::Note& n : unsent) {
     if (auto kind = registry_->FindReplyNoteKind(n.kind); kind != nullptr && handle_ != nullptr) {
-      kind->unsent(*handle_, caller, std::move(n.data));
+      kind->unsent(*this, caller, std::move(n.data));
     }
   }
 }

@@ -52,10 +52,10 @@
 
 namespace baton::rpc {
 
-class RpcAgent;
+class Runtime;
 
 struct MessageInfo {
-  RpcAgent* agent = nullptr;
+  Runtime* runtime = nullptr;
   bool is_request = true;
   int peer = -1;  // the other end: destination on send, sender on receive
   absl::string_view function;

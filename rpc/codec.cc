@@ -5,7 +5,7 @@
 #include <torch/cuda.h>
 
 #include "base/status_macros.h"
-#include "rpc/agent.h"
+#include "rpc/runtime.h"
 
 namespace baton::rpc {
 namespace {
@@ -297,13 +297,13 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   int destination_device = -1;
   const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
   if (tensor.device().is_cuda()) {
-    if (context == nullptr || context->agent == nullptr || context->peer < 0) {
+    if (context == nullptr || context->runtime == nullptr || context->peer < 0) {
       enc.Fail(absl::InvalidArgumentError(absl::StrCat(
           "cannot send a tensor on device ", tensor.device().str(),
           " outside a call: its destination's device comes from the agent's device map")));
       return;
     }
-    router = context->agent;
+    router = context->runtime;
     absl::StatusOr<int> device = router->DeviceOnPeer(context->peer, tensor.device().index());
     if (!device.ok()) {
       enc.Fail(device.status());
@@ -420,8 +420,8 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
     if (path == kCudaIpc) {
       const CodecContext* context = dec.context();
       CudaTensorChannel* channel = nullptr;
-      if (context != nullptr && context->agent != nullptr) {
-        const DeviceRouter* router = context->agent;
+      if (context != nullptr && context->runtime != nullptr) {
+        const DeviceRouter* router = context->runtime;
         channel = router->CudaChannelFor(context->peer);
       }
       if (channel == nullptr) {

@@ -64,7 +64,7 @@
 
 namespace baton::rpc {
 
-class RpcAgent;
+class Runtime;
 
 class Encoder;
 class Decoder;
@@ -89,7 +89,7 @@ class CudaTensorChannel {
 };
 
 // Where a CUDA tensor sent to a peer arrives: the agent answers from
-// AgentOptions::device_maps (RpcAgent::DeviceOnPeer), and which channel
+// AgentOptions::device_maps (Runtime::DeviceOnPeer), and which channel
 // carries it. An interface so that the codec calls it without linking the
 // agent.
 class DeviceRouter {
@@ -108,7 +108,7 @@ class DeviceRouter {
 // decoding). Protocol layers use it, e.g. an RRef registers a fork for the
 // destination. Plain values ignore it. Null outside an RPC.
 struct CodecContext {
-  RpcAgent* agent = nullptr;
+  Runtime* runtime = nullptr;
   int peer = -1;
   // When set, the tensor codec lists every tensor it encodes (as given) or
   // decodes (the decoded object, which call hooks may replace).

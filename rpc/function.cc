@@ -116,7 +116,7 @@ absl::Status FunctionRegistry::RunReceiveHooks(
 FunctionRegistry::CallScopes FunctionRegistry::EnterCall(const CallContext& ctx) const {
   CallScopes out;
   const std::shared_ptr<const Hooks> hooks = this->hooks();
-  const MessageInfo m{ctx.agent, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
+  const MessageInfo m{ctx.runtime, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
                       ctx.function};
   for (const auto& h : *hooks) {
     if (auto scope = h->EnterCall(m, ctx.extensions)) out.scopes_.push_back(std::move(scope));

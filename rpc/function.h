@@ -61,16 +61,20 @@ class StateWriter;
 namespace baton::rpc {
 
 class RpcAgent;
+class Runtime;
 
 // What a running implementation knows about its call.
 class FunctionRegistry;
 
 struct CallContext {
+  // The callee's agent: its user handle, for nested calls from user code,
+  // and what the protocol layers use (rpc/runtime.h).
   RpcAgent* agent = nullptr;
+  Runtime* runtime = nullptr;
   // The registry that dispatched the call (its call hooks run on the reply).
   FunctionRegistry* registry = nullptr;
   const WorkerInfo* caller = nullptr;
-  // The caller's incarnation (RpcAgent::incarnation() on its side; 0 when
+  // The caller's incarnation (Runtime::incarnation() on its side; 0 when
   // the request did not say).
   int64_t caller_incarnation = 0;
   absl::string_view function;
@@ -109,9 +113,9 @@ struct CallContext {
 // (kMaxReplyNotes is in rpc/payload.h, beside the wire's other limits.)
 struct ReplyNoteKind {
   // On the caller, on the transport's thread: must not block.
-  std::function<void(RpcAgent& agent, int from, absl::string_view data)> on_arrival;
+  std::function<void(Runtime& runtime, int from, absl::string_view data)> on_arrival;
   // On the callee: sends the note as a message of its own.
-  std::function<void(RpcAgent& agent, int to, std::string data)> unsent;
+  std::function<void(Runtime& runtime, int to, std::string data)> unsent;
 };
 
 // See "Reply notes" above. `kind` names a ReplyNoteKind added to the
@@ -346,7 +350,7 @@ absl::StatusOr<Payload> FunctionRegistry::EncodeForSend(const T& value,
                                                         const MessageInfo& message) const {
   std::vector<at::Tensor> tensors;
   const bool hooks = has_call_hooks();
-  CodecContext cc{message.agent, message.peer, hooks ? &tensors : nullptr, nullptr};
+  CodecContext cc{message.runtime, message.peer, hooks ? &tensors : nullptr, nullptr};
   absl::StatusOr<Payload> p = EncodeMessage(value, &cc);
   if (!p.ok() || !hooks) return p;
   absl::Status s = RunSendHooks(message, tensors, p->extensions);
@@ -362,7 +366,7 @@ absl::Status FunctionRegistry::DecodeReceived(const Payload& payload, T* out,
                                               const MessageInfo& message) const {
   std::vector<at::Tensor*> tensors;
   const bool hooks = has_call_hooks();
-  CodecContext cc{message.agent, message.peer, nullptr, hooks ? &tensors : nullptr};
+  CodecContext cc{message.runtime, message.peer, nullptr, hooks ? &tensors : nullptr};
   absl::Status s = DecodeMessage(payload, out, &cc);
   if (!s.ok() || !hooks) return s;
   return RunReceiveHooks(message, tensors, payload.extensions);
@@ -425,13 +429,13 @@ template <typename R, typename Tuple, typename F>
 void InvokeTyped(F& impl, const CallContext& ctx, Payload args, TypedDone<R> done) {
   constexpr bool kWithContext = IsInvocableWithContext<F, Tuple>::value;
   Tuple decoded;
-  const MessageInfo m{ctx.agent, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
+  const MessageInfo m{ctx.runtime, /*is_request=*/true, ctx.caller != nullptr ? ctx.caller->id : -1,
                       ctx.function};
   absl::Status s;
   if (ctx.registry != nullptr) {
     s = ctx.registry->DecodeReceived(args, &decoded, m);
   } else {
-    const CodecContext cc{ctx.agent, m.peer};
+    const CodecContext cc{ctx.runtime, m.peer};
     s = DecodeMessage(args, &decoded, &cc);
   }
   if (!s.ok()) {
@@ -476,8 +480,8 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
                 "the implementation cannot be called with the Function's arguments");
   auto shared_impl = std::make_shared<F>(std::move(impl));
   RawHandler handler = [shared_impl](const CallContext& ctx, Payload args, Responder done) {
-    MessageInfo reply{ctx.agent, /*is_request=*/false, ctx.caller != nullptr ? ctx.caller->id : -1,
-                      ctx.function};
+    MessageInfo reply{ctx.runtime, /*is_request=*/false,
+                      ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
     internal::InvokeTyped<R, Tuple>(
         *shared_impl, ctx, std::move(args),
         [done = std::move(done), reply, registry = ctx.registry, request_ext = ctx.extensions,
@@ -488,7 +492,7 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
           if (registry != nullptr) {
             return done(registry->EncodeForSend<internal::Stored<R>>(*r, reply));
           }
-          const CodecContext cc{reply.agent, reply.peer};
+          const CodecContext cc{reply.runtime, reply.peer};
           done(EncodeMessage<internal::Stored<R>>(*r, &cc));
         });
   };

@@ -77,11 +77,13 @@ absl::Status AgentImpl::JoinGroup() {
   // one process share a registry (which then has them already).
   (void)registry_->RegisterRaw(
       kJoinFunction, "", [](const CallContext& ctx, Payload, Responder done) {
-        Answer(done, ctx.agent->impl_->OnJoinNotice(ctx.caller->id, ctx.caller_incarnation));
+        Answer(done, static_cast<AgentImpl*>(ctx.runtime)
+                         ->OnJoinNotice(ctx.caller->id, ctx.caller_incarnation));
       });
   (void)registry_->RegisterInternalInline(
       kLeaveFunction, [](const CallContext& ctx, Payload, Responder done) {
-        Answer(done, ctx.agent->impl_->OnLeaveNotice(ctx.caller->id, ctx.caller_incarnation));
+        Answer(done, static_cast<AgentImpl*>(ctx.runtime)
+                         ->OnLeaveNotice(ctx.caller->id, ctx.caller_incarnation));
       });
   RETURN_IF_ERROR(Step(RendezvousStep::kConnectingStore));
   RETURN_IF_ERROR(ConnectStore());

@@ -21,7 +21,7 @@
 
 namespace baton::rpc::internal {
 
-void AgentImpl::AddPeerFailureListener(RpcAgent::PeerFailureListener listener) {
+void AgentImpl::AddPeerFailureListener(PeerFailureListener listener) {
   absl::MutexLock lock(&mu_);
   failure_listeners_.push_back(std::move(listener));
 }
@@ -110,7 +110,7 @@ void AgentImpl::ProbeAgain(int peer, const absl::Status& cause) {
 }
 
 void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& cause) {
-  std::vector<RpcAgent::PeerFailureListener> listeners;
+  std::vector<PeerFailureListener> listeners;
   {
     absl::MutexLock lock(&mu_);
     if (!running_ || peer >= static_cast<int>(peers_.size()) || peers_[peer].dead >= incarnation) {

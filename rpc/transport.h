@@ -100,7 +100,7 @@ class TransportHandler {
   virtual void OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) = 0;
   // Evidence that `peer` may have died although no stream of ours to it
   // ended: its incoming stream was cancelled, or its process is gone. Not a
-  // verdict: the agent confirms it (RpcAgent::AddPeerFailureListener).
+  // verdict: the agent confirms it (Runtime::AddPeerFailureListener).
   virtual void OnPeerLost(int /*peer*/, const absl::Status& /*cause*/) {}
   // An outgoing stream ended before the peer accepted it: the peer read no
   // frame of it (no process listened, or it refused the stream before

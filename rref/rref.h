@@ -103,12 +103,12 @@ rpc::AnyValue MakeValue(std::shared_ptr<R> v) {
 // returns the caller's reference: the owner's local one when `to` is this
 // worker (the function then runs on this agent's executor), else a user
 // fork whose created() completes with the remote call.
-std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
+std::shared_ptr<RefHandle> RemoteCreate(rpc::Runtime& agent, RRefService& svc, int to,
                                         const std::string& function, const std::string& signature,
                                         const std::string& type, rpc::Payload args,
                                         const rpc::CallOptions& opts);
 
-inline std::shared_ptr<RRefService> ServiceOf(rpc::RpcAgent& agent) {
+inline std::shared_ptr<RRefService> ServiceOf(rpc::Runtime& agent) {
   auto svc = RRefService::Of(agent);
   if (!svc.ok()) throw Error(svc.status());
   return *svc;
@@ -131,7 +131,7 @@ class RRef {
   RRefId rref_id() const { return handle_->rref(); }
   ForkId fork_id() const { return handle_->fork(); }
   rpc::WorkerInfo owner() const {
-    rpc::RpcAgent* a = Agent();
+    rpc::Runtime* a = Agent();
     auto w = a->worker(handle_->owner());
     if (!w.ok()) throw Error(w.status());
     return *w;
@@ -169,8 +169,8 @@ class RRef {
   const std::shared_ptr<RRefService>& service() const { return service_; }
 
  private:
-  rpc::RpcAgent* Agent() const {
-    rpc::RpcAgent* a = service_->agent();
+  rpc::Runtime* Agent() const {
+    rpc::Runtime* a = service_->runtime();
     if (a == nullptr) {
       throw Error(absl::FailedPreconditionError(
           absl::StrCat("RRef ", id(), " used after its agent shut down")));
@@ -202,14 +202,15 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::Wo
   static_assert(!std::is_void_v<R>, "remote() needs a function with a result");
   static_assert(sizeof...(CallArgs) == sizeof...(Args),
                 "wrong number of arguments for this Function");
-  auto svc = internal::ServiceOf(agent);
-  auto worker = agent.worker(to);
+  rpc::Runtime& rt = agent.runtime();
+  auto svc = internal::ServiceOf(rt);
+  auto worker = rt.worker(to);
   if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
   typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  auto payload = agent.registry().EncodeForSend(
-      tuple, rpc::MessageInfo{&agent, /*is_request=*/true, worker->id, fn.name()});
+  auto payload = rt.registry().EncodeForSend(
+      tuple, rpc::MessageInfo{&rt, /*is_request=*/true, worker->id, fn.name()});
   if (!payload.ok()) throw Error(Annotate(payload.status(), "remote(): cannot encode arguments"));
-  return RRef<R>(internal::RemoteCreate(agent, *svc, worker->id, fn.name(),
+  return RRef<R>(internal::RemoteCreate(rt, *svc, worker->id, fn.name(),
                                         rpc::Function<R(Args...)>::cached_signature(),
                                         typeid(R).name(), *std::move(payload), opts),
                  svc);
@@ -226,7 +227,7 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, const rpc::Functi
 // is shared, not copied: local_value() returns the same object.
 template <typename T>
 RRef<T> MakeOwned(rpc::RpcAgent& agent, T value) {
-  auto svc = internal::ServiceOf(agent);
+  auto svc = internal::ServiceOf(agent.runtime());
   auto ctx = svc->context();
   auto handle = ctx->CreateOwned(typeid(T).name());
   ctx->SetValue(handle->rref(), internal::MakeValue(std::make_shared<T>(std::move(value))));
@@ -253,7 +254,7 @@ class ClassBuilder {
     rpc::ValueHandler value = [](const rpc::CallContext& ctx, rpc::Payload args,
                                  rpc::ValueDone done) {
       std::tuple<std::decay_t<A>...> decoded;
-      const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1};
+      const rpc::CodecContext cc{ctx.runtime, ctx.caller != nullptr ? ctx.caller->id : -1};
       absl::Status s = rpc::DecodeMessage(args, &decoded, &cc);
       if (!s.ok())
         return done(absl::DataLossError(absl::StrCat("undecodable arguments: ", s.message())));
@@ -285,13 +286,13 @@ class ClassBuilder {
     m.invoke = [method](std::shared_ptr<void> object, const rpc::CallContext& ctx,
                         rpc::Payload args, rpc::ValueDone done) {
       typename Tr::Args decoded;
-      const rpc::MessageInfo m{ctx.agent, /*is_request=*/true,
+      const rpc::MessageInfo m{ctx.runtime, /*is_request=*/true,
                                ctx.caller != nullptr ? ctx.caller->id : -1, ctx.function};
       absl::Status s;
       if (ctx.registry != nullptr) {
         s = ctx.registry->DecodeReceived(args, &decoded, m);
       } else {
-        const rpc::CodecContext cc{ctx.agent, m.peer};
+        const rpc::CodecContext cc{ctx.runtime, m.peer};
         s = rpc::DecodeMessage(args, &decoded, &cc);
       }
       if (!s.ok()) {

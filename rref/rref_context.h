@@ -142,7 +142,7 @@ struct GlobalId {
 using RRefId = GlobalId;
 using ForkId = GlobalId;
 
-// A worker holding a fork, in one incarnation (RpcAgent::incarnation).
+// A worker holding a fork, in one incarnation (Runtime::incarnation).
 // worker -1: unknown, never released by a peer failure; incarnation 0:
 // unknown, released by any failure of the worker.
 struct Holder {

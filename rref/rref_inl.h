@@ -9,7 +9,7 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   static_assert(internal::HasCodec<T>::value,
                 "to_here() copies the value, but this type cannot be sent: a remote object "
                 "stays on its owner; call its methods (rpc_sync/rpc_async/remote)");
-  rpc::RpcAgent* agent = service_->agent();
+  rpc::Runtime* agent = service_->runtime();
   if (agent == nullptr) {
     return rpc::MakeErrorFuture<T>(absl::FailedPreconditionError(
         absl::StrCat("to_here of ", Describe(), ": the agent is shut down")));
@@ -71,14 +71,14 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
 template <typename T>
 std::shared_ptr<T> RRef<T>::local_value() const {
   if (!is_owner()) {
-    rpc::RpcAgent* a = service_->agent();
+    rpc::Runtime* a = service_->runtime();
     throw Error(absl::FailedPreconditionError(absl::StrCat(
         "local_value() of ", Describe(), " called on worker ",
         a != nullptr ? a->self().name : std::string("?"), ", which is not its owner")));
   }
   auto value = service_->context()->OwnedValue(handle_->rref());
   if (!value.ok()) throw Error(value.status());
-  rpc::RpcAgent* a = Agent();
+  rpc::Runtime* a = Agent();
   if (!value->WaitFor(a->options().rpc_timeout)) {
     throw Error(absl::DeadlineExceededError(
         absl::StrCat("local_value() of ", Describe(), ": value not created in time")));
@@ -101,7 +101,7 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
         absl::NotFoundError(absl::StrCat("method of ", internal::Demangle(typeid(T).name()),
                                          " is not registered (RegisterClass(...).Method(...))")));
   }
-  rpc::RpcAgent* agent = service_->agent();
+  rpc::Runtime* agent = service_->runtime();
   if (agent == nullptr) {
     return rpc::MakeErrorFuture<R>(absl::FailedPreconditionError(
         absl::StrCat(m->qualified_name, " on ", Describe(), ": the agent is shut down")));
@@ -143,7 +143,7 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     throw Error(absl::NotFoundError(
         absl::StrCat("method of ", internal::Demangle(typeid(T).name()), " is not registered")));
   }
-  rpc::RpcAgent* agent = Agent();
+  rpc::Runtime* agent = Agent();
   auto ctx = service_->context();
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
   const rpc::CodecContext cc{agent, handle_->owner()};
@@ -154,7 +154,8 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     auto result = ctx->CreateOwned(type);
     rpc::Promise<void> created = result->created_promise();
     rpc::CallContext call;
-    call.agent = agent;
+    call.agent = &agent->handle();
+    call.runtime = agent;
     call.registry = &agent->registry();
     call.caller = &agent->self();
     call.function = m->qualified_name;
@@ -203,7 +204,8 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
 }
 
 template <typename C, typename... CallArgs>
-RRef<C> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, CallArgs&&... args) {
+RRef<C> remote(rpc::RpcAgent& handle, const rpc::WorkerRef& to, CallArgs&&... args) {
+  rpc::Runtime& agent = handle.runtime();
   auto svc = internal::ServiceOf(agent);
   const std::string cls = svc->ClassNameOf(typeid(C).name());
   if (cls.empty()) {
@@ -242,7 +244,7 @@ struct Codec<rref::RRef<T>> {
       return;
     }
     const CodecContext* cc = enc.context();
-    if (cc == nullptr || cc->agent == nullptr || cc->peer < 0) {
+    if (cc == nullptr || cc->runtime == nullptr || cc->peer < 0) {
       enc.Fail(absl::FailedPreconditionError("an RRef can only be sent in an RPC"));
       return;
     }
@@ -285,10 +287,10 @@ struct Codec<rref::RRef<T>> {
                        " where RRef<", rref::internal::ValueTypeName<T>(), "> was expected"));
     }
     const CodecContext* cc = dec.context();
-    if (cc == nullptr || cc->agent == nullptr) {
+    if (cc == nullptr || cc->runtime == nullptr) {
       return absl::FailedPreconditionError("an RRef can only be received in an RPC");
     }
-    ASSIGN_OR_RETURN(auto svc, rref::RRefService::Of(*cc->agent));
+    ASSIGN_OR_RETURN(auto svc, rref::RRefService::Of(*cc->runtime));
     *out = rref::RRef<T>((svc)->context()->Adopt(d), svc);
     return absl::OkStatus();
   }

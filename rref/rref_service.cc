@@ -40,7 +40,7 @@ void AwaitOwnedValue(const std::shared_ptr<RRefContext>& rctx, RRefId rref,
   bool waits_early = false;
   auto value = rctx->OwnedValue(rref, &waits_early);
   if (!value.ok()) return on_error(value.status());
-  rpc::DeadlineTimer* timer = ctx.agent != nullptr ? ctx.agent->timer() : nullptr;
+  rpc::DeadlineTimer* timer = ctx.runtime != nullptr ? ctx.runtime->timer() : nullptr;
   if (value->ready() || timer == nullptr || ctx.deadline == absl::InfiniteFuture()) {
     value->OnReady(std::move(on_value));
     return;
@@ -178,7 +178,7 @@ std::shared_ptr<RRefService> RRefService::Install(rpc::FunctionRegistry& registr
   return svc;
 }
 
-absl::StatusOr<std::shared_ptr<RRefService>> RRefService::Of(rpc::RpcAgent& agent) {
+absl::StatusOr<std::shared_ptr<RRefService>> RRefService::Of(rpc::Runtime& agent) {
   auto svc = agent.registry().GetExtension<RRefService>();
   if (svc == nullptr) {
     return absl::FailedPreconditionError(
@@ -189,9 +189,9 @@ absl::StatusOr<std::shared_ptr<RRefService>> RRefService::Of(rpc::RpcAgent& agen
   return svc;
 }
 
-void RRefService::Attach(rpc::RpcAgent* agent) { EnsureAttached(agent); }
+void RRefService::Attach(rpc::Runtime* runtime) { EnsureAttached(runtime); }
 
-std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
+std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::Runtime* agent) {
   {
     absl::MutexLock lock(&mu_);
     if (context_ != nullptr) return context_;
@@ -202,7 +202,7 @@ std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
     context_ = std::make_shared<RRefContext>(
         agent->self().id, sender, agent->incarnation(), [weak](int worker) -> int64_t {
           auto self = weak.lock();
-          rpc::RpcAgent* a = self != nullptr ? self->agent() : nullptr;
+          rpc::Runtime* a = self != nullptr ? self->runtime() : nullptr;
           return a != nullptr ? a->peer_incarnation(worker) : 0;
         });
   }
@@ -213,7 +213,7 @@ std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
       if (auto ctx = self->context()) ctx->OnPeerFailure(f.peer, f.incarnation);
     }
   });
-  rpc::RpcAgent::ShutdownHook hook;
+  rpc::Runtime::ShutdownHook hook;
   hook.settle = [weak](absl::Time deadline) {
     auto self = weak.lock();
     if (self == nullptr) return absl::OkStatus();
@@ -235,7 +235,7 @@ std::shared_ptr<RRefContext> RRefService::EnsureAttached(rpc::RpcAgent* agent) {
   return context_;
 }
 
-rpc::RpcAgent* RRefService::agent() const {
+rpc::Runtime* RRefService::runtime() const {
   absl::MutexLock lock(&mu_);
   return agent_;
 }
@@ -246,7 +246,7 @@ std::shared_ptr<RRefContext> RRefService::context() const {
 }
 
 rpc::Future<void> RRefService::SendControl(int to, const proto::RRefControl& msg) {
-  rpc::RpcAgent* a = agent();
+  rpc::Runtime* a = runtime();
   if (a == nullptr) {
     return rpc::MakeErrorFuture<void>(
         absl::FailedPreconditionError("RRef message after the agent shut down"));
@@ -396,7 +396,7 @@ void RRefService::RunMethod(const rpc::CallContext& ctx, RRefId target,
   pending->ctx.function = pending->function;
   pending->args = std::move(args);
   pending->done = std::move(done);
-  rpc::Executor* ex = ctx.agent != nullptr ? ctx.agent->executor() : nullptr;
+  rpc::Executor* ex = ctx.runtime != nullptr ? ctx.runtime->executor() : nullptr;
   AwaitOwnedValue(
       rctx, target, ctx,
       [method, pending, ex](const absl::StatusOr<rpc::AnyValue>& v) {
@@ -420,11 +420,11 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
                                                  const rpc::CallContext& ctx) {
   std::vector<at::Tensor> tensors;
   const bool hooks = ctx.registry != nullptr && ctx.registry->has_call_hooks();
-  const rpc::CodecContext cc{ctx.agent, ctx.caller != nullptr ? ctx.caller->id : -1,
+  const rpc::CodecContext cc{ctx.runtime, ctx.caller != nullptr ? ctx.caller->id : -1,
                              hooks ? &tensors : nullptr, nullptr};
   absl::StatusOr<rpc::Payload> p = v.encode(v.ptr.get(), cc);
   if (!p.ok() || !hooks) return p;
-  rpc::MessageInfo m{ctx.agent, /*is_request=*/false, cc.peer, ctx.function};
+  rpc::MessageInfo m{ctx.runtime, /*is_request=*/false, cc.peer, ctx.function};
   m.request_extensions = &ctx.extensions;
   absl::Status s = ctx.registry->RunSendHooks(m, tensors, p->extensions);
   if (!s.ok()) {
@@ -460,7 +460,7 @@ void RRefService::RegisterHandlers() {
         if (self == nullptr || !m.ParseFromString(args.bytes)) {
           return done(absl::DataLossError("malformed RRef control message"));
         }
-        auto rctx = self->EnsureAttached(ctx.agent);
+        auto rctx = self->EnsureAttached(ctx.runtime);
         const RRefId rref = FromProto(m.rref());
         const ForkId fork = FromProto(m.fork());
         switch (m.kind()) {
@@ -478,7 +478,7 @@ void RRefService::RegisterHandlers() {
 
   // G11: ChildAccepts that travel on replies.
   rpc::ReplyNoteKind accept;
-  accept.on_arrival = [self_of](rpc::RpcAgent& agent, int /*from*/, absl::string_view data) {
+  accept.on_arrival = [self_of](rpc::Runtime& agent, int /*from*/, absl::string_view data) {
     auto self = self_of();
     proto::RRefControl m;
     if (self == nullptr || !m.ParseFromArray(data.data(), static_cast<int>(data.size())) ||
@@ -487,7 +487,7 @@ void RRefService::RegisterHandlers() {
     }
     self->EnsureAttached(&agent)->OnChildAccept(FromProto(m.rref()), FromProto(m.fork()));
   };
-  accept.unsent = [self_of](rpc::RpcAgent& agent, int to, std::string data) {
+  accept.unsent = [self_of](rpc::Runtime& agent, int to, std::string data) {
     auto self = self_of();
     proto::RRefControl m;
     if (self == nullptr || !m.ParseFromString(data)) return;
@@ -499,7 +499,7 @@ void RRefService::RegisterHandlers() {
       kRemoteFn, "",
       WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
                            rpc::Payload args, rpc::Responder done) {
-        auto rctx = self->EnsureAttached(ctx.agent);
+        auto rctx = self->EnsureAttached(ctx.runtime);
         const RRefId rref = FromProto(h.rref());
         rctx->OnRemoteCreate(rref, FromProto(h.fork()), h.type(),
                              Holder{ctx.caller->id, ctx.caller_incarnation});
@@ -518,7 +518,7 @@ void RRefService::RegisterHandlers() {
       kFetchFn, "",
       WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
                            rpc::Payload /*args*/, rpc::Responder done) {
-        auto rctx = self->EnsureAttached(ctx.agent);
+        auto rctx = self->EnsureAttached(ctx.runtime);
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         rpc::CallContext reply_ctx = ctx;
         reply_ctx.function = kFetchFn;
@@ -544,7 +544,7 @@ void RRefService::RegisterHandlers() {
       kMethodFn, "",
       WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
                            rpc::Payload args, rpc::Responder done) {
-        self->EnsureAttached(ctx.agent);
+        self->EnsureAttached(ctx.runtime);
         auto shared = std::make_shared<rpc::Responder>(std::move(done));
         rpc::CallContext reply_ctx = ctx;
         reply_ctx.function = kMethodFn;
@@ -563,7 +563,7 @@ void RRefService::RegisterHandlers() {
       kRemoteMethodFn, "",
       WithCall(self_of, [](RRefService* self, const proto::RRefCall& h, const rpc::CallContext& ctx,
                            rpc::Payload args, rpc::Responder done) {
-        auto rctx = self->EnsureAttached(ctx.agent);
+        auto rctx = self->EnsureAttached(ctx.runtime);
         const RRefId result = FromProto(h.result_rref());
         rctx->OnRemoteCreate(result, FromProto(h.fork()), h.type(),
                              Holder{ctx.caller->id, ctx.caller_incarnation});
@@ -583,7 +583,7 @@ void RRefService::RegisterHandlers() {
 
 namespace internal {
 
-std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, int to,
+std::shared_ptr<RefHandle> RemoteCreate(rpc::Runtime& agent, RRefService& svc, int to,
                                         const std::string& function, const std::string& signature,
                                         const std::string& type, rpc::Payload args,
                                         const rpc::CallOptions& opts) {
@@ -601,7 +601,8 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::RpcAgent& agent, RRefService& svc, 
   if (to == agent.self().id) {
     auto handle = ctx->CreateOwned(type);
     rpc::CallContext call;
-    call.agent = &agent;
+    call.agent = &agent.handle();
+    call.runtime = &agent;
     call.registry = &agent.registry();
     call.caller = &agent.self();
     auto task = [svc = svc.shared_from_this(), call, function, signature, rref = handle->rref(),

@@ -54,13 +54,17 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
                                               SenderWrapper wrapper = nullptr);
   // The service installed on the agent's registry; FAILED_PRECONDITION if
   // RRefService::Install was not called.
-  static absl::StatusOr<std::shared_ptr<RRefService>> Of(rpc::RpcAgent& agent);
+  static absl::StatusOr<std::shared_ptr<RRefService>> Of(rpc::Runtime& runtime);
+  static absl::StatusOr<std::shared_ptr<RRefService>> Of(rpc::RpcAgent& agent) {
+    return Of(agent.runtime());
+  }
 
   // Binds the service to its agent (idempotent).
-  void Attach(rpc::RpcAgent* agent);
+  void Attach(rpc::Runtime* runtime);
+  void Attach(rpc::RpcAgent* agent) { Attach(&agent->runtime()); }
 
-  // Null before Attach and after the agent shut down.
-  rpc::RpcAgent* agent() const;
+  // The agent's runtime: null before Attach and after the agent shut down.
+  rpc::Runtime* runtime() const;
   std::shared_ptr<RRefContext> context() const;
   rpc::FunctionRegistry& registry() const { return *registry_; }
 
@@ -104,7 +108,7 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
 
  private:
   explicit RRefService(rpc::FunctionRegistry* registry) : registry_(registry) {}
-  std::shared_ptr<RRefContext> EnsureAttached(rpc::RpcAgent* agent);
+  std::shared_ptr<RRefContext> EnsureAttached(rpc::Runtime* agent);
   rpc::Future<void> SendControl(int to, const proto::RRefControl& msg);
   void RegisterHandlers();
 
@@ -112,7 +116,7 @@ class RRefService : public ControlSender, public std::enable_shared_from_this<RR
   SenderWrapper wrapper_;
   std::unique_ptr<ControlSender> wrapped_sender_;  // set once, at attach
   mutable absl::Mutex mu_;
-  rpc::RpcAgent* agent_ ABSL_GUARDED_BY(mu_) = nullptr;
+  rpc::Runtime* agent_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<RRefContext> context_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Method>> methods_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const Method>> by_pointer_ ABSL_GUARDED_BY(mu_);

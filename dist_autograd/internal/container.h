@@ -42,7 +42,7 @@ const rpc::Function<bool(int64_t, int64_t, std::vector<at::Tensor>)>& PropagateF
 
 // Context and send-function message ids:
 //   worker id (16 bits) | creator's incarnation mod 1024 (10) | counter (38)
-// A restarted incarnation (RpcAgent::incarnation) never reuses the ids of
+// A restarted incarnation (Runtime::incarnation) never reuses the ids of
 // the 511 before it. The counter wraps after 2^38 ids of one incarnation,
 // and an id collides only with a context that old still alive.
 inline constexpr int kIncarnationBits = 10;
@@ -141,7 +141,7 @@ class ContextState {
 // outlive the agent: under `mu`, `agent` is either alive or null.
 struct AgentLink {
   absl::Mutex mu;
-  rpc::RpcAgent* agent ABSL_GUARDED_BY(mu) = nullptr;
+  rpc::Runtime* agent ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 class Container : public std::enable_shared_from_this<Container> {
@@ -149,7 +149,7 @@ class Container : public std::enable_shared_from_this<Container> {
   Container() = default;
 
   // The link to `agent`, one per agent (made on first use).
-  std::shared_ptr<AgentLink> LinkTo(rpc::RpcAgent& agent);
+  std::shared_ptr<AgentLink> LinkTo(rpc::Runtime& agent);
 
   // A new context created by incarnation `incarnation` of worker `self`
   // (not current anywhere yet).
@@ -159,14 +159,14 @@ class Container : public std::enable_shared_from_this<Container> {
   // The context, created if this worker never saw it. FAILED_PRECONDITION if
   // it was released here (guarantee D5); RESOURCE_EXHAUSTED if this worker
   // already holds 65536 contexts.
-  absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, rpc::RpcAgent* agent);
+  absl::StatusOr<std::shared_ptr<ContextState>> GetOrCreate(int64_t id, rpc::Runtime* agent);
   // Releases, here and on their participants, the contexts that
   // `incarnation` of `creator`, or an earlier one, created (it died:
   // guarantee D4). Returns how many.
-  int ReleaseCreatedBy(rpc::RpcAgent* agent, int creator, int64_t incarnation);
+  int ReleaseCreatedBy(rpc::Runtime* agent, int creator, int64_t incarnation);
   // Removes the context here (remembering that it was released) and sends
   // the release to its participants except `from` (-1: none). No-op if absent.
-  void Release(rpc::RpcAgent* agent, int64_t id, int from);
+  void Release(rpc::Runtime* agent, int64_t id, int from);
   std::vector<int64_t> Ids() const;
 
   int64_t NextMessageId(int self, int64_t incarnation) {
@@ -196,7 +196,7 @@ class Container : public std::enable_shared_from_this<Container> {
   static int64_t CurrentId();
 
  private:
-  void SendRelease(rpc::RpcAgent* agent, int64_t id, int to, bool broadcast_if_dead);
+  void SendRelease(rpc::Runtime* agent, int64_t id, int to, bool broadcast_if_dead);
 
   std::atomic<uint64_t> next_context_{1};
   std::atomic<uint64_t> next_message_{1};
@@ -207,9 +207,9 @@ class Container : public std::enable_shared_from_this<Container> {
   absl::flat_hash_set<int64_t> released_ ABSL_GUARDED_BY(mu_);
   std::deque<int64_t> released_order_ ABSL_GUARDED_BY(mu_);
   // Agents this container listens to for peer failures (once each).
-  absl::flat_hash_set<const rpc::RpcAgent*> watched_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<const rpc::Runtime*> watched_ ABSL_GUARDED_BY(mu_);
   // Links of running agents; a link leaves when its agent tears down.
-  absl::flat_hash_map<const rpc::RpcAgent*, std::shared_ptr<AgentLink>> links_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const rpc::Runtime*, std::shared_ptr<AgentLink>> links_ ABSL_GUARDED_BY(mu_);
 };
 
 // The call hook: tags messages sent in a context and records send/recv
@@ -246,7 +246,7 @@ absl::StatusOr<std::vector<Outgoing>> RunLocal(ContextState& ctx, int self,
                                                const std::vector<at::Tensor>& grads);
 
 // Sends `outgoing` and completes when all are answered (first error wins).
-rpc::Future<bool> SendGradients(rpc::RpcAgent& agent, std::vector<Outgoing> outgoing,
+rpc::Future<bool> SendGradients(rpc::Runtime& agent, std::vector<Outgoing> outgoing,
                                 absl::Time deadline);
 
 // Registers the propagate and release handlers on `registry`.

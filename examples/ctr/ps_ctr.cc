@@ -64,7 +64,7 @@ ps::PsSpec MakeSpec(const Flags& f, const ctr::Workload& wl, int trainers) {
 }
 
 std::string DoneKey(rpc::RpcAgent& agent, int trainer) {
-  return absl::StrCat(agent.store_namespace(), "ps_ctr/done/", trainer);
+  return absl::StrCat(agent.runtime().store_namespace(), "ps_ctr/done/", trainer);
 }
 
 int Fail(const std::string& who, const absl::Status& s) {
@@ -135,7 +135,7 @@ int Train(const Flags& f, const LaunchEnv& env, rpc::RpcAgent& agent, const ps::
       window = absl::Now();
     }
   }
-  if (absl::Status s = agent.store().Set(DoneKey(agent, env.role_rank), "1"); !s.ok()) {
+  if (absl::Status s = agent.runtime().store().Set(DoneKey(agent, env.role_rank), "1"); !s.ok()) {
     return Fail(me, s);
   }
   int code = 0;

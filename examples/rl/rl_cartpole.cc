@@ -122,7 +122,7 @@ int Fail(const std::string& who, const std::string& context, const absl::Status&
 }
 
 std::string EpisodesKey(const rpc::RpcAgent& agent) {
-  return agent.store_namespace() + "rl_cartpole/episodes";
+  return agent.runtime().store_namespace() + "rl_cartpole/episodes";
 }
 
 int RunAgent(const Flags& flags, const LaunchEnv& env, const rpc::AgentOptions& options) {
@@ -163,7 +163,7 @@ int RunAgent(const Flags& flags, const LaunchEnv& env, const rpc::AgentOptions& 
       who.c_str(), ro.batched ? "batched" : "unbatched", static_cast<long long>(ro.steps_per_round),
       ro.min_observers);
   learner.set_on_round([&, who](const rl::RoundSummary& r) {
-    (void)rpc_agent.store().Set(EpisodesKey(rpc_agent), absl::StrCat(r.episodes));
+    (void)rpc_agent.runtime().store().Set(EpisodesKey(rpc_agent), absl::StrCat(r.episodes));
     if ((r.round + 1) % flags.log_every == 0 || r.solved_at >= 0) {
       std::printf(
           "[%s] round %lld episode %lld running reward %.1f steps/s %.0f batch %.1f "
@@ -227,7 +227,7 @@ int RunObserver(const Flags& flags, const LaunchEnv& env, const rpc::AgentOption
         return Fail(who, "waiting to join", absl::DeadlineExceededError("--job_timeout"));
       }
       absl::SleepFor(absl::Milliseconds(100));
-      auto v = rpc_agent.store().Get(EpisodesKey(rpc_agent), absl::Milliseconds(100));
+      auto v = rpc_agent.runtime().store().Get(EpisodesKey(rpc_agent), absl::Milliseconds(100));
       if (v.ok()) (void)absl::SimpleAtoi(*v, &episodes);
     }
     std::printf("[%s] joining at episode %lld\n", who.c_str(), static_cast<long long>(episodes));

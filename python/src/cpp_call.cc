@@ -386,7 +386,7 @@ absl::StatusOr<Signature> Signature::Parse(const std::string& text) {
   return sig;
 }
 
-absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer, const std::string& function,
+absl::StatusOr<rpc::Payload> EncodeCall(rpc::Runtime& agent, int peer, const std::string& function,
                                         const Signature& sig, py::handle args) {
   py::sequence seq = py::reinterpret_borrow<py::sequence>(args);
   if (seq.size() != sig.args.size()) {
@@ -412,7 +412,7 @@ absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer, const st
   return payload;
 }
 
-absl::Status DecodeResult(rpc::RpcAgent& agent, int peer, const std::string& function,
+absl::Status DecodeResult(rpc::Runtime& agent, int peer, const std::string& function,
                           const Signature& sig, const rpc::Payload& reply, DynValue* out,
                           std::deque<at::Tensor>* tensors) {
   rpc::Decoder dec(reply);

@@ -63,11 +63,11 @@ struct DynValue {
 
 // Encodes the call's arguments (a Python sequence) for `peer`, running the
 // registry's send hooks (distributed autograd). REQUIRES: the GIL.
-absl::StatusOr<rpc::Payload> EncodeCall(rpc::RpcAgent& agent, int peer, const std::string& function,
+absl::StatusOr<rpc::Payload> EncodeCall(rpc::Runtime& agent, int peer, const std::string& function,
                                         const Signature& sig, pybind11::handle args);
 
 // Decodes a reply from `peer` as the result type, running the receive hooks.
-absl::Status DecodeResult(rpc::RpcAgent& agent, int peer, const std::string& function,
+absl::Status DecodeResult(rpc::Runtime& agent, int peer, const std::string& function,
                           const Signature& sig, const rpc::Payload& reply, DynValue* out,
                           std::deque<at::Tensor>* tensors);
 

@@ -46,7 +46,7 @@ absl::Status InstallOptimizerHost(rpc::FunctionRegistry& registry) {
 }
 
 absl::StatusOr<std::shared_ptr<HostedOptimizer>> HostedOptimizer::Create(
-    rpc::RpcAgent& agent, const std::string& key, const dist_optim::OptimizerOptions& options,
+    rpc::Runtime& agent, const std::string& key, const dist_optim::OptimizerOptions& options,
     std::vector<at::Tensor> params) {
   auto host = agent.registry().GetExtension<OptimizerHost>();
   if (host == nullptr) {
@@ -67,7 +67,7 @@ absl::Status HostedOptimizer::Step(int64_t context_id) {
   absl::MutexLock lock(&mu_);
   const auto& params = optimizer_->params();
   std::vector<at::Tensor> grads(params.size());
-  auto g = dist_autograd::GetGradients(agent_, context_id);
+  auto g = dist_autograd::GetGradients(agent_.handle(), context_id);
   if (g.ok()) {
     for (size_t i = 0; i < params.size(); ++i) grads[i] = g->Get(params[i]);
   } else if (g.status().code() != absl::StatusCode::kNotFound) {

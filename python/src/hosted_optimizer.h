@@ -66,7 +66,7 @@ class HostedOptimizer {
   // for bad options or parameters; FAILED_PRECONDITION without a host;
   // ALREADY_EXISTS for a key already listed.
   static absl::StatusOr<std::shared_ptr<HostedOptimizer>> Create(
-      rpc::RpcAgent& agent, const std::string& key, const dist_optim::OptimizerOptions& options,
+      rpc::Runtime& agent, const std::string& key, const dist_optim::OptimizerOptions& options,
       std::vector<at::Tensor> params);
   ~HostedOptimizer();  // unlists it
   HostedOptimizer(const HostedOptimizer&) = delete;
@@ -75,14 +75,14 @@ class HostedOptimizer {
   absl::Status Step(int64_t context_id);
 
  private:
-  HostedOptimizer(rpc::RpcAgent& agent, std::shared_ptr<OptimizerHost> host, std::string key,
+  HostedOptimizer(rpc::Runtime& agent, std::shared_ptr<OptimizerHost> host, std::string key,
                   std::unique_ptr<dist_optim::FunctionalOptimizer> optimizer)
       : agent_(agent),
         host_(std::move(host)),
         key_(std::move(key)),
         optimizer_(std::move(optimizer)) {}
 
-  rpc::RpcAgent& agent_;
+  rpc::Runtime& agent_;
   const std::shared_ptr<OptimizerHost> host_;
   const std::string key_;
   absl::Mutex mu_;

@@ -111,7 +111,7 @@ void BindOptimizers(py::module_& m) {
                        const py::dict& kwargs, std::vector<at::Tensor> params) {
         auto o = OptimizerOptionsFrom(kind, kwargs);
         Check(o.status());
-        auto hosted = HostedOptimizer::Create(a.agent(), key, *o, std::move(params));
+        auto hosted = HostedOptimizer::Create(a.runtime(), key, *o, std::move(params));
         Check(hosted.status());
         return *std::move(hosted);
       }))

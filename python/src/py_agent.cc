@@ -55,7 +55,7 @@ Future<PyObj> AfterForksAnswered(const rpc::CallContext& ctx, PyObj msg, Run run
     if (r.handle()->fork_answer_pending()) waits.push_back(r.handle()->fork_answered());
   }
   if (waits.empty()) return run(ctx, std::move(msg));
-  rpc::Promise<void> all(ctx.agent != nullptr ? ctx.agent->executor() : nullptr);
+  rpc::Promise<void> all(ctx.runtime != nullptr ? ctx.runtime->executor() : nullptr);
   auto left = std::make_shared<std::atomic<size_t>>(waits.size());
   for (const rpc::Future<void>& w : waits) {
     w.OnReady([all, left](const auto&) {
@@ -227,7 +227,7 @@ PyRRef PyAgent::Remote(const py::object& to, py::bytes pickle,
 std::shared_ptr<PyFuture> PyAgent::CallCpp(const py::object& to, const std::string& function,
                                            const std::string& signature, const py::object& args,
                                            std::optional<double> timeout) {
-  rpc::RpcAgent& a = agent();
+  rpc::Runtime& a = runtime();
   auto sig = Signature::Parse(signature);
   Check(sig.status());
   auto worker = a.worker(Ref(to));
@@ -241,7 +241,7 @@ std::shared_ptr<PyFuture> PyAgent::CallCpp(const py::object& to, const std::stri
     py::gil_scoped_release nogil;
     raw = a.CallRaw(worker->id, function, shared_sig->text, *std::move(payload), opts);
   }
-  rpc::RpcAgent* ap = &a;
+  rpc::Runtime* ap = &a;
   const int peer = worker->id;
   Future<PyObj> out = raw.Then(
       [ap, peer, function, shared_sig](const Future<rpc::Payload>& f) -> absl::StatusOr<PyObj> {
@@ -312,7 +312,7 @@ void PyAgent::EnterShutdown() {
   absl::Status s;
   {
     py::gil_scoped_release nogil;
-    s = agent_->EnterShutdown();
+    s = agent_->runtime().EnterShutdown();
   }
   Check(s);
 }

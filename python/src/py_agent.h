@@ -74,6 +74,8 @@ class PyAgent {
   TorchAgentHost& torch_host() const { return *torch_; }
 
   rpc::RpcAgent& agent() const;
+  // What the binding uses beyond the user's calls (rpc/runtime.h).
+  rpc::Runtime& runtime() const { return agent().runtime(); }
 
   // `label`: the Python function, naming the call in metrics, hang reports
   // and the timeline (rpc::CallOptions::label).
@@ -99,11 +101,11 @@ class PyAgent {
   // The names of the workers that run baton's Python front end (a mixed
   // job's C++ workers do not).
   py::list PythonWorkers() const;
-  int64_t Incarnation() const { return agent().incarnation(); }
+  int64_t Incarnation() const { return runtime().incarnation(); }
 
   void Shutdown(bool graceful);
 
-  // Shutdown's agreement on its own (RpcAgent::EnterShutdown).
+  // Shutdown's agreement on its own (Runtime::EnterShutdown).
   void EnterShutdown();
 
   // What every owner table holds (tests).

@@ -24,7 +24,7 @@ PyRef::Holder::~Holder() {
   obj = py::object();
 }
 
-absl::Status PickleLive(rpc::RpcAgent* agent, const PyObj& live, PyObj* out) {
+absl::Status PickleLive(rpc::Runtime* agent, const PyObj& live, PyObj* out) {
   if (agent == nullptr) {
     return absl::FailedPreconditionError("a Python value can only be sent in an RPC");
   }
@@ -83,8 +83,8 @@ void Codec<python::PyObj>::Encode(const python::PyObj& v, Encoder& enc) {
   const python::PyObj* src = &v;
   python::PyObj pickled;
   if (v.live.valid()) {
-    absl::Status s =
-        python::PickleLive(enc.context() != nullptr ? enc.context()->agent : nullptr, v, &pickled);
+    absl::Status s = python::PickleLive(enc.context() != nullptr ? enc.context()->runtime : nullptr,
+                                        v, &pickled);
     if (!s.ok()) {
       enc.Fail(std::move(s));
       return;

@@ -96,7 +96,7 @@ struct PyRuntime {
 };
 
 // Pickles `live` into `out` through the agent's PyRuntime (takes the GIL).
-absl::Status PickleLive(rpc::RpcAgent* agent, const PyObj& live, PyObj* out);
+absl::Status PickleLive(rpc::Runtime* agent, const PyObj& live, PyObj* out);
 
 // The status for the Python exception being handled (REQUIRES: the GIL and
 // a caught py::error_already_set): UNKNOWN "python exception

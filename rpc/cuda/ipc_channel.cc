@@ -276,7 +276,7 @@ class CudaIpcChannel::Impl {
   }
 
   const Options options_;
-  RpcAgent* agent_ = nullptr;
+  Runtime* agent_ = nullptr;
   std::weak_ptr<CudaIpcChannel> weak_self_;
 
  private:
@@ -514,9 +514,9 @@ class CudaIpcChannel::Impl {
     // that must not wait for room in the peer's window. If it never
     // arrives, the sender releases the token when it finds this worker dead
     // (I4) or at its end (I5).
-    RpcAgent* agent = agent_;
+    Runtime* agent = agent_;
     auto send = [agent, peer, token] {
-      (void)agent->rpc_async(peer, release_fn, std::vector<int64_t>{token});
+      (void)agent->rpc_async(CallOptions{}, peer, release_fn, std::vector<int64_t>{token});
     };
     if (agent->executor() == nullptr || !agent->executor()->Submit(send)) send();
   }
@@ -555,7 +555,8 @@ std::shared_ptr<CudaIpcChannel> CudaIpcChannel::Install(FunctionRegistry& regist
   return channel;
 }
 
-void CudaIpcChannel::Attach(RpcAgent* agent) {
+void CudaIpcChannel::Attach(RpcAgent* handle) {
+  Runtime* agent = &handle->runtime();
   impl_->agent_ = agent;
   std::weak_ptr<CudaIpcChannel> weak = impl_->weak_self_;
   agent->AddPeerFailureListener([weak](const PeerFailure& failure) {
@@ -563,7 +564,7 @@ void CudaIpcChannel::Attach(RpcAgent* agent) {
   });
   // Releases of copies still running go out before the drain; none is sent
   // once the agent can no longer send (the watcher stops).
-  RpcAgent::ShutdownHook hook;
+  Runtime::ShutdownHook hook;
   hook.settle = [weak](absl::Time deadline) {
     auto self = weak.lock();
     return self != nullptr ? self->impl_->Flush(deadline) : absl::OkStatus();

@@ -32,8 +32,8 @@
 //     channel's watcher thread), the receiver sends the token back
 //     (baton.cuda_ipc.release); the sender drops the tensor and returns the
 //     event to its pool. A graceful shutdown sends the releases of copies
-//     still running before it drains (RpcAgent::ShutdownHook).
-//  I4 A peer found dead (RpcAgent::AddPeerFailureListener) releases every
+//     still running before it drains (Runtime::ShutdownHook).
+//  I4 A peer found dead (Runtime::AddPeerFailureListener) releases every
 //     token held for it and closes its mappings: a dead receiver leaves no
 //     device memory held on the sender.
 //  I5 Destruction releases whatever is still held.

@@ -58,6 +58,7 @@
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
 #include "rpc/internal/peer_path.h"
+#include "rpc/runtime.h"
 #include "rpc/transport.h"
 
 namespace baton::store {
@@ -101,7 +102,7 @@ class ShmTransport;
 // Answers at once; the probe of a suspected dead peer.
 inline constexpr char kPingFunction[] = "__baton.ping";
 
-class AgentImpl : private TransportHandler {
+class AgentImpl final : public Runtime, private TransportHandler {
  public:
   AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> registry,
             AgentCollaborators collaborators);
@@ -120,39 +121,41 @@ class AgentImpl : private TransportHandler {
   // Shuts down without the agreement if still running; else tears down.
   void Destroy();
 
-  const WorkerInfo& self() const { return workers_[rank_]; }
-  std::vector<WorkerInfo> workers() const;
+  // Runtime (rpc/runtime.h).
+  RpcAgent& handle() override { return *handle_; }
+  const WorkerInfo& self() const override { return workers_[rank_]; }
+  std::vector<WorkerInfo> workers() const override;
   // Whether `rank` is in the group now: every rank of a fixed group once the
   // rendezvous read it, a dynamic group's members (membership.cc).
   bool IsMember(int rank) const {
     return rank >= 0 && rank < slots_ && member_[rank].load(std::memory_order_acquire);
   }
-  absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const;
-  const AgentOptions& options() const { return options_; }
-  FunctionRegistry& registry() { return *registry_; }
-  Executor* executor() { return executor_.get(); }
-  DeadlineTimer* timer() { return timer_.get(); }
-  store::Store& store() { return *store_; }
-  const std::string& store_namespace() const { return ns_; }
+  absl::StatusOr<WorkerInfo> worker(const WorkerRef& ref) const override;
+  const AgentOptions& options() const override { return options_; }
+  FunctionRegistry& registry() override { return *registry_; }
+  Executor* executor() override { return executor_.get(); }
+  DeadlineTimer* timer() override { return timer_.get(); }
+  store::Store& store() override { return *store_; }
+  const std::string& store_namespace() const override { return ns_; }
 
   Future<Payload> CallRaw(int to, const std::string& function, const std::string& signature,
-                          Payload args, const CallOptions& opts) {
+                          Payload args, const CallOptions& opts) override {
     return Call(to, function, signature, std::move(args), opts, /*windowed=*/true);
   }
-  void AddShutdownHook(RpcAgent::ShutdownHook hook);
-  void AddPeerFailureListener(RpcAgent::PeerFailureListener listener);
-  int64_t incarnation() const { return incarnation_; }
-  int64_t peer_incarnation(int peer) const;
+  void AddShutdownHook(ShutdownHook hook) override;
+  void AddPeerFailureListener(PeerFailureListener listener) override;
+  int64_t incarnation() const override { return incarnation_; }
+  int64_t peer_incarnation(int peer) const override;
   absl::Status Shutdown(bool graceful);
-  absl::Status EnterShutdown();
+  absl::Status EnterShutdown() override;
   // Shutdown's first step: every worker reached its Shutdown()
   // (AgentOptions::shutdown_wait_for_peers).
   absl::Status AwaitPeersAtShutdown();
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
-  bool running() const;
+  bool running() const override;
   AgentStats stats() const;
-  obs::MetricsRegistry* metrics() const { return metrics_.get(); }
-  obs::TraceRecorder* trace() const { return trace_.get(); }
+  obs::MetricsRegistry* metrics() const override { return metrics_.get(); }
+  obs::TraceRecorder* trace() const override { return trace_.get(); }
   int metrics_port() const { return metrics_server_ != nullptr ? metrics_server_->port() : 0; }
   // The agent's own families (AgentStats) and the server, at the end of the
   // rendezvous.
@@ -160,7 +163,7 @@ class AgentImpl : private TransportHandler {
   // The worker's state for the hang report (obs/state.h; agent_state.cc),
   // and its server on AgentOptions::state_socket, started with the metrics.
   void CollectState(proto::WorkerState* out) const;
-  std::string StateJson() const;
+  std::string StateJson() const override;
   // Every worker's state (proto::JobState as JSON): this one's, and the
   // others' through RPC, each within `timeout` (GET /job_state).
   std::string JobStateJson(absl::Duration timeout);
@@ -177,11 +180,11 @@ class AgentImpl : private TransportHandler {
                      const absl::Status& status);
   // GET /metrics (when metrics are on), GET /state and GET /job_state.
   std::map<std::string, obs::HttpRoute> ObservabilityRoutes();
-  bool uses_shm(int peer) const;
-  bool uses_shm_transport(int peer) const;
+  bool uses_shm(int peer) const override;
+  bool uses_shm_transport(int peer) const override;
   std::string StreamIdentity(int peer) const;
-  absl::StatusOr<int> DeviceOnPeer(int peer, int device) const;
-  CudaTensorChannel* CudaChannelFor(int peer) const;
+  absl::StatusOr<int> DeviceOnPeer(int peer, int device) const override;
+  CudaTensorChannel* CudaChannelFor(int peer) const override;
   // Checks this worker's device maps against the registrations and fills
   // device_map_to_ (rpc/device_map.cc).
   absl::Status ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
@@ -493,8 +496,8 @@ class AgentImpl : private TransportHandler {
   absl::Mutex peer_update_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<RpcAgent::ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
-  std::vector<RpcAgent::PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
+  std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
   // P8: per peer, the calls waiting to be sent again, and the peers whose
   // RedeliverTo task runs.

@@ -96,7 +96,7 @@ BATON_SCENARIO(hybrid) {
 
   if (rank < kTrainers) {
     // The trainers' group, rendezvousing through the agent's store.
-    std::shared_ptr<store::Store> store(std::shared_ptr<void>(), &agent.store());
+    std::shared_ptr<store::Store> store(std::shared_ptr<void>(), &agent.runtime().store());
     comm::GroupOptions gopts;
     gopts.name = "trainers";
     auto pg = comm::ProcessGroup::Create(store, rank, kTrainers, comm::GlooBackendFactory(), gopts);
@@ -114,12 +114,12 @@ BATON_SCENARIO(hybrid) {
     if (rank == 0) {
       params = agent.rpc_sync(2, layer_params_fn, layer);
       g_layer = layer;
-      WCHECK_OK(agent.store().Set("hybrid.ready", "1"));
+      WCHECK_OK(agent.runtime().store().Set("hybrid.ready", "1"));
     }
     // Trainer 1 gets its own handles from the owner through the same function.
     // (RRefs are values: they could also be passed from trainer 0.)
     if (rank == 1) {
-      WCHECK(agent.store().Get("hybrid.ready", absl::Seconds(30)).ok());
+      WCHECK(agent.runtime().store().Get("hybrid.ready", absl::Seconds(30)).ok());
       layer = agent.rpc_sync(0, get_layer_fn);
       params = agent.rpc_sync(2, layer_params_fn, layer);
     }

@@ -74,7 +74,7 @@ int RunCalleeRestart() {
   options->init_timeout = absl::Seconds(60);
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   (void)registry->Register(whoami_fn,
-                           [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+                           [](const CallContext& ctx) { return ctx.runtime->incarnation(); });
   (void)registry->Register(die_fn, [rank]() -> int64_t {
     std::printf("rank %d: SIGKILL in die()\n", rank);
     std::fflush(stdout);
@@ -138,7 +138,7 @@ int Run(int argc, char** argv) {
 
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   (void)registry->Register(whoami_fn,
-                           [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+                           [](const CallContext& ctx) { return ctx.runtime->incarnation(); });
   (void)registry->Register(hello_fn, [](int64_t from) { return from; });
   (void)registry->Register(report_fn, [&, world](int64_t from) {
     rpc::Promise<int64_t> p;

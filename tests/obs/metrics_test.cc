@@ -195,7 +195,7 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
   ASSERT_TRUE(job.ok()) << job.status();
   for (int i = 0; i < 5; ++i) EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, i), i);
   EXPECT_FALSE((*job)->agent(0).rpc_async(1, fail_fn, 1).result().ok());
-  ASSERT_NE((*job)->agent(0).metrics(), nullptr);
+  ASSERT_NE((*job)->agent(0).runtime().metrics(), nullptr);
   const std::string caller = Body(HttpGet((*job)->agent(0).metrics_port(), "/metrics"));
   const std::string callee = Body(HttpGet((*job)->agent(1).metrics_port(), "/metrics"));
   EXPECT_THAT(caller,

@@ -227,8 +227,8 @@ TEST_F(StageServerTest, MetricsCountStepsAndTheBubble) {
   const torch::Tensor y = torch::randint(0, 4, {8});
   for (int i = 0; i < 2; ++i) ASSERT_TRUE((*pipe)->Step(x, y).ok());
   for (int rank : {1, 2}) {
-    ASSERT_NE(job_->agent(rank).metrics(), nullptr);
-    const std::string text = job_->agent(rank).metrics()->Render();
+    ASSERT_NE(job_->agent(rank).runtime().metrics(), nullptr);
+    const std::string text = job_->agent(rank).runtime().metrics()->Render();
     EXPECT_TRUE(absl::StrContains(text, "baton_pipeline_steps_total 2")) << text;
     EXPECT_TRUE(absl::StrContains(text, "# TYPE baton_pipeline_bubble_ratio gauge")) << text;
     // Two stages and 4 micro-batches under 1F1B: each stage idles part of
@@ -260,8 +260,8 @@ TEST_F(StageServerTest, TheDriversStepTraceIsAViewOfTheJobTimeline) {
     last = *std::move(r);
   }
   for (int rank : {1, 2}) {
-    ASSERT_NE(job_->agent(rank).trace(), nullptr);
-    job_->agent(rank).trace()->Flush();
+    ASSERT_NE(job_->agent(rank).runtime().trace(), nullptr);
+    job_->agent(rank).runtime().trace()->Flush();
   }
   auto merged = obs::MergeTraces(dir);
   ASSERT_TRUE(merged.ok()) << merged.status();

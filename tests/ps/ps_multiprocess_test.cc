@@ -96,8 +96,8 @@ Worker Start(const PsSpec& spec, int servers, absl::Duration shutdown_timeout) {
   const bool grpc = transport != nullptr && std::string(transport) == "grpc";
   for (int peer = 0; peer < options->world_size; ++peer) {
     if (peer == w.rank) continue;
-    WCHECK(w.agent->uses_shm_transport(peer) == !grpc);
-    WCHECK(w.agent->uses_shm(peer) == !grpc);
+    WCHECK(w.agent->runtime().uses_shm_transport(peer) == !grpc);
+    WCHECK(w.agent->runtime().uses_shm(peer) == !grpc);
   }
   return w;
 }

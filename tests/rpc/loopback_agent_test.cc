@@ -50,7 +50,7 @@ TEST(LoopbackAgents, EveryWorkerCallsEveryWorkerInOneProcess) {
     EXPECT_TRUE(absl::StartsWith((*job)->agent(from).self().address, "loopback:"));
     for (int to = 0; to < 3; ++to) {
       EXPECT_EQ((*job)->agent(from).rpc_sync(to, echo_fn, from * 10 + to), from * 10 + to);
-      EXPECT_FALSE((*job)->agent(from).uses_shm_transport(to));
+      EXPECT_FALSE((*job)->agent(from).runtime().uses_shm_transport(to));
     }
   }
   // Nested: w0 -> w1 -> w2 and back.
@@ -282,19 +282,19 @@ TEST(LoopbackAgents, EnterShutdownAgreesAndCallsStillWorkUntilShutdown) {
   absl::Notification one_entered;
   ASSERT_EQ((*job)->store().waiting(), 0);
   std::thread t1([&] {
-    entered1 = (*job)->agent(1).EnterShutdown();
+    entered1 = (*job)->agent(1).runtime().EnterShutdown();
     one_entered.Notify();
   });
   // Worker 1 waits there (in the store) for worker 0, which is still at
   // work.
   ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->store().waiting() == 1; }));
   EXPECT_FALSE(one_entered.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  EXPECT_TRUE((*job)->agent(0).EnterShutdown().ok());
+  EXPECT_TRUE((*job)->agent(0).runtime().EnterShutdown().ok());
   t1.join();
   EXPECT_TRUE(entered1.ok()) << entered1;
   EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, 11), 11);
   EXPECT_EQ((*job)->agent(1).rpc_sync(0, echo_fn, 12), 12);
-  EXPECT_TRUE((*job)->agent(0).EnterShutdown().ok());  // the first outcome again
+  EXPECT_TRUE((*job)->agent(0).runtime().EnterShutdown().ok());  // the first outcome again
   absl::Status shut1;
   std::thread s1([&] { shut1 = (*job)->agent(1).Shutdown(); });
   EXPECT_TRUE((*job)->agent(0).Shutdown().ok());

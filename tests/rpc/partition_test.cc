@@ -63,7 +63,7 @@ struct Job {
     };
     o.attach = [this](int rank, rpc::RpcAgent& agent) {
       if (rank != 0) return;
-      agent.AddPeerFailureListener([this](const PeerFailure& f) {
+      agent.runtime().AddPeerFailureListener([this](const PeerFailure& f) {
         absl::MutexLock lock(&mu);
         failures.push_back(f);
         failure_times.push_back(absl::Now());

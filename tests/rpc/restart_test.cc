@@ -71,7 +71,8 @@ struct Job {
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
       rrefs[rank] = RRefService::Install(r);
-      (void)r.Register(whoami_fn, [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+      (void)r.Register(whoami_fn,
+                       [](const CallContext& ctx) { return ctx.runtime->incarnation(); });
       (void)r.Register(zeros_fn, [](int64_t n) { return at::zeros({n}, at::kFloat); });
       (void)r.Register(echo_fn, [](at::Tensor x) { return x; });
       (void)r.Register(make_fn, [](at::Tensor x) { return x * 10; });
@@ -88,7 +89,7 @@ struct Job {
     o.attach = [this](int rank, RpcAgent& agent) {
       rrefs[rank]->Attach(&agent);
       if (rank != 0) return;
-      agent.AddPeerFailureListener([this](const PeerFailure& f) {
+      agent.runtime().AddPeerFailureListener([this](const PeerFailure& f) {
         absl::MutexLock lock(&mu);
         failures.push_back(f);
       });
@@ -110,8 +111,8 @@ struct Job {
 TEST(Restart, P1_P4_P6_ANewIncarnationThatCallsReplacesItsPredecessor) {
   Job j;
   ASSERT_NE(j.job, nullptr);
-  EXPECT_EQ(j.agent(2).incarnation(), 1);
-  EXPECT_EQ(j.agent(0).peer_incarnation(2), 1);
+  EXPECT_EQ(j.agent(2).runtime().incarnation(), 1);
+  EXPECT_EQ(j.agent(0).runtime().peer_incarnation(2), 1);
   EXPECT_EQ(j.agent(0).rpc_sync(2, whoami_fn), 1);
   RpcAgent* replaced = &j.agent(2);
   // The old process keeps running: it was only taken for dead.
@@ -119,7 +120,7 @@ TEST(Restart, P1_P4_P6_ANewIncarnationThatCallsReplacesItsPredecessor) {
   RpcAgent& now = j.agent(2);
   EXPECT_EQ(now.incarnation(), 2);
   EXPECT_EQ(now.rpc_sync(0, whoami_fn), 1);
-  EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
+  EXPECT_EQ(j.agent(0).runtime().peer_incarnation(2), 2);
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));
   const PeerFailure f = j.Failures()[0];
   EXPECT_EQ(f.peer, 2);
@@ -163,7 +164,7 @@ TEST(Restart, P2_AKilledWorkerIsReportedOnceAndItsSuccessorNever) {
   // store when its calls to the old address fail.
   EXPECT_TRUE(
       Eventually([&] { return j.agent(0).rpc_async(2, whoami_fn).result().value_or(0) == 2; }));
-  EXPECT_EQ(j.agent(0).peer_incarnation(2), 2);
+  EXPECT_EQ(j.agent(0).runtime().peer_incarnation(2), 2);
   // Every suspicion has been settled by its probe (a report can only come
   // from one), and none reported the successor.
   ASSERT_TRUE(Eventually([&] { return j.agent(0).stats().peer_probes_in_flight == 0; }));
@@ -179,11 +180,11 @@ TEST(Restart, P2_AKilledWorkerIsReportedOnceAndItsSuccessorNever) {
 TEST(Restart, P3_ARestartedWorkerGetsLargeTensorsOverTheStream) {
   Job j(/*shm=*/true);
   ASSERT_NE(j.job, nullptr);
-  ASSERT_TRUE(j.agent(2).uses_shm(0));
+  ASSERT_TRUE(j.agent(2).runtime().uses_shm(0));
   constexpr int64_t kBig = 1 << 16;  // 256 KiB of floats
   EXPECT_EQ(j.agent(2).rpc_sync(0, zeros_fn, kBig).numel(), kBig);
   ASSERT_TRUE(j.job->Restart(2).ok());
-  EXPECT_FALSE(j.agent(2).uses_shm(0));
+  EXPECT_FALSE(j.agent(2).runtime().uses_shm(0));
   for (int i = 0; i < 3; ++i) {
     auto r = j.agent(2).rpc_async(0, zeros_fn, kBig).result();
     ASSERT_TRUE(r.ok()) << r.status();
@@ -191,7 +192,7 @@ TEST(Restart, P3_ARestartedWorkerGetsLargeTensorsOverTheStream) {
   }
   // Worker 0 learnt of the restart from those calls: it no longer sends
   // rank 2 blobs through shared memory.
-  EXPECT_FALSE(j.agent(0).uses_shm(2));
+  EXPECT_FALSE(j.agent(0).runtime().uses_shm(2));
   at::Tensor big = at::arange(kBig, at::kFloat);
   EXPECT_TRUE(Eventually([&] {
     auto r = j.agent(0).rpc_async(2, echo_fn, big).result();
@@ -267,7 +268,7 @@ TEST(Restart, G10_AUserOfARestartedOwnersRRefFailsAtOnceByName) {
   ASSERT_TRUE(j.job->Restart(1).ok());
   // The new incarnation calls w0, which learns of it (P1).
   ASSERT_TRUE(j.agent(1).rpc_async(0, whoami_fn).result().ok());
-  EXPECT_EQ(j.agent(0).peer_incarnation(1), 2);
+  EXPECT_EQ(j.agent(0).runtime().peer_incarnation(1), 2);
   const absl::Time start = absl::Now();
   auto v = r.to_here_async(absl::Seconds(20)).result();
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
@@ -453,7 +454,7 @@ TEST_P(StartupKill, P5_AWorkerKilledDuringStartUpJoinsOnRestart) {
   o.rpc_timeout = absl::Seconds(10);
   o.init_timeout = absl::Seconds(20);
   o.install = [](int, FunctionRegistry& r) {
-    (void)r.Register(whoami_fn, [](const CallContext& ctx) { return ctx.agent->incarnation(); });
+    (void)r.Register(whoami_fn, [](const CallContext& ctx) { return ctx.runtime->incarnation(); });
   };
   o.max_restarts = 1;
   o.rendezvous_observer = [&](int rank, int start, rpc::RendezvousStep step) {
@@ -467,7 +468,7 @@ TEST_P(StartupKill, P5_AWorkerKilledDuringStartUpJoinsOnRestart) {
   // Its successor took the predecessor's round (incarnation 2), or, if the
   // predecessor never took one, started as a first start (incarnation 1).
   const int64_t expected = die_at == rpc::RendezvousStep::kConnectingStore ? 1 : 2;
-  EXPECT_EQ((*job)->agent(2).incarnation(), expected);
+  EXPECT_EQ((*job)->agent(2).runtime().incarnation(), expected);
   // The restarted worker calls everyone first: they learn of it (P1).
   for (int to = 0; to < 3; ++to) {
     auto r = (*job)->agent(2).rpc_async(to, whoami_fn).result();

@@ -262,8 +262,8 @@ BATON_SCENARIO(error_cases) {
     // Undecodable payload.
     Payload garbage;
     garbage.bytes = "\x01\x07garbage";
-    ExpectError(agent->CallRaw(1, "add", "", garbage).status(), absl::StatusCode::kDataLoss,
-                {"worker 'w1'", "function 'add'", "undecodable"});
+    ExpectError(agent->runtime().CallRaw(1, "add", "", garbage).status(),
+                absl::StatusCode::kDataLoss, {"worker 'w1'", "function 'add'", "undecodable"});
     // Over the size limit: 2 MiB tensor against a 1 MiB limit.
     ExpectError(agent->rpc_async("w1", echo_tensor_fn, at::zeros({1 << 19})).status(),
                 absl::StatusCode::kResourceExhausted,
@@ -285,8 +285,8 @@ BATON_SCENARIO(error_cases) {
     WCHECK(agent->rpc_sync("w1", echo_int_fn, 41) == 41);
     WCHECK(agent->rpc_sync("w1", add_fn, at::ones({3}), at::ones({3})).equal(at::full({3}, 2.0)));
     // A stream with a wrong job token is rejected before any function runs.
-    StreamOutcome o =
-        OpenRawStream("not-the-token", agent->worker(1)->address, "", 0, agent->incarnation());
+    StreamOutcome o = OpenRawStream("not-the-token", agent->worker(1)->address, "", 0,
+                                    agent->runtime().incarnation());
     WCHECK(o.closed);
     ExpectError(o.cause, absl::StatusCode::kUnauthenticated, {"wrong job token"});
     WCHECK(o.responses == 0);
@@ -315,15 +315,15 @@ BATON_SCENARIO(stream_identity) {
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     const std::string w1 = agent->worker(1)->address;
-    const int64_t inc = agent->incarnation();
+    const int64_t inc = agent->runtime().incarnation();
     StreamOutcome o = OpenRawStream(kIdentityJobToken, w1, "", 0, inc);
     WCHECK(o.closed && o.responses == 0);
     ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
                 {"worker 'w1' refuses a stream without a worker identity"});
 
     const std::string forged =
-        absl::StrCat("2/", agent->peer_incarnation(2), "/", std::string(64, 'a'));
-    o = OpenRawStream(kIdentityJobToken, w1, forged, 2, agent->peer_incarnation(2));
+        absl::StrCat("2/", agent->runtime().peer_incarnation(2), "/", std::string(64, 'a'));
+    o = OpenRawStream(kIdentityJobToken, w1, forged, 2, agent->runtime().peer_incarnation(2));
     WCHECK(o.closed && o.responses == 0);
     ExpectError(
         o.cause, absl::StatusCode::kPermissionDenied,
@@ -337,7 +337,7 @@ BATON_SCENARIO(stream_identity) {
 
     // Its own proof; then a request claiming w2's id.
     o = OpenRawStream(kIdentityJobToken, w1, AgentInternals::StreamIdentity(*agent, 1), 2,
-                      agent->peer_incarnation(2));
+                      agent->runtime().peer_incarnation(2));
     WCHECK(o.closed && o.responses == 0);
     ExpectError(o.cause, absl::StatusCode::kPermissionDenied,
                 {"a request claims caller id 2 on a stream bound to caller id 0"});
@@ -606,11 +606,12 @@ BATON_SCENARIO(large_tensor) {
   opts.shutdown_wait_for_peers = absl::Seconds(110);
   auto agent = InitFromEnv(&opts);
   const char* shm = std::getenv("BATON_SHM");
-  WCHECK(agent->uses_shm(1 - agent->self().id) == !(shm != nullptr && std::string(shm) == "0"));
+  WCHECK(agent->runtime().uses_shm(1 - agent->self().id) ==
+         !(shm != nullptr && std::string(shm) == "0"));
   // Every message goes through the shared-memory rings unless gRPC is forced.
   const char* transport = std::getenv("BATON_TRANSPORT");
   const bool grpc = transport != nullptr && std::string(transport) == "grpc";
-  WCHECK(agent->uses_shm_transport(1 - agent->self().id) == !grpc);
+  WCHECK(agent->runtime().uses_shm_transport(1 - agent->self().id) == !grpc);
   if (agent->self().id == 0) {
     // 256 MiB each way, under the default 1 GiB limit.
     at::Tensor big = at::arange(int64_t{64} << 20, at::kInt);

@@ -370,7 +370,10 @@ TEST(RRefOverLoopback, G3_AFetchForAnUnknownIdEndsAtItsDeadlineAndLeavesNothing)
     rpc::CallOptions opts;
     opts.timeout = absl::Seconds(1);
     const absl::Time start = absl::Now();
-    auto r = j.agent(0).CallRaw(1, fn, "", rref::WithHeader(call, rpc::Payload()), opts).result();
+    auto r = j.agent(0)
+                 .runtime()
+                 .CallRaw(1, fn, "", rref::WithHeader(call, rpc::Payload()), opts)
+                 .result();
     EXPECT_LT(absl::Now() - start, absl::Seconds(5));
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();

@@ -172,7 +172,7 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
   (void)r.Register(keep_fn, [](RRef<at::Tensor> ref) { return ref; });
   (void)r.Register(fail_fn, [](std::string s) -> std::string { throw std::runtime_error(s); });
   (void)r.Register(batched_fn, [](const CallContext& ctx, at::Tensor x) {
-    return g_batcher->Submit(std::move(x), ctx.agent->executor()->busy_threads());
+    return g_batcher->Submit(std::move(x), ctx.runtime->executor()->busy_threads());
   });
   (void)r.Register(pid_fn, [] { return static_cast<int64_t>(getpid()); });
   g_received = std::make_shared<RRef<ParameterServer>>();
@@ -355,8 +355,8 @@ BATON_SCENARIO(remote_objects) {
     }
     for (auto& t : threads) t.join();
   }
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "updated", me, 4, absl::Seconds(60)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "updated",
+                           me, 4, absl::Seconds(60)));
   if (me == 0) {
     WCHECK(ps.rpc_sync(&ParameterServer::updates) == 300);
     WCHECK(ps.rpc_sync(&ParameterServer::get).equal(at::full({4}, 300.0, at::kDouble)));
@@ -373,8 +373,8 @@ BATON_SCENARIO(remote_objects) {
   }
   ps = {};
   *received = {};
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "dropped", me, 4, absl::Seconds(60)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "dropped",
+                           me, 4, absl::Seconds(60)));
   if (me == 0) ExpectAllEmpty(w);
   Finish(w);
   return 0;
@@ -398,8 +398,8 @@ BATON_SCENARIO(async_batching) {
       WCHECK(fs[i].value().equal(at::full({3}, (me * 100 + i) * 2 + 1, at::kFloat)));
     }
   }
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "batched", me, 5, absl::Seconds(60)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "batched",
+                           me, 5, absl::Seconds(60)));
   if (me == 0) {
     WCHECK(g_batcher->passes_ == 1);
     // No executor thread waits for the batch: if handlers held their threads,
@@ -509,11 +509,11 @@ BATON_SCENARIO(rref_stress) {
     if (i == 1250) rss_mid = RssKb();
   }
   live.clear();
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "stress", me, 4, absl::Seconds(120)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "stress",
+                           me, 4, absl::Seconds(120)));
   if (me == 0) ExpectAllEmpty(w);
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "checked", me, 4, absl::Seconds(60)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "checked",
+                           me, 4, absl::Seconds(60)));
   const long rss_end = RssKb();
   if (rss_end > rss_mid + 64 * 1024) {
     std::fprintf(stderr, "memory grew from %ld KiB to %ld KiB\n", rss_mid, rss_end);
@@ -565,10 +565,11 @@ BATON_SCENARIO(rref_self_calls) {
     WCHECK(r->to_here().sum().item<double>() > 0);
   }
   kept.clear();
-  WCHECK_OK(
-      store::Barrier(agent.store(), agent.store_namespace() + "self", me, 4, absl::Seconds(120)));
+  WCHECK_OK(store::Barrier(agent.runtime().store(), agent.runtime().store_namespace() + "self", me,
+                           4, absl::Seconds(120)));
   if (me == 0) ExpectAllEmpty(w);
-  WCHECK_OK(store::Barrier(agent.store(), agent.store_namespace() + "self_checked", me, 4,
+  WCHECK_OK(store::Barrier(agent.runtime().store(),
+                           agent.runtime().store_namespace() + "self_checked", me, 4,
                            absl::Seconds(60)));
   Finish(w);
   return 0;

@@ -56,13 +56,14 @@ absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death) {
   if (!agent.ok()) return agent.status();
   w.agent = *std::move(agent);
   w.rrefs->Attach(w.agent.get());
-  w.agent->AddPeerFailureListener([name = w.name, mortal = TrainerNames(w.env),
-                                   everyone = AllNames(w.env),
-                                   on_death = std::move(on_death)](const rpc::PeerFailure& f) {
-    on_death(f.peer);
-    Say(name, absl::StrCat("PEER_FAILURE peer=", f.peer, " incarnation=", f.incarnation, " class=",
-                           ClassifyFailure(f.cause, mortal, everyone), " msg=", f.cause.message()));
-  });
+  w.agent->runtime().AddPeerFailureListener(
+      [name = w.name, mortal = TrainerNames(w.env), everyone = AllNames(w.env),
+       on_death = std::move(on_death)](const rpc::PeerFailure& f) {
+        on_death(f.peer);
+        Say(name, absl::StrCat("PEER_FAILURE peer=", f.peer, " incarnation=", f.incarnation,
+                               " class=", ClassifyFailure(f.cause, mortal, everyone),
+                               " msg=", f.cause.message()));
+      });
   return absl::OkStatus();
 }
 
