@@ -37,6 +37,7 @@ PROTOCOLS = [
     ("P", "Peer failures and restarts"),
     ("Q", "Partitions"),
     ("M", "Dynamic groups: joining and leaving"),
+    ("GC", "Group calls"),
     ("F", "Flow control"),
     ("W", "Stream identities"),
     ("E", "The executor"),

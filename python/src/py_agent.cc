@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "dist_autograd/dist_autograd.h"
+#include "group/group.h"
 #include "python/src/cpp_call.h"
 #include "python/src/hosted_optimizer.h"
 #ifdef BATON_PYTHON_CUDA_IPC
@@ -136,6 +137,7 @@ std::shared_ptr<PyAgent> PyAgent::Create(const AgentConfig& config, py::function
   for (const auto& installer : config.installers) Check(installer->Install(*self->registry_));
   self->installers_ = config.installers;
   Check(dist_autograd::Install(*self->registry_));
+  Check(group::Install(*self->registry_));
   Check(InstallOptimizerHost(*self->registry_));
   auto torch_host = TorchAgentHost::Install(*self->registry_, config.torch_agent);
   Check(torch_host.status());
@@ -222,6 +224,38 @@ PyRRef PyAgent::Remote(const py::object& to, py::bytes pickle,
   } catch (const Error& e) {
     Raise(e.status());
   }
+}
+
+std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::object>& members,
+                                                          py::bytes pickle,
+                                                          const std::vector<at::Tensor>& tensors,
+                                                          const std::vector<PyRRef>& rrefs,
+                                                          std::optional<double> timeout, int fanout,
+                                                          bool discard_values) {
+  if (!rrefs.empty()) {
+    Raise(absl::InvalidArgumentError(
+        "a group call cannot send RRefs: its arguments are encoded once for every member, and an "
+        "RRef's fork is made for one destination; pass the RRef's value, or call each member"));
+  }
+  rpc::RpcAgent& a = agent();
+  std::vector<rpc::WorkerRef> refs;
+  refs.reserve(members.size());
+  for (const py::object& m : members) refs.push_back(Ref(m));
+  group::GroupOptions options;
+  options.fanout = fanout;
+  options.timeout = Seconds(timeout, absl::ZeroDuration());
+  absl::StatusOr<group::Group> g = group::Group::Of(a, refs, options);
+  Check(g.status());
+  PyObj msg = FromParts(pickle, tensors, rrefs);
+  std::vector<std::shared_ptr<PyFuture>> out;
+  out.reserve(refs.size());
+  py::gil_scoped_release nogil;
+  if (discard_values) {
+    for (auto& f : g->broadcast_each(kPyCall, std::move(msg)).each) out.push_back(Wrap(f));
+  } else {
+    for (auto& f : g->call_each(kPyCall, std::move(msg)).each) out.push_back(PyFuture::New(f));
+  }
+  return out;
 }
 
 std::shared_ptr<PyFuture> PyAgent::CallCpp(const py::object& to, const std::string& function,
@@ -463,6 +497,9 @@ AgentClass BindAgent(py::module_& m) {
            py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
       .def("remote", &PyAgent::Remote, py::arg("to"), py::arg("pickle"), py::arg("tensors"),
            py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
+      .def("group_call", &PyAgent::GroupCall, py::arg("members"), py::arg("pickle"),
+           py::arg("tensors"), py::arg("rrefs"), py::arg("timeout"), py::arg("fanout"),
+           py::arg("discard_values"))
       .def("make_owned", &PyAgent::MakeOwned)
       .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)

@@ -87,6 +87,17 @@ class PyAgent {
   PyRRef Remote(const py::object& to, py::bytes pickle, const std::vector<at::Tensor>& tensors,
                 const std::vector<PyRRef>& rrefs, std::optional<double> timeout, std::string label);
 
+  // A group call (group/group.h) of the pickled call to every worker of
+  // `members` (names or ids), through a tree of `fanout`: one future per
+  // member, in order. `discard_values`: each member's future completes
+  // with None (a broadcast; only outcomes travel back).
+  std::vector<std::shared_ptr<PyFuture>> GroupCall(const std::vector<py::object>& members,
+                                                   py::bytes pickle,
+                                                   const std::vector<at::Tensor>& tensors,
+                                                   const std::vector<PyRRef>& rrefs,
+                                                   std::optional<double> timeout, int fanout,
+                                                   bool discard_values);
+
   // A function registered in C++ (rpc/function.h), called by name with its
   // signature ("(Tensor,int64)->Tensor"); see python/src/cpp_call.h.
   std::shared_ptr<PyFuture> CallCpp(const py::object& to, const std::string& function,

@@ -113,6 +113,15 @@ def test_workers_join_a_dynamic_group_one_by_one_and_leave_it_alone():
     assert workers[0].lines("LEFT") == ["True"]
 
 
+def test_a_group_call_reaches_every_member_through_a_tree():
+    script = os.path.join(harness.HERE, "group_workers.py")
+    workers = harness.run("group", 5, timeout=120,
+                          commands={r: [harness.PYTHON, script, "group"] for r in range(5)})
+    harness.check(workers)
+    assert workers[0].lines("FAILED") == ["worker2"]
+    assert workers[0].lines("TIMED_OUT") == ["worker1"]
+
+
 def test_a_killed_worker_raises_connection_error():
     workers = harness.run("killed", 2, timeout=60, expected_exit={1: (3,)})
     harness.check(workers, expect_rc={1: 3})

@@ -1,0 +1,160 @@
+"""Group calls: one call to many workers, sent through a tree (group/group.h).
+
+    import baton.rpc as rpc
+    from baton.rpc.group import Group
+
+    observers = Group.with_prefix("observer")      # observer0, observer1, ...
+    rewards = observers.rpc_sync(run_episode, args=(3,))   # one value per member
+    observers.broadcast(load_policy, args=(policy.state_dict(),))
+
+A loop of rpc_async sends one message per worker and handles every reply
+itself. A group call sends at most `fanout` requests; each member runs the
+function, forwards the call to at most `fanout` others, and answers with
+its own outcome and theirs (guarantees GC1-GC5 in group/group.h):
+
+* every member has an outcome by the call's deadline: one slow or dead
+  member costs its own entry, never the call;
+* a member that cannot forward leaves an error for each member it was to
+  reach, naming itself and the cause;
+* results are in member order.
+
+The function runs as an RPC from the caller would. Arguments are pickled
+once for every member: they may hold CPU tensors and any picklable value,
+but not RRefs (ValueError). A group call carries no distributed autograd
+context.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from baton import _C, _errors
+from baton.rpc import api as _api
+from baton.rpc.constants import UNSET_RPC_TIMEOUT
+
+__all__ = ["Group", "GroupError"]
+
+_MAX_FANOUT = 64
+
+
+class GroupError(RuntimeError):
+    """Some members of a group call failed. ``results`` holds every member's
+    value in member order (None where it failed); ``errors`` maps each failed
+    member's name to its exception, which names it."""
+
+    def __init__(self, results: List[Any], errors: Dict[str, BaseException]):
+        self.results = results
+        self.errors = errors
+        summary = "; ".join(f"{name}: {e}" for name, e in errors.items())
+        super().__init__(f"{len(errors)} of {len(results)} members failed: {summary}")
+
+
+class Group:
+    """A fixed list of distinct workers of the job (names, ranks or
+    WorkerInfos), called at once through a tree of `fanout` (1-64)."""
+
+    def __init__(self, members: Sequence[Union[str, int, "_api.WorkerInfo"]], fanout: int = 8):
+        if isinstance(fanout, bool) or not isinstance(fanout, int):
+            raise TypeError(f"a group's fanout is an int, not {fanout!r}")
+        if not 1 <= fanout <= _MAX_FANOUT:
+            raise ValueError(f"a group's fanout must be in [1, {_MAX_FANOUT}], got {fanout}")
+        agent = _api._current()
+        infos = []
+        seen = set()
+        for m in members:
+            try:
+                name, wid = agent.worker(_api._to(m))
+            except _C.StatusError as e:
+                raise _errors.translate(e) from None
+            if wid in seen:
+                raise ValueError(f"worker '{name}' is listed twice in a group")
+            seen.add(wid)
+            infos.append(_api.WorkerInfo(name, wid))
+        if not infos:
+            raise ValueError("a group needs at least one member")
+        self._members = infos
+        self._fanout = fanout
+
+    @classmethod
+    def with_prefix(cls, prefix: str, fanout: int = 8) -> "Group":
+        """Every worker of the job whose name starts with `prefix` (a role's
+        workers), in rank order."""
+        members = [w for w in _api.get_worker_infos() if w.name.startswith(prefix)]
+        if not members:
+            raise ValueError(f"no worker's name starts with '{prefix}'")
+        return cls(members, fanout)
+
+    @property
+    def members(self) -> List["_api.WorkerInfo"]:
+        return list(self._members)
+
+    @property
+    def fanout(self) -> int:
+        return self._fanout
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __getitem__(self, index: slice) -> "Group":
+        """A slice of the members as a group of its own (trainers[0:16])."""
+        if not isinstance(index, slice):
+            raise TypeError("a group is sliced (group[a:b]); its members are group.members")
+        return Group(self._members[index], self._fanout)
+
+    def __repr__(self) -> str:
+        return f"Group({[w.name for w in self._members]}, fanout={self._fanout})"
+
+    def _send(self, func: Callable, args, kwargs, timeout, discard: bool) -> List[torch.futures.Future]:
+        if isinstance(func, _api.CppFunction):
+            raise TypeError("a group call runs a Python function; call C++ functions one by one")
+        agent = _api._current()
+        data, tensors, rrefs = _api._pack(func, args, kwargs)
+        if rrefs:
+            raise ValueError("a group call cannot send RRefs: its arguments are pickled once for "
+                             "every member, and an RRef is forked for one destination")
+        name = _api._name_of(func)
+        try:
+            cfutures = agent.group_call([w.id for w in self._members], data, tensors, rrefs,
+                                        _api._timeout(timeout), self._fanout, discard)
+        except _C.StatusError as e:
+            raise _errors.translate(e, None, name) from None
+        return [_api._torch_future(f, w.name, name) for f, w in zip(cfutures, self._members)]
+
+    def rpc_async(self, func: Callable, args: Optional[tuple] = None,
+                  kwargs: Optional[dict] = None,
+                  timeout: float = UNSET_RPC_TIMEOUT) -> List[torch.futures.Future]:
+        """Runs func(*args, **kwargs) on every member; one future per member,
+        in member order, each completing as its part of the tree answers."""
+        return self._send(func, args, kwargs, timeout, discard=False)
+
+    def rpc_sync(self, func: Callable, args: Optional[tuple] = None,
+                 kwargs: Optional[dict] = None, timeout: float = UNSET_RPC_TIMEOUT) -> List[Any]:
+        """Every member's value, in member order; GroupError if any failed."""
+        return _gather(self._members, self.rpc_async(func, args, kwargs, timeout))
+
+    def broadcast_async(self, func: Callable, args: Optional[tuple] = None,
+                        kwargs: Optional[dict] = None,
+                        timeout: float = UNSET_RPC_TIMEOUT) -> List[torch.futures.Future]:
+        """As rpc_async, for a function whose results are not wanted: only
+        each member's outcome travels back (its future's value is None)."""
+        return self._send(func, args, kwargs, timeout, discard=True)
+
+    def broadcast(self, func: Callable, args: Optional[tuple] = None,
+                  kwargs: Optional[dict] = None, timeout: float = UNSET_RPC_TIMEOUT) -> None:
+        """Runs func on every member; GroupError if any failed."""
+        _gather(self._members, self.broadcast_async(func, args, kwargs, timeout))
+
+
+def _gather(members, futures) -> List[Any]:
+    results: List[Any] = []
+    errors: Dict[str, BaseException] = {}
+    for w, f in zip(members, futures):
+        try:
+            results.append(f.wait())
+        except Exception as e:  # noqa: BLE001  (each member's error is kept, named)
+            results.append(None)
+            errors[w.name] = e
+    if errors:
+        raise GroupError(results, errors)
+    return results

@@ -1,0 +1,114 @@
+"""The group-call scenario (baton/rpc/group.py), run by test_rpc.py in real
+worker processes through harness.py, as workers.py's scenarios are."""
+import sys
+import threading
+
+import torch
+
+import baton.rpc as rpc
+from baton.rpc.group import Group, GroupError
+from workers import init, name
+
+
+def scaled(x, k):
+    return x * (rpc.get_worker_info().id * k)
+
+
+def fail_on(rank):
+    me = rpc.get_worker_info().id
+    if me == rank:
+        raise ValueError("refused on purpose")
+    return me
+
+
+_policy = {}
+
+
+def load_policy(version):
+    _policy["version"] = version
+    return "not sent back"
+
+
+def policy_version():
+    return _policy.get("version")
+
+
+_released = threading.Event()
+
+
+def block_on(rank):
+    me = rpc.get_worker_info().id
+    if me == rank:
+        assert _released.wait(60), "never released"
+    return me
+
+
+def release():
+    _released.set()
+
+
+def scenario_group(rank, world_size):
+    """A group call from rank 0 to every worker (itself included) through a
+    tree of fanout 2: values in member order, a broadcast, one member's
+    error or silence costing its own entry only (GC1, GC4), and the
+    arguments a group refuses."""
+    init(rank, world_size)
+    if rank == 0:
+        everyone = Group.with_prefix("worker", fanout=2)
+        assert [w.name for w in everyone.members] == [name(r) for r in range(world_size)]
+        values = everyone.rpc_sync(scaled, args=(torch.ones(3), 2))
+        assert [v.tolist() for v in values] == [[2.0 * r] * 3 for r in range(world_size)], values
+
+        observers = everyone[1:]
+        assert len(observers) == world_size - 1
+        assert observers.broadcast(load_policy, args=(7,)) is None
+        versions = [rpc.rpc_sync(name(r), policy_version) for r in range(1, world_size)]
+        assert versions == [7] * (world_size - 1), versions
+        futures = observers.broadcast_async(load_policy, args=(8,))
+        assert [f.wait() for f in futures] == [None] * (world_size - 1)
+
+        try:
+            observers.rpc_sync(fail_on, args=(2,))
+            raise AssertionError("a member's error was lost")
+        except GroupError as e:
+            assert list(e.errors) == [name(2)], e.errors
+            assert "refused on purpose" in str(e.errors[name(2)]), e.errors
+            assert e.results == [1, None] + list(range(3, world_size)), e.results
+            print("FAILED " + ",".join(e.errors))
+
+        # Worker 1 forwards for worker 2, then blocks: its own entry times
+        # out, worker 2's value still arrives.
+        try:
+            observers.rpc_sync(block_on, args=(1,), timeout=3)
+            raise AssertionError("a member that never answered was not reported")
+        except GroupError as e:
+            assert list(e.errors) == [name(1)], e.errors
+            assert isinstance(e.errors[name(1)], rpc.RpcTimeoutError), repr(e.errors[name(1)])
+            assert isinstance(e.errors[name(1)], RuntimeError)
+            assert e.results[1:] == list(range(2, world_size)), e.results
+            print("TIMED_OUT " + ",".join(e.errors))
+        rpc.rpc_sync(name(1), release)
+
+        for bad, error in ((lambda: Group([name(1), 1]), ValueError),
+                           (lambda: Group([]), ValueError),
+                           (lambda: Group([name(1)], fanout=0), ValueError),
+                           (lambda: Group(["nobody"]), RuntimeError),
+                           (lambda: Group.with_prefix("observer"), ValueError)):
+            try:
+                bad()
+                raise AssertionError("a bad group was made")
+            except error:
+                pass
+        owned = rpc.RRef(torch.ones(1))
+        try:
+            observers.rpc_async(scaled, args=(owned, 1))
+            raise AssertionError("an RRef was sent to a group")
+        except ValueError as e:
+            assert "cannot send RRefs" in str(e), e
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+if __name__ == "__main__":
+    import os
+    globals()["scenario_" + sys.argv[1]](int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
