@@ -148,8 +148,9 @@ TEST(Group, GC1_ASlowMemberTimesOutAloneAndTheOthersArrive) {
   GroupOptions opts;
   opts.fanout = 2;
   opts.timeout = absl::Seconds(2);
-  // Member 2 forwards to 3 and 4 (the part [2, 4] of [1..7] split in two):
-  // its own function blocks, its part's answers must still arrive.
+  // [1..7] in two parts, [1, 2, 3, 4] through 1 and [5, 6, 7] through 5;
+  // 1 splits [2, 3, 4] into [2, 3] and [4]: member 2 forwards to 3, then
+  // its own function blocks. Its part's answer must still arrive.
   auto g = Group::Of(job->agent(0), Ranks(1, 8), opts);
   ASSERT_TRUE(g.ok());
   const absl::Time start = absl::Now();
