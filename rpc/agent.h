@@ -142,7 +142,7 @@ class RpcAgent final {
 
   // For the protocol layers built on the agent (rref, dist_autograd, ps,
   // pipeline, rl, the Python binding): a user's program does not need it.
-  Runtime& runtime() { return *runtime_; }
+  Runtime& runtime() const { return *runtime_; }
 
  private:
   // What proves this worker (its stream identity) is not on the user's
