@@ -128,9 +128,8 @@ int Run(int argc, char** argv) {
   if (bench::WorkerIndex(argc, argv) >= 0) return RunWorker(flags);
   const int n = static_cast<int>(flags.Int("workers", 64));
   const int rounds = static_cast<int>(flags.Int("rounds", 3));
-  const std::vector<std::string> args = {
-      "--calls", absl::StrCat(flags.Int("calls", 30)), "--fanout",
-      absl::StrCat(flags.Int("fanout", 8))};
+  const std::vector<std::string> args = {"--calls", absl::StrCat(flags.Int("calls", 30)),
+                                         "--fanout", absl::StrCat(flags.Int("fanout", 8))};
   std::vector<double> flat, tree, ratios;
   for (int round = 0; round < rounds; ++round) {
     const auto [f, t] = OneRound(args, n);

@@ -32,10 +32,25 @@ std::vector<std::pair<int, int>> Split(int n, int parts) {
   return out;
 }
 
+// The levels of the tree below a hop whose part has `n` members (itself
+// first) and the given fanout.
+int LevelsBelow(int n, int fanout) {
+  int levels = 0;
+  while (n > 1) {
+    n = (n - 1 + fanout - 1) / fanout;  // the largest part below
+    ++levels;
+  }
+  return levels;
+}
+
 // How long before its own deadline a hop answers, so that its answer
-// reaches its caller in time: an eighth of the time left, 2 to 250 ms.
-absl::Duration Margin(absl::Duration left) {
-  return std::clamp(left / 8, absl::Milliseconds(2), absl::Milliseconds(250));
+// reaches the member above in time: a share of the time left that shrinks
+// with the levels below it (they keep margins of their own), 1 to 250 ms.
+// Over a whole chain the leaves keep a good part of the time: the shares
+// are 1/4, 1/8, 1/12, ... from the bottom.
+absl::Duration Margin(absl::Duration left, int levels_below) {
+  return std::clamp(left / (4 * (levels_below + 1)), absl::Milliseconds(1),
+                    absl::Milliseconds(250));
 }
 
 std::string Describe(rpc::Runtime& runtime, int id) {
@@ -45,7 +60,7 @@ std::string Describe(rpc::Runtime& runtime, int id) {
 
 // A part's reply, split into its members' outcomes (GC4: one per member, in
 // order); DATA_LOSS if it is not that.
-absl::StatusOr<std::vector<Outcome>> SplitReply(const rpc::Payload& reply,
+absl::StatusOr<std::vector<Outcome>> SplitReply(rpc::Payload reply,
                                                 const std::vector<int>& members) {
   proto::GroupReply r;
   if (!r.ParseFromString(reply.bytes)) return absl::DataLossError("undecodable group reply");
@@ -57,15 +72,16 @@ absl::StatusOr<std::vector<Outcome>> SplitReply(const rpc::Payload& reply,
   out.reserve(members.size());
   size_t blob = 0;
   for (int i = 0; i < r.entries_size(); ++i) {
-    const proto::GroupEntry& e = r.entries(i);
+    proto::GroupEntry& e = *r.mutable_entries(i);
     if (e.member() != members[i] || e.blobs() < 0 ||
-        static_cast<size_t>(e.blobs()) > reply.blobs.size() - blob) {
+        static_cast<size_t>(e.blobs()) > reply.blobs.size() - blob ||
+        (e.code() != 0 && e.blobs() != 0)) {
       return absl::DataLossError(
           absl::StrCat("a group reply whose entry ", i, " does not match its request"));
     }
     if (e.code() == 0) {
       rpc::Payload value;
-      value.bytes = e.value();
+      value.bytes = std::move(*e.mutable_value());
       value.blobs.assign(reply.blobs.begin() + static_cast<std::ptrdiff_t>(blob),
                          reply.blobs.begin() + static_cast<std::ptrdiff_t>(blob + e.blobs()));
       out.push_back(std::move(value));
@@ -86,14 +102,32 @@ absl::StatusOr<std::vector<Outcome>> SplitReply(const rpc::Payload& reply,
 
 using PartDone = std::function<void(const std::vector<int>& part, std::vector<Outcome> outcomes)>;
 
+// What the call is called in errors, metrics and hang reports.
+std::string CallLabel(const proto::GroupRequest& r) {
+  return absl::StrCat("group call of '", r.label().empty() ? r.function() : r.label(), "'");
+}
+
 // Sends `base` to the first member of each of at most base.fanout() parts
-// of `members` (GC3), each request listing its part, within `timeout`;
-// `done` gets each part's outcomes, in its order, as the part answers.
+// of `members` (GC3), each request listing its part, each due by
+// `deadline`; `done` gets each part's outcomes, in its order, as the part
+// answers.
 void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
             const std::vector<rpc::Blob>& blobs, const std::vector<int>& members,
-            absl::Duration timeout, const PartDone& done) {
+            absl::Time deadline, const PartDone& done) {
+  rpc::Runtime* rt = &runtime;
   for (const auto& [begin, end] : Split(static_cast<int>(members.size()), base.fanout())) {
     std::vector<int> part(members.begin() + begin, members.begin() + end);
+    // Each part's time is taken from the deadline as it is sent: a send
+    // that waited (for a peer's window) takes nothing from the next part.
+    const absl::Duration left =
+        deadline == absl::InfiniteFuture() ? absl::InfiniteDuration() : deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      std::vector<Outcome> outcomes(
+          part.size(), absl::DeadlineExceededError(
+                           "not sent: the group call's deadline passed before its request left"));
+      done(part, std::move(outcomes));
+      continue;
+    }
     proto::GroupRequest request = base;
     request.clear_members();
     for (int m : part) request.add_members(m);
@@ -101,9 +135,8 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     payload.bytes = request.SerializeAsString();
     payload.blobs = blobs;
     rpc::CallOptions opts;
-    opts.timeout = timeout;
-    opts.label = absl::StrCat("group call of '", base.function(), "'");
-    rpc::Runtime* rt = &runtime;
+    opts.timeout = left;
+    opts.label = CallLabel(base);
     runtime.CallRaw(part[0], kForwardFn, "", std::move(payload), opts)
         .OnReady([rt, part = std::move(part), done](const Outcome& reply) {
           std::vector<Outcome> outcomes;
@@ -118,13 +151,15 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
           }
           if (!failed.ok()) {
             // GC2: the part's first member did not answer for it: each of
-            // the others gets an error naming it and the cause.
+            // the others gets an error naming it and the cause. They may
+            // have run all the same.
             outcomes.assign(1, failed);
             for (size_t i = 1; i < part.size(); ++i) {
               outcomes.push_back(absl::Status(
                   failed.code(),
-                  absl::StrCat("not reached: ", Describe(*rt, part[0]),
-                               ", which was to forward the call, failed: ", failed.message())));
+                  absl::StrCat("no answer through ", Describe(*rt, part[0]),
+                               ", which was to forward the call to it (it may have run): ",
+                               failed.message())));
             }
           }
           done(part, std::move(outcomes));
@@ -135,32 +170,41 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
 // One hop of a group call on a member: its own outcome and its part's.
 class Hop : public std::enable_shared_from_this<Hop> {
  public:
-  Hop(proto::GroupRequest request, rpc::WorkerInfo root, absl::Time reply_by, rpc::Responder done)
-      : request_(std::move(request)),
+  Hop(rpc::Runtime* runtime, proto::GroupRequest request, rpc::WorkerInfo root, absl::Time reply_by,
+      rpc::Responder done)
+      : runtime_(runtime),
+        request_(std::move(request)),
         root_(std::move(root)),
         reply_by_(reply_by),
         done_(std::move(done)) {
-    for (int i = 0; i < request_.members_size(); ++i) position_[request_.members(i)] = i;
-    outcomes_.resize(request_.members_size());
-    left_ = request_.members_size();
+    const int n = request_.members_size();
+    position_.reserve(n);
+    for (int i = 0; i < n; ++i) position_[request_.members(i)] = i;
+    forwarder_.assign(n, request_.members(0));
+    for (const auto& [begin, end] : Split(n - 1, request_.fanout())) {
+      for (int i = begin; i < end; ++i) forwarder_[i + 1] = request_.members(begin + 1);
+    }
+    outcomes_.resize(n);
+    left_ = n;
   }
 
   void Run(const rpc::CallContext& ctx, const std::vector<rpc::Blob>& blobs) {
-    rpc::Runtime& runtime = *ctx.runtime;
     auto self = shared_from_this();
+    if (reply_by_ <= absl::Now()) {
+      // No time left to do anything in (the request waited in a queue):
+      // nothing is forwarded and nothing runs.
+      Answer();
+      return;
+    }
     if (reply_by_ != absl::InfiniteFuture()) {
+      rpc::DeadlineTimer* timer = runtime_->timer();
       absl::MutexLock lock(&mu_);
-      timers_ = runtime.timer();
-      timer_ = runtime.timer()->Schedule(runtime.timer()->FromRealTime(reply_by_),
-                                         [self] { self->Answer(); });
+      timer_ = timer->Schedule(timer->FromRealTime(reply_by_), [self] { self->AnswerSoon(); });
     }
     // The part first, so that its members start while this one works.
     std::vector<int> rest(request_.members().begin() + 1, request_.members().end());
     if (!rest.empty()) {
-      const absl::Duration timeout = reply_by_ == absl::InfiniteFuture()
-                                         ? absl::InfiniteDuration()
-                                         : std::max(reply_by_ - absl::Now(), absl::Milliseconds(1));
-      FanOut(runtime, request_, blobs, rest, timeout,
+      FanOut(*runtime_, request_, blobs, rest, reply_by_,
              [self](const std::vector<int>& part, std::vector<Outcome> outcomes) {
                for (size_t i = 0; i < part.size(); ++i) {
                  self->Set(self->position_.at(part[i]), std::move(outcomes[i]));
@@ -173,7 +217,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
  private:
   // This member's own function, as the agent runs a request.
   void RunOwn(const rpc::CallContext& ctx, const std::vector<rpc::Blob>& blobs) {
-    rpc::Runtime& runtime = *ctx.runtime;
+    rpc::Runtime& runtime = *runtime_;
     std::shared_ptr<const rpc::FunctionRegistry::Entry> entry =
         runtime.registry().Find(request_.function());
     if (entry == nullptr) {
@@ -201,6 +245,10 @@ class Hop : public std::enable_shared_from_this<Hop> {
     rpc::Payload args;
     args.bytes = request_.args();
     args.blobs = blobs;
+    {
+      absl::MutexLock lock(&mu_);
+      started_ = true;
+    }
     auto self = shared_from_this();
     try {
       entry->handler(own, std::move(args), [self](Outcome r) { self->Set(0, std::move(r)); });
@@ -214,11 +262,37 @@ class Hop : public std::enable_shared_from_this<Hop> {
     bool all = false;
     {
       absl::MutexLock lock(&mu_);
-      if (answered_ || outcomes_[position].has_value()) return;
-      outcomes_[position] = std::move(outcome);
-      all = --left_ == 0;
+      if (!answered_ && !outcomes_[position].has_value()) {
+        outcomes_[position] = std::move(outcome);
+        all = --left_ == 0;
+        outcome = absl::CancelledError();  // taken
+      }
     }
-    if (all) Answer();
+    // An outcome that came too late is never delivered (RRef G8).
+    if (outcome.ok()) outcome->Undeliverable();
+    if (all) AnswerSoon();
+  }
+
+  // Answer() on the executor: the timer's thread and the transport's, where
+  // the last outcome may arrive, only hand it over.
+  void AnswerSoon() {
+    auto self = shared_from_this();
+    if (!runtime_->executor()->Submit([self] { self->Answer(); })) Answer();
+  }
+
+  // The entry of member `i` that has no outcome at the answer.
+  std::string Missing(int i, bool started) const {
+    if (i == 0) {
+      return started ? "timed out: its function was still running at the group call's deadline"
+                     : "not started: the group call's deadline passed before it reached this "
+                       "member";
+    }
+    if (forwarder_[i] == request_.members(i)) {
+      return "timed out: no answer within the group call's deadline";
+    }
+    return absl::StrCat("timed out: no answer within the group call's deadline through ",
+                        Describe(*runtime_, forwarder_[i]),
+                        ", which was to forward the call to it");
   }
 
   // Answers once: every outcome in, or the hop's time is up (GC1).
@@ -226,53 +300,88 @@ class Hop : public std::enable_shared_from_this<Hop> {
     rpc::Payload reply;
     proto::GroupReply r;
     rpc::Responder done;
+    std::vector<std::optional<Outcome>> outcomes;
+    bool started;
     {
       absl::MutexLock lock(&mu_);
       if (answered_) return;
       answered_ = true;
-      for (int i = 0; i < request_.members_size(); ++i) {
-        proto::GroupEntry* e = r.add_entries();
-        e->set_member(request_.members(i));
-        const std::optional<Outcome>& o = outcomes_[i];
-        if (!o.has_value()) {
-          e->set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-          e->set_message(
-              absl::StrCat(i == 0 ? "timed out: its function ran past the group call's deadline"
-                                  : "timed out: no answer within the group call's deadline"));
-        } else if (!o->ok()) {
-          e->set_code(static_cast<int>(o->status().code()));
-          e->set_message(std::string(o->status().message()));
-        } else if (!request_.discard_values()) {
-          e->set_value((*o)->bytes);
-          e->set_blobs(static_cast<int>((*o)->blobs.size()));
-          for (const rpc::Blob& b : (*o)->blobs) reply.blobs.push_back(b);
-        }
-      }
+      outcomes.swap(outcomes_);
+      started = started_;
       done = std::move(done_);
       // What the timer holds (this hop, its tensors) goes now, not at the
       // deadline.
-      if (timers_ != nullptr && timer_ != 0) timers_->Cancel(timer_);
+      if (timer_ != 0) runtime_->timer()->Cancel(timer_);
+    }
+    // A part's values travel in one message: what would not fit is
+    // refused, member by member, instead of failing them all.
+    const int64_t room = runtime_->options().max_message_bytes - (int64_t{64} << 10);
+    int64_t size = 0;
+    for (int i = 0; i < request_.members_size(); ++i) {
+      proto::GroupEntry* e = r.add_entries();
+      e->set_member(request_.members(i));
+      std::optional<Outcome>& o = outcomes[i];
+      if (!o.has_value()) {
+        e->set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+        e->set_message(Missing(i, started));
+        continue;
+      }
+      if (!o->ok()) {
+        e->set_code(static_cast<int>(o->status().code()));
+        e->set_message(std::string(o->status().message()));
+        continue;
+      }
+      rpc::Payload& value = **o;
+      if (request_.discard_values()) {
+        value.Undeliverable();
+        continue;
+      }
+      const int64_t bytes = static_cast<int64_t>(value.total_size()) + 64;
+      if (size + bytes > room) {
+        e->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+        e->set_message(absl::StrCat(
+            "its value of ", bytes, " bytes does not fit in the reply of ",
+            Describe(*runtime_, request_.members(0)), " for its part (max_message_bytes ",
+            runtime_->options().max_message_bytes, "): call fewer members at once"));
+        value.Undeliverable();
+        continue;
+      }
+      size += bytes;
+      e->set_value(std::move(value.bytes));
+      e->set_blobs(static_cast<int>(value.blobs.size()));
+      for (rpc::Blob& b : value.blobs) reply.blobs.push_back(std::move(b));
+      for (auto& undo : value.undo_if_undelivered) {
+        reply.undo_if_undelivered.push_back(std::move(undo));
+      }
     }
     reply.bytes = r.SerializeAsString();
     done(std::move(reply));
   }
 
+  rpc::Runtime* const runtime_;
   const proto::GroupRequest request_;
   const rpc::WorkerInfo root_;
   const absl::Time reply_by_;
-  absl::flat_hash_map<int, int> position_;  // member -> its place in request_.members
+  // Member -> its place in request_.members, and the member that forwards
+  // the call to it (itself for the first of a part); constant.
+  absl::flat_hash_map<int, int> position_;
+  std::vector<int> forwarder_;
   absl::Mutex mu_;
   std::vector<std::optional<Outcome>> outcomes_ ABSL_GUARDED_BY(mu_);
   int left_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   rpc::Responder done_ ABSL_GUARDED_BY(mu_);
-  rpc::DeadlineTimer* timers_ ABSL_GUARDED_BY(mu_) = nullptr;
   rpc::DeadlineTimer::Id timer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A request a hop takes: its members are distinct workers of the job, this
-// worker first; its fanout in range; its root a worker.
+// worker first; its fanout in range; its root a worker; its function not
+// the forwarding one (which would nest without bound).
 absl::Status CheckRequest(rpc::Runtime& runtime, const proto::GroupRequest& r) {
+  if (r.function() == kForwardFn) {
+    return absl::InvalidArgumentError("a group request cannot call the group's own function");
+  }
   if (r.members_size() < 1 || r.members_size() > kMaxMembers) {
     return absl::InvalidArgumentError(
         absl::StrCat("a group request for ", r.members_size(), " members"));
@@ -310,11 +419,15 @@ void Forward(const rpc::CallContext& ctx, rpc::Payload payload, rpc::Responder d
     done(root.status());
     return;
   }
-  const absl::Time reply_by = ctx.deadline == absl::InfiniteFuture()
-                                  ? absl::InfiniteFuture()
-                                  : ctx.deadline - Margin(ctx.deadline - absl::Now());
+  const absl::Time now = absl::Now();
+  const absl::Time reply_by =
+      ctx.deadline == absl::InfiniteFuture()
+          ? absl::InfiniteFuture()
+          : ctx.deadline -
+                Margin(ctx.deadline - now, LevelsBelow(request.members_size(), request.fanout()));
   std::vector<rpc::Blob> blobs = std::move(payload.blobs);
-  auto hop = std::make_shared<Hop>(std::move(request), *std::move(root), reply_by, std::move(done));
+  auto hop = std::make_shared<Hop>(&runtime, std::move(request), *std::move(root), reply_by,
+                                   std::move(done));
   hop->Run(ctx, blobs);
 }
 
@@ -340,14 +453,20 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
                                                const std::string& function,
                                                const std::string& signature, rpc::Payload args,
                                                const GroupOptions& options, bool discard_values) {
-  std::vector<rpc::Promise<rpc::Payload>> promises;
+  // One state for every part's callback.
+  struct Pending {
+    std::vector<rpc::Promise<rpc::Payload>> promises;
+    absl::flat_hash_map<int, int> position;
+    std::vector<rpc::WorkerInfo> members;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->members = members;
   std::vector<rpc::Future<rpc::Payload>> out;
   std::vector<int> ids;
-  auto position = std::make_shared<absl::flat_hash_map<int, int>>();
   for (const rpc::WorkerInfo& m : members) {
-    promises.emplace_back(runtime.executor());
-    out.push_back(promises.back().future());
-    (*position)[m.id] = static_cast<int>(ids.size());
+    pending->promises.emplace_back(runtime.executor());
+    out.push_back(pending->promises.back().future());
+    pending->position[m.id] = static_cast<int>(ids.size());
     ids.push_back(m.id);
   }
   proto::GroupRequest base;
@@ -356,18 +475,21 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
   base.set_fanout(options.fanout);
   base.set_root(runtime.self().id);
   base.set_discard_values(discard_values);
+  base.set_label(options.label);
   base.set_args(std::move(args.bytes));
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : runtime.options().rpc_timeout;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   FanOut(
-      runtime, base, args.blobs, ids, timeout,
-      [promises, position, members](const std::vector<int>& part, std::vector<Outcome> outcomes) {
+      runtime, base, args.blobs, ids, deadline,
+      [pending](const std::vector<int>& part, std::vector<Outcome> outcomes) {
         for (size_t i = 0; i < part.size(); ++i) {
-          const int at = position->at(part[i]);
+          const int at = pending->position.at(part[i]);
           if (outcomes[i].ok()) {
-            promises[at].Set(std::move(outcomes[i]));
+            pending->promises[at].Set(std::move(outcomes[i]));
           } else {
-            promises[at].SetError(ForMember(outcomes[i].status(), members[at]));
+            pending->promises[at].SetError(ForMember(outcomes[i].status(), pending->members[at]));
           }
         }
       });

@@ -30,11 +30,21 @@
 //     group is made: an unknown one is NOT_FOUND, a repeated one
 //     INVALID_ARGUMENT.
 //
-// The members' function runs as an RPC from the caller would (the caller is
-// what CallContext::caller names), without call hooks: a group call carries
-// no distributed-autograd context. Arguments are encoded once for every
+// The members' function (any registered function but the group's own
+// forwarding one) runs as an RPC from the caller would (the caller is what
+// CallContext::caller names), without call hooks: a group call carries no
+// distributed-autograd context. Arguments are encoded once for every
 // member, so they may hold tensors in host memory and plain values, but not
 // RRefs or CUDA tensors (INVALID_ARGUMENT at the call).
+//
+// Deadlines: each member answers for its part some time before the
+// deadline it was given (a share of the time left that grows with the
+// depth of its part, 1-250 ms per level), so that its answer reaches the
+// member above in time. A function that is still running then keeps
+// running, outside the agent's count of incoming calls: its entry is
+// DEADLINE_EXCEEDED. A part's values come back in one message: entries
+// that would take it past max_message_bytes are RESOURCE_EXHAUSTED, naming
+// the member.
 //
 // Thread-safety: a Group is an immutable value; calls may be made from any
 // thread, concurrently, including from remote functions.
@@ -51,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "rpc/agent.h"
@@ -70,6 +81,9 @@ struct GroupOptions {
   // The whole call's deadline, from the caller. Zero: the agent's
   // rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
+  // What to call the function in errors, metrics and hang reports, when not
+  // its registered name (a Python function behind a generic entry point).
+  std::string label;
 };
 
 // The outcome of a group call: one entry per member, in member order.
@@ -224,9 +238,10 @@ absl::StatusOr<rpc::Payload> Group::Encode(const rpc::Function<R(Args...)>& fn,
                 "wrong number of arguments for this Function");
   typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
   // Encoded once for every member: no destination (peer -1), so a value
-  // that needs one (an RRef, a CUDA tensor) fails here.
-  absl::StatusOr<rpc::Payload> payload = runtime_->registry().EncodeForSend(
-      tuple, rpc::MessageInfo{runtime_, /*is_request=*/true, /*peer=*/-1, fn.name()});
+  // that needs one (an RRef, a CUDA tensor) fails here; and without the
+  // call hooks, as no hook's context travels.
+  const rpc::CodecContext context{runtime_, /*peer=*/-1};
+  absl::StatusOr<rpc::Payload> payload = rpc::EncodeMessage(tuple, &context);
   if (!payload.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("group call of '", fn.name(), "' to ", members_.size(),

@@ -231,7 +231,7 @@ std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::
                                                           const std::vector<at::Tensor>& tensors,
                                                           const std::vector<PyRRef>& rrefs,
                                                           std::optional<double> timeout, int fanout,
-                                                          bool discard_values) {
+                                                          bool discard_values, std::string label) {
   if (!rrefs.empty()) {
     Raise(absl::InvalidArgumentError(
         "a group call cannot send RRefs: its arguments are encoded once for every member, and an "
@@ -244,6 +244,7 @@ std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::
   group::GroupOptions options;
   options.fanout = fanout;
   options.timeout = Seconds(timeout, absl::ZeroDuration());
+  options.label = std::move(label);
   absl::StatusOr<group::Group> g = group::Group::Of(a, refs, options);
   Check(g.status());
   PyObj msg = FromParts(pickle, tensors, rrefs);
@@ -499,7 +500,7 @@ AgentClass BindAgent(py::module_& m) {
            py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
       .def("group_call", &PyAgent::GroupCall, py::arg("members"), py::arg("pickle"),
            py::arg("tensors"), py::arg("rrefs"), py::arg("timeout"), py::arg("fanout"),
-           py::arg("discard_values"))
+           py::arg("discard_values"), py::arg("label") = std::string())
       .def("make_owned", &PyAgent::MakeOwned)
       .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)

@@ -96,7 +96,7 @@ class PyAgent {
                                                    const std::vector<at::Tensor>& tensors,
                                                    const std::vector<PyRRef>& rrefs,
                                                    std::optional<double> timeout, int fanout,
-                                                   bool discard_values);
+                                                   bool discard_values, std::string label);
 
   // A function registered in C++ (rpc/function.h), called by name with its
   // signature ("(Tensor,int64)->Tensor"); see python/src/cpp_call.h.

@@ -43,11 +43,18 @@ class GroupError(RuntimeError):
     value in member order (None where it failed); ``errors`` maps each failed
     member's name to its exception, which names it."""
 
-    def __init__(self, results: List[Any], errors: Dict[str, BaseException]):
-        self.results = results
-        self.errors = errors
-        summary = "; ".join(f"{name}: {e}" for name, e in errors.items())
-        super().__init__(f"{len(errors)} of {len(results)} members failed: {summary}")
+    def __init__(self, results: Union[List[Any], str, None] = None,
+                 errors: Optional[Dict[str, BaseException]] = None):
+        # Also from a message alone, so that one raised in a remote function
+        # can be rebuilt on its caller.
+        if isinstance(results, str):
+            super().__init__(results)
+            self.results, self.errors = [], {}
+            return
+        self.results = results or []
+        self.errors = errors or {}
+        summary = "; ".join(f"{name}: {e}" for name, e in self.errors.items())
+        super().__init__(f"{len(self.errors)} of {len(self.results)} members failed: {summary}")
 
 
 class Group:
@@ -116,7 +123,7 @@ class Group:
         name = _api._name_of(func)
         try:
             cfutures = agent.group_call([w.id for w in self._members], data, tensors, rrefs,
-                                        _api._timeout(timeout), self._fanout, discard)
+                                        _api._timeout(timeout), self._fanout, discard, name)
         except _C.StatusError as e:
             raise _errors.translate(e, None, name) from None
         return [_api._torch_future(f, w.name, name) for f, w in zip(cfutures, self._members)]
