@@ -191,7 +191,7 @@ int Run(const Flags& f) {
   if (is_server) {
     std::vector<std::string> keys;
     for (int t = 0; t < trainers; ++t) keys.push_back(DoneKey(**agent, t));
-    absl::Status s = (*agent)->store().Wait(keys, absl::Seconds(f.job_timeout));
+    absl::Status s = (*agent)->runtime().store().Wait(keys, absl::Seconds(f.job_timeout));
     std::printf("[%s] %s\n", me.c_str(), server->shard().Stats().DebugString().c_str());
     if (!s.ok()) code = Fail(me, s);
     (void)server->Stop(false);

@@ -90,7 +90,7 @@ int RunCalleeRestart() {
   auto agent = rpc::RpcAgent::Create(*options, registry);
   if (!agent.ok()) return Fail(agent.status().ToString());
   std::printf("rank %d: started, incarnation %lld, restart_wait %s\n", rank,
-              static_cast<long long>((*agent)->incarnation()),
+              static_cast<long long>((*agent)->runtime().incarnation()),
               absl::FormatDuration(options->restart_wait).c_str());
   std::fflush(stdout);
   if (rank == 0) {
@@ -165,7 +165,7 @@ int Run(int argc, char** argv) {
   auto agent = rpc::RpcAgent::Create(*options, registry, std::move(collaborators));
   if (!agent.ok()) return Fail(agent.status().ToString());
   std::printf("rank %d: started, incarnation %lld\n", rank,
-              static_cast<long long>((*agent)->incarnation()));
+              static_cast<long long>((*agent)->runtime().incarnation()));
   std::fflush(stdout);
   const CallOptions opts{absl::Seconds(20)};
 

@@ -94,9 +94,12 @@ TEST(JobToken, OneHostJobWithoutATokenSharesItThroughAPrivateFileNotTheStore) {
   EXPECT_EQ(dir.st_mode & 0777, 0700u);
   // The store holds no token, and refuses a client without it.
   RpcAgent& w0 = **a[0];
-  EXPECT_EQ(
-      w0.store().Get(w0.store_namespace() + "job_token", absl::Milliseconds(100)).status().code(),
-      absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(w0.runtime()
+                .store()
+                .Get(w0.runtime().store_namespace() + "job_token", absl::Milliseconds(100))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
   store::StoreClient nosy({absl::StrCat("127.0.0.1:", port), "", absl::Seconds(1)});
   EXPECT_EQ(nosy.Set("x", "y").code(), absl::StatusCode::kUnauthenticated);
   std::thread s1([&] { EXPECT_TRUE((*a[1])->Shutdown().ok()); });

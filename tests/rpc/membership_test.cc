@@ -127,7 +127,7 @@ TEST(DynamicGroup, M2_ARankOrANameInUseFailsTheJoinAndARankKeepsItsName) {
   {
     auto w1 = g.Join(1, "w1");
     ASSERT_TRUE(w1.ok()) << w1.status();
-    EXPECT_EQ((*w1)->incarnation(), 1);
+    EXPECT_EQ((*w1)->runtime().incarnation(), 1);
     ASSERT_TRUE((*w1)->Shutdown().ok());
   }
   auto renamed = g.Join(1, "w1b");
@@ -137,7 +137,7 @@ TEST(DynamicGroup, M2_ARankOrANameInUseFailsTheJoinAndARankKeepsItsName) {
   auto again = g.Join(1, "w1");
   ASSERT_TRUE(again.ok()) << again.status();
   // A new incarnation of the rank (each attempt to join takes one).
-  EXPECT_GT((*again)->incarnation(), 1);
+  EXPECT_GT((*again)->runtime().incarnation(), 1);
   EXPECT_EQ((*w0)->rpc_sync("w1", echo_fn, 11), 11);
   EXPECT_EQ((*again)->rpc_sync("w0", echo_fn, 12), 12);
   EXPECT_TRUE((*again)->Shutdown().ok());

@@ -118,7 +118,7 @@ TEST(Restart, P1_P4_P6_ANewIncarnationThatCallsReplacesItsPredecessor) {
   // The old process keeps running: it was only taken for dead.
   ASSERT_TRUE(j.job->Restart(2, /*kill_first=*/false).ok());
   RpcAgent& now = j.agent(2);
-  EXPECT_EQ(now.incarnation(), 2);
+  EXPECT_EQ(now.runtime().incarnation(), 2);
   EXPECT_EQ(now.rpc_sync(0, whoami_fn), 1);
   EXPECT_EQ(j.agent(0).runtime().peer_incarnation(2), 2);
   ASSERT_TRUE(Eventually([&] { return j.Failures().size() == 1; }));

@@ -73,7 +73,7 @@ TEST(Tls, WorkersWithCertificatesOfTheJobsCaTalkOverMutualTls) {
   EXPECT_EQ((*a0)->rpc_sync(1, echo_fn, 3), 3);
   EXPECT_EQ((*a1)->rpc_sync(0, echo_fn, 4), 4);
   EXPECT_EQ((*a1)->rpc_sync(1, echo_fn, 5), 5);
-  EXPECT_FALSE((*a0)->uses_shm_transport(1));
+  EXPECT_FALSE((*a0)->runtime().uses_shm_transport(1));
   std::thread s([&] { EXPECT_TRUE((*a1)->Shutdown().ok()); });
   EXPECT_TRUE((*a0)->Shutdown().ok());
   s.join();
