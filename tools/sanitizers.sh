@@ -20,6 +20,7 @@ TARGETS=(
   //tests/rpc:flow_control_test
   //tests/rpc:loopback_agent_test
   //tests/rpc:membership_test
+  //tests/group:group_test
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rpc:rpc_multiprocess_test
