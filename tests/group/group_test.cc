@@ -75,6 +75,16 @@ std::vector<rpc::WorkerRef> Ranks(int begin, int end) {
   return out;
 }
 
+// Every worker but 0, called from 0 through a tree of fanout 2: [1..n) in
+// two parts, each split in two again.
+absl::StatusOr<Group> WorkersAfterTheFirst(LoopbackJob& job,
+                                           absl::Duration timeout = absl::ZeroDuration()) {
+  GroupOptions opts;
+  opts.fanout = 2;
+  opts.timeout = timeout;
+  return Group::Of(job.agent(0), Ranks(1, job.world_size()), opts);
+}
+
 // GC4, and the tree's shapes: every member's value, in member order, for
 // trees from a chain (fanout 1) to one hop (fanout >= members).
 TEST(Group, GC4_ResultsComeInMemberOrderWhateverTheTreesShape) {
@@ -145,13 +155,10 @@ TEST(Group, GC1_ASlowMemberTimesOutAloneAndTheOthersArrive) {
   Fixture f;
   auto job = StartJob(8, f);
   ASSERT_NE(job, nullptr);
-  GroupOptions opts;
-  opts.fanout = 2;
-  opts.timeout = absl::Seconds(2);
   // [1..7] in two parts, [1, 2, 3, 4] through 1 and [5, 6, 7] through 5;
   // 1 splits [2, 3, 4] into [2, 3] and [4]: member 2 forwards to 3, then
   // its own function blocks. Its part's answer must still arrive.
-  auto g = Group::Of(job->agent(0), Ranks(1, 8), opts);
+  auto g = WorkersAfterTheFirst(*job, absl::Seconds(2));
   ASSERT_TRUE(g.ok());
   const absl::Time start = absl::Now();
   GroupResult<int> r = g->call(kBlockOnFn, 2).value();
@@ -178,9 +185,7 @@ TEST(Group, GC4_AMembersErrorNamesItAndLeavesTheOthers) {
   Fixture f;
   auto job = StartJob(6, f);
   ASSERT_NE(job, nullptr);
-  GroupOptions opts;
-  opts.fanout = 2;
-  auto g = Group::Of(job->agent(0), Ranks(1, 6), opts);
+  auto g = WorkersAfterTheFirst(*job);
   ASSERT_TRUE(g.ok());
   Group::Call<int> call = g->call_each(kFailOnFn, 1);  // member 1 forwards for others
   GroupResult<int> r = call.all.value();
@@ -199,11 +204,8 @@ TEST(Group, GC2_AForwarderThatDiedLeavesAnErrorForEachMemberOfItsPart) {
   auto job = StartJob(8, f, absl::Seconds(5));
   ASSERT_NE(job, nullptr);
   ASSERT_TRUE(job->Kill(1).ok());
-  GroupOptions opts;
-  opts.fanout = 2;
-  opts.timeout = absl::Seconds(3);
   // [1..7] in two parts: [1, 2, 3, 4] through 1 (dead), [5, 6, 7] through 5.
-  auto g = Group::Of(job->agent(0), Ranks(1, 8), opts);
+  auto g = WorkersAfterTheFirst(*job, absl::Seconds(3));
   ASSERT_TRUE(g.ok());
   GroupResult<std::string> r = g->call(kWhoFn, 0).value();
   for (size_t i = 0; i < r.size(); ++i) {
@@ -238,10 +240,7 @@ TEST(Group, GC2_ASilentForwarderBelowTheTopIsNamedInItsPartsErrors) {
     return info.request && info.to == 2 && info.function == kForwardFn ? Fate::Drop()
                                                                        : Fate::Deliver();
   });
-  GroupOptions opts;
-  opts.fanout = 2;
-  opts.timeout = absl::Seconds(2);
-  auto g = Group::Of(job->agent(0), Ranks(1, 8), opts);
+  auto g = WorkersAfterTheFirst(*job, absl::Seconds(2));
   ASSERT_TRUE(g.ok());
   GroupResult<std::string> r = g->call(kWhoFn, 0).value();
   for (size_t i = 0; i < r.size(); ++i) {
@@ -267,9 +266,7 @@ TEST(Group, TensorsReachEveryMemberAndComeBackInOrder) {
   Fixture f;
   auto job = StartJob(7, f);
   ASSERT_NE(job, nullptr);
-  GroupOptions opts;
-  opts.fanout = 2;
-  auto g = Group::Of(job->agent(0), Ranks(1, 7), opts);
+  auto g = WorkersAfterTheFirst(*job);
   ASSERT_TRUE(g.ok());
   torch::Tensor x = torch::arange(1000, torch::kFloat32);
   GroupResult<torch::Tensor> r = g->call(kScaleFn, x).value();
