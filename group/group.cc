@@ -137,7 +137,8 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     rpc::CallOptions opts;
     opts.timeout = left;
     opts.label = CallLabel(base);
-    runtime.CallRaw(part[0], kForwardFn, "", std::move(payload), opts)
+    const int head = part[0];
+    runtime.CallRaw(head, kForwardFn, "", std::move(payload), opts)
         .OnReady([rt, part = std::move(part), done](const Outcome& reply) {
           std::vector<Outcome> outcomes;
           absl::Status failed = reply.status();
