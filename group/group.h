@@ -38,9 +38,9 @@
 // RRefs or CUDA tensors (INVALID_ARGUMENT at the call).
 //
 // Deadlines: each member answers for its part some time before the
-// deadline it was given (a share of the time left that grows with the
-// depth of its part, 1-250 ms per level), so that its answer reaches the
-// member above in time. A function that is still running then keeps
+// deadline it was given (a share of the time left, the smaller the more
+// levels of the tree are below it, between 1 and 250 ms), so that its
+// answer reaches the member above in time. A function that is still running then keeps
 // running, outside the agent's count of incoming calls: its entry is
 // DEADLINE_EXCEEDED. A part's values come back in one message: entries
 // that would take it past max_message_bytes are RESOURCE_EXHAUSTED, naming
