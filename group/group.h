@@ -57,6 +57,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -164,6 +165,7 @@ class Group {
   }
 
  private:
+  friend class Supervisor;
   Group(rpc::Runtime* runtime, std::vector<rpc::WorkerInfo> members, GroupOptions options)
       : runtime_(runtime), members_(std::move(members)), options_(options) {}
   template <typename R, typename... Args, typename... CallArgs>
@@ -173,6 +175,48 @@ class Group {
   rpc::Runtime* runtime_;
   std::vector<rpc::WorkerInfo> members_;
   GroupOptions options_;
+};
+
+// Supervision: a member's failure, delivered to whoever watches its group
+// as soon as this worker's agent knows it (a probe confirmed the death, or
+// a newer incarnation of the member replaced it: docs/peer_failures.md),
+// not at the group's next call.
+struct MemberFailure {
+  rpc::WorkerInfo member;
+  // This incarnation of the member, and every earlier one, is dead.
+  int64_t incarnation = 0;
+  // UNAVAILABLE, naming the member and the evidence.
+  absl::Status cause;
+};
+
+// Watches a group's members from Watch() until Stop() or destruction.
+// `handler` runs on the agent's executor, once for each incarnation of a
+// member found dead, one at a time, and never once Stop() has returned.
+// Stop() waits for a handler that is running: the handler must not call
+// it, and whoever calls it must not hold a lock the handler takes. What
+// this adds to a failure is only its routing to the group's owner; asking
+// baton-run for a restart or dropping the member is the handler's own
+// decision (a group is a value: make one without the member).
+class Supervisor {
+ public:
+  using Handler = std::function<void(const MemberFailure&)>;
+  static std::unique_ptr<Supervisor> Watch(const Group& group, Handler handler);
+  ~Supervisor() { Stop(); }
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void Stop();
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    bool stopped ABSL_GUARDED_BY(mu) = false;
+    Handler handler;
+    absl::flat_hash_map<int, rpc::WorkerInfo> members;  // by id; constant
+  };
+  explicit Supervisor(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  const std::shared_ptr<State> state_;
 };
 
 // ---- Template implementation ----
