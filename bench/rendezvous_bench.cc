@@ -19,7 +19,9 @@
 // idle (no call made or served yet), reports its resident memory and its
 // thread count (/proc/self/status), and how much of each Create() added
 // (agent_rss, agent_threads: the rest is the process with LibTorch loaded);
-// per round and store, the median and the largest over the workers.
+// and how many requests it sent to the store during Create() (constant in
+// the number of workers: rendezvous_store_requests); per round and store,
+// the median and the largest over the workers.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -90,8 +92,11 @@ int RunWorker(const bench::Flags& flags) {
   // Create() returns past the init barrier: every worker's process is up
   // by then, so the shared pages are divided among all of them.
   const Usage idle = Footprint();
-  ch.Send(bench::Numbers(
-      {t0, t1, idle.rss_kib, idle.threads, before.rss_kib, before.threads, idle.pss_kib}));
+  // What the rendezvous asked of the store: 0 on the rank that serves the
+  // built-in store (it uses it in-process).
+  const double requests = static_cast<double>((*agent)->runtime().store().RequestsSent());
+  ch.Send(bench::Numbers({t0, t1, idle.rss_kib, idle.threads, before.rss_kib, before.threads,
+                          idle.pss_kib, requests}));
   if (!ch.WaitRelease()) return 1;
   return (*agent)->Shutdown().ok() ? 0 : 1;
 }
@@ -102,7 +107,8 @@ struct Round {
   // What Create() added to each: the agent's own share (the rest is the
   // process with LibTorch loaded, before any agent).
   std::vector<double> agent_rss_mib, agent_threads;
-  std::vector<double> pss_mib;  // each worker's share of the machine's memory
+  std::vector<double> pss_mib;         // each worker's share of the machine's memory
+  std::vector<double> store_requests;  // each worker's, through its init
 };
 
 // Starts `n` workers on `store`.
@@ -120,7 +126,7 @@ Round OneRound(const std::vector<std::string>& args, int n) {
   absl::Status s =
       (*group)->Wait(absl::Minutes(5), absl::Seconds(30), [&](int, const std::string& line) {
         auto t = bench::ParseNumbers(line);
-        if (t.size() != 7) return;
+        if (t.size() != 8) return;
         last_call = std::max(last_call, t[0]);
         last_return = std::max(last_return, t[1]);
         out.rss_mib.push_back(t[2] / 1024);
@@ -128,6 +134,7 @@ Round OneRound(const std::vector<std::string>& args, int n) {
         out.agent_rss_mib.push_back((t[2] - t[4]) / 1024);
         out.agent_threads.push_back(t[3] - t[5]);
         out.pss_mib.push_back(t[6] / 1024);
+        out.store_requests.push_back(t[7]);
         if (++reported == n) (*group)->ReleaseAll();
       });
   if (!s.ok() || reported != n) {
@@ -140,19 +147,23 @@ Round OneRound(const std::vector<std::string>& args, int n) {
 
 void PrintFootprint(const Round& r, int n, const char* store, int round) {
   for (const auto& [what, values, unit] :
-       {std::tuple<const char*, const std::vector<double>*, const char*>{"rss", &r.rss_mib, "MiB"},
-        {"pss", &r.pss_mib, "MiB"},
-        {"threads", &r.threads, "threads"},
-        {"agent_rss", &r.agent_rss_mib, "MiB"},
-        {"agent_threads", &r.agent_threads, "threads"}}) {
+       {std::tuple<const char*, const std::vector<double>*, const char*>{"idle_worker_rss",
+                                                                         &r.rss_mib, "MiB"},
+        {"idle_worker_pss", &r.pss_mib, "MiB"},
+        {"idle_worker_threads", &r.threads, "threads"},
+        {"idle_worker_agent_rss", &r.agent_rss_mib, "MiB"},
+        {"idle_worker_agent_threads", &r.agent_threads, "threads"},
+        {"rendezvous_store_requests", &r.store_requests, "requests"}}) {
     bench::JsonLine()
         .Add("system", "baton")
-        .Add("metric", absl::StrCat("idle_worker_", what, "_", n, "_workers_", store))
+        .Add("metric", absl::StrCat(what, "_", n, "_workers_", store))
         .Add("round", round)
         .Add("value", bench::Median(*values))
         .Add("max", *std::max_element(values->begin(), values->end()))
         .Add("unit", unit)
-        .Add("note", "median over the workers, once Create() returned, no call made")
+        .Add("note",
+             "median over the workers, once Create() returned, no call made (store requests: "
+             "those each sent during Create())")
         .Print();
   }
 }

@@ -71,6 +71,12 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
   return out;
 }
 
+// Where a worker publishes the same-host links it created
+// (proto::SameHostLinks).
+std::string LinksKey(const std::string& ns, int rank) {
+  return absl::StrCat(ns, "shm_links/", rank);
+}
+
 // Where rank 0 of a one-host job without a preset token leaves it for the
 // other ranks: a file of mode 0600 in a directory of mode 0700 that only
 // this user owns.
@@ -575,10 +581,7 @@ absl::Status AgentImpl::Register(Registration& reg) {
     // start-up wait for the same-host links it would have created; this
     // incarnation sets none up, so it says "none" where the predecessor
     // said nothing (a link it did publish closes when they see it died).
-    for (int r = rank_ + 1; r < options_.world_size; ++r) {
-      ASSIGN_OR_RETURN(auto v,
-                       store_->CompareSet(absl::StrCat(ns_, "shm_link/", rank_, "/", r), "", "-"));
-    }
+    RETURN_IF_ERROR(store_->CompareSet(LinksKey(ns_, rank_), "", "-").status());
   }
   return absl::OkStatus();
 }
@@ -671,29 +674,47 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
   if (shm_ != nullptr) {
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
   }
-  // Same-host links.
+  // Same-host links: one record per worker, one read of the lower ranks'.
   if (shm_transport_ != nullptr && !rejoin_) {
     auto same_host = [&](int r) {
       return r != rank_ && !records[r].shm_hub().empty() &&
              records[r].boot_id() == mine.boot_id() &&
              records[r].pid_namespace() == mine.pid_namespace();
     };
+    proto::SameHostLinks created;
+    bool any_higher = false;
     for (int r = rank_ + 1; r < options_.world_size; ++r) {
       if (!same_host(r)) continue;
+      any_higher = true;
       auto link =
           shm_transport_->CreateLink(r, records[r].shm_hub(), static_cast<pid_t>(records[r].pid()));
-      if (absl::Status s =
-              store_->Set(absl::StrCat(ns_, "shm_link/", rank_, "/", r), link.ok() ? *link : "-");
-          !s.ok()) {
-        return s;
-      }
+      if (link.ok()) (*created.mutable_links())[r] = *link;
     }
+    if (any_higher) {
+      RETURN_IF_ERROR(store_->Set(LinksKey(ns_, rank_),
+                                  created.links().empty() ? "-" : created.SerializeAsString()));
+    }
+    std::vector<int> lower;
+    std::vector<std::string> keys;
     for (int r = 0; r < rank_; ++r) {
       if (!same_host(r)) continue;
-      auto name = store_->Get(absl::StrCat(ns_, "shm_link/", r, "/", rank_), options_.init_timeout);
-      if (!name.ok()) return Annotate(name.status(), "waiting for a shared-memory link");
-      if (*name != "-") {
-        (void)shm_transport_->OpenLink(r, *name, records[r].shm_hub(),
+      lower.push_back(r);
+      keys.push_back(LinksKey(ns_, r));
+    }
+    if (!keys.empty()) {
+      auto values = store_->MultiGet(keys, options_.init_timeout);
+      if (!values.ok()) return Annotate(values.status(), "waiting for the shared-memory links");
+      for (size_t i = 0; i < lower.size(); ++i) {
+        proto::SameHostLinks theirs;
+        if ((*values)[i] == "-") continue;
+        if (!theirs.ParseFromString((*values)[i])) {
+          return absl::DataLossError(
+              absl::StrCat("malformed shared-memory link record of rank ", lower[i]));
+        }
+        auto it = theirs.links().find(rank_);
+        if (it == theirs.links().end()) continue;
+        const int r = lower[i];
+        (void)shm_transport_->OpenLink(r, it->second, records[r].shm_hub(),
                                        static_cast<pid_t>(records[r].pid()));
       }
     }

@@ -149,6 +149,7 @@ std::string EtcdStore::DataKey(absl::string_view key) const {
 std::string EtcdStore::LeaseKey() const { return absl::StrCat(options_.prefix, "lease"); }
 
 void EtcdStore::Prepare(grpc::ClientContext* ctx, absl::Time deadline) const {
+  requests_.fetch_add(1, std::memory_order_relaxed);
   ctx->set_wait_for_ready(true);
   if (deadline != absl::InfiniteFuture()) ctx->set_deadline(absl::ToChronoTime(deadline));
   absl::MutexLock lock(&mu_);

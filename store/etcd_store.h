@@ -118,6 +118,9 @@ class EtcdStore final : public Store {
   // MemoryStore::waiting()): tests synchronise on a call having reached
   // etcd. A key set after this counted a call reaches that call.
   int waiting() const { return waiting_.load(std::memory_order_acquire); }
+  // Every call and stream opened toward etcd (a transaction of up to 128
+  // reads is one; the lease's keep-alive stream is one, however long).
+  int64_t RequestsSent() const override { return requests_.load(std::memory_order_relaxed); }
 
  private:
   explicit EtcdStore(EtcdStoreOptions options);
@@ -177,6 +180,7 @@ class EtcdStore final : public Store {
   grpc::ClientContext* keepalive_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread keepalive_;
   std::atomic<int> waiting_{0};
+  mutable std::atomic<int64_t> requests_{0};
 };
 
 }  // namespace baton::store

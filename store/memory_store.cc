@@ -1,5 +1,7 @@
 #include "store/memory_store.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -11,36 +13,62 @@ namespace baton::store {
 absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
   absl::MutexLock lock(&mu_);
   data_[key] = std::string(value);
-  changed_.SignalAll();
+  NotifyLocked(key);
   return absl::OkStatus();
+}
+
+void MemoryStore::NotifyLocked(absl::string_view key) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  for (Waiter* w : it->second) {
+    if (--w->missing == 0) w->wake.Signal();
+  }
+  watchers_.erase(it);
+}
+
+std::vector<std::string> MemoryStore::MissingLocked(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const auto& k : keys) {
+    if (!data_.contains(k)) missing.push_back(k);
+  }
+  return missing;
+}
+
+void MemoryStore::Unwatch(Waiter* w, const std::vector<std::string>& keys) {
+  for (const auto& k : keys) {
+    auto it = watchers_.find(k);
+    if (it == watchers_.end()) continue;
+    auto& list = it->second;
+    list.erase(std::remove(list.begin(), list.end(), w), list.end());
+    if (list.empty()) watchers_.erase(it);
+  }
 }
 
 absl::Status MemoryStore::WaitLocked(const std::vector<std::string>& keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
+  // Each waiter is woken once, by the write that creates the last key it
+  // misses (or by Close), not by every write: a barrier of n ranks costs n
+  // wake-ups, not n squared. A key deleted after it was counted is looked
+  // for again, so every key exists when this returns OK.
+  Waiter w;
+  for (;;) {
     if (closed_) return absl::UnavailableError("store is closed");
-    std::vector<std::string> missing;
-    for (const auto& k : keys) {
-      if (!data_.contains(k)) missing.push_back(k);
-    }
+    std::vector<std::string> missing = MissingLocked(keys);
     if (missing.empty()) return absl::OkStatus();
-    ++waiting_;
-    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
-    --waiting_;
-    if (timed_out && absl::Now() >= deadline) {
-      // Re-check once more below the loop head; the loop returns OK if the
-      // keys arrived exactly at the deadline.
-      missing.clear();
-      for (const auto& k : keys) {
-        if (!data_.contains(k)) missing.push_back(k);
-      }
-      if (missing.empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "timed out after ", DurationText(timeout), " waiting for ",
           missing.size() == 1 ? "key '" : "keys '", absl::StrJoin(missing, "', '"), "'",
           keys.size() > 1 ? absl::StrCat(" (", missing.size(), " of ", keys.size(), " missing)")
                           : ""));
     }
+    w.missing = static_cast<int>(missing.size());
+    for (const auto& k : missing) watchers_[k].push_back(&w);
+    ++waiting_;
+    while (w.missing > 0 && !closed_ && !w.wake.WaitWithDeadline(&mu_, deadline)) {
+    }
+    --waiting_;
+    Unwatch(&w, missing);
   }
 }
 
@@ -65,7 +93,7 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
   }
   value = sum;
   data_[key] = absl::StrCat(value);
-  changed_.SignalAll();
+  NotifyLocked(key);
   return value;
 }
 
@@ -77,19 +105,26 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
   if (it == data_.end()) {
     if (!expected.empty()) return std::string();
     data_[key] = std::string(desired);
-    changed_.SignalAll();
+    NotifyLocked(key);
     return std::string(desired);
   }
-  if (it->second == expected) {
-    it->second = std::string(desired);
-    changed_.SignalAll();
-  }
+  if (it->second == expected) it->second = std::string(desired);
   return it->second;
 }
 
 absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return WaitLocked(keys, timeout);
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryStore::MultiGet(const std::vector<std::string>& keys,
+                                                               absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(WaitLocked(keys, timeout));
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) values.push_back(data_.find(k)->second);
+  return values;
 }
 
 int MemoryStore::waiting() const {
@@ -110,7 +145,9 @@ absl::StatusOr<int64_t> MemoryStore::NumKeys() {
 void MemoryStore::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
-  changed_.SignalAll();
+  for (auto& [key, list] : watchers_) {
+    for (Waiter* w : list) w->wake.Signal();
+  }
 }
 
 absl::StatusOr<std::vector<std::string>> Store::MultiGet(const std::vector<std::string>& keys,
@@ -128,26 +165,38 @@ absl::StatusOr<std::vector<std::string>> Store::MultiGet(const std::vector<std::
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout) {
   const std::string prefix = absl::StrCat(name, "/arrived/");
+  const std::string released = absl::StrCat(name, "/released");
   absl::Status s = store.Set(absl::StrCat(prefix, rank), "1");
   if (!s.ok()) return Annotate(s, absl::StrCat("barrier '", name, "'"));
-  std::vector<std::string> keys;
-  keys.reserve(world_size);
-  for (int r = 0; r < world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
-  s = store.Wait(keys, timeout);
+  std::vector<std::string> arrived;
+  arrived.reserve(world_size);
+  for (int r = 0; r < world_size; ++r) arrived.push_back(absl::StrCat(prefix, r));
+  if (rank == 0) {
+    s = store.Wait(arrived, timeout);
+    if (s.ok()) s = store.Set(released, "1");
+  } else {
+    s = store.Wait({released}, timeout);
+  }
   if (s.ok()) return s;
   if (s.code() != absl::StatusCode::kDeadlineExceeded) {
     return Annotate(s, absl::StrCat("barrier '", name, "' (rank ", rank, ")"));
   }
-  // Name the ranks that never arrived.
+  // Name the ranks that never arrived: a read per rank, on this path only.
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) {
-    if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
+    if (!store.Get(arrived[r], absl::ZeroDuration()).ok()) missing.push_back(r);
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("barrier '", name, "' timed out after ", DurationText(timeout), " on rank ",
-                   rank, ": ", world_size - static_cast<int>(missing.size()), " of ", world_size,
-                   " ranks arrived; missing rank", missing.size() == 1 ? " " : "s ",
-                   absl::StrJoin(missing, ", ")));
+  std::string what =
+      missing.empty()
+          ? std::string(
+                "every rank arrived, but rank 0 never released the barrier (it waits "
+                "for them all and then releases it)")
+          : absl::StrCat(world_size - static_cast<int>(missing.size()), " of ", world_size,
+                         " ranks arrived; missing rank", missing.size() == 1 ? " " : "s ",
+                         absl::StrJoin(missing, ", "));
+  return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "' timed out after ",
+                                                  DurationText(timeout), " on rank ", rank, ": ",
+                                                  what));
 }
 
 }  // namespace baton::store

@@ -50,11 +50,23 @@ class Store {
   // Returns whether the key existed.
   virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
   virtual absl::StatusOr<int64_t> NumKeys() = 0;
+  // How many requests this object has sent to a store in another process
+  // since it was made (a client's round trips: what the rendezvous costs the
+  // store's host); 0 for an in-process store.
+  virtual int64_t RequestsSent() const { return 0; }
 };
 
 // Every rank in [0, world_size) calls this with the same `name`; it returns
 // once all have arrived, or fails after `timeout` with DEADLINE_EXCEEDED
-// naming the ranks that did not arrive. A name must be used once per store.
+// naming the ranks that did not arrive. A name is for one barrier of the
+// store; a rank may call it again (a slice of a longer wait, a restarted
+// process), and a call after the barrier passed returns at once.
+//
+// Its cost does not grow with world_size, except on rank 0: a rank says it
+// arrived (name/arrived/<rank>) and waits for one key (name/released);
+// rank 0 waits for every rank's arrival, in one request, and then sets
+// that key. So the barrier passes once rank 0 has seen everyone, and a
+// barrier whose rank 0 never comes fails by the timeout like any other.
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout);
 

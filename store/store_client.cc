@@ -82,6 +82,7 @@ absl::Status StoreClient::Retrying(absl::Time deadline, Attempt attempt) const {
   for (;;) {
     grpc::ClientContext ctx;
     Prepare(&ctx, deadline);
+    requests_.fetch_add(1, std::memory_order_relaxed);
     absl::Status s = FromGrpcStatus(attempt(&ctx));
     // UNAVAILABLE without the server's mark: the connection broke (or could
     // not be made) before an answer. With the mark it is the server's own
@@ -160,6 +161,32 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys, absl::Durat
   return s.ok() ? s : Fail("wait", "", s);
 }
 
+absl::StatusOr<std::vector<std::string>> StoreClient::MultiGet(const std::vector<std::string>& keys,
+                                                               absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  proto::MultiGetRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  proto::MultiGetResponse resp;
+  absl::Status s = Retrying(start + std::max(timeout, options_.call_timeout) + kServerSlack,
+                            [&](grpc::ClientContext* ctx) {
+                              req.set_timeout_ms(LeftMillis(timeout, start));
+                              return stub_->MultiGet(ctx, req, &resp);
+                            });
+  if (absl::IsUnimplemented(s)) {
+    // A server older than the call (a separately run baton-store): one wait,
+    // then a Get per key.
+    return Store::MultiGet(keys, std::max(absl::ZeroDuration(), timeout - (absl::Now() - start)));
+  }
+  if (!s.ok()) return Fail("multi_get", keys.empty() ? "" : keys.front(), s);
+  if (resp.values_size() != static_cast<int>(keys.size())) {
+    return absl::DataLossError(absl::StrCat("store ", options_.address, ": multi_get of ",
+                                            keys.size(), " keys answered ", resp.values_size(),
+                                            " values"));
+  }
+  return std::vector<std::string>(std::make_move_iterator(resp.mutable_values()->begin()),
+                                  std::make_move_iterator(resp.mutable_values()->end()));
+}
+
 absl::StatusOr<bool> StoreClient::Delete(absl::string_view key) {
   proto::DeleteRequest req;
   req.set_key(std::string(key));
@@ -184,6 +211,7 @@ absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
                                  absl::Duration deadline) {
   grpc::ClientContext ctx;
   PrepareFailFast(&ctx, deadline);
+  requests_.fetch_add(1, std::memory_order_relaxed);
   proto::SetResponse resp;
   absl::Status s = FromGrpcStatus(stub_->Set(&ctx, SetRequestFor(key, value), &resp));
   return s.ok() ? s : Fail("set", key, s);
@@ -192,6 +220,7 @@ absl::Status StoreClient::TrySet(absl::string_view key, absl::string_view value,
 absl::StatusOr<std::string> StoreClient::TryGet(absl::string_view key, absl::Duration deadline) {
   grpc::ClientContext ctx;
   PrepareFailFast(&ctx, deadline);
+  requests_.fetch_add(1, std::memory_order_relaxed);
   proto::GetRequest req;
   req.set_key(std::string(key));
   req.set_timeout_ms(0);
@@ -206,6 +235,7 @@ absl::Status StoreClient::WaitForServer(absl::Duration timeout) {
   while (true) {
     grpc::ClientContext ctx;
     Prepare(&ctx, std::max(deadline, absl::Now() + absl::Milliseconds(1)));
+    requests_.fetch_add(1, std::memory_order_relaxed);
     proto::NumKeysResponse resp;
     absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, proto::NumKeysRequest(), &resp));
     if (s.ok()) return s;

@@ -24,13 +24,12 @@
 #include <atomic>
 #include <memory>
 #include <string>
-
 #include <vector>
-#include "base/tls.h"
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 
+#include "base/tls.h"
 #include "proto/store.grpc.pb.h"
 #include "store/store.h"
 
@@ -57,8 +56,13 @@ class StoreClient final : public Store {
   absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
                                          absl::string_view desired) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  // One round trip, where the default would need a Get per key.
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
+  // Every attempt of every call, repeats after a broken connection included.
+  int64_t RequestsSent() const override { return requests_.load(std::memory_order_relaxed); }
 
   // Waits until the server answers, at most `timeout`.
   absl::Status WaitForServer(absl::Duration timeout);
@@ -89,6 +93,7 @@ class StoreClient final : public Store {
   // Names this client's Add requests (with next_request_) for the server.
   const std::string client_id_;
   std::atomic<uint64_t> next_request_{1};
+  mutable std::atomic<int64_t> requests_{0};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Store::Stub> stub_;
 };

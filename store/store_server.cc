@@ -83,6 +83,15 @@ class StoreServer::Service final : public proto::Store::Service {
     std::vector<std::string> keys(req->keys().begin(), req->keys().end());
     return ToGrpcStatus(store_->Wait(keys, TimeoutFor(ctx, req->timeout_ms())));
   }
+  grpc::Status MultiGet(grpc::ServerContext* ctx, const proto::MultiGetRequest* req,
+                        proto::MultiGetResponse* resp) override {
+    if (auto s = CheckToken(ctx); !s.ok()) return s;
+    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+    auto values = store_->MultiGet(keys, TimeoutFor(ctx, req->timeout_ms()));
+    if (!values.ok()) return ToGrpcStatus(values.status());
+    for (std::string& v : *values) resp->add_values(std::move(v));
+    return grpc::Status::OK;
+  }
   grpc::Status Delete(grpc::ServerContext* ctx, const proto::DeleteRequest* req,
                       proto::DeleteResponse* resp) override {
     if (auto s = CheckToken(ctx); !s.ok()) return s;

@@ -176,8 +176,114 @@ TEST_P(StoreTest, BarrierNamesMissingRanks) {
   EXPECT_TRUE(absl::StrContains(s.message(), "missing ranks 1, 2")) << s;
 }
 
+TEST_P(StoreTest, MultiGetWaitsForEveryKeyAndAnswersInTheirOrder) {
+  ASSERT_TRUE(store_->Set("k1", "one").ok());
+  absl::StatusOr<std::vector<std::string>> values = absl::UnknownError("never returned");
+  absl::Notification returned;
+  std::thread reader([&] {
+    values = store_->MultiGet({"k3", "k1", "k2"}, absl::Seconds(10));
+    returned.Notify();
+  });
+  // The read waits in the backend for the two missing keys.
+  ASSERT_TRUE(baton::testing::Eventually([&] { return Waiting() == 1; }));
+  ASSERT_TRUE(store_->Set("k2", "two").ok());
+  EXPECT_FALSE(returned.HasBeenNotified());
+  ASSERT_TRUE(store_->Set("k3", std::string("\0three", 6)).ok());
+  reader.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::string("\0three", 6), "one", "two"));
+  absl::Status late = store_->MultiGet({"k1", "nope"}, absl::Milliseconds(100)).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_TRUE(absl::StrContains(late.message(), "nope")) << late;
+}
+
+TEST_P(StoreTest, ABarrierThatPassedPassesAgainAtOnceForARankThatCallsAgain) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back(
+        [&, r] { EXPECT_TRUE(Barrier(*store_, "again", r, 4, absl::Seconds(10)).ok()); });
+  }
+  for (auto& t : threads) t.join();
+  // A restarted rank 2, or a slice of a longer wait, calls it again.
+  EXPECT_TRUE(Barrier(*store_, "again", 2, 4, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(Barrier(*store_, "again", 0, 4, absl::ZeroDuration()).ok());
+}
+
+TEST_P(StoreTest, ABarrierWithoutRankZeroNamesItAsMissing) {
+  std::vector<absl::Status> got(3);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < 3; ++r) {
+    threads.emplace_back(
+        [&, r] { got[r] = Barrier(*store_, "no_zero", r, 3, absl::Milliseconds(300)); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kDeadlineExceeded) << got[r];
+    EXPECT_TRUE(absl::StrContains(got[r].message(), "2 of 3 ranks arrived; missing rank 0"))
+        << got[r];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("Memory", "Grpc", "Etcd"),
                          [](const auto& info) { return info.param; });
+
+// What the rendezvous of a large job rests on: reading every worker's
+// registration, and a barrier, cost each worker a constant number of round
+// trips to the store whatever the number of keys or ranks.
+TEST(StoreClient, AMultiGetOfManyKeysIsOneRequest) {
+  auto server = *StoreServer::Start({});
+  StoreClient client({server->address(), "", absl::Seconds(5)});
+  std::vector<std::string> keys;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back(absl::StrCat("worker/", i));
+    ASSERT_TRUE(server->store().Set(keys.back(), absl::StrCat("record ", i)).ok());
+  }
+  const int64_t before = client.RequestsSent();
+  auto values = client.MultiGet(keys, absl::Seconds(5));
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(client.RequestsSent() - before, 1);
+  ASSERT_EQ(values->size(), 300u);
+  EXPECT_EQ((*values)[299], "record 299");
+}
+
+TEST(StoreClient, ABarrierCostsEveryRankButZeroTwoRequestsWhateverTheWorldSize) {
+  auto server = *StoreServer::Start({});
+  for (int world : {3, 40}) {
+    std::vector<std::unique_ptr<StoreClient>> clients;
+    for (int r = 0; r < world; ++r) {
+      clients.push_back(std::make_unique<StoreClient>(
+          StoreClientOptions{server->address(), "", absl::Seconds(5)}));
+      ASSERT_TRUE(clients.back()->WaitForServer(absl::Seconds(5)).ok());
+    }
+    std::vector<int64_t> before(world);
+    for (int r = 0; r < world; ++r) before[r] = clients[r]->RequestsSent();
+    const std::string name = absl::StrCat("b", world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back(
+          [&, r] { EXPECT_TRUE(Barrier(*clients[r], name, r, world, absl::Seconds(20)).ok()); });
+    }
+    for (auto& t : threads) t.join();
+    // Each says it arrived and waits for the release; rank 0 waits for all
+    // of them in one request and releases.
+    for (int r = 1; r < world; ++r) EXPECT_EQ(clients[r]->RequestsSent() - before[r], 2) << r;
+    EXPECT_EQ(clients[0]->RequestsSent() - before[0], 3);
+  }
+}
+
+TEST(MemoryStore, AWaitedKeyDeletedBeforeTheLastArrivesIsWaitedForAgain) {
+  MemoryStore store;
+  absl::StatusOr<std::vector<std::string>> values = absl::UnknownError("never returned");
+  std::thread reader([&] { values = store.MultiGet({"a", "b"}, absl::Seconds(10)); });
+  ASSERT_TRUE(baton::testing::Eventually([&] { return store.waiting() == 1; }));
+  ASSERT_TRUE(store.Set("a", "first").ok());
+  ASSERT_TRUE(*store.Delete("a"));
+  ASSERT_TRUE(store.Set("b", "b").ok());
+  ASSERT_TRUE(store.Set("a", "second").ok());
+  reader.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre("second", "b"));
+}
 
 TEST(StoreClient, RejectsWrongToken) {
   StoreServerOptions so;
