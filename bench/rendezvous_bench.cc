@@ -3,7 +3,7 @@
 // target: etcd within 2x of the built-in store.
 //
 //   bazel build //bench:rendezvous_bench
-//   bazel-bin/bench/rendezvous_bench [--workers 64] [--rounds 3]
+//   bazel-bin/bench/rendezvous_bench [--workers 64] [--rounds 3] [--builtin_only]
 //
 // Each round starts `workers` processes per store, alternating the stores.
 // Every worker notes the monotonic clock (shared by the processes of one
@@ -20,8 +20,13 @@
 // thread count (/proc/self/status), and how much of each Create() added
 // (agent_rss, agent_threads: the rest is the process with LibTorch loaded);
 // and how many requests it sent to the store during Create() (constant in
-// the number of workers: rendezvous_store_requests); per round and store,
-// the median and the largest over the workers.
+// the number of workers: rendezvous_store_requests) and the CPU time that
+// Create() took in all its threads (rendezvous_cpu: on one host the workers
+// share its cores, so the rendezvous takes at least the workers' CPU
+// divided by the cores); per round and store, the median and the largest
+// over the workers.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -67,6 +72,14 @@ Usage Footprint() {
           ProcValue("/proc/self/status", "Threads: %ld")};
 }
 
+// The CPU time this process has used so far, in all its threads (ms).
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
 int RunWorker(const bench::Flags& flags) {
   bench::WorkerChannel ch = bench::WorkerChannel::Open();
   auto options = rpc::AgentOptions::FromEnv("w");
@@ -82,6 +95,7 @@ int RunWorker(const bench::Flags& flags) {
     options->etcd.prefix = flags.Str("prefix", "");
   }
   const Usage before = Footprint();
+  const double cpu0 = CpuMs();
   const double t0 = bench::Now();
   auto agent = rpc::RpcAgent::Create(*options, std::make_shared<rpc::FunctionRegistry>());
   const double t1 = bench::Now();
@@ -96,9 +110,13 @@ int RunWorker(const bench::Flags& flags) {
   // built-in store (it uses it in-process).
   const double requests = static_cast<double>((*agent)->runtime().store().RequestsSent());
   ch.Send(bench::Numbers({t0, t1, idle.rss_kib, idle.threads, before.rss_kib, before.threads,
-                          idle.pss_kib, requests}));
+                          idle.pss_kib, requests, CpuMs() - cpu0}));
   if (!ch.WaitRelease()) return 1;
-  return (*agent)->Shutdown().ok() ? 0 : 1;
+  if (absl::Status s = (*agent)->Shutdown(); !s.ok()) {
+    std::fprintf(stderr, "rank %d: shutdown: %s\n", options->rank, s.ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 struct Round {
@@ -109,6 +127,7 @@ struct Round {
   std::vector<double> agent_rss_mib, agent_threads;
   std::vector<double> pss_mib;         // each worker's share of the machine's memory
   std::vector<double> store_requests;  // each worker's, through its init
+  std::vector<double> create_cpu_ms;   // the CPU each worker's Create() took
 };
 
 // Starts `n` workers on `store`.
@@ -126,7 +145,7 @@ Round OneRound(const std::vector<std::string>& args, int n) {
   absl::Status s =
       (*group)->Wait(absl::Minutes(5), absl::Seconds(30), [&](int, const std::string& line) {
         auto t = bench::ParseNumbers(line);
-        if (t.size() != 8) return;
+        if (t.size() != 9) return;
         last_call = std::max(last_call, t[0]);
         last_return = std::max(last_return, t[1]);
         out.rss_mib.push_back(t[2] / 1024);
@@ -135,6 +154,7 @@ Round OneRound(const std::vector<std::string>& args, int n) {
         out.agent_threads.push_back(t[3] - t[5]);
         out.pss_mib.push_back(t[6] / 1024);
         out.store_requests.push_back(t[7]);
+        out.create_cpu_ms.push_back(t[8]);
         if (++reported == n) (*group)->ReleaseAll();
       });
   if (!s.ok() || reported != n) {
@@ -153,7 +173,8 @@ void PrintFootprint(const Round& r, int n, const char* store, int round) {
         {"idle_worker_threads", &r.threads, "threads"},
         {"idle_worker_agent_rss", &r.agent_rss_mib, "MiB"},
         {"idle_worker_agent_threads", &r.agent_threads, "threads"},
-        {"rendezvous_store_requests", &r.store_requests, "requests"}}) {
+        {"rendezvous_store_requests", &r.store_requests, "requests"},
+        {"rendezvous_cpu", &r.create_cpu_ms, "ms"}}) {
     bench::JsonLine()
         .Add("system", "baton")
         .Add("metric", absl::StrCat(what, "_", n, "_workers_", store))
@@ -162,18 +183,29 @@ void PrintFootprint(const Round& r, int n, const char* store, int round) {
         .Add("max", *std::max_element(values->begin(), values->end()))
         .Add("unit", unit)
         .Add("note",
-             "median over the workers, once Create() returned, no call made (store requests: "
-             "those each sent during Create())")
+             "median over the workers, once Create() returned, no call made (store requests "
+             "and CPU: those of each Create())")
         .Print();
   }
 }
 
+void PrintRound(int n, const char* store, int round, double seconds) {
+  bench::JsonLine()
+      .Add("system", "baton")
+      .Add("metric", absl::StrCat("rendezvous_", n, "_workers_", store))
+      .Add("round", round)
+      .Add("value", seconds)
+      .Add("unit", "s")
+      .Print();
+}
+
 int Run(int argc, char** argv) {
-  bench::Flags flags({"workers", "rounds", "store", "etcd", "prefix"}, {});
+  bench::Flags flags({"workers", "rounds", "store", "etcd", "prefix"}, {"builtin_only"});
   if (!flags.Parse(bench::ForwardedArgs(argc, argv))) return 2;
   if (bench::WorkerIndex(argc, argv) >= 0) return RunWorker(flags);
   const int n = static_cast<int>(flags.Int("workers", 64));
   const int rounds = static_cast<int>(flags.Int("rounds", 3));
+  const bool with_etcd = !flags.Bool("builtin_only");
   auto etcd = baton::testing::EtcdServer::Start();
   if (!etcd.ok()) {
     std::fprintf(stderr, "%s\n", etcd.status().ToString().c_str());
@@ -182,27 +214,22 @@ int Run(int argc, char** argv) {
   std::vector<double> builtin, on_etcd, ratios;
   for (int round = 0; round < rounds; ++round) {
     const Round built_in = OneRound({"--workers", absl::StrCat(n), "--store", "builtin"}, n);
+    if (built_in.seconds < 0) return 1;
+    PrintFootprint(built_in, n, "builtin", round);
+    PrintRound(n, "builtin", round, built_in.seconds);
+    builtin.push_back(built_in.seconds);
+    if (!with_etcd) continue;
     const Round etcd_round =
         OneRound({"--workers", absl::StrCat(n), "--store", "etcd", "--etcd", (*etcd)->endpoint(),
                   "--prefix", absl::StrCat("/bench/rendezvous/", round, "/")},
                  n);
-    const double b = built_in.seconds, e = etcd_round.seconds;
-    if (b < 0 || e < 0) return 1;
-    PrintFootprint(built_in, n, "builtin", round);
+    if (etcd_round.seconds < 0) return 1;
     PrintFootprint(etcd_round, n, "etcd", round);
-    builtin.push_back(b);
-    on_etcd.push_back(e);
-    ratios.push_back(e / b);
-    for (const auto& [store, v] : {std::pair<const char*, double>{"builtin", b}, {"etcd", e}}) {
-      bench::JsonLine()
-          .Add("system", "baton")
-          .Add("metric", absl::StrCat("rendezvous_", n, "_workers_", store))
-          .Add("round", round)
-          .Add("value", v)
-          .Add("unit", "s")
-          .Print();
-    }
+    PrintRound(n, "etcd", round, etcd_round.seconds);
+    on_etcd.push_back(etcd_round.seconds);
+    ratios.push_back(etcd_round.seconds / built_in.seconds);
   }
+  if (!with_etcd) return 0;
   bench::JsonLine()
       .Add("system", "baton")
       .Add("metric", absl::StrCat("rendezvous_", n, "_workers_etcd_over_builtin"))

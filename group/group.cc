@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/group.pb.h"
 
@@ -138,11 +139,17 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     opts.timeout = left;
     opts.label = CallLabel(base);
     const int head = part[0];
+    const bool reduce = base.reduce_sum();
     runtime.CallRaw(head, kForwardFn, "", std::move(payload), opts)
-        .OnReady([rt, part = std::move(part), done](const Outcome& reply) {
+        .OnReady([rt, reduce, part = std::move(part), done](const Outcome& reply) {
           std::vector<Outcome> outcomes;
           absl::Status failed = reply.status();
-          if (reply.ok()) {
+          if (reply.ok() && reduce) {
+            // The part's sum stands for all its members: the first
+            // member's outcome carries it, the others' are empty.
+            outcomes.push_back(*reply);
+            outcomes.resize(part.size(), rpc::Payload());
+          } else if (reply.ok()) {
             absl::StatusOr<std::vector<Outcome>> split = SplitReply(*reply, part);
             if (split.ok()) {
               outcomes = *std::move(split);
@@ -167,6 +174,150 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
         });
   }
 }
+
+std::string Shape(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "] ", c10::toString(t.scalar_type()));
+}
+
+// A subtree's sum as a hop, or the caller, puts it together: its own
+// member's tensor and its parts' sums, and the members left out with why.
+class PartialSum {
+ public:
+  explicit PartialSum(rpc::Runtime* runtime) : runtime_(runtime) {}
+
+  // Member `m`'s own outcome: its function's encoded tensor, or its error.
+  void AddOwn(int m, const Outcome& outcome) {
+    if (!outcome.ok()) return Fail(m, outcome.status());
+    at::Tensor t;
+    absl::Status s = rpc::DecodeMessage(*outcome, &t);
+    if (!s.ok() || !t.defined()) {
+      return Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                         "its function's value is not a tensor, so it cannot be summed",
+                         s.ok() ? "" : absl::StrCat(": ", s.message()))));
+    }
+    Add(t, {m}, "its tensor");
+  }
+
+  // The reply of the part `part` (GroupReply.reduced). One that does not
+  // account for each member of the part exactly once is DATA_LOSS for all.
+  void AddPart(const std::vector<int>& part, const rpc::Payload& reply) {
+    proto::GroupReply r;
+    const bool parsed = r.ParseFromString(reply.bytes);
+    const absl::Status bad = absl::DataLossError(
+        parsed ? "a group reply whose sum does not match its request" : "undecodable group reply");
+    const proto::GroupReduced& reduced = r.reduced();
+    absl::flat_hash_set<int> expected(part.begin(), part.end());
+    bool valid =
+        parsed && r.entries_size() == 0 &&
+        reduced.contributors_size() + reduced.failures_size() == static_cast<int>(part.size()) &&
+        (reduced.contributors_size() == 0) == reduced.value().empty();
+    for (int m : reduced.contributors()) valid = valid && expected.erase(m) == 1;
+    for (const auto& f : reduced.failures()) {
+      valid = valid && expected.erase(f.member()) == 1 && f.code() != 0;
+    }
+    at::Tensor sum;
+    if (valid && reduced.contributors_size() > 0) {
+      rpc::Payload value;
+      value.bytes = reduced.value();
+      value.blobs = reply.blobs;
+      valid = rpc::DecodeMessage(value, &sum).ok() && sum.defined();
+    } else if (valid) {
+      valid = reply.blobs.empty();
+    }
+    if (!valid) {
+      for (int m : part) Fail(m, bad);
+      return;
+    }
+    if (sum.defined()) {
+      Add(sum, {reduced.contributors().begin(), reduced.contributors().end()},
+          part.size() == 1 ? std::string("its tensor")
+                           : absl::StrCat("the sum of the part of ", part.size(),
+                                          " members that it is in (through ",
+                                          Describe(*runtime_, part[0]), ")"));
+    }
+    for (const auto& f : reduced.failures()) {
+      const bool known =
+          f.code() > 0 && f.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+      Fail(f.member(), absl::Status(known ? static_cast<absl::StatusCode>(f.code())
+                                          : absl::StatusCode::kUnknown,
+                                    f.message()));
+    }
+  }
+
+  void Fail(int m, absl::Status s) { failures_.emplace_back(m, std::move(s)); }
+
+  // What a hop answers: GroupReply.reduced, the sum's tensors as its blobs.
+  absl::StatusOr<rpc::Payload> ToReply() const {
+    proto::GroupReply r;
+    proto::GroupReduced& reduced = *r.mutable_reduced();
+    rpc::Payload reply;
+    for (int m : contributors_) reduced.add_contributors(m);
+    for (const auto& [m, status] : failures_) {
+      proto::GroupEntry* e = reduced.add_failures();
+      e->set_member(m);
+      e->set_code(static_cast<int>(status.code()));
+      e->set_message(std::string(status.message()));
+    }
+    if (sum_.defined()) {
+      ASSIGN_OR_RETURN(rpc::Payload value, rpc::EncodeMessage(sum_));
+      reduced.set_value(std::move(value.bytes));
+      reply.blobs = std::move(value.blobs);
+    }
+    reply.bytes = r.SerializeAsString();
+    return reply;
+  }
+
+  // The caller's outcome, in the group's member order.
+  Reduced Result(const std::vector<rpc::WorkerInfo>& members, ReduceOp op) const {
+    absl::flat_hash_map<int, size_t> position;
+    for (size_t i = 0; i < members.size(); ++i) position[members[i].id] = i;
+    std::vector<int> contributors = contributors_;
+    auto by_position = [&](int a, int b) { return position.at(a) < position.at(b); };
+    std::sort(contributors.begin(), contributors.end(), by_position);
+    auto failures = failures_;
+    std::sort(failures.begin(), failures.end(),
+              [&](const auto& a, const auto& b) { return by_position(a.first, b.first); });
+    Reduced out;
+    for (int m : contributors) out.contributors.push_back(members[position.at(m)]);
+    for (auto& [m, status] : failures) {
+      const rpc::WorkerInfo& w = members[position.at(m)];
+      out.failures.emplace_back(w, internal::ForMember(status, w));
+    }
+    if (sum_.defined()) {
+      const at::Tensor floating =
+          at::isFloatingType(sum_.scalar_type()) ? sum_ : sum_.to(at::kFloat);
+      out.value =
+          op == ReduceOp::kSum ? sum_ : floating.div(static_cast<double>(contributors.size()));
+    }
+    return out;
+  }
+
+ private:
+  void Add(const at::Tensor& t, const std::vector<int>& who, const std::string& what) {
+    if (!t.device().is_cpu()) {
+      for (int m : who)
+        Fail(m, absl::InvalidArgumentError(absl::StrCat(what, " is not in host memory")));
+      return;
+    }
+    if (!sum_.defined()) {
+      sum_ = t.clone(at::MemoryFormat::Contiguous);
+    } else if (t.sizes() != sum_.sizes() || t.scalar_type() != sum_.scalar_type()) {
+      for (int m : who) {
+        Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                    what, ", ", Shape(t), ", does not add to the others' sum, ", Shape(sum_))));
+      }
+      return;
+    } else {
+      sum_.add_(t);
+    }
+    contributors_.insert(contributors_.end(), who.begin(), who.end());
+  }
+
+  rpc::Runtime* const runtime_;
+  at::Tensor sum_;
+  std::vector<int> contributors_;
+  std::vector<std::pair<int, absl::Status>> failures_;
+};
 
 // One hop of a group call on a member: its own outcome and its part's.
 class Hop : public std::enable_shared_from_this<Hop> {
@@ -321,6 +472,10 @@ class Hop : public std::enable_shared_from_this<Hop> {
       // deadline.
       if (timer_ != 0) runtime_->timer()->Cancel(timer_);
     }
+    if (request_.reduce_sum()) {
+      AnswerSum(outcomes, started, std::move(done));
+      return;
+    }
     // A part's values travel in one message: what would not fit is
     // refused, member by member, instead of failing them all.
     const int64_t room = runtime_->options().max_message_bytes - (int64_t{64} << 10);
@@ -364,6 +519,29 @@ class Hop : public std::enable_shared_from_this<Hop> {
     }
     reply.bytes = r.SerializeAsString();
     done(std::move(reply));
+  }
+
+  // A reduce's answer: this member's tensor and its parts' sums, added.
+  void AnswerSum(std::vector<std::optional<Outcome>>& outcomes, bool started, rpc::Responder done) {
+    PartialSum sum(runtime_);
+    const int n = request_.members_size();
+    for (int i = 0; i < n; ++i) {
+      const int m = request_.members(i);
+      std::optional<Outcome>& o = outcomes[i];
+      if (!o.has_value()) {
+        sum.Fail(m, absl::DeadlineExceededError(Missing(i, started)));
+      } else if (i == 0) {
+        sum.AddOwn(m, *o);
+      } else if (!o->ok()) {
+        sum.Fail(m, o->status());
+      } else if (forwarder_[i] == m) {
+        // The first of a part: its outcome is the part's sum (FanOut).
+        std::vector<int> part;
+        for (int j = i; j < n && forwarder_[j] == m; ++j) part.push_back(request_.members(j));
+        sum.AddPart(part, **o);
+      }
+    }
+    done(sum.ToReply());
   }
 
   rpc::Runtime* const runtime_;
@@ -445,6 +623,41 @@ absl::Status Install(rpc::FunctionRegistry& registry) {
   return registry.RegisterRaw(kForwardFn, "", Forward);
 }
 
+namespace {
+
+// What every hop of a call from this worker is sent, but its members.
+proto::GroupRequest BaseRequest(rpc::Runtime& runtime, const std::string& function,
+                                const std::string& signature, const GroupOptions& options,
+                                rpc::Payload& args) {
+  proto::GroupRequest base;
+  base.set_function(function);
+  base.set_signature(signature);
+  base.set_fanout(options.fanout);
+  base.set_root(runtime.self().id);
+  base.set_label(options.label);
+  base.set_args(std::move(args.bytes));
+  return base;
+}
+
+absl::Time Deadline(rpc::Runtime& runtime, const GroupOptions& options) {
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : runtime.options().rpc_timeout;
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+}
+
+}  // namespace
+
+absl::Status Reduced::status() const {
+  if (failures.empty()) return absl::OkStatus();
+  std::string failed;
+  for (const auto& [member, status] : failures) {
+    absl::StrAppend(&failed, failed.empty() ? "" : "; ", status.message());
+  }
+  return absl::Status(failures.front().second.code(),
+                      absl::StrCat(failures.size(), " of ", failures.size() + contributors.size(),
+                                   " members failed: ", failed));
+}
+
 namespace internal {
 
 absl::Status ForMember(const absl::Status& status, const rpc::WorkerInfo& member) {
@@ -477,20 +690,10 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
     pending->position[m.id] = static_cast<int>(ids.size());
     ids.push_back(m.id);
   }
-  proto::GroupRequest base;
-  base.set_function(function);
-  base.set_signature(signature);
-  base.set_fanout(options.fanout);
-  base.set_root(runtime.self().id);
+  proto::GroupRequest base = BaseRequest(runtime, function, signature, options, args);
   base.set_discard_values(discard_values);
-  base.set_label(options.label);
-  base.set_args(std::move(args.bytes));
-  const absl::Duration timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : runtime.options().rpc_timeout;
-  const absl::Time deadline =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   FanOut(
-      runtime, base, args.blobs, ids, deadline,
+      runtime, base, args.blobs, ids, Deadline(runtime, options),
       [pending](const std::vector<int>& part, std::vector<Outcome> outcomes) {
         for (size_t i = 0; i < part.size(); ++i) {
           const int at = pending->position.at(part[i]);
@@ -502,6 +705,60 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
         }
       });
   return out;
+}
+
+rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,
+                               const std::string& function, const std::string& signature,
+                               absl::StatusOr<rpc::Payload> args, const GroupOptions& options,
+                               ReduceOp op) {
+  rpc::Promise<Reduced> promise(runtime.executor());
+  if (!args.ok()) {
+    Reduced r;
+    for (const rpc::WorkerInfo& m : members)
+      r.failures.emplace_back(m, ForMember(args.status(), m));
+    promise.SetValue(std::move(r));
+    return promise.future();
+  }
+  // Each part's reply is kept as it comes (on the transport's threads) and
+  // added up on the executor once the last is in.
+  struct Parts {
+    absl::Mutex mu;
+    std::vector<std::pair<std::vector<int>, std::vector<Outcome>>> replies ABSL_GUARDED_BY(mu);
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+  };
+  auto parts = std::make_shared<Parts>();
+  std::vector<int> ids;
+  for (const rpc::WorkerInfo& m : members) ids.push_back(m.id);
+  {
+    absl::MutexLock lock(&parts->mu);
+    parts->left = Split(static_cast<int>(ids.size()), options.fanout).size();
+  }
+  proto::GroupRequest base = BaseRequest(runtime, function, signature, options, *args);
+  base.set_reduce_sum(true);
+  rpc::Runtime* rt = &runtime;
+  FanOut(runtime, base, args->blobs, ids, Deadline(runtime, options),
+         [rt, parts, promise, members, op](const std::vector<int>& part,
+                                           std::vector<Outcome> outcomes) {
+           {
+             absl::MutexLock lock(&parts->mu);
+             parts->replies.emplace_back(part, std::move(outcomes));
+             if (--parts->left > 0) return;
+           }
+           auto add_up = [rt, parts, promise, members, op] {
+             PartialSum sum(rt);
+             absl::MutexLock lock(&parts->mu);
+             for (auto& [part, outcomes] : parts->replies) {
+               if (outcomes[0].ok()) {
+                 sum.AddPart(part, *outcomes[0]);
+                 continue;
+               }
+               for (size_t i = 0; i < part.size(); ++i) sum.Fail(part[i], outcomes[i].status());
+             }
+             promise.SetValue(sum.Result(members, op));
+           };
+           if (!rt->executor()->Submit(add_up)) add_up();
+         });
+  return promise.future();
 }
 
 }  // namespace internal

@@ -14,6 +14,10 @@
 // caller O(fanout) messages instead of n, and reaches every member in
 // O(log n / log fanout) hops.
 //
+// A reduce (Group::reduce) sums the tensors the members return on the way
+// up: each hop adds its own to its parts' sums and answers with one tensor,
+// so one tensor travels on each edge of the tree, not one per member below.
+//
 // Guarantees (GC):
 // GC1 Every member has an outcome by the call's deadline: its function's
 //     value, its function's error, or DEADLINE_EXCEEDED naming it if it did
@@ -66,6 +70,7 @@
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "rpc/agent.h"
+#include "rpc/codec.h"
 
 namespace baton::group {
 
@@ -85,6 +90,27 @@ struct GroupOptions {
   // What to call the function in errors, metrics and hang reports, when not
   // its registered name (a Python function behind a generic entry point).
   std::string label;
+};
+
+// How a reduce combines the members' tensors.
+enum class ReduceOp { kSum, kMean };
+
+// The outcome of a reduce.
+struct Reduced {
+  // The sum of the contributors' tensors, or their mean (floating point);
+  // undefined when no member contributed.
+  at::Tensor value;
+  // The members whose tensor is in `value`, and every other member with why
+  // (its function's error, DEADLINE_EXCEEDED as for call(), INVALID_ARGUMENT
+  // for a value that is not a host tensor of the others' shape and dtype);
+  // both in member order.
+  std::vector<rpc::WorkerInfo> contributors;
+  std::vector<std::pair<rpc::WorkerInfo, absl::Status>> failures;
+
+  bool ok() const { return failures.empty(); }
+  // OK if every member contributed; else the first failure's code and a
+  // message naming each member left out and why.
+  absl::Status status() const;
 };
 
 // The outcome of a group call: one entry per member, in member order.
@@ -120,6 +146,12 @@ rpc::Future<GroupResult<T>> Gather(std::vector<rpc::WorkerInfo> members,
 
 // `status`, with the member it concerns named first.
 absl::Status ForMember(const absl::Status& status, const rpc::WorkerInfo& member);
+
+// The untyped reduce; `args` failed to encode: every member fails so.
+rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,
+                               const std::string& function, const std::string& signature,
+                               absl::StatusOr<rpc::Payload> args, const GroupOptions& options,
+                               ReduceOp op);
 
 }  // namespace internal
 
@@ -162,6 +194,17 @@ class Group {
   rpc::Future<GroupResult<void>> broadcast(const rpc::Function<R(Args...)>& fn,
                                            CallArgs&&... args) const {
     return broadcast_each(fn, std::forward<CallArgs>(args)...).all;
+  }
+  // Runs `fn(args...)` on every member and sums the tensors they return on
+  // the way up the tree (kMean: divided by the number of contributors). A
+  // member that fails, or answers late, is left out of the sum and listed
+  // with why; GC1 and GC2 hold as for call().
+  template <typename... Args, typename... CallArgs>
+  rpc::Future<Reduced> reduce(const rpc::Function<at::Tensor(Args...)>& fn, ReduceOp op,
+                              CallArgs&&... args) const {
+    return internal::ReduceRaw(*runtime_, members_, fn.name(),
+                               rpc::Function<at::Tensor(Args...)>::cached_signature(),
+                               Encode(fn, std::forward<CallArgs>(args)...), options_, op);
   }
 
  private:

@@ -111,6 +111,15 @@ struct AgentOptions {
   // a ring are cut into pieces). A 64-worker host whose workers all talk to
   // each other maps 2016 pairs * 2 * 256 KiB = ~1 GiB of /dev/shm.
   size_t shm_ring_bytes = size_t{256} << 10;
+  // The same-host transport links every pair of a host's workers at
+  // rendezvous only on a host with at most this many other workers of the
+  // job; beyond it they talk over the network transport (loopback gRPC;
+  // large tensors still take the shared-memory bulk channel, same_host_shm).
+  // A link costs each side 2 * shm_ring_bytes of /dev/shm at most, a
+  // mapping and a check of its peer's process every 100 ms, so a host of n
+  // workers pays n^2 of them: 64 other workers is about 1 GiB, 255 would be
+  // 16 GiB. 0: no limit. FromEnv reads BATON_SHM_LINK_PEERS.
+  int shm_link_peers_max = 64;
   // Flow control per peer (rpc/internal/flow_control.h, docs/flow_control.md).
   // A caller keeps at most max_calls_in_flight calls and max_bytes_in_flight
   // request bytes unanswered toward each worker (the smaller of its own and

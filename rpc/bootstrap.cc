@@ -131,6 +131,12 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   if (get("BATON_NET_BULK") == "0") {
     o.network_bulk = false;
   }
+  if (const std::string v = get("BATON_SHM_LINK_PEERS"); !v.empty()) {
+    if (!absl::SimpleAtoi(v, &o.shm_link_peers_max) || o.shm_link_peers_max < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("BATON_SHM_LINK_PEERS is '", v,
+                                                     "'; use a number of workers, 0 for no limit"));
+    }
+  }
   if (const std::string lanes = get("BATON_NET_BULK_LANES"); !lanes.empty()) {
     if (!absl::SimpleAtoi(lanes, &o.network_bulk_lanes) || o.network_bulk_lanes < 1 ||
         o.network_bulk_lanes > 8) {
@@ -675,12 +681,16 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
     (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
   }
   // Same-host links: one record per worker, one read of the lower ranks'.
-  if (shm_transport_ != nullptr && !rejoin_) {
-    auto same_host = [&](int r) {
-      return r != rank_ && !records[r].shm_hub().empty() &&
-             records[r].boot_id() == mine.boot_id() &&
-             records[r].pid_namespace() == mine.pid_namespace();
-    };
+  // Every worker of a host counts the same peers there (they read the same
+  // records), so all of them, or none, link (shm_link_peers_max).
+  auto same_host = [&](int r) {
+    return r != rank_ && !records[r].shm_hub().empty() && records[r].boot_id() == mine.boot_id() &&
+           records[r].pid_namespace() == mine.pid_namespace();
+  };
+  int host_peers = 0;
+  for (int r = 0; r < options_.world_size; ++r) host_peers += same_host(r);
+  const bool link = options_.shm_link_peers_max == 0 || host_peers <= options_.shm_link_peers_max;
+  if (shm_transport_ != nullptr && !rejoin_ && link) {
     proto::SameHostLinks created;
     bool any_higher = false;
     for (int r = rank_ + 1; r < options_.world_size; ++r) {

@@ -10,6 +10,7 @@
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,9 @@ using rpc::Promise;
 // object on its owner (local_value() returns that object).
 const rpc::Function<PyObj(PyObj)> kPyCall("__baton.py.call");
 const rpc::Function<PyObj(PyObj)> kPyRemote("__baton.py.remote");
+// A group reduce's members run the call through kPyTensor: its result must
+// be a tensor, which the hops add up (group/group.h).
+const rpc::Function<at::Tensor(PyObj)> kPyTensor("__baton.py.tensor");
 
 rpc::WorkerRef Ref(const py::object& to) {
   if (py::isinstance<py::str>(to)) return rpc::WorkerRef(to.cast<std::string>());
@@ -158,6 +162,23 @@ std::shared_ptr<PyAgent> PyAgent::Create(const AgentConfig& config, py::function
       kPyRemote, [remote](const rpc::CallContext& ctx, PyObj msg) -> Future<PyObj> {
         return AfterForksAnswered(ctx, std::move(msg), remote);
       }));
+  Check(self->registry_->Register(
+      kPyTensor, [remote](const rpc::CallContext& ctx, PyObj msg) -> Future<at::Tensor> {
+        return AfterForksAnswered(ctx, std::move(msg), remote)
+            .Then([](const Future<PyObj>& f) -> absl::StatusOr<at::Tensor> {
+              if (!f.result().ok()) return f.result().status();
+              const PyObj& v = *f.result();
+              AcquireGil gil;
+              py::object value = v.live.valid() ? v.live.get() : py::object(py::none());
+              if (!THPVariable_Check(value.ptr())) {
+                return absl::InvalidArgumentError(
+                    absl::StrCat("a group reduce's function returned a ",
+                                 std::string(py::str(py::type::handle_of(value).attr("__name__"))),
+                                 ", not a tensor"));
+              }
+              return value.cast<at::Tensor>();
+            });
+      }));
   rpc::AgentCollaborators collaborators;
 #ifdef BATON_PYTHON_CUDA_IPC
   // CUDA tensors to the other processes of this host go through CUDA IPC
@@ -257,6 +278,45 @@ std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::
     for (auto& f : g->call_each(kPyCall, std::move(msg)).each) out.push_back(PyFuture::New(f));
   }
   return out;
+}
+
+std::shared_ptr<PyFuture> PyAgent::GroupReduce(const std::vector<py::object>& members,
+                                               py::bytes pickle,
+                                               const std::vector<at::Tensor>& tensors,
+                                               std::optional<double> timeout, int fanout, bool mean,
+                                               std::string label) {
+  std::vector<rpc::WorkerRef> refs;
+  refs.reserve(members.size());
+  for (const py::object& m : members) refs.push_back(Ref(m));
+  group::GroupOptions options;
+  options.fanout = fanout;
+  options.timeout = Seconds(timeout, absl::ZeroDuration());
+  options.label = std::move(label);
+  absl::StatusOr<group::Group> g = group::Group::Of(agent(), refs, options);
+  Check(g.status());
+  PyObj msg = FromParts(pickle, tensors, {});
+  Future<group::Reduced> reduced;
+  {
+    py::gil_scoped_release nogil;
+    reduced =
+        g->reduce(kPyTensor, mean ? group::ReduceOp::kMean : group::ReduceOp::kSum, std::move(msg));
+  }
+  return PyFuture::New(reduced.Then([](const Future<group::Reduced>& f) -> absl::StatusOr<PyObj> {
+    if (!f.result().ok()) return f.result().status();
+    const group::Reduced& r = *f.result();
+    AcquireGil gil;
+    py::list contributors;
+    for (const rpc::WorkerInfo& w : r.contributors) contributors.append(w.name);
+    py::list failures;
+    for (const auto& [w, status] : r.failures) {
+      failures.append(
+          py::make_tuple(w.name, static_cast<int>(status.code()), std::string(status.message())));
+    }
+    PyObj out;
+    out.live = PyRef(py::make_tuple(r.value.defined() ? py::cast(r.value) : py::object(py::none()),
+                                    contributors, failures));
+    return out;
+  }));
 }
 
 std::shared_ptr<PyFuture> PyAgent::CallCpp(const py::object& to, const std::string& function,
@@ -501,6 +561,9 @@ AgentClass BindAgent(py::module_& m) {
       .def("group_call", &PyAgent::GroupCall, py::arg("members"), py::arg("pickle"),
            py::arg("tensors"), py::arg("rrefs"), py::arg("timeout"), py::arg("fanout"),
            py::arg("discard_values"), py::arg("label") = std::string())
+      .def("group_reduce", &PyAgent::GroupReduce, py::arg("members"), py::arg("pickle"),
+           py::arg("tensors"), py::arg("timeout"), py::arg("fanout"), py::arg("mean"),
+           py::arg("label") = std::string())
       .def("make_owned", &PyAgent::MakeOwned)
       .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)

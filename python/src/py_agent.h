@@ -97,6 +97,13 @@ class PyAgent {
                                                    const std::vector<PyRRef>& rrefs,
                                                    std::optional<double> timeout, int fanout,
                                                    bool discard_values, std::string label);
+  // A reduce through the same tree: every member's result, a tensor, summed
+  // on the way up (`mean`: divided by the contributors). The future's value
+  // is (tensor or None, [contributor names], [(name, code, message)]).
+  std::shared_ptr<PyFuture> GroupReduce(const std::vector<py::object>& members, py::bytes pickle,
+                                        const std::vector<at::Tensor>& tensors,
+                                        std::optional<double> timeout, int fanout, bool mean,
+                                        std::string label);
 
   // A function registered in C++ (rpc/function.h), called by name with its
   // signature ("(Tensor,int64)->Tensor"); see python/src/cpp_call.h.

@@ -47,6 +47,15 @@ def release():
     _released.set()
 
 
+def rank_tensor(n):
+    return torch.full((n,), float(rpc.get_worker_info().id))
+
+
+def text_on(rank):
+    me = rpc.get_worker_info().id
+    return "not a tensor" if me == rank else torch.full((2,), float(me))
+
+
 def scenario_group(rank, world_size):
     """A group call from rank 0 to every worker (itself included) through a
     tree of fanout 2: values in member order, a broadcast, one member's
@@ -99,6 +108,21 @@ def scenario_group(rank, world_size):
                 raise AssertionError("a bad group was made")
             except error:
                 pass
+        # A reduce: every member's tensor summed on the way up; a member
+        # whose value is not a tensor is left out, named.
+        total = everyone.reduce(rank_tensor, args=(4,))
+        assert total.tolist() == [float(sum(range(world_size)))] * 4, total
+        mean = observers.reduce(rank_tensor, args=(2,), op="mean")
+        assert mean.tolist() == [sum(range(1, world_size)) / (world_size - 1)] * 2, mean
+        try:
+            observers.reduce(text_on, args=(2,))
+            raise AssertionError("a member's value that is not a tensor was summed")
+        except GroupError as e:
+            assert list(e.errors) == [name(2)], e.errors
+            assert "returned a str, not a tensor" in str(e.errors[name(2)]), e.errors
+            assert e.results.tolist() == [float(sum(range(1, world_size)) - 2)] * 2, e.results
+            print("LEFT_OUT " + ",".join(e.errors))
+
         owned = rpc.RRef(torch.ones(1))
         try:
             observers.rpc_async(scaled, args=(owned, 1))

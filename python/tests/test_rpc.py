@@ -120,6 +120,7 @@ def test_a_group_call_reaches_every_member_through_a_tree():
     harness.check(workers)
     assert workers[0].lines("FAILED") == ["worker2"]
     assert workers[0].lines("TIMED_OUT") == ["worker1"]
+    assert workers[0].lines("LEFT_OUT") == ["worker2"]
 
 
 def test_a_killed_worker_raises_connection_error():

@@ -39,6 +39,12 @@ const Function<int(int)> kBlockOnFn("block_on");
 const Function<torch::Tensor(torch::Tensor)> kScaleFn("scale");
 // Counts its calls.
 const Function<void(int)> kCountFn("count");
+// A tensor of `n` elements, each the member's rank; on the rank given, a
+// tensor of another shape.
+const Function<torch::Tensor(int64_t, int)> kRankTensorFn("rank_tensor");
+// Blocks on the rank given until the test releases it; else the rank as a
+// one-element double tensor.
+const Function<torch::Tensor(int)> kBlockTensorFn("block_tensor");
 
 struct Fixture {
   absl::Notification release;
@@ -65,6 +71,13 @@ std::unique_ptr<LoopbackJob> StartJob(int n, Fixture& f,
                  }).ok());
     ASSERT_TRUE(r.Register(kScaleFn, [rank](torch::Tensor t) { return t * rank; }).ok());
     ASSERT_TRUE(r.Register(kCountFn, [&f](int) { f.counted.fetch_add(1); }).ok());
+    ASSERT_TRUE(r.Register(kRankTensorFn, [rank](int64_t n, int odd) {
+                   return torch::full({rank == odd ? n + 1 : n}, static_cast<double>(rank));
+                 }).ok());
+    ASSERT_TRUE(r.Register(kBlockTensorFn, [rank, &f](int slow) {
+                   if (rank == slow) f.release.WaitForNotification();
+                   return torch::full({1}, static_cast<double>(rank), torch::kFloat64);
+                 }).ok());
   };
   auto job = LoopbackJob::Start(o);
   EXPECT_TRUE(job.ok()) << job.status();
@@ -331,6 +344,91 @@ TEST(Group, TensorsReachEveryMemberAndComeBackInOrder) {
   EXPECT_TRUE(job->ShutdownAll().ok());
 }
 
+// A reduce: the members' tensors summed on the way up, whatever the tree's
+// shape; the mean divides by the members that contributed.
+TEST(Group, AReduceSumsEveryMembersTensorOnTheWayUp) {
+  Fixture f;
+  auto job = StartJob(11, f);
+  ASSERT_NE(job, nullptr);
+  for (int fanout : {1, 2, 3, 64}) {
+    GroupOptions opts;
+    opts.fanout = fanout;
+    auto g = Group::Of(job->agent(0), Ranks(1, 11), opts);
+    ASSERT_TRUE(g.ok()) << g.status();
+    Reduced sum = g->reduce(kRankTensorFn, ReduceOp::kSum, int64_t{1000}, -1).value();
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(sum.contributors.size(), 10u);
+    for (size_t i = 0; i < sum.contributors.size(); ++i) {
+      EXPECT_EQ(sum.contributors[i].id, static_cast<int>(i) + 1);
+    }
+    // 1 + 2 + ... + 10 in each of the 1000 elements.
+    EXPECT_TRUE(torch::equal(sum.value, torch::full({1000}, 55.0))) << "fanout " << fanout;
+    Reduced mean = g->reduce(kRankTensorFn, ReduceOp::kMean, int64_t{3}, -1).value();
+    EXPECT_TRUE(torch::allclose(mean.value, torch::full({3}, 5.5))) << "fanout " << fanout;
+  }
+  EXPECT_TRUE(job->ShutdownAll().ok());
+}
+
+// GC1 and GC2 in a reduce: a member whose tensor does not fit the others',
+// and one that answers late, are left out, each named with why; the sum of
+// the others arrives by the deadline.
+TEST(Group, AReduceLeavesOutAndNamesTheMembersThatFailedOrWereLate) {
+  Fixture f;
+  auto job = StartJob(8, f);
+  ASSERT_NE(job, nullptr);
+  auto g = WorkersAfterTheFirst(*job);
+  ASSERT_TRUE(g.ok());
+  Reduced odd = g->reduce(kRankTensorFn, ReduceOp::kSum, int64_t{4}, 6).value();
+  ASSERT_EQ(odd.failures.size(), 1u);
+  EXPECT_EQ(odd.failures[0].first.id, 6);
+  EXPECT_EQ(odd.failures[0].second.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.failures[0].second.message().find("worker 'w6'"), std::string::npos)
+      << odd.failures[0].second;
+  EXPECT_NE(odd.failures[0].second.message().find(
+                "its tensor, [5] Float, does not add to the others' sum, [4] Float"),
+            std::string::npos)
+      << odd.failures[0].second;
+  EXPECT_EQ(odd.contributors.size(), 6u);
+  EXPECT_TRUE(torch::equal(odd.value, torch::full({4}, 1.0 + 2 + 3 + 4 + 5 + 7)));
+  EXPECT_NE(odd.status().message().find("1 of 7 members failed"), std::string::npos)
+      << odd.status();
+
+  // Member 2 forwards to 3 (the tree of WorkersAfterTheFirst), then blocks.
+  auto timed = WorkersAfterTheFirst(*job, absl::Seconds(2));
+  ASSERT_TRUE(timed.ok());
+  const absl::Time start = absl::Now();
+  Reduced late = timed->reduce(kBlockTensorFn, ReduceOp::kSum, 2).value();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(late.failures.size(), 1u);
+  EXPECT_EQ(late.failures[0].first.id, 2);
+  EXPECT_EQ(late.failures[0].second.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(torch::equal(late.value, torch::full({1}, 1.0 + 3 + 4 + 5 + 6 + 7, torch::kFloat64)));
+  f.release.Notify();
+  EXPECT_TRUE(job->ShutdownAll().ok());
+}
+
+// GC2 in a reduce: a forwarder that died leaves each member of its part
+// out, named, and the other parts' sum arrives.
+TEST(Group, AReduceWhoseForwarderDiedNamesEachMemberOfItsPart) {
+  Fixture f;
+  auto job = StartJob(8, f, absl::Seconds(5));
+  ASSERT_NE(job, nullptr);
+  ASSERT_TRUE(job->Kill(5).ok());  // the forwarder of [5, 6, 7]
+  auto g = WorkersAfterTheFirst(*job, absl::Seconds(3));
+  ASSERT_TRUE(g.ok());
+  Reduced r = g->reduce(kRankTensorFn, ReduceOp::kSum, int64_t{2}, -1).value();
+  ASSERT_EQ(r.failures.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.failures[i].first.id, static_cast<int>(i) + 5);
+    if (i > 0) {
+      EXPECT_NE(r.failures[i].second.message().find("through worker 'w5'"), std::string::npos)
+          << r.failures[i].second;
+    }
+  }
+  EXPECT_TRUE(torch::equal(r.value, torch::full({2}, 1.0 + 2 + 3 + 4)));
+  EXPECT_TRUE(job->ShutdownAll(/*graceful=*/false).ok());
+}
+
 // GC5, and the options refused.
 TEST(Group, GC5_UnknownOrRepeatedMembersAreRefusedWhenTheGroupIsMade) {
   Fixture f;
@@ -395,6 +493,49 @@ TEST(Group, AForgedRequestIsRefusedNamingWhatIsWrong) {
   EXPECT_EQ(job->agent(0).runtime().CallRaw(1, kForwardFn, "", std::move(garbage)).status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_TRUE(job->ShutdownAll().ok());
+}
+
+// A member that answers a reduce with a sum that does not account for its
+// part (a member it was not sent, one it leaves out) is not trusted: each
+// member of its part is left out with DATA_LOSS, and the rest arrives.
+TEST(Group, AReducedReplyThatDoesNotAccountForItsPartLeavesThatPartOut) {
+  LoopbackJobOptions o;
+  o.world_size = 5;
+  o.install = [](int rank, rpc::FunctionRegistry& r) {
+    if (rank == 3) {
+      // Worker 3 forges its part's answer: a sum from worker 1, who is not
+      // in its part.
+      ASSERT_TRUE(
+          r.RegisterRaw(kForwardFn, "", [](const CallContext&, rpc::Payload, rpc::Responder done) {
+             proto::GroupReply reply;
+             reply.mutable_reduced()->add_contributors(1);
+             reply.mutable_reduced()->set_value("forged");
+             rpc::Payload p;
+             p.bytes = reply.SerializeAsString();
+             done(std::move(p));
+           }).ok());
+    } else {
+      ASSERT_TRUE(Install(r).ok());
+    }
+    ASSERT_TRUE(r.Register(kRankTensorFn, [rank](int64_t n, int) {
+                   return torch::full({n}, static_cast<double>(rank));
+                 }).ok());
+  };
+  auto job = LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  GroupOptions opts;
+  opts.fanout = 2;  // [1, 2] through 1, [3, 4] through 3
+  auto g = Group::Of((*job)->agent(0), Ranks(1, 5), opts);
+  ASSERT_TRUE(g.ok());
+  Reduced r = g->reduce(kRankTensorFn, ReduceOp::kSum, int64_t{2}, -1).value();
+  ASSERT_EQ(r.failures.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.failures[i].first.id, static_cast<int>(i) + 3);
+    EXPECT_EQ(r.failures[i].second.code(), absl::StatusCode::kDataLoss) << r.failures[i].second;
+  }
+  ASSERT_EQ(r.contributors.size(), 2u);
+  EXPECT_TRUE(torch::equal(r.value, torch::full({2}, 1.0 + 2)));
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
     observers = Group.with_prefix("observer")      # observer0, observer1, ...
     rewards = observers.rpc_sync(run_episode, args=(3,))   # one value per member
     observers.broadcast(load_policy, args=(policy.state_dict(),))
+    mean_grad = trainers.reduce(local_gradient, args=(step,), op="mean")   # one tensor
 
 A loop of rpc_async sends one message per worker and handles every reply
 itself. A group call sends at most `fanout` requests; each member runs the
@@ -17,6 +18,11 @@ its own outcome and theirs (guarantees GC1-GC5 in group/group.h):
 * a member that cannot forward leaves an error for each member it was to
   reach, naming itself and the cause;
 * results are in member order.
+
+A reduce (``reduce``) runs a function that returns a tensor on every member
+and sums the tensors on the way up the tree: each member adds its own to
+its part's sums, so one tensor travels on each edge of the tree, and the
+caller receives one.
 
 The function runs as an RPC from the caller would. Arguments are pickled
 once for every member: they may hold CPU tensors and any picklable value,
@@ -40,10 +46,11 @@ _MAX_FANOUT = 64
 
 class GroupError(RuntimeError):
     """Some members of a group call failed. ``results`` holds every member's
-    value in member order (None where it failed); ``errors`` maps each failed
-    member's name to its exception, which names it."""
+    value in member order (None where it failed), or for a reduce the sum
+    (or mean) of the members that did not fail (None if none); ``errors``
+    maps each failed member's name to its exception, which names it."""
 
-    def __init__(self, results: Union[List[Any], str, None] = None,
+    def __init__(self, results: Union[List[Any], torch.Tensor, str, None] = None,
                  errors: Optional[Dict[str, BaseException]] = None):
         # Also from a message alone, so that one raised in a remote function
         # can be rebuilt on its caller.
@@ -51,10 +58,13 @@ class GroupError(RuntimeError):
             super().__init__(results)
             self.results, self.errors = [], {}
             return
-        self.results = results or []
+        self.results = results if results is not None else []
         self.errors = errors or {}
         summary = "; ".join(f"{name}: {e}" for name, e in self.errors.items())
-        super().__init__(f"{len(self.errors)} of {len(self.results)} members failed: {summary}")
+        if isinstance(self.results, list):
+            super().__init__(f"{len(self.errors)} of {len(self.results)} members failed: {summary}")
+        else:  # a reduce's: the others' sum
+            super().__init__(f"{len(self.errors)} members left out of the reduce: {summary}")
 
 
 class Group:
@@ -151,6 +161,57 @@ class Group:
                   kwargs: Optional[dict] = None, timeout: float = UNSET_RPC_TIMEOUT) -> None:
         """Runs func on every member; GroupError if any failed."""
         _gather(self._members, self.broadcast_async(func, args, kwargs, timeout))
+
+
+    def reduce_async(self, func: Callable, args: Optional[tuple] = None,
+                     kwargs: Optional[dict] = None, op: str = "sum",
+                     timeout: float = UNSET_RPC_TIMEOUT) -> torch.futures.Future:
+        """Runs func on every member, each returning a tensor of one shape and
+        dtype, and sums them through the tree (op "mean": divided by the
+        members that contributed). The future's value is the tensor; it fails
+        with GroupError if any member failed or answered late, whose
+        ``results`` is then the sum (or mean) of the others and ``errors``
+        names each member left out."""
+        if op not in ("sum", "mean"):
+            raise ValueError(f'a group reduce\'s op is "sum" or "mean", not {op!r}')
+        if isinstance(func, _api.CppFunction):
+            raise TypeError("a group reduce runs a Python function")
+        agent = _api._current()
+        data, tensors, rrefs = _api._pack(func, args, kwargs)
+        if rrefs:
+            raise ValueError("a group reduce cannot send RRefs: its arguments are pickled once "
+                             "for every member, and an RRef is forked for one destination")
+        name = _api._name_of(func)
+        try:
+            cfuture = agent.group_reduce([w.id for w in self._members], data, tensors,
+                                         _api._timeout(timeout), self._fanout, op == "mean", name)
+        except _C.StatusError as e:
+            raise _errors.translate(e, None, name) from None
+        reduced = _api._torch_future(cfuture, None, name)
+        out: torch.futures.Future = torch.futures.Future()
+
+        def outcome(f: torch.futures.Future) -> None:
+            try:
+                value, _, failures = f.value()
+            except BaseException as e:  # noqa: BLE001  (the call's own error fails the future)
+                _C.fail_torch_future(out, e)
+                return
+            if failures:
+                _C.fail_torch_future(out, GroupError(
+                    value, {worker: _errors.from_status(code, message, worker, name)
+                            for worker, code, message in failures}))
+            else:
+                out.set_result(value)
+
+        reduced.add_done_callback(outcome)
+        return out
+
+    def reduce(self, func: Callable, args: Optional[tuple] = None,
+               kwargs: Optional[dict] = None, op: str = "sum",
+               timeout: float = UNSET_RPC_TIMEOUT) -> torch.Tensor:
+        """The sum (or mean) of every member's tensor; GroupError if any
+        member failed (see reduce_async)."""
+        return self.reduce_async(func, args, kwargs, op, timeout).wait()
 
 
 def _gather(members, futures) -> List[Any]:

@@ -691,18 +691,16 @@ GrpcTransport::~GrpcTransport() {
 void GrpcTransport::AddPeer(int id, const std::string& address, const std::string& identity) {
   absl::MutexLock lock(&mu_);
   Peer& p = peers_[id];
-  if (p.stub != nullptr) {
+  if (!p.address.empty()) {
     if (p.address == address && p.identity == identity) return;
     retired_.push_back(std::move(p));
     p = Peer();
   }
+  // The channel is made by the first stream to the peer (Send): a worker
+  // of a large job talks to few of its peers, and a channel costs CPU and
+  // memory to make.
   p.address = address;
   p.identity = identity;
-  p.channel =
-      grpc::CreateCustomChannel(address, BatonChannelCredentials(options_.tls),
-                                BatonChannelArguments(options_.max_message_bytes + (1 << 20),
-                                                      options_.tls, options_.silence_timeout));
-  p.stub = std::make_unique<grpc::GenericStub>(p.channel);
 }
 
 void GrpcTransport::ResetPeer(int peer) {
@@ -762,8 +760,15 @@ absl::StatusOr<uint64_t> GrpcTransport::Send(int peer, Frame frame) {
             lifetimes->Destroyed();
           });
       ++live_streams_;
-      it->second.stream->Start(it->second.stub.get(), options_.job_token, it->second.identity,
-                               it->second.silent);
+      Peer& p = it->second;
+      if (p.stub == nullptr) {
+        p.channel = grpc::CreateCustomChannel(
+            p.address, BatonChannelCredentials(options_.tls),
+            BatonChannelArguments(options_.max_message_bytes + (1 << 20), options_.tls,
+                                  options_.silence_timeout));
+        p.stub = std::make_unique<grpc::GenericStub>(p.channel);
+      }
+      p.stream->Start(p.stub.get(), options_.job_token, p.identity, p.silent);
     }
     stream = it->second.stream;
   }

@@ -109,6 +109,7 @@ class GrpcTransport : public ::baton::rpc::NetworkTransport {
   struct Peer {
     std::string address;
     std::string identity;
+    // Made by the first stream to the peer; null until then.
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<grpc::GenericStub> stub;
     std::shared_ptr<ClientStream> stream;
