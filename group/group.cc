@@ -285,7 +285,7 @@ class PartialSum {
     }
     if (sum_.defined()) {
       const at::Tensor floating =
-          at::isFloatingType(sum_.scalar_type()) ? sum_ : sum_.to(at::kFloat);
+          at::isFloatingType(sum_.scalar_type()) ? sum_ : sum_.to(at::kDouble);
       out.value =
           op == ReduceOp::kSum ? sum_ : floating.div(static_cast<double>(contributors.size()));
     }
@@ -293,18 +293,28 @@ class PartialSum {
   }
 
  private:
-  void Add(const at::Tensor& t, const std::vector<int>& who, const std::string& what) {
-    if (!t.device().is_cpu()) {
-      for (int m : who)
+  // Integers and booleans are added as int64, so that a sum neither wraps
+  // in a narrow type nor turns into a logical or.
+  static at::Tensor Widened(const at::Tensor& t) {
+    return at::isIntegralType(t.scalar_type(), /*includeBool=*/true) && t.scalar_type() != at::kLong
+               ? t.to(at::kLong)
+               : t;
+  }
+
+  void Add(const at::Tensor& given, const std::vector<int>& who, const std::string& what) {
+    if (!given.device().is_cpu()) {
+      for (int m : who) {
         Fail(m, absl::InvalidArgumentError(absl::StrCat(what, " is not in host memory")));
+      }
       return;
     }
+    const at::Tensor t = Widened(given);
     if (!sum_.defined()) {
       sum_ = t.clone(at::MemoryFormat::Contiguous);
     } else if (t.sizes() != sum_.sizes() || t.scalar_type() != sum_.scalar_type()) {
       for (int m : who) {
         Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                    what, ", ", Shape(t), ", does not add to the others' sum, ", Shape(sum_))));
+                    what, ", ", Shape(given), ", does not add to the others' sum, ", Shape(sum_))));
       }
       return;
     } else {
@@ -358,9 +368,9 @@ class Hop : public std::enable_shared_from_this<Hop> {
     if (!rest.empty()) {
       FanOut(*runtime_, request_, blobs, rest, reply_by_,
              [self](const std::vector<int>& part, std::vector<Outcome> outcomes) {
-               for (size_t i = 0; i < part.size(); ++i) {
-                 self->Set(self->position_.at(part[i]), std::move(outcomes[i]));
-               }
+               std::vector<int> positions;
+               for (int m : part) positions.push_back(self->position_.at(m));
+               self->Set(positions, std::move(outcomes));
              });
     }
     RunOwn(ctx, blobs);
@@ -411,17 +421,28 @@ class Hop : public std::enable_shared_from_this<Hop> {
   }
 
   void Set(int position, Outcome outcome) {
+    std::vector<Outcome> one;
+    one.push_back(std::move(outcome));
+    Set({position}, std::move(one));
+  }
+
+  // A part's outcomes go in together, so that the answer sees all of them
+  // or none (a reduce's part sum stands for every member of the part).
+  void Set(const std::vector<int>& positions, std::vector<Outcome> outcomes) {
     bool all = false;
     {
       absl::MutexLock lock(&mu_);
-      if (!answered_ && !outcomes_[position].has_value()) {
-        outcomes_[position] = std::move(outcome);
+      for (size_t i = 0; i < positions.size(); ++i) {
+        if (answered_ || outcomes_[positions[i]].has_value()) continue;
+        outcomes_[positions[i]] = std::move(outcomes[i]);
         all = --left_ == 0;
-        outcome = absl::CancelledError();  // taken
+        outcomes[i] = absl::CancelledError();  // taken
       }
     }
     // An outcome that came too late is never delivered (RRef G8).
-    if (outcome.ok()) outcome->Undeliverable();
+    for (Outcome& o : outcomes) {
+      if (o.ok()) o->Undeliverable();
+    }
     if (all) AnswerSoon();
   }
 
@@ -745,9 +766,13 @@ rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::Wor
              if (--parts->left > 0) return;
            }
            auto add_up = [rt, parts, promise, members, op] {
+             std::vector<std::pair<std::vector<int>, std::vector<Outcome>>> replies;
+             {
+               absl::MutexLock lock(&parts->mu);
+               replies.swap(parts->replies);
+             }
              PartialSum sum(rt);
-             absl::MutexLock lock(&parts->mu);
-             for (auto& [part, outcomes] : parts->replies) {
+             for (auto& [part, outcomes] : replies) {
                if (outcomes[0].ok()) {
                  sum.AddPart(part, *outcomes[0]);
                  continue;

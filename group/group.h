@@ -97,8 +97,9 @@ enum class ReduceOp { kSum, kMean };
 
 // The outcome of a reduce.
 struct Reduced {
-  // The sum of the contributors' tensors, or their mean (floating point);
-  // undefined when no member contributed.
+  // The sum of the contributors' tensors (integers and booleans summed as
+  // int64), or their mean (floating point: double for integers); undefined
+  // when no member contributed.
   at::Tensor value;
   // The members whose tensor is in `value`, and every other member with why
   // (its function's error, DEADLINE_EXCEEDED as for call(), INVALID_ARGUMENT

@@ -690,23 +690,26 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
   int host_peers = 0;
   for (int r = 0; r < options_.world_size; ++r) host_peers += same_host(r);
   const bool link = options_.shm_link_peers_max == 0 || host_peers <= options_.shm_link_peers_max;
-  if (shm_transport_ != nullptr && !rejoin_ && link) {
+  if (shm_transport_ != nullptr && !rejoin_) {
     proto::SameHostLinks created;
     bool any_higher = false;
     for (int r = rank_ + 1; r < options_.world_size; ++r) {
       if (!same_host(r)) continue;
       any_higher = true;
-      auto link =
+      if (!link) continue;
+      auto made =
           shm_transport_->CreateLink(r, records[r].shm_hub(), static_cast<pid_t>(records[r].pid()));
-      if (link.ok()) (*created.mutable_links())[r] = *link;
+      if (made.ok()) (*created.mutable_links())[r] = *made;
     }
+    // Published even when this worker links none (a host over the limit):
+    // a peer that counted otherwise (its options differ) waits for it.
     if (any_higher) {
       RETURN_IF_ERROR(store_->Set(LinksKey(ns_, rank_),
                                   created.links().empty() ? "-" : created.SerializeAsString()));
     }
     std::vector<int> lower;
     std::vector<std::string> keys;
-    for (int r = 0; r < rank_; ++r) {
+    for (int r = 0; r < rank_ && link; ++r) {
       if (!same_host(r)) continue;
       lower.push_back(r);
       keys.push_back(LinksKey(ns_, r));

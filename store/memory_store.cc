@@ -181,6 +181,12 @@ absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_s
   if (s.code() != absl::StatusCode::kDeadlineExceeded) {
     return Annotate(s, absl::StrCat("barrier '", name, "' (rank ", rank, ")"));
   }
+  // Every rank arrived but rank 0 did not release the barrier (it died
+  // after arriving: an external store outlives it): one read of them all
+  // finds it so, and this rank releases it.
+  if (rank != 0 && store.MultiGet(arrived, absl::ZeroDuration()).ok()) {
+    return store.Set(released, "1");
+  }
   // Name the ranks that never arrived: a read per rank, on this path only.
   std::vector<int> missing;
   for (int r = 0; r < world_size; ++r) {

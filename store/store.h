@@ -66,7 +66,9 @@ class Store {
 // arrived (name/arrived/<rank>) and waits for one key (name/released);
 // rank 0 waits for every rank's arrival, in one request, and then sets
 // that key. So the barrier passes once rank 0 has seen everyone, and a
-// barrier whose rank 0 never comes fails by the timeout like any other.
+// barrier whose rank 0 never comes fails by the timeout like any other. A
+// rank whose wait times out with every rank arrived (rank 0 died after
+// arriving, on a store that outlives it) releases the barrier itself.
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout);
 

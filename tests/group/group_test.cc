@@ -42,6 +42,8 @@ const Function<void(int)> kCountFn("count");
 // A tensor of `n` elements, each the member's rank; on the rank given, a
 // tensor of another shape.
 const Function<torch::Tensor(int64_t, int)> kRankTensorFn("rank_tensor");
+// 100 in each of `n` int8 elements.
+const Function<torch::Tensor(int64_t)> kHundredFn("hundred");
 // Blocks on the rank given until the test releases it; else the rank as a
 // one-element double tensor.
 const Function<torch::Tensor(int)> kBlockTensorFn("block_tensor");
@@ -74,6 +76,8 @@ std::unique_ptr<LoopbackJob> StartJob(int n, Fixture& f,
     ASSERT_TRUE(r.Register(kRankTensorFn, [rank](int64_t n, int odd) {
                    return torch::full({rank == odd ? n + 1 : n}, static_cast<double>(rank));
                  }).ok());
+    ASSERT_TRUE(
+        r.Register(kHundredFn, [](int64_t n) { return torch::full({n}, 100, torch::kInt8); }).ok());
     ASSERT_TRUE(r.Register(kBlockTensorFn, [rank, &f](int slow) {
                    if (rank == slow) f.release.WaitForNotification();
                    return torch::full({1}, static_cast<double>(rank), torch::kFloat64);
@@ -365,6 +369,11 @@ TEST(Group, AReduceSumsEveryMembersTensorOnTheWayUp) {
     EXPECT_TRUE(torch::equal(sum.value, torch::full({1000}, 55.0))) << "fanout " << fanout;
     Reduced mean = g->reduce(kRankTensorFn, ReduceOp::kMean, int64_t{3}, -1).value();
     EXPECT_TRUE(torch::allclose(mean.value, torch::full({3}, 5.5))) << "fanout " << fanout;
+    // Integers are summed as int64: ten int8 hundreds do not wrap.
+    Reduced ints = g->reduce(kHundredFn, ReduceOp::kSum, int64_t{3}).value();
+    ASSERT_TRUE(ints.ok()) << ints.status();
+    EXPECT_TRUE(torch::equal(ints.value, torch::full({3}, 1000, torch::kInt64)))
+        << ints.value << " fanout " << fanout;
   }
   EXPECT_TRUE(job->ShutdownAll().ok());
 }

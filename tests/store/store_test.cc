@@ -209,6 +209,22 @@ TEST_P(StoreTest, ABarrierThatPassedPassesAgainAtOnceForARankThatCallsAgain) {
   EXPECT_TRUE(Barrier(*store_, "again", 0, 4, absl::ZeroDuration()).ok());
 }
 
+// Rank 0 arrived and died before it released the barrier (a store that
+// outlives it: etcd, or baton-store): the others release it themselves
+// once their wait times out with everyone arrived.
+TEST_P(StoreTest, ABarrierWhoseRankZeroDiedAfterArrivingIsReleasedByTheOthers) {
+  ASSERT_TRUE(store_->Set("orphan/arrived/0", "1").ok());  // and then died
+  std::vector<absl::Status> got(3);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < 3; ++r) {
+    threads.emplace_back(
+        [&, r] { got[r] = Barrier(*store_, "orphan", r, 3, absl::Milliseconds(300)); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < 3; ++r) EXPECT_TRUE(got[r].ok()) << r << ": " << got[r];
+  EXPECT_TRUE(store_->Get("orphan/released", absl::ZeroDuration()).ok());
+}
+
 TEST_P(StoreTest, ABarrierWithoutRankZeroNamesItAsMissing) {
   std::vector<absl::Status> got(3);
   std::vector<std::thread> threads;

@@ -51,20 +51,20 @@ class GroupError(RuntimeError):
     maps each failed member's name to its exception, which names it."""
 
     def __init__(self, results: Union[List[Any], torch.Tensor, str, None] = None,
-                 errors: Optional[Dict[str, BaseException]] = None):
+                 errors: Optional[Dict[str, BaseException]] = None, reduce: bool = False):
         # Also from a message alone, so that one raised in a remote function
         # can be rebuilt on its caller.
         if isinstance(results, str):
             super().__init__(results)
             self.results, self.errors = [], {}
             return
-        self.results = results if results is not None else []
+        self.results = results if results is not None or reduce else []
         self.errors = errors or {}
         summary = "; ".join(f"{name}: {e}" for name, e in self.errors.items())
-        if isinstance(self.results, list):
-            super().__init__(f"{len(self.errors)} of {len(self.results)} members failed: {summary}")
-        else:  # a reduce's: the others' sum
+        if reduce:  # results: the others' sum, None if nobody contributed
             super().__init__(f"{len(self.errors)} members left out of the reduce: {summary}")
+        else:
+            super().__init__(f"{len(self.errors)} of {len(self.results)} members failed: {summary}")
 
 
 class Group:
@@ -199,7 +199,7 @@ class Group:
             if failures:
                 _C.fail_torch_future(out, GroupError(
                     value, {worker: _errors.from_status(code, message, worker, name)
-                            for worker, code, message in failures}))
+                            for worker, code, message in failures}, reduce=True))
             else:
                 out.set_result(value)
 
