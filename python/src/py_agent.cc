@@ -50,6 +50,21 @@ rpc::WorkerRef Ref(const py::object& to) {
 
 py::tuple Info(const rpc::WorkerInfo& w) { return py::make_tuple(w.name, w.id); }
 
+// The group of a Python group call or reduce; raises what Group::Of refuses.
+group::Group MakeGroup(rpc::RpcAgent& agent, const std::vector<py::object>& members,
+                       std::optional<double> timeout, int fanout, std::string label) {
+  std::vector<rpc::WorkerRef> refs;
+  refs.reserve(members.size());
+  for (const py::object& m : members) refs.push_back(Ref(m));
+  group::GroupOptions options;
+  options.fanout = fanout;
+  options.timeout = Seconds(timeout, absl::ZeroDuration());
+  options.label = std::move(label);
+  absl::StatusOr<group::Group> g = group::Group::Of(agent, refs, options);
+  Check(g.status());
+  return *std::move(g);
+}
+
 // Runs `run` at once, or, when the call brought RRefs forked to this
 // worker by another user whose ForkRequests are not answered yet, on the
 // executor once they are (G12, rref/rref_context.h): no thread waits.
@@ -258,24 +273,15 @@ std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::
         "a group call cannot send RRefs: its arguments are encoded once for every member, and an "
         "RRef's fork is made for one destination; pass the RRef's value, or call each member"));
   }
-  rpc::RpcAgent& a = agent();
-  std::vector<rpc::WorkerRef> refs;
-  refs.reserve(members.size());
-  for (const py::object& m : members) refs.push_back(Ref(m));
-  group::GroupOptions options;
-  options.fanout = fanout;
-  options.timeout = Seconds(timeout, absl::ZeroDuration());
-  options.label = std::move(label);
-  absl::StatusOr<group::Group> g = group::Group::Of(a, refs, options);
-  Check(g.status());
+  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label));
   PyObj msg = FromParts(pickle, tensors, rrefs);
   std::vector<std::shared_ptr<PyFuture>> out;
-  out.reserve(refs.size());
+  out.reserve(members.size());
   py::gil_scoped_release nogil;
   if (discard_values) {
-    for (auto& f : g->broadcast_each(kPyCall, std::move(msg)).each) out.push_back(Wrap(f));
+    for (auto& f : g.broadcast_each(kPyCall, std::move(msg)).each) out.push_back(Wrap(f));
   } else {
-    for (auto& f : g->call_each(kPyCall, std::move(msg)).each) out.push_back(PyFuture::New(f));
+    for (auto& f : g.call_each(kPyCall, std::move(msg)).each) out.push_back(PyFuture::New(f));
   }
   return out;
 }
@@ -285,21 +291,13 @@ std::shared_ptr<PyFuture> PyAgent::GroupReduce(const std::vector<py::object>& me
                                                const std::vector<at::Tensor>& tensors,
                                                std::optional<double> timeout, int fanout, bool mean,
                                                std::string label) {
-  std::vector<rpc::WorkerRef> refs;
-  refs.reserve(members.size());
-  for (const py::object& m : members) refs.push_back(Ref(m));
-  group::GroupOptions options;
-  options.fanout = fanout;
-  options.timeout = Seconds(timeout, absl::ZeroDuration());
-  options.label = std::move(label);
-  absl::StatusOr<group::Group> g = group::Group::Of(agent(), refs, options);
-  Check(g.status());
+  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label));
   PyObj msg = FromParts(pickle, tensors, {});
   Future<group::Reduced> reduced;
   {
     py::gil_scoped_release nogil;
     reduced =
-        g->reduce(kPyTensor, mean ? group::ReduceOp::kMean : group::ReduceOp::kSum, std::move(msg));
+        g.reduce(kPyTensor, mean ? group::ReduceOp::kMean : group::ReduceOp::kSum, std::move(msg));
   }
   return PyFuture::New(reduced.Then([](const Future<group::Reduced>& f) -> absl::StatusOr<PyObj> {
     if (!f.result().ok()) return f.result().status();

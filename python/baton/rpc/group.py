@@ -123,14 +123,9 @@ class Group:
         return f"Group({[w.name for w in self._members]}, fanout={self._fanout})"
 
     def _send(self, func: Callable, args, kwargs, timeout, discard: bool) -> List[torch.futures.Future]:
-        if isinstance(func, _api.CppFunction):
-            raise TypeError("a group call runs a Python function; call C++ functions one by one")
+        data, tensors, rrefs, name = _pack(func, args, kwargs, "call",
+                                           "; call C++ functions one by one")
         agent = _api._current()
-        data, tensors, rrefs = _api._pack(func, args, kwargs)
-        if rrefs:
-            raise ValueError("a group call cannot send RRefs: its arguments are pickled once for "
-                             "every member, and an RRef is forked for one destination")
-        name = _api._name_of(func)
         try:
             cfutures = agent.group_call([w.id for w in self._members], data, tensors, rrefs,
                                         _api._timeout(timeout), self._fanout, discard, name)
@@ -174,14 +169,8 @@ class Group:
         names each member left out."""
         if op not in ("sum", "mean"):
             raise ValueError(f'a group reduce\'s op is "sum" or "mean", not {op!r}')
-        if isinstance(func, _api.CppFunction):
-            raise TypeError("a group reduce runs a Python function")
+        data, tensors, _, name = _pack(func, args, kwargs, "reduce")
         agent = _api._current()
-        data, tensors, rrefs = _api._pack(func, args, kwargs)
-        if rrefs:
-            raise ValueError("a group reduce cannot send RRefs: its arguments are pickled once "
-                             "for every member, and an RRef is forked for one destination")
-        name = _api._name_of(func)
         try:
             cfuture = agent.group_reduce([w.id for w in self._members], data, tensors,
                                          _api._timeout(timeout), self._fanout, op == "mean", name)
@@ -212,6 +201,18 @@ class Group:
         """The sum (or mean) of every member's tensor; GroupError if any
         member failed (see reduce_async)."""
         return self.reduce_async(func, args, kwargs, op, timeout).wait()
+
+
+def _pack(func: Callable, args, kwargs, what: str, cpp_hint: str = ""):
+    """The call's pickle, tensors, RRefs (none: refused) and name, once for
+    every member of a group `what` (call, reduce)."""
+    if isinstance(func, _api.CppFunction):
+        raise TypeError(f"a group {what} runs a Python function{cpp_hint}")
+    data, tensors, rrefs = _api._pack(func, args, kwargs)
+    if rrefs:
+        raise ValueError(f"a group {what} cannot send RRefs: its arguments are pickled once for "
+                         "every member, and an RRef is forked for one destination")
+    return data, tensors, rrefs, _api._name_of(func)
 
 
 def _gather(members, futures) -> List[Any]:
