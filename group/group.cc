@@ -666,30 +666,6 @@ absl::StatusOr<Group> Group::WithPrefix(rpc::RpcAgent& agent, absl::string_view 
   return Of(agent, members, options);
 }
 
-std::unique_ptr<Supervisor> Supervisor::Watch(const Group& group, Handler handler) {
-  auto state = std::make_shared<State>();
-  state->handler = std::move(handler);
-  for (const rpc::WorkerInfo& m : group.members()) state->members[m.id] = m;
-  // The agent keeps its listeners for its life: this one holds the state
-  // weakly and does nothing once it is stopped or gone.
-  std::weak_ptr<State> weak = state;
-  group.runtime_->AddPeerFailureListener([weak](const rpc::PeerFailure& failure) {
-    std::shared_ptr<State> s = weak.lock();
-    if (s == nullptr) return;
-    auto it = s->members.find(failure.peer);
-    if (it == s->members.end()) return;
-    absl::MutexLock lock(&s->mu);
-    if (s->stopped) return;
-    s->handler(MemberFailure{it->second, failure.incarnation, failure.cause});
-  });
-  return std::unique_ptr<Supervisor>(new Supervisor(std::move(state)));
-}
-
-void Supervisor::Stop() {
-  absl::MutexLock lock(&state_->mu);
-  state_->stopped = true;
-}
-
 absl::StatusOr<Group> Group::Slice(int begin, int end) const {
   if (begin < 0 || end > size() || begin >= end) {
     return absl::InvalidArgumentError(
@@ -697,7 +673,7 @@ absl::StatusOr<Group> Group::Slice(int begin, int end) const {
   }
   return Group(runtime_,
                std::vector<rpc::WorkerInfo>(members_.begin() + begin, members_.begin() + end),
-               options_);
+               options_, observer_);
 }
 
 }  // namespace baton::group

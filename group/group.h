@@ -55,6 +55,7 @@
 #ifndef BATON_GROUP_GROUP_H_
 #define BATON_GROUP_GROUP_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -148,6 +149,11 @@ rpc::Future<GroupResult<T>> Gather(std::vector<rpc::WorkerInfo> members,
 // `status`, with the member it concerns named first.
 absl::Status ForMember(const absl::Status& status, const rpc::WorkerInfo& member);
 
+// What a supervisor's group() reports each failed entry of its calls to
+// (supervisor.h: an entry DEADLINE_EXCEEDED is a hung member).
+using MemberObserver = std::function<void(
+    const rpc::WorkerInfo& member, const std::string& function, const absl::Status& outcome)>;
+
 // The untyped reduce; `args` failed to encode: every member fails so.
 rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,
                                const std::string& function, const std::string& signature,
@@ -203,15 +209,37 @@ class Group {
   template <typename... Args, typename... CallArgs>
   rpc::Future<Reduced> reduce(const rpc::Function<at::Tensor(Args...)>& fn, ReduceOp op,
                               CallArgs&&... args) const {
-    return internal::ReduceRaw(*runtime_, members_, fn.name(),
-                               rpc::Function<at::Tensor(Args...)>::cached_signature(),
-                               Encode(fn, std::forward<CallArgs>(args)...), options_, op);
+    rpc::Future<Reduced> out = internal::ReduceRaw(
+        *runtime_, members_, fn.name(), rpc::Function<at::Tensor(Args...)>::cached_signature(),
+        Encode(fn, std::forward<CallArgs>(args)...), options_, op);
+    if (observer_ != nullptr) {
+      out.OnReady([observer = observer_, fn = fn.name()](const absl::StatusOr<Reduced>& r) {
+        if (!r.ok()) return;
+        for (const auto& [member, status] : r->failures) (*observer)(member, fn, status);
+      });
+    }
+    return out;
   }
 
  private:
   friend class Supervisor;
-  Group(rpc::Runtime* runtime, std::vector<rpc::WorkerInfo> members, GroupOptions options)
-      : runtime_(runtime), members_(std::move(members)), options_(options) {}
+  using Observer = internal::MemberObserver;
+  Group(rpc::Runtime* runtime, std::vector<rpc::WorkerInfo> members, GroupOptions options,
+        std::shared_ptr<const Observer> observer = nullptr)
+      : runtime_(runtime),
+        members_(std::move(members)),
+        options_(options),
+        observer_(std::move(observer)) {}
+  template <typename T>
+  void Observe(const rpc::Future<GroupResult<T>>& all, const std::string& function) const {
+    if (observer_ == nullptr) return;
+    all.OnReady([observer = observer_, function](const absl::StatusOr<GroupResult<T>>& r) {
+      if (!r.ok()) return;
+      for (size_t i = 0; i < r->results.size(); ++i) {
+        if (!r->results[i].ok()) (*observer)(r->members[i], function, r->results[i].status());
+      }
+    });
+  }
   template <typename R, typename... Args, typename... CallArgs>
   absl::StatusOr<rpc::Payload> Encode(const rpc::Function<R(Args...)>& fn,
                                       CallArgs&&... args) const;
@@ -219,48 +247,7 @@ class Group {
   rpc::Runtime* runtime_;
   std::vector<rpc::WorkerInfo> members_;
   GroupOptions options_;
-};
-
-// Supervision: a member's failure, delivered to whoever watches its group
-// as soon as this worker's agent knows it (a probe confirmed the death, or
-// a newer incarnation of the member replaced it: docs/peer_failures.md),
-// not at the group's next call.
-struct MemberFailure {
-  rpc::WorkerInfo member;
-  // This incarnation of the member, and every earlier one, is dead.
-  int64_t incarnation = 0;
-  // UNAVAILABLE, naming the member and the evidence.
-  absl::Status cause;
-};
-
-// Watches a group's members from Watch() until Stop() or destruction.
-// `handler` runs on the agent's executor, once for each incarnation of a
-// member found dead, one at a time, and never once Stop() has returned.
-// Stop() waits for a handler that is running: the handler must not call
-// it, and whoever calls it must not hold a lock the handler takes. What
-// this adds to a failure is only its routing to the group's owner; asking
-// baton-run for a restart or dropping the member is the handler's own
-// decision (a group is a value: make one without the member).
-class Supervisor {
- public:
-  using Handler = std::function<void(const MemberFailure&)>;
-  static std::unique_ptr<Supervisor> Watch(const Group& group, Handler handler);
-  ~Supervisor() { Stop(); }
-  Supervisor(const Supervisor&) = delete;
-  Supervisor& operator=(const Supervisor&) = delete;
-
-  void Stop();
-
- private:
-  struct State {
-    absl::Mutex mu;
-    bool stopped ABSL_GUARDED_BY(mu) = false;
-    Handler handler;
-    absl::flat_hash_map<int, rpc::WorkerInfo> members;  // by id; constant
-  };
-  explicit Supervisor(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
-  const std::shared_ptr<State> state_;
+  std::shared_ptr<const Observer> observer_;  // null: not a supervisor's
 };
 
 // ---- Template implementation ----
@@ -360,6 +347,7 @@ Group::Call<R> Group::call_each(const rpc::Function<R(Args...)>& fn, CallArgs&&.
     out.each.push_back(runtime_->DecodeFuture<R>(std::move(raw[i]), members_[i], fn.name()));
   }
   out.all = internal::Gather<R>(members_, out.each, runtime_->executor());
+  Observe(out.all, fn.name());
   return out;
 }
 
@@ -389,6 +377,7 @@ Group::Call<void> Group::broadcast_each(const rpc::Function<R(Args...)>& fn,
     }
   }
   out.all = internal::Gather<void>(members_, out.each, runtime_->executor());
+  Observe(out.all, fn.name());
   return out;
 }
 

@@ -285,9 +285,17 @@ absl::Status NodeAgent::Impl::Setup() {
     Log(absl::StrCat("no state reports for this run: ", s.message()));
     state_dir_.clear();
   }
+  // Workers' requests (env/launcher_request.h, LR1): in this node's private
+  // temporary directory.
+  requests_dir_ = absl::StrCat(temp_dir_, "/requests");
+  if (::mkdir(requests_dir_.c_str(), 0700) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot create directory ", requests_dir_, ": ", std::strerror(errno)));
+  }
   group_ = std::make_unique<WorkerGroup>(
       internal::WorkerGroupConfig{&o_, run_id_, job_token_, o_.master_addr,
-                                  o_.log_dir.empty() ? temp_dir_ : o_.log_dir, state_dir_},
+                                  o_.log_dir.empty() ? temp_dir_ : o_.log_dir, state_dir_,
+                                  requests_dir_},
       &pump_);
   if (!state_dir_.empty()) {
     absl::MutexLock lock(&mu_);
@@ -449,6 +457,8 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
   };
   group_->Configure(round);
   heartbeats_.clear();
+  next_request_slot_ = 0;
+  last_request_poll_ = absl::InfinitePast();
 
   const std::string end_key = Rendezvous::Key(round.round, "end");
   if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
@@ -483,9 +493,18 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       out.local_signal = sig;
       return out;
     }
+    if (absl::Status s = HandleRequests(round); !s.ok()) {
+      return fail(CutOff(s, "handling the workers' requests"));
+    }
     for (int i : group_->Poll()) {
       const Worker& w = group_->worker(i);
-      if (w.exit.success()) continue;
+      if (w.dropped) {
+        Log(absl::StrCat("rank ", w.rank, " (role ", o_.roles[w.role_index].name, ") ",
+                         w.exit.Describe(), ": ", w.stop_reason, "; the round goes on without it"));
+        continue;
+      }
+      // A worker stopped so that it restarts fails, whatever its code (LR3).
+      if (w.exit.success() && w.stop_reason.empty()) continue;
       const int role = w.role_index;
       absl::Status s;
       switch (o_.roles[role].policy) {

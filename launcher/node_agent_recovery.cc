@@ -27,21 +27,23 @@ using internal::Worker;
 
 Record NodeAgent::Impl::FailureRecord(const RoundInfo& round, int i) {
   const Worker& w = group_->worker(i);
-  return {{"kind", "failure"},
-          {"rank", absl::StrCat(w.rank)},
-          {"local_rank", absl::StrCat(w.local_rank)},
-          {"role", o_.roles[w.role_index].name},
-          {"role_rank", absl::StrCat(w.role_rank)},
-          {"node_rank", absl::StrCat(node_rank_)},
-          {"group_rank", absl::StrCat(round.group_rank)},
-          {"host", host_name_},
-          {"pid", absl::StrCat(w.pid)},
-          {"reason", w.exit.Describe()},
-          {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time, absl::LocalTimeZone())},
-          {"error_file", w.error_file},
-          {"error_content", group_->ErrorFileContent(i)},
-          {"log", w.log_path},
-          {"tail", group_->Tail(i, kSummaryTailLines)}};
+  return {
+      {"kind", "failure"},
+      {"rank", absl::StrCat(w.rank)},
+      {"local_rank", absl::StrCat(w.local_rank)},
+      {"role", o_.roles[w.role_index].name},
+      {"role_rank", absl::StrCat(w.role_rank)},
+      {"node_rank", absl::StrCat(node_rank_)},
+      {"group_rank", absl::StrCat(round.group_rank)},
+      {"host", host_name_},
+      {"pid", absl::StrCat(w.pid)},
+      {"reason", w.stop_reason.empty() ? w.exit.Describe()
+                                       : absl::StrCat(w.stop_reason, " (", w.exit.Describe(), ")")},
+      {"time", absl::FormatTime("%Y-%m-%d %H:%M:%E3S %Z", w.exit.time, absl::LocalTimeZone())},
+      {"error_file", w.error_file},
+      {"error_content", group_->ErrorFileContent(i)},
+      {"log", w.log_path},
+      {"tail", group_->Tail(i, kSummaryTailLines)}};
 }
 
 absl::Status NodeAgent::Impl::ReportFailure(const RoundInfo& round, int i) {

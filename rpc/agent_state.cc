@@ -60,6 +60,14 @@ std::string AgentImpl::JobStateJson(absl::Duration timeout) {
   return obs::ToJson(job);
 }
 
+std::vector<Runtime::OutgoingCall> AgentImpl::OutgoingCalls() const {
+  std::vector<OutgoingCall> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(pending_.size());
+  for (const auto& [id, call] : pending_) out.push_back({call.peer, call.function, call.started});
+  return out;
+}
+
 void AgentImpl::CollectState(proto::WorkerState* out) const {
   const absl::Time now = absl::Now();
   out->set_name(options_.name);

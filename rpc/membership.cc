@@ -375,4 +375,41 @@ absl::Status AgentImpl::AwaitMembersGone(absl::Duration timeout) {
   }
 }
 
+// Supervision's drop (Runtime::RetirePeer). The job's retired ranks are a
+// list in the store: "retired/n" counts them, "retired/<k>" is the k-th.
+absl::Status AgentImpl::RetirePeer(int peer) {
+  if (peer < 0 || peer >= static_cast<int>(workers_.size())) {
+    return absl::NotFoundError(absl::StrCat("retire: no worker with id ", peer));
+  }
+  if (peer == rank_ || peer == 0 || options_.dynamic_group) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("retire worker ", peer, " (", workers_[peer].name, "): ",
+                     peer == rank_ ? "a worker cannot retire itself"
+                     : peer == 0   ? "rank 0 releases the job's barriers and cannot leave it"
+                                   : "a dynamic group's members leave by themselves (shutdown)"));
+  }
+  for (const char* barrier : {"shutdown/enter", "shutdown/drained"}) {
+    RETURN_IF_ERROR(store::ArriveFor(*store_, ns_ + barrier, peer));
+  }
+  ASSIGN_OR_RETURN(int64_t n, store_->Add(ns_ + "retired/n", 1));
+  return store_->Set(absl::StrCat(ns_, "retired/", n - 1), absl::StrCat(peer));
+}
+
+absl::StatusOr<std::vector<int>> AgentImpl::RetiredPeers() {
+  ASSIGN_OR_RETURN(int64_t n, store_->Add(ns_ + "retired/n", 0));
+  std::vector<std::string> keys;
+  for (int64_t k = 0; k < n; ++k) keys.push_back(absl::StrCat(ns_, "retired/", k));
+  std::vector<int> out;
+  if (keys.empty()) return out;
+  // Each entry is set right after its count was taken.
+  ASSIGN_OR_RETURN(std::vector<std::string> values, store_->MultiGet(keys, absl::Seconds(5)));
+  for (const std::string& v : values) {
+    int rank = 0;
+    if (absl::SimpleAtoi(v, &rank)) out.push_back(rank);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace baton::rpc::internal

@@ -114,6 +114,31 @@ class Runtime : public DeviceRouter {
   using PeerFailureListener = std::function<void(const PeerFailure& failure)>;
   virtual void AddPeerFailureListener(PeerFailureListener listener) = 0;
 
+  // The calls this worker made that await their reply (a copy, in no
+  // particular order): supervision (group/group.h) finds hung calls in it.
+  struct OutgoingCall {
+    int peer = -1;
+    std::string function;
+    absl::Time started;
+  };
+  virtual std::vector<OutgoingCall> OutgoingCalls() const = 0;
+
+  // Takes `peer` out of the job for good (supervision's drop,
+  // group/supervisor.h): no worker's graceful shutdown waits for it any more
+  // (its arrival at the shutdown barriers is set on its behalf, and
+  // RetiredPeers() lists it on every worker). It does not stop the worker's
+  // process (baton-run does that: env/launcher_request.h) nor refuse calls
+  // to it: they fail once it is gone, and its death is reported to the
+  // failure listeners as any other, so that the protocol layers release
+  // what it held. NOT_FOUND for no such worker;
+  // FAILED_PRECONDITION for this worker itself, for rank 0 (it releases the
+  // job's barriers) and in a dynamic group (whose members leave by
+  // themselves, M3).
+  virtual absl::Status RetirePeer(int peer) = 0;
+  // The ranks retired so far by any worker of the job, ascending (two store
+  // requests); the workers a graceful shutdown no longer waits for.
+  virtual absl::StatusOr<std::vector<int>> RetiredPeers() = 0;
+
   // This worker's incarnation of its rank: 1 at its first start, one more
   // for each restart that rejoined the job (AgentOptions::rejoin).
   virtual int64_t incarnation() const = 0;

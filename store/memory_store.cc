@@ -162,6 +162,11 @@ absl::StatusOr<std::vector<std::string>> Store::MultiGet(const std::vector<std::
   return values;
 }
 
+absl::Status ArriveFor(Store& store, absl::string_view name, int rank) {
+  absl::Status s = store.Set(absl::StrCat(name, "/arrived/", rank), "1");
+  return s.ok() ? s : Annotate(s, absl::StrCat("barrier '", name, "' (for rank ", rank, ")"));
+}
+
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout) {
   const std::string prefix = absl::StrCat(name, "/arrived/");

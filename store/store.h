@@ -72,6 +72,11 @@ class Store {
 absl::Status Barrier(Store& store, absl::string_view name, int rank, int world_size,
                      absl::Duration timeout);
 
+// Sets `rank`'s arrival at barrier `name` without waiting: for a rank that
+// left the job for good (a dropped worker), so that the others' Barrier()
+// does not wait for it. Not for rank 0, which releases the barrier.
+absl::Status ArriveFor(Store& store, absl::string_view name, int rank);
+
 }  // namespace baton::store
 
 #endif  // BATON_STORE_STORE_H_

@@ -38,6 +38,8 @@ PROTOCOLS = [
     ("Q", "Partitions"),
     ("M", "Dynamic groups: joining and leaving"),
     ("GC", "Group calls"),
+    ("SV", "Group supervision"),
+    ("LR", "Workers' requests to baton-run"),
     ("F", "Flow control"),
     ("W", "Stream identities"),
     ("E", "The executor"),

@@ -21,6 +21,7 @@ TARGETS=(
   //tests/rpc:loopback_agent_test
   //tests/rpc:membership_test
   //tests/group:group_test
+  //tests/group:supervisor_test
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rpc:rpc_multiprocess_test

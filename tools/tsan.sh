@@ -40,6 +40,7 @@ IN_PROCESS=(
   //tests/rpc:loopback_agent_test
   //tests/rpc:membership_test
   //tests/group:group_test
+  //tests/group:supervisor_test
   //tests/rref:protocols_loopback_test
   //tests/rpc:restart_test
   //tests/rref:rref_protocol_test

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "env/launcher_request.h"
 #include "launcher/internal/output_pump.h"
 #include "launcher/internal/state_report.h"
 #include "launcher/internal/worker_group.h"
@@ -115,6 +116,12 @@ class NodeAgent::Impl {
   absl::Status RestartWorker(const RoundInfo& round, int i);
   absl::StatusOr<bool> MaybeRestartRole(const RoundInfo& round, int role, int* gen,
                                         bool* reported_done);
+  // The workers' requests (env/launcher_request.h): those left in this
+  // node's directory and those forwarded through the store (LR2), then
+  // SIGKILL for stops that outlived --stop_timeout.
+  absl::Status HandleRequests(const RoundInfo& round);
+  // Carries out a request about a worker of this node, if it is one (LR5).
+  void CarryOut(const LauncherRequest& request);
   absl::Status HostChecks(const RoundInfo& round);
   absl::Status WatchHost(const RoundInfo& round);
   absl::StatusOr<bool> ClaimHost();
@@ -142,7 +149,12 @@ class NodeAgent::Impl {
   std::string run_id_;
   std::string job_token_;
   std::string temp_dir_;
-  std::string state_dir_;  // internal/state_report.h; empty: none
+  std::string state_dir_;     // internal/state_report.h; empty: none
+  std::string requests_dir_;  // env/launcher_request.h
+  // The next slot of the round's forwarded requests to read, and when the
+  // store was last read for them.
+  int64_t next_request_slot_ = 0;
+  absl::Time last_request_poll_ = absl::InfinitePast();
   std::string host_name_ = internal::HostName();
   int last_master_port_ = 0;
 

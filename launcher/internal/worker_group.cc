@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "base/status_macros.h"
 #include "env/env.h"
+#include "env/launcher_request.h"
 
 extern char** environ;
 
@@ -99,6 +100,9 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
   if (o.metrics_port > 0) {
     all.emplace_back("BATON_METRICS_PORT", absl::StrCat(o.metrics_port + w.local_rank));
   }
+  if (!config_.requests_dir.empty()) {
+    all.emplace_back(kEnvLauncherRequests, config_.requests_dir);
+  }
   if (!config_.state_dir.empty()) {
     all.emplace_back("BATON_STATE_SOCKET", StateSocket(config_.state_dir, w.rank));
     if (o.node_metrics_port > 0) all.emplace_back("BATON_METRICS", "1");
@@ -159,6 +163,9 @@ absl::Status WorkerGroup::StartOne(int i, int restart_count, bool rejoin) {
   w.restart_count = restart_count;
   w.rejoin = rejoin;
   w.exit = ExitInfo();
+  w.stop_reason.clear();
+  w.dropped = false;
+  w.kill_at = absl::InfiniteFuture();
   ::unlink(w.error_file.c_str());
   OutputSink sink;
   if (!w.log_path.empty()) {
@@ -248,9 +255,35 @@ void WorkerGroup::Stop(int role, int signal, absl::Duration grace) {
   }
 }
 
+bool WorkerGroup::StopOnRequest(int i, bool drop, std::string reason, absl::Time kill_at) {
+  Worker& w = workers_[i];
+  if (!w.running) return false;
+  w.stop_reason = std::move(reason);
+  w.dropped = drop;
+  w.kill_at = kill_at;
+  SignalGroup(w.pid, SIGTERM);
+  return true;
+}
+
+void WorkerGroup::EscalateStops(absl::Time now) {
+  for (Worker& w : workers_) {
+    if (w.running && w.kill_at <= now) {
+      SignalGroup(w.pid, SIGKILL);
+      w.kill_at = absl::InfiniteFuture();
+    }
+  }
+}
+
+int WorkerGroup::IndexOfRank(int rank) const {
+  for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
+    if (workers_[i].rank == rank) return i;
+  }
+  return -1;
+}
+
 bool WorkerGroup::AllSucceeded() const {
   for (const Worker& w : workers_) {
-    if (w.running || !w.exit.success()) return false;
+    if (w.running || !(w.exit.success() || w.dropped)) return false;
   }
   return true;
 }

@@ -43,6 +43,12 @@ struct Worker {
   bool running = false;
   absl::Time start_time;
   ExitInfo exit;
+  // Stopped at a worker's request (env/launcher_request.h): why, in words
+  // (empty: not), whether for good (LR4: its end is no failure), and when
+  // SIGKILL follows the SIGTERM it got.
+  std::string stop_reason;
+  bool dropped = false;
+  absl::Time kill_at = absl::InfiniteFuture();
 };
 
 // Settings that stay the same for the whole job.
@@ -55,6 +61,8 @@ struct WorkerGroupConfig {
   std::string error_dir;
   // Where workers serve their state (internal/state_report.h); empty: none.
   std::string state_dir;
+  // Where workers leave their requests (env/launcher_request.h); empty: none.
+  std::string requests_dir;
 };
 
 class WorkerGroup {
@@ -81,7 +89,17 @@ class WorkerGroup {
   // process group, SIGKILL after `grace`, and reaps them. Bounded.
   void Stop(int role, int signal, absl::Duration grace);
 
-  // Whether every worker's last incarnation exited with code 0.
+  // Stops running worker `i` at a request (env/launcher_request.h, LR3 and
+  // LR4): SIGTERM now, SIGKILL once `kill_at` has passed (EscalateStops).
+  // `drop`: for good. False if it is not running.
+  bool StopOnRequest(int i, bool drop, std::string reason, absl::Time kill_at);
+  // SIGKILL to the workers stopped on request that outlived their kill_at.
+  void EscalateStops(absl::Time now);
+  // The index of this node's worker of global rank `rank`, or -1.
+  int IndexOfRank(int rank) const;
+
+  // Whether every worker's last incarnation exited with code 0 (or was
+  // dropped, LR4).
   bool AllSucceeded() const;
   bool AnyRunning() const;
 

@@ -16,7 +16,8 @@
 // The module is assembled from one binding file per subsystem
 // (bindings.h): futures (py_future.cc), the agent and RRefs (py_agent.cc),
 // distributed autograd (init_autograd.cc, autograd_context.cc), optimizers
-// (init_optim.cc), the parameter server (init_ps.cc), RL (init_rl.cc),
+// (init_optim.cc), group supervision (init_group.cc), the parameter server
+// (init_ps.cc), RL (init_rl.cc),
 // torch's futures and profiler (torch_future.cc, profiler.cc) and
 // drop-in mode's TorchScript agent (torch_agent.cc).
 #include <string>
@@ -49,6 +50,7 @@ PYBIND11_MODULE(_C, m) {
   AgentClass agent = BindAgent(m);
   BindAutograd(m, agent);
   BindOptimizers(m);
+  BindGroup(m);
   BindPs(m);
   BindRl(m);
 

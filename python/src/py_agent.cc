@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "dist_autograd/dist_autograd.h"
 #include "group/group.h"
+#include "group/supervisor.h"
 #include "python/src/cpp_call.h"
 #include "python/src/hosted_optimizer.h"
 #ifdef BATON_PYTHON_CUDA_IPC
@@ -52,7 +53,8 @@ py::tuple Info(const rpc::WorkerInfo& w) { return py::make_tuple(w.name, w.id); 
 
 // The group of a Python group call or reduce; raises what Group::Of refuses.
 group::Group MakeGroup(rpc::RpcAgent& agent, const std::vector<py::object>& members,
-                       std::optional<double> timeout, int fanout, std::string label) {
+                       std::optional<double> timeout, int fanout, std::string label,
+                       const group::Supervisor* supervisor) {
   std::vector<rpc::WorkerRef> refs;
   refs.reserve(members.size());
   for (const py::object& m : members) refs.push_back(Ref(m));
@@ -62,7 +64,7 @@ group::Group MakeGroup(rpc::RpcAgent& agent, const std::vector<py::object>& memb
   options.label = std::move(label);
   absl::StatusOr<group::Group> g = group::Group::Of(agent, refs, options);
   Check(g.status());
-  return *std::move(g);
+  return supervisor != nullptr ? supervisor->Watching(*std::move(g)) : *std::move(g);
 }
 
 // Runs `run` at once, or, when the call brought RRefs forked to this
@@ -267,13 +269,14 @@ std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::
                                                           const std::vector<at::Tensor>& tensors,
                                                           const std::vector<PyRRef>& rrefs,
                                                           std::optional<double> timeout, int fanout,
-                                                          bool discard_values, std::string label) {
+                                                          bool discard_values, std::string label,
+                                                          const group::Supervisor* supervisor) {
   if (!rrefs.empty()) {
     Raise(absl::InvalidArgumentError(
         "a group call cannot send RRefs: its arguments are encoded once for every member, and an "
         "RRef's fork is made for one destination; pass the RRef's value, or call each member"));
   }
-  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label));
+  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label), supervisor);
   PyObj msg = FromParts(pickle, tensors, rrefs);
   std::vector<std::shared_ptr<PyFuture>> out;
   out.reserve(members.size());
@@ -290,8 +293,9 @@ std::shared_ptr<PyFuture> PyAgent::GroupReduce(const std::vector<py::object>& me
                                                py::bytes pickle,
                                                const std::vector<at::Tensor>& tensors,
                                                std::optional<double> timeout, int fanout, bool mean,
-                                               std::string label) {
-  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label));
+                                               std::string label,
+                                               const group::Supervisor* supervisor) {
+  group::Group g = MakeGroup(agent(), members, timeout, fanout, std::move(label), supervisor);
   PyObj msg = FromParts(pickle, tensors, {});
   Future<group::Reduced> reduced;
   {
@@ -558,16 +562,33 @@ AgentClass BindAgent(py::module_& m) {
            py::arg("rrefs"), py::arg("timeout"), py::arg("label") = std::string())
       .def("group_call", &PyAgent::GroupCall, py::arg("members"), py::arg("pickle"),
            py::arg("tensors"), py::arg("rrefs"), py::arg("timeout"), py::arg("fanout"),
-           py::arg("discard_values"), py::arg("label") = std::string())
+           py::arg("discard_values"), py::arg("label") = std::string(),
+           py::arg("supervisor") = nullptr)
       .def("group_reduce", &PyAgent::GroupReduce, py::arg("members"), py::arg("pickle"),
            py::arg("tensors"), py::arg("timeout"), py::arg("fanout"), py::arg("mean"),
-           py::arg("label") = std::string())
+           py::arg("label") = std::string(), py::arg("supervisor") = nullptr)
       .def("make_owned", &PyAgent::MakeOwned)
       .def("call_cpp", &PyAgent::CallCpp)
       .def("self_info", &PyAgent::Self)
       .def("worker", &PyAgent::Worker)
       .def("workers", &PyAgent::Workers)
       .def("python_workers", &PyAgent::PythonWorkers)
+      // The names of the workers a supervisor dropped (Runtime::RetiredPeers).
+      .def("retired_workers",
+           [](const PyAgent& self) {
+             absl::StatusOr<std::vector<int>> ranks;
+             {
+               py::gil_scoped_release nogil;
+               ranks = self.runtime().RetiredPeers();
+             }
+             Check(ranks.status());
+             py::list out;
+             for (int r : *ranks) {
+               auto w = self.runtime().worker(r);
+               if (w.ok()) out.append(w->name);
+             }
+             return out;
+           })
       .def("incarnation", &PyAgent::Incarnation)
       .def("shutdown", &PyAgent::Shutdown)
       .def("enter_shutdown", &PyAgent::EnterShutdown)

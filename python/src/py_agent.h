@@ -40,6 +40,10 @@
 #include "rpc/function.h"
 #include "rref/rref_service.h"
 
+namespace baton::group {
+class Supervisor;
+}  // namespace baton::group
+
 namespace baton::python {
 
 // The waits for the GIL of the Python functions a worker runs for others,
@@ -90,20 +94,22 @@ class PyAgent {
   // A group call (group/group.h) of the pickled call to every worker of
   // `members` (names or ids), through a tree of `fanout`: one future per
   // member, in order. `discard_values`: each member's future completes
-  // with None (a broadcast; only outcomes travel back).
+  // with None (a broadcast; only outcomes travel back). `supervisor`
+  // (may be null) watches its entries (group/supervisor.h, SV2).
   std::vector<std::shared_ptr<PyFuture>> GroupCall(const std::vector<py::object>& members,
                                                    py::bytes pickle,
                                                    const std::vector<at::Tensor>& tensors,
                                                    const std::vector<PyRRef>& rrefs,
                                                    std::optional<double> timeout, int fanout,
-                                                   bool discard_values, std::string label);
+                                                   bool discard_values, std::string label,
+                                                   const group::Supervisor* supervisor);
   // A reduce through the same tree: every member's result, a tensor, summed
   // on the way up (`mean`: divided by the contributors). The future's value
   // is (tensor or None, [contributor names], [(name, code, message)]).
   std::shared_ptr<PyFuture> GroupReduce(const std::vector<py::object>& members, py::bytes pickle,
                                         const std::vector<at::Tensor>& tensors,
                                         std::optional<double> timeout, int fanout, bool mean,
-                                        std::string label);
+                                        std::string label, const group::Supervisor* supervisor);
 
   // A function registered in C++ (rpc/function.h), called by name with its
   // signature ("(Tensor,int64)->Tensor"); see python/src/cpp_call.h.
@@ -161,6 +167,9 @@ class PyAgent {
 };
 
 using AgentClass = pybind11::class_<PyAgent, std::shared_ptr<PyAgent>>;
+
+// Binds group/supervisor.h as baton._C.Supervisor (init_group.cc).
+void BindGroup(pybind11::module_& m);
 
 // Binds RRef, AgentConfig, RegistryInstaller and Agent (the other binding
 // files add their subsystem's methods to the Agent class it returns).

@@ -1,13 +1,15 @@
 """The group-call scenario (baton/rpc/group.py), run by test_rpc.py in real
 worker processes through harness.py, as workers.py's scenarios are."""
+import queue
 import sys
 import threading
+import time
 
 import torch
 
 import baton.rpc as rpc
-from baton.rpc.group import Group, GroupError
-from workers import init, name
+from baton.rpc.group import Group, GroupError, MemberFailure, Supervisor
+from workers import _role_name, init, name
 
 
 def scaled(x, k):
@@ -133,6 +135,72 @@ def scenario_group(rank, world_size):
     print("SCENARIO OK")
 
 
+def hang():
+    threading.Event().wait()
+
+
+def whoami_incarnation():
+    return rpc.get_worker_info().name, rpc.api._current().incarnation()
+
+
+def scenario_supervised():
+    """Under baton-run (roles boss:1, member:3, member=worker restarts):
+    boss0 supervises the members; a call to member0 hangs, the handler has
+    baton-run restart member0, its successor answers through the group;
+    member1 is dropped, the group and everyone's graceful shutdown go on
+    without it (group/supervisor.h SV2, SV4, SV5)."""
+    rpc.init_rpc(_role_name())
+    if rpc.get_worker_info().name != "boss0":
+        rpc.shutdown()
+        print("SCENARIO OK")
+        return
+    events = queue.Queue()
+
+    def on_failure(f: MemberFailure) -> None:
+        events.put(f)
+        if f.kind == "hung":
+            sup.restart(f.member, reason="its call hung")
+
+    sup = Supervisor(Group.with_prefix("member"), on_failure, hung_after=1.0)
+    first = sup.group.rpc_sync(whoami_incarnation)
+    assert first == [("member0", 1), ("member1", 1), ("member2", 1)], first
+    hanging = rpc.rpc_async("member0", hang, timeout=60)
+    f = events.get(timeout=30)
+    assert f.kind == "hung" and f.member.name == "member0" and f.incarnation == 1, f
+    assert isinstance(f.error, RuntimeError) and "member0" in str(f.error), f
+    print("HUNG", f.member.name, f.function)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            now = sup.group.rpc_sync(whoami_incarnation)
+        except GroupError:
+            continue  # member0 between its incarnations
+        if now[0] != ("member0", 1):
+            break
+    assert now == [("member0", 2), ("member1", 1), ("member2", 1)], now
+    print("RESTARTED", now[0][0], now[0][1])
+    try:
+        hanging.wait()
+        raise AssertionError("the hung call returned")
+    except RuntimeError as e:
+        assert "member0" in str(e), e
+    sup.drop("member1", reason="not needed")
+    assert [w.name for w in sup.group.members] == ["member0", "member2"]
+    assert sup.group.rpc_sync(whoami_incarnation) == [("member0", 2), ("member2", 1)]
+    try:
+        sup.restart("member1")
+        raise AssertionError("a dropped member was restarted")
+    except RuntimeError as e:
+        assert "not a member" in str(e), e
+    sup.stop()
+    rpc.shutdown()
+    print("DROPPED member1")
+    print("SCENARIO OK")
+
+
 if __name__ == "__main__":
     import os
-    globals()["scenario_" + sys.argv[1]](int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    if sys.argv[1] == "supervised":  # rank and world size from baton-run
+        scenario_supervised()
+    else:
+        globals()["scenario_" + sys.argv[1]](int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

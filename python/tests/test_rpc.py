@@ -123,6 +123,18 @@ def test_a_group_call_reaches_every_member_through_a_tree():
     assert workers[0].lines("LEFT_OUT") == ["worker2"]
 
 
+def test_a_supervisor_restarts_a_hung_member_and_drops_another_under_baton_run():
+    text = run_under_baton_run(["boss:1", "member:3"], "tests/group_workers.py", "supervised",
+                               timeout=240, launcher_args=["--max_restarts", "1",
+                                                          "--restart_policy", "member=worker",
+                                                          "--stop_timeout", "5"])
+    assert "HUNG member0" in text, text
+    assert "RESTARTED member0 2" in text, text
+    assert "DROPPED member1" in text, text
+    assert "dropped at the request of rank 0: not needed" in text, text
+    assert "all workers succeeded" in text, text
+
+
 def test_a_killed_worker_raises_connection_error():
     workers = harness.run("killed", 2, timeout=60, expected_exit={1: (3,)})
     harness.check(workers, expect_rc={1: 3})

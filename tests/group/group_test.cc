@@ -280,58 +280,6 @@ TEST(Group, GC2_ASilentForwarderBelowTheTopIsNamedInItsPartsErrors) {
   EXPECT_TRUE(job->ShutdownAll().ok());
 }
 
-// Supervision: a member's death reaches the group's supervisor without a
-// call to it; once stopped, the supervisor hears of no other.
-TEST(Group, TheSupervisorHearsOfAMembersDeathWithoutACall) {
-  Fixture f;
-  auto job = StartJob(4, f, absl::Seconds(5));
-  ASSERT_NE(job, nullptr);
-  // What worker 0's agent reports, for the supervisor's silence below.
-  absl::Mutex mu;
-  std::vector<int> reported;
-  job->agent(0).runtime().AddPeerFailureListener([&](const rpc::PeerFailure& failure) {
-    absl::MutexLock lock(&mu);
-    reported.push_back(failure.peer);
-  });
-  auto g = Group::Of(job->agent(0), {1, 2, 3});
-  ASSERT_TRUE(g.ok());
-  // One call opens the streams the agent hears a death through.
-  ASSERT_TRUE(g->broadcast(kCountFn, 0).value().ok());
-  absl::Notification heard;
-  std::vector<MemberFailure> failures;
-  auto supervisor = Supervisor::Watch(*g, [&](const MemberFailure& failure) {
-    {
-      absl::MutexLock lock(&mu);
-      failures.push_back(failure);
-    }
-    heard.Notify();
-  });
-  ASSERT_TRUE(job->Kill(2).ok());
-  ASSERT_TRUE(heard.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(failures.size(), 1u);
-    EXPECT_EQ(failures[0].member.name, "w2");
-    EXPECT_EQ(failures[0].incarnation, 1);
-    EXPECT_EQ(failures[0].cause.code(), absl::StatusCode::kUnavailable);
-  }
-  supervisor->Stop();
-  ASSERT_TRUE(job->Kill(3).ok());
-  // The agent reported worker 3 dead too; the stopped supervisor heard
-  // nothing of it.
-  ASSERT_TRUE(baton::testing::Eventually([&] {
-    absl::MutexLock lock(&mu);
-    return std::find(reported.begin(), reported.end(), 3) != reported.end();
-  }));
-  size_t heard_of = 0;
-  {
-    absl::MutexLock lock(&mu);
-    heard_of = failures.size();
-  }
-  EXPECT_EQ(heard_of, 1u);
-  job.reset();  // the survivors shut down without the agreement
-}
-
 // Tensors travel down the tree once per hop and come back per member.
 TEST(Group, TensorsReachEveryMemberAndComeBackInOrder) {
   Fixture f;

@@ -6,9 +6,11 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "env/env.h"
+#include "env/launcher_request.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launcher/options.h"
@@ -342,4 +344,34 @@ TEST(Rendezvous, DuplicateNodeRankIsRejected) {
 }
 
 }  // namespace
+// LR1-LR2: a request travels as text; what baton-run cannot read is named,
+// never carried out.
+TEST(LauncherRequest, LR2_ARequestRoundTripsAndOneBatonRunCannotReadIsNamed) {
+  LauncherRequest r;
+  r.action = LauncherRequest::Action::kDrop;
+  r.rank = 7;
+  r.from = 2;
+  r.reason = "slow\nfor ten minutes";
+  auto back = DecodeLauncherRequest(EncodeLauncherRequest(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->action, LauncherRequest::Action::kDrop);
+  EXPECT_EQ(back->rank, 7);
+  EXPECT_EQ(back->from, 2);
+  EXPECT_EQ(back->reason, "slow for ten minutes");
+  struct Case {
+    const char* text;
+    const char* names;
+  };
+  for (const Case& c :
+       {Case{"rank=1\nfrom=0\n", "action"}, Case{"action=reboot\nrank=1\nfrom=0\n", "action"},
+        Case{"action=restart\nfrom=0\n", "rank"}, Case{"action=restart\nrank=-3\nfrom=0\n", "rank"},
+        Case{"action=restart\nrank=x\nfrom=0\n", "rank"}, Case{"action=restart\nrank=1\n", "from"},
+        Case{"", "action"}}) {
+    auto bad = DecodeLauncherRequest(c.text);
+    ASSERT_FALSE(bad.ok()) << c.text;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(bad.status().message(), c.names)) << bad.status();
+  }
+}
+
 }  // namespace baton::launcher

@@ -774,12 +774,16 @@ def _broadcast_to_followers(key, objects):
 def _all_gather(obj: Any, worker_names: Optional[Iterable[str]] = None,
                 timeout: float = UNSET_RPC_TIMEOUT) -> Dict[str, Any]:
     """{worker name: obj} from every worker in worker_names (default: every
-    worker that runs Python: a mixed job's C++ workers take no part); each
+    worker that runs Python and was not dropped: a mixed job's C++ workers
+    take no part); each
     of them must call it. timeout (seconds, 0: none) bounds every step;
     unset, the default RPC timeout."""
     self_name = get_worker_info().name
     if worker_names is None:
-        names = tuple(sorted(_current().python_workers()))
+        # A worker a supervisor dropped takes no part (baton.rpc.group).
+        agent = _current()
+        retired = set(agent.retired_workers())
+        names = tuple(sorted(n for n in agent.python_workers() if n not in retired))
     else:
         names = tuple(sorted(set(worker_names)))
     if self_name not in names:

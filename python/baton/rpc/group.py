@@ -24,6 +24,20 @@ and sums the tensors on the way up the tree: each member adds its own to
 its part's sums, so one tensor travels on each edge of the tree, and the
 caller receives one.
 
+A Supervisor hears of its group's members' failures as they happen: a
+member's death (as soon as the agent knows it, without a call to it), and
+a call to a member that hangs (hung_after seconds without a reply, or an
+entry of a call through ``supervisor.group`` that timed out). Its handler
+may have baton-run restart the member (``restart``) or drop it from the
+group and the job (``drop``); ``supervisor.group`` then follows::
+
+    def on_failure(f: MemberFailure) -> None:
+        if f.kind == "hung":
+            sup.restart(f.member, reason=str(f.error))
+
+    sup = Supervisor(Group.with_prefix("observer"), on_failure, hung_after=30.0)
+    sup.group.rpc_sync(run_episode, args=(3,))   # the members of the moment
+
 The function runs as an RPC from the caller would. Arguments are pickled
 once for every member: they may hold CPU tensors and any picklable value,
 but not RRefs (ValueError). A group call carries no distributed autograd
@@ -31,7 +45,7 @@ context.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -39,7 +53,7 @@ from baton import _C, _errors
 from baton.rpc import api as _api
 from baton.rpc.constants import UNSET_RPC_TIMEOUT
 
-__all__ = ["Group", "GroupError"]
+__all__ = ["Group", "GroupError", "MemberFailure", "Supervisor"]
 
 _MAX_FANOUT = 64
 
@@ -92,6 +106,7 @@ class Group:
             raise ValueError("a group needs at least one member")
         self._members = infos
         self._fanout = fanout
+        self._supervisor = None  # the _C.Supervisor watching its calls' entries
 
     @classmethod
     def with_prefix(cls, prefix: str, fanout: int = 8) -> "Group":
@@ -117,7 +132,9 @@ class Group:
         """A slice of the members as a group of its own (trainers[0:16])."""
         if not isinstance(index, slice):
             raise TypeError("a group is sliced (group[a:b]); its members are group.members")
-        return Group(self._members[index], self._fanout)
+        part = Group(self._members[index], self._fanout)
+        part._supervisor = self._supervisor
+        return part
 
     def __repr__(self) -> str:
         return f"Group({[w.name for w in self._members]}, fanout={self._fanout})"
@@ -128,7 +145,8 @@ class Group:
         agent = _api._current()
         try:
             cfutures = agent.group_call([w.id for w in self._members], data, tensors, rrefs,
-                                        _api._timeout(timeout), self._fanout, discard, name)
+                                        _api._timeout(timeout), self._fanout, discard, name,
+                                        self._supervisor)
         except _C.StatusError as e:
             raise _errors.translate(e, None, name) from None
         return [_api._torch_future(f, w.name, name) for f, w in zip(cfutures, self._members)]
@@ -173,7 +191,8 @@ class Group:
         agent = _api._current()
         try:
             cfuture = agent.group_reduce([w.id for w in self._members], data, tensors,
-                                         _api._timeout(timeout), self._fanout, op == "mean", name)
+                                         _api._timeout(timeout), self._fanout, op == "mean", name,
+                                         self._supervisor)
         except _C.StatusError as e:
             raise _errors.translate(e, None, name) from None
         reduced = _api._torch_future(cfuture, None, name)
@@ -201,6 +220,93 @@ class Group:
         """The sum (or mean) of every member's tensor; GroupError if any
         member failed (see reduce_async)."""
         return self.reduce_async(func, args, kwargs, op, timeout).wait()
+
+
+class MemberFailure(NamedTuple):
+    """A member's failure, as its Supervisor hears of it."""
+    #: "died" (this incarnation of the member, and every earlier one, is
+    #: dead) or "hung" (a call to it has waited too long).
+    kind: str
+    member: "_api.WorkerInfo"
+    #: The member's incarnation: 1 at its first start, one more per restart.
+    incarnation: int
+    #: What happened, naming the member: WorkerUnavailableError for a death,
+    #: a timeout error for a hang.
+    error: BaseException
+    #: "hung": the function of the call that hangs; "" otherwise.
+    function: str
+
+
+class Supervisor:
+    """Watches a group's members and calls ``handler(MemberFailure)`` for each
+    failure, on a runtime thread, one at a time, never after ``stop()``:
+
+    * a member's death, as soon as this worker's agent knows it (once per
+      dead incarnation);
+    * a call from this worker to a member that has waited ``hung_after``
+      seconds for its reply (once per call; None: calls are not watched),
+      and an entry of a call through ``group`` that timed out.
+
+    The handler may call ``restart`` and ``drop`` (not ``stop``)."""
+
+    def __init__(self, group: Group, handler: Callable[[MemberFailure], None],
+                 hung_after: Optional[float] = None):
+        if not callable(handler):
+            raise TypeError(f"a supervisor's handler is a callable, not {handler!r}")
+        if hung_after is not None and not hung_after > 0:
+            raise ValueError(f"hung_after is seconds > 0 or None, not {hung_after!r}")
+        self._fanout = group.fanout
+
+        def on_failure(kind, name, wid, incarnation, code, message, function):
+            error = _errors.from_status(code, message, name, function or None)
+            handler(MemberFailure(kind, _api.WorkerInfo(name, wid), incarnation, error, function))
+
+        try:
+            self._c = _C.Supervisor.watch(_api._current(), [w.id for w in group.members],
+                                          group.fanout, None, hung_after, on_failure)
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
+
+    @property
+    def group(self) -> Group:
+        """The watched group less the members dropped so far; its calls'
+        entries that time out are heard of as hangs."""
+        ids = self._c.members()
+        if not ids:
+            raise RuntimeError("every member of the supervised group was dropped")
+        g = Group(ids, self._fanout)
+        g._supervisor = self._c
+        return g
+
+    def restart(self, member: Union[str, int, "_api.WorkerInfo"], reason: str = "") -> None:
+        """Asks baton-run to stop `member` so that its restart policy starts
+        it again (``--restart_policy ROLE=worker``: it alone, and it rejoins);
+        it stays in ``group``. Once per incarnation: a second request for the
+        same one asks nothing more. RuntimeError outside baton-run."""
+        self._act(self._c.restart, member, reason)
+
+    def drop(self, member: Union[str, int, "_api.WorkerInfo"], reason: str = "") -> None:
+        """Takes `member` out of ``group`` and out of the job: no graceful
+        shutdown waits for it, and under baton-run it is stopped for good
+        (its end is no failure of the job). Rank 0 cannot be dropped."""
+        self._act(self._c.drop, member, reason)
+
+    def stop(self) -> None:
+        """No handler runs once this returns (it waits for one that runs)."""
+        self._c.stop()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @staticmethod
+    def _act(action, member, reason: str) -> None:
+        try:
+            action(_api._to(member), reason)
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
 
 
 def _pack(func: Callable, args, kwargs, what: str, cpp_hint: str = ""):
