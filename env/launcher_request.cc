@@ -21,13 +21,14 @@ absl::string_view ActionName(LauncherRequest::Action action) {
 }
 
 std::string EncodeLauncherRequest(const LauncherRequest& request) {
-  return absl::StrCat(
-      "action=", ActionName(request.action), "\nrank=", request.rank, "\nfrom=", request.from,
-      "\nreason=", absl::StrReplaceAll(request.reason, {{"\r", " "}, {"\n", " "}}), "\n");
+  return absl::StrCat("action=", ActionName(request.action), "\nrank=", request.rank,
+                      "\nfrom=", request.from,
+                      "\nreason=", absl::StrReplaceAll(request.reason, {{"\r", " "}, {"\n", " "}}),
+                      "\nid=", request.id, "\n");
 }
 
 absl::StatusOr<LauncherRequest> DecodeLauncherRequest(absl::string_view text) {
-  std::optional<std::string> action, rank, from, reason;
+  std::optional<std::string> action, rank, from, reason, id;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(line, absl::MaxSplits('=', 1));
@@ -35,6 +36,7 @@ absl::StatusOr<LauncherRequest> DecodeLauncherRequest(absl::string_view text) {
     if (kv.first == "rank") rank = std::string(kv.second);
     if (kv.first == "from") from = std::string(kv.second);
     if (kv.first == "reason") reason = std::string(kv.second);
+    if (kv.first == "id") id = std::string(kv.second);
   }
   LauncherRequest out;
   if (action == "restart") {
@@ -54,6 +56,7 @@ absl::StatusOr<LauncherRequest> DecodeLauncherRequest(absl::string_view text) {
         "launcher request: from must be the asking worker's rank, got '", from.value_or(""), "'"));
   }
   out.reason = reason.value_or("");
+  out.id = id.value_or("");
   return out;
 }
 
@@ -61,9 +64,10 @@ absl::Status SendLauncherRequest(const std::string& dir, const LauncherRequest& 
   // Unique within the job's node (pid, count), in the order of sending
   // within one process (the time first).
   static std::atomic<uint64_t> sent{0};
-  const std::string path = absl::StrCat(dir, "/", absl::ToUnixNanos(absl::Now()), "-", ::getpid(),
-                                        "-", sent.fetch_add(1), kLauncherRequestSuffix);
-  absl::Status s = WriteFileAtomically(path, {EncodeLauncherRequest(request)}, 0600);
+  LauncherRequest r = request;
+  r.id = absl::StrCat(absl::ToUnixNanos(absl::Now()), "-", ::getpid(), "-", sent.fetch_add(1));
+  const std::string path = absl::StrCat(dir, "/", r.id, kLauncherRequestSuffix);
+  absl::Status s = WriteFileAtomically(path, {EncodeLauncherRequest(r)}, 0600);
   if (!s.ok()) {
     return absl::InternalError(absl::StrCat("cannot send baton-run the request to ",
                                             ActionName(request.action), " worker ", request.rank,

@@ -55,17 +55,20 @@ struct LauncherRequest {
   // Why, in words, for baton-run's log and the failure summary (one line;
   // line breaks are turned into spaces).
   std::string reason;
+  // Unique to the request (SendLauncherRequest sets it): two alike requests
+  // are two.
+  std::string id;
 };
 
 absl::string_view ActionName(LauncherRequest::Action action);
 
-// "action=restart\nrank=3\nfrom=0\nreason=...\n".
+// "action=restart\nrank=3\nfrom=0\nreason=...\nid=...\n".
 std::string EncodeLauncherRequest(const LauncherRequest& request);
 // INVALID_ARGUMENT naming the field that is missing or malformed.
 absl::StatusOr<LauncherRequest> DecodeLauncherRequest(absl::string_view text);
 
-// Writes `request` into `dir` (LR1). INTERNAL with the path and errno text
-// if it cannot.
+// Writes `request` into `dir` (LR1), with a fresh id. INTERNAL with the path
+// and errno text if it cannot.
 absl::Status SendLauncherRequest(const std::string& dir, const LauncherRequest& request);
 // The same into $BATON_LAUNCHER_REQUESTS; FAILED_PRECONDITION when it is not
 // set (the process was not started by baton-run).

@@ -104,7 +104,8 @@ using PartDone = std::function<void(const std::vector<int>& part, std::vector<Ou
 
 // What the call is called in errors, metrics and hang reports.
 std::string CallLabel(const proto::GroupRequest& r) {
-  return absl::StrCat("group call of '", r.label().empty() ? r.function() : r.label(), "'");
+  return absl::StrCat(internal::kCallLabelPrefix, r.label().empty() ? r.function() : r.label(),
+                      "'");
 }
 
 // Sends `base` to the first member of each of at most base.fanout() parts
@@ -123,8 +124,9 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
         deadline == absl::InfiniteFuture() ? absl::InfiniteDuration() : deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       std::vector<Outcome> outcomes(
-          part.size(), absl::DeadlineExceededError(
-                           "not sent: the group call's deadline passed before its request left"));
+          part.size(),
+          absl::DeadlineExceededError(absl::StrCat(
+              internal::kNotSent, "the group call's deadline passed before its request left")));
       done(part, std::move(outcomes));
       continue;
     }
@@ -164,7 +166,7 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
             for (size_t i = 1; i < part.size(); ++i) {
               outcomes.push_back(absl::Status(
                   failed.code(),
-                  absl::StrCat("no answer through ", Describe(*rt, part[0]),
+                  absl::StrCat(internal::kNoAnswerThrough, Describe(*rt, part[0]),
                                ", which was to forward the call to it (it may have run): ",
                                failed.message())));
             }
@@ -571,6 +573,12 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
         }
       });
   return out;
+}
+
+bool MemberTimedOut(const absl::Status& outcome) {
+  return absl::IsDeadlineExceeded(outcome) &&
+         !absl::StrContains(outcome.message(), kNoAnswerThrough) &&
+         !absl::StrContains(outcome.message(), kNotSent);
 }
 
 rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,

@@ -149,6 +149,18 @@ rpc::Future<GroupResult<T>> Gather(std::vector<rpc::WorkerInfo> members,
 // `status`, with the member it concerns named first.
 absl::Status ForMember(const absl::Status& status, const rpc::WorkerInfo& member);
 
+// How a hop's forwarding calls are labelled (their PendingCall's function in
+// Runtime::OutgoingCalls()): "group call of '<function>'".
+inline constexpr char kCallLabelPrefix[] = "group call of '";
+// In the error of a member reached through a forwarder that did not answer
+// (GC2), and of one whose request never left (the deadline passed first):
+// DEADLINE_EXCEEDED entries that do not say that this member hangs.
+inline constexpr char kNoAnswerThrough[] = "no answer through ";
+inline constexpr char kNotSent[] = "not sent: ";
+// Whether `outcome` of a member's entry says that the member itself did not
+// answer in time (not a forwarder above it, not a request that never left).
+bool MemberTimedOut(const absl::Status& outcome);
+
 // What a supervisor's group() reports each failed entry of its calls to
 // (supervisor.h: an entry DEADLINE_EXCEEDED is a hung member).
 using MemberObserver = std::function<void(
@@ -213,7 +225,8 @@ class Group {
         *runtime_, members_, fn.name(), rpc::Function<at::Tensor(Args...)>::cached_signature(),
         Encode(fn, std::forward<CallArgs>(args)...), options_, op);
     if (observer_ != nullptr) {
-      out.OnReady([observer = observer_, fn = fn.name()](const absl::StatusOr<Reduced>& r) {
+      out.OnReady([observer = observer_, fn = options_.label.empty() ? fn.name() : options_.label](
+                      const absl::StatusOr<Reduced>& r) {
         if (!r.ok()) return;
         for (const auto& [member, status] : r->failures) (*observer)(member, fn, status);
       });
@@ -347,7 +360,7 @@ Group::Call<R> Group::call_each(const rpc::Function<R(Args...)>& fn, CallArgs&&.
     out.each.push_back(runtime_->DecodeFuture<R>(std::move(raw[i]), members_[i], fn.name()));
   }
   out.all = internal::Gather<R>(members_, out.each, runtime_->executor());
-  Observe(out.all, fn.name());
+  Observe(out.all, options_.label.empty() ? fn.name() : options_.label);
   return out;
 }
 
@@ -377,7 +390,7 @@ Group::Call<void> Group::broadcast_each(const rpc::Function<R(Args...)>& fn,
     }
   }
   out.all = internal::Gather<void>(members_, out.each, runtime_->executor());
-  Observe(out.all, fn.name());
+  Observe(out.all, options_.label.empty() ? fn.name() : options_.label);
   return out;
 }
 

@@ -1,11 +1,13 @@
 #include "group/supervisor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
@@ -25,9 +27,10 @@ struct Supervisor::State {
   Handler handler;
   std::shared_ptr<const internal::MemberObserver> observer;
 
-  // Handlers run one at a time, under run_mu (SV3).
+  // Handlers run one at a time, under run_mu (SV3); `stopped` is set before
+  // Stop() waits for run_mu, and read under it.
   absl::Mutex run_mu;
-  bool stopped ABSL_GUARDED_BY(run_mu) = false;
+  std::atomic<bool> stopped{false};
 
   mutable absl::Mutex mu ABSL_ACQUIRED_AFTER(run_mu);
   // The agent tore down (its shutdown hook ran): its timer and executor are
@@ -41,6 +44,7 @@ struct Supervisor::State {
   // start).
   absl::flat_hash_set<std::tuple<int, std::string, int64_t>> reported ABSL_GUARDED_BY(mu);
   rpc::DeadlineTimer::Id scan_timer ABSL_GUARDED_BY(mu) = 0;
+  bool scan_stopped ABSL_GUARDED_BY(mu) = false;
 
   bool IsMemberLocked(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (const rpc::WorkerInfo& m : members) {
@@ -53,13 +57,19 @@ struct Supervisor::State {
   // supervisor stopped or the member was dropped (SV3).
   void Deliver(const MemberFailure& f) {
     absl::MutexLock run(&run_mu);
-    if (stopped) return;
+    if (stopped.load()) return;
     {
       absl::MutexLock lock(&mu);
       if (!IsMemberLocked(f.member.id)) return;
     }
+    const State* outer = t_handling;
+    t_handling = this;
     handler(f);
+    t_handling = outer;
   }
+
+  // The state whose handler this thread runs (Stop() from a handler).
+  static thread_local const State* t_handling;
 
   // From a thread that must not run handlers (the timer's, a transport's).
   static void Post(const std::shared_ptr<State>& s, MemberFailure f) {
@@ -82,7 +92,10 @@ struct Supervisor::State {
       for (rpc::Runtime::OutgoingCall& c : calls) {
         // A forwarded group call waits for its whole part: its own member
         // is not the one that hangs; the part's entries say who does.
-        if (c.function == kForwardFn || !s->IsMemberLocked(c.peer)) continue;
+        if (absl::StartsWith(c.function, internal::kCallLabelPrefix) ||
+            !s->IsMemberLocked(c.peer)) {
+          continue;
+        }
         auto key = std::make_tuple(c.peer, c.function, absl::ToUnixNanos(c.started));
         if (s->reported.contains(key)) {
           still.insert(std::move(key));
@@ -114,14 +127,14 @@ struct Supervisor::State {
         std::clamp(s->options.hung_after / 4, absl::Milliseconds(10), absl::Seconds(1));
     std::weak_ptr<State> weak = s;
     absl::MutexLock lock(&s->mu);
-    if (s->agent_gone) return;
+    if (s->agent_gone || s->scan_stopped) return;
     rpc::DeadlineTimer* timer = s->runtime->timer();
     s->scan_timer = timer->Schedule(timer->clock().Now() + period, [weak] {
       std::shared_ptr<State> alive = weak.lock();
       if (alive == nullptr) return;
       {
         absl::MutexLock lock(&alive->mu);
-        if (alive->agent_gone) return;
+        if (alive->agent_gone || alive->scan_stopped) return;
       }
       // The timer's thread only hands the scan on.
       (void)alive->runtime->executor()->Submit([alive] { Scan(alive); });
@@ -129,8 +142,13 @@ struct Supervisor::State {
   }
 };
 
+thread_local const Supervisor::State* Supervisor::State::t_handling = nullptr;
+
 absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Watch(const Group& group, Handler handler,
                                                               SupervisorOptions options) {
+  if (!group.runtime_->running()) {
+    return absl::FailedPreconditionError("cannot supervise a group: the agent shut down");
+  }
   if (options.hung_after < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("a supervisor's hung_after must be >= 0, got ",
                                                    DurationText(options.hung_after)));
@@ -150,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Watch(const Group& group
   state->observer = std::make_shared<const internal::MemberObserver>(
       [weak](const rpc::WorkerInfo& member, const std::string& function,
              const absl::Status& outcome) {
-        if (!absl::IsDeadlineExceeded(outcome)) return;
+        if (!internal::MemberTimedOut(outcome)) return;
         std::shared_ptr<State> s = weak.lock();
         if (s == nullptr) return;
         State::Post(s, MemberFailure{MemberFailure::Kind::kHung, member,
@@ -167,22 +185,27 @@ absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Watch(const Group& group
     if (s == nullptr) return;
     absl::StatusOr<rpc::WorkerInfo> member = s->runtime->worker(failure.peer);
     if (!member.ok()) return;
-    s->Deliver(
-        MemberFailure{MemberFailure::Kind::kDied, *member, failure.incarnation, failure.cause, ""});
+    // Not on this thread: a listener may run on the timer's or a
+    // transport's thread (SV3).
+    State::Post(s, MemberFailure{MemberFailure::Kind::kDied, *member, failure.incarnation,
+                                 failure.cause, ""});
   });
   if (options.hung_after > absl::ZeroDuration()) State::Schedule(state);
   return std::unique_ptr<Supervisor>(new Supervisor(std::move(state)));
 }
 
 void Supervisor::Stop() {
+  state_->stopped.store(true);
   {
-    absl::MutexLock run(&state_->run_mu);
-    state_->stopped = true;
+    absl::MutexLock lock(&state_->mu);
+    state_->scan_stopped = true;
+    if (!state_->agent_gone && state_->scan_timer != 0) {
+      state_->runtime->timer()->Cancel(state_->scan_timer);
+    }
+    state_->scan_timer = 0;
   }
-  absl::MutexLock lock(&state_->mu);
-  if (!state_->agent_gone && state_->scan_timer != 0)
-    state_->runtime->timer()->Cancel(state_->scan_timer);
-  state_->scan_timer = 0;
+  // Wait for a handler that runs, unless this is it.
+  if (State::t_handling != state_.get()) absl::MutexLock run(&state_->run_mu);
 }
 
 absl::StatusOr<Group> Supervisor::group() const {
@@ -200,12 +223,9 @@ Group Supervisor::Watching(Group g) const {
 }
 
 absl::StatusOr<rpc::WorkerInfo> Supervisor::Member(const rpc::WorkerRef& ref) const {
-  {
-    absl::MutexLock lock(&state_->mu);
-    if (state_->agent_gone) return absl::FailedPreconditionError("the agent shut down");
-  }
-  ASSIGN_OR_RETURN(rpc::WorkerInfo w, state_->runtime->worker(ref));
   absl::MutexLock lock(&state_->mu);
+  if (state_->agent_gone) return absl::FailedPreconditionError("the agent shut down");
+  ASSIGN_OR_RETURN(rpc::WorkerInfo w, state_->runtime->worker(ref));
   if (!state_->IsMemberLocked(w.id)) {
     return absl::NotFoundError(absl::StrCat("worker '", w.name,
                                             "' is not a member of the supervised group (or was "
@@ -230,19 +250,34 @@ absl::Status Supervisor::Drop(const rpc::WorkerRef& ref, absl::string_view reaso
       dir, {LauncherRequest::Action::kDrop, m.id, state_->runtime->self().id, std::string(reason)});
 }
 
-absl::Status Supervisor::Restart(const rpc::WorkerRef& ref, absl::string_view reason) {
+absl::Status Supervisor::Restart(const MemberFailure& failure, absl::string_view reason) {
+  return Restart(failure.member.id, reason, failure.incarnation);
+}
+
+absl::Status Supervisor::Restart(const rpc::WorkerRef& ref, absl::string_view reason,
+                                 int64_t incarnation) {
   ASSIGN_OR_RETURN(rpc::WorkerInfo m, Member(ref));
-  const int64_t incarnation = state_->runtime->peer_incarnation(m.id);
+  if (m.id == 0) {
+    return absl::FailedPreconditionError(
+        "rank 0 cannot be restarted alone: it serves the job's store and releases its barriers");
+  }
+  const int64_t known = state_->runtime->peer_incarnation(m.id);
+  // SV5: nothing to do for an incarnation already replaced, or known dead
+  // (baton-run's restart policy starts its successor: a request now would
+  // stop the successor), or already asked for.
+  if ((incarnation > 0 && known > incarnation) || state_->runtime->peer_known_dead(m.id)) {
+    return absl::OkStatus();
+  }
   {
     absl::MutexLock lock(&state_->mu);
     auto it = state_->restart_asked.find(m.id);
-    if (it != state_->restart_asked.end() && it->second >= incarnation) return absl::OkStatus();
+    if (it != state_->restart_asked.end() && it->second >= known) return absl::OkStatus();
   }
   RETURN_IF_ERROR(SendLauncherRequest(
       {LauncherRequest::Action::kRestart, m.id, state_->runtime->self().id, std::string(reason)}));
   absl::MutexLock lock(&state_->mu);
   int64_t& asked = state_->restart_asked[m.id];
-  asked = std::max(asked, incarnation);
+  asked = std::max(asked, known);
   return absl::OkStatus();
 }
 

@@ -2,7 +2,7 @@
 // events, and the owner's answers to them (restart the member, drop it).
 //
 //   auto sup = group::Supervisor::Watch(observers, [&](const MemberFailure& f) {
-//     if (f.kind == MemberFailure::Kind::kHung) (void)sup_ptr->Restart(f.member.id);
+//     if (f.kind == MemberFailure::Kind::kHung) (void)sup_ptr->Restart(f, "hung");
 //   }, {.hung_after = absl::Seconds(30)});
 //   ...
 //   sup->group().call(step_fn, 7);   // the members of the moment
@@ -26,16 +26,19 @@
 //     good (env/launcher_request.h, LR4).
 // SV5 Restart(m), under baton-run only, has baton-run stop m so that its
 //     restart policy starts it again (LR3); m stays in group(), and calls
-//     after its successor rejoined reach the successor. A second Restart of
-//     an incarnation already asked for asks nothing more.
+//     after its successor rejoined reach the successor. An incarnation is
+//     asked for once: not again, not once replaced, not once known dead.
 //
 // Lifetime: a supervisor may outlive its agent; once the agent shut down it
 // hears nothing more, and its methods fail with FAILED_PRECONDITION.
 //
+// Watch() registers with the agent for the agent's life (a failure listener
+// and a shutdown hook, each a few bytes once the supervisor is gone): make
+// one per group, not one per step.
+//
 // Thread-safety: every method may be called from any thread, including from
-// the handler, except Stop(), which waits for a running handler: the
-// handler must not call it, and whoever does must not hold a lock the
-// handler takes.
+// the handler. Stop() waits for a handler that runs (unless called from it):
+// whoever calls it must not hold a lock the handler takes.
 #ifndef BATON_GROUP_SUPERVISOR_H_
 #define BATON_GROUP_SUPERVISOR_H_
 
@@ -86,7 +89,8 @@ class Supervisor {
  public:
   using Handler = std::function<void(const MemberFailure&)>;
   // Watches `group`'s members from now until Stop() or destruction.
-  // INVALID_ARGUMENT for a negative hung_after.
+  // INVALID_ARGUMENT for a negative hung_after; FAILED_PRECONDITION once the
+  // agent shut down.
   static absl::StatusOr<std::unique_ptr<Supervisor>> Watch(const Group& group, Handler handler,
                                                            SupervisorOptions options = {});
   ~Supervisor() { Stop(); }
@@ -107,8 +111,17 @@ class Supervisor {
   // Runtime::RetirePeer). Outside baton-run the member is out of group() and
   // retired, but its process keeps running.
   absl::Status Drop(const rpc::WorkerRef& member, absl::string_view reason = "");
-  // SV5. NOT_FOUND as for Drop; FAILED_PRECONDITION outside baton-run.
-  absl::Status Restart(const rpc::WorkerRef& member, absl::string_view reason = "");
+  // SV5. `incarnation` (0: the latest this worker knows) is the one to
+  // restart: nothing is asked if the member has a newer one already, if its
+  // latest is known dead (baton-run's restart policy restarts it by itself),
+  // or if a restart of it was asked for already. NOT_FOUND as for Drop;
+  // FAILED_PRECONDITION outside baton-run and for rank 0 (it serves the
+  // job's store).
+  absl::Status Restart(const rpc::WorkerRef& member, absl::string_view reason = "",
+                       int64_t incarnation = 0);
+  // The member and incarnation a failure names: what a handler answers a
+  // hang with.
+  absl::Status Restart(const MemberFailure& failure, absl::string_view reason = "");
 
   void Stop();
 

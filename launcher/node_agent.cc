@@ -459,6 +459,7 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
   heartbeats_.clear();
   next_request_slot_ = 0;
   last_request_poll_ = absl::InfinitePast();
+  DiscardRequests();
 
   const std::string end_key = Rendezvous::Key(round.round, "end");
   if (absl::Status s = group_->Start(-1, round.restart_count); !s.ok()) {
@@ -493,9 +494,6 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
       out.local_signal = sig;
       return out;
     }
-    if (absl::Status s = HandleRequests(round); !s.ok()) {
-      return fail(CutOff(s, "handling the workers' requests"));
-    }
     for (int i : group_->Poll()) {
       const Worker& w = group_->worker(i);
       if (w.dropped) {
@@ -513,6 +511,11 @@ RoundOutcome NodeAgent::Impl::RunRound(const RoundInfo& round) {
         case RestartPolicy::kGroup: s = ReportFailure(round, i); break;
       }
       if (!s.ok()) return fail(Annotate(s, "reporting a worker failure"));
+    }
+    // After Poll: a worker that ended meanwhile is not running any more,
+    // so a request about it does nothing (LR5).
+    if (absl::Status s = HandleRequests(round); !s.ok()) {
+      return fail(CutOff(s, "handling the workers' requests"));
     }
     for (int role = 0; role < static_cast<int>(o_.roles.size()); ++role) {
       if (o_.roles[role].policy != RestartPolicy::kRole) continue;

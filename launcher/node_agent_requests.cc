@@ -50,6 +50,7 @@ std::string Slot(const RoundInfo& round, int64_t slot) {
 
 absl::Status NodeAgent::Impl::HandleRequests(const RoundInfo& round) {
   const bool shared = round.group_world_size > 1;
+  const int world_size = o_.local_world_size() * round.group_world_size;
   for (const std::string& name : RequestFiles(requests_dir_)) {
     const std::string path = absl::StrCat(requests_dir_, "/", name);
     absl::StatusOr<std::string> text = ReadFile(path);
@@ -60,36 +61,42 @@ absl::Status NodeAgent::Impl::HandleRequests(const RoundInfo& round) {
       Log(absl::StrCat("ignored a worker's request (", name, "): ", request.status().message()));
       continue;
     }
-    const int world_size = o_.local_world_size() * round.group_world_size;
     if (group_->IndexOfRank(request->rank) >= 0 || !shared || request->rank >= world_size) {
       CarryOut(*request);
       continue;
     }
-    // Another node's worker: the first free slot of the round takes it
-    // (CompareSet, so that two nodes never fill one slot), and every node
-    // reads every slot (LR2).
+    // Another node's worker (LR2). The round's forwarded requests fill
+    // slots 0, 1, ... each taken by a CompareSet (two nodes never fill one
+    // slot; a request's id makes two alike requests two), and then counted:
+    // a count of c means slots [0, c) are filled.
     const std::string encoded = EncodeLauncherRequest(*request);
     for (int64_t slot = next_request_slot_;; ++slot) {
       ASSIGN_OR_RETURN(std::string held, store_->CompareSet(Slot(round, slot), "", encoded));
       if (held == encoded) break;
     }
+    RETURN_IF_ERROR(store_->Add(Rendezvous::Key(round.round, "requests/count"), 1).status());
   }
+  // Read with an Add, not a Get: over a partition it fails (and the node
+  // fences itself) where a Get of a missing key would only look missing.
   if (shared && absl::Now() - last_request_poll_ >= internal::kHeartbeatPeriodMax) {
     last_request_poll_ = absl::Now();
-    while (true) {
-      absl::StatusOr<std::string> held =
-          store_->Get(Slot(round, next_request_slot_), absl::ZeroDuration());
-      if (!held.ok()) {
-        if (IsMissingKey(held.status())) break;
-        return held.status();
-      }
-      ++next_request_slot_;
-      absl::StatusOr<LauncherRequest> request = DecodeLauncherRequest(*held);
+    ASSIGN_OR_RETURN(int64_t count, store_->Add(Rendezvous::Key(round.round, "requests/count"), 0));
+    for (; next_request_slot_ < count; ++next_request_slot_) {
+      ASSIGN_OR_RETURN(std::string held,
+                       store_->Get(Slot(round, next_request_slot_), internal::kFollowUpTimeout));
+      absl::StatusOr<LauncherRequest> request = DecodeLauncherRequest(held);
       if (request.ok() && group_->IndexOfRank(request->rank) >= 0) CarryOut(*request);
     }
   }
   group_->EscalateStops(absl::Now());
   return absl::OkStatus();
+}
+
+void NodeAgent::Impl::DiscardRequests() {
+  // Requests of an earlier round name processes that are gone (LR5).
+  for (const std::string& name : RequestFiles(requests_dir_)) {
+    ::unlink(absl::StrCat(requests_dir_, "/", name).c_str());
+  }
 }
 
 void NodeAgent::Impl::CarryOut(const LauncherRequest& request) {
@@ -106,9 +113,14 @@ void NodeAgent::Impl::CarryOut(const LauncherRequest& request) {
   const std::string reason =
       absl::StrCat(drop ? "dropped" : "stopped for a restart", " at the request of rank ",
                    request.from, request.reason.empty() ? "" : ": ", request.reason);
-  if (!group_->StopOnRequest(i, drop, reason, absl::Now() + o_.stop_timeout)) {
-    Log(absl::StrCat(what, ": it is not running (stopped or restarting); nothing done"));
-    return;
+  switch (group_->StopOnRequest(i, drop, reason, absl::Now() + o_.stop_timeout)) {
+    case internal::WorkerGroup::StopOutcome::kNotRunning:
+      Log(absl::StrCat(what, ": it is not running (ended or restarting); nothing done"));
+      return;
+    case internal::WorkerGroup::StopOutcome::kAlreadyStopping:
+      Log(absl::StrCat(what, ": it is already being stopped (", w.stop_reason, "); nothing more"));
+      return;
+    case internal::WorkerGroup::StopOutcome::kStopping: break;
   }
   Log(absl::StrCat(
       what, ": sent SIGTERM to rank ", w.rank, " (role ", o_.roles[w.role_index].name, ", pid ",

@@ -31,8 +31,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "base/status_macros.h"
 #include "rpc/internal/agent_impl.h"
@@ -375,8 +377,9 @@ absl::Status AgentImpl::AwaitMembersGone(absl::Duration timeout) {
   }
 }
 
-// Supervision's drop (Runtime::RetirePeer). The job's retired ranks are a
-// list in the store: "retired/n" counts them, "retired/<k>" is the k-th.
+// Supervision's drop (Runtime::RetirePeer). The job's retired ranks are one
+// key, "retired": their ranks, comma-separated, each added by a CompareSet
+// (no entry is ever half written, whoever dies when).
 absl::Status AgentImpl::RetirePeer(int peer) {
   if (peer < 0 || peer >= static_cast<int>(workers_.size())) {
     return absl::NotFoundError(absl::StrCat("retire: no worker with id ", peer));
@@ -391,21 +394,32 @@ absl::Status AgentImpl::RetirePeer(int peer) {
   for (const char* barrier : {"shutdown/enter", "shutdown/drained"}) {
     RETURN_IF_ERROR(store::ArriveFor(*store_, ns_ + barrier, peer));
   }
-  ASSIGN_OR_RETURN(int64_t n, store_->Add(ns_ + "retired/n", 1));
-  return store_->Set(absl::StrCat(ns_, "retired/", n - 1), absl::StrCat(peer));
+  // Rank 0 keeps its store until every rank left (Teardown).
+  RETURN_IF_ERROR(store_->Set(absl::StrCat(ns_, "shutdown/left/", peer), "1"));
+  const std::string key = ns_ + "retired";
+  const std::string me = absl::StrCat(peer);
+  std::string seen;
+  for (;;) {
+    // Added by this CompareSet, or by another worker before it.
+    if (absl::StrContains(absl::StrCat(",", seen, ","), absl::StrCat(",", me, ","))) {
+      return absl::OkStatus();
+    }
+    const std::string desired = seen.empty() ? me : absl::StrCat(seen, ",", me);
+    ASSIGN_OR_RETURN(seen, store_->CompareSet(key, seen, desired));
+  }
 }
 
 absl::StatusOr<std::vector<int>> AgentImpl::RetiredPeers() {
-  ASSIGN_OR_RETURN(int64_t n, store_->Add(ns_ + "retired/n", 0));
-  std::vector<std::string> keys;
-  for (int64_t k = 0; k < n; ++k) keys.push_back(absl::StrCat(ns_, "retired/", k));
+  absl::StatusOr<std::string> held = store_->Get(ns_ + "retired", absl::ZeroDuration());
   std::vector<int> out;
-  if (keys.empty()) return out;
-  // Each entry is set right after its count was taken.
-  ASSIGN_OR_RETURN(std::vector<std::string> values, store_->MultiGet(keys, absl::Seconds(5)));
-  for (const std::string& v : values) {
+  if (!held.ok()) {
+    // A zero-timeout read of a key nobody set: nobody was retired.
+    if (absl::IsDeadlineExceeded(held.status())) return out;
+    return held.status();
+  }
+  for (absl::string_view part : absl::StrSplit(*held, ',', absl::SkipEmpty())) {
     int rank = 0;
-    if (absl::SimpleAtoi(v, &rank)) out.push_back(rank);
+    if (absl::SimpleAtoi(part, &rank)) out.push_back(rank);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -32,6 +32,12 @@ int64_t AgentImpl::peer_incarnation(int peer) const {
   return peers_[peer].incarnation;
 }
 
+bool AgentImpl::peer_known_dead(int peer) const {
+  absl::MutexLock lock(&mu_);
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return false;
+  return peers_[peer].dead > 0 && peers_[peer].dead >= peers_[peer].incarnation;
+}
+
 void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   // A member that left a dynamic group (M3) is not suspected of anything.
   if (!ready_.HasBeenNotified() || !IsMember(peer) || peer == rank_) {

@@ -135,8 +135,8 @@ class Runtime : public DeviceRouter {
   // job's barriers) and in a dynamic group (whose members leave by
   // themselves, M3).
   virtual absl::Status RetirePeer(int peer) = 0;
-  // The ranks retired so far by any worker of the job, ascending (two store
-  // requests); the workers a graceful shutdown no longer waits for.
+  // The ranks retired so far by any worker of the job, ascending (one store
+  // request); the workers a graceful shutdown no longer waits for.
   virtual absl::StatusOr<std::vector<int>> RetiredPeers() = 0;
 
   // This worker's incarnation of its rank: 1 at its first start, one more
@@ -147,6 +147,9 @@ class Runtime : public DeviceRouter {
   // restarted worker that calls us is known at once; requests from an
   // older incarnation than the latest known fail with UNAVAILABLE.
   virtual int64_t peer_incarnation(int peer) const = 0;
+  // Whether that incarnation was reported dead (a failure listener heard of
+  // it) and no newer one is known yet.
+  virtual bool peer_known_dead(int peer) const = 0;
 
   // The first step of a graceful RpcAgent::Shutdown() on its own: returns
   // once every worker entered its shutdown (this call or Shutdown(true)),

@@ -122,6 +122,8 @@ class NodeAgent::Impl {
   absl::Status HandleRequests(const RoundInfo& round);
   // Carries out a request about a worker of this node, if it is one (LR5).
   void CarryOut(const LauncherRequest& request);
+  // Removes the requests left from an earlier round, before it starts.
+  void DiscardRequests();
   absl::Status HostChecks(const RoundInfo& round);
   absl::Status WatchHost(const RoundInfo& round);
   absl::StatusOr<bool> ClaimHost();

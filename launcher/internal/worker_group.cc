@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -147,7 +148,7 @@ std::vector<std::string> WorkerGroup::Environment(const Worker& w) const {
 
 absl::Status WorkerGroup::Start(int role, int restart_count) {
   for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
-    if (role >= 0 && workers_[i].role_index != role) continue;
+    if (role >= 0 && (workers_[i].role_index != role || workers_[i].dropped)) continue;
     RETURN_IF_ERROR(StartOne(i, restart_count, role >= 0 && restart_count > 0));
   }
   return absl::OkStatus();
@@ -255,14 +256,23 @@ void WorkerGroup::Stop(int role, int signal, absl::Duration grace) {
   }
 }
 
-bool WorkerGroup::StopOnRequest(int i, bool drop, std::string reason, absl::Time kill_at) {
+WorkerGroup::StopOutcome WorkerGroup::StopOnRequest(int i, bool drop, std::string reason,
+                                                    absl::Time kill_at) {
   Worker& w = workers_[i];
-  if (!w.running) return false;
+  if (!w.running) return StopOutcome::kNotRunning;
+  if (!w.stop_reason.empty()) return StopOutcome::kAlreadyStopping;
+  // Ended but not reaped yet: Poll() reports it as it ended (a look that
+  // leaves it to be reaped).
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+      info.si_pid == w.pid) {
+    return StopOutcome::kNotRunning;
+  }
   w.stop_reason = std::move(reason);
   w.dropped = drop;
   w.kill_at = kill_at;
   SignalGroup(w.pid, SIGTERM);
-  return true;
+  return StopOutcome::kStopping;
 }
 
 void WorkerGroup::EscalateStops(absl::Time now) {

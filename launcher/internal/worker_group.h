@@ -74,7 +74,8 @@ class WorkerGroup {
   void Configure(const RoundInfo& round);
 
   // Starts the workers of `role` (-1: every role) with BATON_RESTART_COUNT
-  // `restart_count`. On error, workers already started keep running (the
+  // `restart_count`; a role's restart leaves out its workers dropped in
+  // this round (LR4). On error, workers already started keep running (the
   // caller stops the group).
   absl::Status Start(int role, int restart_count);
 
@@ -91,8 +92,11 @@ class WorkerGroup {
 
   // Stops running worker `i` at a request (env/launcher_request.h, LR3 and
   // LR4): SIGTERM now, SIGKILL once `kill_at` has passed (EscalateStops).
-  // `drop`: for good. False if it is not running.
-  bool StopOnRequest(int i, bool drop, std::string reason, absl::Time kill_at);
+  // `drop`: for good. A worker already being stopped on request keeps the
+  // first request (a drop stays a drop); one that exited (reaped or not) is
+  // not running.
+  enum class StopOutcome { kStopping, kAlreadyStopping, kNotRunning };
+  StopOutcome StopOnRequest(int i, bool drop, std::string reason, absl::Time kill_at);
   // SIGKILL to the workers stopped on request that outlived their kill_at.
   void EscalateStops(absl::Time now);
   // The index of this node's worker of global rank `rank`, or -1.

@@ -84,19 +84,20 @@ void BindGroup(py::module_& m) {
       .def("members",
            [](const group::Supervisor& self) {
              absl::StatusOr<group::Group> g = self.group();
+             Check(g.status());
              std::vector<int> out;
-             if (!g.ok()) return out;
              for (const rpc::WorkerInfo& w : g->members()) out.push_back(w.id);
              return out;
            })
       .def(
           "restart",
-          [](group::Supervisor& self, const py::object& member, const std::string& reason) {
+          [](group::Supervisor& self, const py::object& member, const std::string& reason,
+             int64_t incarnation) {
             rpc::WorkerRef ref = MemberRef(member);
             py::gil_scoped_release nogil;
-            Check(self.Restart(ref, reason));
+            Check(self.Restart(ref, reason, incarnation));
           },
-          py::arg("member"), py::arg("reason") = std::string())
+          py::arg("member"), py::arg("reason") = std::string(), py::arg("incarnation") = 0)
       .def(
           "drop",
           [](group::Supervisor& self, const py::object& member, const std::string& reason) {

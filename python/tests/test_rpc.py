@@ -208,6 +208,21 @@ def test_rl_example_learns_cartpole_with_batched_async_execution():
                                "--target", "150")
     assert "RESULT OK" in text and "solved after" in text, text
 
+def test_rl_broadcast_example_learns_while_its_supervisor_restarts_a_hung_observer():
+    """The learner broadcasts each policy through a group; observer0 hangs in
+    round 3, the supervisor has baton-run restart it, and training goes on."""
+    text = run_under_baton_run(["learner:1", "observer:6"], "examples/rl_broadcast.py",
+                               "--target", "150", "--hang_at", "3", "--hung_after", "2",
+                               timeout=300, launcher_args=["--restart_policy", "observer=worker",
+                                                          "--max_restarts", "2",
+                                                          "--stop_timeout", "5"])
+    assert "RESULT OK" in text, text
+    assert "observer observer0 (incarnation 1) hung" in text, text
+    assert "restart of rank 1 asked by rank 0: __main__.play hung" in text, text
+    assert "observers left out (observer0)" in text, text
+    assert "restarting that worker alone" in text, text
+
+
 def test_drop_in_mode_runs_a_torch_rpc_program_unchanged():
     """`python3 -m baton.torch_rpc PROGRAM`: a program that imports only
     torch.distributed.rpc, .autograd and .optim runs on baton, in its

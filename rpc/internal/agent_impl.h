@@ -146,6 +146,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   void AddPeerFailureListener(PeerFailureListener listener) override;
   int64_t incarnation() const override { return incarnation_; }
   int64_t peer_incarnation(int peer) const override;
+  bool peer_known_dead(int peer) const override;
   std::vector<OutgoingCall> OutgoingCalls() const override;
   absl::Status RetirePeer(int peer) override;
   absl::StatusOr<std::vector<int>> RetiredPeers() override;

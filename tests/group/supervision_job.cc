@@ -95,9 +95,9 @@ int Boss(rpc::RpcAgent& agent, int members_count, int victim, int drop) {
         Say(me, absl::StrCat("event ", group::KindName(f.kind), " ", f.member.name, " incarnation ",
                              f.incarnation, ": ", f.cause.message()));
         if (f.kind == group::MemberFailure::Kind::kHung) {
-          absl::Status s = sup_ptr->Restart(f.member.id, "its call hung");
+          absl::Status s = sup_ptr->Restart(f, "its call hung");
           Say(me, absl::StrCat("asked for the restart of ", f.member.name, ": ", s.ToString()));
-          hung.Notify();
+          if (!hung.HasBeenNotified()) hung.Notify();
         }
         absl::MutexLock lock(&mu);
         events.push_back(f);

@@ -103,6 +103,28 @@ struct Supervised {
   }
 };
 
+// The deaths a worker's agent reports (what a supervisor hears of, or not).
+class AgentReports {
+ public:
+  explicit AgentReports(rpc::RpcAgent& agent) {
+    agent.runtime().AddPeerFailureListener([this](const rpc::PeerFailure& failure) {
+      absl::MutexLock lock(&mu_);
+      reported_.push_back(failure.peer);
+    });
+  }
+  // Waits (bounded) until the agent reported `peer` dead.
+  bool Reported(int peer) {
+    return baton::testing::Eventually([&] {
+      absl::MutexLock lock(&mu_);
+      return std::find(reported_.begin(), reported_.end(), peer) != reported_.end();
+    });
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int> reported_ ABSL_GUARDED_BY(mu_);
+};
+
 std::vector<int> Ranks(const Group& g) {
   std::vector<int> out;
   for (const rpc::WorkerInfo& m : g.members()) out.push_back(m.id);
@@ -113,13 +135,6 @@ std::vector<int> Ranks(const Group& g) {
 TEST(Supervisor, SV1_AMembersDeathIsHeardWithoutACall) {
   Job j(4);
   ASSERT_NE(j.job, nullptr);
-  // What worker 0's agent reports, for the supervisor's silence below.
-  absl::Mutex mu;
-  std::vector<int> reported;
-  j.job->agent(0).runtime().AddPeerFailureListener([&](const rpc::PeerFailure& failure) {
-    absl::MutexLock lock(&mu);
-    reported.push_back(failure.peer);
-  });
   auto g = Group::Of(j.job->agent(0), {1, 2, 3});
   ASSERT_TRUE(g.ok());
   // One call opens the streams the agent hears a death through.
@@ -142,18 +157,7 @@ TEST(Supervisor, SV1_AMembersDeathIsHeardWithoutACall) {
 TEST(Supervisor, SV3_HandlersRunOneAtATimeAndNeverAfterADropOrStop) {
   Job j(6);
   ASSERT_NE(j.job, nullptr);
-  absl::Mutex mu;
-  std::vector<int> reported;
-  j.job->agent(0).runtime().AddPeerFailureListener([&](const rpc::PeerFailure& failure) {
-    absl::MutexLock lock(&mu);
-    reported.push_back(failure.peer);
-  });
-  auto agent_reported = [&](int peer) {
-    return baton::testing::Eventually([&] {
-      absl::MutexLock lock(&mu);
-      return std::find(reported.begin(), reported.end(), peer) != reported.end();
-    });
-  };
+  AgentReports agent(j.job->agent(0));
   auto g = Group::Of(j.job->agent(0), {1, 2, 3, 4, 5});
   ASSERT_TRUE(g.ok());
   ASSERT_TRUE(g->call(kRankFn).value().ok());
@@ -175,10 +179,10 @@ TEST(Supervisor, SV3_HandlersRunOneAtATimeAndNeverAfterADropOrStop) {
   EXPECT_EQ(most.load(), 1);
   ASSERT_TRUE((*sup)->Drop(3).ok());
   ASSERT_TRUE(j.job->Kill(3).ok());
-  ASSERT_TRUE(agent_reported(3));
+  ASSERT_TRUE(agent.Reported(3));
   (*sup)->Stop();
   ASSERT_TRUE(j.job->Kill(4).ok());
-  ASSERT_TRUE(agent_reported(4));
+  ASSERT_TRUE(agent.Reported(4));
   EXPECT_EQ(events.size(), 2u);
 }
 
@@ -220,7 +224,8 @@ TEST(Supervisor, SV2_ACallToAMemberThatHangsIsHeardOfOnceBeforeItsDeadline) {
 }
 
 // SV2: a member that does not answer a call through group() is heard of
-// as hung when its entry times out; the others answer.
+// as hung when its entry times out; the others answer. The forwarders that
+// wait for it longer than hung_after are not hung.
 TEST(Supervisor, SV2_AGroupEntryThatTimesOutIsHeardOfAsAHang) {
   Job j(4);
   ASSERT_NE(j.job, nullptr);
@@ -230,7 +235,9 @@ TEST(Supervisor, SV2_AGroupEntryThatTimesOutIsHeardOfAsAHang) {
   auto g = Group::Of(j.job->agent(0), {1, 2, 3}, go);
   ASSERT_TRUE(g.ok());
   Events events;
-  auto sup = Supervisor::Watch(*g, events.Handler());
+  SupervisorOptions so;
+  so.hung_after = absl::Milliseconds(100);
+  auto sup = Supervisor::Watch(*g, events.Handler(), so);
   ASSERT_TRUE(sup.ok());
   auto current = (*sup)->group();
   ASSERT_TRUE(current.ok());
@@ -285,12 +292,14 @@ TEST(Supervisor, SV4_ADroppedMemberLeavesTheGroupAndNoShutdownWaitsForIt) {
 // SV4/SV5 refusals, and SV5's requests as baton-run reads them (LR1): one
 // file per restart asked, none for an incarnation already asked for.
 TEST(Supervisor, SV5_ARestartIsARequestToBatonRunOncePerIncarnation) {
-  Supervised s(4, 1, {0, 2, 3});
+  Supervised s(5, 1, {0, 2, 3, 4});
   ASSERT_NE(s.sup, nullptr);
   Supervisor* sup = s.sup.get();
   absl::Status rank0 = sup->Drop(0);
   EXPECT_EQ(rank0.code(), absl::StatusCode::kFailedPrecondition) << rank0;
   EXPECT_TRUE(absl::StrContains(rank0.message(), "rank 0")) << rank0;
+  absl::Status zero = sup->Restart(0);
+  EXPECT_EQ(zero.code(), absl::StatusCode::kFailedPrecondition) << zero;
   absl::Status outside = sup->Restart(2);
   EXPECT_EQ(outside.code(), absl::StatusCode::kFailedPrecondition) << outside;
   EXPECT_TRUE(absl::StrContains(outside.message(), kEnvLauncherRequests)) << outside;
@@ -300,6 +309,12 @@ TEST(Supervisor, SV5_ARestartIsARequestToBatonRunOncePerIncarnation) {
   EXPECT_TRUE(sup->Restart(2, "hung\nfor good").ok());
   EXPECT_TRUE(sup->Restart(2).ok());  // the same incarnation: nothing more
   EXPECT_TRUE(sup->Restart("w3").ok());
+  // An incarnation known dead is restarted by baton-run's policy: nothing
+  // is asked (a request would stop its successor).
+  AgentReports agent(s.j.job->agent(1));
+  ASSERT_TRUE(s.j.job->Kill(4).ok());
+  ASSERT_TRUE(agent.Reported(4));
+  EXPECT_TRUE(sup->Restart("w4").ok());
   ::unsetenv(kEnvLauncherRequests);
   std::vector<std::string> files;
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -330,7 +345,18 @@ TEST(Supervisor, SV5_ARestartIsARequestToBatonRunOncePerIncarnation) {
   // The members stay.
   auto current = sup->group();
   ASSERT_TRUE(current.ok());
-  EXPECT_EQ(Ranks(*current), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(Ranks(*current), (std::vector<int>{0, 2, 3, 4}));
+}
+
+// SV2: only a member's own timeout is its hang, not one of a forwarder above
+// it (GC2) or of a request that never left.
+TEST(Supervisor, SV2_OnlyAMembersOwnTimeoutIsAHang) {
+  EXPECT_TRUE(internal::MemberTimedOut(absl::DeadlineExceededError("worker 'w3': too slow")));
+  EXPECT_FALSE(internal::MemberTimedOut(absl::UnavailableError("worker 'w3': dead")));
+  EXPECT_FALSE(internal::MemberTimedOut(absl::DeadlineExceededError(
+      absl::StrCat("worker 'w4': ", internal::kNoAnswerThrough, "worker 'w3' ..."))));
+  EXPECT_FALSE(internal::MemberTimedOut(
+      absl::DeadlineExceededError(absl::StrCat(internal::kNotSent, "the deadline passed"))));
 }
 
 TEST(Supervisor, ANegativeHungAfterIsRefused) {

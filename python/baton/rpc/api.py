@@ -780,9 +780,15 @@ def _all_gather(obj: Any, worker_names: Optional[Iterable[str]] = None,
     unset, the default RPC timeout."""
     self_name = get_worker_info().name
     if worker_names is None:
-        # A worker a supervisor dropped takes no part (baton.rpc.group).
+        # A worker a supervisor dropped takes no part (baton.rpc.group), not
+        # even its own.
         agent = _current()
-        retired = set(agent.retired_workers())
+        try:
+            retired = set(agent.retired_workers())
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
+        if self_name in retired:
+            return {}
         names = tuple(sorted(n for n in agent.python_workers() if n not in retired))
     else:
         names = tuple(sorted(set(worker_names)))

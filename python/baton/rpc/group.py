@@ -33,7 +33,7 @@ group and the job (``drop``); ``supervisor.group`` then follows::
 
     def on_failure(f: MemberFailure) -> None:
         if f.kind == "hung":
-            sup.restart(f.member, reason=str(f.error))
+            sup.restart(f, reason=str(f.error))
 
     sup = Supervisor(Group.with_prefix("observer"), on_failure, hung_after=30.0)
     sup.group.rpc_sync(run_episode, args=(3,))   # the members of the moment
@@ -44,6 +44,8 @@ but not RRefs (ValueError). A group call carries no distributed autograd
 context.
 """
 from __future__ import annotations
+
+import weakref
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -247,7 +249,8 @@ class Supervisor:
       seconds for its reply (once per call; None: calls are not watched),
       and an entry of a call through ``group`` that timed out.
 
-    The handler may call ``restart`` and ``drop`` (not ``stop``)."""
+    The handler may call ``restart``, ``drop`` and ``stop``. Keep the
+    supervisor referenced while it should watch: it stops when collected."""
 
     def __init__(self, group: Group, handler: Callable[[MemberFailure], None],
                  hung_after: Optional[float] = None):
@@ -256,10 +259,19 @@ class Supervisor:
         if hung_after is not None and not hung_after > 0:
             raise ValueError(f"hung_after is seconds > 0 or None, not {hung_after!r}")
         self._fanout = group.fanout
+        self._handler = handler
+        # The runtime holds only a weak reference to this object: a handler
+        # that refers to the supervisor makes no cycle the collector cannot
+        # see (it would never stop).
+        me = weakref.ref(self)
 
         def on_failure(kind, name, wid, incarnation, code, message, function):
+            sup = me()
+            if sup is None:
+                return
             error = _errors.from_status(code, message, name, function or None)
-            handler(MemberFailure(kind, _api.WorkerInfo(name, wid), incarnation, error, function))
+            sup._handler(MemberFailure(kind, _api.WorkerInfo(name, wid), incarnation, error,
+                                       function))
 
         try:
             self._c = _C.Supervisor.watch(_api._current(), [w.id for w in group.members],
@@ -271,25 +283,39 @@ class Supervisor:
     def group(self) -> Group:
         """The watched group less the members dropped so far; its calls'
         entries that time out are heard of as hangs."""
-        ids = self._c.members()
-        if not ids:
-            raise RuntimeError("every member of the supervised group was dropped")
+        try:
+            ids = self._c.members()
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
         g = Group(ids, self._fanout)
         g._supervisor = self._c
         return g
 
-    def restart(self, member: Union[str, int, "_api.WorkerInfo"], reason: str = "") -> None:
+    def restart(self, member: Union[MemberFailure, str, int, "_api.WorkerInfo"],
+                reason: str = "") -> None:
         """Asks baton-run to stop `member` so that its restart policy starts
         it again (``--restart_policy ROLE=worker``: it alone, and it rejoins);
-        it stays in ``group``. Once per incarnation: a second request for the
-        same one asks nothing more. RuntimeError outside baton-run."""
-        self._act(self._c.restart, member, reason)
+        it stays in ``group``. Given the MemberFailure a handler received, it
+        restarts the incarnation the failure names: nothing is asked if the
+        member was replaced since, if it is known dead (baton-run restarts
+        it by itself), or if its restart was asked for already. RuntimeError
+        outside baton-run, and for rank 0."""
+        incarnation = 0
+        if isinstance(member, MemberFailure):
+            member, incarnation = member.member, member.incarnation
+        try:
+            self._c.restart(_api._to(member), reason, incarnation)
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
 
     def drop(self, member: Union[str, int, "_api.WorkerInfo"], reason: str = "") -> None:
         """Takes `member` out of ``group`` and out of the job: no graceful
         shutdown waits for it, and under baton-run it is stopped for good
         (its end is no failure of the job). Rank 0 cannot be dropped."""
-        self._act(self._c.drop, member, reason)
+        try:
+            self._c.drop(_api._to(member), reason)
+        except _C.StatusError as e:
+            raise _errors.translate(e) from None
 
     def stop(self) -> None:
         """No handler runs once this returns (it waits for one that runs)."""
@@ -301,12 +327,6 @@ class Supervisor:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    @staticmethod
-    def _act(action, member, reason: str) -> None:
-        try:
-            action(_api._to(member), reason)
-        except _C.StatusError as e:
-            raise _errors.translate(e) from None
 
 
 def _pack(func: Callable, args, kwargs, what: str, cpp_hint: str = ""):
