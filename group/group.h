@@ -225,8 +225,7 @@ class Group {
         *runtime_, members_, fn.name(), rpc::Function<at::Tensor(Args...)>::cached_signature(),
         Encode(fn, std::forward<CallArgs>(args)...), options_, op);
     if (observer_ != nullptr) {
-      out.OnReady([observer = observer_, fn = options_.label.empty() ? fn.name() : options_.label](
-                      const absl::StatusOr<Reduced>& r) {
+      out.OnReady([observer = observer_, fn = Label(fn.name())](const absl::StatusOr<Reduced>& r) {
         if (!r.ok()) return;
         for (const auto& [member, status] : r->failures) (*observer)(member, fn, status);
       });
@@ -243,6 +242,10 @@ class Group {
         members_(std::move(members)),
         options_(options),
         observer_(std::move(observer)) {}
+  // What its calls of `function` are called in errors and events.
+  std::string Label(const std::string& function) const {
+    return options_.label.empty() ? function : options_.label;
+  }
   template <typename T>
   void Observe(const rpc::Future<GroupResult<T>>& all, const std::string& function) const {
     if (observer_ == nullptr) return;
@@ -360,7 +363,7 @@ Group::Call<R> Group::call_each(const rpc::Function<R(Args...)>& fn, CallArgs&&.
     out.each.push_back(runtime_->DecodeFuture<R>(std::move(raw[i]), members_[i], fn.name()));
   }
   out.all = internal::Gather<R>(members_, out.each, runtime_->executor());
-  Observe(out.all, options_.label.empty() ? fn.name() : options_.label);
+  Observe(out.all, Label(fn.name()));
   return out;
 }
 
@@ -390,7 +393,7 @@ Group::Call<void> Group::broadcast_each(const rpc::Function<R(Args...)>& fn,
     }
   }
   out.all = internal::Gather<void>(members_, out.each, runtime_->executor());
-  Observe(out.all, options_.label.empty() ? fn.name() : options_.label);
+  Observe(out.all, Label(fn.name()));
   return out;
 }
 

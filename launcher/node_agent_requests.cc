@@ -19,7 +19,6 @@
 
 namespace baton::launcher {
 
-using internal::IsMissingKey;
 using internal::Log;
 
 namespace {
@@ -42,8 +41,13 @@ std::vector<std::string> RequestFiles(const std::string& dir) {
   return names;
 }
 
+// The round's forwarded requests: slot k holds the k-th, "requests/count"
+// how many slots are filled.
 std::string Slot(const RoundInfo& round, int64_t slot) {
   return Rendezvous::Key(round.round, absl::StrCat("requests/", slot));
+}
+std::string SlotCount(const RoundInfo& round) {
+  return Rendezvous::Key(round.round, "requests/count");
 }
 
 }  // namespace
@@ -74,13 +78,13 @@ absl::Status NodeAgent::Impl::HandleRequests(const RoundInfo& round) {
       ASSIGN_OR_RETURN(std::string held, store_->CompareSet(Slot(round, slot), "", encoded));
       if (held == encoded) break;
     }
-    RETURN_IF_ERROR(store_->Add(Rendezvous::Key(round.round, "requests/count"), 1).status());
+    RETURN_IF_ERROR(store_->Add(SlotCount(round), 1).status());
   }
   // Read with an Add, not a Get: over a partition it fails (and the node
   // fences itself) where a Get of a missing key would only look missing.
   if (shared && absl::Now() - last_request_poll_ >= internal::kHeartbeatPeriodMax) {
     last_request_poll_ = absl::Now();
-    ASSIGN_OR_RETURN(int64_t count, store_->Add(Rendezvous::Key(round.round, "requests/count"), 0));
+    ASSIGN_OR_RETURN(int64_t count, store_->Add(SlotCount(round), 0));
     for (; next_request_slot_ < count; ++next_request_slot_) {
       ASSIGN_OR_RETURN(std::string held,
                        store_->Get(Slot(round, next_request_slot_), internal::kFollowUpTimeout));
