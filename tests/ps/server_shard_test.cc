@@ -18,117 +18,15 @@
 #include "ps/sharding.h"
 #include "rpc/function.h"
 #include "testing/fake_clock.h"
+#include "tests/ps/shard_cluster.h"
 
 namespace baton::ps {
 namespace {
 
 using dist_optim::OptimizerOptions;
-
-// Serves several shards in one process the way PsClient routes requests.
-class Cluster {
- public:
-  Cluster(const PsSpec& spec, int servers, const Clock* clock = nullptr,
-          ServerShard::Logger log = nullptr)
-      : spec_(spec), plan_(ShardPlan::Make(spec, servers)) {
-    for (int s = 0; s < servers; ++s) {
-      ServerShard::Options o;
-      o.server = s;
-      o.num_servers = servers;
-      o.clock = clock;
-      o.log = log ? log : [](const std::string&) {};
-      shards_.push_back(ServerShard::Create(spec, o).value());
-    }
-    for (int s = 0; s < servers; ++s) {
-      for (int t = 0; t < spec.num_trainers; ++t) {
-        EXPECT_TRUE(shards_[s]->Join(t, spec.Fingerprint()).ok());
-      }
-    }
-  }
-
-  ServerShard& shard(int s) { return *shards_[s]; }
-  int size() const { return static_cast<int>(shards_.size()); }
-
-  void InitDense(int table, const at::Tensor& value) {
-    at::Tensor flat = value.reshape(-1).contiguous();
-    for (const auto& c : plan_.chunks(table)) {
-      ASSERT_TRUE(
-          shards_[c.server]
-              ->InitDense(0, {{spec_.tables[table].name, {}, flat.narrow(0, c.begin, c.size())}})
-              .ok());
-    }
-  }
-
-  // Blocking pull of a whole dense table (at `clock`).
-  absl::StatusOr<at::Tensor> PullDense(int trainer, int64_t clock, int table,
-                                       absl::Duration wait = absl::Seconds(10)) {
-    const TableSpec& t = spec_.tables[table];
-    at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
-    for (const auto& c : plan_.chunks(table)) {
-      auto r = Blocking(c.server, trainer, clock, {{t.name, {}, {}}}, wait);
-      if (!r.ok()) return r.status();
-      out.view(-1).narrow(0, c.begin, c.size()).copy_(r->values[0]);
-    }
-    return out;
-  }
-
-  absl::StatusOr<at::Tensor> PullRows(int trainer, int64_t clock, int table, at::Tensor ids) {
-    const TableSpec& t = spec_.tables[table];
-    at::Tensor out = at::empty({ids.numel(), t.dim}, at::TensorOptions().dtype(t.dtype));
-    for (int s = 0; s < size(); ++s) {
-      at::Tensor mask = (ids % size()) == s;
-      at::Tensor pos = mask.nonzero().reshape(-1);
-      if (pos.numel() == 0) continue;
-      auto r =
-          Blocking(s, trainer, clock, {{t.name, ids.index_select(0, pos), {}}}, absl::Seconds(10));
-      if (!r.ok()) return r.status();
-      out.index_copy_(0, pos, r->values[0]);
-    }
-    return out;
-  }
-
-  absl::StatusOr<PullResult> Blocking(int server, int trainer, int64_t clock,
-                                      std::vector<TableRequest> reqs, absl::Duration wait) {
-    auto result = std::make_shared<absl::StatusOr<PullResult>>();
-    auto done = std::make_shared<absl::Notification>();
-    shards_[server]->Pull(trainer, clock, std::move(reqs), absl::Now() + wait,
-                          [result, done](absl::StatusOr<PullResult> r) {
-                            *result = std::move(r);
-                            done->Notify();
-                          });
-    if (!done->WaitForNotificationWithTimeout(wait + absl::Seconds(5))) {
-      return absl::DeadlineExceededError("test: pull never completed");
-    }
-    return *result;
-  }
-
-  // Pushes a dense gradient (split into chunks) and/or rows, ending the clock.
-  absl::Status Push(int trainer, int64_t clock, int table, const at::Tensor& grad,
-                    const at::Tensor& ids = {}, bool end_clock = true) {
-    const TableSpec& t = spec_.tables[table];
-    for (int s = 0; s < size(); ++s) {
-      std::vector<TableRequest> reqs;
-      if (t.kind == TableKind::kDense) {
-        DenseChunk c = plan_.ChunkOf(table, s);
-        if (c.size() > 0) {
-          reqs.push_back({t.name, {}, grad.reshape(-1).narrow(0, c.begin, c.size())});
-        }
-      } else {
-        at::Tensor pos = ((ids % size()) == s).nonzero().reshape(-1);
-        if (pos.numel() > 0) {
-          reqs.push_back({t.name, ids.index_select(0, pos), grad.index_select(0, pos)});
-        }
-      }
-      auto r = shards_[s]->Push(trainer, clock, end_clock, std::move(reqs));
-      if (!r.ok()) return r.status();
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  PsSpec spec_;
-  ShardPlan plan_;
-  std::vector<std::unique_ptr<ServerShard>> shards_;
-};
+using testing::Cluster;
+using testing::ExpectClose;
+using testing::LinearSpec;
 
 // A linear model y = x W^T + b trained on per-trainer batches.
 struct Model {
@@ -145,15 +43,6 @@ std::pair<torch::Tensor, torch::Tensor> Grads(const torch::Tensor& w, const torc
   auto wl = w.detach().requires_grad_(true), bl = b.detach().requires_grad_(true);
   Loss(wl, bl, x, y).backward();
   return {wl.grad(), bl.grad()};
-}
-
-PsSpec LinearSpec(torch::Dtype dtype, const OptimizerOptions& opt, Consistency c, int trainers) {
-  PsSpec spec;
-  spec.tables = {TableSpec::Dense("w", {7, 300}, dtype, opt),
-                 TableSpec::Dense("b", {7}, dtype, opt)};
-  spec.consistency = c;
-  spec.num_trainers = trainers;
-  return spec;
 }
 
 // Trains `steps` synchronous steps with `trainers` trainers on `servers`
@@ -214,11 +103,6 @@ Model TrainReference(torch::Dtype dtype, const OptimizerOptions& opt, int traine
     o->step();
   }
   return {w.detach(), b.detach()};
-}
-
-void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double tol) {
-  const double diff = (a - b).abs().max().item<double>();
-  EXPECT_LE(diff, tol) << "max abs difference " << diff;
 }
 
 TEST(PsGuarantees, PS1_SyncEqualsSingleProcessOnConcatenatedBatch) {
@@ -676,182 +560,6 @@ TEST(PsGuarantees, PS7_BadInputIsRejectedNamingItAndChangesNothing) {
   EXPECT_EQ(s.Join(7, spec.Fingerprint()).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Serialize().value(), before) << "state changed";
   EXPECT_EQ(s.Stats().applied_pushes, 0);
-}
-
-// A row optimizer against a dense LibTorch reference on the same rows.
-TEST(PsRowOptimizers, EachMatchesItsDenseReferenceOnThePushedRows) {
-  for (RowOptimizer opt : {RowOptimizer::SGD(0.1), RowOptimizer::Adagrad(0.1),
-                           RowOptimizer::RowWiseAdagrad(0.1), RowOptimizer::LazyAdam(0.05)}) {
-    SCOPED_TRACE(opt.DebugString());
-    PsSpec spec;
-    spec.tables = {TableSpec::Embedding("emb", 6, 4, RowInit::Uniform(1, 3), opt, torch::kFloat64)};
-    spec.num_trainers = 1;
-    Cluster cluster(spec, 2);
-    at::Tensor all = torch::arange(0, 6, torch::kLong);
-    at::Tensor init = cluster.PullRows(0, 0, 0, all).value();
-    // Per-row reference parameters and optimizers.
-    std::vector<torch::Tensor> ref;
-    std::vector<std::unique_ptr<torch::optim::Optimizer>> ref_opt;
-    std::vector<torch::Tensor> rowwise_acc;
-    for (int r = 0; r < 6; ++r) {
-      ref.push_back(init[r].clone().requires_grad_(true));
-      rowwise_acc.push_back(torch::zeros({}, torch::kFloat64));
-      switch (opt.kind) {
-        case RowOptimizerKind::kSGD:
-        case RowOptimizerKind::kRowWiseAdagrad:
-          ref_opt.push_back(std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{ref[r]},
-                                                                torch::optim::SGDOptions(opt.lr)));
-          break;
-        case RowOptimizerKind::kAdagrad:
-          ref_opt.push_back(std::make_unique<torch::optim::Adagrad>(
-              std::vector<torch::Tensor>{ref[r]},
-              torch::optim::AdagradOptions(opt.lr).eps(opt.eps)));
-          break;
-        case RowOptimizerKind::kLazyAdam:
-          ref_opt.push_back(std::make_unique<torch::optim::Adam>(
-              std::vector<torch::Tensor>{ref[r]}, torch::optim::AdamOptions(opt.lr).eps(opt.eps)));
-          break;
-      }
-    }
-    torch::manual_seed(9);
-    const std::vector<std::vector<int64_t>> pushes = {{1, 3}, {3, 4, 3}, {0, 5}, {1}, {3, 1}};
-    int64_t clock = 0;
-    for (const auto& ids : pushes) {
-      at::Tensor id_t = torch::tensor(ids, torch::kLong);
-      at::Tensor g = torch::randn({static_cast<int64_t>(ids.size()), 4}, torch::kFloat64);
-      ASSERT_TRUE(cluster.Push(0, clock++, 0, g, id_t).ok());
-      // Reference: merge duplicates, then step each pushed row alone.
-      std::map<int64_t, torch::Tensor> merged;
-      for (size_t k = 0; k < ids.size(); ++k) {
-        merged[ids[k]] = merged.count(ids[k]) ? merged[ids[k]] + g[k] : g[k].clone();
-      }
-      for (auto& [r, gr] : merged) {
-        if (opt.kind == RowOptimizerKind::kRowWiseAdagrad) {
-          rowwise_acc[r] += gr.pow(2).mean();
-          torch::NoGradGuard ng;
-          ref[r] -= opt.lr * gr / (rowwise_acc[r].sqrt() + opt.eps);
-          continue;
-        }
-        ref[r].mutable_grad() = gr;
-        ref_opt[r]->step();
-      }
-    }
-    at::Tensor got = cluster.PullRows(0, clock, 0, all).value();
-    for (int r = 0; r < 6; ++r) ExpectClose(got[r], ref[r].detach(), 1e-12);
-  }
-}
-
-TEST(PsRows, LazyRowsCostOnlyTheIdsSeenAndDoNotDependOnServers) {
-  PsSpec spec;
-  spec.tables = {TableSpec::Embedding("emb", 10'000'000, 16, RowInit::Normal(0.1, 4),
-                                      RowOptimizer::Adagrad(0.1))};
-  spec.num_trainers = 1;
-  at::Tensor ids = torch::randint(0, 10'000'000, {1000}, torch::kLong);
-  ids = std::get<0>(at::_unique2(ids, true));
-  Cluster one(spec, 1), three(spec, 3);
-  at::Tensor a = one.PullRows(0, 0, 0, ids).value();
-  at::Tensor b = three.PullRows(0, 0, 0, ids).value();
-  EXPECT_TRUE(torch::equal(a, b));
-  EXPECT_NEAR(a.std().item<double>(), 0.1, 0.01);
-  EXPECT_EQ(one.shard(0).Stats().tables[0].rows, ids.numel());
-  int64_t rows = 0;
-  for (int s = 0; s < 3; ++s) rows += three.shard(s).Stats().tables[0].rows;
-  EXPECT_EQ(rows, ids.numel());
-}
-
-TEST(PsGuarantees, PS8_CheckpointRestoresParametersOptimizerStateAndClocks) {
-  PsSpec spec;
-  spec.tables = {
-      TableSpec::Dense("w", {200}, torch::kFloat32, OptimizerOptions::Adam(0.01)),
-      TableSpec::Embedding("emb", 1000, 8, RowInit::Uniform(0.1, 1), RowOptimizer::LazyAdam(0.01))};
-  spec.consistency = Consistency::Sync();
-  spec.num_trainers = 1;
-  Cluster a(spec, 2), b(spec, 2);
-  a.InitDense(0, torch::randn({200}));
-  for (int c = 0; c < 3; ++c) {
-    at::Tensor ids = torch::tensor({c, 10 + c, 500}, torch::kLong);
-    ASSERT_TRUE(a.PullRows(0, c, 1, ids).ok());
-    ASSERT_TRUE(a.Push(0, c, 1, torch::randn({3, 8}), ids, false).ok());
-    ASSERT_TRUE(a.Push(0, c, 0, torch::randn({200})).ok());
-  }
-  for (int s = 0; s < 2; ++s) {
-    const std::string bytes = a.shard(s).Serialize().value();
-    ASSERT_TRUE(b.shard(s).Restore(bytes).ok());
-    EXPECT_EQ(b.shard(s).Serialize().value(), bytes);
-    EXPECT_EQ(b.shard(s).Stats().applied_clock, 3);
-    // Corrupt or foreign bytes change nothing.
-    EXPECT_EQ(b.shard(s).Restore(bytes.substr(0, bytes.size() - 3)).code(),
-              absl::StatusCode::kDataLoss);
-    EXPECT_EQ(b.shard(s).Restore("garbage").code(), absl::StatusCode::kDataLoss);
-    EXPECT_EQ(b.shard(1 - s).Restore(bytes).code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(b.shard(s).Serialize().value(), bytes);
-  }
-  // The restored shards train on identically (optimizer state included).
-  for (Cluster* c : {&a, &b}) {
-    at::Tensor ids = torch::tensor({2, 500}, torch::kLong);
-    torch::manual_seed(1);
-    ASSERT_TRUE(c->Push(0, 3, 1, torch::randn({2, 8}), ids, false).ok());
-    ASSERT_TRUE(c->Push(0, 3, 0, torch::randn({200})).ok());
-  }
-  EXPECT_TRUE(torch::equal(a.PullDense(0, 4, 0).value(), b.PullDense(0, 4, 0).value()));
-  at::Tensor ids = torch::tensor({0, 2, 12, 500}, torch::kLong);
-  EXPECT_TRUE(torch::equal(a.PullRows(0, 4, 1, ids).value(), b.PullRows(0, 4, 1, ids).value()));
-}
-
-TEST(PsServerCheckpoints, PS8_AtomicFilesNewestValidOneIsLoaded) {
-  const std::string dir =
-      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
-      "/ps_ckpt_test";
-  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
-  PsSpec spec = LinearSpec(torch::kFloat32, OptimizerOptions::SGD(1), Consistency::Async(), 1);
-  ServerOptions o;
-  o.checkpoint_dir = dir;
-  o.log = [](const std::string&) {};
-  rpc::FunctionRegistry registry;
-  auto server = PsServer::Create(spec, o, registry).value();
-  EXPECT_EQ(server->restored_clock(), -1);
-  ServerShard& s = server->shard();
-  ASSERT_TRUE(s.InitDense(0, {{"w", {}, torch::zeros({2100})}, {"b", {}, torch::zeros({7})}}).ok());
-  ASSERT_TRUE(s.Push(0, 0, true, {{"w", {}, torch::ones({2100})}}).ok());
-  const std::string first = server->CheckpointNow().value();
-  ASSERT_TRUE(s.Push(0, 1, true, {{"w", {}, torch::ones({2100})}}).ok());
-  const std::string second = server->CheckpointNow().value();
-  EXPECT_NE(first, second);
-  ASSERT_TRUE(server->Stop(/*final_checkpoint=*/false).ok());
-  server.reset();
-
-  // A new server (a restart) loads the newest: w = -2.
-  rpc::FunctionRegistry r2;
-  auto restarted = PsServer::Create(spec, o, r2).value();
-  EXPECT_EQ(restarted->restored_clock(), 2);
-  EXPECT_EQ(restarted->shard().Peek("w", {}).value()[0].item<float>(), -2.0f);
-  restarted.reset();
-
-  // A corrupt newest file is skipped: the older one (w = -1) is loaded.
-  {
-    FILE* f = std::fopen(second.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    std::fseek(f, 100, SEEK_SET);
-    std::fputc(0x5a, f);
-    std::fclose(f);
-  }
-  rpc::FunctionRegistry r3;
-  auto fallback = PsServer::Create(spec, o, r3).value();
-  EXPECT_EQ(fallback->restored_clock(), 1);
-  EXPECT_EQ(fallback->shard().Peek("w", {}).value()[0].item<float>(), -1.0f);
-}
-
-TEST(PsSpecValidation, BadSpecsNameTheTableAndField) {
-  PsSpec spec;
-  spec.tables = {TableSpec::Embedding("emb", 10, 0, RowInit::Zeros(), RowOptimizer::SGD(1))};
-  auto s = ValidateSpec(spec);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(s.message(), "ps table 'emb': dim must be positive (got 0)")) << s;
-  spec.tables = {TableSpec::Dense("a", {2}, torch::kFloat32, OptimizerOptions::SGD(-1))};
-  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(), "ps table 'a'"));
-  spec.tables = {TableSpec::Dense("a", {2}, torch::kFloat32, OptimizerOptions::SGD(1)),
-                 TableSpec::Dense("a", {3}, torch::kFloat32, OptimizerOptions::SGD(1))};
-  EXPECT_TRUE(absl::StrContains(ValidateSpec(spec).message(), "ps table 'a': declared twice"));
 }
 
 }  // namespace
