@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "group/call_watch.h"
 #include "group/partial_sum.h"
 #include "proto/group.pb.h"
 
@@ -111,10 +112,11 @@ std::string CallLabel(const proto::GroupRequest& r) {
 // Sends `base` to the first member of each of at most base.fanout() parts
 // of `members` (GC3), each request listing its part, each due by
 // `deadline`; `done` gets each part's outcomes, in its order, as the part
-// answers.
+// answers. A watched call's part that has not answered at the report
+// moment is reported (call_watch.h).
 void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
             const std::vector<rpc::Blob>& blobs, const std::vector<int>& members,
-            absl::Time deadline, const PartDone& done) {
+            absl::Time deadline, const internal::PartReports& reports, const PartDone& done) {
   rpc::Runtime* rt = &runtime;
   for (const auto& [begin, end] : Split(static_cast<int>(members.size()), base.fanout())) {
     std::vector<int> part(members.begin() + begin, members.begin() + end);
@@ -133,6 +135,9 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     proto::GroupRequest request = base;
     request.clear_members();
     for (int m : part) request.add_members(m);
+    if (reports.active() && request.watch_id() != 0) {
+      request.set_report_in_us(absl::ToInt64Microseconds(reports.at - absl::Now()));
+    }
     rpc::Payload payload;
     payload.bytes = request.SerializeAsString();
     payload.blobs = blobs;
@@ -141,8 +146,14 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     opts.label = CallLabel(base);
     const int head = part[0];
     const bool reduce = base.reduce_sum();
+    std::shared_ptr<internal::ReportTimer> report;
+    if (reports.active()) {
+      report =
+          internal::ReportTimer::Arm(runtime, reports.at, [r = reports.report, head] { r(head); });
+    }
     runtime.CallRaw(head, kForwardFn, "", std::move(payload), opts)
-        .OnReady([rt, reduce, part = std::move(part), done](const Outcome& reply) {
+        .OnReady([rt, reduce, part = std::move(part), done, report](const Outcome& reply) {
+          if (report != nullptr) report->Cancel();
           std::vector<Outcome> outcomes;
           absl::Status failed = reply.status();
           if (reply.ok() && reduce) {
@@ -180,11 +191,12 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
 class Hop : public std::enable_shared_from_this<Hop> {
  public:
   Hop(rpc::Runtime* runtime, proto::GroupRequest request, rpc::WorkerInfo root, absl::Time reply_by,
-      rpc::Responder done)
+      absl::Time report_at, rpc::Responder done)
       : runtime_(runtime),
         request_(std::move(request)),
         root_(std::move(root)),
         reply_by_(reply_by),
+        report_at_(report_at),
         done_(std::move(done)) {
     const int n = request_.members_size();
     position_.reserve(n);
@@ -210,10 +222,24 @@ class Hop : public std::enable_shared_from_this<Hop> {
       absl::MutexLock lock(&mu_);
       timer_ = timer->Schedule(timer->FromRealTime(reply_by_), [self] { self->AnswerSoon(); });
     }
+    // A watched call: what still keeps it waiting here at the report
+    // moment is reported to its root (call_watch.h).
+    internal::PartReports reports;
+    if (report_at_ != absl::InfiniteFuture()) {
+      reports.at = report_at_;
+      reports.report = [rt = runtime_, root = root_.id, id = request_.watch_id()](int head) {
+        internal::SendHangReport(*rt, root, id, head, /*own=*/false);
+      };
+      auto own = internal::ReportTimer::Arm(*runtime_, report_at_, [weak = weak_from_this()] {
+        if (auto hop = weak.lock()) hop->ReportOwn();
+      });
+      absl::MutexLock lock(&mu_);
+      own_report_ = std::move(own);
+    }
     // The part first, so that its members start while this one works.
     std::vector<int> rest(request_.members().begin() + 1, request_.members().end());
     if (!rest.empty()) {
-      FanOut(*runtime_, request_, blobs, rest, reply_by_,
+      FanOut(*runtime_, request_, blobs, rest, reply_by_, reports,
              [self](const std::vector<int>& part, std::vector<Outcome> outcomes) {
                std::vector<int> positions;
                for (int m : part) positions.push_back(self->position_.at(m));
@@ -265,6 +291,16 @@ class Hop : public std::enable_shared_from_this<Hop> {
       Set(0,
           absl::UnknownError(absl::StrCat("exception in '", request_.function(), "': ", e.what())));
     }
+  }
+
+  // At the report moment: this member's own function still runs.
+  void ReportOwn() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (answered_ || outcomes_[0].has_value()) return;
+    }
+    internal::SendHangReport(*runtime_, root_.id, request_.watch_id(), runtime_->self().id,
+                             /*own=*/true);
   }
 
   void Set(int position, Outcome outcome) {
@@ -339,6 +375,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
       // What the timer holds (this hop, its tensors) goes now, not at the
       // deadline.
       if (timer_ != 0) runtime_->timer()->Cancel(timer_);
+      if (own_report_ != nullptr) own_report_->Cancel();
     }
     if (request_.reduce_sum()) {
       AnswerSum(outcomes, started, std::move(done));
@@ -416,6 +453,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
   const proto::GroupRequest request_;
   const rpc::WorkerInfo root_;
   const absl::Time reply_by_;
+  const absl::Time report_at_;  // infinite: not a watched call
   // Member -> its place in request_.members, and the member that forwards
   // the call to it (itself for the first of a part); constant.
   absl::flat_hash_map<int, int> position_;
@@ -427,6 +465,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   rpc::Responder done_ ABSL_GUARDED_BY(mu_);
   rpc::DeadlineTimer::Id timer_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<internal::ReportTimer> own_report_ ABSL_GUARDED_BY(mu_);
 };
 
 // A request a hop takes: its members are distinct workers of the job, this
@@ -479,16 +518,18 @@ void Forward(const rpc::CallContext& ctx, rpc::Payload payload, rpc::Responder d
           ? absl::InfiniteFuture()
           : ctx.deadline -
                 Margin(ctx.deadline - now, LevelsBelow(request.members_size(), request.fanout()));
+  const absl::Time report_at = internal::ReportMoment(request, now);
   std::vector<rpc::Blob> blobs = std::move(payload.blobs);
   auto hop = std::make_shared<Hop>(&runtime, std::move(request), *std::move(root), reply_by,
-                                   std::move(done));
+                                   report_at, std::move(done));
   hop->Run(ctx, blobs);
 }
 
 }  // namespace
 
 absl::Status Install(rpc::FunctionRegistry& registry) {
-  return registry.RegisterRaw(kForwardFn, "", Forward);
+  RETURN_IF_ERROR(registry.RegisterRaw(kForwardFn, "", Forward));
+  return internal::InstallHangReports(registry);
 }
 
 namespace {
@@ -505,6 +546,11 @@ proto::GroupRequest BaseRequest(rpc::Runtime& runtime, const std::string& functi
   base.set_label(options.label);
   base.set_args(std::move(args.bytes));
   return base;
+}
+
+// What a call is called in its supervisor's events.
+std::string Label(const GroupOptions& options, const std::string& function) {
+  return options.label.empty() ? function : options.label;
 }
 
 absl::Time Deadline(rpc::Runtime& runtime, const GroupOptions& options) {
@@ -541,12 +587,17 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
                                                const std::vector<rpc::WorkerInfo>& members,
                                                const std::string& function,
                                                const std::string& signature, rpc::Payload args,
-                                               const GroupOptions& options, bool discard_values) {
+                                               const GroupOptions& options, bool discard_values,
+                                               std::shared_ptr<CallWatcher> watcher) {
   // One state for every part's callback.
   struct Pending {
     std::vector<rpc::Promise<rpc::Payload>> promises;
     absl::flat_hash_map<int, int> position;
     std::vector<rpc::WorkerInfo> members;
+    std::shared_ptr<RootWatch> watch;  // null: not watched
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu) = 0;
+    std::vector<std::pair<rpc::WorkerInfo, absl::Status>> failed ABSL_GUARDED_BY(mu);
   };
   auto pending = std::make_shared<Pending>();
   pending->members = members;
@@ -558,20 +609,42 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
     pending->position[m.id] = static_cast<int>(ids.size());
     ids.push_back(m.id);
   }
+  const absl::Time deadline = Deadline(runtime, options);
   proto::GroupRequest base = BaseRequest(runtime, function, signature, options, args);
   base.set_discard_values(discard_values);
-  FanOut(
-      runtime, base, args.blobs, ids, Deadline(runtime, options),
-      [pending](const std::vector<int>& part, std::vector<Outcome> outcomes) {
-        for (size_t i = 0; i < part.size(); ++i) {
-          const int at = pending->position.at(part[i]);
-          if (outcomes[i].ok()) {
-            pending->promises[at].Set(std::move(outcomes[i]));
-          } else {
-            pending->promises[at].SetError(ForMember(outcomes[i].status(), pending->members[at]));
-          }
-        }
-      });
+  pending->watch =
+      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), deadline);
+  PartReports reports;
+  if (pending->watch != nullptr) {
+    pending->watch->Stamp(base);
+    reports = pending->watch->Parts();
+    absl::MutexLock lock(&pending->mu);
+    pending->left = members.size();
+  }
+  FanOut(runtime, base, args.blobs, ids, deadline, reports,
+         [pending](const std::vector<int>& part, std::vector<Outcome> outcomes) {
+           std::vector<std::pair<rpc::WorkerInfo, absl::Status>> failed;
+           for (size_t i = 0; i < part.size(); ++i) {
+             const int at = pending->position.at(part[i]);
+             if (outcomes[i].ok()) {
+               pending->promises[at].Set(std::move(outcomes[i]));
+               continue;
+             }
+             absl::Status error = ForMember(outcomes[i].status(), pending->members[at]);
+             if (pending->watch != nullptr) failed.emplace_back(pending->members[at], error);
+             pending->promises[at].SetError(std::move(error));
+           }
+           if (pending->watch == nullptr) return;
+           bool last;
+           {
+             absl::MutexLock lock(&pending->mu);
+             for (auto& f : failed) pending->failed.push_back(std::move(f));
+             pending->left -= part.size();
+             last = pending->left == 0;
+             if (last) failed.swap(pending->failed);
+           }
+           if (last) pending->watch->End(failed);
+         });
   return out;
 }
 
@@ -584,7 +657,7 @@ bool MemberTimedOut(const absl::Status& outcome) {
 rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,
                                const std::string& function, const std::string& signature,
                                absl::StatusOr<rpc::Payload> args, const GroupOptions& options,
-                               ReduceOp op) {
+                               ReduceOp op, std::shared_ptr<CallWatcher> watcher) {
   rpc::Promise<Reduced> promise(runtime.executor());
   if (!args.ok()) {
     Reduced r;
@@ -607,18 +680,26 @@ rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::Wor
     absl::MutexLock lock(&parts->mu);
     parts->left = Split(static_cast<int>(ids.size()), options.fanout).size();
   }
+  const absl::Time deadline = Deadline(runtime, options);
   proto::GroupRequest base = BaseRequest(runtime, function, signature, options, *args);
   base.set_reduce_sum(true);
+  std::shared_ptr<RootWatch> watch =
+      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), deadline);
+  PartReports reports;
+  if (watch != nullptr) {
+    watch->Stamp(base);
+    reports = watch->Parts();
+  }
   rpc::Runtime* rt = &runtime;
-  FanOut(runtime, base, args->blobs, ids, Deadline(runtime, options),
-         [rt, parts, promise, members, op](const std::vector<int>& part,
-                                           std::vector<Outcome> outcomes) {
+  FanOut(runtime, base, args->blobs, ids, deadline, reports,
+         [rt, parts, promise, members, op, watch](const std::vector<int>& part,
+                                                  std::vector<Outcome> outcomes) {
            {
              absl::MutexLock lock(&parts->mu);
              parts->replies.emplace_back(part, std::move(outcomes));
              if (--parts->left > 0) return;
            }
-           auto add_up = [rt, parts, promise, members, op] {
+           auto add_up = [rt, parts, promise, members, op, watch] {
              std::vector<std::pair<std::vector<int>, std::vector<Outcome>>> replies;
              {
                absl::MutexLock lock(&parts->mu);
@@ -632,7 +713,9 @@ rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::Wor
                }
                for (size_t i = 0; i < part.size(); ++i) sum.Fail(part[i], outcomes[i].status());
              }
-             promise.SetValue(sum.Result(members, op));
+             Reduced result = sum.Result(members, op);
+             if (watch != nullptr) watch->End(result.failures);
+             promise.SetValue(std::move(result));
            };
            if (!rt->executor()->Submit(add_up)) add_up();
          });
@@ -681,7 +764,7 @@ absl::StatusOr<Group> Group::Slice(int begin, int end) const {
   }
   return Group(runtime_,
                std::vector<rpc::WorkerInfo>(members_.begin() + begin, members_.begin() + end),
-               options_, observer_);
+               options_, watcher_);
 }
 
 }  // namespace baton::group

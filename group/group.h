@@ -77,6 +77,9 @@ namespace baton::group {
 
 // The function that carries a group call from hop to hop.
 inline constexpr char kForwardFn[] = "__baton.group.forward";
+// The function through which hops report to the caller of a supervised
+// call what keeps it waiting (supervisor.h, SV2).
+inline constexpr char kHangReportFn[] = "__baton.group.hang_report";
 
 // Registers the forwarding function on `registry`. Call on every worker that
 // may be a member, before RpcAgent::Create; ALREADY_EXISTS if installed.
@@ -133,13 +136,17 @@ struct GroupResult {
 
 namespace internal {
 
+// What watches the calls of a supervisor's group() (call_watch.h).
+class CallWatcher;
+
 // The untyped call: the outcome of each member (its reply, or its error
 // naming it), each completing as its part's reply arrives.
 std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
                                                const std::vector<rpc::WorkerInfo>& members,
                                                const std::string& function,
                                                const std::string& signature, rpc::Payload args,
-                                               const GroupOptions& options, bool discard_values);
+                                               const GroupOptions& options, bool discard_values,
+                                               std::shared_ptr<CallWatcher> watcher = nullptr);
 
 // Completes with every future's outcome once all are ready.
 template <typename T>
@@ -161,16 +168,11 @@ inline constexpr char kNotSent[] = "not sent: ";
 // answer in time (not a forwarder above it, not a request that never left).
 bool MemberTimedOut(const absl::Status& outcome);
 
-// What a supervisor's group() reports each failed entry of its calls to
-// (supervisor.h: an entry DEADLINE_EXCEEDED is a hung member).
-using MemberObserver = std::function<void(
-    const rpc::WorkerInfo& member, const std::string& function, const absl::Status& outcome)>;
-
 // The untyped reduce; `args` failed to encode: every member fails so.
 rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::WorkerInfo>& members,
                                const std::string& function, const std::string& signature,
                                absl::StatusOr<rpc::Payload> args, const GroupOptions& options,
-                               ReduceOp op);
+                               ReduceOp op, std::shared_ptr<CallWatcher> watcher = nullptr);
 
 }  // namespace internal
 
@@ -221,41 +223,19 @@ class Group {
   template <typename... Args, typename... CallArgs>
   rpc::Future<Reduced> reduce(const rpc::Function<at::Tensor(Args...)>& fn, ReduceOp op,
                               CallArgs&&... args) const {
-    rpc::Future<Reduced> out = internal::ReduceRaw(
-        *runtime_, members_, fn.name(), rpc::Function<at::Tensor(Args...)>::cached_signature(),
-        Encode(fn, std::forward<CallArgs>(args)...), options_, op);
-    if (observer_ != nullptr) {
-      out.OnReady([observer = observer_, fn = Label(fn.name())](const absl::StatusOr<Reduced>& r) {
-        if (!r.ok()) return;
-        for (const auto& [member, status] : r->failures) (*observer)(member, fn, status);
-      });
-    }
-    return out;
+    return internal::ReduceRaw(*runtime_, members_, fn.name(),
+                               rpc::Function<at::Tensor(Args...)>::cached_signature(),
+                               Encode(fn, std::forward<CallArgs>(args)...), options_, op, watcher_);
   }
 
  private:
   friend class Supervisor;
-  using Observer = internal::MemberObserver;
   Group(rpc::Runtime* runtime, std::vector<rpc::WorkerInfo> members, GroupOptions options,
-        std::shared_ptr<const Observer> observer = nullptr)
+        std::shared_ptr<internal::CallWatcher> watcher = nullptr)
       : runtime_(runtime),
         members_(std::move(members)),
         options_(options),
-        observer_(std::move(observer)) {}
-  // What its calls of `function` are called in errors and events.
-  std::string Label(const std::string& function) const {
-    return options_.label.empty() ? function : options_.label;
-  }
-  template <typename T>
-  void Observe(const rpc::Future<GroupResult<T>>& all, const std::string& function) const {
-    if (observer_ == nullptr) return;
-    all.OnReady([observer = observer_, function](const absl::StatusOr<GroupResult<T>>& r) {
-      if (!r.ok()) return;
-      for (size_t i = 0; i < r->results.size(); ++i) {
-        if (!r->results[i].ok()) (*observer)(r->members[i], function, r->results[i].status());
-      }
-    });
-  }
+        watcher_(std::move(watcher)) {}
   template <typename R, typename... Args, typename... CallArgs>
   absl::StatusOr<rpc::Payload> Encode(const rpc::Function<R(Args...)>& fn,
                                       CallArgs&&... args) const;
@@ -263,7 +243,7 @@ class Group {
   rpc::Runtime* runtime_;
   std::vector<rpc::WorkerInfo> members_;
   GroupOptions options_;
-  std::shared_ptr<const Observer> observer_;  // null: not a supervisor's
+  std::shared_ptr<internal::CallWatcher> watcher_;  // null: not a supervisor's
 };
 
 // ---- Template implementation ----
@@ -351,7 +331,7 @@ Group::Call<R> Group::call_each(const rpc::Function<R(Args...)>& fn, CallArgs&&.
   if (payload.ok()) {
     raw = internal::CallRaw(*runtime_, members_, fn.name(),
                             rpc::Function<R(Args...)>::cached_signature(), *std::move(payload),
-                            options_, /*discard_values=*/false);
+                            options_, /*discard_values=*/false, watcher_);
   }
   out.each.reserve(members_.size());
   for (size_t i = 0; i < members_.size(); ++i) {
@@ -363,7 +343,6 @@ Group::Call<R> Group::call_each(const rpc::Function<R(Args...)>& fn, CallArgs&&.
     out.each.push_back(runtime_->DecodeFuture<R>(std::move(raw[i]), members_[i], fn.name()));
   }
   out.all = internal::Gather<R>(members_, out.each, runtime_->executor());
-  Observe(out.all, Label(fn.name()));
   return out;
 }
 
@@ -378,9 +357,9 @@ Group::Call<void> Group::broadcast_each(const rpc::Function<R(Args...)>& fn,
       out.each.push_back(rpc::MakeErrorFuture<void>(internal::ForMember(payload.status(), m)));
     }
   } else {
-    for (auto& r : internal::CallRaw(*runtime_, members_, fn.name(),
-                                     rpc::Function<R(Args...)>::cached_signature(),
-                                     *std::move(payload), options_, /*discard_values=*/true)) {
+    for (auto& r : internal::CallRaw(
+             *runtime_, members_, fn.name(), rpc::Function<R(Args...)>::cached_signature(),
+             *std::move(payload), options_, /*discard_values=*/true, watcher_)) {
       rpc::Promise<void> outcome(runtime_->executor());
       r.OnReady([outcome](const absl::StatusOr<rpc::Payload>& reply) {
         if (reply.ok()) {
@@ -393,7 +372,6 @@ Group::Call<void> Group::broadcast_each(const rpc::Function<R(Args...)>& fn,
     }
   }
   out.all = internal::Gather<void>(members_, out.each, runtime_->executor());
-  Observe(out.all, Label(fn.name()));
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "base/status.h"
 #include "base/status_macros.h"
 #include "env/launcher_request.h"
+#include "group/call_watch.h"
 
 namespace baton::group {
 
@@ -25,7 +27,8 @@ struct Supervisor::State {
   GroupOptions group_options;
   SupervisorOptions options;
   Handler handler;
-  std::shared_ptr<const internal::MemberObserver> observer;
+  // What group()'s calls are watched by (SV2).
+  std::shared_ptr<internal::CallWatcher> watcher;
 
   // Handlers run one at a time, under run_mu (SV3); `stopped` is set before
   // Stop() waits for run_mu, and read under it.
@@ -45,6 +48,16 @@ struct Supervisor::State {
   absl::flat_hash_set<std::tuple<int, std::string, int64_t>> reported ABSL_GUARDED_BY(mu);
   rpc::DeadlineTimer::Id scan_timer ABSL_GUARDED_BY(mu) = 0;
   bool scan_stopped ABSL_GUARDED_BY(mu) = false;
+  // SV2: the group calls in flight through group(): who showed it is alive
+  // (a hop that reported), who was reported hung.
+  struct WatchedCall {
+    std::string function;
+    absl::Time start;
+    absl::flat_hash_set<int> alive;
+    absl::flat_hash_set<int> reported;
+  };
+  absl::flat_hash_map<uint64_t, WatchedCall> calls ABSL_GUARDED_BY(mu);
+  uint64_t next_call ABSL_GUARDED_BY(mu) = 1;
 
   bool IsMemberLocked(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (const rpc::WorkerInfo& m : members) {
@@ -79,6 +92,24 @@ struct Supervisor::State {
     }
     (void)s->runtime->executor()->Submit([s, f = std::move(f)] { s->Deliver(f); });
   }
+
+  // A kHung event about `member`, whose cause is "worker '<name>' <detail>";
+  // nothing for a worker the job does not have.
+  std::optional<MemberFailure> Hung(int member, const std::string& function,
+                                    absl::string_view detail) const {
+    absl::StatusOr<rpc::WorkerInfo> w = runtime->worker(member);
+    if (!w.ok()) return std::nullopt;
+    return MemberFailure{
+        MemberFailure::Kind::kHung, *w, runtime->peer_incarnation(member),
+        absl::DeadlineExceededError(absl::StrCat("worker '", w->name, "' ", detail)), function};
+  }
+
+  // What group()'s calls are watched by (call_watch.h); holds the state
+  // weakly.
+  class Watcher;
+  // A member named by its forwarder, once its grace is over: hung unless it
+  // reported for itself meanwhile (SV2).
+  static void Judge(const std::shared_ptr<State>& s, uint64_t call, int from, int member);
 
   // SV2: this worker's calls to members that waited hung_after, each once.
   static void Scan(const std::shared_ptr<State>& s) {
@@ -144,6 +175,118 @@ struct Supervisor::State {
 
 thread_local const Supervisor::State* Supervisor::State::t_handling = nullptr;
 
+namespace {
+
+// How long a member that its forwarder reports as not answering has to
+// report for itself: hops report at one moment, but their reports travel
+// and their timers run late under load.
+absl::Duration Grace(absl::Duration hung_after) {
+  return std::clamp(hung_after / 2, absl::Milliseconds(250), absl::Seconds(5));
+}
+
+}  // namespace
+
+class Supervisor::State::Watcher final : public internal::CallWatcher {
+ public:
+  Watcher(std::weak_ptr<State> state, absl::Duration hung_after)
+      : state_(std::move(state)), hung_after_(hung_after) {}
+
+  absl::Duration hung_after() const override { return hung_after_; }
+
+  uint64_t Begin(const std::string& function) override {
+    std::shared_ptr<State> s = state_.lock();
+    if (s == nullptr) return 0;
+    absl::MutexLock lock(&s->mu);
+    const uint64_t id = s->next_call++;
+    s->calls[id] = WatchedCall{function, absl::Now(), {}, {}};
+    return id;
+  }
+
+  void Report(uint64_t call, int from, int member, bool own) override {
+    std::shared_ptr<State> s = state_.lock();
+    if (s == nullptr) return;
+    std::optional<MemberFailure> hung;
+    {
+      absl::MutexLock lock(&s->mu);
+      auto it = s->calls.find(call);
+      if (it == s->calls.end() || s->agent_gone) return;
+      WatchedCall& c = it->second;
+      // Whoever reports is alive, whatever its forwarder said of it.
+      c.alive.insert(from);
+      if (!own) {
+        if (c.alive.contains(member) || c.reported.contains(member)) return;
+        rpc::DeadlineTimer* timer = s->runtime->timer();
+        std::weak_ptr<State> weak = s;
+        timer->Schedule(timer->clock().Now() + Grace(hung_after_), [weak, call, from, member] {
+          std::shared_ptr<State> alive = weak.lock();
+          if (alive == nullptr) return;
+          {
+            absl::MutexLock lock(&alive->mu);
+            if (alive->agent_gone) return;
+          }
+          (void)alive->runtime->executor()->Submit(
+              [alive, call, from, member] { Judge(alive, call, from, member); });
+        });
+        return;
+      }
+      c.alive.insert(member);
+      if (!c.reported.insert(member).second) return;
+      hung = s->Hung(member, c.function,
+                     absl::StrCat("has run its part of a group call of '", c.function, "' for ",
+                                  DurationText(absl::Now() - c.start), " (hung_after ",
+                                  DurationText(hung_after_), ")"));
+    }
+    if (hung.has_value()) State::Post(s, *std::move(hung));
+  }
+
+  void End(uint64_t call,
+           const std::vector<std::pair<rpc::WorkerInfo, absl::Status>>& failed) override {
+    std::shared_ptr<State> s = state_.lock();
+    if (s == nullptr) return;
+    std::vector<MemberFailure> hung;
+    {
+      absl::MutexLock lock(&s->mu);
+      auto it = s->calls.find(call);
+      if (it == s->calls.end()) return;
+      const WatchedCall c = std::move(it->second);
+      s->calls.erase(it);
+      // An entry that timed out is a hang, unless reported during the call.
+      for (const auto& [member, outcome] : failed) {
+        if (!internal::MemberTimedOut(outcome) || c.reported.contains(member.id)) continue;
+        hung.push_back(MemberFailure{MemberFailure::Kind::kHung, member,
+                                     s->runtime->peer_incarnation(member.id), outcome, c.function});
+      }
+    }
+    for (MemberFailure& f : hung) State::Post(s, std::move(f));
+  }
+
+ private:
+  const std::weak_ptr<State> state_;
+  const absl::Duration hung_after_;
+};
+
+void Supervisor::State::Judge(const std::shared_ptr<State>& s, uint64_t call, int from,
+                              int member) {
+  std::optional<MemberFailure> hung;
+  {
+    absl::MutexLock lock(&s->mu);
+    auto it = s->calls.find(call);
+    if (it == s->calls.end()) return;  // the call ended: its entries say
+    WatchedCall& c = it->second;
+    if (c.alive.contains(member) || !c.reported.insert(member).second) return;
+    absl::StatusOr<rpc::WorkerInfo> forwarder = s->runtime->worker(from);
+    hung = s->Hung(
+        member, c.function,
+        absl::StrCat(
+            "has not answered its part of a group call of '", c.function, "' to ",
+            forwarder.ok() ? absl::StrCat("worker '", forwarder->name, "'") : "its forwarder",
+            " for ", DurationText(absl::Now() - c.start),
+            " and sent no report of its own (hung_after ", DurationText(s->options.hung_after),
+            "): its process may be stopped, or its link cut"));
+  }
+  if (hung.has_value()) s->Deliver(*hung);
+}
+
 absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Watch(const Group& group, Handler handler,
                                                               SupervisorOptions options) {
   if (!group.runtime_->running()) {
@@ -165,15 +308,7 @@ absl::StatusOr<std::unique_ptr<Supervisor>> Supervisor::Watch(const Group& group
   // The agent keeps its listeners and hooks for its life: they hold the
   // state weakly and do nothing once it is gone.
   std::weak_ptr<State> weak = state;
-  state->observer = std::make_shared<const internal::MemberObserver>(
-      [weak](const rpc::WorkerInfo& member, const std::string& function,
-             const absl::Status& outcome) {
-        if (!internal::MemberTimedOut(outcome)) return;
-        std::shared_ptr<State> s = weak.lock();
-        if (s == nullptr) return;
-        State::Post(s, MemberFailure{MemberFailure::Kind::kHung, member,
-                                     s->runtime->peer_incarnation(member.id), outcome, function});
-      });
+  state->watcher = std::make_shared<State::Watcher>(weak, options.hung_after);
   state->runtime->AddShutdownHook({nullptr, [weak] {
                                      if (std::shared_ptr<State> s = weak.lock()) {
                                        absl::MutexLock lock(&s->mu);
@@ -214,11 +349,11 @@ absl::StatusOr<Group> Supervisor::group() const {
   if (state_->members.empty()) {
     return absl::FailedPreconditionError("every member of the supervised group was dropped");
   }
-  return Group(state_->runtime, state_->members, state_->group_options, state_->observer);
+  return Group(state_->runtime, state_->members, state_->group_options, state_->watcher);
 }
 
 Group Supervisor::Watching(Group g) const {
-  g.observer_ = state_->observer;
+  g.watcher_ = state_->watcher;
   return g;
 }
 

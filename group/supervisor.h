@@ -15,9 +15,16 @@
 //     per dead incarnation.
 // SV2 A call from this worker to a member that has awaited its reply for
 //     hung_after is an event (kHung), once per call, while the call is still
-//     waiting: a hang is known before the call's own deadline. An entry of a
-//     call made through group() that ends DEADLINE_EXCEEDED is an event
-//     (kHung) too: through the tree, that is how a member's hang is known.
+//     waiting: a hang is known before the call's own deadline. So is a
+//     member that keeps a call through group() (or Watching()) waiting for
+//     hung_after, however deep in the tree: every hop reports to this worker
+//     what it still waits for at that moment (group/call_watch.h), and a
+//     member is hung if its own function still runs, or if its forwarder
+//     still waits for it and it sent no report of its own within a grace
+//     period (hung_after / 2, 250 ms to 5 s: its process is stopped or its
+//     link cut). Forwarders that only wait for a member below them are not
+//     hung. An entry that ends DEADLINE_EXCEEDED without having been
+//     reported is an event too (kHung). Each member once per call.
 // SV3 Handlers run on the agent's executor, one at a time, never once Stop()
 //     has returned, and never for a member dropped before the event.
 // SV4 Drop(m) takes m out of group() at once (later calls through it leave m

@@ -21,8 +21,10 @@
 #include "base/file_io.h"
 #include "env/launcher_request.h"
 #include "gtest/gtest.h"
+#include "proto/group.pb.h"
 #include "testing/eventually.h"
 #include "testing/rpc/loopback_job.h"
+#include "testing/rpc/loopback_transport.h"
 #include "testing/temp_dir.h"
 
 namespace baton::group {
@@ -257,6 +259,121 @@ TEST(Supervisor, SV2_AGroupEntryThatTimesOutIsHeardOfAsAHang) {
   j.release.Notify();
   EXPECT_EQ(g->call(kRankFn).value().values(), (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(events.size(), 1u);
+}
+
+// Members 1-9 of a job of 10, called from worker 0 through a tree of
+// fanout 2: 0 sends to 1 and 6; 1 to 2 and 4; 2 to 3; 4 to 5; 6 to 7 and 9;
+// 7 to 8. Its supervisor reports waits of 200 ms; the call's deadline is 3 s.
+struct DeepTree {
+  Job j{10};
+  Events events;
+  std::unique_ptr<Supervisor> sup;
+
+  DeepTree() {
+    if (j.job == nullptr) return;
+    GroupOptions go;
+    go.fanout = 2;
+    go.timeout = absl::Seconds(3);
+    auto g = Group::Of(j.job->agent(0), {1, 2, 3, 4, 5, 6, 7, 8, 9}, go);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return;
+    SupervisorOptions so;
+    so.hung_after = absl::Milliseconds(200);
+    auto watched = Supervisor::Watch(*g, events.Handler(), so);
+    EXPECT_TRUE(watched.ok()) << watched.status();
+    if (watched.ok()) sup = *std::move(watched);
+  }
+};
+
+// SV2: a member whose function hangs three levels down the tree is heard of
+// while the call still waits, by the report of its own hop; the forwarders
+// above it, which wait for it, are not; its entry's timeout at the end is
+// not heard of twice.
+TEST(Supervisor, SV2_AMemberThatHangsDeepInTheTreeIsHeardOfBeforeTheCallsDeadline) {
+  DeepTree t;
+  ASSERT_NE(t.sup, nullptr);
+  auto g = t.sup->group();
+  ASSERT_TRUE(g.ok());
+  const absl::Time start = absl::Now();
+  rpc::Future<GroupResult<int>> call = g->call(kBlockOnFn, 3);
+  ASSERT_TRUE(baton::testing::Eventually([&] { return t.events.size() >= 1; }));
+  EXPECT_FALSE(call.ready()) << "heard of only at the end, " << absl::Now() - start;
+  MemberFailure f = t.events.at(0);
+  EXPECT_EQ(f.kind, MemberFailure::Kind::kHung);
+  EXPECT_EQ(f.member.name, "w3");
+  EXPECT_EQ(f.function, "block_on");
+  EXPECT_EQ(f.cause.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(
+      absl::StrContains(f.cause.message(), "has run its part of a group call of 'block_on'"))
+      << f.cause;
+  GroupResult<int> r = call.value();
+  for (int i = 0; i < 9; ++i) {
+    if (i == 2) continue;
+    EXPECT_EQ(*r.results[i], i + 1);
+  }
+  EXPECT_EQ(r.results[2].status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Once, and only w3: its forwarders (w1, w2) reported, so they are alive.
+  EXPECT_EQ(t.events.size(), 1u);
+}
+
+// SV2: a member that never gets its request (its process stopped, its link
+// cut) reports nothing of its own: its forwarder's report names it, and
+// after a grace period it is heard of as hung; the forwarders above it are
+// not.
+TEST(Supervisor, SV2_AMemberThatCannotAnswerDeepInTheTreeIsHeardOfThroughItsForwarder) {
+  DeepTree t;
+  ASSERT_NE(t.sup, nullptr);
+  auto g = t.sup->group();
+  ASSERT_TRUE(g.ok());
+  using rpc::testing::Fate;
+  using rpc::testing::FrameInfo;
+  t.j.job->network().SetRule([](const FrameInfo& info) {
+    return info.request && info.to == 5 && info.function == kForwardFn ? Fate::Hold()
+                                                                       : Fate::Deliver();
+  });
+  rpc::Future<GroupResult<int>> call = g->call(kRankFn);
+  ASSERT_TRUE(baton::testing::Eventually([&] { return t.events.size() >= 1; }));
+  EXPECT_FALSE(call.ready());
+  MemberFailure f = t.events.at(0);
+  EXPECT_EQ(f.kind, MemberFailure::Kind::kHung);
+  EXPECT_EQ(f.member.name, "w5");
+  EXPECT_EQ(f.function, "rank");
+  EXPECT_TRUE(absl::StrContains(f.cause.message(), "to worker 'w4'")) << f.cause;
+  EXPECT_TRUE(absl::StrContains(f.cause.message(), "sent no report of its own")) << f.cause;
+  GroupResult<int> r = call.value();
+  EXPECT_EQ(r.results[4].status().code(), absl::StatusCode::kDeadlineExceeded);
+  for (int i : {0, 1, 2, 3, 5, 6, 7, 8}) EXPECT_EQ(*r.results[i], i + 1);
+  EXPECT_EQ(t.events.size(), 1u);
+  t.j.job->network().SetRule(nullptr);
+  t.j.job->network().ReleaseHeld(/*reverse=*/false);
+}
+
+// A hang report that is garbage, about a worker the job does not have, or
+// for no call in flight is refused or ignored: no crash, no event.
+TEST(Supervisor, AHangReportForNoWatchedCallChangesNothing) {
+  DeepTree t;
+  ASSERT_NE(t.sup, nullptr);
+  rpc::Runtime& from = t.j.job->agent(4).runtime();
+  auto send = [&](std::string bytes) {
+    rpc::Payload p;
+    p.bytes = std::move(bytes);
+    return from.CallRaw(0, kHangReportFn, "", std::move(p)).status();
+  };
+  EXPECT_EQ(send("\xff\xff garbage").code(), absl::StatusCode::kDataLoss);
+  proto::GroupHangReport r;
+  r.set_watch_id(12345);
+  r.set_member(99);
+  r.set_own(true);
+  absl::Status stranger = send(r.SerializeAsString());
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kInvalidArgument) << stranger;
+  EXPECT_TRUE(absl::StrContains(stranger.message(), "worker 99")) << stranger;
+  r.set_member(3);
+  EXPECT_TRUE(send(r.SerializeAsString()).ok());
+  // The group still works, and nothing was heard.
+  auto g = t.sup->group();
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->call(kRankFn).value().values(), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(t.events.size(), 0u);
 }
 
 // SV4 and SV3: a dropped member leaves group() at once, its death is no

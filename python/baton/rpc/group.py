@@ -26,8 +26,9 @@ caller receives one.
 
 A Supervisor hears of its group's members' failures as they happen: a
 member's death (as soon as the agent knows it, without a call to it), and
-a call to a member that hangs (hung_after seconds without a reply, or an
-entry of a call through ``supervisor.group`` that timed out). Its handler
+a call to a member that hangs (hung_after seconds without a reply; in a
+call through ``supervisor.group``, however deep in the tree the member is,
+while the call still waits; or an entry that timed out). Its handler
 may have baton-run restart the member (``restart``) or drop it from the
 group and the job (``drop``); ``supervisor.group`` then follows::
 
@@ -246,8 +247,11 @@ class Supervisor:
     * a member's death, as soon as this worker's agent knows it (once per
       dead incarnation);
     * a call from this worker to a member that has waited ``hung_after``
-      seconds for its reply (once per call; None: calls are not watched),
-      and an entry of a call through ``group`` that timed out.
+      seconds for its reply (once per call; None: calls are not watched);
+      in a call through ``group``, a member that keeps it waiting for
+      ``hung_after``, at any depth of the tree (its own function still
+      runs, or it never answered its forwarder and sent no report of its
+      own); and an entry of a call through ``group`` that timed out.
 
     The handler may call ``restart``, ``drop`` and ``stop``. Keep the
     supervisor referenced while it should watch: it stops when collected."""
