@@ -54,7 +54,7 @@ void OnHangReport(const rpc::CallContext& ctx, rpc::Payload payload, rpc::Respon
   }
   if (auto watches = ctx.registry->GetExtension<CallWatches>()) {
     if (auto [watcher, call] = watches->Find(r.watch_id()); watcher != nullptr) {
-      watcher->Report(call, ctx.caller->id, r.member(), r.own());
+      watcher->Report(call, ctx.caller->id, r.member(), r.kind());
     }
   }
   done(rpc::Payload());
@@ -80,14 +80,15 @@ std::shared_ptr<ReportTimer> ReportTimer::Arm(rpc::Runtime& runtime, absl::Time 
         if (self == nullptr) return;
         {
           absl::MutexLock lock(&self->mu_);
-          if (self->done_) return;
-          self->done_ = true;
+          if (self->cancelled_ || self->fired_) return;
+          self->fired_ = true;
         }
-        // A report sends a message: not on the timer's thread.
-        if (!self->runtime_->executor()->Submit(report)) report();
+        // A report sends a message: not on the timer's thread (a closed
+        // executor: the agent is going, and so is the report).
+        (void)self->runtime_->executor()->Submit(report);
       });
   absl::MutexLock lock(&t->mu_);
-  if (t->done_) {
+  if (t->cancelled_) {
     timer->Cancel(id);
   } else {
     t->id_ = id;
@@ -95,17 +96,21 @@ std::shared_ptr<ReportTimer> ReportTimer::Arm(rpc::Runtime& runtime, absl::Time 
   return t;
 }
 
-void ReportTimer::Cancel() {
+bool ReportTimer::Cancel() {
   absl::MutexLock lock(&mu_);
-  if (done_) return;
-  done_ = true;
-  if (id_ != 0) runtime_->timer()->Cancel(id_);
+  if (cancelled_) return fired_;
+  cancelled_ = true;
+  if (!fired_ && id_ != 0) runtime_->timer()->Cancel(id_);
+  return fired_;
 }
 
 std::shared_ptr<RootWatch> RootWatch::Begin(rpc::Runtime& runtime,
                                             std::shared_ptr<CallWatcher> watcher,
-                                            const std::string& label, absl::Time deadline) {
+                                            const std::string& label,
+                                            const std::vector<int>& members, absl::Time deadline) {
   if (watcher == nullptr) return nullptr;
+  const uint64_t call = watcher->Begin(label, members);
+  if (call == 0) return nullptr;
   std::shared_ptr<RootWatch> w(new RootWatch());
   w->runtime_ = &runtime;
   w->watcher_ = std::move(watcher);
@@ -116,9 +121,9 @@ std::shared_ptr<RootWatch> RootWatch::Begin(rpc::Runtime& runtime,
   if (after > absl::ZeroDuration() && absl::Now() + after < deadline) {
     w->at_ = absl::Now() + after;
   }
-  w->call_ = w->watcher_->Begin(label);
-  // Without them (group::Install not called here) nobody hears the hops:
-  // the root's own parts still report.
+  w->call_ = call;
+  // Without them (group::Install not called here) nobody hears the hops,
+  // and nothing is reported during the call: only its timed-out entries.
   if (w->watches_ != nullptr) w->wire_ = w->watches_->Add(w->watcher_, w->call_);
   return w;
 }
@@ -126,16 +131,19 @@ std::shared_ptr<RootWatch> RootWatch::Begin(rpc::Runtime& runtime,
 RootWatch::~RootWatch() { End({}); }
 
 void RootWatch::Stamp(proto::GroupRequest& request) const {
-  if (watches_ != nullptr && at_ != absl::InfiniteFuture()) request.set_watch_id(wire_);
+  if (watches_ == nullptr || at_ == absl::InfiniteFuture()) return;
+  request.set_watch_id(wire_);
+  request.set_hung_after_us(absl::ToInt64Microseconds(watcher_->hung_after()));
 }
 
 PartReports RootWatch::Parts() {
   PartReports p;
-  if (at_ == absl::InfiniteFuture()) return p;
+  if (watches_ == nullptr || at_ == absl::InfiniteFuture()) return p;
   p.at = at_;
   std::weak_ptr<CallWatcher> weak = watcher_;
-  p.report = [weak, call = call_, self = runtime_->self().id](int head) {
-    if (auto w = weak.lock()) w->Report(call, self, head, /*own=*/false);
+  p.report = [weak, call = call_, self = runtime_->self().id](int head,
+                                                              proto::GroupHangReport::Kind kind) {
+    if (auto w = weak.lock()) w->Report(call, self, head, kind);
   };
   return p;
 }
@@ -150,20 +158,27 @@ void RootWatch::End(const std::vector<std::pair<rpc::WorkerInfo, absl::Status>>&
   watcher_->End(call_, failed);
 }
 
-absl::Time ReportMoment(const proto::GroupRequest& request, absl::Time arrived) {
-  if (request.watch_id() == 0) return absl::InfiniteFuture();
-  return arrived + absl::Microseconds(request.report_in_us());
+ReportMoment HopReportMoment(const proto::GroupRequest& request, absl::Time arrived) {
+  ReportMoment m;
+  if (request.watch_id() == 0 || request.hung_after_us() <= 0) return m;
+  m.at = arrived + absl::Microseconds(request.report_in_us());
+  if (m.at <= arrived) {
+    m.late = true;
+    m.at = arrived + absl::Microseconds(request.hung_after_us());
+  }
+  return m;
 }
 
-void SendHangReport(rpc::Runtime& runtime, int root, uint64_t watch_id, int member, bool own) {
+void SendHangReport(rpc::Runtime& runtime, int root, uint64_t watch_id, int member,
+                    proto::GroupHangReport::Kind kind) {
   proto::GroupHangReport r;
   r.set_watch_id(watch_id);
   r.set_member(member);
-  r.set_own(own);
+  r.set_kind(kind);
   rpc::Payload payload;
   payload.bytes = r.SerializeAsString();
   rpc::CallOptions opts;
-  opts.timeout = absl::Seconds(10);
+  opts.timeout = absl::Seconds(2);
   // Nothing waits for its answer: a report that is lost reports nothing,
   // and the entry's timeout still does at the call's end.
   (void)runtime.CallRaw(root, kHangReportFn, "", std::move(payload), opts);

@@ -6,18 +6,22 @@
 // an id (CallWatches) and a report moment, hung_after after its start, and
 // every hop's request carries both. At that moment each hop that still
 // waits reports to the root, in one GroupHangReport each:
-// - its own function, if it is still running (`own`: that member hangs);
-// - each part it sent that has not answered (not `own`: the part's first
-//   member, or one below it, keeps it waiting).
+// - OWN_RUNNING: its own function still runs (that member hangs);
+// - PART_WAITING: a part it sent has not answered (the part's first member,
+//   or one below it, keeps it waiting); PART_ANSWERED if it answers later.
 // The moment travels as deadlines do, as the time left until it when a
-// request is sent, so it is about the same for every hop (a request that
-// arrives after it reports at once). The root reports its own parts the
-// same way, without a message.
+// request is sent, so it is about the same for every hop. A hop whose
+// request arrives after it (a slow forwarder) reports ALIVE at once and
+// takes hung_after from its arrival as its own moment. The root reports its
+// own parts the same way, without a message.
 //
-// The supervisor (CallWatcher) then judges: a member that reports its own
-// function hangs; a member named by its forwarder that reports nothing of
-// its own within a grace period (its process stopped, its link cut) hangs;
-// a member that sent a report is alive, whatever its forwarder said.
+// The supervisor (CallWatcher) then judges: a member whose own function
+// still runs hangs; a member named by its forwarder that neither reports
+// anything itself nor answers within a grace period (its process stopped,
+// its link cut) hangs; a member that sent a report, or whose part
+// answered, is alive, whatever its forwarder said. Reports about workers
+// that are not members of the call, or that a member makes about another's
+// own function, are dropped.
 //
 // Thread-safety: every class here is safe for concurrent use.
 #ifndef BATON_GROUP_CALL_WATCH_H_
@@ -47,11 +51,11 @@ class CallWatcher {
   // How long after its start a call's waits are reported; zero: no reports
   // during the call (its entries that timed out are still in End()).
   virtual absl::Duration hung_after() const = 0;
-  // A call of `function` (its label) starts: its id for the other methods.
-  virtual uint64_t Begin(const std::string& function) = 0;
-  // During call `call`, worker `from` reports that `member`'s own function
-  // still runs (own), or that the part `member` heads has not answered it.
-  virtual void Report(uint64_t call, int from, int member, bool own) = 0;
+  // A call of `function` (its label) to `members` starts: its id for the
+  // other methods (0: nothing watches it).
+  virtual uint64_t Begin(const std::string& function, const std::vector<int>& members) = 0;
+  // During call `call`, worker `from` reports `kind` about `member`.
+  virtual void Report(uint64_t call, int from, int member, proto::GroupHangReport::Kind kind) = 0;
   // Call `call` ended: its failed entries, each naming its member.
   virtual void End(uint64_t call,
                    const std::vector<std::pair<rpc::WorkerInfo, absl::Status>>& failed) = 0;
@@ -80,41 +84,46 @@ class CallWatches {
 absl::Status InstallHangReports(rpc::FunctionRegistry& registry);
 
 // Runs `report` on the executor at `at` (a real time) unless Cancel() came
-// first; an infinite `at` arms nothing.
+// first (not on the timer's thread: a report sends a message; dropped if
+// the executor is closed); an infinite `at` arms nothing.
 class ReportTimer {
  public:
   static std::shared_ptr<ReportTimer> Arm(rpc::Runtime& runtime, absl::Time at,
                                           std::function<void()> report);
-  // The report will not run (unless it started already).
-  void Cancel();
+  // The report will not run. Returns whether it ran (or was handed to the
+  // executor) before.
+  bool Cancel();
 
  private:
   explicit ReportTimer(rpc::Runtime* runtime) : runtime_(runtime) {}
   rpc::Runtime* const runtime_;
   absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
   rpc::DeadlineTimer::Id id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The reports of one part, sent or not: `report(head)` runs at the report
-// moment if the part headed by `head` has not answered by then.
+// The reports about the parts a hop sends: PART_WAITING about a part that
+// has not answered at `at`, then PART_ANSWERED if it answers.
 struct PartReports {
   absl::Time at = absl::InfiniteFuture();
-  std::function<void(int head)> report;
+  std::function<void(int head, proto::GroupHangReport::Kind kind)> report;
   bool active() const { return at != absl::InfiniteFuture() && report != nullptr; }
 };
 
 // A watched call as its root sees it.
 class RootWatch {
  public:
-  // Inactive (null) without a watcher.
+  // Inactive (null) without a watcher, or once its supervisor is gone.
   static std::shared_ptr<RootWatch> Begin(rpc::Runtime& runtime,
                                           std::shared_ptr<CallWatcher> watcher,
-                                          const std::string& label, absl::Time deadline);
+                                          const std::string& label, const std::vector<int>& members,
+                                          absl::Time deadline);
   ~RootWatch();
   // Asks the hops of `request` to report (when this worker can hear them).
   void Stamp(proto::GroupRequest& request) const;
-  // The root's own parts' reports.
+  // The root's own parts' reports (none when the hops cannot report here:
+  // a part's first member waiting for one below it would look hung).
   PartReports Parts();
   // The call ended (once).
   void End(const std::vector<std::pair<rpc::WorkerInfo, absl::Status>>& failed);
@@ -132,9 +141,16 @@ class RootWatch {
 };
 
 // When a hop reports for the watched call of `request`, which arrived at
-// `arrived` (infinite: not watched); and its report naming `member`.
-absl::Time ReportMoment(const proto::GroupRequest& request, absl::Time arrived);
-void SendHangReport(rpc::Runtime& runtime, int root, uint64_t watch_id, int member, bool own);
+// `arrived` (infinite: not watched); `late` if the call's moment had passed
+// (the hop reports ALIVE, and its moment is hung_after from its arrival).
+struct ReportMoment {
+  absl::Time at = absl::InfiniteFuture();
+  bool late = false;
+};
+ReportMoment HopReportMoment(const proto::GroupRequest& request, absl::Time arrived);
+// A hop's report to `root` (nothing waits for it).
+void SendHangReport(rpc::Runtime& runtime, int root, uint64_t watch_id, int member,
+                    proto::GroupHangReport::Kind kind);
 
 }  // namespace baton::group::internal
 

@@ -148,12 +148,18 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
     const bool reduce = base.reduce_sum();
     std::shared_ptr<internal::ReportTimer> report;
     if (reports.active()) {
-      report =
-          internal::ReportTimer::Arm(runtime, reports.at, [r = reports.report, head] { r(head); });
+      report = internal::ReportTimer::Arm(runtime, reports.at, [r = reports.report, head] {
+        r(head, proto::GroupHangReport::PART_WAITING);
+      });
     }
     runtime.CallRaw(head, kForwardFn, "", std::move(payload), opts)
-        .OnReady([rt, reduce, part = std::move(part), done, report](const Outcome& reply) {
-          if (report != nullptr) report->Cancel();
+        .OnReady([rt, reduce, part = std::move(part), done, report, r = reports.report,
+                  head](const Outcome& reply) {
+          // A part reported waiting that answered after all: its first
+          // member is alive.
+          if (report != nullptr && report->Cancel() && reply.ok()) {
+            r(head, proto::GroupHangReport::PART_ANSWERED);
+          }
           std::vector<Outcome> outcomes;
           absl::Status failed = reply.status();
           if (reply.ok() && reduce) {
@@ -191,12 +197,13 @@ void FanOut(rpc::Runtime& runtime, const proto::GroupRequest& base,
 class Hop : public std::enable_shared_from_this<Hop> {
  public:
   Hop(rpc::Runtime* runtime, proto::GroupRequest request, rpc::WorkerInfo root, absl::Time reply_by,
-      absl::Time report_at, rpc::Responder done)
+      internal::ReportMoment report_at, rpc::Responder done)
       : runtime_(runtime),
         request_(std::move(request)),
         root_(std::move(root)),
         reply_by_(reply_by),
-        report_at_(report_at),
+        report_at_(report_at.at),
+        late_(report_at.late),
         done_(std::move(done)) {
     const int n = request_.members_size();
     position_.reserve(n);
@@ -226,9 +233,17 @@ class Hop : public std::enable_shared_from_this<Hop> {
     // moment is reported to its root (call_watch.h).
     internal::PartReports reports;
     if (report_at_ != absl::InfiniteFuture()) {
+      const uint64_t id = request_.watch_id();
+      // Late: whoever sent this waited past the moment for it; this member
+      // is not the one that hangs (so far).
+      if (late_) {
+        internal::SendHangReport(*runtime_, root_.id, id, runtime_->self().id,
+                                 proto::GroupHangReport::ALIVE);
+      }
       reports.at = report_at_;
-      reports.report = [rt = runtime_, root = root_.id, id = request_.watch_id()](int head) {
-        internal::SendHangReport(*rt, root, id, head, /*own=*/false);
+      reports.report = [rt = runtime_, root = root_.id, id](int head,
+                                                            proto::GroupHangReport::Kind kind) {
+        internal::SendHangReport(*rt, root, id, head, kind);
       };
       auto own = internal::ReportTimer::Arm(*runtime_, report_at_, [weak = weak_from_this()] {
         if (auto hop = weak.lock()) hop->ReportOwn();
@@ -300,7 +315,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
       if (answered_ || outcomes_[0].has_value()) return;
     }
     internal::SendHangReport(*runtime_, root_.id, request_.watch_id(), runtime_->self().id,
-                             /*own=*/true);
+                             proto::GroupHangReport::OWN_RUNNING);
   }
 
   void Set(int position, Outcome outcome) {
@@ -454,6 +469,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
   const rpc::WorkerInfo root_;
   const absl::Time reply_by_;
   const absl::Time report_at_;  // infinite: not a watched call
+  const bool late_;             // the request came after the call's moment
   // Member -> its place in request_.members, and the member that forwards
   // the call to it (itself for the first of a part); constant.
   absl::flat_hash_map<int, int> position_;
@@ -518,7 +534,7 @@ void Forward(const rpc::CallContext& ctx, rpc::Payload payload, rpc::Responder d
           ? absl::InfiniteFuture()
           : ctx.deadline -
                 Margin(ctx.deadline - now, LevelsBelow(request.members_size(), request.fanout()));
-  const absl::Time report_at = internal::ReportMoment(request, now);
+  const internal::ReportMoment report_at = internal::HopReportMoment(request, now);
   std::vector<rpc::Blob> blobs = std::move(payload.blobs);
   auto hop = std::make_shared<Hop>(&runtime, std::move(request), *std::move(root), reply_by,
                                    report_at, std::move(done));
@@ -613,7 +629,7 @@ std::vector<rpc::Future<rpc::Payload>> CallRaw(rpc::Runtime& runtime,
   proto::GroupRequest base = BaseRequest(runtime, function, signature, options, args);
   base.set_discard_values(discard_values);
   pending->watch =
-      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), deadline);
+      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), ids, deadline);
   PartReports reports;
   if (pending->watch != nullptr) {
     pending->watch->Stamp(base);
@@ -684,7 +700,7 @@ rpc::Future<Reduced> ReduceRaw(rpc::Runtime& runtime, const std::vector<rpc::Wor
   proto::GroupRequest base = BaseRequest(runtime, function, signature, options, *args);
   base.set_reduce_sum(true);
   std::shared_ptr<RootWatch> watch =
-      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), deadline);
+      RootWatch::Begin(runtime, std::move(watcher), Label(options, function), ids, deadline);
   PartReports reports;
   if (watch != nullptr) {
     watch->Stamp(base);

@@ -53,7 +53,9 @@ struct Supervisor::State {
   struct WatchedCall {
     std::string function;
     absl::Time start;
+    absl::flat_hash_set<int> members;
     absl::flat_hash_set<int> alive;
+    absl::flat_hash_set<int> judging;  // named by a forwarder, in their grace
     absl::flat_hash_set<int> reported;
   };
   absl::flat_hash_map<uint64_t, WatchedCall> calls ABSL_GUARDED_BY(mu);
@@ -193,16 +195,20 @@ class Supervisor::State::Watcher final : public internal::CallWatcher {
 
   absl::Duration hung_after() const override { return hung_after_; }
 
-  uint64_t Begin(const std::string& function) override {
+  uint64_t Begin(const std::string& function, const std::vector<int>& members) override {
     std::shared_ptr<State> s = state_.lock();
     if (s == nullptr) return 0;
     absl::MutexLock lock(&s->mu);
     const uint64_t id = s->next_call++;
-    s->calls[id] = WatchedCall{function, absl::Now(), {}, {}};
+    WatchedCall& c = s->calls[id];
+    c.function = function;
+    c.start = absl::Now();
+    c.members.insert(members.begin(), members.end());
     return id;
   }
 
-  void Report(uint64_t call, int from, int member, bool own) override {
+  void Report(uint64_t call, int from, int member, proto::GroupHangReport::Kind kind) override {
+    using Kind = proto::GroupHangReport;
     std::shared_ptr<State> s = state_.lock();
     if (s == nullptr) return;
     std::optional<MemberFailure> hung;
@@ -211,10 +217,28 @@ class Supervisor::State::Watcher final : public internal::CallWatcher {
       auto it = s->calls.find(call);
       if (it == s->calls.end() || s->agent_gone) return;
       WatchedCall& c = it->second;
-      // Whoever reports is alive, whatever its forwarder said of it.
+      // Reports about the call's members only, from its members or this
+      // worker; a member speaks for its own function only, a forwarder for
+      // the parts it sent.
+      const bool self_report = kind == Kind::OWN_RUNNING || kind == Kind::ALIVE;
+      if (!c.members.contains(member) ||
+          (from != s->runtime->self().id && !c.members.contains(from)) ||
+          self_report != (member == from)) {
+        return;
+      }
+      // Whoever reports is alive, whatever its forwarder said of it; so is
+      // the first member of a part that answered.
       c.alive.insert(from);
-      if (!own) {
-        if (c.alive.contains(member) || c.reported.contains(member)) return;
+      if (kind == Kind::ALIVE) return;
+      if (kind == Kind::PART_ANSWERED) {
+        c.alive.insert(member);
+        return;
+      }
+      if (kind == Kind::PART_WAITING) {
+        if (c.alive.contains(member) || c.reported.contains(member) ||
+            !c.judging.insert(member).second) {
+          return;
+        }
         rpc::DeadlineTimer* timer = s->runtime->timer();
         std::weak_ptr<State> weak = s;
         timer->Schedule(timer->clock().Now() + Grace(hung_after_), [weak, call, from, member] {
@@ -229,7 +253,7 @@ class Supervisor::State::Watcher final : public internal::CallWatcher {
         });
         return;
       }
-      c.alive.insert(member);
+      c.alive.insert(member);  // OWN_RUNNING
       if (!c.reported.insert(member).second) return;
       hung = s->Hung(member, c.function,
                      absl::StrCat("has run its part of a group call of '", c.function, "' for ",
@@ -273,6 +297,7 @@ void Supervisor::State::Judge(const std::shared_ptr<State>& s, uint64_t call, in
     auto it = s->calls.find(call);
     if (it == s->calls.end()) return;  // the call ended: its entries say
     WatchedCall& c = it->second;
+    c.judging.erase(member);
     if (c.alive.contains(member) || !c.reported.insert(member).second) return;
     absl::StatusOr<rpc::WorkerInfo> forwarder = s->runtime->worker(from);
     hung = s->Hung(

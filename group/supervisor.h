@@ -20,10 +20,12 @@
 //     hung_after, however deep in the tree: every hop reports to this worker
 //     what it still waits for at that moment (group/call_watch.h), and a
 //     member is hung if its own function still runs, or if its forwarder
-//     still waits for it and it sent no report of its own within a grace
-//     period (hung_after / 2, 250 ms to 5 s: its process is stopped or its
-//     link cut). Forwarders that only wait for a member below them are not
-//     hung. An entry that ends DEADLINE_EXCEEDED without having been
+//     still waits for it and within a grace period (hung_after / 2, 250 ms
+//     to 5 s) it neither reports anything itself nor answers (its process
+//     is stopped or its link cut). Forwarders that only wait for a member
+//     below them are not hung, nor is a member whose request reached it
+//     after that moment (its forwarder was slow: it counts hung_after from
+//     its arrival). An entry that ends DEADLINE_EXCEEDED without having been
 //     reported is an event too (kHung). Each member once per call.
 // SV3 Handlers run on the agent's executor, one at a time, never once Stop()
 //     has returned, and never for a member dropped before the event.
