@@ -6,6 +6,8 @@
 #ifndef BATON_BENCH_BENCH_UTIL_H_
 #define BATON_BENCH_BENCH_UTIL_H_
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +29,14 @@ namespace baton::bench {
 // Seconds on a monotonic clock (time.perf_counter()).
 inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// This process's CPU time so far (user + system, every thread), in seconds.
+inline double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 // numpy.median: the mean of the two middle values for an even count.

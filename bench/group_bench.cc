@@ -12,9 +12,14 @@
 // warm-up calls of each), and reports the median of each; the loop waits
 // for every future, as the tree's caller does for every member. Prints one
 // JSON line per round and way, then the medians and the loop/tree ratio.
+// Each line also has the caller's CPU per call (rank 0's process, every
+// thread): on hosts where every worker has a core of its own, the loop's
+// call cannot take less than that, and the tree's caller only sends and
+// receives `fanout` messages, whose CPU is what the tree saves.
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -84,12 +89,18 @@ int RunWorker(const bench::Flags& flags) {
       if (FlatCall(**agent, g->members()) < 0 || TreeCall(*g) < 0) return 1;
     }
     std::vector<double> flat, tree;
+    double flat_cpu = 0, tree_cpu = 0;
     for (int i = 0; i < calls; ++i) {
+      const double c0 = bench::ProcessCpuSeconds();
       flat.push_back(FlatCall(**agent, g->members()));
+      const double c1 = bench::ProcessCpuSeconds();
       tree.push_back(TreeCall(*g));
+      tree_cpu += bench::ProcessCpuSeconds() - c1;
+      flat_cpu += c1 - c0;
       if (flat.back() < 0 || tree.back() < 0) return 1;
     }
-    ch.Send(bench::Numbers({bench::Median(flat) * 1e3, bench::Median(tree) * 1e3}));
+    ch.Send(bench::Numbers({bench::Median(flat) * 1e3, bench::Median(tree) * 1e3,
+                            flat_cpu / calls * 1e3, tree_cpu / calls * 1e3}));
   } else {
     ch.Send("ready");
   }
@@ -97,27 +108,28 @@ int RunWorker(const bench::Flags& flags) {
   return (*agent)->Shutdown().ok() ? 0 : 1;
 }
 
-// One round of `n` workers: the loop's and the tree's median, in ms.
-std::pair<double, double> OneRound(const std::vector<std::string>& args, int n) {
+// One round of `n` workers: the loop's and the tree's median, and the
+// caller's CPU per call of each, in ms; empty if it failed.
+std::vector<double> OneRound(const std::vector<std::string>& args, int n) {
   std::vector<bench::WorkerSpec> specs;
   for (int r = 0; r < n; ++r) specs.push_back({absl::StrCat("w", r), r});
   auto group = bench::WorkerGroup::Spawn(specs, args, baton::testing::FreePort());
   if (!group.ok()) {
     std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
-    return {-1, -1};
+    return {};
   }
-  std::pair<double, double> out{-1, -1};
+  std::vector<double> out;
   absl::Status s =
       (*group)->Wait(absl::Minutes(10), absl::Seconds(60), [&](int w, const std::string& line) {
         if (w != 0) return;
         auto t = bench::ParseNumbers(line);
-        if (t.size() != 2) return;
-        out = {t[0], t[1]};
+        if (t.size() != 4) return;
+        out = t;
         (*group)->ReleaseAll();
       });
   if (!s.ok()) {
     std::fprintf(stderr, "round failed: %s\n", s.ToString().c_str());
-    return {-1, -1};
+    return {};
   }
   return out;
 }
@@ -132,18 +144,21 @@ int Run(int argc, char** argv) {
                                          "--fanout", absl::StrCat(flags.Int("fanout", 8))};
   std::vector<double> flat, tree, ratios;
   for (int round = 0; round < rounds; ++round) {
-    const auto [f, t] = OneRound(args, n);
-    if (f < 0 || t < 0) return 1;
+    const std::vector<double> r = OneRound(args, n);
+    if (r.size() != 4) return 1;
+    const double f = r[0], t = r[1];
     flat.push_back(f);
     tree.push_back(t);
     ratios.push_back(f / t);
-    for (const auto& [way, v] : {std::pair<const char*, double>{"flat_loop", f}, {"tree", t}}) {
+    for (const auto& [way, v, cpu] :
+         {std::tuple<const char*, double, double>{"flat_loop", f, r[2]}, {"tree", t, r[3]}}) {
       bench::JsonLine()
           .Add("system", "baton")
           .Add("metric", absl::StrCat("group_call_", n, "_workers_", way))
           .Add("round", round)
           .Add("value", v)
           .Add("unit", "ms")
+          .Add("caller_cpu_ms", cpu)
           .Add("note", absl::StrCat("median of ", flags.Int("calls", 30),
                                     " calls of a no-op to the ", n - 1, " other workers"))
           .Print();

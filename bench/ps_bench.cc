@@ -177,14 +177,6 @@ struct Result {
   }
 };
 
-// This process's CPU time (user + system, every thread), in seconds.
-double ProcessCpuSeconds() {
-  struct rusage u {};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
 absl::StatusOr<std::unique_ptr<RpcAgent>> MakeAgent(std::shared_ptr<FunctionRegistry> registry) {
   auto opts = AgentOptions::FromEnv();
   if (!opts.ok()) return opts.status();
@@ -212,12 +204,12 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   Result r;
   std::vector<std::array<double, 4>> marks;  // --timeline
   marks.reserve(cfg.steps);
-  double t0 = bench::Now(), cpu0 = ProcessCpuSeconds();
+  double t0 = bench::Now(), cpu0 = bench::ProcessCpuSeconds();
   for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
     const bool timed = step >= cfg.warmup;
     if (step == cfg.warmup) {
       t0 = bench::Now();
-      cpu0 = ProcessCpuSeconds();
+      cpu0 = bench::ProcessCpuSeconds();
     }
     // The model after the previous step (Create() pulled the first).
     double at = bench::Now();
@@ -260,7 +252,7 @@ absl::StatusOr<Result> TrainPs(RpcAgent& agent, const Config& cfg, int t) {
   r.pull += bench::Now() - at;
   r.samples = static_cast<double>(cfg.steps * cfg.batch);
   r.wall = bench::Now() - t0;
-  r.cpu = ProcessCpuSeconds() - cpu0;
+  r.cpu = bench::ProcessCpuSeconds() - cpu0;
   const ps::PsClient::SameHostStats shm = (*client)->SameHost();
   r.board_pulls = static_cast<double>(shm.board_reads);
   r.box_pushes = static_cast<double>(shm.box_pushes);
@@ -277,11 +269,11 @@ Result TrainLocal(const Config& cfg, int rank) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(kLr));
   Batches data(rank, cfg.batch);
   Result r;
-  double t0 = bench::Now(), cpu0 = ProcessCpuSeconds();
+  double t0 = bench::Now(), cpu0 = bench::ProcessCpuSeconds();
   for (int64_t step = 0; step < cfg.warmup + cfg.steps; ++step) {
     if (step == cfg.warmup) {
       t0 = bench::Now();
-      cpu0 = ProcessCpuSeconds();
+      cpu0 = bench::ProcessCpuSeconds();
     }
     auto [x, y] = data.Next();
     opt.zero_grad();
@@ -293,7 +285,7 @@ Result TrainLocal(const Config& cfg, int rank) {
   r.samples = static_cast<double>(cfg.steps * cfg.batch);
   r.wall = bench::Now() - t0;
   r.compute = r.wall;
-  r.cpu = ProcessCpuSeconds() - cpu0;
+  r.cpu = bench::ProcessCpuSeconds() - cpu0;
   return r;
 }
 
@@ -303,13 +295,13 @@ absl::Status RunServer(const Config& cfg, bench::WorkerChannel& ch) {
   so.same_host_shm = cfg.same_host_shm;
   auto server = ps::PsServer::Create(MakeSpec(cfg), so, *registry);
   if (!server.ok()) return server.status();
-  const double cpu0 = ProcessCpuSeconds();
+  const double cpu0 = bench::ProcessCpuSeconds();
   auto agent = MakeAgent(registry);
   if (!agent.ok()) return agent.status();
   // Serve until the driver says every trainer is done.
   const bool released = ch.WaitRelease();
   ch.Send(absl::StrCat("pushes ", (*server)->shard().Stats().applied_pushes, " ",
-                       ProcessCpuSeconds() - cpu0, " ", (*server)->shared_memory_bytes()));
+                       bench::ProcessCpuSeconds() - cpu0, " ", (*server)->shared_memory_bytes()));
   absl::Status stopped = (*server)->Stop(false);
   absl::Status s = (*agent)->Shutdown(released);
   if (!released) return absl::AbortedError("the driver gave up");

@@ -72,14 +72,6 @@ Usage Footprint() {
           ProcValue("/proc/self/status", "Threads: %ld")};
 }
 
-// The CPU time this process has used so far, in all its threads (ms).
-double CpuMs() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
-         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
-}
-
 int RunWorker(const bench::Flags& flags) {
   bench::WorkerChannel ch = bench::WorkerChannel::Open();
   auto options = rpc::AgentOptions::FromEnv("w");
@@ -95,7 +87,7 @@ int RunWorker(const bench::Flags& flags) {
     options->etcd.prefix = flags.Str("prefix", "");
   }
   const Usage before = Footprint();
-  const double cpu0 = CpuMs();
+  const double cpu0 = bench::ProcessCpuSeconds() * 1e3;
   const double t0 = bench::Now();
   auto agent = rpc::RpcAgent::Create(*options, std::make_shared<rpc::FunctionRegistry>());
   const double t1 = bench::Now();
@@ -110,7 +102,7 @@ int RunWorker(const bench::Flags& flags) {
   // built-in store (it uses it in-process).
   const double requests = static_cast<double>((*agent)->runtime().store().RequestsSent());
   ch.Send(bench::Numbers({t0, t1, idle.rss_kib, idle.threads, before.rss_kib, before.threads,
-                          idle.pss_kib, requests, CpuMs() - cpu0}));
+                          idle.pss_kib, requests, bench::ProcessCpuSeconds() * 1e3 - cpu0}));
   if (!ch.WaitRelease()) return 1;
   if (absl::Status s = (*agent)->Shutdown(); !s.ok()) {
     std::fprintf(stderr, "rank %d: shutdown: %s\n", options->rank, s.ToString().c_str());
