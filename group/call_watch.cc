@@ -116,11 +116,10 @@ std::shared_ptr<RootWatch> RootWatch::Begin(rpc::Runtime& runtime,
   w->watcher_ = std::move(watcher);
   w->watches_ = runtime.registry().GetExtension<CallWatches>();
   const absl::Duration after = w->watcher_->hung_after();
+  const absl::Time at = absl::Now() + after;
   // A report moment at or past the deadline reports nothing the entries'
   // timeouts do not.
-  if (after > absl::ZeroDuration() && absl::Now() + after < deadline) {
-    w->at_ = absl::Now() + after;
-  }
+  if (after > absl::ZeroDuration() && at < deadline) w->at_ = at;
   w->call_ = call;
   // Without them (group::Install not called here) nobody hears the hops,
   // and nothing is reported during the call: only its timed-out entries.
@@ -131,14 +130,14 @@ std::shared_ptr<RootWatch> RootWatch::Begin(rpc::Runtime& runtime,
 RootWatch::~RootWatch() { End({}); }
 
 void RootWatch::Stamp(proto::GroupRequest& request) const {
-  if (watches_ == nullptr || at_ == absl::InfiniteFuture()) return;
+  if (!reporting()) return;
   request.set_watch_id(wire_);
   request.set_hung_after_us(absl::ToInt64Microseconds(watcher_->hung_after()));
 }
 
 PartReports RootWatch::Parts() {
   PartReports p;
-  if (watches_ == nullptr || at_ == absl::InfiniteFuture()) return p;
+  if (!reporting()) return p;
   p.at = at_;
   std::weak_ptr<CallWatcher> weak = watcher_;
   p.report = [weak, call = call_, self = runtime_->self().id](int head,

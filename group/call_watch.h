@@ -130,6 +130,9 @@ class RootWatch {
 
  private:
   RootWatch() = default;
+  // Whether the hops report during the call: there is a moment before the
+  // deadline, and this worker hears reports.
+  bool reporting() const { return watches_ != nullptr && at_ != absl::InfiniteFuture(); }
   rpc::Runtime* runtime_ = nullptr;
   std::shared_ptr<CallWatcher> watcher_;
   std::shared_ptr<CallWatches> watches_;  // null: reports cannot reach here
