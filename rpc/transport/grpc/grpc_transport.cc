@@ -1,7 +1,6 @@
 #include "rpc/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
-#include <deque>
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
@@ -11,12 +10,10 @@
 #include "base/grpc_status.h"
 #include "base/status.h"
 #include "base/status_macros.h"
+#include "rpc/transport/grpc/outbox.h"
 
 namespace baton::rpc::internal {
 namespace {
-
-// Packets are coalesced up to this size (a single larger frame goes alone).
-constexpr size_t kCoalesceBytes = 1 << 20;
 
 // A server stream stops reading requests while more than this many reply
 // bytes wait to be written (a caller that sends but does not read its
@@ -25,123 +22,6 @@ constexpr size_t kCoalesceBytes = 1 << 20;
 constexpr size_t kMaxQueuedReplyBytes = size_t{64} << 20;
 
 }  // namespace
-
-// Serializes writes on one stream and coalesces queued frames.
-//
-// Exactly one thread at a time holds the "writer" role (writing_ == true) and
-// may touch current_ and call start_write_. on_idle_close_ runs exactly once,
-// when the outbox is closed and no write is in flight; after it, no write
-// starts, so the reactor may finish.
-//
-// Reads can be paused while too much waits (PauseReadsIfOver); `resume_reads`
-// restarts them from OnWriteDone, only while a next write is starting, so
-// writing_ stays true and on_idle_close_ (which finishes the stream) cannot
-// run concurrently with it.
-class Outbox {
- public:
-  Outbox(std::function<void(const grpc::ByteBuffer*)> start_write,
-         std::function<void()> on_idle_close, std::function<void()> resume_reads = nullptr)
-      : start_write_(std::move(start_write)),
-        on_idle_close_(std::move(on_idle_close)),
-        resume_reads_(std::move(resume_reads)) {}
-
-  bool Send(std::vector<grpc::Slice> slices, size_t bytes) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (closed_) return false;
-      queued_bytes_ += bytes;
-      queue_.push_back({std::move(slices), bytes});
-      if (writing_) return true;
-      writing_ = true;
-      BuildLocked();
-    }
-    start_write_(&current_);
-    return true;
-  }
-
-  void OnWriteDone(bool ok) {
-    bool idle_close = false;
-    bool start_next = false;
-    bool resume = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!ok) {
-        closed_ = true;
-        queue_.clear();
-        queued_bytes_ = 0;
-      }
-      if (closed_ || queue_.empty()) {
-        writing_ = false;
-        idle_close = closed_ && !idle_closed_;
-        if (idle_close) idle_closed_ = true;
-      } else {
-        BuildLocked();
-        start_next = true;
-        if (reads_paused_ && queued_bytes_ <= pause_limit_ / 2) {
-          reads_paused_ = false;
-          resume = true;
-        }
-      }
-    }
-    if (idle_close) on_idle_close_();
-    if (resume) resume_reads_();
-    if (start_next) start_write_(&current_);
-  }
-
-  // True (and reads count as paused) if more than `limit` bytes wait behind
-  // the write in flight; the caller then does not start its next read.
-  bool PauseReadsIfOver(size_t limit) {
-    absl::MutexLock lock(&mu_);
-    if (closed_ || !writing_ || queued_bytes_ <= limit || resume_reads_ == nullptr) return false;
-    reads_paused_ = true;
-    pause_limit_ = limit;
-    return true;
-  }
-
-  void Close() {
-    bool idle_close = false;
-    {
-      absl::MutexLock lock(&mu_);
-      closed_ = true;
-      queue_.clear();
-      queued_bytes_ = 0;
-      idle_close = !writing_ && !idle_closed_;
-      if (idle_close) idle_closed_ = true;
-    }
-    if (idle_close) on_idle_close_();
-  }
-
- private:
-  void BuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<grpc::Slice> slices;
-    size_t bytes = 0;
-    while (!queue_.empty() && (slices.empty() || bytes + queue_.front().bytes <= kCoalesceBytes)) {
-      auto& item = queue_.front();
-      bytes += item.bytes;
-      queued_bytes_ -= item.bytes;
-      for (auto& s : item.slices) slices.push_back(std::move(s));
-      queue_.pop_front();
-    }
-    current_ = grpc::ByteBuffer(slices.data(), slices.size());
-  }
-
-  struct Item {
-    std::vector<grpc::Slice> slices;
-    size_t bytes;
-  };
-  const std::function<void(const grpc::ByteBuffer*)> start_write_;
-  const std::function<void()> on_idle_close_;
-  const std::function<void()> resume_reads_;
-  absl::Mutex mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // in queue_, not yet in a write
-  bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
-  size_t pause_limit_ ABSL_GUARDED_BY(mu_) = kMaxQueuedReplyBytes;  // of the last pause
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool idle_closed_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ByteBuffer current_;  // owned by the writer role
-};
 
 namespace {
 
