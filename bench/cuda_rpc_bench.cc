@@ -90,7 +90,7 @@ BATON_SCENARIO(cuda_rpc_bench) {
                            [](at::Tensor t) { return t.to(at::Device(at::kCUDA, 0)).cpu(); });
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  if (opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
+  if (opts->rank == 0) opts->devices.maps["w1"] = {{0, 0}};
   baton::rpc::AgentCollaborators collaborators;
   std::shared_ptr<baton::rpc::cuda::CudaIpcChannel> channel;
   if (EnvIs("BATON_BENCH_CUDA_IPC", "1")) {

@@ -61,10 +61,10 @@ int RunWorker(const bench::Flags& flags) {
     std::fprintf(stderr, "%s\n", options.status().ToString().c_str());
     return 1;
   }
-  options->same_host_shm = false;
-  options->local_transport = rpc::AgentOptions::LocalTransport::kNetwork;
-  options->init_timeout = absl::Seconds(300);
-  options->shutdown_timeout = absl::Seconds(120);
+  options->transport.same_host_shm = false;
+  options->transport.local_transport = rpc::AgentOptions::LocalTransport::kNetwork;
+  options->timeouts.init = absl::Seconds(300);
+  options->timeouts.shutdown = absl::Seconds(120);
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   if (!registry->Register(kNoop, [](int64_t x) { return x; }).ok() ||
       !group::Install(*registry).ok()) {

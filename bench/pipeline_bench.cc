@@ -26,7 +26,7 @@
 // (Chrome trace) and .svg (timeline).
 // --device cuda: the single-process baselines and every stage compute on
 // the GPU (pipeline/stage.h, PP9; the stage processes share it). Stage
-// workers map their device to each other's (AgentOptions::device_maps) and,
+// workers map their device to each other's (AgentOptions::devices.maps) and,
 // in a CUDA build (BATON_BENCH_CUDA_IPC, CMakeLists.txt), send activations
 // and gradients through CUDA IPC; the driver sends host batches, as the
 // single-process baseline moves its host batches onto the GPU.
@@ -269,7 +269,7 @@ absl::Status RunStage(const Config& c, int max_p, bench::WorkerChannel& ch) {
     const int d = so.device.has_index() ? so.device.index() : 0;
     for (int k = 1; k <= max_p; ++k) {
       const std::string peer = absl::StrCat("stage", k);
-      if (peer != opts->name) opts->device_maps[peer] = {{d, d}};
+      if (peer != opts->name) opts->devices.maps[peer] = {{d, d}};
     }
 #ifdef BATON_BENCH_CUDA_IPC
     ipc = rpc::cuda::CudaIpcChannel::Install(*registry);

@@ -180,9 +180,9 @@ struct Result {
 absl::StatusOr<std::unique_ptr<RpcAgent>> MakeAgent(std::shared_ptr<FunctionRegistry> registry) {
   auto opts = AgentOptions::FromEnv();
   if (!opts.ok()) return opts.status();
-  opts->rpc_timeout = absl::Seconds(120);
-  opts->init_timeout = absl::Seconds(120);
-  opts->shutdown_timeout = absl::Seconds(60);
+  opts->timeouts.rpc = absl::Seconds(120);
+  opts->timeouts.init = absl::Seconds(120);
+  opts->timeouts.shutdown = absl::Seconds(60);
   return RpcAgent::Create(*opts, std::move(registry));
 }
 

@@ -79,10 +79,10 @@ int RunWorker(const bench::Flags& flags) {
     std::fprintf(stderr, "%s\n", options.status().ToString().c_str());
     return 1;
   }
-  options->same_host_shm = false;  // the store's protocol alone
-  options->init_timeout = absl::Seconds(120);
+  options->transport.same_host_shm = false;  // the store's protocol alone
+  options->timeouts.init = absl::Seconds(120);
   if (flags.Str("store", "") == "etcd") {
-    options->job_token = kToken;
+    options->security.job_token = kToken;
     options->etcd.endpoint = flags.Str("etcd", "");
     options->etcd.prefix = flags.Str("prefix", "");
   }

@@ -433,32 +433,32 @@ int RunRank(int rank, bool quick) {
   opts.rank = rank;
   opts.world_size = 2;
   opts.master_port = std::atoi(std::getenv("MASTER_PORT"));
-  opts.rpc_timeout = absl::Seconds(120);
+  opts.timeouts.rpc = absl::Seconds(120);
   if (std::strcmp(TransportName(), "grpc") == 0) {
-    opts.local_transport = AgentOptions::LocalTransport::kGrpc;
+    opts.transport.local_transport = AgentOptions::LocalTransport::kGrpc;
   }
-  // Mutual TLS, as bench/compare.sh's TLS run sets it (AgentOptions::tls).
+  // Mutual TLS, as bench/compare.sh's TLS run sets it (AgentOptions::security.tls).
   auto env = [](const char* name) {
     const char* v = std::getenv(name);
     return v == nullptr ? std::string() : std::string(v);
   };
-  opts.tls = {env("BATON_TLS_CA"), env("BATON_TLS_CERT"), env("BATON_TLS_KEY"),
-              env("BATON_TLS_SERVER_NAME")};
+  opts.security.tls = {env("BATON_TLS_CA"), env("BATON_TLS_CERT"), env("BATON_TLS_KEY"),
+                       env("BATON_TLS_SERVER_NAME")};
   // BATON_SHM=0: large tensors travel on the stream, as between hosts.
-  if (env("BATON_SHM") == "0") opts.same_host_shm = false;
+  if (env("BATON_SHM") == "0") opts.transport.same_host_shm = false;
   // BATON_NET_BULK=0: large tensors between hosts on the stream, not on the
   // network bulk channel (rpc/channel/tcp/bulk_channel.h).
-  opts.network_bulk = env("BATON_NET_BULK") != "0";
+  opts.transport.network_bulk = env("BATON_NET_BULK") != "0";
   // BATON_NET_BULK_LANES=n: its connections per peer (B10; default 2).
   if (const std::string lanes = env("BATON_NET_BULK_LANES"); !lanes.empty()) {
-    opts.network_bulk_lanes = std::atoi(lanes.c_str());
+    opts.transport.network_bulk_lanes = std::atoi(lanes.c_str());
   }
   // Rank 0's address where the two run on two "hosts" (netns_bench.sh).
   if (const std::string addr = env("MASTER_ADDR"); !addr.empty()) opts.master_addr = addr;
-  opts.job_token = env("BATON_JOB_TOKEN");
+  opts.security.job_token = env("BATON_JOB_TOKEN");
   // BATON_METRICS=1: metrics collected, as a job with metrics on
   // (bench/metrics_cost.sh compares).
-  opts.collect_metrics = env("BATON_METRICS") == "1";
+  opts.observability.collect_metrics = env("BATON_METRICS") == "1";
   auto agent = RpcAgent::Create(opts, registry);
   if (!agent.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, agent.status().ToString().c_str());

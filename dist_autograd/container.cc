@@ -246,7 +246,7 @@ void Container::SendRelease(rpc::Runtime* agent, int64_t id, int to, bool broadc
   rpc::Payload payload;
   payload.bytes = msg.SerializeAsString();
   rpc::CallOptions opts;
-  opts.timeout = std::min(agent->options().rpc_timeout, agent->options().shutdown_timeout);
+  opts.timeout = std::min(agent->options().timeouts.rpc, agent->options().timeouts.shutdown);
   rpc::Future<rpc::Payload> f = agent->CallRaw(to, kReleaseFn, "", std::move(payload), opts);
   if (!broadcast_if_dead) return;
   auto self = weak_from_this();

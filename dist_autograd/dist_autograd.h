@@ -216,7 +216,7 @@ class ContextScope {
 // NOT_FOUND unknown context on this worker; INVALID_ARGUMENT a bad root;
 // FAILED_PRECONDITION a second Backward after one without retain_graph;
 // otherwise the first error of any worker's part, annotated with the context
-// id and worker. Bounded by `timeout` (0: the agent's rpc_timeout).
+// id and worker. Bounded by `timeout` (0: the agent's timeouts.rpc).
 absl::Status Backward(rpc::RpcAgent& agent, int64_t context_id,
                       const std::vector<at::Tensor>& roots, bool retain_graph = false,
                       absl::Duration timeout = absl::ZeroDuration());

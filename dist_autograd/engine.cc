@@ -366,7 +366,7 @@ rpc::Future<bool> SendGradients(rpc::Runtime& agent, std::vector<Outgoing> outgo
   for (Outgoing& o : outgoing) {
     rpc::CallOptions opts;
     opts.timeout = deadline == absl::InfiniteFuture()
-                       ? agent.options().rpc_timeout
+                       ? agent.options().timeouts.rpc
                        : std::max(absl::Milliseconds(1), deadline - absl::Now());
     rpc::Future<bool> f = agent.rpc_async(opts, o.to, PropagateFunction(), o.context_id,
                                           o.message_id, std::move(o.grads));
@@ -495,7 +495,7 @@ absl::Status Backward(rpc::RpcAgent& handle, int64_t context_id,
       if (state != nullptr) state->set_profiled_pass(nullptr);
     }
   } end_profiled_pass{profiled ? state.get() : nullptr};
-  if (timeout <= absl::ZeroDuration()) timeout = agent.options().rpc_timeout;
+  if (timeout <= absl::ZeroDuration()) timeout = agent.options().timeouts.rpc;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
   auto outgoing = internal::RunLocal(*state, agent.self().id, edges, grads);

@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   RETURN_IF_ERROR(ValidateOptions(options));
   if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer: no parameters");
   const absl::Duration timeout =
-      settings.timeout > absl::ZeroDuration() ? settings.timeout : agent.options().rpc_timeout;
+      settings.timeout > absl::ZeroDuration() ? settings.timeout : agent.options().timeouts.rpc;
   // Group by owner, keeping the order of each owner's first parameter.
   std::vector<int> order;
   std::map<int, std::vector<rref::RRef<at::Tensor>>> by_owner;

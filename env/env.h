@@ -68,12 +68,12 @@ inline constexpr char kEnvErrorFile[] = "BATON_ERROR_FILE";
 // rendezvousing anew.
 inline constexpr char kEnvRejoin[] = "BATON_REJOIN";
 // Seconds a call to a worker found dead waits for its restarted successor
-// (rpc::AgentOptions::restart_wait, P7-P8 of docs/peer_failures.md).
+// (rpc::AgentOptions::restarts.wait, P7-P8 of docs/peer_failures.md).
 // baton-run sets it for jobs that restart a worker or a role alone
 // (--restart_wait); "0" or unset: such calls fail at once.
 inline constexpr char kEnvRestartWait[] = "BATON_RESTART_WAIT";
 // Seconds a peer may stay silent (a network partition) before it is
-// reported dead (rpc::AgentOptions::partition_tolerance, "Partitions" in
+// reported dead (rpc::AgentOptions::timeouts.partition_tolerance, "Partitions" in
 // docs/peer_failures.md); baton-run sets it from --partition_tolerance.
 inline constexpr char kEnvPartitionTolerance[] = "BATON_PARTITION_TOLERANCE";
 // Set to "1" by baton-run; its presence is what is_elastic_launched() checks.

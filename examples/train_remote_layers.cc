@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // The layer owners enter Shutdown() at once and wait there for the trainer.
-  if (options->rank != 0) options->shutdown_timeout = absl::Minutes(10);
+  if (options->rank != 0) options->timeouts.shutdown = absl::Minutes(10);
 
   auto registry = std::make_shared<baton::rpc::FunctionRegistry>();
   std::shared_ptr<rref::RRefService> rrefs;

@@ -398,7 +398,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
     }
     // A part's values travel in one message: what would not fit is
     // refused, member by member, instead of failing them all.
-    const int64_t room = runtime_->options().max_message_bytes - (int64_t{64} << 10);
+    const int64_t room = runtime_->options().transport.max_message_bytes - (int64_t{64} << 10);
     int64_t size = 0;
     for (int i = 0; i < request_.members_size(); ++i) {
       proto::GroupEntry* e = r.add_entries();
@@ -425,7 +425,7 @@ class Hop : public std::enable_shared_from_this<Hop> {
         e->set_message(absl::StrCat(
             "its value of ", bytes, " bytes does not fit in the reply of ",
             Describe(*runtime_, request_.members(0)), " for its part (max_message_bytes ",
-            runtime_->options().max_message_bytes, "): call fewer members at once"));
+            runtime_->options().transport.max_message_bytes, "): call fewer members at once"));
         value.Undeliverable();
         continue;
       }
@@ -571,7 +571,7 @@ std::string Label(const GroupOptions& options, const std::string& function) {
 
 absl::Time Deadline(rpc::Runtime& runtime, const GroupOptions& options) {
   const absl::Duration timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : runtime.options().rpc_timeout;
+      options.timeout > absl::ZeroDuration() ? options.timeout : runtime.options().timeouts.rpc;
   return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
 }
 

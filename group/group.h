@@ -89,7 +89,7 @@ struct GroupOptions {
   // Requests each hop sends at most (1-64). 1 makes a chain.
   int fanout = 8;
   // The whole call's deadline, from the caller. Zero: the agent's
-  // rpc_timeout.
+  // timeouts.rpc.
   absl::Duration timeout = absl::ZeroDuration();
   // What to call the function in errors, metrics and hang reports, when not
   // its registered name (a Python function behind a generic entry point).

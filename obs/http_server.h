@@ -1,8 +1,8 @@
 // HttpServer: the small HTTP/1.1 endpoint a worker serves its observability
 // on: GET /metrics (Prometheus's text exposition format 0.0.4, for a scrape)
 // and GET /state (the worker's state for the hang report, obs/state.h), on a
-// TCP port (AgentOptions::metrics_address) or a Unix socket
-// (AgentOptions::state_socket, baton-run's). HttpGet is its client.
+// TCP port (AgentOptions::observability.metrics_address) or a Unix socket
+// (AgentOptions::observability.state_socket, baton-run's). HttpGet is its client.
 //
 // Contract:
 // - Start() binds `address` and serves `routes` from one thread. An address

@@ -1,5 +1,5 @@
 // The job's timeline: spans every worker records with BATON_TRACE=DIR
-// (AgentOptions::trace_dir), merged into one Chrome trace by `baton-trace`
+// (AgentOptions::observability.trace_dir), merged into one Chrome trace by `baton-trace`
 // (docs/observability.md, "One timeline").
 //
 // What is recorded (labels TL1-TL4, tests in tests/obs/trace_test.cc):

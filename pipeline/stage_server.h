@@ -65,7 +65,7 @@ struct StageServerOptions {
   // torch::set_num_threads(1) in main().
   int torch_threads = 0;
   // Where this worker's stages compute (pipeline/stage.h, PP9). On a GPU,
-  // set AgentOptions::device_maps for the neighbouring stage workers so
+  // set AgentOptions::devices.maps for the neighbouring stage workers so
   // that activations and gradients go device to device (through CUDA IPC
   // on one host, with AgentCollaborators::cuda_channel); toward a worker
   // with no map they go through host memory. Configure fails with

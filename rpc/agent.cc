@@ -71,11 +71,11 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
                                                      options.max_ranks,
                                                      ") (AgentOptions::max_ranks)"));
     }
-    if (options.rejoin) {
+    if (options.restarts.rejoin) {
       return absl::FailedPreconditionError(
           "a dynamic group has no rejoin: a rank that left joins again as a new member");
     }
-    if (!options.device_maps.empty()) {
+    if (!options.devices.maps.empty()) {
       return absl::InvalidArgumentError(
           "device maps need a group of fixed size (they are checked against every worker at "
           "the rendezvous); pass a world size");
@@ -88,13 +88,14 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Create(
         absl::StrCat("rank ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
   RETURN_IF_ERROR(CheckName(options.name));
-  if (options.max_message_bytes < 1024) {
+  if (options.transport.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes must be at least 1024");
   }
-  if (options.max_calls_in_flight < 1 || options.max_bytes_in_flight < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_calls_in_flight (", options.max_calls_in_flight, ") and max_bytes_in_flight (",
-        options.max_bytes_in_flight, ") must be at least 1"));
+  if (options.transport.max_calls_in_flight < 1 || options.transport.max_bytes_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_calls_in_flight (", options.transport.max_calls_in_flight,
+                     ") and max_bytes_in_flight (", options.transport.max_bytes_in_flight,
+                     ") must be at least 1"));
   }
   if (registry == nullptr) registry = std::make_shared<FunctionRegistry>();
   const std::string name = options.name;
@@ -131,7 +132,7 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
       timer_(std::move(collaborators.timer)),
       executor_(std::move(collaborators.executor)),
       cuda_channel_(std::move(collaborators.cuda_channel)) {
-  if (!options_.metrics_address.empty() || options_.collect_metrics) {
+  if (!options_.observability.metrics_address.empty() || options_.observability.collect_metrics) {
     metrics_ = std::make_unique<obs::MetricsRegistry>();
   }
   traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, slots_));
@@ -203,7 +204,7 @@ std::string AgentImpl::CallContextText(int peer, const std::string& function) co
 }
 
 int64_t AgentImpl::PeerLimit(int peer) const {
-  return std::min(options_.max_message_bytes, peer_limits_[peer]);
+  return std::min(options_.transport.max_message_bytes, peer_limits_[peer]);
 }
 
 Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::string& signature,
@@ -224,7 +225,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
                                                  " left the group, or never joined it")));
   }
   const absl::Duration timeout =
-      opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.rpc_timeout;
+      opts.timeout > absl::ZeroDuration() ? opts.timeout : options_.timeouts.rpc;
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   // The same instant as a time of the timer's clock (rpc/timer.h), read
@@ -236,7 +237,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   // P6: a restarted peer that we know of is called at its new address.
   // Not on a delivery thread, which must not wait for the store.
   if (to != rank_ && !t_delivering) {
-    // With restart_wait set, a call to a rank confirmed dead waits, within its
+    // With restarts.wait set, a call to a rank confirmed dead waits, within its
     // deadline, for the rank's next incarnation to register (P7).
     WaitForSuccessor(to, deadline);
     FollowNewerIncarnation(to, deadline);
@@ -263,7 +264,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     return fail(absl::ResourceExhaustedError(
         absl::StrCat(CallContextText(to, function), ": request of ", size,
                      " bytes exceeds the message size limit of ", PeerLimit(to),
-                     " bytes (AgentOptions::max_message_bytes)")));
+                     " bytes (AgentOptions::transport.max_message_bytes)")));
   }
   // F1: wait for room in the peer's window; the wait counts against the
   // call's deadline.
@@ -294,7 +295,7 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
   // wait in shared-memory segments (Export above) for this incarnation.
   // An idempotent call may go again after a partition (CallOptions).
   std::shared_ptr<const Frame> resend;
-  if ((options_.restart_wait > absl::ZeroDuration() || opts.idempotent) && windowed &&
+  if ((options_.restarts.wait > absl::ZeroDuration() || opts.idempotent) && windowed &&
       to != rank_ && frame.header.shm_blobs_size() == 0) {
     resend = std::make_shared<const Frame>(frame);
   }
@@ -515,7 +516,7 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     return absl::FailedPreconditionError(
         "Shutdown() called from a remote function; call it from the main thread");
   }
-  absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+  absl::Time deadline = absl::Now() + options_.timeouts.shutdown;
   absl::Status first;
   auto note = [&first](const absl::Status& s) {
     if (first.ok() && !s.ok()) first = s;
@@ -525,9 +526,9 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     // waited for that already).
     const absl::Status entered = EnterShutdown();
     note(entered);
-    if (options_.shutdown_wait_for_peers != absl::ZeroDuration()) {
+    if (options_.timeouts.shutdown_wait_for_peers != absl::ZeroDuration()) {
       // The wait for the others had its own bound; the rest has its own.
-      deadline = absl::Now() + options_.shutdown_timeout;
+      deadline = absl::Now() + options_.timeouts.shutdown;
     }
     // A worker died before it reached shutdown: no agreement can follow,
     // so this worker stops as a non-graceful shutdown does.

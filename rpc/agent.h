@@ -10,10 +10,10 @@
 //
 // Contract:
 // - Create() returns once every worker of the job has registered its name
-//   and address (bounded by init_timeout). Names must be unique; a duplicate
+//   and address (bounded by timeouts.init). Names must be unique; a duplicate
 //   name or rank fails Create() on the workers involved with ALREADY_EXISTS.
 // - Calls: every call has a deadline (CallOptions::timeout, else
-//   AgentOptions::rpc_timeout), which travels to the callee, and its future
+//   AgentOptions::timeouts.rpc), which travels to the callee, and its future
 //   completes by then; only a timeout of absl::InfiniteDuration() (asked for
 //   explicitly) gives a call none, and it then ends with its reply, its
 //   peer's failure or the agent's shutdown. Errors keep their code end to end and name the
@@ -25,7 +25,7 @@
 //                        applies to, docs/cuda.md);
 //     DATA_LOSS          undecodable payload;  RESOURCE_EXHAUSTED  over the
 //                        message size limit, or no room in the peer's window
-//                        by the deadline (AgentOptions::max_calls_in_flight);
+//                        by the deadline (AgentOptions::transport.max_calls_in_flight);
 //                        UNKNOWN  exception in user code
 //                        (with its message);   UNAUTHENTICATED  wrong job token.
 // - Tensors are sent from their own memory: do not modify a tensor passed to
@@ -50,13 +50,13 @@
 //    dynamically initialized members which is not supported.").
 //   A dynamic group travels over the network transport only (no
 //   shared-memory links or channel). Rank 0, when it serves the store,
-//   waits at its Shutdown() (up to shutdown_timeout) for the members that
+//   waits at its Shutdown() (up to timeouts.shutdown) for the members that
 //   joined to leave, as the store goes with it.
 // - Shutdown(graceful=true): all workers agree through the store, every
 //   worker drains its outstanding calls (incoming and outgoing), then servers
-//   stop. Each step is bounded by shutdown_timeout, also when a peer died;
+//   stop. Each step is bounded by timeouts.shutdown, also when a peer died;
 //   waiting for the others to arrive may be longer
-//   (AgentOptions::shutdown_wait_for_peers).
+//   (AgentOptions::timeouts.shutdown_wait_for_peers).
 //   Afterwards no thread or socket of the agent remains.
 //
 // Thread-safety: safe for concurrent use from any thread, including from

@@ -1,4 +1,4 @@
-// The agent's metrics (AgentOptions::metrics_address): its own families,
+// The agent's metrics (AgentOptions::observability.metrics_address): its own families,
 // read from AgentStats at scrape time, the protocol layers' collectors, and
 // the HTTP endpoint (obs/http_server.h). The per-call counting is in
 // Call/Complete (caller) and Dispatch (callee), agent.cc.
@@ -117,9 +117,11 @@ absl::Status AgentImpl::StartMetrics() {
     }
   });
   for (auto& c : registry_->metrics_collectors()) metrics_->AddCollector(std::move(c));
-  if (options_.metrics_address.empty()) return absl::OkStatus();  // the state socket serves them
-  auto server = obs::HttpServer::Start(options_.metrics_address, ObservabilityRoutes());
-  if (!server.ok()) return Annotate(server.status(), "AgentOptions::metrics_address");
+  if (options_.observability.metrics_address.empty())
+    return absl::OkStatus();  // the state socket serves them
+  auto server =
+      obs::HttpServer::Start(options_.observability.metrics_address, ObservabilityRoutes());
+  if (!server.ok()) return Annotate(server.status(), "AgentOptions::observability.metrics_address");
   metrics_server_ = *std::move(server);
   return absl::OkStatus();
 }

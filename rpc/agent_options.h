@@ -31,151 +31,25 @@
 
 namespace baton::rpc {
 
+// What a worker is and how it behaves. The top level says who the worker is
+// and where it meets the job (name, rank, the rendezvous store); each
+// sub-struct holds one concern: transport, security, timeouts, restarts,
+// devices, threads, observability. Every field has a working default except
+// name and rank (FromEnv fills them from the launch environment).
 struct AgentOptions {
   std::string name;
   int rank = -1;
   int world_size = -1;
   // A dynamic group (the contract above, M1-M4): world_size is not read;
   // the rank is below max_ranks, the size of the agent's per-peer tables.
-  // FAILED_PRECONDITION with rejoin (a rank that left joins again as a new
-  // worker instead). Device maps are refused (INVALID_ARGUMENT): they are
-  // checked against every worker at the rendezvous.
+  // FAILED_PRECONDITION with restarts.rejoin (a rank that left joins again
+  // as a new worker instead). Device maps are refused (INVALID_ARGUMENT):
+  // they are checked against every worker at the rendezvous.
   bool dynamic_group = false;
   int max_ranks = 1024;
   // Where rank 0 serves the rendezvous store.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // host:port for this worker's RPC server. Empty: loopback when the master
-  // is local, else the local address that routes to the master; port 0.
-  std::string listen_address;
-  // Shared secret checked on every call and by the rendezvous store (FromEnv
-  // reads BATON_JOB_TOKEN; baton-run always sets it). Empty is allowed only
-  // where it cannot leak:
-  // - MASTER_ADDR on loopback (one host): rank 0 creates one and hands it to
-  //   the other ranks in /tmp/baton-<uid>/job-<MASTER_PORT>.token (mode
-  //   0600, directory 0700), never through the store;
-  // - an injected in-process `store`: rank 0 shares one through it.
-  // Any other master address fails Create() with FAILED_PRECONDITION saying
-  // how to provide a token.
-  std::string job_token;
-  // Mutual TLS for the store and the gRPC streams (base/tls.h: the job's CA,
-  // this worker's certificate and key, optionally the name every
-  // certificate carries). FromEnv reads BATON_TLS_CA, BATON_TLS_CERT,
-  // BATON_TLS_KEY and BATON_TLS_SERVER_NAME (baton-run sets them from its
-  // --tls_* flags). The files are read at Create(); a missing one fails it
-  // naming the file. The same-host shared-memory transport does not use it
-  // (its segments are private to the user).
-  TlsFiles tls;
-  absl::Duration rpc_timeout = absl::Seconds(60);
-  absl::Duration init_timeout = absl::Seconds(60);
-  absl::Duration shutdown_timeout = absl::Seconds(30);
-  // How long a graceful Shutdown() waits for the other workers to reach
-  // their own Shutdown() (its first step: a worker with nothing left to do
-  // waits there while the others still work). Zero: shutdown_timeout;
-  // absl::InfiniteDuration(): as long as it takes, unless a missing worker
-  // is confirmed dead (UNAVAILABLE naming it), as torch's shutdown() waits.
-  // With restart_wait, a dead worker is missing only once its successor
-  // has not registered within restart_wait (P9, docs/peer_failures.md).
-  // The later steps are bounded by shutdown_timeout from the moment all
-  // arrived.
-  absl::Duration shutdown_wait_for_peers = absl::ZeroDuration();
-  // Largest message (request or reply, tensors included) sent or accepted.
-  int64_t max_message_bytes = int64_t{1} << 30;
-  // What runs on this worker above the C++ API ("python" for baton.rpc),
-  // published at rendezvous: WorkerInfo::front_ends of every worker, so a
-  // front end knows which workers take part in its own steps.
-  std::vector<std::string> front_ends;
-  // Send large tensors (blobs of at least network_bulk_min_bytes) that go
-  // over the network transport through a TCP connection of their own beside
-  // its stream (rpc/channel/tcp/bulk_channel.h; a broken connection is
-  // resumed and its unacknowledged tensors sent again, B8); not under TLS.
-  // FromEnv reads BATON_NET_BULK=0 to turn it off.
-  bool network_bulk = true;
-  size_t network_bulk_min_bytes = size_t{1} << 18;
-  // Its connections per peer pair (B10: a tensor of 4 MiB or more is cut
-  // into one slice per connection, sent side by side; smaller ones
-  // alternate), 1 to 8. FromEnv reads BATON_NET_BULK_LANES.
-  int network_bulk_lanes = 2;
-  // Send large tensors to workers on the same host through shared memory
-  // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it off.
-  bool same_host_shm = true;
-  // How messages travel between workers on the same host (same boot id and
-  // PID namespace, and a successful shared-memory handshake): kShm sends
-  // every message, small calls included, through shared-memory rings
-  // (rpc/transport/shm/shm_transport.h); kNetwork (also spelt kGrpc) uses the
-  // network transport, as between hosts: loopback gRPC, or the transport a
-  // test injects (AgentCollaborators). FromEnv reads BATON_TRANSPORT=shm|grpc.
-  enum class LocalTransport { kShm, kNetwork, kGrpc = kNetwork };
-  LocalTransport local_transport = LocalTransport::kShm;
-  // Bytes of each ring of a same-host pair (two per pair; frames larger than
-  // a ring are cut into pieces). A 64-worker host whose workers all talk to
-  // each other maps 2016 pairs * 2 * 256 KiB = ~1 GiB of /dev/shm.
-  size_t shm_ring_bytes = size_t{256} << 10;
-  // The same-host transport links every pair of a host's workers at
-  // rendezvous only on a host with at most this many other workers of the
-  // job; beyond it they talk over the network transport (loopback gRPC;
-  // large tensors still take the shared-memory bulk channel, same_host_shm).
-  // A link costs each side 2 * shm_ring_bytes of /dev/shm at most, a
-  // mapping and a check of its peer's process every 100 ms, so a host of n
-  // workers pays n^2 of them: 64 other workers is about 1 GiB, 255 would be
-  // 16 GiB. 0: no limit. FromEnv reads BATON_SHM_LINK_PEERS.
-  int shm_link_peers_max = 64;
-  // Flow control per peer (rpc/internal/flow_control.h, docs/flow_control.md).
-  // A caller keeps at most max_calls_in_flight calls and max_bytes_in_flight
-  // request bytes unanswered toward each worker (the smaller of its own and
-  // that worker's limits). A call past that blocks in rpc_async/CallRaw
-  // until replies free room, at most until the call's deadline, and then
-  // fails with RESOURCE_EXHAUSTED; on a thread that delivers messages (an
-  // inline function) it fails at once instead. A worker holds at most as
-  // many requests from one caller, queued or running, and refuses the
-  // excess at once with RESOURCE_EXHAUSTED (only a caller that ignores its
-  // window meets this). A single message larger than max_bytes_in_flight
-  // still goes, alone. Both must be at least 1.
-  int64_t max_calls_in_flight = 1024;
-  int64_t max_bytes_in_flight = int64_t{256} << 20;
-  int min_threads = 4;
-  int max_threads = 256;
-  // P7 (docs/peer_failures.md): a call to a peer whose latest known
-  // incarnation was confirmed dead waits up to this long (within its own
-  // deadline) for the next incarnation of that rank to register, and then
-  // goes to it; zero (the default) fails such calls at once with
-  // UNAVAILABLE. For jobs whose launcher restarts failed workers.
-  absl::Duration restart_wait = absl::ZeroDuration();
-  // Partitions (docs/peer_failures.md, "Partitions"): a peer that stops
-  // answering without a sign of death (no refusal, no reset: silence) is
-  // probed again and again, and reported dead only once it stayed silent
-  // this long; calls meanwhile fail at their own deadlines, and go through
-  // again when the link comes back. A refused or reset connection still
-  // proves a death at once. FromEnv reads BATON_PARTITION_TOLERANCE
-  // (seconds; baton-run --partition_tolerance sets it).
-  absl::Duration partition_tolerance = absl::Seconds(30);
-  // User functions running at once, not counting those waiting in a baton
-  // wait (rpc/executor.h, E1-E3); 0: the number of hardware threads, at
-  // least 2.
-  int parallelism = 0;
-  // Serve this worker's metrics in Prometheus's format (obs/metrics.h) at
-  // host:port, GET /metrics; empty: none. FromEnv reads BATON_METRICS_PORT
-  // (all interfaces) or BATON_METRICS_ADDRESS; baton-run --metrics_port P
-  // gives its workers P + local rank.
-  std::string metrics_address;
-  // Collect metrics even without metrics_address: they are then served on
-  // state_socket only (GET /metrics), where baton-run's --node_metrics_port
-  // gathers a node's workers onto one port. FromEnv reads BATON_METRICS=1.
-  bool collect_metrics = false;
-  // Serve this worker's state for the hang report (obs/state.h) on a Unix
-  // socket at this path, GET /state (JSON of proto/state.proto's
-  // WorkerState); empty: none. FromEnv reads BATON_STATE_SOCKET, which
-  // baton-run sets for every worker. A socket that cannot be made is said
-  // on stderr and the worker runs on without it. With metrics on, the
-  // metrics address serves GET /state too.
-  std::string state_socket;
-  // Record this worker's spans for the job's timeline (obs/trace.h) into
-  // this directory; `baton-trace DIR` merges every worker's. Empty: off.
-  // FromEnv reads BATON_TRACE.
-  std::string trace_dir;
-  // Where the agent's own log lines go (base/log.h), each prefixed with the
-  // worker's name; default: stderr.
-  Logger log;
   // Use this store instead of the one at master_addr:master_port (tests,
   // or a store served elsewhere). Rank 0 then starts no store server.
   std::shared_ptr<store::Store> store;
@@ -184,8 +58,8 @@ struct AgentOptions {
   // alone and rejoin. FromEnv reads BATON_STORE_ETCD (host:port),
   // BATON_STORE_PREFIX, BATON_ETCD_USER with BATON_ETCD_PASSWORD or
   // BATON_ETCD_PASSWORD_FILE, and BATON_ETCD_CA/CERT/KEY (baton-run
-  // --rdzv_backend etcd sets them). Needs a job_token: the token never goes
-  // through etcd.
+  // --rdzv_backend etcd sets them). Needs security.job_token: the token
+  // never goes through etcd.
   struct Etcd {
     std::string endpoint;  // empty: not used
     std::string prefix;
@@ -193,38 +67,208 @@ struct AgentOptions {
     std::string password;
     TlsFiles tls;
   } etcd;
-  // Rejoin a running job as a restarted incarnation of `rank` (baton-run's
-  // per-role restart sets BATON_REJOIN=1) instead of rendezvousing anew:
-  // the other workers keep running, so this worker reads their
-  // registrations, replaces its own with the next incarnation number
-  // (Runtime::incarnation()), and skips the init barrier. The rejoined
-  // worker can call every peer. A peer learns of the new incarnation, and
-  // of its address, when it calls that peer or when the peer confirms the
-  // old incarnation dead; until then the peer's calls to the rank fail with
-  // UNAVAILABLE, so roles that are called by nobody (trainers of a parameter
-  // server, observers) suit this best. Learning of a new incarnation tells
-  // the peer's failure listeners that the old one is dead
-  // (AddPeerFailureListener). Large tensors go over the stream, not shared
-  // memory, both ways (the peers' probes are gone), and every message goes
-  // over gRPC (no same-host link is set up for it). FAILED_PRECONDITION for
-  // rank 0 when it serves the store (neither `store` nor `etcd` given).
-  // Start-up (docs/peer_failures.md, P5): a rank whose predecessor died
-  // before it recorded its init round in the store never joined, and starts
-  // as a first start would. One whose predecessor joined but died before
-  // the job's start-up ended takes its place in the start-up: it registers,
-  // publishes what the others wait for, and meets them at the init barrier.
-  bool rejoin = false;
-  // CUDA tensors (docs/cuda.md): a CUDA tensor sent to worker W arrives on
-  // the device device_maps[W] names for its device, as with torch's
-  // TensorPipeRpcBackendOptions.set_device_map: {"w1", {{0, 1}}} sends this
-  // worker's cuda:0 tensors to w1's cuda:1. Without a map of its own for W,
-  // a worker uses the inverse of W's map for it, so a callee returns
-  // tensors to the caller's devices when only the caller set a map. Create
-  // fails with INVALID_ARGUMENT for a map naming a worker not in the job, a
-  // device this worker or W does not have, or two devices mapped to one.
-  // A CUDA tensor sent where no map applies fails the call with
-  // INVALID_ARGUMENT naming the device and the worker.
-  std::map<std::string, std::map<int, int>> device_maps;
+  // What runs on this worker above the C++ API ("python" for baton.rpc),
+  // published at rendezvous: WorkerInfo::front_ends of every worker, so a
+  // front end knows which workers take part in its own steps.
+  std::vector<std::string> front_ends;
+
+  // How messages and tensors travel.
+  enum class LocalTransport { kShm, kNetwork, kGrpc = kNetwork };
+  struct Transport {
+    // host:port for this worker's RPC server. Empty: loopback when the
+    // master is local, else the local address that routes to the master;
+    // port 0.
+    std::string listen_address;
+    // Largest message (request or reply, tensors included) sent or accepted.
+    int64_t max_message_bytes = int64_t{1} << 30;
+    // Send large tensors (blobs of at least network_bulk_min_bytes) that go
+    // over the network transport through a TCP connection of their own
+    // beside its stream (rpc/channel/tcp/bulk_channel.h; a broken
+    // connection is resumed and its unacknowledged tensors sent again, B8);
+    // not under TLS. FromEnv reads BATON_NET_BULK=0 to turn it off.
+    bool network_bulk = true;
+    size_t network_bulk_min_bytes = size_t{1} << 18;
+    // Its connections per peer pair (B10: a tensor of 4 MiB or more is cut
+    // into one slice per connection, sent side by side; smaller ones
+    // alternate), 1 to 8. FromEnv reads BATON_NET_BULK_LANES.
+    int network_bulk_lanes = 2;
+    // Send large tensors to workers on the same host through shared memory
+    // (rpc/channel/shm/shm_channel.h). FromEnv reads BATON_SHM=0 to turn it
+    // off.
+    bool same_host_shm = true;
+    // How messages travel between workers on the same host (same boot id
+    // and PID namespace, and a successful shared-memory handshake): kShm
+    // sends every message, small calls included, through shared-memory
+    // rings (rpc/transport/shm/shm_transport.h); kNetwork (also spelt kGrpc)
+    // uses the network transport, as between hosts: loopback gRPC, or the
+    // transport a test injects (AgentCollaborators). FromEnv reads
+    // BATON_TRANSPORT=shm|grpc.
+    LocalTransport local_transport = LocalTransport::kShm;
+    // Bytes of each ring of a same-host pair (two per pair; frames larger
+    // than a ring are cut into pieces). A 64-worker host whose workers all
+    // talk to each other maps 2016 pairs * 2 * 256 KiB = ~1 GiB of /dev/shm.
+    size_t shm_ring_bytes = size_t{256} << 10;
+    // The same-host transport links every pair of a host's workers at
+    // rendezvous only on a host with at most this many other workers of
+    // the job; beyond it they talk over the network transport (loopback
+    // gRPC; large tensors still take the shared-memory bulk channel,
+    // same_host_shm). A link costs each side 2 * shm_ring_bytes of /dev/shm
+    // at most, a mapping and a check of its peer's process every 100 ms, so
+    // a host of n workers pays n^2 of them: 64 other workers is about
+    // 1 GiB, 255 would be 16 GiB. 0: no limit. FromEnv reads
+    // BATON_SHM_LINK_PEERS.
+    int shm_link_peers_max = 64;
+    // Flow control per peer (rpc/internal/flow_control.h,
+    // docs/flow_control.md). A caller keeps at most max_calls_in_flight
+    // calls and max_bytes_in_flight request bytes unanswered toward each
+    // worker (the smaller of its own and that worker's limits). A call past
+    // that blocks in rpc_async/CallRaw until replies free room, at most
+    // until the call's deadline, and then fails with RESOURCE_EXHAUSTED; on
+    // a thread that delivers messages (an inline function) it fails at once
+    // instead. A worker holds at most as many requests from one caller,
+    // queued or running, and refuses the excess at once with
+    // RESOURCE_EXHAUSTED (only a caller that ignores its window meets
+    // this). A single message larger than max_bytes_in_flight still goes,
+    // alone. Both must be at least 1.
+    int64_t max_calls_in_flight = 1024;
+    int64_t max_bytes_in_flight = int64_t{256} << 20;
+  } transport;
+
+  // What proves a worker belongs to the job.
+  struct Security {
+    // Shared secret checked on every call and by the rendezvous store
+    // (FromEnv reads BATON_JOB_TOKEN; baton-run always sets it). Empty is
+    // allowed only where it cannot leak:
+    // - MASTER_ADDR on loopback (one host): rank 0 creates one and hands it
+    //   to the other ranks in /tmp/baton-<uid>/job-<MASTER_PORT>.token
+    //   (mode 0600, directory 0700), never through the store;
+    // - an injected in-process `store`: rank 0 shares one through it.
+    // Any other master address fails Create() with FAILED_PRECONDITION
+    // saying how to provide a token.
+    std::string job_token;
+    // Mutual TLS for the store and the gRPC streams (base/tls.h: the job's
+    // CA, this worker's certificate and key, optionally the name every
+    // certificate carries). FromEnv reads BATON_TLS_CA, BATON_TLS_CERT,
+    // BATON_TLS_KEY and BATON_TLS_SERVER_NAME (baton-run sets them from its
+    // --tls_* flags). The files are read at Create(); a missing one fails
+    // it naming the file. The same-host shared-memory transport does not
+    // use it (its segments are private to the user).
+    TlsFiles tls;
+  } security;
+
+  // How long things may take. absl::InfiniteDuration() means no limit
+  // wherever it is allowed.
+  struct Timeouts {
+    // A call's deadline when its CallOptions::timeout is zero.
+    absl::Duration rpc = absl::Seconds(60);
+    // Create(): the rendezvous, until every worker has registered.
+    absl::Duration init = absl::Seconds(60);
+    // Each step of Shutdown().
+    absl::Duration shutdown = absl::Seconds(30);
+    // How long a graceful Shutdown() waits for the other workers to reach
+    // their own Shutdown() (its first step: a worker with nothing left to
+    // do waits there while the others still work). Zero: shutdown;
+    // absl::InfiniteDuration(): as long as it takes, unless a missing
+    // worker is confirmed dead (UNAVAILABLE naming it), as torch's
+    // shutdown() waits. With restarts.wait, a dead worker is missing only
+    // once its successor has not registered within restarts.wait (P9,
+    // docs/peer_failures.md). The later steps are bounded by shutdown from
+    // the moment all arrived.
+    absl::Duration shutdown_wait_for_peers = absl::ZeroDuration();
+    // Partitions (docs/peer_failures.md, "Partitions"): a peer that stops
+    // answering without a sign of death (no refusal, no reset: silence) is
+    // probed again and again, and reported dead only once it stayed silent
+    // this long; calls meanwhile fail at their own deadlines, and go
+    // through again when the link comes back. A refused or reset
+    // connection still proves a death at once. FromEnv reads
+    // BATON_PARTITION_TOLERANCE (seconds; baton-run --partition_tolerance
+    // sets it).
+    absl::Duration partition_tolerance = absl::Seconds(30);
+  } timeouts;
+
+  // Workers that a launcher restarts.
+  struct Restarts {
+    // P7 (docs/peer_failures.md): a call to a peer whose latest known
+    // incarnation was confirmed dead waits up to this long (within its own
+    // deadline) for the next incarnation of that rank to register, and
+    // then goes to it; zero (the default) fails such calls at once with
+    // UNAVAILABLE. For jobs whose launcher restarts failed workers.
+    absl::Duration wait = absl::ZeroDuration();
+    // Rejoin a running job as a restarted incarnation of `rank` (baton-run's
+    // per-role restart sets BATON_REJOIN=1) instead of rendezvousing anew:
+    // the other workers keep running, so this worker reads their
+    // registrations, replaces its own with the next incarnation number
+    // (Runtime::incarnation()), and skips the init barrier. The rejoined
+    // worker can call every peer. A peer learns of the new incarnation, and
+    // of its address, when it calls that peer or when the peer confirms the
+    // old incarnation dead; until then the peer's calls to the rank fail
+    // with UNAVAILABLE, so roles that are called by nobody (trainers of a
+    // parameter server, observers) suit this best. Learning of a new
+    // incarnation tells the peer's failure listeners that the old one is
+    // dead (AddPeerFailureListener). Large tensors go over the stream, not
+    // shared memory, both ways (the peers' probes are gone), and every
+    // message goes over gRPC (no same-host link is set up for it).
+    // FAILED_PRECONDITION for rank 0 when it serves the store (neither
+    // `store` nor `etcd` given). Start-up (docs/peer_failures.md, P5): a
+    // rank whose predecessor died before it recorded its init round in the
+    // store never joined, and starts as a first start would. One whose
+    // predecessor joined but died before the job's start-up ended takes its
+    // place in the start-up: it registers, publishes what the others wait
+    // for, and meets them at the init barrier.
+    bool rejoin = false;
+  } restarts;
+
+  // CUDA devices (docs/cuda.md).
+  struct Devices {
+    // A CUDA tensor sent to worker W arrives on the device maps[W] names
+    // for its device, as with torch's
+    // TensorPipeRpcBackendOptions.set_device_map: {"w1", {{0, 1}}} sends
+    // this worker's cuda:0 tensors to w1's cuda:1. Without a map of its own
+    // for W, a worker uses the inverse of W's map for it, so a callee
+    // returns tensors to the caller's devices when only the caller set a
+    // map. Create fails with INVALID_ARGUMENT for a map naming a worker not
+    // in the job, a device this worker or W does not have, or two devices
+    // mapped to one. A CUDA tensor sent where no map applies fails the call
+    // with INVALID_ARGUMENT naming the device and the worker.
+    std::map<std::string, std::map<int, int>> maps;
+  } devices;
+
+  // The executor that runs remote functions (rpc/executor.h).
+  struct Threads {
+    int min = 4;
+    int max = 256;
+    // User functions running at once, not counting those waiting in a
+    // baton wait (E1-E3); 0: the number of hardware threads, at least 2.
+    int parallelism = 0;
+  } threads;
+
+  // Metrics, the hang report, the timeline and the agent's log.
+  struct Observability {
+    // Serve this worker's metrics in Prometheus's format (obs/metrics.h) at
+    // host:port, GET /metrics; empty: none. FromEnv reads
+    // BATON_METRICS_PORT (all interfaces) or BATON_METRICS_ADDRESS;
+    // baton-run --metrics_port P gives its workers P + local rank.
+    std::string metrics_address;
+    // Collect metrics even without metrics_address: they are then served on
+    // state_socket only (GET /metrics), where baton-run's
+    // --node_metrics_port gathers a node's workers onto one port. FromEnv
+    // reads BATON_METRICS=1.
+    bool collect_metrics = false;
+    // Serve this worker's state for the hang report (obs/state.h) on a Unix
+    // socket at this path, GET /state (JSON of proto/state.proto's
+    // WorkerState); empty: none. FromEnv reads BATON_STATE_SOCKET, which
+    // baton-run sets for every worker. A socket that cannot be made is said
+    // on stderr and the worker runs on without it. With metrics on, the
+    // metrics address serves GET /state too.
+    std::string state_socket;
+    // Record this worker's spans for the job's timeline (obs/trace.h) into
+    // this directory; `baton-trace DIR` merges every worker's. Empty: off.
+    // FromEnv reads BATON_TRACE.
+    std::string trace_dir;
+    // Where the agent's own log lines go (base/log.h), each prefixed with
+    // the worker's name; default: stderr.
+    Logger log;
+  } observability;
 
   // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and BATON_JOB_TOKEN
   // through env/env.h's parser, which validates them all (without baton-run,
@@ -267,7 +311,7 @@ struct AgentCollaborators {
   // (CallContext::deadline) and the waits of rendezvous and shutdown stay on
   // real time.
   std::unique_ptr<DeadlineTimer> timer;
-  // Null: an Executor with AgentOptions::min_threads and max_threads. The
+  // Null: an Executor with AgentOptions::threads (min, max). The
   // agent closes and joins it at shutdown.
   std::unique_ptr<Executor> executor;
   // Runs as the rendezvous reaches each step. A non-OK status stops the
@@ -282,7 +326,7 @@ struct AgentCollaborators {
 };
 
 struct CallOptions {
-  // Zero: AgentOptions::rpc_timeout.
+  // Zero: AgentOptions::timeouts.rpc.
   absl::Duration timeout = absl::ZeroDuration();
   // What to call the call in metrics, the hang report, the timeline and
   // errors, on both sides, when not the function's name (a function behind
@@ -318,7 +362,7 @@ struct AgentStats {
   int64_t pending_outgoing = 0;
   int64_t running_incoming = 0;
   int executor_threads = 0;
-  // User functions the executor runs at once (AgentOptions::parallelism, E1).
+  // User functions the executor runs at once (AgentOptions::threads.parallelism, E1).
   int executor_parallelism = 0;
   size_t timers = 0;
   int live_streams = 0;
@@ -335,7 +379,7 @@ struct AgentStats {
   // whose probe has not answered yet (a confirmation can only follow one).
   int64_t peer_failures = 0;
   int64_t peer_probes_in_flight = 0;
-  // Flow control (AgentOptions::max_calls_in_flight): our calls that found
+  // Flow control (AgentOptions::transport.max_calls_in_flight): our calls that found
   // a peer's window full and waited, those that got RESOURCE_EXHAUSTED at
   // their deadline, requests we refused, and requests admitted but not yet
   // started.

@@ -92,7 +92,7 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
   }
   // F2/F3: admitted within the caller's limits, queued behind the caller's
   // earlier requests only.
-  const int64_t bytes = RequestBytes(frame, options_.max_message_bytes);
+  const int64_t bytes = RequestBytes(frame, options_.transport.max_message_bytes);
   auto task = [this, channel, frame = std::move(frame), deadline, bytes]() mutable {
     Dispatch(channel, std::move(frame), deadline, bytes);
   };
@@ -218,7 +218,7 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
     const int64_t limit =
         ready_.HasBeenNotified() && caller >= 0 && caller < static_cast<int>(peer_limits_.size())
             ? PeerLimit(caller)
-            : options_.max_message_bytes;
+            : options_.transport.max_message_bytes;
     const size_t size = internal::FrameSize(frame);
     if (static_cast<int64_t>(size) > limit) {
       frame.payload.Undeliverable();  // RRef G8
@@ -240,7 +240,7 @@ void AgentImpl::SendReply(const std::shared_ptr<ReplyChannel>& channel, uint64_t
     // (a rejoined caller opened none, and would refuse our segments).
     // The caller releases the segment on receipt; the expiry only covers a
     // caller that died or gave up first.
-    paths_[caller]->ExportBlobs(frame, absl::Now() + options_.rpc_timeout + absl::Seconds(5));
+    paths_[caller]->ExportBlobs(frame, absl::Now() + options_.timeouts.rpc + absl::Seconds(5));
   }
   // The gate lets go first: once the reply is out, the caller's window has
   // room again and its next request must find room here too.

@@ -1,7 +1,7 @@
 // The worker's state for the hang report (obs/state.h, proto/state.proto):
 // its calls both ways, its executor, flow control, progress counters, and
 // what the protocol layers' collectors add; served on
-// AgentOptions::state_socket (and beside the metrics).
+// AgentOptions::observability.state_socket (and beside the metrics).
 #include <unistd.h>
 
 #include "base/status.h"
@@ -156,9 +156,9 @@ std::map<std::string, obs::HttpRoute> AgentImpl::ObservabilityRoutes() {
 }
 
 absl::Status AgentImpl::StartStateServer() {
-  if (options_.state_socket.empty()) return absl::OkStatus();
-  auto server =
-      obs::HttpServer::Start(absl::StrCat("unix:", options_.state_socket), ObservabilityRoutes());
+  if (options_.observability.state_socket.empty()) return absl::OkStatus();
+  auto server = obs::HttpServer::Start(absl::StrCat("unix:", options_.observability.state_socket),
+                                       ObservabilityRoutes());
   if (!server.ok()) {
     // The job runs on without it: a report names this worker as silent.
     Log().Warning(absl::StrCat("serves no state for hang reports: ", server.status().message()));

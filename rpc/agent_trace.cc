@@ -21,8 +21,8 @@ std::string FlowId(char kind, int rank, int64_t incarnation, uint64_t id) {
 }  // namespace
 
 void AgentImpl::OpenTrace() {
-  if (options_.trace_dir.empty()) return;
-  auto recorder = obs::TraceRecorder::Open(options_.trace_dir);
+  if (options_.observability.trace_dir.empty()) return;
+  auto recorder = obs::TraceRecorder::Open(options_.observability.trace_dir);
   if (!recorder.ok()) {
     Log().Warning(absl::StrCat("records no trace: ", recorder.status().message()));
     return;

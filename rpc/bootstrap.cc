@@ -117,29 +117,30 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   AgentOptions o;
   if (const std::string v = get("BATON_TRANSPORT"); !v.empty()) {
     if (v == "shm") {
-      o.local_transport = LocalTransport::kShm;
+      o.transport.local_transport = LocalTransport::kShm;
     } else if (v == "grpc") {
-      o.local_transport = LocalTransport::kGrpc;
+      o.transport.local_transport = LocalTransport::kGrpc;
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("BATON_TRANSPORT is '", v, "'; use shm or grpc"));
     }
   }
   if (get("BATON_SHM") == "0") {
-    o.same_host_shm = false;
+    o.transport.same_host_shm = false;
   }
   if (get("BATON_NET_BULK") == "0") {
-    o.network_bulk = false;
+    o.transport.network_bulk = false;
   }
   if (const std::string v = get("BATON_SHM_LINK_PEERS"); !v.empty()) {
-    if (!absl::SimpleAtoi(v, &o.shm_link_peers_max) || o.shm_link_peers_max < 0) {
+    if (!absl::SimpleAtoi(v, &o.transport.shm_link_peers_max) ||
+        o.transport.shm_link_peers_max < 0) {
       return absl::InvalidArgumentError(absl::StrCat("BATON_SHM_LINK_PEERS is '", v,
                                                      "'; use a number of workers, 0 for no limit"));
     }
   }
   if (const std::string lanes = get("BATON_NET_BULK_LANES"); !lanes.empty()) {
-    if (!absl::SimpleAtoi(lanes, &o.network_bulk_lanes) || o.network_bulk_lanes < 1 ||
-        o.network_bulk_lanes > 8) {
+    if (!absl::SimpleAtoi(lanes, &o.transport.network_bulk_lanes) ||
+        o.transport.network_bulk_lanes < 1 || o.transport.network_bulk_lanes > 8) {
       return absl::InvalidArgumentError(
           absl::StrCat("BATON_NET_BULK_LANES is '", lanes, "'; use a number from 1 to 8"));
     }
@@ -164,20 +165,20 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
   o.world_size = env->world_size;
   o.master_addr = env->master_addr;
   o.master_port = env->master_port;
-  o.job_token = env->job_token;
-  o.rejoin = env->rejoin;
+  o.security.job_token = env->job_token;
+  o.restarts.rejoin = env->rejoin;
   auto env_or_empty = [&get](const char* name) { return get(name); };
-  o.tls.ca_file = env_or_empty(baton::kEnvTlsCa);
-  o.tls.cert_file = env_or_empty(baton::kEnvTlsCert);
-  o.tls.key_file = env_or_empty(baton::kEnvTlsKey);
-  o.tls.server_name = env_or_empty(baton::kEnvTlsServerName);
+  o.security.tls.ca_file = env_or_empty(baton::kEnvTlsCa);
+  o.security.tls.cert_file = env_or_empty(baton::kEnvTlsCert);
+  o.security.tls.key_file = env_or_empty(baton::kEnvTlsKey);
+  o.security.tls.server_name = env_or_empty(baton::kEnvTlsServerName);
   if (const std::string v = get(baton::kEnvRestartWait); !v.empty()) {
     double seconds = 0;
     if (!absl::SimpleAtod(v, &seconds) || !(seconds >= 0) || seconds > 1e9) {
       return absl::InvalidArgumentError(
           absl::StrCat(baton::kEnvRestartWait, " is '", v, "'; expected seconds, 0 or more"));
     }
-    o.restart_wait = absl::Seconds(seconds);
+    o.restarts.wait = absl::Seconds(seconds);
   }
   if (const std::string v = get(baton::kEnvPartitionTolerance); !v.empty()) {
     double seconds = 0;
@@ -185,21 +186,21 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
       return absl::InvalidArgumentError(absl::StrCat(baton::kEnvPartitionTolerance, " is '", v,
                                                      "'; expected seconds, more than 0"));
     }
-    o.partition_tolerance = absl::Seconds(seconds);
+    o.timeouts.partition_tolerance = absl::Seconds(seconds);
   }
   if (const std::string v = get("BATON_METRICS_ADDRESS"); !v.empty()) {
-    o.metrics_address = v;
+    o.observability.metrics_address = v;
   } else if (const std::string port = get("BATON_METRICS_PORT"); !port.empty()) {
     int p = 0;
     if (!absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
       return absl::InvalidArgumentError(
           absl::StrCat("BATON_METRICS_PORT is '", port, "'; expected a port"));
     }
-    o.metrics_address = absl::StrCat("0.0.0.0:", p);
+    o.observability.metrics_address = absl::StrCat("0.0.0.0:", p);
   }
-  o.state_socket = get("BATON_STATE_SOCKET");
-  o.collect_metrics = get("BATON_METRICS") == "1";
-  o.trace_dir = get("BATON_TRACE");
+  o.observability.state_socket = get("BATON_STATE_SOCKET");
+  o.observability.collect_metrics = get("BATON_METRICS") == "1";
+  o.observability.trace_dir = get("BATON_TRACE");
   o.etcd.endpoint = get(baton::kEnvStoreEtcd);
   if (!o.etcd.endpoint.empty()) {
     o.etcd.prefix = get(baton::kEnvStorePrefix);
@@ -237,13 +238,14 @@ absl::Status AgentImpl::ConnectStore() {
   }
   if (!options_.etcd.endpoint.empty()) return ConnectEtcd();
   const std::string master = absl::StrCat(options_.master_addr, ":", options_.master_port);
-  token_ = options_.job_token;
-  ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
+  token_ = options_.security.job_token;
+  ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
   if (token_.empty() && !IsLoopback(options_.master_addr)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MASTER_ADDR is ", options_.master_addr,
         ", so this job may span hosts, and it needs a job token from outside the job: set "
-        "BATON_JOB_TOKEN (AgentOptions::job_token) to the same secret on every worker, e.g. "
+        "BATON_JOB_TOKEN (AgentOptions::security.job_token) to the same secret on every worker, "
+        "e.g. "
         "from your scheduler's secret store (baton-run passes its own token to its workers). "
         "Without one, anyone who can reach ",
         master, " could read the rendezvous store and call every worker"));
@@ -273,8 +275,8 @@ absl::Status AgentImpl::ConnectStore() {
   }
   if (!token_.empty()) {
     auto client = std::make_shared<store::StoreClient>(
-        store::StoreClientOptions{master, token_, options_.init_timeout, tls_});
-    absl::Status s = client->WaitForServer(options_.init_timeout);
+        store::StoreClientOptions{master, token_, options_.timeouts.init, tls_});
+    absl::Status s = client->WaitForServer(options_.timeouts.init);
     if (!s.ok()) return s;
     store_ = std::move(client);
     return absl::OkStatus();
@@ -283,14 +285,14 @@ absl::Status AgentImpl::ConnectStore() {
   // left by an earlier job on the same port holds a token the store
   // refuses: read it again until rank 0 has written its own.
   const std::string path = TokenFilePath(options_.master_port);
-  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  const absl::Time deadline = absl::Now() + options_.timeouts.init;
   absl::Status last = absl::NotFoundError(absl::StrCat("rank 0 has not written ", path));
   while (true) {
     RETURN_IF_ERROR(EnsurePrivateDir(path.substr(0, path.rfind('/'))));
     auto token = ReadFile(path);
     if (token.ok() && !token->empty()) {
       auto client = std::make_shared<store::StoreClient>(
-          store::StoreClientOptions{master, *token, options_.init_timeout, tls_});
+          store::StoreClientOptions{master, *token, options_.timeouts.init, tls_});
       absl::Status s =
           client->WaitForServer(std::max(absl::Milliseconds(1), deadline - absl::Now()));
       if (s.ok()) {
@@ -303,7 +305,7 @@ absl::Status AgentImpl::ConnectStore() {
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("no job token from rank 0 within ", DurationText(options_.init_timeout),
+          absl::StrCat("no job token from rank 0 within ", DurationText(options_.timeouts.init),
                        " (", path, ": ", last.message(),
                        "); set BATON_JOB_TOKEN on every worker, or check that no "
                        "other job uses MASTER_PORT ",
@@ -315,19 +317,19 @@ absl::Status AgentImpl::ConnectStore() {
 
 // The job's store on etcd: every rank is a client, so none is special.
 absl::Status AgentImpl::ConnectEtcd() {
-  token_ = options_.job_token;
+  token_ = options_.security.job_token;
   if (token_.empty()) {
     return absl::FailedPreconditionError(
         "the job's store is on etcd, and the job token never goes through it: set "
-        "BATON_JOB_TOKEN (AgentOptions::job_token) on every worker (baton-run does)");
+        "BATON_JOB_TOKEN (AgentOptions::security.job_token) on every worker (baton-run does)");
   }
-  ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
+  ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
   auto etcd_tls = LoadTls(options_.etcd.tls);
   if (!etcd_tls.ok()) return Annotate(etcd_tls.status(), "etcd's TLS files");
   store::EtcdStoreOptions o;
   o.endpoint = options_.etcd.endpoint;
   o.prefix = options_.etcd.prefix;
-  o.call_timeout = options_.init_timeout;
+  o.call_timeout = options_.timeouts.init;
   o.user = options_.etcd.user;
   o.password = options_.etcd.password;
   o.tls = *std::move(etcd_tls);
@@ -339,14 +341,14 @@ absl::Status AgentImpl::ConnectEtcd() {
 
 absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   if (!token_.empty()) return token_;
-  if (!options_.job_token.empty()) return options_.job_token;
+  if (!options_.security.job_token.empty()) return options_.security.job_token;
   // An injected in-process store: rank 0 creates the token there.
   const std::string key = ns_ + "job_token";
   if (options_.rank == 0) {
     ASSIGN_OR_RETURN(auto v, store_->CompareSet(key, "", RandomHex(16)));
     return v;
   }
-  return store_->Get(key, options_.init_timeout);
+  return store_->Get(key, options_.timeouts.init);
 }
 
 absl::Status AgentImpl::Step(RendezvousStep step) {
@@ -374,7 +376,7 @@ absl::Status AgentImpl::Rendezvous() {
   RETURN_IF_ERROR(ConnectPeers(reg));
   RETURN_IF_ERROR(Step(RendezvousStep::kBeforeInitBarrier));
   RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/probed", rank_, options_.world_size,
-                                 options_.init_timeout));
+                                 options_.timeouts.init));
   RETURN_IF_ERROR(Step(RendezvousStep::kAfterInitBarrier));
   auto superseded = FollowSuccessors(reg);
   if (!superseded.ok()) return superseded.status();
@@ -386,14 +388,14 @@ absl::Status AgentImpl::Rendezvous() {
   // passed the job is formed, and the host may be gone before it replies.
   // A rank that rejoins finds every key of the round already there.
   RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/done", rank_, options_.world_size,
-                                 options_.init_timeout));
+                                 options_.timeouts.init));
   if (store_server_ != nullptr) {
     std::vector<std::string> passed;
     for (int r = 0; r < options_.world_size; ++r) {
       if (r != rank_) passed.push_back(absl::StrCat(ns_, "init/passed/", r));
     }
     // Bounded: a rank that died right after the barrier never says so.
-    (void)store_->Wait(passed, options_.init_timeout);
+    (void)store_->Wait(passed, options_.timeouts.init);
   } else {
     (void)store_->Set(absl::StrCat(ns_, "init/passed/", rank_), "1");
   }
@@ -422,19 +424,20 @@ absl::Status AgentImpl::BecomeReady(const proto::WorkerRecord& mine) {
 absl::Status AgentImpl::PrepareRuntime() {
   if (timer_ == nullptr) timer_ = std::make_unique<DeadlineTimer>();
   if (executor_ == nullptr) {
-    executor_ = std::make_unique<Executor>(
-        Executor::Options{options_.min_threads, options_.max_threads, options_.parallelism});
+    executor_ = std::make_unique<Executor>(Executor::Options{
+        options_.threads.min, options_.threads.max, options_.threads.parallelism});
   }
   // F2/F3 (flow_control.h): every request from a peer passes the gate, also
   // those that arrive before our rendezvous finished.
   gate_ = std::make_unique<RequestGate>(
-      slots_, FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight},
+      slots_,
+      FlowLimits{options_.transport.max_calls_in_flight, options_.transport.max_bytes_in_flight},
       executor_.get());
   // The probe that confirms a suspected peer death (SuspectPeer). A registry
   // shared by several agents has it already.
   (void)registry_->RegisterInternalInline(
       kPingFunction, [](const CallContext&, Payload, Responder done) { done(Payload()); });
-  if (options_.rejoin && rank_ == 0 && !ExternalStore()) {
+  if (options_.restarts.rejoin && rank_ == 0 && !ExternalStore()) {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
   }
@@ -449,7 +452,7 @@ absl::Status AgentImpl::TakeRound() {
   // Each init of a rank against a store is a new round with fresh keys, so
   // repeated init/shutdown in one job never sees stale registrations. A
   // rejoining incarnation takes the round its predecessor was in.
-  rejoin_ = options_.rejoin;
+  rejoin_ = options_.restarts.rejoin;
   RETURN_IF_ERROR(CheckGroupKind(*store_, /*dynamic=*/false));  // M4
   const std::string round_key = absl::StrCat("baton/init_round/", rank_);
   auto round = store_->Add(round_key, rejoin_ ? 0 : 1);
@@ -472,7 +475,7 @@ absl::Status AgentImpl::TakeRound() {
     store_instance_ = RandomHex(8);
     RETURN_IF_ERROR(store_->Set(ns_ + "store_instance", store_instance_));
   } else if (!ExternalStore()) {
-    auto v = store_->Get(ns_ + "store_instance", options_.init_timeout);
+    auto v = store_->Get(ns_ + "store_instance", options_.timeouts.init);
     if (!v.ok()) return v.status();
     store_instance_ = *v;
   }
@@ -482,7 +485,7 @@ absl::Status AgentImpl::TakeRound() {
 // tls_, identity_ and transport_, listening on this host's address toward
 // the master (loopback for a job on loopback).
 absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
-  std::string listen = options_.listen_address;
+  std::string listen = options_.transport.listen_address;
   if (listen.empty()) {
     std::string host = "127.0.0.1";
     if (!IsLoopback(options_.master_addr)) {
@@ -492,15 +495,15 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
     listen = host + ":0";
   }
   if (options_.store != nullptr) {  // ConnectStore loaded it otherwise
-    ASSIGN_OR_RETURN(tls_, LoadTls(options_.tls));
+    ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
   }
   // W1: this incarnation's key pair, before any stream can arrive.
   ASSIGN_OR_RETURN(identity_, WorkerIdentity::Generate());
-  NetworkTransportOptions network{listen, token, options_.max_message_bytes, tls_,
-                                  options_.partition_tolerance};
-  network.bulk_channel = options_.network_bulk;
-  network.bulk_min_bytes = options_.network_bulk_min_bytes;
-  network.bulk_lanes = options_.network_bulk_lanes;
+  NetworkTransportOptions network{listen, token, options_.transport.max_message_bytes, tls_,
+                                  options_.timeouts.partition_tolerance};
+  network.bulk_channel = options_.transport.network_bulk;
+  network.bulk_min_bytes = options_.transport.network_bulk_min_bytes;
+  network.bulk_lanes = options_.transport.network_bulk_lanes;
   network.log = Log();
   absl::StatusOr<std::unique_ptr<NetworkTransport>> transport;
   if (network_factory_ != nullptr) {
@@ -535,7 +538,7 @@ absl::Status AgentImpl::ClaimRank() {
 // shm_transport_ (this process's hub; links come after registration).
 absl::Status AgentImpl::StartSameHostPaths(Registration& reg) {
   reg.probe_token = RandomHex(8);
-  if (options_.same_host_shm) {
+  if (options_.transport.same_host_shm) {
     ShmChannel::Sweep();
     shm_ = std::make_unique<ShmChannel>();
     auto probe = shm_->CreateProbe(reg.probe_token);
@@ -543,14 +546,14 @@ absl::Status AgentImpl::StartSameHostPaths(Registration& reg) {
   }
   // The same-host transport: a hub now, links after everyone registered. A
   // rejoining incarnation uses gRPC (its peers set their links up long ago).
-  if (options_.local_transport == AgentOptions::LocalTransport::kShm && !rejoin_) {
+  if (options_.transport.local_transport == AgentOptions::LocalTransport::kShm && !rejoin_) {
     ShmTransportOptions so;
-    so.ring_bytes = options_.shm_ring_bytes;
+    so.ring_bytes = options_.transport.shm_ring_bytes;
     auto t = ShmTransport::Create(so, rank_, options_.world_size, this);
     if (t.ok()) {
       shm_transport_ = *std::move(t);
     } else if (absl::IsInvalidArgument(t.status())) {
-      return Annotate(t.status(), "AgentOptions::shm_ring_bytes");
+      return Annotate(t.status(), "AgentOptions::transport.shm_ring_bytes");
     }  // else: no /dev/shm room; gRPC it is
   }
   return absl::OkStatus();
@@ -561,9 +564,9 @@ absl::Status AgentImpl::Register(Registration& reg) {
   proto::WorkerRecord& mine = reg.mine;
   mine.set_name(options_.name);
   mine.set_address(transport_->address());
-  mine.set_max_message_bytes(options_.max_message_bytes);
-  mine.set_max_calls_in_flight(options_.max_calls_in_flight);
-  mine.set_max_bytes_in_flight(options_.max_bytes_in_flight);
+  mine.set_max_message_bytes(options_.transport.max_message_bytes);
+  mine.set_max_calls_in_flight(options_.transport.max_calls_in_flight);
+  mine.set_max_bytes_in_flight(options_.transport.max_bytes_in_flight);
   mine.set_incarnation(incarnation_);
   mine.set_identity_key(identity_->public_key());
   mine.set_shm_probe(reg.probe_name);
@@ -598,7 +601,7 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
   std::vector<std::string>& keys = reg.keys;
   std::vector<proto::WorkerRecord>& records = reg.records;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
-  auto values = store_->MultiGet(keys, options_.init_timeout);
+  auto values = store_->MultiGet(keys, options_.timeouts.init);
   if (!values.ok()) return Annotate(values.status(), "waiting for every worker to register");
   workers_.resize(options_.world_size);
   peer_limits_.resize(options_.world_size);
@@ -630,9 +633,9 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
     auto smaller = [](int64_t mine, int64_t theirs) {
       return theirs > 0 ? std::min(mine, theirs) : mine;
     };
-    windows[r] =
-        FlowLimits{smaller(options_.max_calls_in_flight, records[r].max_calls_in_flight()),
-                   smaller(options_.max_bytes_in_flight, records[r].max_bytes_in_flight())};
+    windows[r] = FlowLimits{
+        smaller(options_.transport.max_calls_in_flight, records[r].max_calls_in_flight()),
+        smaller(options_.transport.max_bytes_in_flight, records[r].max_bytes_in_flight())};
   }
   window_ = std::make_unique<CallWindow>(std::move(windows));
   {
@@ -689,7 +692,8 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
   };
   int host_peers = 0;
   for (int r = 0; r < options_.world_size; ++r) host_peers += same_host(r);
-  const bool link = options_.shm_link_peers_max == 0 || host_peers <= options_.shm_link_peers_max;
+  const bool link = options_.transport.shm_link_peers_max == 0 ||
+                    host_peers <= options_.transport.shm_link_peers_max;
   if (shm_transport_ != nullptr && !rejoin_) {
     proto::SameHostLinks created;
     bool any_higher = false;
@@ -715,7 +719,7 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
       keys.push_back(LinksKey(ns_, r));
     }
     if (!keys.empty()) {
-      auto values = store_->MultiGet(keys, options_.init_timeout);
+      auto values = store_->MultiGet(keys, options_.timeouts.init);
       if (!values.ok()) return Annotate(values.status(), "waiting for the shared-memory links");
       for (size_t i = 0; i < lower.size(); ++i) {
         proto::SameHostLinks theirs;
@@ -743,7 +747,7 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
   const std::vector<proto::WorkerRecord>& records = reg.records;
   const std::vector<std::string>& keys = reg.keys;
   std::vector<int> superseded;
-  ASSIGN_OR_RETURN(auto values, store_->MultiGet(keys, options_.init_timeout));
+  ASSIGN_OR_RETURN(auto values, store_->MultiGet(keys, options_.timeouts.init));
   for (int r = 0; r < options_.world_size; ++r) {
     if (r == rank_) continue;
     proto::WorkerRecord now;

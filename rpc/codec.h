@@ -89,7 +89,7 @@ class CudaTensorChannel {
 };
 
 // Where a CUDA tensor sent to a peer arrives: the agent answers from
-// AgentOptions::device_maps (Runtime::DeviceOnPeer), and which channel
+// AgentOptions::devices.maps (Runtime::DeviceOnPeer), and which channel
 // carries it. An interface so that the codec calls it without linking the
 // agent.
 class DeviceRouter {

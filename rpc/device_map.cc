@@ -1,4 +1,4 @@
-// AgentImpl's CUDA device maps (AgentOptions::device_maps, docs/cuda.md):
+// AgentImpl's CUDA device maps (AgentOptions::devices.maps, docs/cuda.md):
 // what a worker publishes, how each peer's map is resolved and checked at
 // the rendezvous, and the lookup the tensor codec makes per CUDA tensor.
 #include <torch/cuda.h>
@@ -16,7 +16,7 @@ namespace baton::rpc::internal {
 int LocalCudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
 
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
-  for (const auto& [worker, devices] : options.device_maps) {
+  for (const auto& [worker, devices] : options.devices.maps) {
     auto& map = (*mine.mutable_device_maps())[worker];
     for (const auto& [from, to] : devices) (*map.mutable_devices())[from] = to;
   }
@@ -25,8 +25,8 @@ void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
 
 absl::Status CheckLocalDeviceMaps(const AgentOptions& options) {
   const int local = LocalCudaDevices();
-  for (const auto& [worker, devices] : options.device_maps) {
-    const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
+  for (const auto& [worker, devices] : options.devices.maps) {
+    const std::string where = absl::StrCat("AgentOptions::devices.maps[\"", worker, "\"]");
     if (worker == options.name) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": a worker maps no devices to itself"));
@@ -65,8 +65,8 @@ absl::Status AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>
   device_map_to_.assign(records.size(), {});
   has_device_map_to_.assign(records.size(), false);
   // CheckLocalDeviceMaps passed: what is left needs the registrations.
-  for (const auto& [worker, devices] : options_.device_maps) {
-    const std::string where = absl::StrCat("AgentOptions::device_maps[\"", worker, "\"]");
+  for (const auto& [worker, devices] : options_.devices.maps) {
+    const std::string where = absl::StrCat("AgentOptions::devices.maps[\"", worker, "\"]");
     int peer = -1;
     {
       absl::ReaderMutexLock lock(&members_mu_);
@@ -115,7 +115,7 @@ absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device) const {
   if (!has_device_map_to_[peer]) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name,
-                     "': no device map applies (set AgentOptions::device_maps[\"", name,
+                     "': no device map applies (set AgentOptions::devices.maps[\"", name,
                      "\"] on this worker, or a map for this worker on '", name, "')"));
   }
   auto it = device_map_to_[peer].find(device);

@@ -277,7 +277,7 @@ class FunctionRegistry {
 
   // Metrics (obs/metrics.h) of what this registry's protocol layers keep
   // (RRefs, autograd contexts, a PS shard): an agent with metrics on
-  // (AgentOptions::metrics_address) serves them. Add before RpcAgent::Create;
+  // (AgentOptions::observability.metrics_address) serves them. Add before RpcAgent::Create;
   // a collector must not block, and must cope with state already gone
   // (hold weak references).
   void AddMetricsCollector(std::function<void(obs::MetricsWriter&)> collector) {

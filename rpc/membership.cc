@@ -144,7 +144,7 @@ absl::Status AgentImpl::ClaimName() {
 void AgentImpl::MakeSlots(const proto::WorkerRecord& mine) {
   workers_.assign(slots_, WorkerInfo());
   for (int r = 0; r < slots_; ++r) workers_[r].id = r;
-  peer_limits_.assign(slots_, options_.max_message_bytes);
+  peer_limits_.assign(slots_, options_.transport.max_message_bytes);
   device_map_to_.assign(slots_, {});
   has_device_map_to_.assign(slots_, false);
   cuda_channel_peer_.assign(slots_, false);
@@ -154,7 +154,8 @@ void AgentImpl::MakeSlots(const proto::WorkerRecord& mine) {
     paths_.push_back(std::make_unique<PeerPath>(r, transport_.get(), nullptr, nullptr, ""));
   }
   window_ = std::make_unique<CallWindow>(std::vector<FlowLimits>(
-      slots_, FlowLimits{options_.max_calls_in_flight, options_.max_bytes_in_flight}));
+      slots_,
+      FlowLimits{options_.transport.max_calls_in_flight, options_.transport.max_bytes_in_flight}));
   {
     absl::MutexLock lock(&members_mu_);
     named_.assign(slots_, false);
@@ -195,7 +196,7 @@ absl::Status AgentImpl::ReadMembers() {
   keys.clear();
   for (int r : ranks) keys.push_back(absl::StrCat(ns_, "worker/", r));
   // Each registration was written before its place.
-  ASSIGN_OR_RETURN(auto records, store_->MultiGet(keys, options_.init_timeout));
+  ASSIGN_OR_RETURN(auto records, store_->MultiGet(keys, options_.timeouts.init));
   for (size_t i = 0; i < ranks.size(); ++i) {
     proto::WorkerRecord record;
     if (records[i].empty()) continue;  // it left
@@ -209,7 +210,7 @@ absl::Status AgentImpl::ReadMembers() {
 
 // M1: every member known now hears of this one before Create() returns. A
 // member that does not answer (it left, or died) is not waited for beyond
-// init_timeout; it is said in the log.
+// timeouts.init; it is said in the log.
 std::vector<std::pair<int, Future<Payload>>> AgentImpl::NotifyMembers(const char* function,
                                                                       absl::Duration timeout) {
   std::vector<std::pair<int, Future<Payload>>> sent;
@@ -223,7 +224,7 @@ std::vector<std::pair<int, Future<Payload>>> AgentImpl::NotifyMembers(const char
 }
 
 void AgentImpl::AnnounceJoin() {
-  for (auto& [r, future] : NotifyMembers(kJoinFunction, options_.init_timeout)) {
+  for (auto& [r, future] : NotifyMembers(kJoinFunction, options_.timeouts.init)) {
     absl::StatusOr<Payload> answer = future.result();
     if (!answer.ok()) {
       // It is leaving, or gone: it does not know this worker, so it is no
@@ -294,8 +295,9 @@ absl::Status AgentImpl::AdmitMember(int rank, const proto::WorkerRecord& record)
     return theirs > 0 ? std::min(mine, theirs) : mine;
   };
   window_->SetLimits(
-      rank, FlowLimits{smaller(options_.max_calls_in_flight, record.max_calls_in_flight()),
-                       smaller(options_.max_bytes_in_flight, record.max_bytes_in_flight())});
+      rank,
+      FlowLimits{smaller(options_.transport.max_calls_in_flight, record.max_calls_in_flight()),
+                 smaller(options_.transport.max_bytes_in_flight, record.max_bytes_in_flight())});
   const int64_t incarnation =
       rank == rank_ ? incarnation_ : std::max<int64_t>(1, record.incarnation());
   {
@@ -335,7 +337,7 @@ void AgentImpl::AnnounceLeave(absl::Time deadline) {
   (void)store_->Set(absl::StrCat(ns_, "worker/", rank_), "");
   // One member that does not answer must not hold the rest of the shutdown.
   const absl::Duration timeout = std::clamp(deadline - absl::Now(), absl::Milliseconds(1),
-                                            std::min(options_.rpc_timeout, absl::Seconds(5)));
+                                            std::min(options_.timeouts.rpc, absl::Seconds(5)));
   // A member that does not answer has left or died itself: nothing to wait for.
   for (auto& [r, future] : NotifyMembers(kLeaveFunction, timeout)) (void)future.result();
 }
@@ -360,10 +362,10 @@ void AgentImpl::ReleaseMembership(absl::Duration timeout) {
 }
 
 absl::Status AgentImpl::AwaitMembersGone(absl::Duration timeout) {
-  // Bounded also without a shutdown_timeout: a member that died never
+  // Bounded also without a timeouts.shutdown: a member that died never
   // counts itself out.
   const absl::Time deadline =
-      absl::Now() + std::min({timeout, options_.shutdown_timeout, absl::Minutes(1)});
+      absl::Now() + std::min({timeout, options_.timeouts.shutdown, absl::Minutes(1)});
   const std::string key = absl::StrCat(ns_, "live");
   // The count has no key to wait for: it is read every 10 ms, bounded.
   for (;;) {

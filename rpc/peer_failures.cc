@@ -59,7 +59,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
     return;
   }
   CallOptions probe;
-  probe.timeout = std::min(options_.rpc_timeout, absl::Seconds(2));
+  probe.timeout = std::min(options_.timeouts.rpc, absl::Seconds(2));
   const absl::Time probed = absl::Now();
   Call(peer, kPingFunction, "", Payload(), probe, /*windowed=*/false)
       .OnReady([this, peer, incarnation, cause, probed](const absl::StatusOr<Payload>& r) {
@@ -82,7 +82,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
         if (!dead) return;
         if (silent_since != absl::InfiniteFuture()) {
           const absl::Duration silent = absl::Now() - silent_since;
-          if (silent < options_.partition_tolerance) {
+          if (silent < options_.timeouts.partition_tolerance) {
             ProbeAgain(peer, cause);
             return;
           }
@@ -91,8 +91,9 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
               absl::UnavailableError(absl::StrCat(
                   "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
                   ") is dead: it did not answer for ", DurationText(silent),
-                  ", past the partition tolerance (", DurationText(options_.partition_tolerance),
-                  ", AgentOptions::partition_tolerance): it is cut off from this worker "
+                  ", past the partition tolerance (",
+                  DurationText(options_.timeouts.partition_tolerance),
+                  ", AgentOptions::timeouts.partition_tolerance): it is cut off from this worker "
                   "by the network, or hung (first sign: ",
                   cause.message(), "; the last probe: ", r.status().message(), ")")));
           // Calls that wait for the link to it end now.
@@ -238,7 +239,7 @@ void AgentImpl::FollowNewerIncarnation(int peer, absl::Time deadline) {
 }
 
 void AgentImpl::WaitForSuccessor(int peer, absl::Time deadline) {
-  if (options_.restart_wait <= absl::ZeroDuration()) return;
+  if (options_.restarts.wait <= absl::ZeroDuration()) return;
   int64_t dead;
   {
     absl::MutexLock lock(&mu_);
@@ -247,7 +248,7 @@ void AgentImpl::WaitForSuccessor(int peer, absl::Time deadline) {
     if (p.dead < p.incarnation) return;  // alive, as far as we know
     dead = p.dead;
   }
-  (void)AwaitSuccessor(peer, dead, std::min(deadline, absl::Now() + options_.restart_wait));
+  (void)AwaitSuccessor(peer, dead, std::min(deadline, absl::Now() + options_.restarts.wait));
 }
 
 bool AgentImpl::AwaitSuccessor(int peer, int64_t dead, absl::Time until) {
@@ -291,7 +292,7 @@ void AgentImpl::OnStreamRefused(int peer, uint64_t stream_id, const absl::Status
   // P8 with a restart wait; without one, only a refusal by silence (the link
   // is down: the calls wait for it within their deadlines).
   if (!absl::IsUnavailable(cause) ||
-      (options_.restart_wait <= absl::ZeroDuration() && !IsSilence(cause))) {
+      (options_.restarts.wait <= absl::ZeroDuration() && !IsSilence(cause))) {
     OnStreamClosed(peer, stream_id, cause);
     return;
   }
@@ -322,7 +323,7 @@ void AgentImpl::RedeliverUnread(int peer,
                                 const std::vector<std::pair<uint64_t, std::string>>& calls,
                                 absl::string_view why, const absl::Status& cause) {
   for (const auto& [id, function] : calls) {
-    if ((options_.restart_wait > absl::ZeroDuration() || IsSilence(cause)) && Redeliver(id)) {
+    if ((options_.restarts.wait > absl::ZeroDuration() || IsSilence(cause)) && Redeliver(id)) {
       continue;
     }
     Complete(id,
@@ -431,8 +432,8 @@ bool AgentImpl::Idempotent(uint64_t id) const {
 absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Time until) {
   // A successor within the restart wait; a partition's end within the
   // tolerance; either within the calls' deadlines.
-  until =
-      std::min(until, absl::Now() + std::max(options_.restart_wait, options_.partition_tolerance));
+  until = std::min(
+      until, absl::Now() + std::max(options_.restarts.wait, options_.timeouts.partition_tolerance));
   auto left = [&until] { return std::max(absl::Milliseconds(1), until - absl::Now()); };
   // Its successor registered already: follow it.
   (void)LoadPeerRecord(peer, std::min(left(), absl::Seconds(2)));
@@ -462,15 +463,16 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
       // A probe that failed at once (the link is down) waits for its turn.
       absl::SleepFor(std::min(until, sent + kSilentProbePeriod) - absl::Now());
     }
-    if (IsSilence(probe) && options_.restart_wait <= absl::ZeroDuration()) {
+    if (IsSilence(probe) && options_.restarts.wait <= absl::ZeroDuration()) {
       return absl::UnavailableError(absl::StrCat(
           "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation,
           ") did not answer (cut off by the network, or hung) within the partition tolerance (",
-          DurationText(options_.partition_tolerance),
-          ", AgentOptions::partition_tolerance) or the call's deadline: ", probe.message()));
+          DurationText(options_.timeouts.partition_tolerance),
+          ", AgentOptions::timeouts.partition_tolerance) or the call's deadline: ",
+          probe.message()));
     }
   }
-  if (options_.restart_wait <= absl::ZeroDuration()) {
+  if (options_.restarts.wait <= absl::ZeroDuration()) {
     return absl::UnavailableError(absl::StrCat(
         "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
         probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")")));
@@ -479,8 +481,8 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
   return absl::UnavailableError(absl::StrCat(
       "worker '", workers_[peer].name, "' (id ", peer, ", incarnation ", incarnation, ") is dead",
       probe.ok() ? "" : absl::StrCat(" (a probe failed: ", probe.message(), ")"),
-      " and no successor registered within ", DurationText(options_.restart_wait),
-      " (AgentOptions::restart_wait) or the call's deadline"));
+      " and no successor registered within ", DurationText(options_.restarts.wait),
+      " (AgentOptions::restarts.wait) or the call's deadline"));
 }
 
 void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
@@ -521,10 +523,11 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
   // A dynamic group's members leave one by one (M3): nobody waits for them.
   if (options_.dynamic_group) return absl::OkStatus();
   const std::string barrier = ns_ + "shutdown/enter";
-  if (options_.shutdown_wait_for_peers == absl::ZeroDuration()) {
-    return store::Barrier(*store_, barrier, rank_, options_.world_size, options_.shutdown_timeout);
+  if (options_.timeouts.shutdown_wait_for_peers == absl::ZeroDuration()) {
+    return store::Barrier(*store_, barrier, rank_, options_.world_size, options_.timeouts.shutdown);
   }
-  const absl::Time end = absl::Now() + options_.shutdown_wait_for_peers;  // may be infinite
+  const absl::Time end =
+      absl::Now() + options_.timeouts.shutdown_wait_for_peers;  // may be infinite
   // In slices: every few seconds the workers still missing are pinged, and
   // one whose ping fails with UNAVAILABLE (its process is gone), or that
   // was confirmed dead meanwhile, ends the wait. A live worker answers the
@@ -558,19 +561,19 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
       }
       if (!confirmed_dead && !absl::IsUnavailable(ping)) continue;
       // P9: a rank whose launcher restarts it is not lost until its
-      // successor fails to register within restart_wait; once it has, the
+      // successor fails to register within restarts.wait; once it has, the
       // barrier waits for the successor to reach its own shutdown.
-      if (options_.restart_wait > absl::ZeroDuration() &&
-          AwaitSuccessor(p, incarnation, std::min(end, absl::Now() + options_.restart_wait))) {
+      if (options_.restarts.wait > absl::ZeroDuration() &&
+          AwaitSuccessor(p, incarnation, std::min(end, absl::Now() + options_.restarts.wait))) {
         next_ping = absl::Now() + absl::Seconds(3);
         continue;
       }
       return absl::UnavailableError(
           absl::StrCat("worker ", p, " (", workers_[p].name, ") died before it reached shutdown",
                        confirmed_dead ? "" : absl::StrCat(" (a ping failed: ", ping.message(), ")"),
-                       options_.restart_wait > absl::ZeroDuration()
+                       options_.restarts.wait > absl::ZeroDuration()
                            ? absl::StrCat(", and no successor registered within restart_wait (",
-                                          absl::FormatDuration(options_.restart_wait), ")")
+                                          absl::FormatDuration(options_.restarts.wait), ")")
                            : ""));
     }
   }

@@ -140,7 +140,7 @@ class Runtime : public DeviceRouter {
   virtual absl::StatusOr<std::vector<int>> RetiredPeers() = 0;
 
   // This worker's incarnation of its rank: 1 at its first start, one more
-  // for each restart that rejoined the job (AgentOptions::rejoin).
+  // for each restart that rejoined the job (AgentOptions::restarts.rejoin).
   virtual int64_t incarnation() const = 0;
   // The latest incarnation of `peer` this worker knows of (0 for an id that
   // is no worker). Every request carries its caller's incarnation, so a
@@ -153,7 +153,7 @@ class Runtime : public DeviceRouter {
 
   // The first step of a graceful RpcAgent::Shutdown() on its own: returns
   // once every worker entered its shutdown (this call or Shutdown(true)),
-  // bounded as that step is (shutdown_wait_for_peers); UNAVAILABLE naming a
+  // bounded as that step is (timeouts.shutdown_wait_for_peers); UNAVAILABLE naming a
   // missing worker confirmed dead. Calls keep working until Shutdown(),
   // which then does not wait again and reports this outcome. Front ends run
   // their own steps in between (python: torch's _wait_all_workers and RRef
@@ -163,10 +163,10 @@ class Runtime : public DeviceRouter {
   virtual absl::Status EnterShutdown() = 0;
   virtual bool running() const = 0;
 
-  // The worker's metrics (AgentOptions::metrics_address), for components to
+  // The worker's metrics (AgentOptions::observability.metrics_address), for components to
   // add their own (RRefs, autograd contexts, PS, pipeline); null when off.
   virtual obs::MetricsRegistry* metrics() const = 0;
-  // The worker's timeline recorder (AgentOptions::trace_dir), for
+  // The worker's timeline recorder (AgentOptions::observability.trace_dir), for
   // components to add their own slices (the pipeline's actions); null when
   // tracing is off.
   virtual obs::TraceRecorder* trace() const = 0;

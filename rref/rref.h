@@ -141,7 +141,7 @@ class RRef {
   rpc::Future<void> created() const { return handle_->created(); }
 
   // A copy of the owner's value. The future fails with DEADLINE_EXCEEDED if
-  // the value is not there within `timeout` (zero: the agent's rpc_timeout).
+  // the value is not there within `timeout` (zero: the agent's timeouts.rpc).
   // Never blocks the caller, on the owner either.
   rpc::Future<T> to_here_async(absl::Duration timeout = absl::ZeroDuration()) const;
   T to_here(absl::Duration timeout = absl::ZeroDuration()) const {
@@ -149,7 +149,7 @@ class RRef {
   }
 
   // The value itself, on the owner only. Waits for its creation (bounded by
-  // the agent's rpc_timeout).
+  // the agent's timeouts.rpc).
   std::shared_ptr<T> local_value() const;
 
   // Methods of a remote object (see RegisterClass).

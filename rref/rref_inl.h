@@ -14,7 +14,7 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
     return rpc::MakeErrorFuture<T>(absl::FailedPreconditionError(
         absl::StrCat("to_here of ", Describe(), ": the agent is shut down")));
   }
-  if (timeout <= absl::ZeroDuration()) timeout = agent->options().rpc_timeout;
+  if (timeout <= absl::ZeroDuration()) timeout = agent->options().timeouts.rpc;
   if (is_owner()) {
     auto value = service_->context()->OwnedValue(handle_->rref());
     if (!value.ok()) return rpc::MakeErrorFuture<T>(value.status());
@@ -79,7 +79,7 @@ std::shared_ptr<T> RRef<T>::local_value() const {
   auto value = service_->context()->OwnedValue(handle_->rref());
   if (!value.ok()) throw Error(value.status());
   rpc::Runtime* a = Agent();
-  if (!value->WaitFor(a->options().rpc_timeout)) {
+  if (!value->WaitFor(a->options().timeouts.rpc)) {
     throw Error(absl::DeadlineExceededError(
         absl::StrCat("local_value() of ", Describe(), ": value not created in time")));
   }

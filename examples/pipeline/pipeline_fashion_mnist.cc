@@ -160,7 +160,7 @@ int RunStage(const Flags& flags, const LaunchEnv& env, rpc::AgentOptions options
     const int d = so.device.has_index() ? so.device.index() : 0;
     for (int k = 0; k < env.world_size - 1; ++k) {
       const std::string peer = absl::StrCat("stage", k);
-      if (peer != options.name) options.device_maps[peer] = {{d, d}};
+      if (peer != options.name) options.devices.maps[peer] = {{d, d}};
     }
   }
   auto server = pipeline::StageServer::Create(*registry, so);

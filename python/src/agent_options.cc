@@ -49,24 +49,24 @@ absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
     options->world_size = -1;
   }
   // Each duration's rule for a value <= 0, here and nowhere else.
-  for (auto [seconds, into] : {std::pair{&config.rpc_timeout, &options->rpc_timeout},
-                               std::pair{&config.init_timeout, &options->init_timeout},
-                               std::pair{&config.shutdown_timeout, &options->shutdown_timeout}}) {
+  for (auto [seconds, into] : {std::pair{&config.rpc_timeout, &options->timeouts.rpc},
+                               std::pair{&config.init_timeout, &options->timeouts.init},
+                               std::pair{&config.shutdown_timeout, &options->timeouts.shutdown}}) {
     *into = Seconds(*seconds, *into);
   }
   // Waits as long as the missing workers live (torch's shutdown()).
-  options->shutdown_wait_for_peers =
-      Seconds(config.shutdown_wait_for_peers, options->shutdown_wait_for_peers);
+  options->timeouts.shutdown_wait_for_peers =
+      Seconds(config.shutdown_wait_for_peers, options->timeouts.shutdown_wait_for_peers);
   if (config.restart_wait.has_value()) {
     // Zero: calls to a dead worker fail at once.
     if (*config.restart_wait < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "init_rpc: restart_wait is ", *config.restart_wait, " s; it must be >= 0 seconds"));
     }
-    options->restart_wait = absl::Seconds(*config.restart_wait);
+    options->restarts.wait = absl::Seconds(*config.restart_wait);
   }
-  if (config.parallelism.has_value()) options->parallelism = *config.parallelism;
-  options->device_maps = config.device_maps;
+  if (config.parallelism.has_value()) options->threads.parallelism = *config.parallelism;
+  options->devices.maps = config.device_maps;
   options->front_ends = {"python"};
   return options;
 }

@@ -594,7 +594,7 @@ AgentClass BindAgent(py::module_& m) {
       .def("enter_shutdown", &PyAgent::EnterShutdown)
       .def("shutdown_timeout",
            [](const PyAgent& self) {
-             return absl::ToDoubleSeconds(self.agent().options().shutdown_timeout);
+             return absl::ToDoubleSeconds(self.agent().options().timeouts.shutdown);
            })
       .def("start_torch_agent", &PyAgent::StartTorchAgent, py::arg("rpc_timeout"))
       .def("rref_state", &PyAgent::RRefState)

@@ -38,11 +38,11 @@ TEST(AgentOptionsFrom, UnsetFieldsKeepTheEnvironmentAndTheDefaults) {
   EXPECT_EQ(o->master_addr, "10.0.0.7");
   EXPECT_EQ(o->master_port, 29555);
   EXPECT_EQ(o->name, "worker1");
-  EXPECT_EQ(o->rpc_timeout, defaults.rpc_timeout);
-  EXPECT_EQ(o->init_timeout, defaults.init_timeout);
-  EXPECT_EQ(o->shutdown_timeout, defaults.shutdown_timeout);
-  EXPECT_EQ(o->shutdown_wait_for_peers, defaults.shutdown_wait_for_peers);
-  EXPECT_EQ(o->restart_wait, defaults.restart_wait);
+  EXPECT_EQ(o->timeouts.rpc, defaults.timeouts.rpc);
+  EXPECT_EQ(o->timeouts.init, defaults.timeouts.init);
+  EXPECT_EQ(o->timeouts.shutdown, defaults.timeouts.shutdown);
+  EXPECT_EQ(o->timeouts.shutdown_wait_for_peers, defaults.timeouts.shutdown_wait_for_peers);
+  EXPECT_EQ(o->restarts.wait, defaults.restarts.wait);
   EXPECT_EQ(o->front_ends, std::vector<std::string>{"python"});
 }
 
@@ -62,8 +62,8 @@ TEST(AgentOptionsFrom, TheConfigWinsOverTheEnvironment) {
   EXPECT_EQ(o->world_size, 4);
   EXPECT_EQ(o->master_addr, "127.0.0.1");
   EXPECT_EQ(o->master_port, 30001);
-  EXPECT_EQ(o->parallelism, 6);
-  EXPECT_EQ(o->device_maps, c.device_maps);
+  EXPECT_EQ(o->threads.parallelism, 6);
+  EXPECT_EQ(o->devices.maps, c.device_maps);
 }
 
 TEST(AgentOptionsFrom, TimeoutsAreSecondsAndAtMostZeroIsNoLimit) {
@@ -74,10 +74,10 @@ TEST(AgentOptionsFrom, TimeoutsAreSecondsAndAtMostZeroIsNoLimit) {
   c.shutdown_wait_for_peers = 0;
   absl::StatusOr<rpc::AgentOptions> o = AgentOptionsFrom(c, Env(kJob));
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->rpc_timeout, absl::Milliseconds(2500));
-  EXPECT_EQ(o->init_timeout, absl::InfiniteDuration());
-  EXPECT_EQ(o->shutdown_timeout, absl::InfiniteDuration());
-  EXPECT_EQ(o->shutdown_wait_for_peers, absl::InfiniteDuration());
+  EXPECT_EQ(o->timeouts.rpc, absl::Milliseconds(2500));
+  EXPECT_EQ(o->timeouts.init, absl::InfiniteDuration());
+  EXPECT_EQ(o->timeouts.shutdown, absl::InfiniteDuration());
+  EXPECT_EQ(o->timeouts.shutdown_wait_for_peers, absl::InfiniteDuration());
 }
 
 TEST(AgentOptionsFrom, RestartWaitZeroIsNoWaitAndNegativeIsRefused) {
@@ -85,12 +85,12 @@ TEST(AgentOptionsFrom, RestartWaitZeroIsNoWaitAndNegativeIsRefused) {
   c.restart_wait = 0;
   absl::StatusOr<rpc::AgentOptions> o = AgentOptionsFrom(c, Env(kJob));
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->restart_wait, absl::ZeroDuration());
+  EXPECT_EQ(o->restarts.wait, absl::ZeroDuration());
 
   c.restart_wait = 12;
   o = AgentOptionsFrom(c, Env(kJob));
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->restart_wait, absl::Seconds(12));
+  EXPECT_EQ(o->restarts.wait, absl::Seconds(12));
 
   c.restart_wait = -1;
   o = AgentOptionsFrom(c, Env(kJob));

@@ -56,7 +56,7 @@ int main() {
   }));
   auto options = baton::rpc::AgentOptions::FromEnv("cpp");
   check(options.status());
-  options->shutdown_wait_for_peers = absl::InfiniteDuration();
+  options->timeouts.shutdown_wait_for_peers = absl::InfiniteDuration();
   auto agent = baton::rpc::RpcAgent::Create(*options, registry);
   check(agent.status());
   std::printf("cpp_peer %s ready\n", (*agent)->self().name.c_str());

@@ -86,10 +86,10 @@ class DeliveryScope {
 
 // How many CUDA devices this process sees (0 in a CPU-only LibTorch).
 int LocalCudaDevices();
-// The parts of AgentOptions::device_maps that concern this worker alone:
+// The parts of AgentOptions::devices.maps that concern this worker alone:
 // its own devices, a map to itself, two devices mapped to one.
 absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
-// Adds AgentOptions::device_maps and the device count to a registration.
+// Adds AgentOptions::devices.maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 
 // M4: claims the store for a fixed or a dynamic group (membership.cc);
@@ -153,7 +153,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   absl::Status Shutdown(bool graceful);
   absl::Status EnterShutdown() override;
   // Shutdown's first step: every worker reached its Shutdown()
-  // (AgentOptions::shutdown_wait_for_peers).
+  // (AgentOptions::timeouts.shutdown_wait_for_peers).
   absl::Status AwaitPeersAtShutdown();
   absl::Status Teardown(bool cancel_streams, absl::Time deadline);
   bool running() const override;
@@ -165,7 +165,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // rendezvous.
   absl::Status StartMetrics();
   // The worker's state for the hang report (obs/state.h; agent_state.cc),
-  // and its server on AgentOptions::state_socket, started with the metrics.
+  // and its server on AgentOptions::observability.state_socket, started with the metrics.
   void CollectState(proto::WorkerState* out) const;
   std::string StateJson() const override;
   // Every worker's state (proto::JobState as JSON): this one's, and the
@@ -178,8 +178,10 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // measures the clock offset to rank 0 (TL3), at the end of the rendezvous.
   absl::Status StartTrace();
   void OpenTrace();  // in the constructor
-  // The agent's log (AgentOptions::log), its lines prefixed with the worker.
-  Logger Log() const { return options_.log.Child(absl::StrCat("worker '", options_.name, "'")); }
+  // The agent's log (AgentOptions::observability.log), its lines prefixed with the worker.
+  Logger Log() const {
+    return options_.observability.log.Child(absl::StrCat("worker '", options_.name, "'"));
+  }
   void TraceOutgoing(uint64_t id, int peer, const std::string& function, absl::Time started,
                      const absl::Status& status);
   // GET /metrics (when metrics are on), GET /state and GET /job_state.
@@ -206,14 +208,14 @@ class AgentImpl final : public Runtime, private TransportHandler {
     // that the callee never decoded it.
     std::vector<std::function<void()>> undo;
     absl::Time deadline = absl::InfiniteFuture();
-    // P8: the request, kept (with options_.restart_wait) so that it can go
+    // P8: the request, kept (with options_.restarts.wait) so that it can go
     // again to the rank's next incarnation if it is known undelivered.
     std::shared_ptr<const Frame> resend;
     // CallOptions::idempotent: with `resend`, it also goes again after its
     // stream ended in silence, although it may have been read.
     bool idempotent = false;
     int deliveries = 1;  // sends of the request so far
-    // Metrics (AgentOptions::metrics_address): null when off.
+    // Metrics (AgentOptions::observability.metrics_address): null when off.
     obs::RpcMetrics* metrics = nullptr;
     absl::Time started;
   };
@@ -323,7 +325,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Confirms a suspected death of `peer`'s latest known incarnation with a
   // probe call, then reports it (ReportDead). A probe that meets silence
   // (IsSilence) is made again (ProbeAgain) until the peer answers or it was
-  // silent for options_.partition_tolerance.
+  // silent for options_.timeouts.partition_tolerance.
   void SuspectPeer(int peer, const absl::Status& cause);
   void ProbeAgain(int peer, const absl::Status& cause);
   // Whether pending call `id` may go again after a partition
@@ -354,7 +356,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // predecessor.
   void FollowNewerIncarnation(int peer, absl::Time deadline);
   // P7: if `peer`'s latest known incarnation was confirmed dead, waits (at
-  // most options_.restart_wait, within `deadline`) for its successor's
+  // most options_.restarts.wait, within `deadline`) for its successor's
   // registration and follows it.
   void WaitForSuccessor(int peer, absl::Time deadline);
   // Waits until `until` for incarnation `dead` + 1 of `peer` to register
@@ -368,7 +370,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // The task that sends `peer`'s queued calls again (one per peer at a time).
   void RedeliverTo(int peer);
   // Whether `peer` can take requests now, waiting for that until `until`
-  // (bounded by options_.restart_wait): OK once an incarnation newer than
+  // (bounded by options_.restarts.wait): OK once an incarnation newer than
   // `incarnation` is followed or `incarnation` answers a probe; else
   // UNAVAILABLE naming the peer.
   absl::Status AwaitDeliverable(int peer, int64_t incarnation, absl::Time until);
@@ -392,7 +394,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
 
   // The pending calls (id, function) that went to `peer` on `stream_id`.
   std::vector<std::pair<uint64_t, std::string>> CallsOnStream(int peer, uint64_t stream_id) const;
-  // P8: redelivers (with restart_wait) or fails as undelivered calls known
+  // P8: redelivers (with restarts.wait) or fails as undelivered calls known
   // never read by `peer`; `why` and `cause` explain a failure.
   void RedeliverUnread(int peer, const std::vector<std::pair<uint64_t, std::string>>& calls,
                        absl::string_view why, const absl::Status& cause);
@@ -423,7 +425,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   RpcAgent* handle_ = nullptr;
   NetworkTransportFactory network_factory_;                          // null: gRPC
   std::function<absl::Status(RendezvousStep)> rendezvous_observer_;  // null: none
-  // options_.rejoin, unless the rank never joined (P5): set in Rendezvous.
+  // options_.restarts.rejoin, unless the rank never joined (P5): set in Rendezvous.
   bool rejoin_ = false;
   int rank_ = -1;
   int64_t incarnation_ = 0;  // set during Rendezvous
@@ -433,12 +435,12 @@ class AgentImpl final : public Runtime, private TransportHandler {
   std::string ns_;
   std::string token_;                 // set in ConnectStore (not for an injected store)
   std::string token_file_;            // rank 0 wrote the token here (one-host job)
-  TlsConfig tls_;                     // loaded from options_.tls in ConnectStore
+  TlsConfig tls_;                     // loaded from options_.security.tls in ConnectStore
   std::string store_instance_;        // set during Rendezvous
   std::vector<WorkerInfo> workers_;   // set during Rendezvous
   std::vector<int64_t> peer_limits_;  // set during Rendezvous
   // Per peer: this worker's CUDA device -> the peer's, and whether any map
-  // applies to the peer (AgentOptions::device_maps); set during Rendezvous.
+  // applies to the peer (AgentOptions::devices.maps); set during Rendezvous.
   std::vector<std::map<int, int>> device_map_to_;
   std::vector<bool> has_device_map_to_;
   // The peers AgentCollaborators::cuda_channel serves: other processes on
@@ -472,12 +474,12 @@ class AgentImpl final : public Runtime, private TransportHandler {
   std::atomic<bool> leaving_{false};
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
-  // AgentOptions::metrics_address: the registry (set in Create, before any
+  // AgentOptions::observability.metrics_address: the registry (set in Create, before any
   // call) and its server (from the end of the rendezvous to Teardown).
   std::unique_ptr<obs::MetricsRegistry> metrics_;
   std::unique_ptr<obs::HttpServer> metrics_server_;
   std::unique_ptr<obs::HttpServer> state_server_;
-  // AgentOptions::trace_dir: set in StartTrace, before the agent serves.
+  // AgentOptions::observability.trace_dir: set in StartTrace, before the agent serves.
   std::unique_ptr<obs::TraceRecorder> trace_;
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<DeadlineTimer> timer_;
@@ -519,7 +521,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
     absl::Time next_refresh = absl::InfinitePast();
     // When a probe it did not answer started, without a sign of death
     // (IsSilence); InfiniteFuture while it answers. Reported dead once
-    // silent for options_.partition_tolerance.
+    // silent for options_.timeouts.partition_tolerance.
     absl::Time silent_since = absl::InfiniteFuture();
   };
   std::vector<PeerState> peers_ ABSL_GUARDED_BY(mu_);  // sized during Rendezvous

@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
 
 absl::StatusOr<std::unique_ptr<RpcAgent>> LoopbackJob::StartOne(int rank, int start, bool rejoin) {
   AgentOptions o = OptionsFor(rank);
-  o.rejoin = rejoin;
+  o.restarts.rejoin = rejoin;
   auto registry = std::make_shared<FunctionRegistry>();
   if (options_.install) options_.install(rank, *registry);
   AgentCollaborators c;
@@ -66,12 +66,12 @@ AgentOptions LoopbackJob::OptionsFor(int rank) const {
   o.rank = rank;
   o.world_size = options_.world_size;
   o.store = store_;
-  o.job_token = "loopback-job";
-  o.rpc_timeout = options_.rpc_timeout;
-  o.init_timeout = options_.init_timeout;
-  o.shutdown_timeout = options_.shutdown_timeout;
-  o.same_host_shm = false;
-  o.local_transport = AgentOptions::LocalTransport::kNetwork;
+  o.security.job_token = "loopback-job";
+  o.timeouts.rpc = options_.rpc_timeout;
+  o.timeouts.init = options_.init_timeout;
+  o.timeouts.shutdown = options_.shutdown_timeout;
+  o.transport.same_host_shm = false;
+  o.transport.local_transport = AgentOptions::LocalTransport::kNetwork;
   if (options_.configure) options_.configure(rank, o);
   return o;
 }

@@ -61,7 +61,7 @@ struct LoopbackJobOptions {
   // clock. It must outlive the job.
   const Clock* clock = nullptr;
   // A worker whose start fails is started again, up to this many times,
-  // with AgentOptions::rejoin, as baton-run's per-role restart does.
+  // with AgentOptions::restarts.rejoin, as baton-run's per-role restart does.
   int max_restarts = 0;
 };
 
@@ -80,7 +80,7 @@ class LoopbackJob {
   // would until it is reaped.
   absl::Status Kill(int rank);
   // Starts a new incarnation of worker `rank` that rejoins the running job
-  // (AgentOptions::rejoin), as baton-run's per-role restart does, with a
+  // (AgentOptions::restarts.rejoin), as baton-run's per-role restart does, with a
   // new registry from `install` and then `attach`; agent(rank) is the new
   // one from then on. `kill_first` kills the old one first (a crash and
   // restart); false leaves it running beside the new one (a process that

@@ -8,7 +8,7 @@
 //   AgentCollaborators c;
 //   c.network_transport = net->Factory();
 //   options.store = shared_memory_store;          // one store::MemoryStore
-//   options.local_transport = AgentOptions::LocalTransport::kGrpc;  // no shm rings
+//   options.transport.local_transport = AgentOptions::LocalTransport::kGrpc;  // no shm rings
 //   auto agent = RpcAgent::Create(options, registry, std::move(c));
 //
 // Contract (the one of rpc/transport.h, so the agent cannot tell):

@@ -132,7 +132,7 @@ Worker Start(absl::Duration shutdown_timeout = absl::Seconds(30)) {
       .Method("grads", &RemoteLinear::grads);
   auto opts = rpc::AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  opts->shutdown_timeout = shutdown_timeout;
+  opts->timeouts.shutdown = shutdown_timeout;
   auto agent = RpcAgent::Create(*opts, w.registry);
   WCHECK_OK(agent.status());
   w.agent = *std::move(agent);

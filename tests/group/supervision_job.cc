@@ -219,7 +219,7 @@ int Run(int victim, int drop) {
   });
   auto options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Fail(me, options.status());
-  options->shutdown_timeout = absl::Seconds(60);
+  options->timeouts.shutdown = absl::Seconds(60);
   auto agent = rpc::RpcAgent::Create(*options, registry);
   if (!agent.ok()) return Fail(me, agent.status());
   if (env->role == "boss" && env->role_rank == 0) {

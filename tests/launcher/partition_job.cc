@@ -46,7 +46,7 @@ int Run(int argc, char** argv) {
   auto options = rpc::AgentOptions::FromEnv("w");
   if (!options.ok()) return Fail(options.status().ToString());
   const int rank = options->rank;
-  options->init_timeout = absl::Seconds(60);
+  options->timeouts.init = absl::Seconds(60);
 
   absl::Notification finished;
   auto registry = std::make_shared<rpc::FunctionRegistry>();

@@ -35,7 +35,7 @@ int Main(int argc, char** argv) {
   if (ready.empty()) return Fail("usage: stall_job --ready_file=PATH");
   auto options = rpc::AgentOptions::FromEnv("w");
   if (!options.ok()) return Fail(options.status().ToString());
-  options->rpc_timeout = kStall;
+  options->timeouts.rpc = kStall;
   auto never = std::make_shared<absl::Notification>();
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   (void)registry->Register(outer_fn, [](const rpc::CallContext& ctx, int64_t v) {

@@ -70,8 +70,8 @@ int RunCalleeRestart() {
   auto options = rpc::AgentOptions::FromEnv("w");
   if (!options.ok()) return Fail(options.status().ToString());
   const int rank = options->rank;
-  options->rpc_timeout = absl::Seconds(30);
-  options->init_timeout = absl::Seconds(60);
+  options->timeouts.rpc = absl::Seconds(30);
+  options->timeouts.init = absl::Seconds(60);
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   (void)registry->Register(whoami_fn,
                            [](const CallContext& ctx) { return ctx.runtime->incarnation(); });
@@ -91,7 +91,7 @@ int RunCalleeRestart() {
   if (!agent.ok()) return Fail(agent.status().ToString());
   std::printf("rank %d: started, incarnation %lld, restart_wait %s\n", rank,
               static_cast<long long>((*agent)->runtime().incarnation()),
-              absl::FormatDuration(options->restart_wait).c_str());
+              absl::FormatDuration(options->restarts.wait).c_str());
   std::fflush(stdout);
   if (rank == 0) {
     const CallOptions opts{absl::Seconds(30)};
@@ -128,8 +128,8 @@ int Run(int argc, char** argv) {
   if (!options.ok()) return Fail(options.status().ToString());
   const int rank = options->rank;
   const int world = options->world_size;
-  options->rpc_timeout = absl::Seconds(20);
-  options->init_timeout = absl::Seconds(60);
+  options->timeouts.rpc = absl::Seconds(20);
+  options->timeouts.init = absl::Seconds(60);
 
   // The head's record of the w ranks that reported, and their replies.
   absl::Mutex mu;

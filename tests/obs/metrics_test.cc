@@ -190,7 +190,9 @@ TEST(AgentMetrics, ALiveJobsScrapePassesPromtoolAndCountsTheCalls) {
       shard = *std::move(s);
     }
   };
-  o.configure = [](int, rpc::AgentOptions& opts) { opts.metrics_address = "127.0.0.1:0"; };
+  o.configure = [](int, rpc::AgentOptions& opts) {
+    opts.observability.metrics_address = "127.0.0.1:0";
+  };
   auto job = rpc::testing::LoopbackJob::Start(o);
   ASSERT_TRUE(job.ok()) << job.status();
   for (int i = 0; i < 5; ++i) EXPECT_EQ((*job)->agent(0).rpc_sync(1, echo_fn, i), i);

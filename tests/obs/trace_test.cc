@@ -44,7 +44,7 @@ TEST(Trace, TL1_TL2_TL3_TL4_ADistributedAutogradStepOnThreeWorkers) {
   const std::string dir = baton::testing::MakeTempDir("trace");
   rpc::testing::LoopbackJobOptions o;
   o.world_size = 3;
-  o.configure = [&](int, rpc::AgentOptions& a) { a.trace_dir = dir; };
+  o.configure = [&](int, rpc::AgentOptions& a) { a.observability.trace_dir = dir; };
   o.install = [](int, rpc::FunctionRegistry& r) {
     ASSERT_TRUE(dist_autograd::Install(r).ok());
     ASSERT_TRUE(r.Register(mul_fn, [](at::Tensor x) { return x * 3; }).ok());

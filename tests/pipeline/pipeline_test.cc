@@ -207,7 +207,7 @@ BATON_SCENARIO(stage_dies) {
     WCHECK_OK(server.status());
     auto opts = rpc::AgentOptions::FromEnv("w");
     WCHECK_OK(opts.status());
-    opts->shutdown_timeout = absl::Seconds(3);
+    opts->timeouts.shutdown = absl::Seconds(3);
     auto a = rpc::RpcAgent::Create(*opts, registry);
     WCHECK_OK(a.status());
     WCHECK_OK((*server)->WaitForFinish(absl::Seconds(100)));
@@ -216,7 +216,7 @@ BATON_SCENARIO(stage_dies) {
   }
   auto opts = rpc::AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  opts->shutdown_timeout = absl::Seconds(3);
+  opts->timeouts.shutdown = absl::Seconds(3);
   auto a = rpc::RpcAgent::Create(*opts, std::make_shared<rpc::FunctionRegistry>());
   WCHECK_OK(a.status());
   agent = std::move(*a);

@@ -87,14 +87,14 @@ ConfigureRequest ValidRequest(int rank) {
 class StageServerTest : public ::testing::Test {
  protected:
   // Starts the job; `install_w2` replaces w2's stage server when set.
-  // `trace_dir`: the job's timeline goes there (AgentOptions::trace_dir).
+  // `trace_dir`: the job's timeline goes there (AgentOptions::observability.trace_dir).
   void Start(std::function<void(rpc::FunctionRegistry&)> install_w2 = nullptr, bool metrics = false,
              const std::string& trace_dir = "") {
     LoopbackJobOptions o;
     o.world_size = 3;
     o.configure = [metrics, trace_dir](int, rpc::AgentOptions& a) {
-      if (metrics) a.metrics_address = "127.0.0.1:0";
-      a.trace_dir = trace_dir;
+      if (metrics) a.observability.metrics_address = "127.0.0.1:0";
+      a.observability.trace_dir = trace_dir;
     };
     o.install = [this, install_w2](int rank, rpc::FunctionRegistry& r) {
       if (rank == 0) return;

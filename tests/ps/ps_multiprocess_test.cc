@@ -77,7 +77,7 @@ Worker Start(const PsSpec& spec, int servers, absl::Duration shutdown_timeout) {
   w.servers = servers;
   options->name =
       w.rank < servers ? absl::StrCat("ps", w.rank) : absl::StrCat("trainer", w.rank - servers);
-  options->shutdown_timeout = shutdown_timeout;
+  options->timeouts.shutdown = shutdown_timeout;
   for (int s = 0; s < servers; ++s) w.server_names.push_back(absl::StrCat("ps", s));
   if (w.rank < servers) {
     ServerOptions so;

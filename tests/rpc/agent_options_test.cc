@@ -31,8 +31,8 @@ TEST_F(FromEnvTest, DefaultsWithoutTheLauncher) {
   EXPECT_EQ(o->master_addr, "127.0.0.1");
   EXPECT_EQ(o->master_port, 29500);
   EXPECT_EQ(o->name, "w1");
-  EXPECT_EQ(o->local_transport, AgentOptions::LocalTransport::kShm);
-  EXPECT_TRUE(o->same_host_shm);
+  EXPECT_EQ(o->transport.local_transport, AgentOptions::LocalTransport::kShm);
+  EXPECT_TRUE(o->transport.same_host_shm);
 }
 
 TEST_F(FromEnvTest, TransportAndBulkChannelSwitches) {
@@ -42,28 +42,28 @@ TEST_F(FromEnvTest, TransportAndBulkChannelSwitches) {
   setenv("BATON_SHM", "0", 1);
   auto o = AgentOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->local_transport, AgentOptions::LocalTransport::kGrpc);
-  EXPECT_FALSE(o->same_host_shm);
+  EXPECT_EQ(o->transport.local_transport, AgentOptions::LocalTransport::kGrpc);
+  EXPECT_FALSE(o->transport.same_host_shm);
   setenv("BATON_TRANSPORT", "carrier-pigeon", 1);
   auto bad = AgentOptions::FromEnv();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "BATON_TRANSPORT")) << bad.status();
 }
 
-// baton-run's BATON_RESTART_WAIT becomes AgentOptions::restart_wait (P7,
+// baton-run's BATON_RESTART_WAIT becomes AgentOptions::restarts.wait (P7,
 // P8); unset keeps the default (zero: fail at once).
 TEST_F(FromEnvTest, RestartWaitComesFromBatonRun) {
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "2", 1);
   auto o = AgentOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->restart_wait, absl::ZeroDuration());
+  EXPECT_EQ(o->restarts.wait, absl::ZeroDuration());
   setenv("BATON_RESTART_WAIT", "60", 1);
   o = AgentOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->restart_wait, absl::Seconds(60));
+  EXPECT_EQ(o->restarts.wait, absl::Seconds(60));
   setenv("BATON_RESTART_WAIT", "0.25", 1);
-  EXPECT_EQ(AgentOptions::FromEnv()->restart_wait, absl::Milliseconds(250));
+  EXPECT_EQ(AgentOptions::FromEnv()->restarts.wait, absl::Milliseconds(250));
   for (const char* bad : {"-1", "soon", "nan"}) {
     setenv("BATON_RESTART_WAIT", bad, 1);
     auto b = AgentOptions::FromEnv();

@@ -21,7 +21,7 @@
 
 namespace baton::rpc::bad_input {
 
-// Every worker's AgentOptions::max_message_bytes. GrpcTransport lets gRPC
+// Every worker's AgentOptions::transport.max_message_bytes. GrpcTransport lets gRPC
 // receive up to this + 1 MiB (rpc/transport/grpc/grpc_transport.cc).
 constexpr int64_t kMaxMessageBytes = int64_t{8} << 20;
 constexpr int64_t kServerReceiveLimit = kMaxMessageBytes + (1 << 20);

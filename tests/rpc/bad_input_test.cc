@@ -183,13 +183,13 @@ void PinMmapThreshold() { WCHECK(mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1); }
 std::unique_ptr<RpcAgent> StartAgent() {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  opts->job_token = kToken;
+  opts->security.job_token = kToken;
   // The point is the network path: gRPC between workers of this host too.
-  opts->local_transport = AgentOptions::LocalTransport::kGrpc;
-  opts->same_host_shm = false;
-  opts->max_message_bytes = kMaxMessageBytes;
-  opts->rpc_timeout = absl::Seconds(30);
-  opts->shutdown_timeout = absl::Seconds(20);
+  opts->transport.local_transport = AgentOptions::LocalTransport::kGrpc;
+  opts->transport.same_host_shm = false;
+  opts->transport.max_message_bytes = kMaxMessageBytes;
+  opts->timeouts.rpc = absl::Seconds(30);
+  opts->timeouts.shutdown = absl::Seconds(20);
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
   WCHECK_OK(agent.status());
   return *std::move(agent);

@@ -66,17 +66,17 @@ absl::Status StartWithMaps(std::function<void(int, AgentOptions&)> configure) {
 
 TEST(DeviceMaps, AWorkerNotInTheJobIsRefused) {
   // An empty map: nothing this worker could check alone.
-  const absl::Status s = StartWithMaps([](int, AgentOptions& o) { o.device_maps["w9"] = {}; });
+  const absl::Status s = StartWithMaps([](int, AgentOptions& o) { o.devices.maps["w9"] = {}; });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(
-      s.message(), "AgentOptions::device_maps[\"w9\"]: worker 'w9' is not in this job"))
+      s.message(), "AgentOptions::devices.maps[\"w9\"]: worker 'w9' is not in this job"))
       << s;
 }
 
 TEST(DeviceMaps, ADeviceThisWorkerDoesNotHaveIsRefused) {
   const int n = CudaDevices();
   const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
-    o.device_maps[rank == 0 ? "w1" : "w0"] = {{n, 0}};
+    o.devices.maps[rank == 0 ? "w1" : "w0"] = {{n, 0}};
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:", n, ", but worker 'w")))
@@ -86,7 +86,7 @@ TEST(DeviceMaps, ADeviceThisWorkerDoesNotHaveIsRefused) {
 
 TEST(DeviceMaps, AMapToItselfIsRefused) {
   const absl::Status s = StartWithMaps([](int rank, AgentOptions& o) {
-    o.device_maps[absl::StrCat("w", rank)] = {{0, 0}};
+    o.devices.maps[absl::StrCat("w", rank)] = {{0, 0}};
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "a worker maps no devices to itself")) << s;
@@ -96,7 +96,7 @@ TEST(DeviceMaps, ADeviceThePeerDoesNotHaveIsRefused) {
   SKIP_WITHOUT_GPU();
   const int n = CudaDevices();
   const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
-    o.device_maps[rank == 0 ? "w1" : "w0"] = {{0, n}};
+    o.devices.maps[rank == 0 ? "w1" : "w0"] = {{0, n}};
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:0 to cuda:", n, " of worker")))
@@ -223,7 +223,7 @@ Worker Start(bool map) {
   });
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  if (map && opts->rank == 0) opts->device_maps["w1"] = {{0, 0}};
+  if (map && opts->rank == 0) opts->devices.maps["w1"] = {{0, 0}};
   AgentCollaborators collaborators;
 #ifdef BATON_TEST_WITH_CUDA_IPC
   if (UseIpc()) {

@@ -191,9 +191,9 @@ std::shared_ptr<FunctionRegistry> MakeRegistry() {
 std::unique_ptr<RpcAgent> StartAgent() {
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  opts->job_token = kToken;
-  opts->rpc_timeout = absl::Seconds(60);
-  opts->shutdown_timeout = absl::Seconds(30);
+  opts->security.job_token = kToken;
+  opts->timeouts.rpc = absl::Seconds(60);
+  opts->timeouts.shutdown = absl::Seconds(30);
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
   WCHECK_OK(agent.status());
   g_agent = agent->get();

@@ -271,7 +271,7 @@ testing::LoopbackJobOptions Job(int64_t calls_w0, int64_t calls_w1,
   testing::LoopbackJobOptions o;
   o.world_size = 2;
   o.configure = [calls_w0, calls_w1](int rank, AgentOptions& a) {
-    a.max_calls_in_flight = rank == 0 ? calls_w0 : calls_w1;
+    a.transport.max_calls_in_flight = rank == 0 ? calls_w0 : calls_w1;
   };
   o.install = [latch](int, FunctionRegistry& r) {
     // Slow work for the callee to run; not synchronization.
@@ -378,7 +378,7 @@ TEST(FlowControlAgents, LimitsBelowOneAreRejectedAtCreate) {
   o.name = "w0";
   o.rank = 0;
   o.world_size = 1;
-  o.max_calls_in_flight = 0;
+  o.transport.max_calls_in_flight = 0;
   auto agent = RpcAgent::Create(o, nullptr);
   ASSERT_EQ(agent.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(agent.status().message(), "max_calls_in_flight (0)"))

@@ -1,4 +1,4 @@
-// The job token's secrecy (AgentOptions::job_token): a job that may span
+// The job token's secrecy (AgentOptions::security.job_token): a job that may span
 // hosts must bring its own; a worker with another token is refused by the
 // store; a one-host job without one shares it through a private file, never
 // through the store. Real agents, store and gRPC on loopback, in threads of
@@ -27,9 +27,9 @@ AgentOptions Options(int rank, int port, const std::string& token) {
   o.rank = rank;
   o.world_size = 2;
   o.master_port = port;
-  o.job_token = token;
-  o.init_timeout = absl::Seconds(3);
-  o.same_host_shm = false;
+  o.security.job_token = token;
+  o.timeouts.init = absl::Seconds(3);
+  o.transport.same_host_shm = false;
   return o;
 }
 

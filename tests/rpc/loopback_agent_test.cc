@@ -220,7 +220,7 @@ TEST(LoopbackAgents, ConcurrentCallsWithRandomDelaysAllComplete) {
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
-// AgentOptions::shutdown_wait_for_peers: a worker done early waits at its
+// AgentOptions::timeouts.shutdown_wait_for_peers: a worker done early waits at its
 // Shutdown() for the others past shutdown_timeout, as torch's shutdown()
 // does; a missing worker found dead ends that wait.
 TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
@@ -228,7 +228,9 @@ TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
   // Long enough for worker 0's own shutdown steps on a loaded machine (at
   // 300 ms one failed in a parallel run); the wait below outlasts it.
   o.shutdown_timeout = absl::Seconds(1);
-  o.configure = [](int, AgentOptions& a) { a.shutdown_wait_for_peers = absl::InfiniteDuration(); };
+  o.configure = [](int, AgentOptions& a) {
+    a.timeouts.shutdown_wait_for_peers = absl::InfiniteDuration();
+  };
   auto job = LoopbackJob::Start(o);
   ASSERT_TRUE(job.ok()) << job.status();
   absl::Status early;
@@ -254,7 +256,9 @@ TEST(LoopbackAgents, ShutdownWaitsForABusyPeerPastShutdownTimeout) {
 
 TEST(LoopbackAgents, ShutdownWaitingForAPeerThatDiedEndsWithUnavailableNamingIt) {
   LoopbackJobOptions o = Options(3);
-  o.configure = [](int, AgentOptions& a) { a.shutdown_wait_for_peers = absl::InfiniteDuration(); };
+  o.configure = [](int, AgentOptions& a) {
+    a.timeouts.shutdown_wait_for_peers = absl::InfiniteDuration();
+  };
   auto job = LoopbackJob::Start(o);
   ASSERT_TRUE(job.ok()) << job.status();
   absl::Status waiting[2];

@@ -36,12 +36,12 @@ class Group {
     o.dynamic_group = true;
     o.max_ranks = 16;
     o.store = store_;
-    o.job_token = "membership-test";
-    o.rpc_timeout = absl::Seconds(20);
-    o.init_timeout = absl::Seconds(20);
-    o.shutdown_timeout = absl::Seconds(10);
-    o.same_host_shm = false;
-    o.local_transport = AgentOptions::LocalTransport::kNetwork;
+    o.security.job_token = "membership-test";
+    o.timeouts.rpc = absl::Seconds(20);
+    o.timeouts.init = absl::Seconds(20);
+    o.timeouts.shutdown = absl::Seconds(10);
+    o.transport.same_host_shm = false;
+    o.transport.local_transport = AgentOptions::LocalTransport::kNetwork;
     return o;
   }
 
@@ -206,10 +206,10 @@ TEST(DynamicGroup, OptionsADynamicGroupCannotTakeAreRefusedByName) {
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(outside.status().message(), "max_ranks")) << outside.status();
   o = g.Options(0, "w0");
-  o.rejoin = true;
+  o.restarts.rejoin = true;
   EXPECT_EQ(g.Join(o).status().code(), absl::StatusCode::kFailedPrecondition);
   o = g.Options(0, "w0");
-  o.device_maps["w1"] = {{0, 0}};
+  o.devices.maps["w1"] = {{0, 0}};
   EXPECT_EQ(g.Join(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -56,7 +56,9 @@ struct Job {
     o.world_size = 2;
     o.rpc_timeout = absl::Seconds(20);
     o.shutdown_timeout = absl::Seconds(5);
-    o.configure = [tolerance](int, rpc::AgentOptions& a) { a.partition_tolerance = tolerance; };
+    o.configure = [tolerance](int, rpc::AgentOptions& a) {
+      a.timeouts.partition_tolerance = tolerance;
+    };
     o.install = [this](int, FunctionRegistry& r) {
       (void)r.Register(echo_fn, [](int64_t v) { return v; });
       (void)r.Register(count_fn, [this]() -> int64_t { return count_runs.fetch_add(1) + 1; });

@@ -21,7 +21,7 @@ namespace {
 TEST(PublicHeaders, CompileWithoutGrpc) {
   // The check is the #if above; this only gives the binary a test to run.
   rpc::AgentOptions options;
-  EXPECT_EQ(options.local_transport, rpc::AgentOptions::LocalTransport::kShm);
+  EXPECT_EQ(options.transport.local_transport, rpc::AgentOptions::LocalTransport::kShm);
 }
 
 }  // namespace

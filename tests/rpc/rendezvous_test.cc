@@ -38,13 +38,13 @@ std::vector<std::unique_ptr<RpcAgent>> StartJob(int world, int link_peers_max = 
   const int port = baton::testing::FreePort();
   auto options = [&](int rank) {
     AgentOptions o;
-    o.shm_link_peers_max = link_peers_max;
+    o.transport.shm_link_peers_max = link_peers_max;
     o.name = absl::StrCat("w", rank);
     o.rank = rank;
     o.world_size = world;
     o.master_port = port;
-    o.job_token = kToken;
-    o.init_timeout = absl::Seconds(30);
+    o.security.job_token = kToken;
+    o.timeouts.init = absl::Seconds(30);
     return o;
   };
   std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> created(world);
@@ -104,7 +104,7 @@ TEST(Rendezvous, EachWorkerSendsTheStoreAsManyRequestsInAJobOfTwelveAsInAJobOfTh
   EXPECT_LE(large, 18);
 }
 
-// AgentOptions::shm_link_peers_max: a host with more workers than that
+// AgentOptions::transport.shm_link_peers_max: a host with more workers than that
 // links none of them (n^2 links would cost n^2 rings of /dev/shm); its
 // workers call each other over the network transport, and the calls work.
 TEST(Rendezvous, AHostWithMoreWorkersThanTheLinkLimitLinksNoneAndCallsStillWork) {

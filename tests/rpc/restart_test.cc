@@ -1,6 +1,6 @@
 // Restarted workers, in one process over the loopback network: a worker is
 // killed (or only taken for dead) and a new incarnation of its rank rejoins
-// the running job (AgentOptions::rejoin through LoopbackJob::Restart), as
+// the running job (AgentOptions::restarts.rejoin through LoopbackJob::Restart), as
 // baton-run restarts a role. Tests are named after the agent's peer-failure
 // guarantees P1-P8 (docs/peer_failures.md), D4 of distributed autograd and
 // G7 of RRefs. The soak test (tests/soak) runs the same on real processes.
@@ -64,9 +64,9 @@ struct Job {
     o.rpc_timeout = absl::Seconds(10);
     o.shutdown_timeout = absl::Seconds(10);
     o.configure = [shm, restart_wait, wait_for_peers](int, rpc::AgentOptions& a) {
-      a.same_host_shm = shm;
-      a.restart_wait = restart_wait;
-      if (wait_for_peers) a.shutdown_wait_for_peers = absl::InfiniteDuration();
+      a.transport.same_host_shm = shm;
+      a.restarts.wait = restart_wait;
+      if (wait_for_peers) a.timeouts.shutdown_wait_for_peers = absl::InfiniteDuration();
     };
     o.install = [this](int rank, FunctionRegistry& r) {
       ASSERT_TRUE(dist_autograd::Install(r).ok());
@@ -281,7 +281,7 @@ TEST(Restart, G10_AUserOfARestartedOwnersRRefFailsAtOnceByName) {
   EXPECT_TRUE(j.job->ShutdownAll(/*graceful=*/false).ok());
 }
 
-// P7: with AgentOptions::restart_wait, a call to a rank whose incarnation
+// P7: with AgentOptions::restarts.wait, a call to a rank whose incarnation
 // was confirmed dead waits for the rank's next incarnation to register and
 // goes to it, instead of failing at once; a rank that does not come back
 // fails the call by its deadline.

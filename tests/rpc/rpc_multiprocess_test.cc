@@ -142,8 +142,8 @@ std::unique_ptr<RpcAgent> InitFromEnv(AgentOptions* override_opts = nullptr) {
     override_opts->master_addr = opts->master_addr;
     override_opts->master_port = opts->master_port;
     if (override_opts->name.empty()) override_opts->name = opts->name;
-    override_opts->local_transport = opts->local_transport;
-    override_opts->same_host_shm = opts->same_host_shm;
+    override_opts->transport.local_transport = opts->transport.local_transport;
+    override_opts->transport.same_host_shm = opts->transport.same_host_shm;
     *opts = *override_opts;
   }
   auto agent = RpcAgent::Create(*opts, MakeRegistry());
@@ -243,7 +243,7 @@ void ExpectError(const absl::Status& s, absl::StatusCode code, std::vector<std::
 
 BATON_SCENARIO(error_cases) {
   AgentOptions opts;
-  opts.max_message_bytes = 1 << 20;  // 1 MiB
+  opts.transport.max_message_bytes = 1 << 20;  // 1 MiB
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     // An exception in user code, with its message.
@@ -311,7 +311,7 @@ constexpr char kIdentityJobToken[] = "stream-identity-test-token";
 
 BATON_SCENARIO(stream_identity) {
   AgentOptions opts;
-  opts.job_token = kIdentityJobToken;
+  opts.security.job_token = kIdentityJobToken;
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     const std::string w1 = agent->worker(1)->address;
@@ -363,7 +363,7 @@ TEST_P(RpcMultiProcess, W2_AStreamClaimingAnotherWorkersIdentityIsRefused) {
 // ---------------------------------------------------------------------------
 BATON_SCENARIO(killed_peer) {
   AgentOptions opts;
-  opts.shutdown_timeout = absl::Seconds(3);
+  opts.timeouts.shutdown = absl::Seconds(3);
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     const int64_t pid = agent->rpc_sync("w1", pid_fn);
@@ -401,7 +401,7 @@ BATON_SCENARIO(killed_peer) {
 // ThreadSanitizer an _exit with threads running is a reported leak.)
 BATON_SCENARIO(host_exits_after_init) {
   AgentOptions opts;
-  opts.shutdown_timeout = absl::Seconds(3);
+  opts.timeouts.shutdown = absl::Seconds(3);
   auto agent = InitFromEnv(&opts);
   if (agent->self().id == 0) {
     std::fflush(nullptr);
@@ -500,11 +500,11 @@ TEST_P(RpcMultiProcess, InitAndShutdownRepeatedLeaveNoThreadOrSocket) {
 BATON_SCENARIO(duplicate_name) {
   AgentOptions opts;
   opts.name = "same";
-  opts.init_timeout = absl::Seconds(20);
+  opts.timeouts.init = absl::Seconds(20);
   auto o = AgentOptions::FromEnv();
   WCHECK_OK(o.status());
   o->name = "same";
-  o->init_timeout = absl::Seconds(20);
+  o->timeouts.init = absl::Seconds(20);
   auto agent = RpcAgent::Create(*o, MakeRegistry());
   ExpectError(agent.status(), absl::StatusCode::kAlreadyExists,
               {"worker name 'same' is not unique: ranks 0 and 1"});
@@ -603,7 +603,7 @@ BATON_SCENARIO(large_tensor) {
   // as w0 lives (pinged), not for shutdown_timeout (30 s), which 512 MiB of
   // echoes under ThreadSanitizer on a loaded machine can exceed.
   AgentOptions opts;
-  opts.shutdown_wait_for_peers = absl::Seconds(110);
+  opts.timeouts.shutdown_wait_for_peers = absl::Seconds(110);
   auto agent = InitFromEnv(&opts);
   const char* shm = std::getenv("BATON_SHM");
   WCHECK(agent->runtime().uses_shm(1 - agent->self().id) ==

@@ -1,4 +1,4 @@
-// Mutual TLS between workers (AgentOptions::tls, base/tls.h): the store and
+// Mutual TLS between workers (AgentOptions::security.tls, base/tls.h): the store and
 // the gRPC streams accept only peers with a certificate from the job's CA.
 // Certificates are made at test time by tools/make_certs.sh (openssl) in the
 // test's temporary directory. Real agents and gRPC on loopback, in threads
@@ -41,11 +41,11 @@ AgentOptions Options(int rank, int port, TlsFiles tls) {
   o.rank = rank;
   o.world_size = 2;
   o.master_port = port;
-  o.job_token = "tls-test-token-0123456789";
-  o.tls = std::move(tls);
-  o.init_timeout = absl::Seconds(3);
-  o.same_host_shm = false;
-  o.local_transport = AgentOptions::LocalTransport::kNetwork;  // the streams use TLS
+  o.security.job_token = "tls-test-token-0123456789";
+  o.security.tls = std::move(tls);
+  o.timeouts.init = absl::Seconds(3);
+  o.transport.same_host_shm = false;
+  o.transport.local_transport = AgentOptions::LocalTransport::kNetwork;  // the streams use TLS
   return o;
 }
 

@@ -421,7 +421,7 @@ TEST(RRefOverLoopback, G8_ACallThatTimedOutTakesItsForksBackWhenItsCalleeRefuses
 // reached the owner. Without it the owner would keep the values (and a
 // tombstone for the RRef never created) until shutdown.
 TEST(RRefOverLoopback, G8_CallsThatNeverRunTakeTheirForksBack) {
-  Job j(3, [](int, rpc::AgentOptions& o) { o.max_message_bytes = 1 << 20; });
+  Job j(3, [](int, rpc::AgentOptions& o) { o.transport.max_message_bytes = 1 << 20; });
   const Function<at::Tensor(RRef<at::Tensor>)> missing_fn("not_registered_anywhere");
   const Function<at::Tensor(RRef<at::Tensor>, at::Tensor)> big_fn("fetch_with_a_big_tensor");
   const at::Tensor big = at::zeros({1 << 19});  // 2 MiB

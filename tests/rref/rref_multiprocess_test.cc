@@ -199,7 +199,7 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
     override_opts->world_size = opts->world_size;
     override_opts->master_port = opts->master_port;
     override_opts->name = opts->name;
-    override_opts->local_transport = opts->local_transport;
+    override_opts->transport.local_transport = opts->transport.local_transport;
     *opts = *override_opts;
   }
   auto agent = RpcAgent::Create(*opts, w.registry);
@@ -419,7 +419,7 @@ TEST_P(RRefMultiProcess, AsyncFunctionBatchesThirtyTwoCallers) {
 
 BATON_SCENARIO(dead_owner) {
   rpc::AgentOptions opts;
-  opts.shutdown_timeout = absl::Seconds(3);
+  opts.timeouts.shutdown = absl::Seconds(3);
   Worker w = Start(&opts);
   auto& agent = *w.agent;
   if (agent.self().id == 0) {

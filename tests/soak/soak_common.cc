@@ -50,8 +50,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 absl::Status StartAgent(Worker& w, std::function<void(int peer)> on_death) {
   auto options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return options.status();
-  options->rpc_timeout = absl::Seconds(w.flags.call_timeout_s);
-  options->shutdown_timeout = absl::Seconds(30);
+  options->timeouts.rpc = absl::Seconds(w.flags.call_timeout_s);
+  options->timeouts.shutdown = absl::Seconds(30);
   auto agent = rpc::RpcAgent::Create(*options, w.registry);
   if (!agent.ok()) return agent.status();
   w.agent = *std::move(agent);

@@ -8,7 +8,7 @@
 // (rank 0, serves the store) and the parameter server live for the whole
 // job; trainers are killed and restarted. Only trainers call the hub and the
 // PS, and the hub and PS call each other, never a trainer (a restarted
-// trainer can be called by nobody: AgentOptions::rejoin).
+// trainer can be called by nobody: AgentOptions::restarts.rejoin).
 #ifndef BATON_TESTS_SOAK_SOAK_COMMON_H_
 #define BATON_TESTS_SOAK_SOAK_COMMON_H_
 

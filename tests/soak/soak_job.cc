@@ -20,7 +20,7 @@
 //   distributed-autograd step (forward, backward, SGD with the context's
 //   gradients on the hub and the PS), PS pull/push of dense and row tables.
 //   Trainers call the hub and the PS; nobody calls a trainer, which is what
-//   lets baton-run restart one alone (AgentOptions::rejoin).
+//   lets baton-run restart one alone (AgentOptions::restarts.rejoin).
 // The driver SIGKILLs a random READY trainer at random times; baton-run
 // restarts it alone and it rejoins.
 //

@@ -298,9 +298,9 @@ int Trainer::Run() {
 int RunTrainer(Worker& w) {
   auto options = rpc::AgentOptions::FromEnv();
   if (!options.ok()) return Say(w.name, options.status().ToString()), 1;
-  options->rpc_timeout = absl::Seconds(w.flags.call_timeout_s);
+  options->timeouts.rpc = absl::Seconds(w.flags.call_timeout_s);
   // The hub checks for leaks while the trainers wait in the shutdown.
-  options->shutdown_timeout = absl::Seconds(150);
+  options->timeouts.shutdown = absl::Seconds(150);
   auto agent = rpc::RpcAgent::Create(*options, w.registry);
   if (!agent.ok()) return Say(w.name, agent.status().ToString()), 1;
   w.agent = *std::move(agent);
