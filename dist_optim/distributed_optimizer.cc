@@ -125,17 +125,14 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   const std::string encoded = EncodeOptions(options);
   const bool hogwild = settings.mode == Mode::kHogwild;
   std::vector<Owner> owners;
-  try {
-    for (int id : order) {
-      Owner o;
-      absl::StatusOr<rpc::WorkerInfo> worker = agent.worker(id);
-      if (!worker.ok()) throw Error(worker.status());
-      o.worker = *std::move(worker);
-      o.optimizer = rref::remote<LocalOptimizer>(agent, id, encoded, by_owner[id], hogwild);
-      owners.push_back(std::move(o));
-    }
-  } catch (const Error& e) {
-    return Annotate(e.status(), "DistributedOptimizer");
+  for (int id : order) {
+    Owner o;
+    absl::StatusOr<rpc::WorkerInfo> worker = agent.worker(id);
+    if (!worker.ok()) return Annotate(worker.status(), "DistributedOptimizer");
+    o.worker = *std::move(worker);
+    // A failure before sending is in created(), waited for below.
+    o.optimizer = rref::remote<LocalOptimizer>(agent, id, encoded, by_owner[id], hogwild);
+    owners.push_back(std::move(o));
   }
   for (const Owner& o : owners) {
     absl::Status s = o.optimizer.created().Wait(timeout);

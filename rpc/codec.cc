@@ -5,7 +5,6 @@
 #include <torch/cuda.h>
 
 #include "base/status_macros.h"
-#include "rpc/runtime.h"
 
 namespace baton::rpc {
 namespace {
@@ -297,13 +296,13 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   int destination_device = -1;
   const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
   if (tensor.device().is_cuda()) {
-    if (context == nullptr || context->runtime == nullptr || context->peer < 0) {
+    if (context == nullptr || context->devices == nullptr || context->peer < 0) {
       enc.Fail(absl::InvalidArgumentError(absl::StrCat(
           "cannot send a tensor on device ", tensor.device().str(),
           " outside a call: its destination's device comes from the agent's device map")));
       return;
     }
-    router = context->runtime;
+    router = context->devices;
     absl::StatusOr<int> device = router->DeviceOnPeer(context->peer, tensor.device().index());
     if (!device.ok()) {
       enc.Fail(device.status());
@@ -420,9 +419,8 @@ absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tens
     if (path == kCudaIpc) {
       const CodecContext* context = dec.context();
       CudaTensorChannel* channel = nullptr;
-      if (context != nullptr && context->runtime != nullptr) {
-        const DeviceRouter* router = context->runtime;
-        channel = router->CudaChannelFor(context->peer);
+      if (context != nullptr && context->devices != nullptr) {
+        channel = context->devices->CudaChannelFor(context->peer);
       }
       if (channel == nullptr) {
         return absl::DataLossError(

@@ -108,7 +108,16 @@ class DeviceRouter {
 // decoding). Protocol layers use it, e.g. an RRef registers a fork for the
 // destination. Plain values ignore it. Null outside an RPC.
 struct CodecContext {
+  CodecContext() = default;
+  // Sets `devices` to the runtime's DeviceRouter (defined beside
+  // rpc/runtime.h, so that the codec itself knows only the DeviceRouter).
+  CodecContext(Runtime* runtime, int peer, std::vector<at::Tensor>* sent_tensors = nullptr,
+               std::vector<at::Tensor*>* received_tensors = nullptr);
+
+  // For the protocol layers' codecs (rref, dist_autograd, ...).
   Runtime* runtime = nullptr;
+  // For the tensor codec: where a CUDA tensor goes, and through what.
+  const DeviceRouter* devices = nullptr;
   int peer = -1;
   // When set, the tensor codec lists every tensor it encodes (as given) or
   // decodes (the decoded object, which call hooks may replace).

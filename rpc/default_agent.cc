@@ -29,13 +29,23 @@ absl::Status init_from_env(std::shared_ptr<FunctionRegistry> registry,
   return init(std::move(options), std::move(registry));
 }
 
-RpcAgent& default_agent() {
+namespace internal {
+
+absl::StatusOr<RpcAgent*> DefaultAgent() {
   absl::MutexLock lock(&g_mu);
   if (g_agent == nullptr) {
-    throw Error(absl::FailedPreconditionError(
-        "baton::rpc: no agent; call baton::rpc::init() first (or after shutdown())"));
+    return absl::FailedPreconditionError(
+        "baton::rpc: no agent; call baton::rpc::init() first (or after shutdown())");
   }
-  return *g_agent;
+  return g_agent;
+}
+
+}  // namespace internal
+
+RpcAgent& default_agent() {
+  absl::StatusOr<RpcAgent*> agent = internal::DefaultAgent();
+  if (!agent.ok()) throw Error(agent.status());
+  return **agent;
 }
 
 absl::Status shutdown(bool graceful) {

@@ -8,9 +8,12 @@
 //
 // Contract: a thin layer over one process-wide RpcAgent; the core never
 // uses it (everything below takes its agent explicitly, and tests run
-// several agents in one process). Calls before init() or after shutdown()
-// throw baton::Error (FAILED_PRECONDITION). init() while an agent is running
-// fails with ALREADY_EXISTS; init() after shutdown() starts a new agent.
+// several agents in one process). Errors follow the C++ API's one model
+// (docs/api.md, "Errors"): before init() or after shutdown(), rpc_async
+// returns a failed future (FAILED_PRECONDITION), and what returns a plain
+// value (rpc_sync, default_agent, get_worker_info) throws baton::Error with
+// that status. init() while an agent is running fails with ALREADY_EXISTS;
+// init() after shutdown() starts a new agent.
 //
 // Thread-safety: init() and shutdown() from one thread; the calls from any
 // thread between them.
@@ -30,6 +33,10 @@ absl::Status init_from_env(std::shared_ptr<FunctionRegistry> registry,
                            const std::string& name_prefix = "worker");
 // The default agent; throws baton::Error if there is none.
 RpcAgent& default_agent();
+namespace internal {
+// The default agent, or FAILED_PRECONDITION saying how to start one.
+absl::StatusOr<RpcAgent*> DefaultAgent();
+}  // namespace internal
 absl::Status shutdown(bool graceful = true);
 WorkerInfo get_worker_info();
 WorkerInfo get_worker_info(const std::string& name);
@@ -40,7 +47,9 @@ R rpc_sync(const WorkerRef& to, const Function<R(Args...)>& fn, CallArgs&&... ar
 }
 template <typename R, typename... Args, typename... CallArgs>
 Future<R> rpc_async(const WorkerRef& to, const Function<R(Args...)>& fn, CallArgs&&... args) {
-  return default_agent().rpc_async(to, fn, std::forward<CallArgs>(args)...);
+  absl::StatusOr<RpcAgent*> agent = internal::DefaultAgent();
+  if (!agent.ok()) return MakeErrorFuture<R>(agent.status());
+  return (*agent)->rpc_async(to, fn, std::forward<CallArgs>(args)...);
 }
 template <typename R, typename... Args, typename... CallArgs>
 R rpc_sync(const CallOptions& opts, const WorkerRef& to, const Function<R(Args...)>& fn,
@@ -50,7 +59,9 @@ R rpc_sync(const CallOptions& opts, const WorkerRef& to, const Function<R(Args..
 template <typename R, typename... Args, typename... CallArgs>
 Future<R> rpc_async(const CallOptions& opts, const WorkerRef& to, const Function<R(Args...)>& fn,
                     CallArgs&&... args) {
-  return default_agent().rpc_async(opts, to, fn, std::forward<CallArgs>(args)...);
+  absl::StatusOr<RpcAgent*> agent = internal::DefaultAgent();
+  if (!agent.ok()) return MakeErrorFuture<R>(agent.status());
+  return (*agent)->rpc_async(opts, to, fn, std::forward<CallArgs>(args)...);
 }
 
 }  // namespace baton::rpc

@@ -24,8 +24,16 @@
 // - local_value() works on the owner only (FAILED_PRECONDITION elsewhere).
 // - Methods of remote objects run on the owner, concurrently when called
 //   concurrently: the class must be thread-safe.
-// - Errors: failures name the RRef and its owner; a dead owner makes
-//   to_here() and method calls fail with UNAVAILABLE within their timeout.
+// - Errors (docs/api.md, "Errors"): failures name the RRef and its owner; a
+//   dead owner makes to_here() and method calls fail with UNAVAILABLE
+//   within their timeout. remote(), MakeOwned() and RRef::remote() never
+//   throw: a failure found before anything is sent (an unknown worker,
+//   class or method, arguments the codec cannot send, no Install) gives an
+//   RRef whose created() has failed with it, and every use of that RRef
+//   (to_here, its methods, sending it) fails with the same code, as an
+//   rpc_async to an unknown worker fails its future. The accessors that
+//   return a plain value (to_here(), rpc_sync(), local_value(), owner())
+//   throw baton::Error holding that status.
 //
 // Thread-safety: RRef<T> is a cheap shared handle, safe for concurrent use.
 #ifndef BATON_RREF_RREF_H_
@@ -108,12 +116,6 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::Runtime& agent, RRefService& svc, i
                                         const std::string& type, rpc::Payload args,
                                         const rpc::CallOptions& opts);
 
-inline std::shared_ptr<RRefService> ServiceOf(rpc::Runtime& agent) {
-  auto svc = RRefService::Of(agent);
-  if (!svc.ok()) throw Error(svc.status());
-  return *svc;
-}
-
 }  // namespace internal
 
 template <typename T>
@@ -130,14 +132,21 @@ class RRef {
   // The RRef's id and, on a user, its fork's id ({-1, 0} on the owner).
   RRefId rref_id() const { return handle_->rref(); }
   ForkId fork_id() const { return handle_->fork(); }
+  // The owner, as the agent knows it. Throws baton::Error if there is none
+  // to name: the RRef's remote() failed before it was sent (its error), or
+  // the agent shut down.
   rpc::WorkerInfo owner() const {
-    rpc::Runtime* a = Agent();
-    auto w = a->worker(handle_->owner());
+    ThrowIfError(Unusable("owner()"));
+    absl::StatusOr<rpc::WorkerInfo> w = Agent()->worker(handle_->owner());
     if (!w.ok()) throw Error(w.status());
     return *w;
   }
   std::string owner_name() const { return owner().name; }
-  // Completes when the owner has created the value (or with its error).
+  // Completes when the owner has created the value, or fails with the
+  // creation's error, also one found before anything was sent (an unknown
+  // worker, an unregistered class or method, arguments the codec cannot
+  // send): remote() reports every failure here and through every use of
+  // the RRef, never by throwing.
   rpc::Future<void> created() const { return handle_->created(); }
 
   // A copy of the owner's value. The future fails with DEADLINE_EXCEEDED if
@@ -149,7 +158,8 @@ class RRef {
   }
 
   // The value itself, on the owner only. Waits for its creation (bounded by
-  // the agent's timeouts.rpc).
+  // the agent's timeouts.rpc). Throws baton::Error (FAILED_PRECONDITION off
+  // the owner, the creation's error if it failed), as to_here() does.
   std::shared_ptr<T> local_value() const;
 
   // Methods of a remote object (see RegisterClass).
@@ -169,6 +179,12 @@ class RRef {
   const std::shared_ptr<RRefService>& service() const { return service_; }
 
  private:
+  // Why this RRef cannot be used for `what`: its remote() failed before it
+  // was sent (a Failed handle, rref_context.h), or it has no service.
+  absl::Status Unusable(absl::string_view what) const {
+    if (handle_->attached() && service_ != nullptr) return absl::OkStatus();
+    return CreationFailed(handle_->created().status(), what);
+  }
   rpc::Runtime* Agent() const {
     rpc::Runtime* a = service_->runtime();
     if (a == nullptr) {
@@ -178,6 +194,7 @@ class RRef {
     return a;
   }
   std::string Describe() const {
+    if (!handle_->attached()) return "an RRef that was never sent";
     return absl::StrCat("RRef ", id(), " owned by worker ", handle_->owner());
   }
   // `what` (a use of this RRef) fails: its creation failed with `s`.
@@ -194,6 +211,16 @@ class RRef {
   std::shared_ptr<RRefService> service_;
 };
 
+namespace internal {
+
+// An RRef whose remote() failed before anything was sent (RefHandle::Failed).
+template <typename T>
+RRef<T> FailedRRef(int owner, absl::Status cause) {
+  return RRef<T>(RefHandle::Failed(owner, typeid(T).name(), std::move(cause)), nullptr);
+}
+
+}  // namespace internal
+
 // ---- remote() ----
 
 template <typename R, typename... Args, typename... CallArgs>
@@ -203,17 +230,22 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::CallOptions& opts, const rpc::Wo
   static_assert(sizeof...(CallArgs) == sizeof...(Args),
                 "wrong number of arguments for this Function");
   rpc::Runtime& rt = agent.runtime();
-  auto svc = internal::ServiceOf(rt);
-  auto worker = rt.worker(to);
-  if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
+  const std::string what = absl::StrCat("remote(", fn.name(), ")");
+  absl::StatusOr<std::shared_ptr<RRefService>> svc = RRefService::Of(rt);
+  if (!svc.ok()) return internal::FailedRRef<R>(-1, Annotate(svc.status(), what));
+  absl::StatusOr<rpc::WorkerInfo> worker = rt.worker(to);
+  if (!worker.ok()) return internal::FailedRRef<R>(-1, Annotate(worker.status(), what));
   typename rpc::Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
   auto payload = rt.registry().EncodeForSend(
       tuple, rpc::MessageInfo{&rt, /*is_request=*/true, worker->id, fn.name()});
-  if (!payload.ok()) throw Error(Annotate(payload.status(), "remote(): cannot encode arguments"));
-  return RRef<R>(internal::RemoteCreate(rt, *svc, worker->id, fn.name(),
-                                        rpc::Function<R(Args...)>::cached_signature(),
-                                        typeid(R).name(), *std::move(payload), opts),
-                 svc);
+  if (!payload.ok()) {
+    return internal::FailedRRef<R>(
+        worker->id, Annotate(payload.status(), absl::StrCat(what, ": cannot encode arguments")));
+  }
+  std::shared_ptr<RefHandle> handle = internal::RemoteCreate(
+      rt, **svc, worker->id, fn.name(), rpc::Function<R(Args...)>::cached_signature(),
+      typeid(R).name(), *std::move(payload), opts);
+  return RRef<R>(std::move(handle), *std::move(svc));
 }
 
 template <typename R, typename... Args, typename... CallArgs>
@@ -227,12 +259,15 @@ RRef<R> remote(rpc::RpcAgent& agent, const rpc::WorkerRef& to, const rpc::Functi
 // is shared, not copied: local_value() returns the same object.
 template <typename T>
 RRef<T> MakeOwned(rpc::RpcAgent& agent, T value) {
-  auto svc = internal::ServiceOf(agent.runtime());
-  auto ctx = svc->context();
+  absl::StatusOr<std::shared_ptr<RRefService>> svc = RRefService::Of(agent.runtime());
+  if (!svc.ok()) {
+    return internal::FailedRRef<T>(agent.self().id, Annotate(svc.status(), "MakeOwned"));
+  }
+  auto ctx = (*svc)->context();
   auto handle = ctx->CreateOwned(typeid(T).name());
   ctx->SetValue(handle->rref(), internal::MakeValue(std::make_shared<T>(std::move(value))));
   handle->created_promise().SetValue();
-  return RRef<T>(std::move(handle), svc);
+  return RRef<T>(std::move(handle), *std::move(svc));
 }
 
 // Creates a remote object of class C (registered with RegisterClass) on `to`.

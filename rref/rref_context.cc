@@ -35,9 +35,18 @@ RefHandle::RefHandle(std::shared_ptr<RRefContext> ctx, RRefId rref, ForkId fork,
                      std::string type)
     : ctx_(std::move(ctx)), rref_(rref), fork_(fork), owner_(owner), type_(std::move(type)) {}
 
-RefHandle::~RefHandle() { ctx_->ReleaseHandle(*this); }
+std::shared_ptr<RefHandle> RefHandle::Failed(int owner, std::string type, absl::Status cause) {
+  if (cause.ok()) cause = absl::InternalError("RefHandle::Failed with an OK status");
+  auto handle = std::make_shared<RefHandle>(nullptr, RRefId{}, ForkId{}, owner, std::move(type));
+  handle->created_.SetError(std::move(cause));
+  return handle;
+}
 
-bool RefHandle::is_owner() const { return owner_ == ctx_->self(); }
+RefHandle::~RefHandle() {
+  if (ctx_ != nullptr) ctx_->ReleaseHandle(*this);
+}
+
+bool RefHandle::is_owner() const { return ctx_ != nullptr && owner_ == ctx_->self(); }
 
 RRefContext::RRefContext(int self, ControlSender* sender, int64_t incarnation,
                          std::function<int64_t(int)> incarnation_of)

@@ -184,15 +184,24 @@ class RefHandle {
  public:
   RefHandle(std::shared_ptr<RRefContext> ctx, RRefId rref, ForkId fork, int owner,
             std::string type);
+  // A reference whose remote() failed before anything was sent (an unknown
+  // worker, class or method, arguments the codec cannot send, no RRef
+  // service, the agent shut down): it is in no context and names no value;
+  // its created() has failed with `cause`, and so does every use of it.
+  // `owner` is the worker it was meant for, or -1 when that is unknown.
+  static std::shared_ptr<RefHandle> Failed(int owner, std::string type, absl::Status cause);
   ~RefHandle();
   RefHandle(const RefHandle&) = delete;
   RefHandle& operator=(const RefHandle&) = delete;
 
+  // False only for a Failed() handle.
+  bool attached() const { return ctx_ != nullptr; }
   bool is_owner() const;
   RRefId rref() const { return rref_; }
   ForkId fork() const { return fork_; }  // owner: {-1, 0}
   int owner() const { return owner_; }
   const std::string& type() const { return type_; }
+  // REQUIRES: attached().
   RRefContext& context() const { return *ctx_; }
   // Completes when the owner has created the value (remote() finished).
   rpc::Future<void> created() const { return created_.future(); }

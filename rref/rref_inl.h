@@ -9,6 +9,9 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
   static_assert(internal::HasCodec<T>::value,
                 "to_here() copies the value, but this type cannot be sent: a remote object "
                 "stays on its owner; call its methods (rpc_sync/rpc_async/remote)");
+  if (absl::Status s = Unusable(absl::StrCat("to_here of ", Describe())); !s.ok()) {
+    return rpc::MakeErrorFuture<T>(std::move(s));
+  }
   rpc::Runtime* agent = service_->runtime();
   if (agent == nullptr) {
     return rpc::MakeErrorFuture<T>(absl::FailedPreconditionError(
@@ -70,6 +73,7 @@ rpc::Future<T> RRef<T>::to_here_async(absl::Duration timeout) const {
 
 template <typename T>
 std::shared_ptr<T> RRef<T>::local_value() const {
+  ThrowIfError(Unusable(absl::StrCat("local_value() of ", Describe())));
   if (!is_owner()) {
     rpc::Runtime* a = service_->runtime();
     throw Error(absl::FailedPreconditionError(absl::StrCat(
@@ -95,6 +99,9 @@ auto RRef<T>::rpc_async(M method, CallArgs&&... args) const
   using Tr = internal::MethodTraits<M>;
   using R = typename Tr::Result;
   static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
+  if (absl::Status s = Unusable(absl::StrCat("a method call on ", Describe())); !s.ok()) {
+    return rpc::MakeErrorFuture<R>(std::move(s));
+  }
   auto m = service_->FindMethodByPointer(internal::PointerKey(method));
   if (m == nullptr) {
     return rpc::MakeErrorFuture<R>(
@@ -138,17 +145,31 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
   using Tr = internal::MethodTraits<M>;
   using R = rpc::internal::Stored<typename Tr::Result>;
   static_assert(std::is_base_of_v<typename Tr::Class, T>, "not a method of this RRef's class");
+  const int owner = handle_->owner();
+  if (absl::Status s = Unusable(absl::StrCat("remote() on ", Describe())); !s.ok()) {
+    return internal::FailedRRef<R>(owner, std::move(s));
+  }
   auto m = service_->FindMethodByPointer(internal::PointerKey(method));
   if (m == nullptr) {
-    throw Error(absl::NotFoundError(
-        absl::StrCat("method of ", internal::Demangle(typeid(T).name()), " is not registered")));
+    return internal::FailedRRef<R>(
+        owner, absl::NotFoundError(absl::StrCat("remote() on ", Describe(), ": method of ",
+                                                internal::Demangle(typeid(T).name()),
+                                                " is not registered")));
   }
-  rpc::Runtime* agent = Agent();
+  const std::string what = absl::StrCat("remote(", m->qualified_name, ") on ", Describe());
+  rpc::Runtime* agent = service_->runtime();
+  if (agent == nullptr) {
+    return internal::FailedRRef<R>(
+        owner, absl::FailedPreconditionError(absl::StrCat(what, ": the agent is shut down")));
+  }
   auto ctx = service_->context();
   typename Tr::Args tuple(std::forward<CallArgs>(args)...);
-  const rpc::CodecContext cc{agent, handle_->owner()};
+  const rpc::CodecContext cc{agent, owner};
   auto payload = rpc::EncodeMessage(tuple, &cc);
-  if (!payload.ok()) throw Error(payload.status());
+  if (!payload.ok()) {
+    return internal::FailedRRef<R>(
+        owner, Annotate(payload.status(), absl::StrCat(what, ": cannot encode arguments")));
+  }
   const std::string type = typeid(R).name();
   if (is_owner()) {
     auto result = ctx->CreateOwned(type);
@@ -178,8 +199,7 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
     absl::Status s = owner.ok() ? ctx->CheckOwner(*handle_, owner->name) : owner.status();
     if (!s.ok()) {
       ctx->ForgetUncreated(result->fork());  // G8: nothing reached the owner
-      result->created_promise().SetError(
-          Annotate(s, absl::StrCat("remote(", m->qualified_name, ") on ", Describe())));
+      result->created_promise().SetError(Annotate(s, what));
       return RRef<R>(std::move(result), service_);
     }
   }
@@ -206,18 +226,29 @@ auto RRef<T>::remote(M method, CallArgs&&... args) const
 template <typename C, typename... CallArgs>
 RRef<C> remote(rpc::RpcAgent& handle, const rpc::WorkerRef& to, CallArgs&&... args) {
   rpc::Runtime& agent = handle.runtime();
-  auto svc = internal::ServiceOf(agent);
+  const std::string class_name = internal::Demangle(typeid(C).name());
+  absl::StatusOr<std::shared_ptr<RRefService>> service = RRefService::Of(agent);
+  if (!service.ok()) {
+    return internal::FailedRRef<C>(
+        -1, Annotate(service.status(), absl::StrCat("remote<", class_name, ">()")));
+  }
+  std::shared_ptr<RRefService> svc = *std::move(service);
   const std::string cls = svc->ClassNameOf(typeid(C).name());
   if (cls.empty()) {
-    throw Error(absl::NotFoundError(absl::StrCat("class ", internal::Demangle(typeid(C).name()),
-                                                 " is not registered (RegisterClass)")));
+    return internal::FailedRRef<C>(
+        -1, absl::NotFoundError(absl::StrCat("remote<", class_name, ">(): class ", class_name,
+                                             " is not registered (RegisterClass)")));
   }
-  auto worker = agent.worker(to);
-  if (!worker.ok()) throw Error(Annotate(worker.status(), "remote()"));
+  const std::string what = absl::StrCat("remote(", cls, ")");
+  absl::StatusOr<rpc::WorkerInfo> worker = agent.worker(to);
+  if (!worker.ok()) return internal::FailedRRef<C>(-1, Annotate(worker.status(), what));
   auto tuple = std::make_tuple(std::forward<CallArgs>(args)...);
   auto payload = agent.registry().EncodeForSend(
       tuple, rpc::MessageInfo{&agent, /*is_request=*/true, worker->id, cls});
-  if (!payload.ok()) throw Error(payload.status());
+  if (!payload.ok()) {
+    return internal::FailedRRef<C>(
+        worker->id, Annotate(payload.status(), absl::StrCat(what, ": cannot encode arguments")));
+  }
   const std::string ctor = absl::StrCat(cls, ".__init__");
   // The types actually sent: the owner rejects them with INVALID_ARGUMENT
   // naming both signatures if they differ from the registered constructor.
@@ -246,6 +277,14 @@ struct Codec<rref::RRef<T>> {
     const CodecContext* cc = enc.context();
     if (cc == nullptr || cc->runtime == nullptr || cc->peer < 0) {
       enc.Fail(absl::FailedPreconditionError("an RRef can only be sent in an RPC"));
+      return;
+    }
+    if (!r.handle()->attached()) {
+      // Its remote() failed before it was sent: there is no value to refer to.
+      const absl::Status cause = r.created().status();
+      enc.Fail(absl::Status(
+          cause.code(),
+          absl::StrCat("cannot send an RRef whose remote() failed: ", cause.message())));
       return;
     }
     rref::RRefContext& ctx = r.handle()->context();

@@ -611,7 +611,11 @@ std::shared_ptr<RefHandle> RemoteCreate(rpc::Runtime& agent, RRefService& svc, i
       svc->RunForValue(call, function, signature, rref, std::move(p), std::move(done));
     };
     if (!agent.executor()->Submit(std::move(task))) {
-      throw Error(absl::FailedPreconditionError(absl::StrCat(what, ": the agent is shut down")));
+      // The value will never exist: its entry and created() say why.
+      const absl::Status shut =
+          absl::FailedPreconditionError(absl::StrCat(what, ": the agent is shut down"));
+      ctx->SetValue(handle->rref(), shut);
+      handle->created_promise().SetError(shut);
     }
     return handle;
   }

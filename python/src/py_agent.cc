@@ -256,12 +256,16 @@ PyRRef PyAgent::Remote(const py::object& to, py::bytes pickle,
   const rpc::WorkerRef ref = Ref(to);
   PyObj msg = FromParts(pickle, tensors, rrefs);
   rpc::CallOptions opts{Seconds(timeout, absl::ZeroDuration()), std::move(label)};
-  py::gil_scoped_release nogil;
-  try {
-    return rref::remote(a, opts, ref, kPyRemote, std::move(msg));
-  } catch (const Error& e) {
-    Raise(e.status());
+  PyRRef r;
+  {
+    py::gil_scoped_release nogil;
+    r = rref::remote(a, opts, ref, kPyRemote, std::move(msg));
   }
+  // torch raises at the call for what fails before anything is sent (an
+  // unknown worker, arguments that cannot be sent); C++ reports it through
+  // the RRef.
+  if (!r.handle()->attached()) Raise(r.created().status());
+  return r;
 }
 
 std::vector<std::shared_ptr<PyFuture>> PyAgent::GroupCall(const std::vector<py::object>& members,

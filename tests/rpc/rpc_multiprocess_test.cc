@@ -512,7 +512,11 @@ BATON_SCENARIO(duplicate_name) {
 }
 
 BATON_SCENARIO(default_agent_api) {
-  // Calls before init fail clearly.
+  // Calls before init fail clearly, each the way its return type says
+  // (docs/api.md, "Errors"): the future fails, the plain value throws.
+  Future<int64_t> early = rpc_async("w1", echo_int_fn, int64_t{1});
+  WCHECK(early.ready() && early.status().code() == absl::StatusCode::kFailedPrecondition);
+  WCHECK(absl::StrContains(early.status().message(), "call baton::rpc::init() first"));
   bool threw = false;
   try {
     rpc_sync("w1", echo_int_fn, 1);

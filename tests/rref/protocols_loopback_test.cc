@@ -444,6 +444,73 @@ TEST(RRefOverLoopback, G8_CallsThatNeverRunTakeTheirForksBack) {
   j.ExpectEmpty(absl::Seconds(5));
 }
 
+struct NeverRegistered {};
+
+// The code a Status-carrying use ended with, or of the baton::Error it threw.
+template <typename F>
+absl::Status ThrownBy(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return absl::OkStatus();
+}
+
+// docs/api.md, "Errors": a remote() that fails before anything is sent
+// reports it through its RRef, as rpc_async reports the same mistake
+// through its future: nothing throws at the call, every use of the RRef
+// fails with the same code, and nothing is left in any RRef table.
+TEST(RRefOverLoopback, ARemoteThatFailsBeforeSendingFailsItsRRefAsRpcAsyncFailsItsFuture) {
+  Job j;
+  ASSERT_NE(j.job, nullptr);
+  RpcAgent& a = j.agent(0);
+  const absl::Status call = a.rpc_async("nobody", make_fn, at::ones({1})).Wait(absl::Seconds(10));
+  ASSERT_EQ(call.code(), absl::StatusCode::kNotFound) << call;
+
+  RRef<at::Tensor> r = rref::remote(a, "nobody", make_fn, at::ones({1}));
+  ASSERT_TRUE(r.valid());
+  EXPECT_FALSE(r.is_owner());
+  ASSERT_TRUE(r.created().ready());
+  const absl::Status created = r.created().status();
+  EXPECT_EQ(created.code(), call.code());
+  EXPECT_TRUE(absl::StrContains(created.message(), "remote(make)")) << created;
+  EXPECT_TRUE(absl::StrContains(created.message(), "nobody")) << created;
+
+  // Every use: the future-returning ones fail, the value-returning ones throw.
+  const absl::Status fetched = r.to_here_async().Wait(absl::Seconds(10));
+  EXPECT_EQ(fetched.code(), absl::StatusCode::kNotFound) << fetched;
+  EXPECT_TRUE(absl::StrContains(fetched.message(), "the RRef creation (remote()) failed"))
+      << fetched;
+  EXPECT_EQ(ThrownBy([&] { r.to_here(); }).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ThrownBy([&] { r.owner(); }).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ThrownBy([&] { r.local_value(); }).code(), absl::StatusCode::kNotFound);
+  // Sent in a call, it fails the call at its encoding: w1 never sees it.
+  const absl::Status sent = a.rpc_async(1, fetch_fn, r).Wait(absl::Seconds(10));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kNotFound) << sent;
+  EXPECT_TRUE(absl::StrContains(sent.message(), "cannot send an RRef whose remote() failed"))
+      << sent;
+
+  // A class nobody registered, and a remote object that was never made.
+  RRef<NeverRegistered> unknown_class = rref::remote<NeverRegistered>(a, 1);
+  const absl::Status no_class = unknown_class.created().Wait(absl::Seconds(10));
+  EXPECT_EQ(no_class.code(), absl::StatusCode::kNotFound) << no_class;
+  EXPECT_TRUE(absl::StrContains(no_class.message(), "is not registered")) << no_class;
+  RRef<Counter> counter = rref::remote<Counter>(a, "nobody");
+  EXPECT_EQ(counter.created().Wait(absl::Seconds(10)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(counter.rpc_async(&Counter::get).Wait(absl::Seconds(10)).code(),
+            absl::StatusCode::kNotFound);
+  auto from_counter = counter.remote(&Counter::get);
+  EXPECT_EQ(from_counter.created().Wait(absl::Seconds(10)).code(), absl::StatusCode::kNotFound);
+
+  // The same agent still creates and fetches as before.
+  RRef<at::Tensor> good = rref::remote(a, 1, make_fn, at::ones({1}));
+  EXPECT_TRUE(good.to_here().equal(at::full({1}, 10.0)));
+  r = RRef<at::Tensor>();
+  good = RRef<at::Tensor>();
+  j.ExpectEmpty(absl::Seconds(10));
+}
+
 TEST(DistAutogradOverLoopback, D1_GradientsUnderRandomDelaysEqualLocalAutograd) {
   Job j;
   ASSERT_NE(j.job, nullptr);
