@@ -17,8 +17,26 @@ fail() {
   echo "FAIL: ${*: -1}"
   exit 1
 }
+# A port free now, drawn at random from below the kernel's ephemeral range
+# (as testing/ports.h and python/tests/harness.py do): a port the kernel
+# hands out for bind(0) can go to any process's outgoing connection before
+# baton-run listens on it, and the tests beside this one connect all the
+# time (rank 0's store once failed here with "address in use" so).
 free_port() {
-  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  /usr/bin/python3 - <<'PY'
+import random, socket
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    high = int(f.read().split()[0])
+for _ in range(1000):
+    port = random.randrange(10000, high)
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+    print(port)
+    break
+PY
 }
 FLAGS=(--restart_policy member=worker --max_restarts 2 --stop_timeout 5 --tee)
 
@@ -54,6 +72,7 @@ echo "== one node: PASS"
 # drops member3, both on node 1.
 MP=$(free_port)
 RP=$(free_port)
+while [ "$RP" = "$MP" ]; do RP=$(free_port); done
 export BATON_JOB_TOKEN=supervision-test-token
 L0="$TMP/node0.log"
 L1="$TMP/node1.log"
