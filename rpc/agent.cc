@@ -137,8 +137,15 @@ AgentImpl::AgentImpl(AgentOptions options, std::shared_ptr<FunctionRegistry> reg
   }
   traffic_ = std::make_unique<PeerTraffic[]>(std::max(0, slots_));
   member_ = std::make_unique<std::atomic<bool>[]>(std::max(0, slots_));
+  peers_.reserve(std::max(0, slots_));
+  for (int r = 0; r < slots_; ++r) peers_.push_back(std::make_unique<Peer>());
   OpenTrace();
   RegisterStateFunction();
+}
+
+void AgentImpl::FillPeers(const std::function<int64_t(int)>& incarnation_of) {
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r) peers_[r]->Reset(incarnation_of(r));
+  peers_known_.store(true, std::memory_order_release);
 }
 
 void AgentImpl::CountTraffic(int peer, const Payload& payload, bool out) {
@@ -469,9 +476,9 @@ AgentStats AgentImpl::stats() const {
     s.pending_outgoing = static_cast<int64_t>(pending_.size());
     s.running_incoming = incoming_;
     s.peer_failures = peer_failures_;
-    s.peer_probes_in_flight = static_cast<int64_t>(suspects_.size());
     s.calls_waiting_for_restart = waiting_for_restart_;
   }
+  for (const auto& p : peers_) s.peer_probes_in_flight += p->probing() ? 1 : 0;
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
   s.executor_parallelism = executor_ ? executor_->parallelism() : 0;
   s.timers = timer_ ? timer_->pending() : 0;

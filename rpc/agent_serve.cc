@@ -57,10 +57,12 @@ void AgentImpl::OnRequest(std::shared_ptr<ReplyChannel> channel, Frame frame) {
     const absl::Time now = absl::Now();
     incoming_calls_[{caller, id}] =
         IncomingCall{ShownName(frame.header), now, false, now, caller_incarnation};
-    const bool known =
-        caller_incarnation > 0 && caller >= 0 && caller < static_cast<int>(peers_.size());
-    other_incarnation = known && caller_incarnation != peers_[caller].incarnation;
-    reported_dead = known && caller_incarnation <= peers_[caller].dead;
+  }
+  {
+    const Peer* p = caller_incarnation > 0 ? PeerAt(caller) : nullptr;
+    const Peer::Incarnations known = p != nullptr ? p->incarnations() : Peer::Incarnations{};
+    other_incarnation = p != nullptr && caller_incarnation != known.latest;
+    reported_dead = p != nullptr && caller_incarnation <= known.dead;
   }
   // P4: an incarnation reported dead (for one cut off past the partition
   // tolerance, its state here was released) never acts for its rank again.

@@ -638,16 +638,10 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
         smaller(options_.transport.max_bytes_in_flight, records[r].max_bytes_in_flight())};
   }
   window_ = std::make_unique<CallWindow>(std::move(windows));
-  {
-    absl::MutexLock lock(&mu_);
-    peers_.assign(options_.world_size, PeerState());
-    for (int r = 0; r < options_.world_size; ++r) {
-      // A registration without one counts as the first.
-      peers_[r].incarnation =
-          r == rank_ ? incarnation_ : std::max<int64_t>(1, records[r].incarnation());
-      peers_[r].address_incarnation = peers_[r].incarnation;
-    }
-  }
+  FillPeers([&](int r) {
+    // A registration without one counts as the first.
+    return r == rank_ ? incarnation_ : std::max<int64_t>(1, records[r].incarnation());
+  });
   return absl::OkStatus();
 }
 
@@ -666,7 +660,6 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
   // probe. Everyone probes before anyone removes its probe object. Each
   // peer's path (PeerPath) then owns the choice of link, network and bulk
   // channel.
-  address_stale_ = std::vector<std::atomic<bool>>(options_.world_size);
   int usable = 0;
   paths_.clear();
   for (int r = 0; r < options_.world_size; ++r) {
@@ -757,11 +750,7 @@ absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration&
     if (now.incarnation() <= records[r].incarnation()) continue;
     superseded.push_back(r);
     workers_[r].address = now.address();
-    {
-      absl::MutexLock lock(&mu_);
-      peers_[r].incarnation = now.incarnation();
-      peers_[r].address_incarnation = now.incarnation();
-    }
+    peers_[r]->Reset(now.incarnation());
     paths_[r]->LoseSameHost(absl::UnavailableError(
         absl::StrCat("worker '", workers_[r].name, "': incarnation ", now.incarnation(),
                      " replaced the process during start-up")));

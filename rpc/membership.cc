@@ -148,7 +148,6 @@ void AgentImpl::MakeSlots(const proto::WorkerRecord& mine) {
   device_map_to_.assign(slots_, {});
   has_device_map_to_.assign(slots_, false);
   cuda_channel_peer_.assign(slots_, false);
-  address_stale_ = std::vector<std::atomic<bool>>(slots_);
   paths_.clear();
   for (int r = 0; r < slots_; ++r) {
     paths_.push_back(std::make_unique<PeerPath>(r, transport_.get(), nullptr, nullptr, ""));
@@ -160,10 +159,7 @@ void AgentImpl::MakeSlots(const proto::WorkerRecord& mine) {
     absl::MutexLock lock(&members_mu_);
     named_.assign(slots_, false);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    peers_.assign(slots_, PeerState());
-  }
+  FillPeers([](int) { return int64_t{0}; });
   (void)AdmitMember(rank_, mine);
 }
 
@@ -300,12 +296,7 @@ absl::Status AgentImpl::AdmitMember(int rank, const proto::WorkerRecord& record)
                  smaller(options_.transport.max_bytes_in_flight, record.max_bytes_in_flight())});
   const int64_t incarnation =
       rank == rank_ ? incarnation_ : std::max<int64_t>(1, record.incarnation());
-  {
-    absl::MutexLock lock(&mu_);
-    PeerState& p = peers_[rank];
-    p.incarnation = std::max(p.incarnation, incarnation);
-    p.address_incarnation = std::max(p.address_incarnation, incarnation);
-  }
+  peers_[rank]->Admit(incarnation);
   if (rank != rank_) AddNetworkPeer(rank, record);
   member_[rank].store(true, std::memory_order_release);
   return absl::OkStatus();
@@ -313,11 +304,8 @@ absl::Status AgentImpl::AdmitMember(int rank, const proto::WorkerRecord& record)
 
 absl::Status AgentImpl::OnLeaveNotice(int caller, int64_t incarnation) {
   if (!IsMember(caller) || caller == rank_) return absl::OkStatus();
-  {
-    absl::MutexLock lock(&mu_);
-    // A notice of an earlier incarnation than the member's says nothing of it.
-    if (incarnation < peers_[caller].incarnation) return absl::OkStatus();
-  }
+  // A notice of an earlier incarnation than the member's says nothing of it.
+  if (incarnation < peers_[caller]->incarnations().latest) return absl::OkStatus();
   RemoveMember(caller);
   return absl::OkStatus();
 }

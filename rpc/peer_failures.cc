@@ -27,15 +27,13 @@ void AgentImpl::AddPeerFailureListener(PeerFailureListener listener) {
 }
 
 int64_t AgentImpl::peer_incarnation(int peer) const {
-  absl::MutexLock lock(&mu_);
-  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return 0;
-  return peers_[peer].incarnation;
+  const Peer* p = PeerAt(peer);
+  return p != nullptr ? p->incarnations().latest : 0;
 }
 
 bool AgentImpl::peer_known_dead(int peer) const {
-  absl::MutexLock lock(&mu_);
-  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return false;
-  return peers_[peer].dead > 0 && peers_[peer].dead >= peers_[peer].incarnation;
+  const Peer* p = PeerAt(peer);
+  return p != nullptr && p->known_dead();
 }
 
 void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
@@ -44,15 +42,14 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
     return;
   }
   int64_t incarnation;
-  bool reported;
+  Peer::Suspicion suspicion;
   {
     absl::MutexLock lock(&mu_);
     if (!running_ || failure_listeners_.empty()) return;
-    incarnation = peers_[peer].incarnation;
-    reported = peers_[peer].dead >= incarnation;
-    if (!reported && !suspects_.insert(peer).second) return;
+    suspicion = peers_[peer]->Suspect(&incarnation);
   }
-  if (reported) {
+  if (suspicion == Peer::Suspicion::kProbing) return;
+  if (suspicion == Peer::Suspicion::kReportedAlready) {
     // P2: that incarnation is reported already (this is its old stream, or
     // a probe's); a restarted one may have registered since.
     RefreshPeer(peer);
@@ -65,18 +62,7 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
       .OnReady([this, peer, incarnation, cause, probed](const absl::StatusOr<Payload>& r) {
         // Silence (no answer, no refusal) is not a death within the
         // partition tolerance: since when the peer has been silent.
-        absl::Time silent_since = absl::InfiniteFuture();
-        {
-          absl::MutexLock lock(&mu_);
-          suspects_.erase(peer);
-          PeerState& p = peers_[peer];
-          if (r.ok()) {
-            p.silent_since = absl::InfiniteFuture();
-          } else if (IsSilence(r.status())) {
-            p.silent_since = std::min(p.silent_since, probed);
-            silent_since = p.silent_since;
-          }
-        }
+        const absl::Time silent_since = peers_[peer]->EndProbe(r.status(), probed);
         const bool dead =
             !r.ok() && (absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()));
         if (!dead) return;
@@ -120,10 +106,10 @@ void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& ca
   std::vector<PeerFailureListener> listeners;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_ || peer >= static_cast<int>(peers_.size()) || peers_[peer].dead >= incarnation) {
+    Peer* p = PeerAt(peer);
+    if (!running_ || p == nullptr || !p->MarkDead(incarnation)) {
       return;  // reported dead already, this incarnation or a later one (P2)
     }
-    peers_[peer].dead = incarnation;
     ++peer_failures_;
     listeners = failure_listeners_;
   }
@@ -134,16 +120,11 @@ void AgentImpl::ReportDead(int peer, int64_t incarnation, const absl::Status& ca
 bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
   if (incarnation <= 0 || peer < 0 || peer >= static_cast<int>(workers_.size())) return true;
   {
-    absl::MutexLock lock(&mu_);
-    if (peers_.empty()) return true;  // before the rendezvous filled it
-    PeerState& p = peers_[peer];
-    if (incarnation < p.incarnation) return false;
-    if (incarnation == p.incarnation) return true;
-    p.incarnation = incarnation;
-    if (p.incarnation > p.address_incarnation && peer < static_cast<int>(address_stale_.size())) {
-      address_stale_[peer].store(true, std::memory_order_release);
-    }
-    p.next_refresh = absl::InfinitePast();  // its new address is in the store
+    Peer* p = PeerAt(peer);
+    if (p == nullptr) return true;  // before the rendezvous filled the table
+    const Peer::Note note = p->NoteIncarnation(incarnation);
+    if (note == Peer::Note::kOlder) return false;
+    if (note == Peer::Note::kSame) return true;
   }
   // The new incarnation opened none of our probes (P3), and keeps no
   // same-host link: the one to its predecessor goes now, not when the
@@ -167,24 +148,17 @@ bool AgentImpl::NoteIncarnation(int peer, int64_t incarnation) {
 }
 
 void AgentImpl::RefreshPeer(int peer) {
+  Peer* p = PeerAt(peer);
+  if (p == nullptr) return;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_ || peers_.empty()) return;
-    PeerState& p = peers_[peer];
-    const absl::Time now = absl::Now();
-    if (p.refreshing || now < p.next_refresh) return;
-    p.refreshing = true;
-    p.next_refresh = now + absl::Milliseconds(500);
+    if (!running_ || !p->BeginRefresh(absl::Now())) return;
   }
-  const bool submitted = executor_->Submit([this, peer] {
+  const bool submitted = executor_->Submit([this, p, peer] {
     (void)LoadPeerRecord(peer, absl::Seconds(2));
-    absl::MutexLock lock(&mu_);
-    peers_[peer].refreshing = false;
+    p->EndRefresh();
   });
-  if (!submitted) {
-    absl::MutexLock lock(&mu_);
-    peers_[peer].refreshing = false;
-  }
+  if (!submitted) p->EndRefresh();
 }
 
 bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
@@ -203,32 +177,24 @@ bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
   // its calls go there (P6). One update at a time, so an older record read
   // late cannot overwrite a newer one in the transport.
   absl::MutexLock update(&peer_update_mu_);
-  bool newer;
+  Peer* p = PeerAt(peer);
+  if (p == nullptr || !parsed) return false;
   {
     absl::MutexLock lock(&mu_);
     // A newer incarnation than the one whose address the transport has:
     // the transport's address follows it (calls, and the probe, go there).
-    newer = parsed && running_ && record.incarnation() > peers_[peer].address_incarnation;
-    if (!newer && parsed && record.incarnation() <= peers_[peer].address_incarnation) {
-      // Nothing newer to follow: the transport has what the store has.
-      address_stale_[peer].store(false, std::memory_order_release);
-    }
+    // Else the transport has what the store has: the address is not stale.
+    if (!p->ShouldFollow(record.incarnation()) || !running_) return false;
   }
-  if (!newer) return false;
   AddNetworkPeer(peer, record);
-  {
-    absl::MutexLock lock(&mu_);
-    peers_[peer].address_incarnation = record.incarnation();
-  }
+  p->Followed(record.incarnation());
   (void)NoteIncarnation(peer, record.incarnation());
   return true;
 }
 
 void AgentImpl::FollowNewerIncarnation(int peer, absl::Time deadline) {
-  if (peer >= static_cast<int>(address_stale_.size()) ||
-      !address_stale_[peer].load(std::memory_order_acquire)) {
-    return;
-  }
+  const Peer* p = PeerAt(peer);
+  if (p == nullptr || !p->address_stale()) return;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -240,14 +206,11 @@ void AgentImpl::FollowNewerIncarnation(int peer, absl::Time deadline) {
 
 void AgentImpl::WaitForSuccessor(int peer, absl::Time deadline) {
   if (options_.restarts.wait <= absl::ZeroDuration()) return;
-  int64_t dead;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!running_ || peer >= static_cast<int>(peers_.size())) return;
-    const PeerState& p = peers_[peer];
-    if (p.dead < p.incarnation) return;  // alive, as far as we know
-    dead = p.dead;
-  }
+  const Peer* p = PeerAt(peer);
+  if (p == nullptr || !running()) return;
+  const Peer::Incarnations known = p->incarnations();
+  if (known.dead < known.latest) return;  // alive, as far as we know
+  const int64_t dead = known.dead;
   (void)AwaitSuccessor(peer, dead, std::min(deadline, absl::Now() + options_.restarts.wait));
 }
 
@@ -381,17 +344,11 @@ bool AgentImpl::Redeliver(uint64_t id) {
     if (!running_ || call.resend == nullptr || call.deliveries >= kMaxDeliveries) return false;
     call.stream_id = kAwaitingRedelivery;
     peer = call.peer;
-    redeliver_[peer].push_back(id);
-    if (!redelivering_.insert(peer).second) return true;  // its task takes it
+    if (!peers_[peer]->QueueRedelivery(id)) return true;  // its task takes it
   }
   if (executor_->Submit([this, peer] { RedeliverTo(peer); })) return true;
   // Shutting down: nothing goes again.
-  std::vector<uint64_t> ids;
-  {
-    absl::MutexLock lock(&mu_);
-    ids.swap(redeliver_[peer]);
-    redelivering_.erase(peer);
-  }
+  const std::vector<uint64_t> ids = peers_[peer]->DropRedeliveries();
   for (uint64_t other : ids) {
     if (other != id) {
       Resend(other, peer, absl::FailedPreconditionError("the agent is shutting down"));
@@ -402,22 +359,17 @@ bool AgentImpl::Redeliver(uint64_t id) {
 
 void AgentImpl::RedeliverTo(int peer) {
   for (;;) {
-    std::vector<uint64_t> ids;
+    const std::vector<uint64_t> ids = peers_[peer]->TakeRedeliveries();
+    if (ids.empty()) return;
     absl::Time until = absl::InfinitePast();
-    int64_t incarnation;
     {
       absl::MutexLock lock(&mu_);
-      ids.swap(redeliver_[peer]);
-      if (ids.empty()) {
-        redelivering_.erase(peer);
-        return;
-      }
       for (uint64_t id : ids) {
         auto it = pending_.find(id);
         if (it != pending_.end()) until = std::max(until, it->second.deadline);
       }
-      incarnation = peers_[peer].incarnation;
     }
+    const int64_t incarnation = peers_[peer]->incarnations().latest;
     const absl::Status why = AwaitDeliverable(peer, incarnation, until);
     for (uint64_t id : ids) Resend(id, peer, why);
   }
@@ -437,15 +389,11 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
   auto left = [&until] { return std::max(absl::Milliseconds(1), until - absl::Now()); };
   // Its successor registered already: follow it.
   (void)LoadPeerRecord(peer, std::min(left(), absl::Seconds(2)));
-  bool dead;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!running_) return absl::FailedPreconditionError("the agent is shut down");
-    const PeerState& p = peers_[peer];
-    if (p.incarnation > incarnation && p.dead < p.incarnation) return absl::OkStatus();
-    incarnation = p.incarnation;
-    dead = p.dead >= incarnation;
-  }
+  if (!running()) return absl::FailedPreconditionError("the agent is shut down");
+  const Peer::Incarnations known = peers_[peer]->incarnations();
+  if (known.latest > incarnation && known.dead < known.latest) return absl::OkStatus();
+  incarnation = known.latest;
+  const bool dead = known.dead >= incarnation;
   absl::Status probe;
   if (!dead) {
     // The refusal may have been passing (the process is alive), or the
@@ -545,14 +493,9 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
           store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
         continue;
       }
-      bool confirmed_dead;
-      int64_t incarnation;
-      {
-        absl::MutexLock lock(&mu_);
-        const bool known = p < static_cast<int>(peers_.size());
-        incarnation = known ? peers_[p].incarnation : 0;
-        confirmed_dead = known && peers_[p].dead > 0 && peers_[p].dead >= peers_[p].incarnation;
-      }
+      const Peer* known = PeerAt(p);
+      const int64_t incarnation = known != nullptr ? known->incarnations().latest : 0;
+      const bool confirmed_dead = known != nullptr && known->known_dead();
       absl::Status ping;
       if (!confirmed_dead) {
         CallOptions probe;

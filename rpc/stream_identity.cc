@@ -72,27 +72,16 @@ std::string AgentImpl::IdentityToward(int peer, int64_t peer_incarnation,
 void AgentImpl::AddNetworkPeer(int peer, const proto::WorkerRecord& record) {
   const int64_t incarnation =
       peer == rank_ ? incarnation_ : std::max<int64_t>(1, record.incarnation());
-  {
-    absl::MutexLock lock(&mu_);
-    if (peer < static_cast<int>(peers_.size())) {
-      peers_[peer].identity_key = record.identity_key();
-      peers_[peer].key_incarnation = incarnation;
-    }
-  }
+  if (Peer* p = PeerAt(peer)) p->SetIdentity(record.identity_key(), incarnation);
   transport_->AddPeer(peer, record.address(),
                       IdentityToward(peer, incarnation, record.identity_key()));
   if (peer != rank_) transport_->AddBulkPeer(peer, record.bulk_address());
 }
 
 std::string AgentImpl::StreamIdentity(int peer) const {
-  std::string key;
-  int64_t incarnation = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    if (peer < 0 || peer >= static_cast<int>(peers_.size())) return "";
-    key = peers_[peer].identity_key;
-    incarnation = peers_[peer].key_incarnation;
-  }
+  const Peer* p = PeerAt(peer);
+  if (p == nullptr) return "";
+  const auto [key, incarnation] = p->identity();
   return IdentityToward(peer, incarnation, key);
 }
 
@@ -132,13 +121,7 @@ void AgentImpl::AuthenticateStream(absl::string_view identity,
     return;
   }
   std::string key;
-  {
-    absl::MutexLock lock(&mu_);
-    if (claim->rank < static_cast<int>(peers_.size()) &&
-        peers_[claim->rank].key_incarnation == claim->incarnation) {
-      key = peers_[claim->rank].identity_key;
-    }
-  }
+  if (const Peer* p = PeerAt(claim->rank)) key = p->KeyOf(claim->incarnation);
   if (!key.empty()) {
     done(CheckClaim(claim->rank, claim->incarnation, claim->proof, key));
     return;

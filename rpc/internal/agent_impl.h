@@ -21,12 +21,14 @@
 // dead only makes the agent look at the store again (rate-limited).
 //
 // Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks,
-// the peers' incarnations and the running/torn-down flags. What
+// the failure listeners, the incoming calls and the running/torn-down
+// flags. What this worker knows of each peer (its incarnations, identity,
+// probe and redelivery queue) is that peer's Peer (rpc/internal/peer.h),
+// with a lock of its own, taken after mu_ when both are held. What
 // Rendezvous() fills (workers_, peer_limits_, paths_, by_name_, the
 // transports) is written before ready_ is notified and only read
 // afterwards; requests that arrive earlier wait for ready_ on the executor.
-// address_stale_ and each path's bulk flag are atomic: they change when a
-// peer is replaced.
+// Each path's bulk flag is atomic: it changes when a peer is replaced.
 #ifndef BATON_RPC_INTERNAL_AGENT_IMPL_H_
 #define BATON_RPC_INTERNAL_AGENT_IMPL_H_
 
@@ -57,6 +59,7 @@
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
 #include "rpc/internal/flow_control.h"
+#include "rpc/internal/peer.h"
 #include "rpc/internal/peer_path.h"
 #include "rpc/runtime.h"
 #include "rpc/transport.h"
@@ -446,9 +449,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // The peers AgentCollaborators::cuda_channel serves: other processes on
   // this host (same boot id and PID namespace); set during Rendezvous.
   std::vector<bool> cuda_channel_peer_;
-  // Per peer: a newer incarnation is known than the one whose address the
-  // transport has (P6; the call path reads it without the lock).
-  std::vector<std::atomic<bool>> address_stale_;  // sized during Rendezvous
   // How messages to each peer travel (link, network, bulk channel); set
   // during Rendezvous, after the transports it borrows.
   std::vector<std::unique_ptr<PeerPath>> paths_;
@@ -504,27 +504,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
   std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int> suspects_ ABSL_GUARDED_BY(mu_);  // probes in flight
-  // P8: per peer, the calls waiting to be sent again, and the peers whose
-  // RedeliverTo task runs.
-  absl::flat_hash_map<int, std::vector<uint64_t>> redeliver_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int> redelivering_ ABSL_GUARDED_BY(mu_);
-  struct PeerState {
-    int64_t incarnation = 0;  // latest known
-    int64_t dead = 0;         // latest reported dead (0: none)
-    // The incarnation whose registered address the transport uses.
-    int64_t address_incarnation = 0;
-    // The registered identity key of incarnation key_incarnation (W2).
-    std::string identity_key;
-    int64_t key_incarnation = 0;
-    bool refreshing = false;  // a store read in flight
-    absl::Time next_refresh = absl::InfinitePast();
-    // When a probe it did not answer started, without a sign of death
-    // (IsSilence); InfiniteFuture while it answers. Reported dead once
-    // silent for options_.timeouts.partition_tolerance.
-    absl::Time silent_since = absl::InfiniteFuture();
-  };
-  std::vector<PeerState> peers_ ABSL_GUARDED_BY(mu_);  // sized during Rendezvous
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t waiting_for_restart_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t incoming_ ABSL_GUARDED_BY(mu_) = 0;
@@ -548,6 +527,23 @@ class AgentImpl final : public Runtime, private TransportHandler {
     std::atomic<int64_t> messages_in{0};
   };
   std::unique_ptr<PeerTraffic[]> traffic_;
+  // One Peer per slot, made in the constructor and never resized (so no
+  // lock guards the vector); filled by the rendezvous (FillPeers), which
+  // then sets peers_known_. Before that a peer is unknown (PeerAt: null).
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::atomic<bool> peers_known_{false};
+  // `peer`'s entry, or null if it is out of range or the rendezvous has not
+  // filled the table yet.
+  Peer* PeerAt(int peer) const {
+    if (peer < 0 || peer >= static_cast<int>(peers_.size()) ||
+        !peers_known_.load(std::memory_order_acquire)) {
+      return nullptr;
+    }
+    return peers_[peer].get();
+  }
+  // Resets every peer, `incarnation_of(rank)` its incarnation (0: none),
+  // then marks the table known.
+  void FillPeers(const std::function<int64_t(int)>& incarnation_of);
   void CountTraffic(int peer, const Payload& payload, bool out);
   // Progress counters of the state report: calls completed each way.
   std::atomic<int64_t> calls_done_out_{0};

@@ -11,32 +11,15 @@ set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$0.runfiles}/baton"
 RUN="$RUNFILES/launcher/baton-run"
 JOB="$RUNFILES/tests/group/supervision_job"
+# Ports drawn from below the ephemeral range (testing/ports.h): a port that
+# bind(0) hands out can go to any process's outgoing connection before
+# baton-run listens on it.
+FREE_PORT="$RUNFILES/testing/free_port"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() {
   for f in "$@"; do [ -f "$f" ] && cat "$f"; done
   echo "FAIL: ${*: -1}"
   exit 1
-}
-# A port free now, drawn at random from below the kernel's ephemeral range
-# (as testing/ports.h and python/tests/harness.py do): a port the kernel
-# hands out for bind(0) can go to any process's outgoing connection before
-# baton-run listens on it, and the tests beside this one connect all the
-# time (rank 0's store once failed here with "address in use" so).
-free_port() {
-  /usr/bin/python3 - <<'PY'
-import random, socket
-with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-    high = int(f.read().split()[0])
-for _ in range(1000):
-    port = random.randrange(10000, high)
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            continue
-    print(port)
-    break
-PY
 }
 FLAGS=(--restart_policy member=worker --max_restarts 2 --stop_timeout 5 --tee)
 
@@ -70,9 +53,8 @@ echo "== one node: PASS"
 # Two nodes: bosses ranks 0 (node 0) and 1 (node 1); members 0-1 ranks 2-3
 # on node 0, members 2-3 ranks 4-5 on node 1. boss0 restarts member2 and
 # drops member3, both on node 1.
-MP=$(free_port)
-RP=$(free_port)
-while [ "$RP" = "$MP" ]; do RP=$(free_port); done
+read -r MP RP < <("$FREE_PORT" 2 | tr '\n' ' ')
+[ -n "$RP" ] || fail "no free ports for the two-node run"
 export BATON_JOB_TOKEN=supervision-test-token
 L0="$TMP/node0.log"
 L1="$TMP/node1.log"
