@@ -6,13 +6,11 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <random>
 
@@ -27,20 +25,14 @@
 #include "rpc/agent.h"
 #include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/agent_impl.h"
+#include "rpc/internal/job_store.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
-#include "store/etcd_store.h"
 #include "store/store_client.h"
 #include "store/store_server.h"
 
 namespace baton::rpc {
 namespace {
-
-bool IsLoopback(const std::string& host) {
-  if (host == "localhost" || host == "::1") return true;
-  in_addr a{};
-  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
-}
 
 // The local IPv4 address that routes to `host` (no packet is sent).
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port) {
@@ -75,28 +67,6 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
 // (proto::SameHostLinks).
 std::string LinksKey(const std::string& ns, int rank) {
   return absl::StrCat(ns, "shm_links/", rank);
-}
-
-// Where rank 0 of a one-host job without a preset token leaves it for the
-// other ranks: a file of mode 0600 in a directory of mode 0700 that only
-// this user owns.
-std::string TokenFilePath(int master_port) {
-  return absl::StrCat("/tmp/baton-", ::getuid(), "/job-", master_port, ".token");
-}
-
-absl::Status EnsurePrivateDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::InternalError(
-        absl::StrCat("cannot create directory ", dir, ": ", std::strerror(errno)));
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() ||
-      (st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, " must be a directory of mode 0700 owned by this user (uid ", ::getuid(),
-                     ") to hold the job token; remove it, or set BATON_JOB_TOKEN on every worker"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -229,119 +199,19 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
 
 namespace internal {
 
+// store_, store_server_, token_, token_file_ and tls_ (rpc/internal/job_store.h).
 absl::Status AgentImpl::ConnectStore() {
-  if (options_.store != nullptr) {
-    // An in-process store nobody else can read: AgreeOnToken shares the
-    // token through it if none is given.
-    store_ = options_.store;
-    return absl::OkStatus();
-  }
-  if (!options_.etcd.endpoint.empty()) return ConnectEtcd();
-  const std::string master = absl::StrCat(options_.master_addr, ":", options_.master_port);
-  token_ = options_.security.job_token;
-  ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
-  if (token_.empty() && !IsLoopback(options_.master_addr)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MASTER_ADDR is ", options_.master_addr,
-        ", so this job may span hosts, and it needs a job token from outside the job: set "
-        "BATON_JOB_TOKEN (AgentOptions::security.job_token) to the same secret on every worker, "
-        "e.g. "
-        "from your scheduler's secret store (baton-run passes its own token to its workers). "
-        "Without one, anyone who can reach ",
-        master, " could read the rendezvous store and call every worker"));
-  }
-  if (options_.rank == 0) {
-    if (token_.empty()) {
-      // One host: the token goes to the other ranks through a file only
-      // this user can read, never through the store.
-      token_ = RandomHex(16);
-      const std::string path = TokenFilePath(options_.master_port);
-      RETURN_IF_ERROR(EnsurePrivateDir(path.substr(0, path.rfind('/'))));
-      if (absl::Status s = WriteFileAtomically(path, {token_}, 0600); !s.ok()) {
-        return Annotate(s, "rank 0 hands the job token to the other ranks");
-      }
-      token_file_ = path;
-    }
-    auto server = store::StoreServer::Start({master, token_, tls_});
-    if (!server.ok()) {
-      return Annotate(server.status(), absl::StrCat("rank 0 serves the rendezvous store at ",
-                                                    master, " (MASTER_ADDR:MASTER_PORT)"));
-    }
-    store_server_ = *std::move(server);
-    // Rank 0 uses the served store directly; the server outlives the agent's
-    // use of it (see Teardown).
-    store_ = std::shared_ptr<store::Store>(std::shared_ptr<void>(), &store_server_->store());
-    return absl::OkStatus();
-  }
-  if (!token_.empty()) {
-    auto client = std::make_shared<store::StoreClient>(
-        store::StoreClientOptions{master, token_, options_.timeouts.init, tls_});
-    absl::Status s = client->WaitForServer(options_.timeouts.init);
-    if (!s.ok()) return s;
-    store_ = std::move(client);
-    return absl::OkStatus();
-  }
-  // Rank 0 of this host's job leaves the token in a private file. A file
-  // left by an earlier job on the same port holds a token the store
-  // refuses: read it again until rank 0 has written its own.
-  const std::string path = TokenFilePath(options_.master_port);
-  const absl::Time deadline = absl::Now() + options_.timeouts.init;
-  absl::Status last = absl::NotFoundError(absl::StrCat("rank 0 has not written ", path));
-  while (true) {
-    RETURN_IF_ERROR(EnsurePrivateDir(path.substr(0, path.rfind('/'))));
-    auto token = ReadFile(path);
-    if (token.ok() && !token->empty()) {
-      auto client = std::make_shared<store::StoreClient>(
-          store::StoreClientOptions{master, *token, options_.timeouts.init, tls_});
-      absl::Status s =
-          client->WaitForServer(std::max(absl::Milliseconds(1), deadline - absl::Now()));
-      if (s.ok()) {
-        token_ = *token;
-        store_ = std::move(client);
-        return absl::OkStatus();
-      }
-      if (!absl::IsUnauthenticated(s)) return s;
-      last = s;
-    }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no job token from rank 0 within ", DurationText(options_.timeouts.init),
-                       " (", path, ": ", last.message(),
-                       "); set BATON_JOB_TOKEN on every worker, or check that no "
-                       "other job uses MASTER_PORT ",
-                       options_.master_port));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
-// The job's store on etcd: every rank is a client, so none is special.
-absl::Status AgentImpl::ConnectEtcd() {
-  token_ = options_.security.job_token;
-  if (token_.empty()) {
-    return absl::FailedPreconditionError(
-        "the job's store is on etcd, and the job token never goes through it: set "
-        "BATON_JOB_TOKEN (AgentOptions::security.job_token) on every worker (baton-run does)");
-  }
-  ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
-  auto etcd_tls = LoadTls(options_.etcd.tls);
-  if (!etcd_tls.ok()) return Annotate(etcd_tls.status(), "etcd's TLS files");
-  store::EtcdStoreOptions o;
-  o.endpoint = options_.etcd.endpoint;
-  o.prefix = options_.etcd.prefix;
-  o.call_timeout = options_.timeouts.init;
-  o.user = options_.etcd.user;
-  o.password = options_.etcd.password;
-  o.tls = *std::move(etcd_tls);
-  auto store = store::EtcdStore::Connect(std::move(o));
-  if (!store.ok()) return Annotate(store.status(), "connecting to the job's store");
-  store_ = std::shared_ptr<store::Store>(*std::move(store));
+  ASSIGN_OR_RETURN(JobStore job, JobStore::Connect(options_));
+  store_ = std::move(job.store);
+  store_server_ = std::move(job.server);
+  token_ = std::move(job.token);
+  token_file_ = std::move(job.token_file);
+  tls_ = std::move(job.tls);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   if (!token_.empty()) return token_;
-  if (!options_.security.job_token.empty()) return options_.security.job_token;
   // An injected in-process store: rank 0 creates the token there.
   const std::string key = ns_ + "job_token";
   if (options_.rank == 0) {
@@ -488,14 +358,11 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   std::string listen = options_.transport.listen_address;
   if (listen.empty()) {
     std::string host = "127.0.0.1";
-    if (!IsLoopback(options_.master_addr)) {
+    if (!IsLoopbackHost(options_.master_addr)) {
       ASSIGN_OR_RETURN(auto local, LocalAddressToward(options_.master_addr, options_.master_port));
       host = local;
     }
     listen = host + ":0";
-  }
-  if (options_.store != nullptr) {  // ConnectStore loaded it otherwise
-    ASSIGN_OR_RETURN(tls_, LoadTls(options_.security.tls));
   }
   // W1: this incarnation's key pair, before any stream can arrive.
   ASSIGN_OR_RETURN(identity_, WorkerIdentity::Generate());

@@ -238,7 +238,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   };
   absl::Status PrepareRuntime();
   absl::Status ConnectStore();
-  absl::Status ConnectEtcd();
   // The job's store is not rank 0's: injected, or on etcd.
   bool ExternalStore() const {
     return options_.store != nullptr || !options_.etcd.endpoint.empty();
