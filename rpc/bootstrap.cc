@@ -352,8 +352,8 @@ absl::Status AgentImpl::TakeRound() {
   return absl::OkStatus();
 }
 
-// tls_, identity_ and transport_, listening on this host's address toward
-// the master (loopback for a job on loopback).
+// identity_ and transport_ (with tls_ from ConnectStore), listening on this
+// host's address toward the master (loopback for a job on loopback).
 absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
   std::string listen = options_.transport.listen_address;
   if (listen.empty()) {

@@ -493,9 +493,13 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
           store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
         continue;
       }
-      const Peer* known = PeerAt(p);
-      const int64_t incarnation = known != nullptr ? known->incarnations().latest : 0;
-      const bool confirmed_dead = known != nullptr && known->known_dead();
+      // One reading of both: a death noted between two reads would be
+      // taken for the successor's.
+      const Peer* peer = PeerAt(p);
+      const Peer::Incarnations known =
+          peer != nullptr ? peer->incarnations() : Peer::Incarnations{};
+      const int64_t incarnation = known.latest;
+      const bool confirmed_dead = known.dead > 0 && known.dead >= known.latest;
       absl::Status ping;
       if (!confirmed_dead) {
         CallOptions probe;

@@ -435,7 +435,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // network transport starts, constant afterwards.
   std::optional<WorkerIdentity> identity_;
   std::string ns_;
-  std::string token_;                 // set in ConnectStore (not for an injected store)
+  std::string token_;                 // set in ConnectStore (JobStore::token)
   std::string token_file_;            // rank 0 wrote the token here (one-host job)
   TlsConfig tls_;                     // loaded from options_.security.tls in ConnectStore
   std::string store_instance_;        // set during Rendezvous

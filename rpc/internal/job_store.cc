@@ -50,6 +50,7 @@ absl::StatusOr<JobStore> ConnectEtcd(const AgentOptions& options, JobStore job) 
         "the job's store is on etcd, and the job token never goes through it: set "
         "BATON_JOB_TOKEN (AgentOptions::security.job_token) on every worker (baton-run does)");
   }
+  ASSIGN_OR_RETURN(job.tls, LoadTls(options.security.tls));
   auto etcd_tls = LoadTls(options.etcd.tls);
   if (!etcd_tls.ok()) return Annotate(etcd_tls.status(), "etcd's TLS files");
   store::EtcdStoreOptions o;
@@ -141,6 +142,11 @@ bool IsLoopbackHost(const std::string& host) {
 
 absl::StatusOr<JobStore> JobStore::Connect(const AgentOptions& options) {
   JobStore job;
+  if (!options.etcd.endpoint.empty() && options.store == nullptr) {
+    return ConnectEtcd(options, std::move(job));
+  }
+  // Before anything reaches the store: a worker with a missing file
+  // leaves nothing there.
   ASSIGN_OR_RETURN(job.tls, LoadTls(options.security.tls));
   if (options.store != nullptr) {
     // An in-process store nobody else can read: the agent shares a token
@@ -149,7 +155,6 @@ absl::StatusOr<JobStore> JobStore::Connect(const AgentOptions& options) {
     job.token = options.security.job_token;
     return job;
   }
-  if (!options.etcd.endpoint.empty()) return ConnectEtcd(options, std::move(job));
   const std::string master = absl::StrCat(options.master_addr, ":", options.master_port);
   job.token = options.security.job_token;
   if (job.token.empty() && !IsLoopbackHost(options.master_addr)) {
