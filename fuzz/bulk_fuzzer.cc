@@ -144,7 +144,7 @@ std::map<uint64_t, Kept> Records(const std::string& raw) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace baton::rpc::internal;
   BulkChannelOptions o;
-  o.security.job_token = kToken;
+  o.job_token = kToken;
   o.max_blob_bytes = kMaxBlob;
   o.unclaimed_budget = 64 << 20;  // never waited for: the input is at most 64 KiB
   o.handshake_timeout = absl::Seconds(5);

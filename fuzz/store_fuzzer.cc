@@ -125,7 +125,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   unlink(state->socket.c_str());
   StoreServerOptions options;
   options.address = absl::StrCat("unix:", state->socket);
-  options.security.job_token = kToken;
+  options.job_token = kToken;
   auto server = StoreServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "store_fuzzer: %s\n", server.status().ToString().c_str());

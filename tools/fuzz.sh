@@ -30,7 +30,7 @@ FUZZ_BUILD=${FUZZ_BUILD:-.fuzz-build}
 # sources as an archive, so only what it uses ends up in the binary.
 declare -A SOURCES=(
   [wire]="@base rpc/internal/wire.cc proto:rpc.pb.cc"
-  [codec]="@base rpc/codec.cc rpc/function.cc"
+  [codec]="@base rpc/codec.cc rpc/function.cc rpc/runtime.cc"
   [shm]="@base rpc/channel/shm/shm_channel.cc rpc/internal/wire.cc proto:rpc.pb.cc"
   [bulk]="@base rpc/channel/tcp/bulk_channel.cc rpc/channel/tcp/bulk_channel_send.cc rpc/channel/tcp/bulk_channel_receive.cc rpc/channel/tcp/socket_io.cc rpc/channel/tcp/connection.cc proto:rpc.pb.cc"
   [store]="@store"

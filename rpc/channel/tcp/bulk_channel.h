@@ -60,7 +60,7 @@
 //     then it gives them up. Meanwhile new blobs travel on the stream. A
 //     connection superseded by a newer one from its sender reads nothing
 //     more.
-// B9. Under the job's TLS (options.security.tls), every connection is mutual TLS 1.3
+// B9. Under the job's TLS (options.tls), every connection is mutual TLS 1.3
 //     before its hello (B2): each side presents its certificate from the
 //     job's CA and refuses a peer without one; the sender checks the
 //     receiver's name as the gRPC streams do (connection.h). A failed
