@@ -499,7 +499,7 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
       const Peer::Incarnations known =
           peer != nullptr ? peer->incarnations() : Peer::Incarnations{};
       const int64_t incarnation = known.latest;
-      const bool confirmed_dead = known.dead > 0 && known.dead >= known.latest;
+      const bool confirmed_dead = known.latest_dead();
       absl::Status ping;
       if (!confirmed_dead) {
         CallOptions probe;

@@ -27,10 +27,7 @@ Peer::Incarnations Peer::incarnations() const {
   return Incarnations{incarnation_, dead_, address_incarnation_};
 }
 
-bool Peer::known_dead() const {
-  absl::MutexLock lock(&mu_);
-  return dead_ > 0 && dead_ >= incarnation_;
-}
+bool Peer::known_dead() const { return incarnations().latest_dead(); }
 
 Peer::Note Peer::NoteIncarnation(int64_t incarnation) {
   absl::MutexLock lock(&mu_);

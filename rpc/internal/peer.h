@@ -45,6 +45,8 @@ class Peer {
     int64_t latest = 0;   // heard of
     int64_t dead = 0;     // last reported dead (0: none)
     int64_t address = 0;  // whose registered address the transport uses
+    // The latest incarnation was reported dead.
+    bool latest_dead() const { return dead > 0 && dead >= latest; }
   };
   Incarnations incarnations() const;
   // The latest known incarnation was reported dead.
