@@ -307,42 +307,47 @@ Future<Payload> AgentImpl::Call(int to, const std::string& function, const std::
     resend = std::make_shared<const Frame>(frame);
   }
   Promise<Payload> promise(executor_.get());
+  PendingCall call;
+  call.promise = promise;
+  call.peer = to;
+  call.function = opts.label.empty() ? function : opts.label;
+  call.timeout = timeout;
+  call.deadline = deadline;
+  call.window_bytes = window_bytes;
+  call.undo = std::move(undo);
+  call.resend = std::move(resend);
+  call.idempotent = opts.idempotent;
+  call.started = absl::Now();  // the state report's age, and metrics
+  if (metrics_ != nullptr) call.metrics = metrics_->Rpc(call.function);
+  bool added = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_) {
-      if (windowed) window_->Release(to, window_bytes);
-      return fail(absl::FailedPreconditionError(
-          absl::StrCat(CallContextText(to, function), ": the agent is shut down")));
+    if (running_) {
+      ++outgoing_;
+      // The peer's table refuses it once Teardown closed it, even if
+      // running_ was read before that.
+      added = peers_[to]->AddCall(id, call);
+      if (!added) --outgoing_;
     }
-    PendingCall& call = pending_[id];
-    call.promise = promise;
-    call.peer = to;
-    call.function = opts.label.empty() ? function : opts.label;
-    call.timeout = timeout;
-    call.deadline = deadline;
-    call.window_bytes = window_bytes;
-    call.undo = std::move(undo);
-    call.resend = std::move(resend);
-    call.idempotent = opts.idempotent;
-    call.started = absl::Now();  // the state report's age, and metrics
-    if (metrics_ != nullptr) call.metrics = metrics_->Rpc(call.function);
+  }
+  if (!added) {
+    if (windowed) window_->Release(to, window_bytes);
+    undo = std::move(call.undo);  // not added: the failure takes it back
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat(CallContextText(to, function), ": the agent is shut down")));
   }
   const DeadlineTimer::Id timer =
       timeout == absl::InfiniteDuration()
           ? 0
           : timer_->Schedule(timer_deadline, [this, id, to, function, timeout] {
-              Complete(id,
+              Complete(to, id,
                        absl::DeadlineExceededError(
                            absl::StrCat(CallContextText(to, function),
                                         ": timed out: RPC ran for more than its timeout (",
                                         DurationText(timeout), ")")),
                        /*undelivered=*/false, /*timed_out=*/true);
             });
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it != pending_.end()) it->second.timer = timer;
-  }
+  peers_[to]->WithCall(id, [timer](PendingCall& c) { c.timer = timer; });
   SendRequest(id, to, function, std::move(frame));
   return promise.future();
 }
@@ -353,44 +358,32 @@ void AgentImpl::SendRequest(uint64_t id, int to, const std::string& function, Fr
     // Evidence (P2): the probe checks it, or the store names a successor.
     if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
     // P8: it did not leave; it may go to the rank's next incarnation.
-    if (!absl::IsUnavailable(stream.status()) || !Redeliver(id)) {
-      Complete(id,
+    if (!absl::IsUnavailable(stream.status()) || !Redeliver(to, id)) {
+      Complete(to, id,
                Annotate(stream.status(),
                         absl::StrCat(CallContextText(to, function), ": worker unreachable")),
                /*undelivered=*/true);
     }
     return;
   }
-  absl::MutexLock lock(&mu_);
-  auto it = pending_.find(id);
-  // Unless the stream ended meanwhile and the call is queued to go again.
-  if (it != pending_.end() && it->second.stream_id == 0) it->second.stream_id = *stream;
+  peers_[to]->WithCall(id, [&stream](PendingCall& call) {
+    // Unless the stream ended meanwhile and the call is queued to go again.
+    if (call.stream_id == 0) call.stream_id = *stream;
+  });
 }
 
-void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered,
+void AgentImpl::Complete(int peer, uint64_t id, absl::StatusOr<Payload> result, bool undelivered,
                          bool timed_out) {
-  PendingCall call;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;
-    call = std::move(it->second);
-    pending_.erase(it);
-    if (timed_out && !call.undo.empty()) {
-      // G8: the callee may yet say that it never decoded the request
-      // (OnResponse), e.g. refused because the deadline had passed there.
-      late_undo_[id].undo = std::move(call.undo);
-      late_order_.push_back(id);
-      if (late_order_.size() > kMaxLateUndo) {
-        late_undo_.erase(late_order_.front());
-        late_order_.pop_front();
-      }
-    }
-    // The call left pending_ but this thread still uses the timer and the
-    // window: the drain and Teardown wait for completing_ to reach zero, or
-    // the agent could be destroyed under it.
-    ++completing_;
-  }
+  // G8: after a timeout the callee may yet say that it never decoded the
+  // request (OnResponse), e.g. refused because the deadline had passed
+  // there; the undo waits for that.
+  std::optional<PendingCall> call = peers_[peer]->TakeCall(id, /*keep_undo=*/timed_out);
+  if (!call.has_value()) return;
+  Finish(*std::move(call), id, std::move(result), undelivered);
+}
+
+void AgentImpl::Finish(PendingCall call, uint64_t id, absl::StatusOr<Payload> result,
+                       bool undelivered) {
   timer_->Cancel(call.timer);
   if (call.window_bytes >= 0) window_->Release(call.peer, call.window_bytes);
   if (undelivered) {
@@ -404,7 +397,7 @@ void AgentImpl::Complete(uint64_t id, absl::StatusOr<Payload> result, bool undel
   if (trace_ != nullptr) TraceOutgoing(id, call.peer, call.function, call.started, result.status());
   call.promise.Set(std::move(result));
   absl::MutexLock lock(&mu_);
-  --completing_;
+  --outgoing_;
 }
 
 void AgentImpl::OnResponse(int peer, Frame frame) {
@@ -426,34 +419,24 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
     }
   }
   CountTraffic(peer, frame.payload, /*out=*/false);
+  // Only the calls made to `peer` can be completed by what its stream
+  // brings.
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
   if (frame.header.status_code() == 0) {
-    Complete(id, std::move(frame.payload));
+    Complete(peer, id, std::move(frame.payload));
     return;
   }
   std::string function;
-  bool pending = false;
-  std::vector<std::function<void()>> late_undo;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    pending = it != pending_.end();
-    if (!pending) {
-      // Already timed out. If the callee never decoded it, what the
-      // request took along (RRef forks) goes back now (G8).
-      auto late = late_undo_.find(id);
-      if (late != late_undo_.end()) {
-        if (frame.header.not_run()) late_undo.swap(late->second.undo);
-        late_undo_.erase(late);
-      }
-    } else {
-      function = it->second.function;
+  if (!peers_[peer]->WithCall(id, [&function](PendingCall& call) { function = call.function; })) {
+    // Already timed out. If the callee never decoded it, what the request
+    // took along (RRef forks) goes back now (G8).
+    std::vector<std::function<void()>> late_undo = peers_[peer]->TakeLateUndo(id);
+    if (frame.header.not_run()) {
+      for (auto& f : late_undo) f();
     }
-  }
-  if (!pending) {
-    for (auto& f : late_undo) f();
     return;
   }
-  Complete(id,
+  Complete(peer, id,
            Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
                     CallContextText(peer, function)),
            /*undelivered=*/frame.header.not_run());
@@ -473,12 +456,14 @@ AgentStats AgentImpl::stats() const {
   AgentStats s;
   {
     absl::MutexLock lock(&mu_);
-    s.pending_outgoing = static_cast<int64_t>(pending_.size());
     s.running_incoming = incoming_;
     s.peer_failures = peer_failures_;
     s.calls_waiting_for_restart = waiting_for_restart_;
   }
-  for (const auto& p : peers_) s.peer_probes_in_flight += p->probing() ? 1 : 0;
+  for (const auto& p : peers_) {
+    s.pending_outgoing += static_cast<int64_t>(p->pending_calls());
+    s.peer_probes_in_flight += p->probing() ? 1 : 0;
+  }
   s.executor_threads = executor_ ? executor_->num_threads() : 0;
   s.executor_parallelism = executor_ ? executor_->parallelism() : 0;
   s.timers = timer_ ? timer_->pending() : 0;
@@ -558,11 +543,11 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return pending_.empty() && completing_ == 0 && incoming_ == 0;
+        return outgoing_ == 0 && incoming_ == 0;
       };
       if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
         note(absl::DeadlineExceededError(
-            absl::StrCat("shutdown: ", pending_.size(), " outgoing and ", incoming_,
+            absl::StrCat("shutdown: ", outgoing_, " outgoing and ", incoming_,
                          " incoming call(s) still running at the deadline")));
       }
     }
@@ -618,14 +603,14 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   auto left = [deadline] { return std::max(absl::Milliseconds(100), deadline - absl::Now()); };
   if (transport_) note(transport_->CloseStreams(cancel_streams, left()));
   if (shm_transport_) shm_transport_->Close();
-  // Calls still pending can no longer be answered.
-  std::vector<uint64_t> ids;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, call] : pending_) ids.push_back(id);
-  }
-  for (uint64_t id : ids) {
-    Complete(id, absl::CancelledError("the agent shut down before the reply arrived"));
+  // Calls still pending can no longer be answered; no call is added from
+  // now on (Call fails it).
+  for (const auto& p : peers_) {
+    for (auto& [id, call] : p->CloseCalls()) {
+      Finish(std::move(call), id,
+             absl::CancelledError("the agent shut down before the reply arrived"),
+             /*undelivered=*/false);
+    }
   }
   if (transport_) transport_->StopServer(std::min(absl::Seconds(1), left()));
   {
@@ -648,10 +633,10 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
     // Completions already under way on transport or timer threads finish
     // before the timer and the window go.
     absl::MutexLock lock(&mu_);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completing_ == 0; };
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outgoing_ == 0; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&done), absl::Now() + left())) {
       note(absl::DeadlineExceededError(absl::StrCat(
-          "shutdown: ", completing_, " call completion(s) still running at the deadline")));
+          "shutdown: ", outgoing_, " call completion(s) still running at the deadline")));
     }
   }
   if (timer_) timer_->Stop();

@@ -62,9 +62,11 @@ std::string AgentImpl::JobStateJson(absl::Duration timeout) {
 
 std::vector<Runtime::OutgoingCall> AgentImpl::OutgoingCalls() const {
   std::vector<OutgoingCall> out;
-  absl::MutexLock lock(&mu_);
-  out.reserve(pending_.size());
-  for (const auto& [id, call] : pending_) out.push_back({call.peer, call.function, call.started});
+  for (const auto& p : peers_) {
+    p->ForEachCall([&out](const PendingCall& call) {
+      out.push_back({call.peer, call.function, call.started});
+    });
+  }
   return out;
 }
 
@@ -82,9 +84,8 @@ void AgentImpl::CollectState(proto::WorkerState* out) const {
     if (ready && rank >= 0 && rank < static_cast<int>(workers_.size())) return workers_[rank].name;
     return absl::StrCat("rank ", rank);
   };
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, call] : pending_) {
+  for (const auto& p : peers_) {
+    p->ForEachCall([&](const PendingCall& call) {
       proto::OutgoingCallState* c = out->add_outgoing();
       c->set_peer(call.peer);
       c->set_peer_name(name_of(call.peer));
@@ -94,7 +95,10 @@ void AgentImpl::CollectState(proto::WorkerState* out) const {
         c->set_has_deadline(true);
         c->set_time_left_s(absl::ToDoubleSeconds(call.deadline - now));
       }
-    }
+    });
+  }
+  {
+    absl::MutexLock lock(&mu_);
     for (const auto& [key, call] : incoming_calls_) {
       proto::IncomingCallState* c = out->add_incoming();
       c->set_caller(key.first);

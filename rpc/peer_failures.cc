@@ -286,10 +286,11 @@ void AgentImpl::RedeliverUnread(int peer,
                                 const std::vector<std::pair<uint64_t, std::string>>& calls,
                                 absl::string_view why, const absl::Status& cause) {
   for (const auto& [id, function] : calls) {
-    if ((options_.restarts.wait > absl::ZeroDuration() || IsSilence(cause)) && Redeliver(id)) {
+    if ((options_.restarts.wait > absl::ZeroDuration() || IsSilence(cause)) &&
+        Redeliver(peer, id)) {
       continue;
     }
-    Complete(id,
+    Complete(peer, id,
              Annotate(absl::UnavailableError(absl::StrCat("worker is dead or unreachable (", why,
                                                           ": ", cause.message(), ")")),
                       CallContextText(peer, function)),
@@ -299,15 +300,8 @@ void AgentImpl::RedeliverUnread(int peer,
 
 std::vector<std::pair<uint64_t, std::string>> AgentImpl::CallsOnStream(int peer,
                                                                        uint64_t stream_id) const {
-  std::vector<std::pair<uint64_t, std::string>> out;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, call] : pending_) {
-    // Stream 0: sent, its stream not recorded yet (it may be this one).
-    if (call.peer == peer && (call.stream_id == stream_id || call.stream_id == 0)) {
-      out.emplace_back(id, call.function);
-    }
-  }
-  return out;
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return {};
+  return peers_[peer]->CallsOnStream(stream_id);
 }
 
 void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status& cause) {
@@ -318,7 +312,7 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
     // The stream broke (a partition, or a connection reset at its end): an
     // idempotent call goes again once the peer answers a probe, unless the
     // probe proves it dead.
-    if (absl::IsUnavailable(cause) && Idempotent(id) && Redeliver(id)) continue;
+    if (absl::IsUnavailable(cause) && Idempotent(peer, id) && Redeliver(peer, id)) continue;
     const absl::Status s =
         cause.code() == absl::StatusCode::kUnauthenticated ? cause
         : IsSilence(cause)
@@ -328,23 +322,19 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
                   cause.message()))
             : absl::UnavailableError(absl::StrCat(
                   "worker is dead or unreachable (stream ended: ", cause.message(), ")"));
-    Complete(id, Annotate(s, CallContextText(peer, function)));
+    Complete(peer, id, Annotate(s, CallContextText(peer, function)));
   }
 }
 
 // ---- P8: requests known undelivered go again ----
 
-bool AgentImpl::Redeliver(uint64_t id) {
-  int peer;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return true;  // completed meanwhile
-    PendingCall& call = it->second;
-    if (!running_ || call.resend == nullptr || call.deliveries >= kMaxDeliveries) return false;
-    call.stream_id = kAwaitingRedelivery;
-    peer = call.peer;
-    if (!peers_[peer]->QueueRedelivery(id)) return true;  // its task takes it
+bool AgentImpl::Redeliver(int peer, uint64_t id) {
+  if (!running()) return false;
+  switch (peers_[peer]->QueueRedelivery(id, kMaxDeliveries)) {
+    case Peer::Redelivery::kGone: return true;  // completed meanwhile
+    case Peer::Redelivery::kRefused: return false;
+    case Peer::Redelivery::kQueued: return true;  // the peer's sending task takes it
+    case Peer::Redelivery::kStartTask: break;
   }
   if (executor_->Submit([this, peer] { RedeliverTo(peer); })) return true;
   // Shutting down: nothing goes again.
@@ -362,12 +352,9 @@ void AgentImpl::RedeliverTo(int peer) {
     const std::vector<uint64_t> ids = peers_[peer]->TakeRedeliveries();
     if (ids.empty()) return;
     absl::Time until = absl::InfinitePast();
-    {
-      absl::MutexLock lock(&mu_);
-      for (uint64_t id : ids) {
-        auto it = pending_.find(id);
-        if (it != pending_.end()) until = std::max(until, it->second.deadline);
-      }
+    for (uint64_t id : ids) {
+      peers_[peer]->WithCall(
+          id, [&until](PendingCall& call) { until = std::max(until, call.deadline); });
     }
     const int64_t incarnation = peers_[peer]->incarnations().latest;
     const absl::Status why = AwaitDeliverable(peer, incarnation, until);
@@ -375,10 +362,12 @@ void AgentImpl::RedeliverTo(int peer) {
   }
 }
 
-bool AgentImpl::Idempotent(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = pending_.find(id);
-  return it != pending_.end() && it->second.idempotent && it->second.resend != nullptr;
+bool AgentImpl::Idempotent(int peer, uint64_t id) const {
+  bool idempotent = false;
+  peers_[peer]->WithCall(id, [&idempotent](PendingCall& call) {
+    idempotent = call.idempotent && call.resend != nullptr;
+  });
+  return idempotent;
 }
 
 absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Time until) {
@@ -437,21 +426,19 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
   std::shared_ptr<const Frame> request;
   std::string function;
   absl::Time deadline;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;  // timed out meanwhile
-    request = it->second.resend;
-    function = it->second.function;
-    deadline = it->second.deadline;
+  const bool pending = peers_[peer]->WithCall(id, [&](PendingCall& call) {
+    request = call.resend;
+    function = call.function;
+    deadline = call.deadline;
     if (why.ok()) {
-      ++it->second.deliveries;
+      ++call.deliveries;
       // As in Call: a stream that ends before Send returns concerns it.
-      it->second.stream_id = 0;
+      call.stream_id = 0;
     }
-  }
+  });
+  if (!pending) return;  // timed out meanwhile
   if (!why.ok()) {
-    Complete(id, Annotate(why, CallContextText(peer, function)), /*undelivered=*/true);
+    Complete(peer, id, Annotate(why, CallContextText(peer, function)), /*undelivered=*/true);
     return;
   }
   Frame frame = *request;

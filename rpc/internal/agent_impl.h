@@ -20,11 +20,12 @@
 // death is per incarnation: evidence about an incarnation already reported
 // dead only makes the agent look at the store again (rate-limited).
 //
-// Thread-safety: as RpcAgent. `mu_` guards the pending calls, the hooks,
-// the failure listeners, the incoming calls and the running/torn-down
-// flags. What this worker knows of each peer (its incarnations, identity,
-// probe and redelivery queue) is that peer's Peer (rpc/internal/peer.h),
-// with a lock of its own, taken after mu_ when both are held. What
+// Thread-safety: as RpcAgent. `mu_` guards the count of outgoing calls,
+// the hooks, the failure listeners, the incoming calls and the
+// running/torn-down flags. What this worker knows of each peer (its
+// incarnations, identity, probe, the calls made to it and its redelivery
+// queue) is that peer's Peer (rpc/internal/peer.h), with a lock of its own,
+// taken after mu_ when both are held. What
 // Rendezvous() fills (workers_, peer_limits_, paths_, by_name_, the
 // transports) is written before ready_ is notified and only read
 // afterwards; requests that arrive earlier wait for ready_ on the executor.
@@ -34,7 +35,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -199,32 +199,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   absl::Status ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
 
  private:
-  struct PendingCall {
-    Promise<Payload> promise;
-    int peer = -1;
-    std::string function;
-    uint64_t stream_id = 0;
-    DeadlineTimer::Id timer = 0;
-    absl::Duration timeout;
-    int64_t window_bytes = -1;  // room taken in window_ (-1: none)
-    // The request's Payload::undo_if_undelivered (RRef G8), run if it is known
-    // that the callee never decoded it.
-    std::vector<std::function<void()>> undo;
-    absl::Time deadline = absl::InfiniteFuture();
-    // P8: the request, kept (with options_.restarts.wait) so that it can go
-    // again to the rank's next incarnation if it is known undelivered.
-    std::shared_ptr<const Frame> resend;
-    // CallOptions::idempotent: with `resend`, it also goes again after its
-    // stream ended in silence, although it may have been read.
-    bool idempotent = false;
-    int deliveries = 1;  // sends of the request so far
-    // Metrics (AgentOptions::observability.metrics_address): null when off.
-    obs::RpcMetrics* metrics = nullptr;
-    absl::Time started;
-  };
-  // PendingCall::stream_id of a call waiting to be sent again (P8): no
-  // stream's end concerns it.
-  static constexpr uint64_t kAwaitingRedelivery = ~uint64_t{0};
   // At most this many sends of one request (P8).
   static constexpr int kMaxDeliveries = 4;
 
@@ -330,9 +304,9 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // silent for options_.timeouts.partition_tolerance.
   void SuspectPeer(int peer, const absl::Status& cause);
   void ProbeAgain(int peer, const absl::Status& cause);
-  // Whether pending call `id` may go again after a partition
+  // Whether call `id`, pending on `peer`, may go again after a partition
   // (CallOptions::idempotent, with its request kept).
-  bool Idempotent(uint64_t id) const;
+  bool Idempotent(int peer, uint64_t id) const;
   // Between the probes of a silent peer.
   static constexpr absl::Duration kSilentProbePeriod = absl::Seconds(1);
   // `peer` has `incarnation` (from a request or its registration): if that
@@ -364,11 +338,12 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Waits until `until` for incarnation `dead` + 1 of `peer` to register
   // and follows it; counted in calls_waiting_for_restart. True if it did.
   bool AwaitSuccessor(int peer, int64_t dead, absl::Time until);
-  // P8: queues pending call `id`, known undelivered, to be sent again once
-  // its peer can take it (the incarnation that refused it answers a probe,
-  // or its successor registered). False if it cannot go again (no request
-  // kept, its sends used up, shutting down); the caller then fails it.
-  bool Redeliver(uint64_t id);
+  // P8: queues call `id`, pending on `peer` and known undelivered, to be
+  // sent again once the peer can take it (the incarnation that refused it
+  // answers a probe, or its successor registered). False if it cannot go
+  // again (no request kept, its sends used up, shutting down); the caller
+  // then fails it.
+  bool Redeliver(int peer, uint64_t id);
   // The task that sends `peer`'s queued calls again (one per peer at a time).
   void RedeliverTo(int peer);
   // Whether `peer` can take requests now, waiting for that until `until`
@@ -400,22 +375,17 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // never read by `peer`; `why` and `cause` explain a failure.
   void RedeliverUnread(int peer, const std::vector<std::pair<uint64_t, std::string>>& calls,
                        absl::string_view why, const absl::Status& cause);
-  // Completes and removes pending call `id` (no-op if already gone).
-  // `undelivered`: the callee never decoded the request (RRef G8: its undo runs).
-  // `timed_out`: the caller's deadline passed; the callee may still answer,
-  // and if it answers that it never decoded the request, the undo runs then
-  // (late_undo_).
-  void Complete(uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false,
+  // Completes and removes call `id` pending on `peer` (no-op if already
+  // gone). `undelivered`: the callee never decoded the request (RRef G8:
+  // its undo runs). `timed_out`: the caller's deadline passed; the callee
+  // may still answer, and if it answers that it never decoded the request,
+  // the undo runs then (Peer::TakeLateUndo).
+  void Complete(int peer, uint64_t id, absl::StatusOr<Payload> result, bool undelivered = false,
                 bool timed_out = false);
-  // G8 after a caller's timeout: the undo of timed-out calls, by call id,
-  // until their callee answers (oldest first in late_order_; at most
-  // kMaxLateUndo are kept, the oldest dropped without running).
-  struct LateUndo {
-    std::vector<std::function<void()>> undo;
-  };
-  static constexpr size_t kMaxLateUndo = 4096;
-  absl::flat_hash_map<uint64_t, LateUndo> late_undo_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> late_order_ ABSL_GUARDED_BY(mu_);
+  // Completes `call`, already taken from its peer's table: gives back its
+  // timer and window room, runs its undo if `undelivered`, records it, sets
+  // its future, and counts it out of outgoing_.
+  void Finish(PendingCall call, uint64_t id, absl::StatusOr<Payload> result, bool undelivered);
   std::string CallContextText(int peer, const std::string& function) const;
   int64_t PeerLimit(int peer) const;
   // The names of `peer`'s shared-memory segments start with this.
@@ -500,7 +470,11 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // (taken before mu_, never while holding it).
   absl::Mutex peer_update_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, PendingCall> pending_ ABSL_GUARDED_BY(mu_);
+  // Calls made and not yet finished: in a peer's table (Peer::AddCall), or
+  // taken from it and still in Finish(), which uses the timer and the
+  // window. The drain and Teardown wait for zero, or the agent could be
+  // destroyed under a completion.
+  int64_t outgoing_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ShutdownHook> hooks_ ABSL_GUARDED_BY(mu_);
   std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   int64_t peer_failures_ ABSL_GUARDED_BY(mu_) = 0;
@@ -547,9 +521,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Progress counters of the state report: calls completed each way.
   std::atomic<int64_t> calls_done_out_{0};
   std::atomic<int64_t> calls_done_in_{0};
-  // Complete() calls between leaving pending_ and their last use of the
-  // timer and the window.
-  int64_t completing_ ABSL_GUARDED_BY(mu_) = 0;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool torn_down_ ABSL_GUARDED_BY(mu_) = false;
   // The outcome of Shutdown's first step once EnterShutdown() ran it.

@@ -119,12 +119,78 @@ bool Peer::probing() const {
   return probing_;
 }
 
-bool Peer::QueueRedelivery(uint64_t id) {
+bool Peer::AddCall(uint64_t id, PendingCall& call) {
   absl::MutexLock lock(&mu_);
-  redeliver_.push_back(id);
-  if (redelivering_) return false;  // its task takes it
-  redelivering_ = true;
+  if (calls_closed_) return false;
+  calls_.insert_or_assign(id, std::move(call));
   return true;
+}
+
+std::optional<PendingCall> Peer::TakeCall(uint64_t id, bool keep_undo) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return std::nullopt;
+  std::optional<PendingCall> call(std::move(it->second));
+  calls_.erase(it);
+  if (keep_undo && !call->undo.empty()) {
+    late_undo_[id] = std::move(call->undo);
+    call->undo.clear();
+    late_order_.push_back(id);
+    if (late_order_.size() > kMaxLateUndo) {
+      late_undo_.erase(late_order_.front());
+      late_order_.pop_front();
+    }
+  }
+  return call;
+}
+
+std::vector<std::function<void()>> Peer::TakeLateUndo(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::function<void()>> undo;
+  auto it = late_undo_.find(id);
+  if (it == late_undo_.end()) return undo;
+  undo.swap(it->second);
+  late_undo_.erase(it);
+  // Its place in late_order_ goes when it comes to the front (erasing an
+  // id that is no longer there is harmless).
+  return undo;
+}
+
+std::vector<std::pair<uint64_t, std::string>> Peer::CallsOnStream(uint64_t stream_id) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (const auto& [id, call] : calls_) {
+    if (call.stream_id == stream_id || call.stream_id == 0) out.emplace_back(id, call.function);
+  }
+  return out;
+}
+
+std::vector<std::pair<uint64_t, PendingCall>> Peer::CloseCalls() {
+  absl::MutexLock lock(&mu_);
+  calls_closed_ = true;
+  std::vector<std::pair<uint64_t, PendingCall>> out;
+  out.reserve(calls_.size());
+  for (auto& [id, call] : calls_) out.emplace_back(id, std::move(call));
+  calls_.clear();
+  return out;
+}
+
+size_t Peer::pending_calls() const {
+  absl::MutexLock lock(&mu_);
+  return calls_.size();
+}
+
+Peer::Redelivery Peer::QueueRedelivery(uint64_t id, int max_deliveries) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return Redelivery::kGone;
+  PendingCall& call = it->second;
+  if (call.resend == nullptr || call.deliveries >= max_deliveries) return Redelivery::kRefused;
+  call.stream_id = PendingCall::kAwaitingRedelivery;
+  redeliver_.push_back(id);
+  if (redelivering_) return Redelivery::kQueued;
+  redelivering_ = true;
+  return Redelivery::kStartTask;
 }
 
 std::vector<uint64_t> Peer::TakeRedeliveries() {

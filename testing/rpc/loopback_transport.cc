@@ -284,6 +284,7 @@ void LoopbackNetwork::Submit(Pending p, FrameInfo info) {
         return;
       case Fate::kDeliver:
         if (fate.delay > absl::ZeroDuration()) ++stats_.delayed;
+        if (fate.call_id != 0 && !info.request) p.frame.header.set_id(fate.call_id);
         p.due = absl::Now() + fate.delay;
         Enqueue(std::move(p));
         break;

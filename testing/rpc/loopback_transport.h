@@ -74,11 +74,15 @@ struct Fate {
   enum Action { kDeliver, kDrop, kHold };
   Action action = kDeliver;
   absl::Duration delay = absl::ZeroDuration();  // kDeliver only
+  // kDeliver of a response only, when non-zero: it arrives carrying this
+  // call id instead of its own (a confused or hostile peer's reply).
+  uint64_t call_id = 0;
 
   static Fate Deliver() { return {}; }
   static Fate Delay(absl::Duration d) { return {kDeliver, d}; }
   static Fate Drop() { return {kDrop, absl::ZeroDuration()}; }
   static Fate Hold() { return {kHold, absl::ZeroDuration()}; }
+  static Fate Readdress(uint64_t call_id) { return {kDeliver, absl::ZeroDuration(), call_id}; }
 };
 
 // Decides a frame's fate; called on the sender's thread, without locks held.

@@ -152,6 +152,41 @@ TEST(LoopbackAgents, RepliesDeliveredInReverseOrderReachTheirOwnCalls) {
   EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
+// Each peer's calls are its own (rpc/internal/peer.h): a reply is looked up
+// only among the calls made to the peer whose stream brought it, so a
+// peer that answers with another call's id completes nothing.
+TEST(LoopbackAgents, AReplyCompletesOnlyACallMadeToItsSender) {
+  auto job = LoopbackJob::Start(Options(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::atomic<uint64_t> to_w1{0};
+  (*job)->network().SetRule([&to_w1](const FrameInfo& f) {
+    if (f.function != "echo") return Fate::Deliver();
+    if (f.request && f.to == 1) to_w1 = f.call_id;
+    if (!f.request && f.from == 1) return Fate::Hold();
+    // w2 answers with the id of w0's call to w1.
+    if (!f.request && f.from == 2) return Fate::Readdress(to_w1.load());
+    return Fate::Deliver();
+  });
+  Future<int64_t> one = (*job)->agent(0).rpc_async(1, echo_fn, 1);
+  ASSERT_TRUE(baton::testing::Eventually([&] { return (*job)->network().stats().held == 1; }));
+  CallOptions opts;
+  opts.timeout = absl::Milliseconds(300);
+  Future<int64_t> two = (*job)->agent(0).rpc_async(opts, 2, echo_fn, 2);
+  // The misaddressed reply was delivered, and the call to w1 is untouched.
+  auto r2 = two.result();
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kDeadlineExceeded) << r2.status();
+  ASSERT_TRUE((*job)->network().WaitIdle(absl::Seconds(5)));
+  EXPECT_FALSE(one.ready());
+  EXPECT_EQ((*job)->agent(0).stats().pending_outgoing, 1);
+  // Its own reply completes it, with its own value.
+  EXPECT_EQ((*job)->network().ReleaseHeld(/*reverse=*/false), 1u);
+  auto r1 = one.result();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(*r1, 1);
+  (*job)->network().SetRule(nullptr);
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
+}
+
 TEST(LoopbackAgents, KilledWorkerFailsPendingCallsWithUnavailableNamingIt) {
   auto job = LoopbackJob::Start(Options(3));
   ASSERT_TRUE(job.ok()) << job.status();

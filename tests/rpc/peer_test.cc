@@ -4,8 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "rpc/internal/wire.h"
 
 namespace baton::rpc::internal {
 namespace {
@@ -80,34 +89,143 @@ TEST(Peer, SilenceIsCountedFromTheFirstUnansweredProbeUntilAnAnswer) {
   EXPECT_EQ(p.EndProbe(silence, t0 + absl::Seconds(5)), t0 + absl::Seconds(5));
 }
 
+// A pending call to `p` whose request is kept (it may go again, P8).
+void AddResendable(Peer& p, uint64_t id) {
+  PendingCall call;
+  call.function = absl::StrCat("f", id);
+  call.resend = std::make_shared<const Frame>();
+  ASSERT_TRUE(p.AddCall(id, call));
+}
+
 TEST(Peer, P8_QueuedCallsAreSentByOneTaskAtATime) {
   Peer p;
   p.Reset(1);
-  EXPECT_TRUE(p.QueueRedelivery(10));   // start a task
-  EXPECT_FALSE(p.QueueRedelivery(11));  // the running task takes it
+  for (uint64_t id = 10; id <= 14; ++id) AddResendable(p, id);
+  using R = Peer::Redelivery;
+  EXPECT_EQ(p.QueueRedelivery(10, 4), R::kStartTask);
+  EXPECT_EQ(p.QueueRedelivery(11, 4), R::kQueued);  // the running task takes it
   EXPECT_EQ(p.TakeRedeliveries(), (std::vector<uint64_t>{10, 11}));
-  EXPECT_FALSE(p.QueueRedelivery(12));  // still running until it finds none
+  EXPECT_EQ(p.QueueRedelivery(12, 4), R::kQueued);  // still running until it finds none
   EXPECT_EQ(p.TakeRedeliveries(), (std::vector<uint64_t>{12}));
-  EXPECT_TRUE(p.TakeRedeliveries().empty());  // the task ends
-  EXPECT_TRUE(p.QueueRedelivery(13));         // so the next starts another
+  EXPECT_TRUE(p.TakeRedeliveries().empty());           // the task ends
+  EXPECT_EQ(p.QueueRedelivery(13, 4), R::kStartTask);  // so the next starts another
   EXPECT_EQ(p.DropRedeliveries(), (std::vector<uint64_t>{13}));
-  EXPECT_TRUE(p.QueueRedelivery(14));
+  EXPECT_EQ(p.QueueRedelivery(14, 4), R::kStartTask);
 }
 
-TEST(Peer, ResetForgetsWhatWasKnown) {
+TEST(Peer, P8_OnlyAPendingCallWithItsRequestKeptAndSendsLeftGoesAgain) {
+  Peer p;
+  p.Reset(1);
+  using R = Peer::Redelivery;
+  EXPECT_EQ(p.QueueRedelivery(1, 4), R::kGone);  // completed meanwhile
+  PendingCall kept_none;
+  ASSERT_TRUE(p.AddCall(2, kept_none));
+  EXPECT_EQ(p.QueueRedelivery(2, 4), R::kRefused);  // no request kept
+  AddResendable(p, 3);
+  ASSERT_TRUE(p.WithCall(3, [](PendingCall& c) { c.deliveries = 4; }));
+  EXPECT_EQ(p.QueueRedelivery(3, 4), R::kRefused);  // its sends used up
+  EXPECT_TRUE(p.TakeRedeliveries().empty());        // none of them was queued
+  AddResendable(p, 4);
+  ASSERT_TRUE(p.WithCall(4, [](PendingCall& c) { c.stream_id = 7; }));
+  EXPECT_EQ(p.QueueRedelivery(4, 4), R::kStartTask);
+  // Queued, it awaits redelivery: the end of the stream it left on no
+  // longer concerns it (calls 2 and 3, never sent, may be on any stream).
+  for (const auto& [id, function] : p.CallsOnStream(7)) EXPECT_NE(id, 4u) << function;
+  EXPECT_EQ(p.CallsOnStream(7).size(), 2u);
+}
+
+TEST(Peer, ACallIsTakenOnceAndItsStreamsEndConcernsIt) {
+  Peer p;
+  p.Reset(1);
+  PendingCall a;
+  a.function = "a";
+  a.stream_id = 5;
+  PendingCall b;
+  b.function = "b";  // sent, its stream not recorded yet
+  PendingCall c;
+  c.function = "c";
+  c.stream_id = 6;
+  ASSERT_TRUE(p.AddCall(1, a));
+  ASSERT_TRUE(p.AddCall(2, b));
+  ASSERT_TRUE(p.AddCall(3, c));
+  EXPECT_EQ(p.pending_calls(), 3u);
+  auto on5 = p.CallsOnStream(5);
+  std::sort(on5.begin(), on5.end());
+  EXPECT_EQ(on5, (std::vector<std::pair<uint64_t, std::string>>{{1, "a"}, {2, "b"}}));
+  std::optional<PendingCall> taken = p.TakeCall(1);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->function, "a");
+  EXPECT_FALSE(p.TakeCall(1).has_value());  // a reply and a timeout: one wins
+  EXPECT_FALSE(p.WithCall(1, [](PendingCall&) { ADD_FAILURE() << "ran on a taken call"; }));
+  EXPECT_EQ(p.pending_calls(), 2u);
+}
+
+TEST(Peer, AClosedTableRefusesCallsAndGivesBackThosePending) {
+  Peer p;
+  p.Reset(1);
+  PendingCall a;
+  a.function = "a";
+  ASSERT_TRUE(p.AddCall(1, a));
+  const auto closed = p.CloseCalls();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].first, 1u);
+  EXPECT_EQ(closed[0].second.function, "a");
+  EXPECT_EQ(p.pending_calls(), 0u);
+  PendingCall late;
+  late.function = "late";
+  EXPECT_FALSE(p.AddCall(2, late));
+  EXPECT_EQ(late.function, "late");  // refused, left as it was
+  EXPECT_EQ(p.pending_calls(), 0u);
+}
+
+TEST(Peer, G8_ATimedOutCallsUndoIsKeptForALateAnswerAndBounded) {
+  Peer p;
+  p.Reset(1);
+  int undone = 0;
+  PendingCall a;
+  a.undo.push_back([&undone] { ++undone; });
+  ASSERT_TRUE(p.AddCall(1, a));
+  std::optional<PendingCall> taken = p.TakeCall(1, /*keep_undo=*/true);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_TRUE(taken->undo.empty());  // kept, not the taker's to run
+  auto undo = p.TakeLateUndo(1);
+  ASSERT_EQ(undo.size(), 1u);
+  undo[0]();
+  EXPECT_EQ(undone, 1);
+  EXPECT_TRUE(p.TakeLateUndo(1).empty());  // once
+
+  // Only the newest kMaxLateUndo are kept.
+  const uint64_t n = Peer::kMaxLateUndo + 1;
+  for (uint64_t id = 100; id < 100 + n; ++id) {
+    PendingCall c;
+    c.undo.push_back([] {});
+    ASSERT_TRUE(p.AddCall(id, c));
+    ASSERT_TRUE(p.TakeCall(id, /*keep_undo=*/true).has_value());
+  }
+  EXPECT_TRUE(p.TakeLateUndo(100).empty());  // the oldest was dropped
+  EXPECT_EQ(p.TakeLateUndo(101).size(), 1u);
+  EXPECT_EQ(p.TakeLateUndo(100 + n - 1).size(), 1u);
+}
+
+TEST(Peer, ResetForgetsWhatWasKnownButNotTheCallsInFlight) {
   Peer p;
   p.Reset(2);
   p.SetIdentity("key", 2);
   ASSERT_TRUE(p.MarkDead(2));
-  ASSERT_TRUE(p.QueueRedelivery(1));
+  AddResendable(p, 1);
+  ASSERT_EQ(p.QueueRedelivery(1, 4), Peer::Redelivery::kStartTask);
   ASSERT_TRUE(p.BeginRefresh(absl::Now()));
   p.Reset(5);
   EXPECT_EQ(p.incarnations().latest, 5);
   EXPECT_EQ(p.incarnations().dead, 0);
   EXPECT_EQ(p.incarnations().address, 5);
   EXPECT_EQ(p.KeyOf(2), "");
-  EXPECT_TRUE(p.QueueRedelivery(2));
+  EXPECT_TRUE(p.TakeRedeliveries().empty());
   EXPECT_TRUE(p.BeginRefresh(absl::Now()));
+  // The call still awaits its reply (or its failure): it is the agent's
+  // to complete, whatever is learned of the rank.
+  EXPECT_EQ(p.pending_calls(), 1u);
+  EXPECT_EQ(p.QueueRedelivery(1, 4), Peer::Redelivery::kStartTask);
 }
 
 TEST(Peer, AnIdentityKeyIsTheOneOfItsIncarnationOnly) {
