@@ -1,8 +1,10 @@
 // Bootstrap of the RPC agent: reading the options from the environment,
 // connecting to the store, agreeing on the token, claiming the rank,
 // publishing and reading the workers' registrations (proto::WorkerRecord),
-// the shared-memory probe and links, and the init barrier. The agent's
-// calls and replies are in agent.cc.
+// the shared-memory probe and links, and the init barrier. The store's keys
+// and what each means are the Rendezvous' (rpc/internal/rendezvous.h); what
+// they say is applied to the agent here. The agent's calls and replies are
+// in agent.cc.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -26,6 +28,7 @@
 #include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/agent_impl.h"
 #include "rpc/internal/job_store.h"
+#include "rpc/internal/rendezvous.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
 #include "store/store_client.h"
@@ -61,12 +64,6 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
     return absl::UnavailableError(absl::StrCat("no local address routes to ", host));
   }
   return out;
-}
-
-// Where a worker publishes the same-host links it created
-// (proto::SameHostLinks).
-std::string LinksKey(const std::string& ns, int rank) {
-  return absl::StrCat(ns, "shm_links/", rank);
 }
 
 }  // namespace
@@ -199,7 +196,8 @@ absl::StatusOr<AgentOptions> AgentOptions::FromEnv(const std::string& name_prefi
 
 namespace internal {
 
-// store_, store_server_, token_, token_file_ and tls_ (rpc/internal/job_store.h).
+// store_, store_server_, token_, token_file_ and tls_ (rpc/internal/job_store.h);
+// rendezvous_, the store's keys (rpc/internal/rendezvous.h).
 absl::Status AgentImpl::ConnectStore() {
   ASSIGN_OR_RETURN(JobStore job, JobStore::Connect(options_));
   store_ = std::move(job.store);
@@ -207,18 +205,14 @@ absl::Status AgentImpl::ConnectStore() {
   token_ = std::move(job.token);
   token_file_ = std::move(job.token_file);
   tls_ = std::move(job.tls);
+  rendezvous_ = std::make_shared<internal::Rendezvous>(store_, options_);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> AgentImpl::AgreeOnToken() {
   if (!token_.empty()) return token_;
   // An injected in-process store: rank 0 creates the token there.
-  const std::string key = ns_ + "job_token";
-  if (options_.rank == 0) {
-    ASSIGN_OR_RETURN(auto v, store_->CompareSet(key, "", RandomHex(16)));
-    return v;
-  }
-  return store_->Get(key, options_.timeouts.init);
+  return rendezvous_->AgreeOnToken();
 }
 
 absl::Status AgentImpl::Step(RendezvousStep step) {
@@ -245,8 +239,7 @@ absl::Status AgentImpl::Rendezvous() {
   RETURN_IF_ERROR(ReadRegistrations(reg));
   RETURN_IF_ERROR(ConnectPeers(reg));
   RETURN_IF_ERROR(Step(RendezvousStep::kBeforeInitBarrier));
-  RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/probed", rank_, options_.world_size,
-                                 options_.timeouts.init));
+  RETURN_IF_ERROR(rendezvous_->ProbedBarrier());
   RETURN_IF_ERROR(Step(RendezvousStep::kAfterInitBarrier));
   auto superseded = FollowSuccessors(reg);
   if (!superseded.ok()) return superseded.status();
@@ -257,17 +250,12 @@ absl::Status AgentImpl::Rendezvous() {
   // only once all did. That last word needs no answer: once the barrier
   // passed the job is formed, and the host may be gone before it replies.
   // A rank that rejoins finds every key of the round already there.
-  RETURN_IF_ERROR(store::Barrier(*store_, ns_ + "init/done", rank_, options_.world_size,
-                                 options_.timeouts.init));
+  RETURN_IF_ERROR(rendezvous_->DoneBarrier());
   if (store_server_ != nullptr) {
-    std::vector<std::string> passed;
-    for (int r = 0; r < options_.world_size; ++r) {
-      if (r != rank_) passed.push_back(absl::StrCat(ns_, "init/passed/", r));
-    }
     // Bounded: a rank that died right after the barrier never says so.
-    (void)store_->Wait(passed, options_.timeouts.init);
+    (void)rendezvous_->AwaitOthersPassed();
   } else {
-    (void)store_->Set(absl::StrCat(ns_, "init/passed/", rank_), "1");
+    (void)rendezvous_->SayPassed();
   }
   if (shm_ != nullptr) shm_->RemoveProbe();
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
@@ -317,38 +305,20 @@ absl::Status AgentImpl::PrepareRuntime() {
   return absl::OkStatus();
 }
 
-// ns_ (this round's key prefix), incarnation_, store_instance_.
+// ns_ (this round's key prefix), rejoin_, incarnation_, store_instance_
+// (Rendezvous::TakeRound: a new round for each init, or the predecessor's
+// for a rejoining incarnation, P5).
 absl::Status AgentImpl::TakeRound() {
-  // Each init of a rank against a store is a new round with fresh keys, so
-  // repeated init/shutdown in one job never sees stale registrations. A
-  // rejoining incarnation takes the round its predecessor was in.
   rejoin_ = options_.restarts.rejoin;
-  RETURN_IF_ERROR(CheckGroupKind(*store_, /*dynamic=*/false));  // M4
-  const std::string round_key = absl::StrCat("baton/init_round/", rank_);
-  auto round = store_->Add(round_key, rejoin_ ? 0 : 1);
+  absl::StatusOr<internal::Rendezvous::Round> round = rendezvous_->TakeRound(rejoin_);
+  ns_ = rendezvous_->ns();  // set once the round is, also if what follows failed
   if (!round.ok()) return round.status();
-  if (*round == 0) {
-    // P5: the predecessor died before it took a round, so this rank never
-    // joined; the others still wait for its first start.
-    rejoin_ = false;
-    round = store_->Add(round_key, 1);
-    if (!round.ok()) return round.status();
-  }
-  ns_ = absl::StrCat("baton/r", *round, "/");
-  // 1 for the first start in this round, one more for each rejoin.
-  ASSIGN_OR_RETURN(auto incarnation, store_->Add(absl::StrCat(ns_, "incarnation/", rank_), 1));
-  incarnation_ = incarnation;
+  rejoin_ = round->rejoin;
+  incarnation_ = round->incarnation;
   RETURN_IF_ERROR(Step(RendezvousStep::kRoundTaken));
 
   // Which store instance this round uses (see Teardown).
-  if (options_.rank == 0) {
-    store_instance_ = RandomHex(8);
-    RETURN_IF_ERROR(store_->Set(ns_ + "store_instance", store_instance_));
-  } else if (!ExternalStore()) {
-    auto v = store_->Get(ns_ + "store_instance", options_.timeouts.init);
-    if (!v.ok()) return v.status();
-    store_instance_ = *v;
-  }
+  ASSIGN_OR_RETURN(store_instance_, rendezvous_->ShareStoreInstance(ExternalStore()));
   return absl::OkStatus();
 }
 
@@ -386,18 +356,7 @@ absl::Status AgentImpl::StartNetworkTransport(const std::string& token) {
 
 // The rank is this process's, or ALREADY_EXISTS names it.
 absl::Status AgentImpl::ClaimRank() {
-  const std::string nonce = RandomHex(8);
-  const std::string claim_key = absl::StrCat(ns_, "rank_claim/", rank_);
-  if (rejoin_) {
-    // The predecessor holds the claim; the restarted incarnation takes it.
-    RETURN_IF_ERROR(store_->Set(claim_key, nonce));
-  }
-  ASSIGN_OR_RETURN(auto claim, store_->CompareSet(claim_key, "", nonce));
-  if (claim != nonce) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("rank ", rank_, " is already taken by another process in this job"));
-  }
-  rank_claim_ = nonce;
+  ASSIGN_OR_RETURN(rank_claim_, rendezvous_->ClaimRank(rejoin_));
   return absl::OkStatus();
 }
 
@@ -448,36 +407,23 @@ absl::Status AgentImpl::Register(Registration& reg) {
   mine.set_cuda_ipc(cuda_channel_ != nullptr);
   for (const std::string& f : options_.front_ends) mine.add_front_ends(f);
   mine.set_bulk_address(transport_->bulk_address());
-  RETURN_IF_ERROR(store_->Set(absl::StrCat(ns_, "worker/", rank_), mine.SerializeAsString()));
-  // P7: callers waiting for this incarnation of the rank wait on this key.
-  RETURN_IF_ERROR(store_->Set(absl::StrCat(ns_, "registered/", rank_, "/", incarnation_), "1"));
+  // P7: callers waiting for this incarnation of the rank wait on its mark.
+  RETURN_IF_ERROR(rendezvous_->Publish(mine));
   RETURN_IF_ERROR(Step(RendezvousStep::kRegistered));
-  if (rejoin_) {
-    // P5: higher ranks that read the predecessor's registration during
-    // start-up wait for the same-host links it would have created; this
-    // incarnation sets none up, so it says "none" where the predecessor
-    // said nothing (a link it did publish closes when they see it died).
-    RETURN_IF_ERROR(store_->CompareSet(LinksKey(ns_, rank_), "", "-").status());
-  }
+  // P5: a rejoining incarnation sets up no same-host links, and says so for
+  // the higher ranks that wait for its predecessor's.
+  if (rejoin_) RETURN_IF_ERROR(rendezvous_->PublishNoLinks());
   return absl::OkStatus();
 }
 
 // Waits for every rank's record (reg.records), then fills workers_,
 // peer_limits_, by_name_, the device maps, the call windows and peers_.
 absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
-  std::vector<std::string>& keys = reg.keys;
-  std::vector<proto::WorkerRecord>& records = reg.records;
-  for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(ns_, "worker/", r));
-  auto values = store_->MultiGet(keys, options_.timeouts.init);
-  if (!values.ok()) return Annotate(values.status(), "waiting for every worker to register");
+  ASSIGN_OR_RETURN(reg.records, rendezvous_->ReadRecords());
+  const std::vector<proto::WorkerRecord>& records = reg.records;
   workers_.resize(options_.world_size);
   peer_limits_.resize(options_.world_size);
-  records.assign(options_.world_size, proto::WorkerRecord());
   for (int r = 0; r < options_.world_size; ++r) {
-    if (!records[r].ParseFromString((*values)[r]) || records[r].name().empty() ||
-        records[r].address().empty()) {
-      return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
-    }
     peer_limits_[r] = records[r].max_message_bytes();
     workers_[r] = WorkerInfo{records[r].name(),
                              r,
@@ -540,9 +486,7 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
         r, transport_.get(), shm_transport_.get(), shm_.get(),
         usable_toward ? ShmChannel::ObjectPrefix(records[r].pid()) : std::string()));
   }
-  if (shm_ != nullptr) {
-    (void)store_->Set(absl::StrCat(ns_, "shm_probe/", rank_, "/", usable), "1");
-  }
+  if (shm_ != nullptr) (void)rendezvous_->PublishProbesOpened(usable);
   // Same-host links: one record per worker, one read of the lower ranks'.
   // Every worker of a host counts the same peers there (they read the same
   // records), so all of them, or none, link (shm_link_peers_max).
@@ -567,33 +511,18 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
     }
     // Published even when this worker links none (a host over the limit):
     // a peer that counted otherwise (its options differ) waits for it.
-    if (any_higher) {
-      RETURN_IF_ERROR(store_->Set(LinksKey(ns_, rank_),
-                                  created.links().empty() ? "-" : created.SerializeAsString()));
-    }
+    if (any_higher) RETURN_IF_ERROR(rendezvous_->PublishLinks(created));
     std::vector<int> lower;
-    std::vector<std::string> keys;
     for (int r = 0; r < rank_ && link; ++r) {
-      if (!same_host(r)) continue;
-      lower.push_back(r);
-      keys.push_back(LinksKey(ns_, r));
+      if (same_host(r)) lower.push_back(r);
     }
-    if (!keys.empty()) {
-      auto values = store_->MultiGet(keys, options_.timeouts.init);
-      if (!values.ok()) return Annotate(values.status(), "waiting for the shared-memory links");
-      for (size_t i = 0; i < lower.size(); ++i) {
-        proto::SameHostLinks theirs;
-        if ((*values)[i] == "-") continue;
-        if (!theirs.ParseFromString((*values)[i])) {
-          return absl::DataLossError(
-              absl::StrCat("malformed shared-memory link record of rank ", lower[i]));
-        }
-        auto it = theirs.links().find(rank_);
-        if (it == theirs.links().end()) continue;
-        const int r = lower[i];
-        (void)shm_transport_->OpenLink(r, it->second, records[r].shm_hub(),
-                                       static_cast<pid_t>(records[r].pid()));
-      }
+    ASSIGN_OR_RETURN(std::vector<proto::SameHostLinks> links, rendezvous_->ReadLinks(lower));
+    for (size_t i = 0; i < lower.size(); ++i) {
+      auto it = links[i].links().find(rank_);
+      if (it == links[i].links().end()) continue;  // none toward this rank ("-": none at all)
+      const int r = lower[i];
+      (void)shm_transport_->OpenLink(r, it->second, records[r].shm_hub(),
+                                     static_cast<pid_t>(records[r].pid()));
     }
   }
   return absl::OkStatus();
@@ -604,17 +533,9 @@ absl::Status AgentImpl::ConnectPeers(const Registration& reg) {
 // successor (its address, its incarnation, no link or probe of ours).
 // Returns the ranks superseded so.
 absl::StatusOr<std::vector<int>> AgentImpl::FollowSuccessors(const Registration& reg) {
-  const std::vector<proto::WorkerRecord>& records = reg.records;
-  const std::vector<std::string>& keys = reg.keys;
   std::vector<int> superseded;
-  ASSIGN_OR_RETURN(auto values, store_->MultiGet(keys, options_.timeouts.init));
-  for (int r = 0; r < options_.world_size; ++r) {
-    if (r == rank_) continue;
-    proto::WorkerRecord now;
-    if (!now.ParseFromString((values)[r]) || now.address().empty()) {
-      return absl::DataLossError(absl::StrCat("malformed registration of rank ", r));
-    }
-    if (now.incarnation() <= records[r].incarnation()) continue;
+  ASSIGN_OR_RETURN(auto successors, rendezvous_->ReadSuccessors(reg.records));
+  for (const auto& [r, now] : successors) {
     superseded.push_back(r);
     workers_[r].address = now.address();
     peers_[r]->Reset(now.incarnation());

@@ -95,9 +95,9 @@ absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
 // Adds AgentOptions::devices.maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 
-// M4: claims the store for a fixed or a dynamic group (membership.cc);
-// FAILED_PRECONDITION, in torch's words, if it holds the other kind.
-absl::Status CheckGroupKind(store::Store& store, bool dynamic);
+// The store-key protocol of the rendezvous and of a dynamic group's join
+// and leave (rpc/internal/rendezvous.h).
+class Rendezvous;
 
 class ShmChannel;
 class ShmTransport;
@@ -203,11 +203,11 @@ class AgentImpl final : public Runtime, private TransportHandler {
   static constexpr int kMaxDeliveries = 4;
 
   // The rendezvous' steps, in order (bootstrap.cc says what each leaves).
+  // The store's keys are rendezvous_'s; these methods apply what it reads.
   struct Registration {
     std::string probe_name;   // this process's bulk-channel probe, or ""
     std::string probe_token;  // what opening the probe must find
     proto::WorkerRecord mine;
-    std::vector<std::string> keys;             // each rank's record key
     std::vector<proto::WorkerRecord> records;  // as read before the barrier
   };
   absl::Status PrepareRuntime();
@@ -260,8 +260,6 @@ class AgentImpl final : public Runtime, private TransportHandler {
   void ReleaseMembership(absl::Duration timeout);
   // The store's host: waits, at most `timeout`, until no member is left.
   absl::Status AwaitMembersGone(absl::Duration timeout);
-  // The store keys of the group (one namespace for the store's life).
-  static constexpr char kGroupNamespace[] = "baton/group/";
   // Runs the rendezvous observer (AgentCollaborators) at `step`.
   absl::Status Step(RendezvousStep step);
 
@@ -441,6 +439,11 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Set once this worker's leave began: join notices are refused from then
   // on, so nobody joins a member that is going (M3).
   std::atomic<bool> leaving_{false};
+  // The store's keys of the rendezvous and the group (rendezvous.h): made
+  // with the store in ConnectStore, its round taken in TakeRound or
+  // TakeGroupRound; null before. Shared so that this header needs only its
+  // declaration.
+  std::shared_ptr<internal::Rendezvous> rendezvous_;
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
   // AgentOptions::observability.metrics_address: the registry (set in Create, before any
