@@ -17,7 +17,6 @@
 #include "rpc/internal/wire.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
-#include "store/store_client.h"
 #include "store/store_server.h"
 
 namespace baton::rpc {
@@ -527,7 +526,6 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     if (absl::IsUnavailable(entered)) graceful = false;
   }
   if (graceful) {
-    const int world = options_.world_size;
     std::vector<ShutdownHook> hooks;
     {
       absl::MutexLock lock(&mu_);
@@ -554,7 +552,7 @@ absl::Status AgentImpl::Shutdown(bool graceful) {
     // 3. Everyone is drained; nobody will call anyone again. (A dynamic
     // group's members stopped calling this one: nobody waits for the rest.)
     if (!options_.dynamic_group) {
-      note(store::Barrier(*store_, ns_ + "shutdown/drained", rank_, world, deadline - absl::Now()));
+      note(rendezvous_->DrainedBarrier(deadline - absl::Now()));
     }
   }
   {
@@ -642,44 +640,25 @@ absl::Status AgentImpl::Teardown(bool cancel_streams, absl::Time deadline) {
   if (timer_) timer_->Stop();
   if (shm_) shm_->Close();
   if (options_.dynamic_group) ReleaseMembership(left());
-  if (store_server_ != nullptr && store_ != nullptr) {
+  if (store_server_ != nullptr && rendezvous_ != nullptr) {
     // Rank 0 hosts the store: keep it until every worker has left its
     // shutdown barrier (a dynamic group: the group), so nobody loses the
     // store mid-wait.
-    (void)store_->Set(absl::StrCat(ns_, "shutdown/left/", rank_), "1");
+    rendezvous_->SayLeft(std::min(absl::Seconds(5), left()));
     if (options_.dynamic_group) {
       (void)AwaitMembersGone(left());
     } else {
-      std::vector<std::string> keys;
-      for (int r = 0; r < options_.world_size; ++r) {
-        keys.push_back(absl::StrCat(ns_, "shutdown/left/", r));
-      }
-      (void)store_->Wait(keys, std::min(absl::Seconds(5), left()));
+      rendezvous_->AwaitAllLeft(std::min(absl::Seconds(5), left()));
     }
     store_server_->Shutdown(absl::Milliseconds(200));
     if (!token_file_.empty()) ::unlink(token_file_.c_str());
-  } else if (store_ != nullptr && !ns_.empty() && !options_.dynamic_group) {
-    auto* client = dynamic_cast<store::StoreClient*>(store_.get());
-    const std::string left_key = absl::StrCat(ns_, "shutdown/left/", rank_);
-    if (client != nullptr) {
-      // Rank 0 may have stopped its store already (it waits a bounded time
-      // for the others, and a worker whose init failed comes late): never
-      // wait here for a store that is gone.
-      (void)client->TrySet(left_key, "1", std::min(absl::Seconds(5), left()));
-    } else {
-      (void)store_->Set(left_key, "1");
-    }
+  } else if (rendezvous_ != nullptr && !ns_.empty() && !options_.dynamic_group) {
+    rendezvous_->SayLeft(std::min(absl::Seconds(5), left()));
     // Rank 0 stops its store once every rank has left. Wait (bounded) until
     // it is gone, so that an immediate init in this process cannot reach the
     // old store and register into a finished round.
-    if (client != nullptr && options_.store == nullptr && !store_instance_.empty()) {
-      const absl::Time until = absl::Now() + std::min(absl::Seconds(5), left());
-      const std::string key = ns_ + "store_instance";
-      while (absl::Now() < until) {
-        auto v = client->TryGet(key, absl::Milliseconds(200));
-        if (!v.ok() || *v != store_instance_) break;  // gone, or a new store
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+    if (options_.store == nullptr) {
+      rendezvous_->AwaitStoreGone(store_instance_, std::min(absl::Seconds(5), left()));
     }
   }
   return first;

@@ -28,7 +28,6 @@
 #include "rpc/channel/shm/shm_channel.h"
 #include "rpc/internal/agent_impl.h"
 #include "rpc/internal/job_store.h"
-#include "rpc/internal/rendezvous.h"
 #include "rpc/transport/grpc/grpc_transport.h"
 #include "rpc/transport/shm/shm_transport.h"
 #include "store/store_client.h"
@@ -205,7 +204,7 @@ absl::Status AgentImpl::ConnectStore() {
   token_ = std::move(job.token);
   token_file_ = std::move(job.token_file);
   tls_ = std::move(job.tls);
-  rendezvous_ = std::make_shared<internal::Rendezvous>(store_, options_);
+  rendezvous_ = std::make_unique<internal::Rendezvous>(store_, options_);
   return absl::OkStatus();
 }
 

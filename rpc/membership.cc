@@ -26,7 +26,6 @@
 #include "base/status.h"
 #include "base/status_macros.h"
 #include "rpc/internal/agent_impl.h"
-#include "rpc/internal/rendezvous.h"
 
 namespace baton::rpc::internal {
 namespace {

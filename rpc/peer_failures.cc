@@ -17,7 +17,6 @@
 #include "rpc/internal/agent_impl.h"
 #include "rpc/transport/shm/shm_transport.h"
 #include "store/store.h"
-#include "store/store_client.h"
 
 namespace baton::rpc::internal {
 
@@ -167,11 +166,10 @@ bool AgentImpl::LoadPeerRecord(int peer, absl::Duration timeout) {
   // cut off) is no news, which the callers ask again later; StoreClient's
   // Get would repeat for its whole call_timeout (the partition tolerance),
   // holding an executor thread that the agent's shutdown then waits for.
-  const std::string key = absl::StrCat(ns_, "worker/", peer);
-  auto* client = dynamic_cast<store::StoreClient*>(store_.get());
-  auto v = client != nullptr ? client->TryGet(key, timeout) : store_->Get(key, timeout);
-  proto::WorkerRecord record;
-  const bool parsed = v.ok() && record.ParseFromString(*v) && !record.address().empty();
+  absl::StatusOr<proto::WorkerRecord> read =
+      rendezvous_->ReadRecordNow(peer, timeout, /*fail_fast=*/true);
+  const bool parsed = read.ok() && !read->address().empty();
+  const proto::WorkerRecord record = parsed ? *std::move(read) : proto::WorkerRecord();
   // The transport gets the new address before address_incarnation says so:
   // a concurrent reader that sees the newer incarnation recorded then knows
   // its calls go there (P6). One update at a time, so an older record read
@@ -220,17 +218,17 @@ bool AgentImpl::AwaitSuccessor(int peer, int64_t dead, absl::Time until) {
     if (!running_) return false;
     ++waiting_for_restart_;
   }
-  // Every incarnation announces itself under its own key at registration
-  // (bootstrap.cc), so the wait is for that key, not a poll.
-  // In slices of at most a second, so that a shutdown is not held up.
+  // Every incarnation announces itself at registration, so the wait is for
+  // that (Rendezvous::AwaitRegistered), not a poll. In slices of at most a
+  // second, so that a shutdown is not held up.
   bool followed = false;
   {
     Executor::BlockingScope blocking;  // a pool thread lends its place (E2)
-    const std::string key = absl::StrCat(ns_, "registered/", peer, "/", dead + 1);
     for (;;) {
       const absl::Duration left = until - absl::Now();
       if (left <= absl::ZeroDuration() || !running()) break;
-      const absl::Status s = store_->Wait({key}, std::min(left, absl::Seconds(1)));
+      const absl::Status s =
+          rendezvous_->AwaitRegistered(peer, dead + 1, std::min(left, absl::Seconds(1)));
       if (s.ok()) {
         (void)LoadPeerRecord(peer, std::max(absl::Milliseconds(1), until - absl::Now()));
         followed = true;
@@ -397,8 +395,11 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
       probe = ping.Wait(o.timeout + absl::Seconds(1));
       if (probe.ok()) return absl::OkStatus();
       if (!IsSilence(probe) || absl::Now() >= until || !running()) break;
-      // A probe that failed at once (the link is down) waits for its turn.
-      absl::SleepFor(std::min(until, sent + kSilentProbePeriod) - absl::Now());
+      // A probe that failed at once (the link is down) waits for its turn,
+      // or until the agent stops.
+      absl::MutexLock lock(&mu_);
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
+      mu_.AwaitWithDeadline(absl::Condition(&stopped), std::min(until, sent + kSilentProbePeriod));
     }
     if (IsSilence(probe) && options_.restarts.wait <= absl::ZeroDuration()) {
       return absl::UnavailableError(absl::StrCat(
@@ -457,9 +458,8 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
 absl::Status AgentImpl::AwaitPeersAtShutdown() {
   // A dynamic group's members leave one by one (M3): nobody waits for them.
   if (options_.dynamic_group) return absl::OkStatus();
-  const std::string barrier = ns_ + "shutdown/enter";
   if (options_.timeouts.shutdown_wait_for_peers == absl::ZeroDuration()) {
-    return store::Barrier(*store_, barrier, rank_, options_.world_size, options_.timeouts.shutdown);
+    return rendezvous_->EnterShutdownBarrier(options_.timeouts.shutdown);
   }
   const absl::Time end =
       absl::Now() + options_.timeouts.shutdown_wait_for_peers;  // may be infinite
@@ -470,16 +470,12 @@ absl::Status AgentImpl::AwaitPeersAtShutdown() {
   absl::Time next_ping = absl::Now() + absl::Seconds(2);
   for (;;) {
     const absl::Time slice_end = std::min(end, absl::Now() + absl::Seconds(1));
-    absl::Status s =
-        store::Barrier(*store_, barrier, rank_, options_.world_size, slice_end - absl::Now());
+    absl::Status s = rendezvous_->EnterShutdownBarrier(slice_end - absl::Now());
     if (!absl::IsDeadlineExceeded(s) || absl::Now() >= end) return s;
     if (absl::Now() < next_ping) continue;
     next_ping = absl::Now() + absl::Seconds(3);
     for (int p = 0; p < options_.world_size; ++p) {
-      if (p == rank_ ||
-          store_->Get(absl::StrCat(barrier, "/arrived/", p), absl::ZeroDuration()).ok()) {
-        continue;
-      }
+      if (p == rank_ || rendezvous_->ArrivedAtShutdown(p)) continue;
       // One reading of both: a death noted between two reads would be
       // taken for the successor's.
       const Peer* peer = PeerAt(p);

@@ -131,16 +131,16 @@ void AgentImpl::AuthenticateStream(absl::string_view identity,
   // The registration says which key that incarnation holds.
   auto check = [this, c = *std::move(claim), done]() {
     const Claim& claim = c;
-    absl::StatusOr<std::string> v;
+    absl::StatusOr<proto::WorkerRecord> read;
     {
       Executor::BlockingScope blocking;  // a store read (E2)
-      v = store_->Get(absl::StrCat(ns_, "worker/", claim.rank), absl::Seconds(2));
+      read = rendezvous_->ReadRecordNow(claim.rank, absl::Seconds(2), /*fail_fast=*/false);
     }
-    proto::WorkerRecord record;
-    if (!v.ok() || !record.ParseFromString(*v)) {
-      done(absl::UnavailableError(absl::StrCat(
-          "worker '", options_.name, "' could not read the registration of worker id ", claim.rank,
-          " to check its stream: ", v.ok() ? "malformed registration" : v.status().ToString())));
+    const proto::WorkerRecord record = read.ok() ? *read : proto::WorkerRecord();
+    if (!read.ok()) {
+      done(absl::UnavailableError(
+          absl::StrCat("worker '", options_.name, "' could not read the registration of worker id ",
+                       claim.rank, " to check its stream: ", read.status().ToString())));
     } else if (record.incarnation() > claim.incarnation) {
       done(absl::UnavailableError(
           absl::StrCat("worker '", options_.name, "' refuses a stream from incarnation ",

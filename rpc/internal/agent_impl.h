@@ -61,6 +61,7 @@
 #include "rpc/internal/flow_control.h"
 #include "rpc/internal/peer.h"
 #include "rpc/internal/peer_path.h"
+#include "rpc/internal/rendezvous.h"
 #include "rpc/runtime.h"
 #include "rpc/transport.h"
 
@@ -94,10 +95,6 @@ int LocalCudaDevices();
 absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
 // Adds AgentOptions::devices.maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
-
-// The store-key protocol of the rendezvous and of a dynamic group's join
-// and leave (rpc/internal/rendezvous.h).
-class Rendezvous;
 
 class ShmChannel;
 class ShmTransport;
@@ -439,11 +436,11 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Set once this worker's leave began: join notices are refused from then
   // on, so nobody joins a member that is going (M3).
   std::atomic<bool> leaving_{false};
-  // The store's keys of the rendezvous and the group (rendezvous.h): made
-  // with the store in ConnectStore, its round taken in TakeRound or
-  // TakeGroupRound; null before. Shared so that this header needs only its
-  // declaration.
-  std::shared_ptr<internal::Rendezvous> rendezvous_;
+  // Every store key of the job (rendezvous.h): the rendezvous, the group's
+  // join and leave, a peer's record and successor, the shutdown's barriers
+  // and marks. Made with the store in ConnectStore, its round taken in
+  // TakeRound or TakeGroupRound; null before.
+  std::unique_ptr<internal::Rendezvous> rendezvous_;
 
   std::unique_ptr<store::StoreServer> store_server_;  // rank 0 only
   // AgentOptions::observability.metrics_address: the registry (set in Create, before any

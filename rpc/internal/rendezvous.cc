@@ -326,6 +326,70 @@ absl::Status Rendezvous::AwaitMembersGone(absl::Duration timeout) const {
   }
 }
 
+absl::StatusOr<proto::WorkerRecord> Rendezvous::ReadRecordNow(int rank, absl::Duration timeout,
+                                                              bool fail_fast) const {
+  auto* client = fail_fast ? dynamic_cast<store::StoreClient*>(store_.get()) : nullptr;
+  ASSIGN_OR_RETURN(std::string bytes, client != nullptr ? client->TryGet(RecordKey(rank), timeout)
+                                                        : store_->Get(RecordKey(rank), timeout));
+  proto::WorkerRecord record;
+  if (!record.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("malformed registration of worker id ", rank));
+  }
+  return record;
+}
+
+absl::Status Rendezvous::AwaitRegistered(int rank, int64_t incarnation,
+                                         absl::Duration timeout) const {
+  // Every incarnation announces itself under its own key (Publish), so this
+  // waits for that key, not a poll.
+  return store_->Wait({absl::StrCat(ns_, "registered/", rank, "/", incarnation)}, timeout);
+}
+
+absl::Status Rendezvous::EnterShutdownBarrier(absl::Duration timeout) const {
+  return store::Barrier(*store_, Key("shutdown/enter"), rank_, world_size_, timeout);
+}
+
+bool Rendezvous::ArrivedAtShutdown(int rank) const {
+  return store_->Get(absl::StrCat(ns_, "shutdown/enter/arrived/", rank), absl::ZeroDuration()).ok();
+}
+
+absl::Status Rendezvous::DrainedBarrier(absl::Duration timeout) const {
+  return store::Barrier(*store_, Key("shutdown/drained"), rank_, world_size_, timeout);
+}
+
+void Rendezvous::SayLeft(absl::Duration timeout) const {
+  const std::string key = absl::StrCat(ns_, "shutdown/left/", rank_);
+  if (auto* client = dynamic_cast<store::StoreClient*>(store_.get()); client != nullptr) {
+    // Rank 0 may have stopped its store already (it waits a bounded time
+    // for the others, and a worker whose init failed comes late): never
+    // wait for a store that is gone.
+    (void)client->TrySet(key, "1", timeout);
+  } else {
+    (void)store_->Set(key, "1");
+  }
+}
+
+void Rendezvous::AwaitAllLeft(absl::Duration timeout) const {
+  std::vector<std::string> keys;
+  keys.reserve(world_size_);
+  for (int r = 0; r < world_size_; ++r) keys.push_back(absl::StrCat(ns_, "shutdown/left/", r));
+  (void)store_->Wait(keys, timeout);
+}
+
+void Rendezvous::AwaitStoreGone(const std::string& instance, absl::Duration timeout) const {
+  auto* client = dynamic_cast<store::StoreClient*>(store_.get());
+  if (client == nullptr || instance.empty()) return;
+  const absl::Time until = absl::Now() + timeout;
+  const std::string key = Key("store_instance");
+  // A store that stops has no key to wait for: it is asked every 10 ms,
+  // bounded.
+  while (absl::Now() < until) {
+    auto v = client->TryGet(key, absl::Milliseconds(200));
+    if (!v.ok() || *v != instance) return;  // gone, or a new store
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 // The job's retired ranks are one key, "retired": their ranks,
 // comma-separated, each added by a CompareSet (no entry is ever half
 // written, whoever dies when).

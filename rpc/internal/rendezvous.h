@@ -2,8 +2,11 @@
 // for a fixed group (AgentImpl::Rendezvous, bootstrap.cc) and a dynamic one
 // (AgentImpl::JoinGroup, membership.cc) alike: the round, the rank claim,
 // the registrations, the barriers, the successors, the group's members and
-// their leaving, and the retired ranks. Every key that either path writes or
-// reads is named here and nowhere else in them; what each key means is below.
+// their leaving, and the retired ranks; and, once the job runs, a peer's
+// record and its successor's registration (peer_failures.cc,
+// stream_identity.cc) and the shutdown's barriers and marks (agent.cc).
+// Every key the agent writes or reads is named here and nowhere else; what
+// each key means is below.
 // It reads and writes the job's store only: what it reads it returns, and
 // the agent applies it to its own tables (workers, peers, transports).
 //
@@ -34,9 +37,8 @@
 //   init/probed, init/done       the init barriers (store::Barrier)
 //   init/passed/<rank>           the rank passed init/done
 //   shutdown/enter, shutdown/drained, shutdown/left/<rank>
-//                                the shutdown's barriers and marks (agent.cc,
-//                                peer_failures.cc); a retired rank's are set
-//                                for it here
+//                                the shutdown's barriers and marks; a retired
+//                                rank's are set for it (Retire)
 //   retired                      the retired ranks, comma-separated
 //
 // A dynamic group's own keys, under kGroupNamespace:
@@ -197,6 +199,36 @@ class Rendezvous {
   // minute), until no member is counted in `live`; else DEADLINE_EXCEEDED
   // saying how many are.
   absl::Status AwaitMembersGone(absl::Duration timeout) const;
+
+  // --- After the rendezvous: a peer's record and its successor.
+  // `rank`'s record as the store has it now, bounded by `timeout`: it
+  // exists since the rendezvous, so this is a read, not a wait. With
+  // `fail_fast`, a store client asks once and fails at once when its server
+  // or the key is not there (StoreClient::TryGet), instead of asking again
+  // for its whole call timeout. The store's error as it gives it; DATA_LOSS
+  // if the record does not parse.
+  absl::StatusOr<proto::WorkerRecord> ReadRecordNow(int rank, absl::Duration timeout,
+                                                    bool fail_fast) const;
+  // P7: waits at most `timeout` until incarnation `incarnation` of `rank`
+  // has registered (Publish); the store's DEADLINE_EXCEEDED if not.
+  absl::Status AwaitRegistered(int rank, int64_t incarnation, absl::Duration timeout) const;
+
+  // --- The shutdown of a fixed group (AgentImpl::Shutdown, Teardown).
+  // Every rank entered shutdown (it stopped issuing new calls), at most
+  // `timeout`; ArrivedAtShutdown says whether `rank` has.
+  absl::Status EnterShutdownBarrier(absl::Duration timeout) const;
+  bool ArrivedAtShutdown(int rank) const;
+  // Every rank drained its calls, at most `timeout`.
+  absl::Status DrainedBarrier(absl::Duration timeout) const;
+  // This rank left its shutdown: on a store client a write that fails fast,
+  // bounded by `timeout`, when the store is gone already.
+  void SayLeft(absl::Duration timeout) const;
+  // The store's host: waits at most `timeout` for every rank's SayLeft.
+  void AwaitAllLeft(absl::Duration timeout) const;
+  // A worker whose store rank 0 hosts: waits at most `timeout` until the
+  // store that holds this round's `instance` is gone (or replaced), so that
+  // an init right after this shutdown cannot reach the old store.
+  void AwaitStoreGone(const std::string& instance, absl::Duration timeout) const;
 
   // --- Retired ranks of a fixed group (Runtime::RetirePeer).
   // Arrives at the shutdown barriers for `peer`, marks it left and adds it

@@ -412,6 +412,86 @@ TEST(Rendezvous, TheStoresHostWaitsForEveryMemberToLeaveByItsDeadline) {
   EXPECT_EQ(store->Add("baton/group/live", 0).value(), 0);
 }
 
+TEST(Rendezvous, P7_ASuccessorIsAwaitedByItsRegistrationAndItsRecordReadNow) {
+  auto store = std::make_shared<store::MemoryStore>();
+  Rendezvous w0(store, Options(0, 2));
+  Rendezvous w1(store, Options(1, 2));
+  ASSERT_TRUE(w0.TakeRound(/*rejoin=*/false).ok());
+  ASSERT_TRUE(w1.TakeRound(/*rejoin=*/false).ok());
+  ASSERT_TRUE(w1.Publish(Record(1, 1)).ok());
+  // Incarnation 2 has not registered: the wait ends at its bound.
+  const absl::Status none = w0.AwaitRegistered(1, 2, absl::Milliseconds(50));
+  EXPECT_EQ(none.code(), absl::StatusCode::kDeadlineExceeded) << none;
+  // It registers while rank 0 waits: the wait returns, and the record read
+  // now is the successor's.
+  absl::Notification waiting;
+  absl::Status awaited = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    waiting.Notify();
+    awaited = w0.AwaitRegistered(1, 2, absl::Seconds(20));
+  });
+  waiting.WaitForNotification();
+  Rendezvous successor(store, Options(1, 2));
+  ASSERT_TRUE(successor.TakeRound(/*rejoin=*/true).ok());
+  ASSERT_TRUE(successor.Publish(Record(1, 2)).ok());
+  waiter.join();
+  EXPECT_TRUE(awaited.ok()) << awaited;
+  for (bool fail_fast : {false, true}) {
+    absl::StatusOr<proto::WorkerRecord> read = w0.ReadRecordNow(1, absl::Seconds(1), fail_fast);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->incarnation(), 2);
+    EXPECT_EQ(read->address(), "10.0.0.1:5002");
+  }
+  ASSERT_TRUE(store->Set("baton/r1/worker/1", "\xff\xff not a record").ok());
+  absl::StatusOr<proto::WorkerRecord> bad = w0.ReadRecordNow(1, absl::Seconds(1), false);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "worker id 1")) << bad.status();
+}
+
+TEST(Rendezvous, ShutdownBarriersWaitForEveryRankAndTheHostForEveryLeaver) {
+  auto store = std::make_shared<store::MemoryStore>();
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<Rendezvous>> rv;
+  for (int r = 0; r < kWorld; ++r) {
+    rv.push_back(std::make_unique<Rendezvous>(store, Options(r, kWorld)));
+    ASSERT_TRUE(rv.back()->TakeRound(/*rejoin=*/false).ok());
+  }
+  // Rank 2 has not entered: the others' barrier ends at its bound, and
+  // who arrived is known.
+  const absl::Status early = rv[0]->EnterShutdownBarrier(absl::Milliseconds(50));
+  EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_TRUE(rv[0]->ArrivedAtShutdown(0));
+  EXPECT_FALSE(rv[0]->ArrivedAtShutdown(1));
+  EXPECT_FALSE(rv[0]->ArrivedAtShutdown(2));
+  std::vector<absl::Status> entered(kWorld, absl::UnknownError("not run"));
+  std::vector<absl::Status> drained(kWorld, absl::UnknownError("not run"));
+  OnEveryRank(kWorld, [&](int rank) {
+    entered[rank] = rv[rank]->EnterShutdownBarrier(absl::Seconds(20));
+    drained[rank] = rv[rank]->DrainedBarrier(absl::Seconds(20));
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(entered[r].ok()) << r << ": " << entered[r];
+    EXPECT_TRUE(drained[r].ok()) << r << ": " << drained[r];
+    EXPECT_TRUE(rv[0]->ArrivedAtShutdown(r));
+  }
+  // The host waits for every rank's word that it left.
+  rv[0]->SayLeft(absl::Seconds(1));
+  rv[1]->SayLeft(absl::Seconds(1));
+  absl::Notification waiting;
+  absl::Time returned;
+  std::thread host([&] {
+    waiting.Notify();
+    rv[0]->AwaitAllLeft(absl::Seconds(20));
+    returned = absl::Now();
+  });
+  waiting.WaitForNotification();
+  const absl::Time said = absl::Now();
+  rv[2]->SayLeft(absl::Seconds(1));
+  host.join();
+  EXPECT_GE(returned, said);
+  EXPECT_TRUE(store->Get("baton/r1/shutdown/left/2", absl::ZeroDuration()).ok());
+}
+
 TEST(Rendezvous, RetiredRanksAreAddedOnceEachAndReadInOrder) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kWorld = 4;
