@@ -48,6 +48,18 @@ void OnEveryRank(int world_size, Body body) {
   for (auto& t : threads) t.join();
 }
 
+// One Rendezvous per rank of a `world_size` job on `store`, each past
+// TakeRound (the first round of each).
+std::vector<std::unique_ptr<Rendezvous>> RanksInOneRound(
+    const std::shared_ptr<store::MemoryStore>& store, int world_size) {
+  std::vector<std::unique_ptr<Rendezvous>> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::make_unique<Rendezvous>(store, Options(r, world_size)));
+    EXPECT_TRUE(ranks.back()->TakeRound(/*rejoin=*/false).ok()) << "rank " << r;
+  }
+  return ranks;
+}
+
 TEST(Rendezvous, WorkersTakeOneRoundAndEachItsOwnIncarnationAndClaim) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kWorld = 2;
@@ -241,12 +253,8 @@ TEST(Rendezvous, AMalformedRecordIsDataLossNamingItsRank) {
 TEST(Rendezvous, P5_ASuccessorThatRegisteredAgainIsReadAsNewer) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kWorld = 3;
-  std::vector<std::unique_ptr<Rendezvous>> ranks;
-  for (int r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<Rendezvous>(store, Options(r, kWorld)));
-    ASSERT_TRUE(ranks[r]->TakeRound(/*rejoin=*/false).ok());
-    ASSERT_TRUE(ranks[r]->Publish(Record(r, 1)).ok());
-  }
+  std::vector<std::unique_ptr<Rendezvous>> ranks = RanksInOneRound(store, kWorld);
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(ranks[r]->Publish(Record(r, 1)).ok());
   absl::StatusOr<std::vector<proto::WorkerRecord>> before = ranks[0]->ReadRecords();
   ASSERT_TRUE(before.ok()) << before.status();
   absl::StatusOr<std::vector<Rendezvous::RankRecord>> none = ranks[0]->ReadSuccessors(*before);
@@ -274,11 +282,7 @@ TEST(Rendezvous, P5_ASuccessorThatRegisteredAgainIsReadAsNewer) {
 TEST(Rendezvous, SameHostLinksAreReadAsPublishedAndNoneIsNone) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kWorld = 3;
-  std::vector<std::unique_ptr<Rendezvous>> ranks;
-  for (int r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<Rendezvous>(store, Options(r, kWorld)));
-    ASSERT_TRUE(ranks[r]->TakeRound(/*rejoin=*/false).ok());
-  }
+  std::vector<std::unique_ptr<Rendezvous>> ranks = RanksInOneRound(store, kWorld);
   proto::SameHostLinks made;
   (*made.mutable_links())[2] = "link-0-2";
   ASSERT_TRUE(ranks[0]->PublishLinks(made).ok());
@@ -451,11 +455,7 @@ TEST(Rendezvous, P7_ASuccessorIsAwaitedByItsRegistrationAndItsRecordReadNow) {
 TEST(Rendezvous, ShutdownBarriersWaitForEveryRankAndTheHostForEveryLeaver) {
   auto store = std::make_shared<store::MemoryStore>();
   constexpr int kWorld = 3;
-  std::vector<std::unique_ptr<Rendezvous>> rv;
-  for (int r = 0; r < kWorld; ++r) {
-    rv.push_back(std::make_unique<Rendezvous>(store, Options(r, kWorld)));
-    ASSERT_TRUE(rv.back()->TakeRound(/*rejoin=*/false).ok());
-  }
+  std::vector<std::unique_ptr<Rendezvous>> rv = RanksInOneRound(store, kWorld);
   // Rank 2 has not entered: the others' barrier ends at its bound, and
   // who arrived is known.
   const absl::Status early = rv[0]->EnterShutdownBarrier(absl::Milliseconds(50));
