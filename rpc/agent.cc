@@ -357,7 +357,7 @@ void AgentImpl::SendRequest(uint64_t id, int to, const std::string& function, Fr
     // Evidence (P2): the probe checks it, or the store names a successor.
     if (absl::IsUnavailable(stream.status())) SuspectPeer(to, stream.status());
     // P8: it did not leave; it may go to the rank's next incarnation.
-    if (!absl::IsUnavailable(stream.status()) || !Redeliver(to, id)) {
+    if (!absl::IsUnavailable(stream.status()) || !Redeliver(to, id, /*unread=*/true)) {
       Complete(to, id,
                Annotate(stream.status(),
                         absl::StrCat(CallContextText(to, function), ": worker unreachable")),
@@ -378,6 +378,8 @@ void AgentImpl::Complete(int peer, uint64_t id, absl::StatusOr<Payload> result, 
   // there; the undo waits for that.
   std::optional<PendingCall> call = peers_[peer]->TakeCall(id, /*keep_undo=*/timed_out);
   if (!call.has_value()) return;
+  // Queued to go again and known never read (P8): no late word will come.
+  if (call->known_unread()) undelivered = true;
   Finish(*std::move(call), id, std::move(result), undelivered);
 }
 
@@ -421,24 +423,27 @@ void AgentImpl::OnResponse(int peer, Frame frame) {
   // Only the calls made to `peer` can be completed by what its stream
   // brings.
   if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
-  if (frame.header.status_code() == 0) {
-    Complete(peer, id, std::move(frame.payload));
-    return;
-  }
-  std::string function;
-  if (!peers_[peer]->WithCall(id, [&function](PendingCall& call) { function = call.function; })) {
+  const bool failed = frame.header.status_code() != 0;
+  std::optional<PendingCall> call = peers_[peer]->TakeCall(id);
+  if (!call.has_value()) {
     // Already timed out. If the callee never decoded it, what the request
-    // took along (RRef forks) goes back now (G8).
+    // took along (RRef forks) goes back now (G8); any other answer ends the
+    // wait for that word.
     std::vector<std::function<void()>> late_undo = peers_[peer]->TakeLateUndo(id);
-    if (frame.header.not_run()) {
+    if (failed && frame.header.not_run()) {
       for (auto& f : late_undo) f();
     }
     return;
   }
-  Complete(peer, id,
-           Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
-                    CallContextText(peer, function)),
-           /*undelivered=*/frame.header.not_run());
+  if (!failed) {
+    Finish(*std::move(call), id, std::move(frame.payload), /*undelivered=*/false);
+    return;
+  }
+  const std::string function = call->function;
+  Finish(*std::move(call), id,
+         Annotate(StatusFromWire(frame.header.status_code(), frame.header.error_message()),
+                  CallContextText(peer, function)),
+         /*undelivered=*/frame.header.not_run());
 }
 
 void AgentImpl::AddShutdownHook(ShutdownHook hook) {

@@ -285,7 +285,7 @@ void AgentImpl::RedeliverUnread(int peer,
                                 absl::string_view why, const absl::Status& cause) {
   for (const auto& [id, function] : calls) {
     if ((options_.restarts.wait > absl::ZeroDuration() || IsSilence(cause)) &&
-        Redeliver(peer, id)) {
+        Redeliver(peer, id, /*unread=*/true)) {
       continue;
     }
     Complete(peer, id,
@@ -310,7 +310,10 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
     // The stream broke (a partition, or a connection reset at its end): an
     // idempotent call goes again once the peer answers a probe, unless the
     // probe proves it dead.
-    if (absl::IsUnavailable(cause) && Idempotent(peer, id) && Redeliver(peer, id)) continue;
+    if (absl::IsUnavailable(cause) && Idempotent(peer, id) &&
+        Redeliver(peer, id, /*unread=*/false)) {
+      continue;
+    }
     const absl::Status s =
         cause.code() == absl::StatusCode::kUnauthenticated ? cause
         : IsSilence(cause)
@@ -326,9 +329,9 @@ void AgentImpl::OnStreamClosed(int peer, uint64_t stream_id, const absl::Status&
 
 // ---- P8: requests known undelivered go again ----
 
-bool AgentImpl::Redeliver(int peer, uint64_t id) {
+bool AgentImpl::Redeliver(int peer, uint64_t id, bool unread) {
   if (!running()) return false;
-  switch (peers_[peer]->QueueRedelivery(id, kMaxDeliveries)) {
+  switch (peers_[peer]->QueueRedelivery(id, kMaxDeliveries, unread)) {
     case Peer::Redelivery::kGone: return true;  // completed meanwhile
     case Peer::Redelivery::kRefused: return false;
     case Peer::Redelivery::kQueued: return true;  // the peer's sending task takes it
@@ -399,7 +402,10 @@ absl::Status AgentImpl::AwaitDeliverable(int peer, int64_t incarnation, absl::Ti
       // or until the agent stops.
       absl::MutexLock lock(&mu_);
       auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_; };
-      mu_.AwaitWithDeadline(absl::Condition(&stopped), std::min(until, sent + kSilentProbePeriod));
+      if (mu_.AwaitWithDeadline(absl::Condition(&stopped),
+                                std::min(until, sent + kSilentProbePeriod))) {
+        return absl::FailedPreconditionError("the agent is shut down");
+      }
     }
     if (IsSilence(probe) && options_.restarts.wait <= absl::ZeroDuration()) {
       return absl::UnavailableError(absl::StrCat(
@@ -427,10 +433,12 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
   std::shared_ptr<const Frame> request;
   std::string function;
   absl::Time deadline;
+  bool unread = false;
   const bool pending = peers_[peer]->WithCall(id, [&](PendingCall& call) {
     request = call.resend;
     function = call.function;
     deadline = call.deadline;
+    unread = call.known_unread();
     if (why.ok()) {
       ++call.deliveries;
       // As in Call: a stream that ends before Send returns concerns it.
@@ -439,7 +447,9 @@ void AgentImpl::Resend(uint64_t id, int peer, const absl::Status& why) {
   });
   if (!pending) return;  // timed out meanwhile
   if (!why.ok()) {
-    Complete(peer, id, Annotate(why, CallContextText(peer, function)), /*undelivered=*/true);
+    // Undelivered only if known never read: an idempotent call that went
+    // again after its stream ended in silence may have been (G8).
+    Complete(peer, id, Annotate(why, CallContextText(peer, function)), /*undelivered=*/unread);
     return;
   }
   Frame frame = *request;

@@ -333,12 +333,13 @@ class AgentImpl final : public Runtime, private TransportHandler {
   // Waits until `until` for incarnation `dead` + 1 of `peer` to register
   // and follows it; counted in calls_waiting_for_restart. True if it did.
   bool AwaitSuccessor(int peer, int64_t dead, absl::Time until);
-  // P8: queues call `id`, pending on `peer` and known undelivered, to be
-  // sent again once the peer can take it (the incarnation that refused it
-  // answers a probe, or its successor registered). False if it cannot go
-  // again (no request kept, its sends used up, shutting down); the caller
-  // then fails it.
-  bool Redeliver(int peer, uint64_t id);
+  // P8: queues call `id`, pending on `peer`, to be sent again once the
+  // peer can take it (the incarnation that refused it answers a probe, or
+  // its successor registered): `unread`, it is known the callee never read
+  // it; else it is an idempotent call whose stream ended in silence. False
+  // if it cannot go again (no request kept, its sends used up, shutting
+  // down); the caller then fails it.
+  bool Redeliver(int peer, uint64_t id, bool unread);
   // The task that sends `peer`'s queued calls again (one per peer at a time).
   void RedeliverTo(int peer);
   // Whether `peer` can take requests now, waiting for that until `until`

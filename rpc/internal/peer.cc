@@ -132,7 +132,7 @@ std::optional<PendingCall> Peer::TakeCall(uint64_t id, bool keep_undo) {
   if (it == calls_.end()) return std::nullopt;
   std::optional<PendingCall> call(std::move(it->second));
   calls_.erase(it);
-  if (keep_undo && !call->undo.empty()) {
+  if (keep_undo && !call->undo.empty() && !call->known_unread()) {
     late_undo_[id] = std::move(call->undo);
     call->undo.clear();
     late_order_.push_back(id);
@@ -180,13 +180,14 @@ size_t Peer::pending_calls() const {
   return calls_.size();
 }
 
-Peer::Redelivery Peer::QueueRedelivery(uint64_t id, int max_deliveries) {
+Peer::Redelivery Peer::QueueRedelivery(uint64_t id, int max_deliveries, bool unread) {
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(id);
   if (it == calls_.end()) return Redelivery::kGone;
   PendingCall& call = it->second;
   if (call.resend == nullptr || call.deliveries >= max_deliveries) return Redelivery::kRefused;
   call.stream_id = PendingCall::kAwaitingRedelivery;
+  call.unread = unread;
   redeliver_.push_back(id);
   if (redelivering_) return Redelivery::kQueued;
   redelivering_ = true;

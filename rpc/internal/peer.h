@@ -73,6 +73,13 @@ struct PendingCall {
   // stream ended in silence, although it may have been read.
   bool idempotent = false;
   int deliveries = 1;  // sends of the request so far
+  // While awaiting redelivery: it is known that the callee never read the
+  // request (it did not leave, or the transport knows it was not read); not
+  // so for an idempotent call whose stream ended in silence.
+  bool unread = false;
+  // Awaiting redelivery, and known never read: a failure now is a failure
+  // before the callee decoded anything (RRef G8's undo runs).
+  bool known_unread() const { return stream_id == kAwaitingRedelivery && unread; }
   // Metrics (AgentOptions::observability.metrics_address): null when off.
   obs::RpcMetrics* metrics = nullptr;
   absl::Time started;
@@ -163,8 +170,10 @@ class Peer {
   }
   // Removes call `id` and returns it (nullopt: already gone). With
   // `keep_undo`, its undo (RRef G8) is kept, in the same step, for a late
-  // answer that the callee never decoded the request (TakeLateUndo); at
-  // most kMaxLateUndo are kept, the oldest dropped without running.
+  // answer that the callee never decoded the request (TakeLateUndo),
+  // unless the call is known_unread() (no answer will come: the undo stays
+  // with the call); at most kMaxLateUndo are kept per peer, the oldest
+  // dropped without running.
   std::optional<PendingCall> TakeCall(uint64_t id, bool keep_undo = false);
   static constexpr size_t kMaxLateUndo = 4096;
   // The undo kept for call `id` by TakeCall, taken (empty if none).
@@ -193,8 +202,9 @@ class Peer {
   };
   // P8: queues pending call `id` to go again, if it kept its request and
   // was sent fewer than `max_deliveries` times; it then awaits redelivery
-  // (PendingCall::kAwaitingRedelivery), in the same step.
-  Redelivery QueueRedelivery(uint64_t id, int max_deliveries);
+  // (PendingCall::kAwaitingRedelivery, with PendingCall::unread = `unread`),
+  // in the same step.
+  Redelivery QueueRedelivery(uint64_t id, int max_deliveries, bool unread);
   // The queued calls, taken; when there are none, the sending task ends
   // (the next QueueRedelivery starts another).
   std::vector<uint64_t> TakeRedeliveries();

@@ -102,32 +102,32 @@ TEST(Peer, P8_QueuedCallsAreSentByOneTaskAtATime) {
   p.Reset(1);
   for (uint64_t id = 10; id <= 14; ++id) AddResendable(p, id);
   using R = Peer::Redelivery;
-  EXPECT_EQ(p.QueueRedelivery(10, 4), R::kStartTask);
-  EXPECT_EQ(p.QueueRedelivery(11, 4), R::kQueued);  // the running task takes it
+  EXPECT_EQ(p.QueueRedelivery(10, 4, true), R::kStartTask);
+  EXPECT_EQ(p.QueueRedelivery(11, 4, true), R::kQueued);  // the running task takes it
   EXPECT_EQ(p.TakeRedeliveries(), (std::vector<uint64_t>{10, 11}));
-  EXPECT_EQ(p.QueueRedelivery(12, 4), R::kQueued);  // still running until it finds none
+  EXPECT_EQ(p.QueueRedelivery(12, 4, true), R::kQueued);  // still running until it finds none
   EXPECT_EQ(p.TakeRedeliveries(), (std::vector<uint64_t>{12}));
-  EXPECT_TRUE(p.TakeRedeliveries().empty());           // the task ends
-  EXPECT_EQ(p.QueueRedelivery(13, 4), R::kStartTask);  // so the next starts another
+  EXPECT_TRUE(p.TakeRedeliveries().empty());                 // the task ends
+  EXPECT_EQ(p.QueueRedelivery(13, 4, true), R::kStartTask);  // so the next starts another
   EXPECT_EQ(p.DropRedeliveries(), (std::vector<uint64_t>{13}));
-  EXPECT_EQ(p.QueueRedelivery(14, 4), R::kStartTask);
+  EXPECT_EQ(p.QueueRedelivery(14, 4, true), R::kStartTask);
 }
 
 TEST(Peer, P8_OnlyAPendingCallWithItsRequestKeptAndSendsLeftGoesAgain) {
   Peer p;
   p.Reset(1);
   using R = Peer::Redelivery;
-  EXPECT_EQ(p.QueueRedelivery(1, 4), R::kGone);  // completed meanwhile
+  EXPECT_EQ(p.QueueRedelivery(1, 4, true), R::kGone);  // completed meanwhile
   PendingCall kept_none;
   ASSERT_TRUE(p.AddCall(2, kept_none));
-  EXPECT_EQ(p.QueueRedelivery(2, 4), R::kRefused);  // no request kept
+  EXPECT_EQ(p.QueueRedelivery(2, 4, true), R::kRefused);  // no request kept
   AddResendable(p, 3);
   ASSERT_TRUE(p.WithCall(3, [](PendingCall& c) { c.deliveries = 4; }));
-  EXPECT_EQ(p.QueueRedelivery(3, 4), R::kRefused);  // its sends used up
-  EXPECT_TRUE(p.TakeRedeliveries().empty());        // none of them was queued
+  EXPECT_EQ(p.QueueRedelivery(3, 4, true), R::kRefused);  // its sends used up
+  EXPECT_TRUE(p.TakeRedeliveries().empty());              // none of them was queued
   AddResendable(p, 4);
   ASSERT_TRUE(p.WithCall(4, [](PendingCall& c) { c.stream_id = 7; }));
-  EXPECT_EQ(p.QueueRedelivery(4, 4), R::kStartTask);
+  EXPECT_EQ(p.QueueRedelivery(4, 4, true), R::kStartTask);
   // Queued, it awaits redelivery: the end of the stream it left on no
   // longer concerns it (calls 2 and 3, never sent, may be on any stream).
   for (const auto& [id, function] : p.CallsOnStream(7)) EXPECT_NE(id, 4u) << function;
@@ -207,13 +207,48 @@ TEST(Peer, G8_ATimedOutCallsUndoIsKeptForALateAnswerAndBounded) {
   EXPECT_EQ(p.TakeLateUndo(100 + n - 1).size(), 1u);
 }
 
+// A call queued to go again because it is known never read will get no
+// late answer: its undo stays with it (the agent runs it when it fails),
+// while an idempotent call that went again after silence may have been
+// read, and its undo waits for the callee's word as any timed-out call's.
+TEST(Peer, G8_AKnownUnreadCallKeepsItsUndoAndAMaybeReadOneWaitsForAWord) {
+  Peer p;
+  p.Reset(1);
+  for (uint64_t id : {1, 2}) {
+    PendingCall c;
+    c.resend = std::make_shared<const Frame>();
+    c.undo.push_back([] {});
+    ASSERT_TRUE(p.AddCall(id, c));
+  }
+  ASSERT_EQ(p.QueueRedelivery(1, 4, /*unread=*/true), Peer::Redelivery::kStartTask);
+  ASSERT_EQ(p.QueueRedelivery(2, 4, /*unread=*/false), Peer::Redelivery::kQueued);
+  ASSERT_TRUE(p.WithCall(1, [](PendingCall& c) { EXPECT_TRUE(c.known_unread()); }));
+  ASSERT_TRUE(p.WithCall(2, [](PendingCall& c) { EXPECT_FALSE(c.known_unread()); }));
+  std::optional<PendingCall> unread = p.TakeCall(1, /*keep_undo=*/true);
+  ASSERT_TRUE(unread.has_value());
+  EXPECT_EQ(unread->undo.size(), 1u);
+  EXPECT_TRUE(p.TakeLateUndo(1).empty());
+  std::optional<PendingCall> maybe_read = p.TakeCall(2, /*keep_undo=*/true);
+  ASSERT_TRUE(maybe_read.has_value());
+  EXPECT_TRUE(maybe_read->undo.empty());
+  EXPECT_EQ(p.TakeLateUndo(2).size(), 1u);
+  // Sent again, it is no longer awaiting redelivery: a timeout now is an
+  // ordinary one.
+  PendingCall c;
+  c.resend = std::make_shared<const Frame>();
+  ASSERT_TRUE(p.AddCall(3, c));
+  ASSERT_EQ(p.QueueRedelivery(3, 4, /*unread=*/true), Peer::Redelivery::kQueued);
+  ASSERT_TRUE(p.WithCall(3, [](PendingCall& call) { call.stream_id = 0; }));
+  ASSERT_TRUE(p.WithCall(3, [](PendingCall& call) { EXPECT_FALSE(call.known_unread()); }));
+}
+
 TEST(Peer, ResetForgetsWhatWasKnownButNotTheCallsInFlight) {
   Peer p;
   p.Reset(2);
   p.SetIdentity("key", 2);
   ASSERT_TRUE(p.MarkDead(2));
   AddResendable(p, 1);
-  ASSERT_EQ(p.QueueRedelivery(1, 4), Peer::Redelivery::kStartTask);
+  ASSERT_EQ(p.QueueRedelivery(1, 4, true), Peer::Redelivery::kStartTask);
   ASSERT_TRUE(p.BeginRefresh(absl::Now()));
   p.Reset(5);
   EXPECT_EQ(p.incarnations().latest, 5);
@@ -225,7 +260,7 @@ TEST(Peer, ResetForgetsWhatWasKnownButNotTheCallsInFlight) {
   // The call still awaits its reply (or its failure): it is the agent's
   // to complete, whatever is learned of the rank.
   EXPECT_EQ(p.pending_calls(), 1u);
-  EXPECT_EQ(p.QueueRedelivery(1, 4), Peer::Redelivery::kStartTask);
+  EXPECT_EQ(p.QueueRedelivery(1, 4, true), Peer::Redelivery::kStartTask);
 }
 
 TEST(Peer, AnIdentityKeyIsTheOneOfItsIncarnationOnly) {
