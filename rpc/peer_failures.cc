@@ -45,6 +45,11 @@ void AgentImpl::SuspectPeer(int peer, const absl::Status& cause) {
   {
     absl::MutexLock lock(&mu_);
     if (!running_ || failure_listeners_.empty()) return;
+    // Every worker of the job agreed to shut down (EnterShutdown): a peer
+    // whose link or stream ends now is finishing its own shutdown, maybe
+    // ahead of this worker, not dying. Its calls still fail by their
+    // streams; nobody is told it died.
+    if (entered_.has_value() && entered_->ok()) return;
     suspicion = peers_[peer]->Suspect(&incarnation);
   }
   if (suspicion == Peer::Suspicion::kProbing) return;
