@@ -282,14 +282,12 @@ absl::StatusOr<std::vector<Rendezvous::RankRecord>> Rendezvous::ReadMembersBefor
 }
 
 absl::StatusOr<proto::WorkerRecord> Rendezvous::ReadMember(int rank, absl::Duration timeout) const {
-  absl::StatusOr<std::string> v = store_->Get(RecordKey(rank), timeout);
-  proto::WorkerRecord record;
-  if (!v.ok() || !record.ParseFromString(*v) || record.address().empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("worker '", name_, "' could not read the registration of worker id ", rank,
-                     ": ", v.ok() ? "malformed or withdrawn" : v.status().ToString()));
-  }
-  return record;
+  absl::StatusOr<proto::WorkerRecord> read = ReadRecordNow(rank, timeout, /*fail_fast=*/false);
+  if (read.ok() && !read->address().empty()) return read;
+  const std::string why = read.ok() || absl::IsDataLoss(read.status()) ? "malformed or withdrawn"
+                                                                       : read.status().ToString();
+  return absl::UnavailableError(absl::StrCat(
+      "worker '", name_, "' could not read the registration of worker id ", rank, ": ", why));
 }
 
 absl::Status Rendezvous::WithdrawRecord() const { return store_->Set(RecordKey(rank_), ""); }
