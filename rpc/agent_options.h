@@ -220,15 +220,20 @@ struct AgentOptions {
 
   // CUDA devices (docs/cuda.md).
   struct Devices {
-    // A CUDA tensor sent to worker W arrives on the device maps[W] names
-    // for its device, as with torch's
-    // TensorPipeRpcBackendOptions.set_device_map: {"w1", {{0, 1}}} sends
-    // this worker's cuda:0 tensors to w1's cuda:1. Without a map of its own
-    // for W, a worker uses the inverse of W's map for it, so a callee
-    // returns tensors to the caller's devices when only the caller set a
-    // map. Create fails with INVALID_ARGUMENT for a map naming a worker not
-    // in the job, a device this worker or W does not have, or two devices
-    // mapped to one. A CUDA tensor sent where no map applies fails the call
+    // A tensor sent to worker W arrives on the device maps[W] names for its
+    // device, as with torch's TensorPipeRpcBackendOptions.set_device_map:
+    // {"w1", {{0, 1}}} sends this worker's cuda:0 tensors to w1's cuda:1.
+    // kCpuDevice (rpc/codec.h) names the host: {{kCpuDevice, 0}} sends CPU
+    // tensors to W's cuda:0, {{0, kCpuDevice}} cuda:0 tensors to W's host
+    // memory. Without a map of its own for W, a worker uses the inverse of
+    // W's map for it, so a callee returns tensors to the caller's devices
+    // when only the caller set a map. Every worker checks the whole job's
+    // maps once it has read every registration, so Create fails alike on
+    // every worker, with INVALID_ARGUMENT naming the first worker at fault,
+    // for a map naming a worker not in the job or the worker itself, a
+    // device its worker or W does not have, or two devices mapped to one
+    // (rpc/internal/device_maps.h). A CPU tensor no map names stays on the
+    // CPU; a CUDA tensor sent where no map names its device fails the call
     // with INVALID_ARGUMENT naming the device and the worker.
     std::map<std::string, std::map<int, int>> maps;
   } devices;

@@ -256,6 +256,10 @@ absl::Status AgentImpl::Rendezvous() {
   } else {
     (void)rendezvous_->SayPassed();
   }
+  // The job's device maps are checked by every worker alike, now that none
+  // needs the store: each fails here with the same error, naming the worker
+  // at fault (rpc/internal/device_maps.h), and none is left waiting.
+  RETURN_IF_ERROR(CheckJobDeviceMaps(reg.records));
   if (shm_ != nullptr) shm_->RemoveProbe();
   if (shm_transport_ != nullptr) shm_transport_->Activate(*superseded);
   RETURN_IF_ERROR(BecomeReady(reg.mine));
@@ -298,9 +302,6 @@ absl::Status AgentImpl::PrepareRuntime() {
     return absl::FailedPreconditionError(
         "rank 0 cannot rejoin a running job: it serves the job's store, which died with it");
   }
-  // What a device map says of this worker alone is checked before anything
-  // is published, so a bad map fails here on every worker that has one.
-  RETURN_IF_ERROR(CheckLocalDeviceMaps(options_));
   return absl::OkStatus();
 }
 
@@ -438,7 +439,7 @@ absl::Status AgentImpl::ReadRegistrations(Registration& reg) {
   }
   // Before ready_: every rank of a fixed group is a member.
   for (int r = 0; r < options_.world_size; ++r) member_[r].store(true, std::memory_order_release);
-  RETURN_IF_ERROR(ResolveDeviceMaps(records));
+  ResolveDeviceMaps(records);
   // F1: our window toward each peer stays within what that peer holds.
   std::vector<FlowLimits> windows(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) {

@@ -162,7 +162,7 @@ absl::Status Decoder::ExpectEnd() const {
 
 namespace {
 
-void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views);
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views, bool follow_map);
 void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc);
 absl::Status DecodeStrided(Decoder& dec, uint8_t tag, ViewLayout views, at::Tensor* out);
 absl::Status DecodeSparseCoo(Decoder& dec, at::Tensor* out);
@@ -235,7 +235,7 @@ void EncodeTensor(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   if (tensor.layout() == c10::kSparse) {
     EncodeSparseCoo(tensor, enc);
   } else {
-    EncodeStrided(tensor, enc, views);
+    EncodeStrided(tensor, enc, views, /*follow_map=*/true);
   }
 }
 
@@ -289,32 +289,53 @@ bool KeepsView(const at::Tensor& t) {
   return spanned < kKeepViewMaxWaste || spanned < 2 * own;
 }
 
-// The dense layout (and CUDA tensors), after the tag's caller checked that
-// `tensor` is defined.
-void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
+// Where a strided tensor goes: false after enc.Fail. `destination` is the
+// device it arrives on (kCpuDevice or a CUDA index), `router` the agent
+// that said so (null for a CPU tensor outside a call, or one that keeps its
+// place: the parts of a sparse tensor).
+bool Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map, int* destination,
+                 const DeviceRouter** router) {
   const CodecContext* context = enc.context();
-  int destination_device = -1;
-  const DeviceRouter* router = nullptr;  // the agent: a virtual call, no link to it
+  const bool in_call = context != nullptr && context->devices != nullptr && context->peer >= 0;
+  *destination = kCpuDevice;
+  *router = nullptr;
   if (tensor.device().is_cuda()) {
-    if (context == nullptr || context->devices == nullptr || context->peer < 0) {
+    if (!in_call) {
       enc.Fail(absl::InvalidArgumentError(absl::StrCat(
           "cannot send a tensor on device ", tensor.device().str(),
           " outside a call: its destination's device comes from the agent's device map")));
-      return;
+      return false;
     }
-    router = context->devices;
-    absl::StatusOr<int> device = router->DeviceOnPeer(context->peer, tensor.device().index());
-    if (!device.ok()) {
-      enc.Fail(device.status());
-      return;
-    }
-    destination_device = *device;
   } else if (!tensor.device().is_cpu()) {
     enc.Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot send a tensor on device ", tensor.device().str(),
                      ": baton sends CPU and CUDA tensors only (move it with .cpu())")));
-    return;
+    return false;
+  } else if (!in_call || !follow_map) {
+    return true;
   }
+  // The agent: a virtual call, no link to it.
+  const int device = tensor.device().is_cuda() ? tensor.device().index() : kCpuDevice;
+  absl::StatusOr<int> there = context->devices->DeviceOnPeer(context->peer, device);
+  if (!there.ok()) {
+    enc.Fail(there.status());
+    return false;
+  }
+  *destination = *there;
+  *router = context->devices;
+  return true;
+}
+
+// The dense layout (and CUDA tensors), after the tag's caller checked that
+// `tensor` is defined. A tensor bound for a GPU (its device map says so)
+// travels as kCudaTensor, from a GPU or from the host; one bound for the
+// host leaves a GPU as a host copy. `follow_map` false keeps a CPU tensor
+// on the CPU whatever the map says (the parts of a sparse tensor).
+void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views, bool follow_map) {
+  const CodecContext* context = enc.context();
+  int destination_device = kCpuDevice;
+  const DeviceRouter* router = nullptr;
+  if (!Destination(tensor, enc, follow_map, &destination_device, &router)) return;
   if (tensor.layout() != c10::kStrided) {
     enc.Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot send a tensor of layout ", c10::toString(tensor.layout()),
@@ -327,8 +348,8 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
         absl::StrCat("cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()))));
     return;
   }
-  if (views == ViewLayout::kKeep && destination_device < 0 && !tensor.is_contiguous() &&
-      KeepsView(tensor)) {
+  if (views == ViewLayout::kKeep && destination_device == kCpuDevice && tensor.is_cpu() &&
+      !tensor.is_contiguous() && KeepsView(tensor)) {
     const at::Tensor v = tensor.detach();
     enc.WritePod<uint8_t>(kDenseView);
     WriteTensorHeader(v.scalar_type(), tensor.requires_grad(), v.sizes(), enc);
@@ -344,7 +365,8 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
   }
   // Only the viewed elements travel: a non-contiguous view is compacted; a
   // contiguous view sends its own range of the storage. A CUDA tensor is
-  // copied to the host on the current stream (after the work queued on it).
+  // copied to the host on the current stream (after the work queued on it)
+  // unless CUDA IPC takes it.
   at::Tensor c = tensor.detach();
   if (!c.is_contiguous()) c = c.contiguous();
   enc.WritePod<uint8_t>(destination_device >= 0 ? kCudaTensor : kDenseTensor);
@@ -353,14 +375,14 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views) {
     enc.WriteVarint(static_cast<uint64_t>(destination_device));
     CudaTensorChannel* channel = router->CudaChannelFor(context->peer);
     const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
-    if (channel != nullptr && bytes > 0 && channel->Wants(bytes)) {
+    if (c.is_cuda() && channel != nullptr && bytes > 0 && channel->Wants(bytes)) {
       enc.WritePod<uint8_t>(kCudaIpc);
       if (absl::Status s = channel->Export(c, context->peer, enc); !s.ok()) enc.Fail(s);
       return;
     }
     enc.WritePod<uint8_t>(kHostStaged);
-    c = c.to(at::kCPU);
   }
+  if (c.is_cuda()) c = c.to(at::kCPU);
   Blob blob;
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
   if (nbytes > 0) {
@@ -511,8 +533,10 @@ void EncodeSparseCoo(const at::Tensor& tensor, Encoder& enc) {
   enc.WritePod<uint8_t>(tensor.is_coalesced() ? 1 : 0);
   // Their own entries in the message, not in CodecContext::sent_tensors:
   // autograd sees the sparse tensor, not its parts.
-  EncodeStrided(tensor._indices().detach(), enc, ViewLayout::kCompact);
-  EncodeStrided(tensor._values().detach(), enc, ViewLayout::kCompact);
+  // The parts stay on the CPU: a sparse tensor arrives there whatever the
+  // device map says of the host.
+  EncodeStrided(tensor._indices().detach(), enc, ViewLayout::kCompact, /*follow_map=*/false);
+  EncodeStrided(tensor._values().detach(), enc, ViewLayout::kCompact, /*follow_map=*/false);
 }
 
 // One part of a sparse tensor: a CPU dense tensor of the given dtype and rank.

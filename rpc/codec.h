@@ -88,12 +88,19 @@ class CudaTensorChannel {
                                             c10::ScalarType dtype) = 0;
 };
 
-// Where a CUDA tensor sent to a peer arrives: the agent answers from
+// The host in a device map and in DeviceRouter's answers, beside the CUDA
+// indices 0, 1, ... (AgentOptions::devices.maps).
+inline constexpr int kCpuDevice = -1;
+
+// Where a tensor sent to a peer arrives: the agent answers from
 // AgentOptions::devices.maps (Runtime::DeviceOnPeer), and which channel
 // carries it. An interface so that the codec calls it without linking the
 // agent.
 class DeviceRouter {
  public:
+  // The device on `peer` where a tensor on this worker's `device` arrives;
+  // either may be kCpuDevice. A CPU tensor that no map names stays on the
+  // CPU; INVALID_ARGUMENT for a CUDA tensor that no map names.
   virtual absl::StatusOr<int> DeviceOnPeer(int peer, int device) const = 0;
   // The channel that moves CUDA tensors to and from `peer` without the host,
   // or null (the host carries them).

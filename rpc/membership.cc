@@ -95,8 +95,7 @@ void AgentImpl::MakeSlots(const proto::WorkerRecord& mine) {
   workers_.assign(slots_, WorkerInfo());
   for (int r = 0; r < slots_; ++r) workers_[r].id = r;
   peer_limits_.assign(slots_, options_.transport.max_message_bytes);
-  device_map_to_.assign(slots_, {});
-  has_device_map_to_.assign(slots_, false);
+  device_maps_ = DeviceMaps();
   cuda_channel_peer_.assign(slots_, false);
   paths_.clear();
   for (int r = 0; r < slots_; ++r) {

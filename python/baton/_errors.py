@@ -4,7 +4,9 @@ Every error carries `code` (the absl status code name, e.g. "DEADLINE_EXCEEDED")
 `worker` (the worker called, when known) and `function` (what was called).
 - DEADLINE_EXCEEDED: RpcTimeoutError, a TimeoutError.
 - UNAVAILABLE: WorkerUnavailableError, a ConnectionError (dead or unreachable worker).
-- Both are also RuntimeErrors, as torch raises them ("except RuntimeError"
+- INVALID_ARGUMENT: InvalidArgumentError, a ValueError (torch's init_rpc
+  raises ValueError for the device maps it refuses).
+- All three are also RuntimeErrors, as torch raises them ("except RuntimeError"
   catches a timeout).
 - A Python exception raised by the remote function is raised again with its own
   type when that type can be imported and built from a message; otherwise
@@ -47,6 +49,11 @@ class RpcTimeoutError(RpcRuntimeError, TimeoutError):
 
 class WorkerUnavailableError(RpcRuntimeError, ConnectionError):
     """The worker is dead or cannot be reached (UNAVAILABLE)."""
+
+
+class InvalidArgumentError(RpcRuntimeError, ValueError):
+    """An argument or option was refused (INVALID_ARGUMENT), e.g. a device
+    map that names a device a worker does not have."""
 
 
 class RemoteException(RpcRuntimeError):
@@ -140,7 +147,8 @@ def from_status(code, message, worker=None, function=None):
         exc = _rebuild_python_error(type_name, f"{prefix}{head}{text}")
         return _annotate(exc, name, worker, function)
     cls = {"DEADLINE_EXCEEDED": RpcTimeoutError,
-           "UNAVAILABLE": WorkerUnavailableError}.get(name, RpcRuntimeError)
+           "UNAVAILABLE": WorkerUnavailableError,
+           "INVALID_ARGUMENT": InvalidArgumentError}.get(name, RpcRuntimeError)
     return _annotate(cls(f"{prefix}{name}: {message}"), name, worker, function)
 
 

@@ -44,6 +44,10 @@ def test_device_maps_reach_the_agent_and_are_checked_at_init():
 
 
 
+def test_remote_module_parses_its_device_as_torch_and_returns_results_whole():
+    harness.check(harness.run("remote_module_devices", 2))
+
+
 def require_a_cuda_device():
     """Skips a CUDA case where this (the pytest) process sees no CUDA device;
     its two workers share cuda:0."""

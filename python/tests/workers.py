@@ -5,6 +5,7 @@ itself, asserts what it checks (a failed assert exits non-zero with its
 traceback), prints 'SCENARIO OK' and shuts down. Functions and classes that
 travel by reference live at module level, as in any RPC job.
 """
+import collections
 import copy
 import json
 import os
@@ -989,27 +990,116 @@ def scenario_restarts():
     print("SCENARIO OK")
 
 
-def scenario_device_maps(rank, world_size):
-    """set_device_map reaches the agent, which checks it at init (docs/cuda.md):
-    a map naming a device this worker does not have fails init_rpc on every
-    worker, naming the device; a map key that is no CUDA device is refused
-    before that."""
-    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
-    try:
-        options.set_device_map(name(1 - rank), {"cpu": 0})
-        init(rank, world_size, device_maps=options.device_maps, init_timeout=20)
-        raise AssertionError("a CPU device map key was accepted")
-    except ValueError as e:
-        assert "'cpu' is not a CUDA device with an index" in str(e), e
-    gpus = torch.cuda.device_count()
-    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
-    options.set_device_map(name(1 - rank), {f"cuda:{gpus}": torch.device("cuda", 0)})
+def expect_device_map_refused(options, rank, world_size, want):
+    """init_rpc with `options` fails on this worker with a ValueError (as
+    torch's) whose message holds `want`, and leaves no agent behind."""
     try:
         rpc.init_rpc(name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
-        raise AssertionError("a map of a missing device was accepted")
-    except rpc.RpcError as e:
-        want = f"maps cuda:{gpus}, but worker '{name(rank)}' has {gpus} CUDA device(s)"
+        raise AssertionError(f"init_rpc accepted a device map it should refuse ({want})")
+    except ValueError as e:
         assert want in str(e), e
+    assert not rpc._is_current_rpc_agent_set()
+
+
+def scenario_device_maps(rank, world_size):
+    """set_device_map reaches the agent, and every worker checks the whole
+    job's maps at init (docs/cuda.md): each worker's init_rpc fails alike,
+    with torch's words, naming the first worker at fault (worker0 here,
+    although every worker set a bad map). A device that is neither the CPU
+    nor a CUDA device is refused before that."""
+    gpus = torch.cuda.device_count()
+    peer = name(1 - rank)
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map(peer, {"cpu": gpus})
+    expect_device_map_refused(
+        options, rank, world_size,
+        f"Node worker0 has target devices with invalid indices in its device map for worker1: "
+        f"cpu to cuda:{gpus}, but worker1 has {gpus} CUDA device(s)")
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map(peer, {f"cuda:{gpus}": torch.device("cuda", 0)})
+    expect_device_map_refused(
+        options, rank, world_size,
+        f"Node worker0 has source devices with invalid indices in its device map for worker1: "
+        f"cuda:{gpus}, but worker0 has {gpus} CUDA device(s)")
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map("none_exist", {"cpu": "cpu"})
+    expect_device_map_refused(
+        options, rank, world_size,
+        "Node worker0 has invalid target node names in its device maps: 'none_exist'")
+    try:
+        init(rank, world_size, device_maps={peer: {"meta": 0}}, init_timeout=20)
+        raise AssertionError("a map of the meta device was accepted")
+    except ValueError as e:
+        assert "'meta' is neither the CPU nor a CUDA device" in str(e), e
+    # The host to the host: accepted, nothing moves.
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map(peer, {"cpu": "cpu"})
+    rpc.init_rpc(name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
+    back = rpc.rpc_sync(peer, torch.add, args=(torch.ones(2), 1))
+    assert back.device.type == "cpu" and back.tolist() == [2.0, 2.0], back
+    rpc.shutdown()
+    print("SCENARIO OK")
+
+
+Out = collections.namedtuple("Out", "doubled parts")
+
+
+class _Pair(torch.nn.Module):
+    """A module whose result nests tensors (and names them)."""
+
+    def forward(self, x, scale=1.0):
+        return Out(x * 2 * scale, [x, {"neg": -x}])
+
+
+def scenario_remote_module_devices(rank, world_size):
+    """RemoteModule's remote_device is parsed as torch's is, with torch's
+    errors (the words of torch's CudaRemoteModuleTest.test_invalid_devices);
+    "<worker>" alone and "rank:<n>/<device>" name a worker; is_device_map_set
+    says whether this worker set a device map for the module's; and a
+    result's tensors, nested anywhere, come back in their structure."""
+    from baton.nn import _to_cpu
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
+    if rank == 0:
+        options.set_device_map("worker1", {"cpu": "cpu"})
+    rpc.init_rpc(name(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
+    if rank == 0:
+        refused = [
+            ("worker1/foo", RuntimeError, "device type at start of device string"),
+            ("worker1/cpu2", RuntimeError, "Invalid device string: 'cpu2'"),
+            ("worker1/", RuntimeError, "Device string must not be empty"),
+            ("worker1/cuda:0/cuda:1", ValueError,
+             "Could not parse remote_device: worker1/cuda:0/cuda:1. The valid format is "
+             "'<workername>/<device>'"),
+            ("/", ValueError, "Could not parse remote_device: /. The valid format is "
+             "'<workername>/<device>'"),
+            ("/cuda:0", ValueError, "Could not parse remote_device: /cuda:0. The valid format "
+             "is '<workername>/<device>'"),
+            ("rank:x/cpu", ValueError, "Could not parse remote_device: rank:x/cpu."),
+        ]
+        for remote_device, error, words in refused:
+            try:
+                RemoteModule(remote_device, torch.nn.Linear, args=(2, 2))
+                raise AssertionError(f"RemoteModule accepted {remote_device!r}")
+            except error as e:
+                assert words in str(e), (remote_device, e)
+        by_name = RemoteModule("worker1", _Pair)
+        by_rank = RemoteModule("rank:1/cpu", _Pair)
+        assert (by_name.on, by_name.device) == ("worker1", "cpu"), (by_name.on, by_name.device)
+        assert (by_rank.on, by_rank.device) == (1, "cpu"), (by_rank.on, by_rank.device)
+        # worker0 set a map for worker1 ({"cpu": "cpu"}), as torch's agent tells.
+        assert by_name.is_device_map_set and by_rank.is_device_map_set
+        x = torch.arange(3.0)
+        out = by_rank(x, scale=2.0)
+        assert type(out).__name__ == "Out", type(out)
+        assert out.doubled.tolist() == [0.0, 4.0, 8.0], out
+        assert out.parts[0].tolist() == x.tolist() and out.parts[1]["neg"].tolist() == (-x).tolist()
+        moved = _to_cpu(out)
+        assert type(moved) is type(out) and isinstance(moved.parts, list), moved
+        assert torch.equal(moved.parts[1]["neg"], -x)
+    else:
+        # worker1 set no map for worker0.
+        assert not RemoteModule("worker0/cpu", torch.nn.Linear, args=(2, 2)).is_device_map_set
+    rpc.shutdown()
     print("SCENARIO OK")
 
 

@@ -58,6 +58,7 @@
 #include "obs/trace.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
+#include "rpc/internal/device_maps.h"
 #include "rpc/internal/flow_control.h"
 #include "rpc/internal/peer.h"
 #include "rpc/internal/peer_path.h"
@@ -90,9 +91,6 @@ class DeliveryScope {
 
 // How many CUDA devices this process sees (0 in a CPU-only LibTorch).
 int LocalCudaDevices();
-// The parts of AgentOptions::devices.maps that concern this worker alone:
-// its own devices, a map to itself, two devices mapped to one.
-absl::Status CheckLocalDeviceMaps(const AgentOptions& options);
 // Adds AgentOptions::devices.maps and the device count to a registration.
 void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine);
 
@@ -191,9 +189,9 @@ class AgentImpl final : public Runtime, private TransportHandler {
   std::string StreamIdentity(int peer) const;
   absl::StatusOr<int> DeviceOnPeer(int peer, int device) const override;
   CudaTensorChannel* CudaChannelFor(int peer) const override;
-  // Checks this worker's device maps against the registrations and fills
-  // device_map_to_ (rpc/device_map.cc).
-  absl::Status ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
+  // Fills device_maps_ and cuda_channel_peer_ from the registrations
+  // (rpc/device_map.cc); CheckJobDeviceMaps checks them.
+  void ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records);
 
  private:
   // At most this many sends of one request (P8).
@@ -407,10 +405,9 @@ class AgentImpl final : public Runtime, private TransportHandler {
   std::string store_instance_;        // set during Rendezvous
   std::vector<WorkerInfo> workers_;   // set during Rendezvous
   std::vector<int64_t> peer_limits_;  // set during Rendezvous
-  // Per peer: this worker's CUDA device -> the peer's, and whether any map
-  // applies to the peer (AgentOptions::devices.maps); set during Rendezvous.
-  std::vector<std::map<int, int>> device_map_to_;
-  std::vector<bool> has_device_map_to_;
+  // Where this worker's tensors arrive on each peer
+  // (AgentOptions::devices.maps); set during Rendezvous.
+  DeviceMaps device_maps_;
   // The peers AgentCollaborators::cuda_channel serves: other processes on
   // this host (same boot id and PID namespace); set during Rendezvous.
   std::vector<bool> cuda_channel_peer_;

@@ -31,8 +31,10 @@ absl::StatusOr<std::unique_ptr<LoopbackJob>> LoopbackJob::Start(LoopbackJobOptio
   }
   for (auto& t : threads) t.join();
   absl::Status first;
+  if (options.start_results != nullptr) options.start_results->clear();
   for (int r = 0; r < n; ++r) {
     if (!made[r].ok() && first.ok()) first = made[r].status();
+    if (options.start_results != nullptr) options.start_results->push_back(made[r].status());
   }
   for (int r = 0; r < n; ++r) {
     job->agents_.push_back(made[r].ok() ? *std::move(made[r]) : nullptr);

@@ -63,6 +63,9 @@ struct LoopbackJobOptions {
   // A worker whose start fails is started again, up to this many times,
   // with AgentOptions::restarts.rejoin, as baton-run's per-role restart does.
   int max_restarts = 0;
+  // Where set, receives each rank's own result of Start, in rank order: OK,
+  // or why its last start failed. It must outlive Start.
+  std::vector<absl::Status>* start_results = nullptr;
 };
 
 class LoopbackJob {

@@ -579,6 +579,52 @@ TEST(Codec, CudaTensorsForMissingDevicesOrWithoutAChannelAreRefused) {
   EXPECT_TRUE(absl::StrContains(s.message(), "bad CUDA tensor path 7")) << s;
 }
 
+// A device map that puts the host's tensors on the peer's cuda:0 (torch's
+// set_device_map(peer, {"cpu": 0})) and leaves CUDA tensors where they are.
+class HostToGpuRouter final : public DeviceRouter {
+ public:
+  absl::StatusOr<int> DeviceOnPeer(int, int device) const override {
+    return device == kCpuDevice ? 0 : device;
+  }
+  CudaTensorChannel* CudaChannelFor(int) const override { return nullptr; }
+};
+
+// A CPU tensor that a device map sends to a GPU travels as a CUDA tensor
+// (here, without a GPU, its arrival is refused naming cuda:0; on a GPU it
+// arrives there), views included; a sparse tensor's parts stay on the host
+// whatever the map says, so it arrives on the CPU; outside a call (no
+// router) nothing moves.
+TEST(Codec, ADeviceMapFromTheHostSendsCpuTensorsToTheMappedGpu) {
+  HostToGpuRouter router;
+  CodecContext cc;
+  cc.devices = &router;
+  cc.peer = 1;
+  const at::Tensor dense = at::arange(12.0).view({3, 4});
+  for (const at::Tensor& sent : {dense, dense.t()}) {  // contiguous, and a view
+    auto p = EncodeMessage(sent, &cc);
+    ASSERT_TRUE(p.ok()) << p.status();
+    at::Tensor got;
+    const absl::Status s = DecodeMessage(*p, &got);
+    if (torch::cuda::device_count() == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "a CUDA tensor arrived for cuda:0")) << s;
+    } else {
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(got.device(), at::Device(at::kCUDA, 0));
+      EXPECT_TRUE(got.cpu().equal(sent));
+    }
+  }
+  const at::Tensor sparse = SparseExample().coalesce();
+  auto p = EncodeMessage(sparse, &cc);
+  ASSERT_TRUE(p.ok()) << p.status();
+  at::Tensor got;
+  ASSERT_TRUE(DecodeMessage(*p, &got).ok());
+  EXPECT_TRUE(got.is_sparse());
+  EXPECT_TRUE(got.device().is_cpu());
+  EXPECT_TRUE(got.to_dense().equal(sparse.to_dense()));
+  EXPECT_TRUE(RoundTrip(dense).device().is_cpu());
+}
+
 TEST(Codec, DeclaredSizesAreCheckedBeforeAllocating) {
   // A tensor header that claims 2^40 floats (4 TiB) with no bytes behind it.
   Encoder enc;

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -56,51 +57,96 @@ int CudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
 
 // ---- Device maps checked at Create (any machine) ----
 
-absl::Status StartWithMaps(std::function<void(int, AgentOptions&)> configure) {
+// Starts a job of two workers with the maps `configure` sets, and checks
+// that every worker's init failed alike, as torch's init_rpc does: INVALID_
+// ARGUMENT with `want`, which names the worker at fault (rpc/internal/
+// device_maps.h).
+void StartWithMaps(std::function<void(int, AgentOptions&)> configure, const std::string& want) {
   testing::LoopbackJobOptions o;
   o.world_size = 2;
   o.init_timeout = absl::Seconds(10);
   o.configure = std::move(configure);
-  return testing::LoopbackJob::Start(o).status();
+  std::vector<absl::Status> results;
+  o.start_results = &results;
+  EXPECT_FALSE(testing::LoopbackJob::Start(o).ok());
+  EXPECT_EQ(results.size(), 2u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kInvalidArgument)
+        << "w" << r << ": " << results[r];
+    EXPECT_TRUE(absl::StrContains(results[r].message(), want)) << "w" << r << ": " << results[r];
+  }
 }
 
-TEST(DeviceMaps, AWorkerNotInTheJobIsRefused) {
+TEST(DeviceMaps, AWorkerNotInTheJobFailsEveryWorkersInit) {
   // An empty map: nothing this worker could check alone.
-  const absl::Status s = StartWithMaps([](int, AgentOptions& o) { o.devices.maps["w9"] = {}; });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_TRUE(absl::StrContains(
-      s.message(), "AgentOptions::devices.maps[\"w9\"]: worker 'w9' is not in this job"))
-      << s;
+  StartWithMaps(
+      [](int rank, AgentOptions& o) {
+        if (rank == 1) o.devices.maps["w9"] = {};
+      },
+      "Node w1 has invalid target node names in its device maps: 'w9' is not a worker "
+      "of this job");
 }
 
-TEST(DeviceMaps, ADeviceThisWorkerDoesNotHaveIsRefused) {
+TEST(DeviceMaps, ADeviceThisWorkerDoesNotHaveIsReportedForTheFirstWorkerAtFault) {
   const int n = CudaDevices();
-  const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
-    o.devices.maps[rank == 0 ? "w1" : "w0"] = {{n, 0}};
-  });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:", n, ", but worker 'w")))
-      << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("has ", n, " CUDA device(s)"))) << s;
+  StartWithMaps(
+      [n](int rank, AgentOptions& o) {
+        o.devices.maps[rank == 0 ? "w1" : "w0"] = {{n, 0}};
+      },
+      absl::StrCat("Node w0 has source devices with invalid indices in its device map for w1: "
+                   "cuda:",
+                   n, ", but w0 has ", n, " CUDA device(s)"));
 }
 
 TEST(DeviceMaps, AMapToItselfIsRefused) {
-  const absl::Status s = StartWithMaps([](int rank, AgentOptions& o) {
-    o.devices.maps[absl::StrCat("w", rank)] = {{0, 0}};
-  });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "a worker maps no devices to itself")) << s;
+  StartWithMaps(
+      [](int rank, AgentOptions& o) {
+        o.devices.maps[absl::StrCat("w", rank)] = {{0, 0}};
+      },
+      "Node w0 has a device map for itself");
 }
 
 TEST(DeviceMaps, ADeviceThePeerDoesNotHaveIsRefused) {
-  SKIP_WITHOUT_GPU();
+  // The host's tensors to a GPU index the peer does not have: checkable on
+  // any machine (the host is always there).
   const int n = CudaDevices();
-  const absl::Status s = StartWithMaps([n](int rank, AgentOptions& o) {
-    o.devices.maps[rank == 0 ? "w1" : "w0"] = {{0, n}};
-  });
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("maps cuda:0 to cuda:", n, " of worker")))
-      << s;
+  StartWithMaps(
+      [n](int rank, AgentOptions& o) {
+        if (rank == 1) o.devices.maps["w0"] = {{kCpuDevice, n}};
+      },
+      absl::StrCat("Node w1 has target devices with invalid indices in its device map for w0: "
+                   "cpu to cuda:",
+                   n, ", but w0 has ", n, " CUDA device(s)"));
+}
+
+TEST(DeviceMaps, TwoDevicesMappedToOneAreRefused) {
+  StartWithMaps(
+      [](int rank, AgentOptions& o) {
+        if (rank == 0) o.devices.maps["w1"] = {{kCpuDevice, 0}, {0, 0}};
+      },
+      "Node w0 has duplicated target devices in its device map for w1: cuda:0 is the target of "
+      "both cpu and cuda:0");
+}
+
+// A map of the host to the host changes nothing, and is accepted on any
+// machine.
+TEST(DeviceMaps, AHostToHostMapIsAccepted) {
+  testing::LoopbackJobOptions o;
+  const Function<at::Tensor(at::Tensor)> echo("echo");
+  o.install = [&echo](int, FunctionRegistry& r) {
+    (void)r.Register(echo, [](at::Tensor t) { return t * 2; });
+  };
+  o.configure = [](int rank, AgentOptions& options) {
+    if (rank == 0) options.devices.maps["w1"] = {{kCpuDevice, kCpuDevice}};
+  };
+  auto job = testing::LoopbackJob::Start(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int from : {0, 1}) {
+    at::Tensor back = (*job)->agent(from).rpc_sync(1 - from, echo, at::arange(5.0));
+    EXPECT_TRUE(back.device().is_cpu());
+    EXPECT_TRUE(back.equal(at::arange(5.0) * 2));
+  }
+  EXPECT_TRUE((*job)->ShutdownAll().ok());
 }
 
 // Without a GPU, a CUDA tensor never exists here; what the other end may
@@ -173,9 +219,11 @@ bool UseIpc() {
 }
 #endif
 
-// w0 maps its cuda:0 to w1's cuda:0 when `map`; w1 sets no map and answers
-// through the inverse of w0's.
-Worker Start(bool map) {
+const std::map<int, int> kGpuToGpu = {{0, 0}};
+
+// w0 maps its devices to w1's by `map` (none where empty); w1 sets no map
+// and answers through the inverse of w0's.
+Worker Start(const std::map<int, int>& map) {
   Worker w;
   w.registry = std::make_shared<FunctionRegistry>();
   auto& r = *w.registry;
@@ -223,7 +271,7 @@ Worker Start(bool map) {
   });
   auto opts = AgentOptions::FromEnv("w");
   WCHECK_OK(opts.status());
-  if (map && opts->rank == 0) opts->devices.maps["w1"] = {{0, 0}};
+  if (!map.empty() && opts->rank == 0) opts->devices.maps["w1"] = map;
   AgentCollaborators collaborators;
 #ifdef BATON_TEST_WITH_CUDA_IPC
   if (UseIpc()) {
@@ -256,7 +304,7 @@ void CheckSame(const at::Tensor& got, const at::Tensor& want, const std::string&
 }
 
 BATON_SCENARIO(cuda_echo) {
-  Worker w = Start(/*map=*/true);
+  Worker w = Start(kGpuToGpu);
   RpcAgent& agent = *w.agent;
   if (agent.self().id == 0) {
     const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
@@ -304,8 +352,29 @@ BATON_SCENARIO(cuda_echo) {
   return 0;
 }
 
+// torch's set_device_map("w1", {"cpu": 0, 0: "cpu"}): w0's CPU tensors
+// arrive on w1's cuda:0 and its cuda:0 tensors in w1's host memory; w1's
+// replies come back through the inverse.
+BATON_SCENARIO(cuda_host_map) {
+  Worker w = Start({{kCpuDevice, 0}, {0, kCpuDevice}});
+  RpcAgent& agent = *w.agent;
+  if (agent.self().id == 0) {
+    const at::Tensor cpu = at::arange(6.0).reshape({2, 3});
+    const at::Tensor cuda = cpu.to(at::Device(at::kCUDA, 0));
+    WCHECK(agent.rpc_sync(1, where_fn, cpu) == "cuda:0 Float");
+    WCHECK(agent.rpc_sync(1, where_fn, cpu.t()) == "cuda:0 Float");
+    WCHECK(agent.rpc_sync(1, where_fn, cuda) == "cpu Float");
+    CheckSame(agent.rpc_sync(1, echo_fn, cpu), cpu, "echo of a CPU tensor");
+    CheckSame(agent.rpc_sync(1, echo_fn, cuda), cuda, "echo of a CUDA tensor");
+    CheckSame(agent.rpc_sync(1, make_cuda_fn, int64_t{4}), at::arange(4, at::kLong),
+              "a CUDA result, back in host memory");
+  }
+  WCHECK_OK(agent.Shutdown());
+  return 0;
+}
+
 BATON_SCENARIO(cuda_without_map) {
-  Worker w = Start(/*map=*/false);
+  Worker w = Start({});
   RpcAgent& agent = *w.agent;
   if (agent.self().id == 0) {
     at::Tensor t = at::ones({3}, at::TensorOptions().device(at::kCUDA, 0));
@@ -341,7 +410,7 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, const std::strin
 }
 
 BATON_SCENARIO(cuda_autograd) {
-  Worker w = Start(/*map=*/true);
+  Worker w = Start(kGpuToGpu);
   RpcAgent& agent = *w.agent;
   if (agent.self().id == 0) {
     const auto cuda = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA, 0);
@@ -398,6 +467,11 @@ TEST(CudaRpc, EchoOfDtypesAndViewsArrivesOnTheMappedDevice) {
   ExpectAllSucceeded(RunWorkers("cuda_echo", 2, absl::Seconds(120)));
 }
 
+TEST(CudaRpc, AMapOfTheHostMovesTensorsBetweenTheHostAndTheGpu) {
+  SKIP_WITHOUT_GPU();
+  ExpectAllSucceeded(RunWorkers("cuda_host_map", 2, absl::Seconds(120)));
+}
+
 TEST(CudaRpc, WithoutAMapTheCallFailsNamingTheDeviceAndTheWorker) {
   SKIP_WITHOUT_GPU();
   ExpectAllSucceeded(RunWorkers("cuda_without_map", 2, absl::Seconds(120)));
@@ -431,7 +505,7 @@ int64_t AllocatedBytes() {
 // killed. Once w0 finds w1 dead, the export is dropped and the memory is
 // back in w0's allocator: measured with the allocator's own count.
 BATON_SCENARIO(cuda_ipc_receiver_dies) {
-  Worker w = Start(/*map=*/true);
+  Worker w = Start(kGpuToGpu);
   RpcAgent& agent = *w.agent;
   if (agent.self().id == 1) {
     // Stopped, then killed, by w0; it never returns from here.
@@ -467,7 +541,7 @@ BATON_SCENARIO(cuda_ipc_receiver_dies) {
 // of a tensor of twos that arrives next. The sum must still see ones: the
 // second copy waits for the work queued on the memory's stream.
 BATON_SCENARIO(cuda_ipc_reuse) {
-  Worker w = Start(/*map=*/true);
+  Worker w = Start(kGpuToGpu);
   RpcAgent& agent = *w.agent;
   if (agent.self().id == 0) {
     const auto cuda = at::TensorOptions().device(at::kCUDA, 0);

@@ -106,7 +106,7 @@ if [ $wheel = 1 ]; then
   step "functional checks (background): pytest's CUDA cases, PyTorch's CUDA RPC tests on baton"
   (cd "$root/python/tests" && BATON_RUN="$baton_run" BATON_CPP_PEER="$build/bin/cpp_peer" \
     LD_LIBRARY_PATH="$clean_ld" timeout 300 "$py" -m pytest -p no:cacheprovider -q -ra \
-      -k "cuda or device_maps" .) >"$logs/pytest_cuda.log" 2>&1 &
+      -k "cuda or device_maps or remote_module" .) >"$logs/pytest_cuda.log" 2>&1 &
   pytest_job=$!
   conformance baton &
   baton_conformance=$!

@@ -73,8 +73,33 @@ def _create_with_interface(module_cls, args, kwargs, device, module_interface_cl
     return _rpc.RRef(module, module_interface_cls)
 
 
-def _forward(module_rref, args, kwargs):
-    return module_rref.local_value()(*args, **kwargs)
+def _to_cpu(value):
+    """`value` with every tensor in it (nested in tuples, lists and dicts)
+    moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_to_cpu(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+    return value
+
+
+def _forward(module_rref, device, is_device_map_set, args, kwargs):
+    """Runs on the module's worker, as torch's _remote_forward: for a module
+    on a GPU, the tensors among the arguments move to its device, and unless
+    the caller has a device map for this worker the tensors in the result
+    come back through the CPU (torch moves those of a tuple result; baton
+    those nested anywhere in it, so a single tensor stays one tensor)."""
+    module = module_rref.local_value()
+    if torch.device(device).type != "cuda":
+        return module(*args, **kwargs)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = module(*args, **kwargs)
+    return out if is_device_map_set else _to_cpu(out)
 
 
 def _parameter_rrefs(module_rref, recurse):
@@ -86,26 +111,47 @@ def _set_training(module_rref, mode):
 
 
 def _parse_remote_device(remote_device):
-    worker, _, device = remote_device.partition("/")
+    """(worker name or rank, device) of "<worker>/<device>",
+    "rank:<n>/<device>" or "<worker>" (the CPU), with torch's errors
+    (torch.distributed.remote_device): ValueError for the form, and
+    torch.device's RuntimeError for the device."""
+    parse_error = (f"Could not parse remote_device: {remote_device}. The valid format is "
+                   "'<workername>/<device>' or 'rank:<rank>/<device>'")
+    if not isinstance(remote_device, str):
+        raise TypeError(f"Invalid type for remote_device: {type(remote_device)}")
+    fields = remote_device.split("/")
+    if len(fields) == 2:
+        worker, device = fields
+    elif len(fields) == 1:
+        worker, device = fields[0], "cpu"
+    else:
+        raise ValueError(parse_error)
     if not worker:
-        raise ValueError(f"remote_device '{remote_device}' is not '<worker>/<device>'")
-    if worker.startswith("rank:"):
-        rank = worker[len("rank:"):]
-        if not rank.isdigit():
-            raise ValueError(f"remote_device '{remote_device}': bad rank")
-        worker = int(rank)
-    return worker, device or "cpu"
+        raise ValueError(parse_error)
+    device = torch.device(device)
+    parts = worker.split(":")
+    if len(parts) == 2:
+        if parts[0] != "rank" or not parts[1].isdigit():
+            raise ValueError(parse_error)
+        worker = int(parts[1])
+    elif len(parts) > 2:
+        raise ValueError(parse_error)
+    return worker, str(device)
 
 
 # The methods installed on every RemoteModule (torch's generated methods).
 def forward_async(self, *args, **kwargs):
     """Runs the remote module's forward; returns a torch.futures.Future."""
-    return _rpc.rpc_async(self.module_rref.owner(), _forward, args=(self.module_rref, args, kwargs))
+    return _rpc.rpc_async(self.module_rref.owner(), _forward,
+                          args=(self.module_rref, self.device, self.is_device_map_set, args,
+                                kwargs))
 
 
 def forward(self, *args, **kwargs):
     """Runs the remote module's forward and returns its result."""
-    return _rpc.rpc_sync(self.module_rref.owner(), _forward, args=(self.module_rref, args, kwargs))
+    return _rpc.rpc_sync(self.module_rref.owner(), _forward,
+                         args=(self.module_rref, self.device, self.is_device_map_set, args,
+                               kwargs))
 
 
 _GENERATED_METHODS = (forward_async, forward)
@@ -157,7 +203,10 @@ class _RemoteModule(torch.nn.Module):
 
     def _attach(self, on, device, module_rref, scripted_methods=None):
         self.on, self.device = on, device
-        self.is_device_map_set = False
+        # Whether this worker has a device map for the module's: then the
+        # result's tensors travel as they are, not through the CPU.
+        agent = _rpc._get_current_rpc_agent()
+        self.is_device_map_set = bool(agent._get_device_map(agent.get_worker_info(on)))
         self.is_scriptable = scripted_methods is not None
         self.generated_methods = scripted_methods or _GENERATED_METHODS
         self.module_rref = module_rref

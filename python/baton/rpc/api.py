@@ -23,7 +23,8 @@ import torch
 from baton import _C, _errors, _pickle
 from baton import torch_rpc as _torch_rpc
 from baton._errors import (  # noqa: F401
-    RemoteException, RpcError, RpcRuntimeError, RpcTimeoutError, WorkerUnavailableError)
+    InvalidArgumentError, RemoteException, RpcError, RpcRuntimeError, RpcTimeoutError,
+    WorkerUnavailableError)
 from baton.rpc import _profiling, functions  # noqa: F401
 from baton.rpc.internal import PythonUDF, RPCExecMode, _internal_rpc_pickler
 
@@ -32,7 +33,8 @@ __all__ = [
     "get_worker_infos",
     "WorkerInfo", "RRef", "BackendType", "RpcBackendOptions", "TensorPipeRpcBackendOptions",
     "functions", "is_available", "RpcError", "RpcRuntimeError", "RpcTimeoutError",
-    "WorkerUnavailableError", "RemoteException", "UNSET_RPC_TIMEOUT", "DEFAULT_RPC_TIMEOUT_SEC",
+    "WorkerUnavailableError", "InvalidArgumentError", "RemoteException", "UNSET_RPC_TIMEOUT",
+    "DEFAULT_RPC_TIMEOUT_SEC",
     "CppFunction", "get_rpc_timeout", "enable_gil_profiling", "RpcAgent", "TensorPipeAgent",
 ]
 
@@ -58,9 +60,11 @@ class RpcBackendOptions:
     an RPC does not count, so nested calls never exhaust it). Unset, it is
     the number of hardware threads (at least 2); it reads 16, torch's
     default, as torch's options do.
-    device_maps (set_device_map): where CUDA tensors sent to a worker
-    arrive, as in torch (docs/cuda.md); devices, _transports, _channels:
-    accepted and unused.
+    device_maps (set_device_map): where tensors sent to a worker arrive,
+    as in torch (docs/cuda.md): CUDA tensors, and CPU tensors where the map
+    names "cpu"; every worker checks the whole job's maps at init, and
+    init_rpc raises ValueError in torch's words. devices, _transports,
+    _channels: accepted and unused.
     """
 
     def __init__(self, num_worker_threads=None, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
@@ -116,35 +120,46 @@ class RpcBackendOptions:
 TensorPipeRpcBackendOptions = RpcBackendOptions
 
 
-def _cuda_index(device, to):
-    """A device map's key or value as a CUDA device index, as torch accepts
-    them: an int, "cuda:N" or a torch.device of type cuda."""
+# The host in the device maps the agent takes (kCpuDevice in rpc/codec.h).
+_CPU = -1
+
+
+def _as_device(device):
+    """A device map's key or value as torch.device (an int is a CUDA index)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def _map_device(device, to):
+    """A device map's key or value as the agent takes it, as torch accepts
+    them: "cpu" (or a torch.device of type cpu) for the host, and for a GPU
+    an int, "cuda:N" or a torch.device of type cuda with an index."""
     if isinstance(device, int) and not isinstance(device, bool):
         return device
     d = torch.device(device)
+    if d.type == "cpu":
+        return _CPU
     if d.type != "cuda" or d.index is None:
-        raise ValueError(f"device map for {to!r}: '{d}' is not a CUDA device with an index "
-                         "(use an int, 'cuda:N' or torch.device('cuda', N))")
+        raise ValueError(f"device map for {to!r}: '{d}' is neither the CPU nor a CUDA device "
+                         "with an index (use 'cpu', an int, 'cuda:N' or torch.device('cuda', N))")
     return d.index
 
 
-def _is_cpu(device):
-    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
-
-
 def _device_map(to, device_map, self_name):
-    """A device map as the agent takes it, CUDA index to CUDA index. Entries
-    that say what happens anyway are dropped: CPU to CPU (torch accepts
-    {"cpu": "cpu"}), and a device to itself in a map for this very worker
-    (a call to itself keeps its devices). A CPU tensor landing on a GPU, or
-    the other way, is refused by _cuda_index."""
+    """A device map as the agent takes it: device index to device index,
+    the host as _CPU. A CPU tensor may land on a GPU and a CUDA tensor in
+    host memory (torch's {"cpu": 0} and {0: "cpu"}). Entries that say what
+    happens anyway are dropped: CPU to CPU (torch accepts {"cpu": "cpu"}),
+    and a device to itself in a map for this very worker (a call to itself
+    keeps its devices). Whether each device exists is checked by every
+    worker at init, against the whole job's registrations."""
     out = {}
     for k, v in dict(device_map).items():
-        if _is_cpu(k) and _is_cpu(v):
+        k, v = _map_device(k, to), _map_device(v, to)
+        if k == v and (k == _CPU or to == self_name):
             continue
-        k, v = _cuda_index(k, to), _cuda_index(v, to)
-        if not (to == self_name and k == v):
-            out[k] = v
+        out[k] = v
     return out
 
 
@@ -243,6 +258,9 @@ class WorkerInfo:
 
 _lock = threading.Lock()
 _agent = None
+# This worker's device maps as init_rpc was given them, by worker name,
+# devices as torch.device (RpcAgent._get_device_map).
+_device_maps_given: Dict[str, Dict[torch.device, torch.device]] = {}
 
 
 # The default timeout of this worker's calls, in seconds (0: none); init_rpc
@@ -333,7 +351,7 @@ def _init_rpc_backend(backend=BackendType.TENSORPIPE, store=None, name=None, ran
 
 
 def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store):
-    global _agent, _generation, _dynamic
+    global _agent, _generation, _dynamic, _device_maps_given
     if isinstance(backend, RpcBackendOptions) and rpc_backend_options is None:
         backend, rpc_backend_options = None, backend
     if backend is not None and not backend_registry.is_backend(backend):
@@ -393,6 +411,8 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
         if mapped or to != name:  # a map for itself that kept every device is no map
             device_maps[str(to)] = mapped
     config.device_maps = device_maps
+    given = {str(to): {_as_device(k): _as_device(v) for k, v in dict(m).items()}
+             for to, m in options.device_maps.items()}
     if store is not None:
         _meet_through_store(config, store, int(rank))
     else:
@@ -410,6 +430,7 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
         _generation += 1
         try:
             _agent = _C.Agent.create(config, _pickle.dumps, _run)
+            _device_maps_given = given
             _dynamic = dynamic
             _errors.SELF_NAME = _agent.self_info()[0]
             # This worker's own profiler events carry its id (torch's
@@ -680,6 +701,11 @@ class RpcAgent:
 
     def get_worker_infos(self):
         return get_worker_infos()
+
+    def _get_device_map(self, worker_info: "WorkerInfo") -> Dict[torch.device, torch.device]:
+        """This worker's device map for that worker, as init_rpc was given
+        it (empty where none was set), as torch's agent answers."""
+        return dict(_device_maps_given.get(worker_info.name, {}))
 
     def get_debug_info(self) -> Dict[str, str]:
         stats = self._agent.stats()
