@@ -236,6 +236,13 @@ struct AgentOptions {
     // CPU; a CUDA tensor sent where no map names its device fails the call
     // with INVALID_ARGUMENT naming the device and the worker.
     std::map<std::string, std::map<int, int>> maps;
+    // The devices this worker's tensors travel from and to (torch's
+    // TensorPipeRpcBackendOptions.devices; kCpuDevice is the host). Where
+    // set, its own maps may take only these devices, and the other
+    // workers' maps may send to it only these; the same check refuses an
+    // index it does not have, or one listed twice. Empty: every device it
+    // has.
+    std::vector<int> devices;
   } devices;
 
   // The executor that runs remote functions (rpc/executor.h).

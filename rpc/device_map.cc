@@ -21,6 +21,7 @@ void PublishDeviceMaps(const AgentOptions& options, proto::WorkerRecord& mine) {
     for (const auto& [from, to] : devices) (*map.mutable_devices())[from] = to;
   }
   mine.set_cuda_devices(LocalCudaDevices());
+  for (int device : options.devices.devices) mine.add_devices(device);
 }
 
 void AgentImpl::ResolveDeviceMaps(const std::vector<proto::WorkerRecord>& records) {

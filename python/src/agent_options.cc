@@ -67,6 +67,7 @@ absl::StatusOr<rpc::AgentOptions> AgentOptionsFrom(const AgentConfig& config,
   }
   if (config.parallelism.has_value()) options->threads.parallelism = *config.parallelism;
   options->devices.maps = config.device_maps;
+  options->devices.devices = config.devices;
   options->front_ends = {"python"};
   return options;
 }

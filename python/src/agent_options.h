@@ -61,8 +61,10 @@ struct AgentConfig {
   // INVALID_ARGUMENT.
   std::optional<double> restart_wait;
   std::optional<int> parallelism;
-  // TensorPipeRpcBackendOptions.device_maps, as CUDA device indexes.
+  // TensorPipeRpcBackendOptions.device_maps and .devices, as device
+  // indexes (-1: the host, rpc::kCpuDevice).
   std::map<std::string, std::map<int, int>> device_maps;
+  std::vector<int> devices;
   // Drop-in mode: torch's agent starts right after the rendezvous (what
   // TorchScript's requests need; one that arrives first waits for it).
   bool torch_agent = false;

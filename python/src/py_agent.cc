@@ -554,7 +554,8 @@ AgentClass BindAgent(py::module_& m) {
       .def_readwrite("shutdown_wait_for_peers", &AgentConfig::shutdown_wait_for_peers)
       .def_readwrite("parallelism", &AgentConfig::parallelism)
       .def_readwrite("restart_wait", &AgentConfig::restart_wait)
-      .def_readwrite("device_maps", &AgentConfig::device_maps);
+      .def_readwrite("device_maps", &AgentConfig::device_maps)
+      .def_readwrite("devices", &AgentConfig::devices);
 
   py::class_<RegistryInstaller, std::shared_ptr<RegistryInstaller>>(m, "RegistryInstaller");
 

@@ -1,6 +1,7 @@
 #include "rpc/internal/device_maps.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +27,37 @@ std::vector<std::pair<std::string, std::map<int, int>>> SortedMaps(
   return maps;
 }
 
+std::string DeviceList(const proto::WorkerRecord& record) {
+  std::string out;
+  for (int device : record.devices())
+    absl::StrAppend(&out, out.empty() ? "" : ", ", DeviceName(device));
+  return out;
+}
+
+bool Listed(int device, const proto::WorkerRecord& record) {
+  return std::find(record.devices().begin(), record.devices().end(), device) !=
+         record.devices().end();
+}
+
+// A worker's own list of devices (AgentOptions::devices.devices).
+absl::Status CheckDevices(const proto::WorkerRecord& record) {
+  const std::string& node = record.name();
+  std::set<int> seen;
+  for (int device : record.devices()) {
+    if (!seen.insert(device).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Node ", node, " has duplicated devices: ", DeviceName(device),
+                       " is listed twice in (", DeviceList(record), ")"));
+    }
+    if (!Exists(device, record.cuda_devices())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Node ", node, " has devices with invalid indices: ", DeviceName(device),
+                       ", but ", node, " has ", record.cuda_devices(), " CUDA device(s)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMap(const proto::WorkerRecord& source, const std::string& target_name,
                       const std::map<int, int>& map, const proto::WorkerRecord& target) {
   const std::string& node = source.name();
@@ -40,15 +72,28 @@ absl::Status CheckMap(const proto::WorkerRecord& source, const std::string& targ
                        " (a device map must be one-to-one, so that replies can come back)"));
     }
   }
+  // The source devices: among the worker's own list where it set one, else
+  // among those it has. The same for the targets, on the target.
   for (const auto& [from, to] : map) {
-    if (!Exists(from, source.cuda_devices())) {
+    if (!source.devices().empty() && !Listed(from, source)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Node ", node, " has unexpected source devices", in_map, DeviceName(from),
+                       " is not among its devices (", DeviceList(source), ")"));
+    }
+    if (source.devices().empty() && !Exists(from, source.cuda_devices())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Node ", node, " has source devices with invalid indices", in_map, DeviceName(from),
           ", but ", node, " has ", source.cuda_devices(), " CUDA device(s)"));
     }
   }
   for (const auto& [from, to] : map) {
-    if (!Exists(to, target.cuda_devices())) {
+    if (!target.devices().empty() && !Listed(to, target)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Node ", node, " has unexpected target devices", in_map, DeviceName(from),
+                       " to ", DeviceName(to), ", which is not among the devices of ", target_name,
+                       " (", DeviceList(target), ")"));
+    }
+    if (target.devices().empty() && !Exists(to, target.cuda_devices())) {
       return absl::InvalidArgumentError(
           absl::StrCat("Node ", node, " has target devices with invalid indices", in_map,
                        DeviceName(from), " to ", DeviceName(to), ", but ", target_name, " has ",
@@ -67,6 +112,9 @@ std::string DeviceName(int device) {
 absl::Status CheckJobDeviceMaps(const std::vector<proto::WorkerRecord>& records) {
   absl::flat_hash_map<std::string, int> rank_of;
   for (size_t r = 0; r < records.size(); ++r) rank_of.emplace(records[r].name(), r);
+  for (const proto::WorkerRecord& record : records) {
+    if (absl::Status s = CheckDevices(record); !s.ok()) return s;
+  }
   for (const proto::WorkerRecord& source : records) {
     const auto maps = SortedMaps(source);
     for (const auto& [target, map] : maps) {

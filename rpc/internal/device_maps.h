@@ -38,12 +38,15 @@ inline constexpr int kNoDevice = -2;
 // "cpu" or "cuda:<index>".
 std::string DeviceName(int device);
 
-// Every worker's device maps against the registrations: a map may name
-// only workers of the job and never its own worker, take no two devices to
-// one (replies come back through its inverse), and name only devices that
-// exist: CUDA indices below the worker's count of CUDA devices, or the
-// host. INVALID_ARGUMENT for the first fault, ranks in order and each
-// worker's maps in the order of their workers' names.
+// Every worker's device maps against the registrations. First each
+// worker's own list of devices (AgentOptions::devices.devices), where set:
+// no device twice, and only devices that exist (CUDA indices below the
+// worker's count of CUDA devices, or the host). Then the maps: a map may
+// name only workers of the job and never its own worker, take no two
+// devices to one (replies come back through its inverse), and name only
+// devices in its worker's list and its target's (or, where a worker set no
+// list, devices that exist). INVALID_ARGUMENT for the first fault, ranks in
+// order and each worker's maps in the order of their workers' names.
 absl::Status CheckJobDeviceMaps(const std::vector<proto::WorkerRecord>& records);
 
 // One worker's maps toward each rank of its job.

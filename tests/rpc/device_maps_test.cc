@@ -18,6 +18,7 @@ struct Worker {
   std::string name;
   int cuda_devices = 0;
   std::map<std::string, std::map<int, int>> maps;
+  std::vector<int> devices;  // AgentOptions::devices.devices
 };
 
 std::vector<proto::WorkerRecord> Records(const std::vector<Worker>& workers) {
@@ -30,6 +31,7 @@ std::vector<proto::WorkerRecord> Records(const std::vector<Worker>& workers) {
       auto& devices = *(*r.mutable_device_maps())[to].mutable_devices();
       for (const auto& [from, there] : map) devices[from] = there;
     }
+    for (int device : w.devices) r.add_devices(device);
   }
   return records;
 }
@@ -88,6 +90,30 @@ TEST(JobDeviceMaps, AnIndexNoDeviceHasIsRefused) {
   ExpectRefused({{"w0", 0, {{"w1", {{kCpuDevice, 0}}}}}, {"w1", 0}},
                 "Node w0 has target devices with invalid indices in its device map for w1: cpu "
                 "to cuda:0, but w1 has 0 CUDA device(s)");
+}
+
+// torch's TensorPipeRpcBackendOptions.devices: each worker's list is
+// checked first, then the maps keep to the lists.
+TEST(JobDeviceMaps, AWorkersDevicesAreCheckedBeforeAnyMap) {
+  ExpectRefused({{"w0", 0, {{"w1", {{0, 0}}}}}, {"w1", 2, {}, {1, kCpuDevice, 1}}},
+                "Node w1 has duplicated devices: cuda:1 is listed twice in (cuda:1, cpu, cuda:1)");
+  ExpectRefused({{"w0", 1, {}, {kCpuDevice, 1}}, {"w1", 1}},
+                "Node w0 has devices with invalid indices: cuda:1, but w0 has 1 CUDA device(s)");
+}
+
+TEST(JobDeviceMaps, MapsKeepToTheDevicesTheirWorkersListed) {
+  EXPECT_TRUE(CheckJobDeviceMaps(
+                  Records({
+                      {"w0", 2, {{"w1", {{1, 0}, {kCpuDevice, kCpuDevice}}}}, {1, kCpuDevice}},
+                      {"w1", 2, {}, {0, kCpuDevice}},
+                  }))
+                  .ok());
+  ExpectRefused({{"w0", 2, {{"w1", {{0, 0}}}}, {1}}, {"w1", 2}},
+                "Node w0 has unexpected source devices in its device map for w1: cuda:0 is not "
+                "among its devices (cuda:1)");
+  ExpectRefused({{"w0", 2, {{"w1", {{0, 1}}}}}, {"w1", 2, {}, {0}}},
+                "Node w0 has unexpected target devices in its device map for w1: cuda:0 to "
+                "cuda:1, which is not among the devices of w1 (cuda:0)");
 }
 
 TEST(DeviceMaps, AWorkerUsesItsOwnMapOrElseTheInverseOfThePeers) {

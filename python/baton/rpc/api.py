@@ -62,9 +62,11 @@ class RpcBackendOptions:
     default, as torch's options do.
     device_maps (set_device_map): where tensors sent to a worker arrive,
     as in torch (docs/cuda.md): CUDA tensors, and CPU tensors where the map
-    names "cpu"; every worker checks the whole job's maps at init, and
-    init_rpc raises ValueError in torch's words. devices, _transports,
-    _channels: accepted and unused.
+    names "cpu"; devices (set_devices): the devices this worker's tensors
+    travel from and to, which its maps and the maps toward it must keep to.
+    Every worker checks the whole job's maps and devices at init, and
+    init_rpc raises ValueError in torch's words. _transports, _channels:
+    accepted and unused.
     """
 
     def __init__(self, num_worker_threads=None, rpc_timeout=DEFAULT_RPC_TIMEOUT_SEC,
@@ -131,7 +133,7 @@ def _as_device(device):
     return torch.device(device)
 
 
-def _map_device(device, to):
+def _map_device(device, where):
     """A device map's key or value as the agent takes it, as torch accepts
     them: "cpu" (or a torch.device of type cpu) for the host, and for a GPU
     an int, "cuda:N" or a torch.device of type cuda with an index."""
@@ -141,7 +143,7 @@ def _map_device(device, to):
     if d.type == "cpu":
         return _CPU
     if d.type != "cuda" or d.index is None:
-        raise ValueError(f"device map for {to!r}: '{d}' is neither the CPU nor a CUDA device "
+        raise ValueError(f"{where}: '{d}' is neither the CPU nor a CUDA device "
                          "with an index (use 'cpu', an int, 'cuda:N' or torch.device('cuda', N))")
     return d.index
 
@@ -156,7 +158,8 @@ def _device_map(to, device_map, self_name):
     worker at init, against the whole job's registrations."""
     out = {}
     for k, v in dict(device_map).items():
-        k, v = _map_device(k, to), _map_device(v, to)
+        where = f"device map for {to!r}"
+        k, v = _map_device(k, where), _map_device(v, where)
         if k == v and (k == _CPU or to == self_name):
             continue
         out[k] = v
@@ -411,6 +414,7 @@ def _init(name, backend, rank, world_size, rpc_backend_options, ps_server, store
         if mapped or to != name:  # a map for itself that kept every device is no map
             device_maps[str(to)] = mapped
     config.device_maps = device_maps
+    config.devices = [_map_device(d, "devices") for d in options.devices]
     given = {str(to): {_as_device(k): _as_device(v) for k, v in dict(m).items()}
              for to, m in options.device_maps.items()}
     if store is not None:
