@@ -365,6 +365,8 @@ rpc::Future<bool> SendGradients(rpc::Runtime& agent, std::vector<Outgoing> outgo
   rpc::Promise<bool> done(agent.executor());
   for (Outgoing& o : outgoing) {
     rpc::CallOptions opts;
+    // The gradients of tensors o.to sent: back through its map, inverted.
+    opts.answers = true;
     opts.timeout = deadline == absl::InfiniteFuture()
                        ? agent.options().timeouts.rpc
                        : std::max(absl::Milliseconds(1), deadline - absl::Now());

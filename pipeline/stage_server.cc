@@ -50,7 +50,8 @@ class RpcStageLink : public StageLink {
     // the receiving runner moves it onto its device.
     if (m.tensor.is_cuda()) {
       auto peer = agent_->worker(names_[to]);
-      if (!peer.ok() || !agent_->DeviceOnPeer(peer->id, m.tensor.device().index()).ok()) {
+      if (!peer.ok() ||
+          !agent_->DeviceOnPeer(peer->id, m.tensor.device().index(), /*answers=*/false).ok()) {
         m.tensor = m.tensor.to(torch::kCPU);
       }
     }

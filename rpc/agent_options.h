@@ -225,9 +225,11 @@ struct AgentOptions {
     // {"w1", {{0, 1}}} sends this worker's cuda:0 tensors to w1's cuda:1.
     // kCpuDevice (rpc/codec.h) names the host: {{kCpuDevice, 0}} sends CPU
     // tensors to W's cuda:0, {{0, kCpuDevice}} cuda:0 tensors to W's host
-    // memory. Without a map of its own for W, a worker uses the inverse of
-    // W's map for it, so a callee returns tensors to the caller's devices
-    // when only the caller set a map. Every worker checks the whole job's
+    // memory. A request's tensors follow this worker's own map for W; a
+    // reply's (and distributed autograd's gradients, CallOptions::answers)
+    // the inverse of W's map for this worker, as torch's; where that map is
+    // missing, a CUDA tensor follows the other one and a CPU tensor stays
+    // on the CPU (rpc/internal/device_maps.h). Every worker checks the whole job's
     // maps once it has read every registration, so Create fails alike on
     // every worker, with INVALID_ARGUMENT naming the first worker at fault,
     // for a map naming a worker not in the job or the worker itself, a
@@ -353,6 +355,11 @@ struct CallOptions {
   // ("Partitions" in docs/peer_failures.md). Costs a copy of the request
   // per call.
   bool idempotent = false;
+  // The call's tensors answer tensors the callee sent this worker earlier
+  // (distributed autograd's gradients): they follow the inverse of the
+  // callee's device map for this worker, as a reply's do, rather than this
+  // worker's own map (AgentOptions::devices.maps).
+  bool answers = false;
 };
 
 // A worker named by name, id or WorkerInfo.

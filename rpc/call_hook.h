@@ -61,6 +61,10 @@ struct MessageInfo {
   absl::string_view function;
   // Send of a reply: the extensions of the request it answers. Else null.
   const std::map<std::string, std::string>* request_extensions = nullptr;
+  // Send of a request whose tensors answer tensors the peer sent
+  // (CallOptions::answers): they follow the peer's device map inverted, as
+  // a reply's always do (CodecContext::answers).
+  bool answers = false;
 };
 
 // State a hook keeps ambient while user code runs; ended by destruction.

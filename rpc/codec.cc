@@ -291,8 +291,9 @@ bool KeepsView(const at::Tensor& t) {
 
 // Where a strided tensor goes: false after enc.Fail. `destination` is the
 // device it arrives on (kCpuDevice or a CUDA index), `router` the agent
-// that said so (null for a CPU tensor outside a call, or one that keeps its
-// place: the parts of a sparse tensor).
+// that said so (null for a tensor the agent was not asked about: a CPU
+// tensor outside a call, or one that keeps its place, the parts of a
+// sparse tensor).
 bool Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map, int* destination,
                  const DeviceRouter** router) {
   const CodecContext* context = enc.context();
@@ -316,7 +317,8 @@ bool Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map, int* d
   }
   // The agent: a virtual call, no link to it.
   const int device = tensor.device().is_cuda() ? tensor.device().index() : kCpuDevice;
-  absl::StatusOr<int> there = context->devices->DeviceOnPeer(context->peer, device);
+  absl::StatusOr<int> there =
+      context->devices->DeviceOnPeer(context->peer, device, context->answers);
   if (!there.ok()) {
     enc.Fail(there.status());
     return false;

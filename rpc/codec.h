@@ -99,9 +99,10 @@ inline constexpr int kCpuDevice = -1;
 class DeviceRouter {
  public:
   // The device on `peer` where a tensor on this worker's `device` arrives;
-  // either may be kCpuDevice. A CPU tensor that no map names stays on the
-  // CPU; INVALID_ARGUMENT for a CUDA tensor that no map names.
-  virtual absl::StatusOr<int> DeviceOnPeer(int peer, int device) const = 0;
+  // either may be kCpuDevice. `answers`: the tensor answers tensors the
+  // peer sent (CodecContext::answers). A CPU tensor that no map names stays
+  // on the CPU; INVALID_ARGUMENT for a CUDA tensor that no map names.
+  virtual absl::StatusOr<int> DeviceOnPeer(int peer, int device, bool answers) const = 0;
   // The channel that moves CUDA tensors to and from `peer` without the host,
   // or null (the host carries them).
   virtual CudaTensorChannel* CudaChannelFor(int peer) const = 0;
@@ -123,9 +124,14 @@ struct CodecContext {
 
   // For the protocol layers' codecs (rref, dist_autograd, ...).
   Runtime* runtime = nullptr;
-  // For the tensor codec: where a CUDA tensor goes, and through what.
+  // For the tensor codec: where a tensor goes, and through what.
   const DeviceRouter* devices = nullptr;
   int peer = -1;
+  // The message answers one the peer sent: a reply, or distributed
+  // autograd's gradients for the tensors a call brought. Its tensors follow
+  // the inverse of the peer's device map for this worker, as torch's
+  // replies do; a request's follow this worker's own map for the peer.
+  bool answers = false;
   // When set, the tensor codec lists every tensor it encodes (as given) or
   // decodes (the decoded object, which call hooks may replace).
   std::vector<at::Tensor>* sent_tensors = nullptr;

@@ -45,12 +45,12 @@ CudaTensorChannel* AgentImpl::CudaChannelFor(int peer) const {
   return cuda_channel_.get();
 }
 
-absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device) const {
+absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device, bool answers) const {
   if (peer < 0 || peer >= static_cast<int>(workers_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("no worker with id ", peer));
   }
   if (peer == rank_) return device;  // a call to itself keeps its devices
-  const int there = device_maps_.DeviceOnPeer(peer, device);
+  const int there = device_maps_.DeviceOnPeer(peer, device, answers);
   if (there != kNoDevice) return there;
   const std::string& name = workers_[peer].name;
   if (!device_maps_.HasMap(peer)) {

@@ -351,6 +351,7 @@ absl::StatusOr<Payload> FunctionRegistry::EncodeForSend(const T& value,
   std::vector<at::Tensor> tensors;
   const bool hooks = has_call_hooks();
   CodecContext cc{message.runtime, message.peer, hooks ? &tensors : nullptr, nullptr};
+  cc.answers = message.answers || !message.is_request;
   absl::StatusOr<Payload> p = EncodeMessage(value, &cc);
   if (!p.ok() || !hooks) return p;
   absl::Status s = RunSendHooks(message, tensors, p->extensions);
@@ -492,7 +493,8 @@ absl::Status FunctionRegistry::Register(const Function<R(Args...)>& fn, F impl) 
           if (registry != nullptr) {
             return done(registry->EncodeForSend<internal::Stored<R>>(*r, reply));
           }
-          const CodecContext cc{reply.runtime, reply.peer};
+          CodecContext cc{reply.runtime, reply.peer};
+          cc.answers = true;
           done(EncodeMessage<internal::Stored<R>>(*r, &cc));
         });
   };

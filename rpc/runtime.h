@@ -196,8 +196,9 @@ Future<R> Runtime::rpc_async(const CallOptions& opts, const WorkerRef& to,
         Annotate(worker.status(), absl::StrCat("rpc of function '", fn.name(), "'")));
   }
   typename Function<R(Args...)>::ArgsTuple tuple(std::forward<CallArgs>(args)...);
-  absl::StatusOr<Payload> payload = registry().EncodeForSend(
-      tuple, MessageInfo{this, /*is_request=*/true, worker->id, fn.name()});
+  MessageInfo message{this, /*is_request=*/true, worker->id, fn.name()};
+  message.answers = opts.answers;
+  absl::StatusOr<Payload> payload = registry().EncodeForSend(tuple, message);
   if (!payload.ok()) {
     return MakeErrorFuture<R>(Annotate(
         payload.status(), absl::StrCat("rpc to worker '", worker->name, "' (id ", worker->id,

@@ -420,8 +420,9 @@ absl::StatusOr<rpc::Payload> EncodeValueForReply(const rpc::AnyValue& v,
                                                  const rpc::CallContext& ctx) {
   std::vector<at::Tensor> tensors;
   const bool hooks = ctx.registry != nullptr && ctx.registry->has_call_hooks();
-  const rpc::CodecContext cc{ctx.runtime, ctx.caller != nullptr ? ctx.caller->id : -1,
-                             hooks ? &tensors : nullptr, nullptr};
+  rpc::CodecContext cc{ctx.runtime, ctx.caller != nullptr ? ctx.caller->id : -1,
+                       hooks ? &tensors : nullptr, nullptr};
+  cc.answers = true;
   absl::StatusOr<rpc::Payload> p = v.encode(v.ptr.get(), cc);
   if (!p.ok() || !hooks) return p;
   rpc::MessageInfo m{ctx.runtime, /*is_request=*/false, cc.peer, ctx.function};

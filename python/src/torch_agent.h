@@ -43,7 +43,7 @@
 //   dist_autograd.backward and get_gradients are baton's operators
 //   (baton::dist_backward, baton::get_gradients).
 // - Device maps are not carried: a Message's tensors travel as baton's codec
-//   sends them (CPU tensors; CUDA tensors by baton's device rules).
+//   sends them, by baton's device maps (AgentOptions::devices.maps).
 //
 // Thread-safety: TorchAgentHost is safe for concurrent use; requests are
 // served on the baton agent's executor, and futures complete there (never on

@@ -1022,6 +1022,12 @@ def scenario_device_maps(rank, world_size):
         f"Node worker0 has source devices with invalid indices in its device map for worker1: "
         f"cuda:{gpus}, but worker0 has {gpus} CUDA device(s)")
     options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
+    options.set_device_map(peer, {"cpu": "cpu", 0: "cpu"})
+    expect_device_map_refused(
+        options, rank, world_size,
+        "Node worker0 has duplicated target devices in its device map for worker1: cpu is the "
+        "target of both cpu and cuda:0")
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30, init_timeout=20)
     options.set_devices(["cpu", f"cuda:{gpus}"])
     expect_device_map_refused(
         options, rank, world_size,

@@ -187,7 +187,7 @@ class AgentImpl final : public Runtime, private TransportHandler {
   bool uses_shm(int peer) const override;
   bool uses_shm_transport(int peer) const override;
   std::string StreamIdentity(int peer) const;
-  absl::StatusOr<int> DeviceOnPeer(int peer, int device) const override;
+  absl::StatusOr<int> DeviceOnPeer(int peer, int device, bool answers) const override;
   CudaTensorChannel* CudaChannelFor(int peer) const override;
   // Fills device_maps_ and cuda_channel_peer_ from the registrations
   // (rpc/device_map.cc); CheckJobDeviceMaps checks them.

@@ -140,32 +140,44 @@ absl::Status CheckJobDeviceMaps(const std::vector<proto::WorkerRecord>& records)
 
 DeviceMaps DeviceMaps::Resolve(const std::vector<proto::WorkerRecord>& records, int rank) {
   DeviceMaps maps;
-  maps.to_.assign(records.size(), {});
-  maps.has_.assign(records.size(), false);
+  maps.own_.assign(records.size(), std::nullopt);
+  maps.inverse_.assign(records.size(), std::nullopt);
   if (rank < 0 || rank >= static_cast<int>(records.size())) return maps;
   const std::string& self = records[rank].name();
   for (size_t peer = 0; peer < records.size(); ++peer) {
     if (static_cast<int>(peer) == rank) continue;
     const auto& mine = records[rank].device_maps();
     if (auto it = mine.find(records[peer].name()); it != mine.end()) {
-      maps.to_[peer] = std::map<int, int>(it->second.devices().begin(), it->second.devices().end());
-      maps.has_[peer] = true;
-      continue;
+      maps.own_[peer].emplace(it->second.devices().begin(), it->second.devices().end());
     }
     const auto& theirs = records[peer].device_maps();
-    auto it = theirs.find(self);
-    if (it == theirs.end()) continue;
-    for (const auto& [from, to] : it->second.devices()) maps.to_[peer][to] = from;
-    maps.has_[peer] = true;
+    if (auto it = theirs.find(self); it != theirs.end()) {
+      auto& inverse = maps.inverse_[peer].emplace();
+      for (const auto& [there, here] : it->second.devices()) inverse[here] = there;
+    }
   }
   return maps;
 }
 
-int DeviceMaps::DeviceOnPeer(int peer, int device) const {
-  if (HasMap(peer)) {
-    if (auto it = to_[peer].find(device); it != to_[peer].end()) return it->second;
+const std::map<int, int>* DeviceMaps::Applying(int peer, int device, bool answers) const {
+  if (peer < 0 || peer >= static_cast<int>(own_.size())) return nullptr;
+  const auto& first = answers ? inverse_[peer] : own_[peer];
+  if (first.has_value()) return &*first;
+  if (device == kCpuDevice) return nullptr;
+  const auto& second = answers ? own_[peer] : inverse_[peer];
+  return second.has_value() ? &*second : nullptr;
+}
+
+int DeviceMaps::DeviceOnPeer(int peer, int device, bool answers) const {
+  if (const std::map<int, int>* map = Applying(peer, device, answers); map != nullptr) {
+    if (auto it = map->find(device); it != map->end()) return it->second;
   }
   return device == kCpuDevice ? kCpuDevice : kNoDevice;
+}
+
+bool DeviceMaps::HasMap(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(own_.size()) &&
+         (own_[peer].has_value() || inverse_[peer].has_value());
 }
 
 }  // namespace baton::rpc::internal

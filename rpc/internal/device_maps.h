@@ -22,6 +22,7 @@
 #define BATON_RPC_INTERNAL_DEVICE_MAPS_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,33 +50,39 @@ std::string DeviceName(int device);
 // order and each worker's maps in the order of their workers' names.
 absl::Status CheckJobDeviceMaps(const std::vector<proto::WorkerRecord>& records);
 
-// One worker's maps toward each rank of its job.
+// One worker's maps toward each rank of its job, and which of them a tensor
+// follows, as torch's: a request's tensors follow this worker's own map
+// for the peer, and a reply's (or what else answers tensors the peer sent,
+// CodecContext::answers) the inverse of the peer's map for this worker. A
+// CUDA tensor whose map is missing follows the other one, where set (so one
+// side's map is enough for CUDA tensors both ways, where torch would refuse
+// them); a CPU tensor then stays on the CPU, as torch keeps it.
 class DeviceMaps {
  public:
   // No maps: CPU tensors stay on the CPU, CUDA tensors go nowhere.
   DeviceMaps() = default;
 
-  // The maps of the worker of rank `rank`, resolved from the registrations:
-  // its own map for a peer, or else the inverse of the peer's map for it (so
-  // a callee returns tensors to the devices its caller sent them from when
-  // only the caller set a map). Entries CheckJobDeviceMaps would refuse are
-  // taken as they are: call it first.
+  // The maps of the worker of rank `rank`, from the registrations: its own
+  // map for each peer, and the inverse of each peer's map for it. Entries
+  // CheckJobDeviceMaps would refuse are taken as they are: call it first.
   static DeviceMaps Resolve(const std::vector<proto::WorkerRecord>& records, int rank);
 
   // Where a tensor on `device` (kCpuDevice or a CUDA index) of this worker
-  // arrives on `peer`: kCpuDevice for a CPU tensor no map names, kNoDevice
-  // for a CUDA tensor no map names.
-  int DeviceOnPeer(int peer, int device) const;
-  // Whether a map applies to `peer`: this worker's own, or the inverse of
-  // the peer's.
-  bool HasMap(int peer) const {
-    return peer >= 0 && peer < static_cast<int>(has_.size()) && has_[peer];
-  }
+  // arrives on `peer`, in a request (`answers` false) or an answer:
+  // kCpuDevice for a CPU tensor no map takes elsewhere, kNoDevice for a
+  // CUDA tensor no map names.
+  int DeviceOnPeer(int peer, int device, bool answers) const;
+  // Whether any map concerns `peer`: this worker's own, or the peer's.
+  bool HasMap(int peer) const;
 
  private:
-  // Per rank: this worker's device -> the peer's, and whether a map applies.
-  std::vector<std::map<int, int>> to_;
-  std::vector<bool> has_;
+  // The map a tensor on `device` sent to `peer` follows, or null.
+  const std::map<int, int>* Applying(int peer, int device, bool answers) const;
+
+  // Per rank: this worker's own map for it, and the inverse of its map for
+  // this worker (device here -> device there), where set.
+  std::vector<std::optional<std::map<int, int>>> own_;
+  std::vector<std::optional<std::map<int, int>>> inverse_;
 };
 
 }  // namespace baton::rpc::internal

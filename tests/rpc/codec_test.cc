@@ -583,7 +583,7 @@ TEST(Codec, CudaTensorsForMissingDevicesOrWithoutAChannelAreRefused) {
 // set_device_map(peer, {"cpu": 0})) and leaves CUDA tensors where they are.
 class HostToGpuRouter final : public DeviceRouter {
  public:
-  absl::StatusOr<int> DeviceOnPeer(int, int device) const override {
+  absl::StatusOr<int> DeviceOnPeer(int, int device, bool) const override {
     return device == kCpuDevice ? 0 : device;
   }
   CudaTensorChannel* CudaChannelFor(int) const override { return nullptr; }

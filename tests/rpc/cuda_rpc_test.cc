@@ -1,5 +1,6 @@
-// CUDA tensors through RPC (docs/cuda.md): device maps checked at Create
-// (in process, on any machine), and on a GPU, between two worker processes
+// CUDA tensors through RPC (docs/cuda.md): device maps checked by every
+// worker at init (in process, on any machine), and on a GPU, between two
+// worker processes
 // sharing it: an echo of CUDA tensors of several dtypes and views, replies
 // that come back through the inverse of the caller's map, the errors of a
 // missing map, distributed autograd whose gradients come back to the CUDA
@@ -55,7 +56,7 @@ int CudaDevices() { return static_cast<int>(torch::cuda::device_count()); }
 #define SKIP_WITHOUT_GPU() \
   if (CudaDevices() == 0) GTEST_SKIP() << "skipped: needs a CUDA device, found 0"
 
-// ---- Device maps checked at Create (any machine) ----
+// ---- Device maps checked by every worker at init (any machine) ----
 
 // Starts a job of two workers with the maps `configure` sets, and checks
 // that every worker's init failed alike, as torch's init_rpc does: INVALID_

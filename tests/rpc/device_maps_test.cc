@@ -116,36 +116,67 @@ TEST(JobDeviceMaps, MapsKeepToTheDevicesTheirWorkersListed) {
                 "cuda:1, which is not among the devices of w1 (cuda:0)");
 }
 
-TEST(DeviceMaps, AWorkerUsesItsOwnMapOrElseTheInverseOfThePeers) {
+constexpr bool kRequest = false;
+constexpr bool kAnswer = true;
+
+// As torch's: a request follows the sender's own map, an answer the inverse
+// of the caller's; a CUDA tensor whose map is missing follows the other
+// side's, a CPU tensor then stays on the CPU.
+TEST(DeviceMaps, ARequestFollowsItsSendersMapAndAnAnswerTheCallersInverted) {
   const auto records = Records({
       {"w0", 2, {{"w1", {{kCpuDevice, 0}, {0, kCpuDevice}}}, {"w2", {{1, 1}}}}},
       {"w1", 1},
       {"w2", 2, {{"w0", {{0, 0}}}}},
   });
   const DeviceMaps w0 = DeviceMaps::Resolve(records, 0);
-  EXPECT_EQ(w0.DeviceOnPeer(1, kCpuDevice), 0);
-  EXPECT_EQ(w0.DeviceOnPeer(1, 0), kCpuDevice);
-  EXPECT_EQ(w0.DeviceOnPeer(1, 1), kNoDevice);
-  // Its own map for w2, not the inverse of w2's for it.
-  EXPECT_EQ(w0.DeviceOnPeer(2, 1), 1);
-  EXPECT_EQ(w0.DeviceOnPeer(2, 0), kNoDevice);
-  EXPECT_EQ(w0.DeviceOnPeer(2, kCpuDevice), kCpuDevice);
+  EXPECT_EQ(w0.DeviceOnPeer(1, kCpuDevice, kRequest), 0);
+  EXPECT_EQ(w0.DeviceOnPeer(1, 0, kRequest), kCpuDevice);
+  EXPECT_EQ(w0.DeviceOnPeer(1, 1, kRequest), kNoDevice);
+  // Answers to w1, which set no map: CUDA tensors through w0's own map.
+  EXPECT_EQ(w0.DeviceOnPeer(1, kCpuDevice, kAnswer), kCpuDevice);
+  EXPECT_EQ(w0.DeviceOnPeer(1, 0, kAnswer), kCpuDevice);
+  // Requests to w2 follow w0's own map, answers the inverse of w2's.
+  EXPECT_EQ(w0.DeviceOnPeer(2, 1, kRequest), 1);
+  EXPECT_EQ(w0.DeviceOnPeer(2, 0, kRequest), kNoDevice);
+  EXPECT_EQ(w0.DeviceOnPeer(2, 0, kAnswer), 0);
+  EXPECT_EQ(w0.DeviceOnPeer(2, 1, kAnswer), kNoDevice);
+  EXPECT_EQ(w0.DeviceOnPeer(2, kCpuDevice, kRequest), kCpuDevice);
 
   const DeviceMaps w1 = DeviceMaps::Resolve(records, 1);
   EXPECT_TRUE(w1.HasMap(0));
-  EXPECT_EQ(w1.DeviceOnPeer(0, 0), kCpuDevice);  // the inverse of w0's
-  EXPECT_EQ(w1.DeviceOnPeer(0, kCpuDevice), 0);
+  EXPECT_EQ(w1.DeviceOnPeer(0, 0, kAnswer), kCpuDevice);  // w0's map, inverted
+  EXPECT_EQ(w1.DeviceOnPeer(0, kCpuDevice, kAnswer), 0);
+  // w1's own requests: a CPU tensor stays on the CPU (w1 set no map); a
+  // CUDA tensor follows w0's map, inverted.
+  EXPECT_EQ(w1.DeviceOnPeer(0, kCpuDevice, kRequest), kCpuDevice);
+  EXPECT_EQ(w1.DeviceOnPeer(0, 0, kRequest), kCpuDevice);
   EXPECT_FALSE(w1.HasMap(2));
-  EXPECT_EQ(w1.DeviceOnPeer(2, kCpuDevice), kCpuDevice);
-  EXPECT_EQ(w1.DeviceOnPeer(2, 0), kNoDevice);
+  EXPECT_EQ(w1.DeviceOnPeer(2, kCpuDevice, kRequest), kCpuDevice);
+  EXPECT_EQ(w1.DeviceOnPeer(2, 0, kAnswer), kNoDevice);
+}
+
+// Both sides map the host to their peer's GPU: a reply's GPU tensor comes
+// back to the caller's host, and its CPU tensor stays on the CPU (torch).
+TEST(DeviceMaps, WithMapsOnBothSidesAReplyFollowsTheCallersMap) {
+  const auto records = Records({
+      {"w0", 1, {{"w1", {{kCpuDevice, 0}}}}},
+      {"w1", 1, {{"w0", {{kCpuDevice, 0}}}}},
+  });
+  const DeviceMaps w1 = DeviceMaps::Resolve(records, 1);
+  EXPECT_EQ(w1.DeviceOnPeer(0, 0, kAnswer), kCpuDevice);
+  EXPECT_EQ(w1.DeviceOnPeer(0, kCpuDevice, kAnswer), kCpuDevice);
+  EXPECT_EQ(w1.DeviceOnPeer(0, kCpuDevice, kRequest), 0);
+  EXPECT_EQ(w1.DeviceOnPeer(0, 0, kRequest), kNoDevice);
 }
 
 TEST(DeviceMaps, WithoutMapsTheHostsTensorsStayAndCudaTensorsHaveNowhereToGo) {
   const DeviceMaps none;
-  EXPECT_FALSE(none.HasMap(0));
-  EXPECT_EQ(none.DeviceOnPeer(0, kCpuDevice), kCpuDevice);
-  EXPECT_EQ(none.DeviceOnPeer(7, kCpuDevice), kCpuDevice);
-  EXPECT_EQ(none.DeviceOnPeer(0, 0), kNoDevice);
+  for (bool answers : {kRequest, kAnswer}) {
+    EXPECT_FALSE(none.HasMap(0));
+    EXPECT_EQ(none.DeviceOnPeer(0, kCpuDevice, answers), kCpuDevice);
+    EXPECT_EQ(none.DeviceOnPeer(7, kCpuDevice, answers), kCpuDevice);
+    EXPECT_EQ(none.DeviceOnPeer(0, 0, answers), kNoDevice);
+  }
 }
 
 }  // namespace

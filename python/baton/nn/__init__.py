@@ -20,6 +20,7 @@ torch.jit.script(remote_module) works, and scripted code calls it through
 TorchScript's RPC). A scripted RemoteModule is not sent through RPC
 (RuntimeError): send its module_rref and make a RemoteModule there.
 """
+import copy
 import types
 from typing import Any, Dict, List, Optional, Tuple, Type
 
@@ -75,15 +76,23 @@ def _create_with_interface(module_cls, args, kwargs, device, module_interface_cl
 
 def _to_cpu(value):
     """`value` with every tensor in it (nested in tuples, lists and dicts)
-    moved to the CPU."""
+    moved to the CPU, each container of its own type where that type can be
+    rebuilt from its items (else a plain tuple or list)."""
     if isinstance(value, torch.Tensor):
         return value.cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_to_cpu(v) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_to_cpu(v) for v in value)
+        items = [_to_cpu(v) for v in value]
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*items)
+        try:
+            return type(value)(items)
+        except TypeError:
+            return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, dict):
-        return type(value)((k, _to_cpu(v)) for k, v in value.items())
+        out = copy.copy(value)  # keeps a defaultdict's factory, an OrderedDict's order
+        for k, v in value.items():
+            out[k] = _to_cpu(v)
+        return out
     return value
 
 

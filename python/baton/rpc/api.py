@@ -151,16 +151,16 @@ def _map_device(device, where):
 def _device_map(to, device_map, self_name):
     """A device map as the agent takes it: device index to device index,
     the host as _CPU. A CPU tensor may land on a GPU and a CUDA tensor in
-    host memory (torch's {"cpu": 0} and {0: "cpu"}). Entries that say what
-    happens anyway are dropped: CPU to CPU (torch accepts {"cpu": "cpu"}),
-    and a device to itself in a map for this very worker (a call to itself
-    keeps its devices). Whether each device exists is checked by every
-    worker at init, against the whole job's registrations."""
+    host memory (torch's {"cpu": 0} and {0: "cpu"}). In a map for this very
+    worker, a device to itself says what happens anyway (a call to itself
+    keeps its devices) and is dropped. Whether each device exists, and that
+    no two map to one, every worker checks at init against the whole job's
+    registrations."""
     out = {}
     for k, v in dict(device_map).items():
         where = f"device map for {to!r}"
         k, v = _map_device(k, where), _map_device(v, where)
-        if k == v and (k == _CPU or to == self_name):
+        if k == v and to == self_name:
             continue
         out[k] = v
     return out
