@@ -289,43 +289,36 @@ bool KeepsView(const at::Tensor& t) {
   return spanned < kKeepViewMaxWaste || spanned < 2 * own;
 }
 
-// Where a strided tensor goes: false after enc.Fail. `destination` is the
-// device it arrives on (kCpuDevice or a CUDA index), `router` the agent
-// that said so (null for a tensor the agent was not asked about: a CPU
-// tensor outside a call, or one that keeps its place, the parts of a
-// sparse tensor).
-bool Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map, int* destination,
-                 const DeviceRouter** router) {
+// The device a strided tensor arrives on (kCpuDevice or a CUDA index), or
+// nullopt after enc.Fail. The agent (CodecContext::devices, a virtual call,
+// no link to it) answers within a call; a CPU tensor outside one, or with
+// `follow_map` false (the parts of a sparse tensor), stays on the CPU.
+std::optional<int> Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map) {
   const CodecContext* context = enc.context();
   const bool in_call = context != nullptr && context->devices != nullptr && context->peer >= 0;
-  *destination = kCpuDevice;
-  *router = nullptr;
   if (tensor.device().is_cuda()) {
     if (!in_call) {
       enc.Fail(absl::InvalidArgumentError(absl::StrCat(
           "cannot send a tensor on device ", tensor.device().str(),
           " outside a call: its destination's device comes from the agent's device map")));
-      return false;
+      return std::nullopt;
     }
   } else if (!tensor.device().is_cpu()) {
     enc.Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot send a tensor on device ", tensor.device().str(),
                      ": baton sends CPU and CUDA tensors only (move it with .cpu())")));
-    return false;
+    return std::nullopt;
   } else if (!in_call || !follow_map) {
-    return true;
+    return kCpuDevice;
   }
-  // The agent: a virtual call, no link to it.
   const int device = tensor.device().is_cuda() ? tensor.device().index() : kCpuDevice;
   absl::StatusOr<int> there =
       context->devices->DeviceOnPeer(context->peer, device, context->answers);
   if (!there.ok()) {
     enc.Fail(there.status());
-    return false;
+    return std::nullopt;
   }
-  *destination = *there;
-  *router = context->devices;
-  return true;
+  return *there;
 }
 
 // The dense layout (and CUDA tensors), after the tag's caller checked that
@@ -334,10 +327,9 @@ bool Destination(const at::Tensor& tensor, Encoder& enc, bool follow_map, int* d
 // host leaves a GPU as a host copy. `follow_map` false keeps a CPU tensor
 // on the CPU whatever the map says (the parts of a sparse tensor).
 void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views, bool follow_map) {
-  const CodecContext* context = enc.context();
-  int destination_device = kCpuDevice;
-  const DeviceRouter* router = nullptr;
-  if (!Destination(tensor, enc, follow_map, &destination_device, &router)) return;
+  const std::optional<int> destination = Destination(tensor, enc, follow_map);
+  if (!destination.has_value()) return;
+  const int destination_device = *destination;
   if (tensor.layout() != c10::kStrided) {
     enc.Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot send a tensor of layout ", c10::toString(tensor.layout()),
@@ -374,8 +366,10 @@ void EncodeStrided(const at::Tensor& tensor, Encoder& enc, ViewLayout views, boo
   enc.WritePod<uint8_t>(destination_device >= 0 ? kCudaTensor : kDenseTensor);
   WriteTensorHeader(c.scalar_type(), tensor.requires_grad(), c.sizes(), enc);
   if (destination_device >= 0) {
+    // Only the agent sends a tensor to a GPU (Destination), so in a call.
+    const CodecContext* context = enc.context();
+    CudaTensorChannel* channel = context->devices->CudaChannelFor(context->peer);
     enc.WriteVarint(static_cast<uint64_t>(destination_device));
-    CudaTensorChannel* channel = router->CudaChannelFor(context->peer);
     const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
     if (c.is_cuda() && channel != nullptr && bytes > 0 && channel->Wants(bytes)) {
       enc.WritePod<uint8_t>(kCudaIpc);

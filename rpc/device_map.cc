@@ -53,15 +53,15 @@ absl::StatusOr<int> AgentImpl::DeviceOnPeer(int peer, int device, bool answers) 
   const int there = device_maps_.DeviceOnPeer(peer, device, answers);
   if (there != kNoDevice) return there;
   const std::string& name = workers_[peer].name;
+  const std::string what =
+      absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name, "': ");
   if (!device_maps_.HasMap(peer)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name,
-                     "': no device map applies (set AgentOptions::devices.maps[\"", name,
+        absl::StrCat(what, "no device map applies (set AgentOptions::devices.maps[\"", name,
                      "\"] on this worker, or a map for this worker on '", name, "')"));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("cannot send a tensor on device cuda:", device, " to worker '", name,
-                   "': the device map for it leaves cuda:", device, " out"));
+      absl::StrCat(what, "the device map for it leaves cuda:", device, " out"));
 }
 
 }  // namespace baton::rpc::internal

@@ -157,8 +157,8 @@ def _device_map(to, device_map, self_name):
     no two map to one, every worker checks at init against the whole job's
     registrations."""
     out = {}
+    where = f"device map for {to!r}"
     for k, v in dict(device_map).items():
-        where = f"device map for {to!r}"
         k, v = _map_device(k, where), _map_device(v, where)
         if k == v and to == self_name:
             continue
