@@ -25,7 +25,9 @@
 //   first, by a maintenance thread that also runs ServerShard::CheckWaits
 //   every check_interval. The two newest are kept.
 //   Work lost when a server dies is what it applied since its last
-//   checkpoint: at most checkpoint_every_clocks clocks or checkpoint_every.
+//   checkpoint: checkpoint_every_clocks clocks or checkpoint_every, plus
+//   what it applied while the next one was being written (training does
+//   not wait for the disk, and a loaded disk's fsync can take seconds).
 // - Errors of the remote functions keep their codes (ps/server_shard.h).
 //
 // Thread-safety: safe for concurrent use. Request handlers run on the
