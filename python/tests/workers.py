@@ -1057,7 +1057,12 @@ Out = collections.namedtuple("Out", "doubled parts")
 
 
 class _Pair(torch.nn.Module):
-    """A module whose result nests tensors (and names them)."""
+    """A module whose result nests tensors (and names them), with a forward
+    hook that RemoteModule must not run (torch's calls forward())."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_forward_hook(lambda module, args, out: Out(out.doubled + 100, out.parts))
 
     def forward(self, x, scale=1.0):
         return Out(x * 2 * scale, [x, {"neg": -x}])
@@ -1067,8 +1072,9 @@ def scenario_remote_module_devices(rank, world_size):
     """RemoteModule's remote_device is parsed as torch's is, with torch's
     errors (the words of torch's CudaRemoteModuleTest.test_invalid_devices);
     "<worker>" alone and "rank:<n>/<device>" name a worker; is_device_map_set
-    says whether this worker set a device map for the module's; and a
-    result's tensors, nested anywhere, come back in their structure."""
+    says whether this worker set a device map for the module's; forward()
+    runs without the module's hooks, as torch's; and a result's tensors,
+    nested anywhere, come back in their structure."""
     from baton.nn import _to_cpu
     options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
     if rank == 0:

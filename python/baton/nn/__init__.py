@@ -101,13 +101,15 @@ def _forward(module_rref, device, is_device_map_set, args, kwargs):
     on a GPU, the tensors among the arguments move to its device, and unless
     the caller has a device map for this worker the tensors in the result
     come back through the CPU (torch moves those of a tuple result; baton
-    those nested anywhere in it, so a single tensor stays one tensor)."""
+    those nested anywhere in it, so a single tensor stays one tensor).
+    As torch's, it calls the module's forward(), so the module's forward
+    hooks do not run."""
     module = module_rref.local_value()
     if torch.device(device).type != "cuda":
-        return module(*args, **kwargs)
+        return module.forward(*args, **kwargs)
     args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
     kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = module(*args, **kwargs)
+    out = module.forward(*args, **kwargs)
     return out if is_device_map_set else _to_cpu(out)
 
 
