@@ -158,15 +158,23 @@ def scenario_supervised():
 
     def on_failure(f: MemberFailure) -> None:
         events.put(f)
-        if f.kind == "hung":
-            sup.restart(f.member, reason="its call hung")
+        # The restart is for member0, whose call hangs; under load a member
+        # slower than hung_after is a hung event too, left alone. Given the
+        # failure, restart() asks for the incarnation it names, once.
+        if f.kind == "hung" and f.member.name == "member0":
+            sup.restart(f, reason="its call hung")
 
     sup = Supervisor(Group.with_prefix("member"), on_failure, hung_after=1.0)
     first = sup.group.rpc_sync(whoami_incarnation)
     assert first == [("member0", 1), ("member1", 1), ("member2", 1)], first
     hanging = rpc.rpc_async("member0", hang, timeout=60)
-    f = events.get(timeout=30)
-    assert f.kind == "hung" and f.member.name == "member0" and f.incarnation == 1, f
+    until = time.monotonic() + 30
+    while True:
+        f = events.get(timeout=max(0.0, until - time.monotonic()))
+        if f.kind == "hung" and f.member.name == "member0":
+            break
+        print("OTHER_EVENT", f.kind, f.member.name, f.function)
+    assert f.incarnation == 1, f
     assert isinstance(f.error, RuntimeError) and "member0" in str(f.error), f
     print("HUNG", f.member.name, f.function)
     deadline = time.monotonic() + 90

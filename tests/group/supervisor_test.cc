@@ -235,12 +235,14 @@ TEST(Supervisor, SV2_AGroupEntryThatTimesOutIsHeardOfAsAHang) {
   ASSERT_NE(j.job, nullptr);
   GroupOptions go;
   go.fanout = 2;
-  go.timeout = absl::Milliseconds(800);
+  go.timeout = absl::Seconds(2);
   auto g = Group::Of(j.job->agent(0), {1, 2, 3}, go);
   ASSERT_TRUE(g.ok());
   Events events;
   SupervisorOptions so;
-  so.hung_after = absl::Milliseconds(100);
+  // Long enough that w1 and w2, which answer at once, do so within it on a
+  // loaded machine (a later answer would be a hang of its own).
+  so.hung_after = absl::Milliseconds(500);
   auto sup = Supervisor::Watch(*g, events.Handler(), so);
   ASSERT_TRUE(sup.ok());
   auto current = (*sup)->group();

@@ -152,7 +152,8 @@ TEST_F(EtcdLaunchTest, N4_ElasticJobSurvivesTheLossOfItsHostNode) {
   std::vector<std::unique_ptr<Launcher>> nodes;
   for (int i = 0; i < 3; ++i) {
     std::vector<std::string> flags = EtcdFlags("host-lost");
-    flags.insert(flags.end(), {"--nnodes", "2:3", "--nproc_per_node", "2", "--rdzv_last_call", "2",
+    // The last call must outlast a loaded machine's start of the third node.
+    flags.insert(flags.end(), {"--nnodes", "2:3", "--nproc_per_node", "2", "--rdzv_last_call", "5",
                                "--heartbeat_timeout", "2"});
     nodes.push_back(std::make_unique<Launcher>(
         marker_, Args(flags, "elastic", "4"),

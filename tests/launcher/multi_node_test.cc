@@ -209,7 +209,9 @@ TEST_F(MultiNodeTest, SigtermOnTheMasterStopsEveryNode) {
 }
 
 TEST_F(MultiNodeTest, ElasticJobLosesANodeAndContinuesSmaller) {
-  const std::vector<std::string> elastic = {"--heartbeat_timeout", "2", "--rdzv_last_call", "1"};
+  // The last call (from the second node's arrival) must outlast a loaded
+  // machine's start of the third node; a full round closes at once.
+  const std::vector<std::string> elastic = {"--heartbeat_timeout", "2", "--rdzv_last_call", "5"};
   // Workers succeed once the world is down to 2 nodes x 2 workers.
   auto n0 = Node("2:3", 0, "elastic", elastic, "4");
   auto n1 = Node("2:3", 1, "elastic", elastic, "4");

@@ -18,8 +18,13 @@ case "$mode" in
   env)
     exit 0 ;;
   fail_once)
-    # Rank 1 fails in the first attempt only.
+    # Rank 1 fails in the first attempt only, once rank 0 has recorded its
+    # first start (the group's restart stops rank 0; bounded: 50 s).
     if [ "$RANK" = 1 ] && [ "$BATON_RESTART_COUNT" = 0 ]; then
+      for _ in $(seq 250); do
+        [ -e "$out/env.0.0" ] && break
+        sleep 0.2
+      done
       echo "rank 1 is failing on purpose"
       exit 7
     fi

@@ -147,7 +147,7 @@ for n in 0 1 2; do
   log="$TMP/host_kill.$n.log"
   host_logs+=("$log")
   BATON_JOB_TOKEN=ps-fault-test-token-0123456789 \
-    timeout 240 "$RUN" --nnodes 2:3 --rdzv_last_call 3 --heartbeat_timeout 2 \
+    timeout 240 "$RUN" --nnodes 2:3 --rdzv_last_call 5 --heartbeat_timeout 2 \
     --role ps:1 --role trainer:1 --tee --max_restarts 2 \
     --rdzv_backend etcd --rdzv_endpoint "127.0.0.1:$client_port" --rdzv_id ps-fault-host \
     "$JOB" --checkpoint_dir="$TMP/host_kill.ckpt" --steps=300 \

@@ -251,7 +251,10 @@ BATON_SCENARIO(ps_killed_trainer) {
     const ShardStats st = w.server->shard().Stats();
     std::printf("server: %s\n", st.DebugString().c_str());
     WCHECK(st.applied_clock == kKillSteps);
-    WCHECK(st.dropped_trainers == 1);
+    // Trainer 2 for good (the test reads the log line naming it); on a
+    // loaded machine a survivor slower than trainer_timeout may be dropped
+    // too and rejoin at its next push (PS5, PS6).
+    WCHECK(st.dropped_trainers >= 1);
     WCHECK(st.live_trainers == 2);
     return Finish(w);
   }

@@ -102,12 +102,16 @@ const Function<at::Tensor(at::Tensor)> batched_fn("batched");
 const Function<int64_t()> pid_fn("pid");
 const Function<void(int64_t)> sleep_fn("sleep");
 const Function<at::Tensor(int64_t)> slow_tensor_fn("slow_tensor");
+const Function<at::Tensor(int64_t)> gated_tensor_fn("gated_tensor");
 const Function<int64_t()> debug_count_fn("debug_count");
 
 std::shared_ptr<Batcher> g_batcher;  // one per worker process (test fixture)
 // The parameter server handed to this worker by w0 (remote_objects).
 std::shared_ptr<RRef<ParameterServer>> g_received;
 absl::Notification* g_got = nullptr;
+// Opened by the test once it has checked that a value being created is not
+// there yet (gated_tensor waits for it, bounded).
+absl::Notification* g_gate = nullptr;
 const Function<void(RRef<ParameterServer>)> hand_fn("hand");
 
 // Tags messages with their tensor count; scales received tagged tensors.
@@ -177,6 +181,7 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
   (void)r.Register(pid_fn, [] { return static_cast<int64_t>(getpid()); });
   g_received = std::make_shared<RRef<ParameterServer>>();
   g_got = new absl::Notification();
+  g_gate = new absl::Notification();
   (void)r.Register(hand_fn, [](RRef<ParameterServer> ps) {
     *g_received = ps;
     g_got->Notify();
@@ -186,6 +191,10 @@ Worker Start(rpc::AgentOptions* override_opts = nullptr,
   (void)r.Register(slow_tensor_fn, [](int64_t ms) {
     absl::SleepFor(absl::Milliseconds(ms));
     return at::full({2}, static_cast<double>(ms));
+  });
+  (void)r.Register(gated_tensor_fn, [](int64_t value) {
+    (void)g_gate->WaitForNotificationWithTimeout(absl::Seconds(20));
+    return at::full({2}, static_cast<double>(value));
   });
   RegisterClass<ParameterServer>(*w.rrefs, "ParameterServer")
       .Constructor<int64_t>()
@@ -245,14 +254,15 @@ BATON_SCENARIO(rref_basics) {
     WCHECK(r.to_here().equal(x * 10));
     {
       // On the owner, to_here_async of a value still being created returns
-      // at once; the copy arrives when the value does.
-      RRef<at::Tensor> slow = remote(agent, "w0", slow_tensor_fn, int64_t{400});
+      // without waiting for it (the value is gated until after the check:
+      // had it waited, the future would be ready); the copy arrives when the
+      // value does.
+      RRef<at::Tensor> slow = remote(agent, "w0", gated_tensor_fn, int64_t{400});
       WCHECK(slow.is_owner());
-      const absl::Time t0 = absl::Now();
-      rpc::Future<at::Tensor> f = slow.to_here_async(absl::Seconds(10));
-      WCHECK(absl::Now() - t0 < absl::Milliseconds(150));
+      rpc::Future<at::Tensor> f = slow.to_here_async(absl::Seconds(30));
       WCHECK(!f.ready());
-      WCHECK_OK(f.Wait(absl::Seconds(10)));
+      g_gate->Notify();
+      WCHECK_OK(f.Wait(absl::Seconds(30)));
       WCHECK(f.value().equal(at::full({2}, 400.0)));
       // And its timeout holds without blocking either.
       RRef<at::Tensor> slower = remote(agent, "w0", slow_tensor_fn, int64_t{1500});

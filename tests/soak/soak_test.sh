@@ -92,6 +92,9 @@ times=$(for _ in $(seq 1 "$KILLS"); do
 done | sort -n)
 kills=0
 declare -A killed_of=()
+# Pids already killed: a process keeps its cmdline for a moment after
+# SIGKILL, and two close kill times must not count one death twice.
+declare -A killed_pid=()
 for t_ms in $times; do
   while :; do
     ms=$(echo "$(now) $warm_at" | awk '{printf "%d", ($1 - $2) * 1000}')
@@ -106,7 +109,7 @@ for t_ms in $times; do
     for k in $(seq 0 $((TRAINERS - 1))); do
       p=$(grep -o "\[trainer$k\] READY incarnation=[0-9]* pid=[0-9]*" "$LOG" | tail -1 |
         sed 's/.*pid=//')
-      if [ -n "$p" ] && grep -q soak_job "/proc/$p/cmdline" 2>/dev/null; then
+      if [ -n "$p" ] && [ -z "${killed_pid[$p]:-}" ] && grep -q soak_job "/proc/$p/cmdline" 2>/dev/null; then
         candidates+=("trainer$k:$p")
       fi
     done
@@ -122,6 +125,7 @@ for t_ms in $times; do
   victim=${pick%%:*} pid=${pick##*:}
   echo "== $(elapsed "$warm_at")s after warm: SIGKILL $victim (pid $pid)"
   if kill -KILL "$pid"; then
+    killed_pid[$pid]=1
     kills=$((kills + 1))
     killed_of[$victim]=$((${killed_of[$victim]:-0} + 1))
   fi
