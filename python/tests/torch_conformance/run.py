@@ -195,6 +195,9 @@ def main():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     sys.path.insert(0, HERE)
+    # The pytest suite's harness, for its free_port (suites.py, in this
+    # process only); last, so that none of its modules shadows another.
+    sys.path.append(os.path.dirname(HERE))
     if args.agent == "baton":
         from baton import torch_rpc
         torch_rpc.install()

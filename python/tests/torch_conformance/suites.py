@@ -75,12 +75,17 @@ class _ForkServerWorkers:
     over an hour instead of minutes. With START = "spawn" (run.py sets it
     where the fork server's children cannot use CUDA), upstream's way.
 
-    The init method is tcp:// at the MASTER_PORT that upstream's SpawnHelper
-    picks per test (RPC_INIT_WITH_TCP=1); it reaches the workers in a file
-    beside the test's own, not in their environment (a forked child has the
-    fork server's)."""
+    The init method is tcp:// at a port picked per test; it reaches the
+    workers in a file beside the test's own, not in their environment (a
+    forked child has the fork server's). Upstream's SpawnHelper picks
+    MASTER_PORT (RPC_INIT_WITH_TCP=1) by binding port 0, from the kernel's
+    ephemeral range, where any process's outgoing connection may take it
+    before rank 0's store listens there; the port here is from below that
+    range (the pytest harness's free_port), and MASTER_PORT says it too."""
 
     def _spawn_processes(self):
+        from harness import free_port  # python/tests, on run.py's path
+        os.environ["MASTER_PORT"] = str(free_port())
         with open(self._port_file, "w") as f:
             f.write(os.environ["MASTER_PORT"])
         context = _fork_server() if START == "forkserver" else \
