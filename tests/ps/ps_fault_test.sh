@@ -23,6 +23,30 @@ JOB="$RUNFILES/tests/ps/ps_fault_job"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
 
+# In run_and_kill (its locals job, log, name): polls until "$@" succeeds
+# (every 0.2 s, up to 2 minutes); fails with WHAT, after the log, if the job
+# ends or the time is up first.
+job_wait() {
+  local what=$1 waited=0
+  shift
+  until "$@"; do
+    sleep 0.2
+    waited=$((waited + 1))
+    if [ $waited -gt 600 ] || ! kill -0 "$job" 2>/dev/null; then
+      cat "$log"
+      fail "$name: $what"
+    fi
+  done
+}
+
+# In run_and_kill (its locals sdir, want): whether the newest checkpoint in
+# sdir is of clock want or later.
+checkpoint_reached() {
+  local newest
+  newest=$(ls "$sdir" 2>/dev/null | sed -n 's/^ckpt-0*\([0-9][0-9]*\)-.*/\1/p' | sort -n | tail -1)
+  [ -n "$newest" ] && [ "$newest" -ge "$want" ]
+}
+
 # run_and_kill NAME VICTIM BATON_RUN_FLAGS...: starts the job, waits until
 # trainer0 holds after step 100 (the trainers wait there for the release
 # file, so the kill lands mid-training however slow this machine is),
@@ -39,33 +63,14 @@ run_and_kill() {
     "$JOB" --checkpoint_dir="$TMP/$name.ckpt" --steps=300 \
     --hold_at=100 --release_file="$release" >"$log" 2>&1 &
   local job=$!
-  local waited=0
-  until grep -qs "\[trainer0\] holding at step" "$log"; do
-    sleep 0.2
-    waited=$((waited + 1))
-    if [ $waited -gt 600 ] || ! kill -0 $job 2>/dev/null; then
-      cat "$log"
-      fail "$name: the job never reached step 100"
-    fi
-  done
+  job_wait "the job never reached step 100" grep -qs "\[trainer0\] holding at step" "$log"
   # With WAIT_CHECKPOINT="DIR CLOCK" (e.g. "server1-of-2 100"), the kill
   # waits until that server's newest checkpoint is of CLOCK or later: the
   # servers write checkpoints beside training, and a loaded machine's fsync
   # may take longer than the clocks between two of them.
   if [ -n "${WAIT_CHECKPOINT:-}" ]; then
-    local sdir="$TMP/$name.ckpt/${WAIT_CHECKPOINT% *}" want=${WAIT_CHECKPOINT#* } newest
-    waited=0
-    while :; do
-      newest=$(ls "$sdir" 2>/dev/null | sed -n 's/^ckpt-0*\([0-9][0-9]*\)-.*/\1/p' | sort -n | tail -1)
-      [ -n "$newest" ] && [ "$newest" -ge "$want" ] && break
-      sleep 0.2
-      waited=$((waited + 1))
-      if [ $waited -gt 600 ] || ! kill -0 $job 2>/dev/null; then
-        ls -l "$sdir"
-        cat "$log"
-        fail "$name: no checkpoint of clock $want or later in $sdir"
-      fi
-    done
+    local sdir="$TMP/$name.ckpt/${WAIT_CHECKPOINT% *}" want=${WAIT_CHECKPOINT#* }
+    job_wait "no checkpoint of clock $want or later in $sdir" checkpoint_reached
   fi
   local pid
   pid=$(grep -o "\[$victim\] pid [0-9]*" "$log" | head -1 | awk '{print $3}')
